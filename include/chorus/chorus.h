@@ -1,0 +1,234 @@
+/* chorus.h: the C ABI of libchorus, a collective communication runtime (NCCL-shaped).
+ *
+ * Thread rules: a communicator may be used by one thread at a time; calls on different
+ * communicators may run concurrently from different threads. chorusGetUniqueId,
+ * chorusGetErrorString and chorusGetVersion may be called from any thread at any time.
+ *
+ * Stream rule: every collective takes a stream argument like NCCL's. Host buffers take NULL,
+ * and the call returns when the operation is complete on this rank (its buffers may be reused).
+ * Device buffers and CUDA streams are not accepted by this build: a non-NULL stream is
+ * rejected with chorusInvalidArgument and nothing is touched.
+ *
+ * Errors: every function returns a chorusResult_t. On failure, chorusGetLastError(comm) gives a
+ * message naming the operation, the rank, the peer and the sizes involved. No function throws
+ * or exits the process.
+ */
+#ifndef CHORUS_CHORUS_H_
+#define CHORUS_CHORUS_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(CHORUS_BUILDING_LIBRARY)
+#define CHORUS_API __attribute__((visibility("default")))
+#else
+#define CHORUS_API
+#endif
+
+#define CHORUS_MAJOR 0
+#define CHORUS_MINOR 1
+#define CHORUS_PATCH 0
+/* Version as one integer: major*10000 + minor*100 + patch. */
+#define CHORUS_VERSION_CODE (CHORUS_MAJOR * 10000 + CHORUS_MINOR * 100 + CHORUS_PATCH)
+
+/* Result codes. */
+typedef enum {
+  chorusSuccess = 0,
+  chorusUnhandledCudaError = 1, /* a CUDA call failed */
+  chorusSystemError = 2,        /* a system call failed (socket, shm, fork, ...) */
+  chorusInternalError = 3,      /* a bug in chorus */
+  chorusInvalidArgument = 4,    /* a bad pointer, count, type, op, root or peer */
+  chorusInvalidUsage = 5,       /* a call in the wrong state (destroyed communicator, ...) */
+  chorusRemoteError = 6,        /* a peer failed, disconnected or disagreed */
+  chorusInProgress = 7,         /* reserved for non-blocking communicators */
+  chorusTimeout = 8,            /* a wait ran past its timeout */
+  chorusAborted = 9,            /* the communicator was aborted */
+  chorusNumResults = 10
+} chorusResult_t;
+
+/* Element types. */
+typedef enum {
+  chorusInt8 = 0,
+  chorusUint8 = 1,
+  chorusInt32 = 2,
+  chorusUint32 = 3,
+  chorusInt64 = 4,
+  chorusUint64 = 5,
+  chorusFloat16 = 6,
+  chorusFloat32 = 7,
+  chorusFloat64 = 8,
+  chorusBfloat16 = 9,
+  chorusNumTypes = 10
+} chorusDataType_t;
+
+/* Reduction operations. Float16 and Bfloat16 accumulate in fp32. Avg is the sum divided by the
+ * number of ranks (integer division, truncating toward zero, for integer types). Integer sums
+ * and products wrap modulo 2^bits. */
+typedef enum {
+  chorusSum = 0,
+  chorusProd = 1,
+  chorusMax = 2,
+  chorusMin = 3,
+  chorusAvg = 4,
+  chorusNumOps = 5
+} chorusRedOp_t;
+
+/* A CUDA stream; the same type as cudaStream_t, so one passes with no cast. */
+typedef struct CUstream_st* chorusStream_t;
+
+/* Opaque communicator handle. */
+typedef struct chorusComm* chorusComm_t;
+
+#define CHORUS_UNIQUE_ID_BYTES 128
+/* Identifies one communicator being created: the bootstrap root's address and port and a random
+ * secret. Created by chorusGetUniqueId on one process and handed to every rank by any means
+ * (file, MPI broadcast, ...). Treat it as a password: a process that holds it may join. */
+typedef struct {
+  char internal[CHORUS_UNIQUE_ID_BYTES];
+} chorusUniqueId;
+
+/* Versioned configuration for chorusCommInitRankConfig. Always start from
+ * CHORUS_CONFIG_INITIALIZER, then set the fields you want. A field left at its initializer value
+ * takes the environment's value or the built-in default. */
+typedef struct {
+  size_t size;          /* sizeof(chorusConfig_t), set by the initializer */
+  unsigned int magic;   /* set by the initializer */
+  unsigned int version; /* CHORUS_VERSION_CODE, set by the initializer */
+  int blocking;         /* 1: every call returns when done (the only mode in this version) */
+  int timeoutMs;        /* per-operation wait limit in ms; -1: CHORUS_TIMEOUT_MS or default */
+  int initTimeoutMs;    /* bootstrap wait limit in ms; -1: CHORUS_INIT_TIMEOUT_MS or default */
+  const char* transport; /* "auto", "shm" or "tcp"; NULL: CHORUS_TRANSPORT or "auto" */
+} chorusConfig_t;
+
+#define CHORUS_CONFIG_MAGIC 0xc405c0f1u
+#define CHORUS_CONFIG_INITIALIZER \
+  { sizeof(chorusConfig_t), CHORUS_CONFIG_MAGIC, CHORUS_VERSION_CODE, 1, -1, -1, NULL }
+
+/* Writes the library version (CHORUS_VERSION_CODE form) to *version. Any thread. */
+CHORUS_API chorusResult_t chorusGetVersion(int* version);
+
+/* Returns a static string naming a result code. Any thread. */
+CHORUS_API const char* chorusGetErrorString(chorusResult_t result);
+
+/* Returns the message of the last error on this thread for comm (or for calls that had no
+ * communicator yet, such as init, when comm is NULL). The string stays valid until the next
+ * chorus call on this thread. Never NULL. */
+CHORUS_API const char* chorusGetLastError(chorusComm_t comm);
+
+/* Creates a unique id and starts the bootstrap root in the calling process: a background thread
+ * that listens on CHORUS_BOOTSTRAP_ADDR (default: this host's first non-loopback IPv4 address,
+ * else 127.0.0.1) and a free port, until all ranks of the communicator have met or the init
+ * timeout passes. Call once per communicator, on one process. Errors: chorusSystemError when
+ * no socket can be opened. */
+CHORUS_API chorusResult_t chorusGetUniqueId(chorusUniqueId* uniqueId);
+
+/* Creates a communicator of nranks ranks; this process is `rank`. Every rank calls it with the
+ * same id and nranks; it returns when all have met and every connection is up. Blocking and
+ * collective. Errors: chorusInvalidArgument (rank out of [0, nranks), nranks < 1, bad id),
+ * chorusTimeout (ranks missing after the init timeout: the message lists them),
+ * chorusRemoteError (a rank disagrees on nranks or secret), chorusSystemError. */
+CHORUS_API chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId uniqueId, int rank);
+
+/* As chorusCommInitRank, with a configuration (NULL: defaults). Errors as chorusCommInitRank,
+ * plus chorusInvalidArgument for a config whose size, magic or version is wrong. */
+CHORUS_API chorusResult_t chorusCommInitRankConfig(chorusComm_t* comm, int nranks, chorusUniqueId uniqueId, int rank,
+                                                   const chorusConfig_t* config);
+
+/* Creates a communicator from the environment, in the first way that applies:
+ *  1. torchrun style: CHORUS_RANK / RANK, CHORUS_WORLD_SIZE / WORLD_SIZE, CHORUS_MASTER_ADDR /
+ *     MASTER_ADDR, CHORUS_MASTER_PORT / MASTER_PORT (CHORUS_ spellings win). Rank 0 hosts the
+ *     bootstrap root on MASTER_PORT. CHORUS_SECRET, if set, must match on every rank.
+ *  2. Under MPICH's mpiexec (PMI_RANK, PMI_SIZE, PMI_FD): rank 0 creates a unique id and hands
+ *     it to the others through the process manager's key-value space.
+ * Blocking and collective. Errors: chorusInvalidArgument when neither is present or a value is
+ * malformed (the message names the variable), and those of chorusCommInitRank. */
+CHORUS_API chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm, const chorusConfig_t* config);
+
+/* Destroys a communicator: waits for nothing (all calls are complete when they return), closes
+ * connections, frees memory. The handle is invalid afterwards; a later call with it returns
+ * chorusInvalidUsage. Not collective. */
+CHORUS_API chorusResult_t chorusCommDestroy(chorusComm_t comm);
+
+/* Marks the communicator aborted, then destroys it. Peers blocked on this rank see a remote
+ * error or their timeout. Not collective. */
+CHORUS_API chorusResult_t chorusCommAbort(chorusComm_t comm);
+
+/* Writes the number of ranks / this process's rank. Errors: chorusInvalidUsage for a handle that
+ * is not live, chorusInvalidArgument for a NULL output pointer. */
+CHORUS_API chorusResult_t chorusCommCount(const chorusComm_t comm, int* count);
+CHORUS_API chorusResult_t chorusCommUserRank(const chorusComm_t comm, int* rank);
+
+/* Collectives. Common rules:
+ *  - count is in elements of datatype; count 0 is valid and moves nothing (buffers may be NULL).
+ *  - Every rank of the communicator calls the same collective with the same count, datatype, op
+ *    and root, in the same order.
+ *  - Buffers must not overlap other than in the in-place form each call names.
+ *  - stream must be NULL (host buffers). The call returns when this rank's part is complete.
+ *  - Errors: chorusInvalidArgument for a NULL buffer with count > 0, a count whose byte size
+ *    overflows, an unknown datatype or op, a root or peer out of range, a non-NULL stream;
+ *    chorusInvalidUsage for a handle that is not live; chorusRemoteError / chorusTimeout when a
+ *    peer fails or stalls. On an argument error nothing is sent and no buffer is written. */
+
+/* recvbuff[i] = op over ranks of sendbuff[i], on every rank. In place: sendbuff == recvbuff. */
+CHORUS_API chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                          chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm,
+                                          chorusStream_t stream);
+
+/* recvbuff[r*sendcount + i] = sendbuff of rank r [i]. recvbuff holds nranks*sendcount elements.
+ * In place: sendbuff == recvbuff + rank*sendcount. */
+CHORUS_API chorusResult_t chorusAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                          chorusDataType_t datatype, chorusComm_t comm, chorusStream_t stream);
+
+/* recvbuff[i] = op over ranks r of sendbuff_r[rank*recvcount + i]. sendbuff holds
+ * nranks*recvcount elements. In place: recvbuff == sendbuff + rank*recvcount. */
+CHORUS_API chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                              chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm,
+                                              chorusStream_t stream);
+
+/* Copies root's sendbuff into every rank's recvbuff (root's too). sendbuff is read on root only.
+ * In place: sendbuff == recvbuff on root. */
+CHORUS_API chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                                          chorusDataType_t datatype, int root, chorusComm_t comm,
+                                          chorusStream_t stream);
+
+/* recvbuff on root = op over ranks of sendbuff. recvbuff is written on root only (it may be
+ * NULL elsewhere). In place: sendbuff == recvbuff on root. */
+CHORUS_API chorusResult_t chorusReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                       chorusRedOp_t op, int root, chorusComm_t comm, chorusStream_t stream);
+
+/* Point to point. Messages between a pair of ranks match in the order they were posted; a send
+ * and its recv must agree on count and datatype (a mismatch is an error on both sides).
+ * Outside a group, each call returns when its buffer may be reused; two ranks that both send
+ * first exchange safely only inside a group. peer may equal the caller's rank. */
+CHORUS_API chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t datatype, int peer,
+                                     chorusComm_t comm, chorusStream_t stream);
+CHORUS_API chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatype, int peer,
+                                     chorusComm_t comm, chorusStream_t stream);
+
+/* Groups: calls between chorusGroupStart and chorusGroupEnd are collected on this thread and run
+ * together at chorusGroupEnd, each rank posting all of them before waiting for any. Calls in a
+ * group return chorusSuccess after validating their arguments; their buffers must stay valid
+ * until chorusGroupEnd returns. Groups nest (only the outermost end runs them). All calls of one
+ * group must use one communicator. Errors at chorusGroupEnd: those of the collected calls;
+ * chorusInvalidUsage for chorusGroupEnd without a start or two communicators in one group. */
+CHORUS_API chorusResult_t chorusGroupStart(void);
+CHORUS_API chorusResult_t chorusGroupEnd(void);
+
+/* Returns when every rank has entered the barrier. Errors: chorusInvalidUsage,
+ * chorusRemoteError, chorusTimeout. */
+CHORUS_API chorusResult_t chorusBarrier(chorusComm_t comm, chorusStream_t stream);
+
+/* Helpers: size in bytes of one element, and the name of a type or op ("float32", "sum"). */
+CHORUS_API size_t chorusTypeSize(chorusDataType_t datatype);
+CHORUS_API const char* chorusTypeName(chorusDataType_t datatype);
+CHORUS_API const char* chorusOpName(chorusRedOp_t op);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* CHORUS_CHORUS_H_ */

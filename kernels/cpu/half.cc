@@ -1,0 +1,19 @@
+// half.cc: bulk fp16 / bf16 conversions.
+#include "kernels/cpu/half.h"
+
+namespace chorus::kernels {
+
+void halfToFloat(const uint16_t* in, float* out, size_t count) {
+  for (size_t i = 0; i < count; ++i) out[i] = halfToFloat(in[i]);
+}
+void floatToHalf(const float* in, uint16_t* out, size_t count) {
+  for (size_t i = 0; i < count; ++i) out[i] = floatToHalf(in[i]);
+}
+void bfloat16ToFloat(const uint16_t* in, float* out, size_t count) {
+  for (size_t i = 0; i < count; ++i) out[i] = bfloat16ToFloat(in[i]);
+}
+void floatToBfloat16(const float* in, uint16_t* out, size_t count) {
+  for (size_t i = 0; i < count; ++i) out[i] = floatToBfloat16(in[i]);
+}
+
+}  // namespace chorus::kernels

@@ -1,0 +1,148 @@
+// reduce.cc: element-wise reductions for every type x op (host reference implementation).
+#include "kernels/cpu/reduce.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cpu/half.h"
+
+namespace chorus::kernels {
+namespace {
+
+struct SumOp {
+  template <typename T>
+  static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) {
+      using U = std::make_unsigned_t<T>;  // wrap instead of signed overflow
+      return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+    } else {
+      return a + b;
+    }
+  }
+};
+struct ProdOp {
+  template <typename T>
+  static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) {
+      using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+      return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+    } else {
+      return a * b;
+    }
+  }
+};
+struct MaxOp {
+  template <typename T>
+  static T apply(T a, T b) {
+    return std::max(a, b);
+  }
+};
+struct MinOp {
+  template <typename T>
+  static T apply(T a, T b) {
+    return std::min(a, b);
+  }
+};
+
+template <typename T, typename Op>
+void reduceNative(void* dst, const void* a, const void* b, size_t count) {
+  T* d = static_cast<T*>(dst);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < count; ++i) d[i] = Op::apply(x[i], y[i]);
+}
+
+// fp16 / bf16: widen to fp32, combine, round once.
+template <float (*Load)(uint16_t), uint16_t (*Store)(float), typename Op>
+void reduceHalf(void* dst, const void* a, const void* b, size_t count) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  for (size_t i = 0; i < count; ++i) d[i] = Store(Op::apply(Load(x[i]), Load(y[i])));
+}
+
+template <typename Op>
+void reduceTyped(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type) {
+  switch (type) {
+    case chorusInt8: return reduceNative<int8_t, Op>(dst, a, b, count);
+    case chorusUint8: return reduceNative<uint8_t, Op>(dst, a, b, count);
+    case chorusInt32: return reduceNative<int32_t, Op>(dst, a, b, count);
+    case chorusUint32: return reduceNative<uint32_t, Op>(dst, a, b, count);
+    case chorusInt64: return reduceNative<int64_t, Op>(dst, a, b, count);
+    case chorusUint64: return reduceNative<uint64_t, Op>(dst, a, b, count);
+    case chorusFloat32: return reduceNative<float, Op>(dst, a, b, count);
+    case chorusFloat64: return reduceNative<double, Op>(dst, a, b, count);
+    case chorusFloat16: return reduceHalf<halfToFloat, floatToHalf, Op>(dst, a, b, count);
+    case chorusBfloat16: return reduceHalf<bfloat16ToFloat, floatToBfloat16, Op>(dst, a, b, count);
+    default: return;
+  }
+}
+
+template <typename T>
+void divideNative(void* buf, size_t count, int divisor) {
+  T* p = static_cast<T*>(buf);
+  if constexpr (std::is_integral_v<T>) {
+    // Divide in 64 bits: a divisor (rank count) may not fit in T.
+    using Wide = std::conditional_t<std::is_signed_v<T>, int64_t, uint64_t>;
+    const Wide d = static_cast<Wide>(divisor);
+    for (size_t i = 0; i < count; ++i) p[i] = static_cast<T>(static_cast<Wide>(p[i]) / d);
+  } else {
+    const T d = static_cast<T>(divisor);
+    for (size_t i = 0; i < count; ++i) p[i] = p[i] / d;
+  }
+}
+
+template <float (*Load)(uint16_t), uint16_t (*Store)(float)>
+void divideHalf(void* buf, size_t count, int divisor) {
+  uint16_t* p = static_cast<uint16_t*>(buf);
+  const float d = static_cast<float>(divisor);
+  for (size_t i = 0; i < count; ++i) p[i] = Store(Load(p[i]) / d);
+}
+
+}  // namespace
+
+void reduce(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, chorusRedOp_t op) {
+  switch (op) {
+    case chorusSum:
+    case chorusAvg: return reduceTyped<SumOp>(dst, a, b, count, type);
+    case chorusProd: return reduceTyped<ProdOp>(dst, a, b, count, type);
+    case chorusMax: return reduceTyped<MaxOp>(dst, a, b, count, type);
+    case chorusMin: return reduceTyped<MinOp>(dst, a, b, count, type);
+    default: return;
+  }
+}
+
+void divide(void* buf, size_t count, chorusDataType_t type, int divisor) {
+  switch (type) {
+    case chorusInt8: return divideNative<int8_t>(buf, count, divisor);
+    case chorusUint8: return divideNative<uint8_t>(buf, count, divisor);
+    case chorusInt32: return divideNative<int32_t>(buf, count, divisor);
+    case chorusUint32: return divideNative<uint32_t>(buf, count, divisor);
+    case chorusInt64: return divideNative<int64_t>(buf, count, divisor);
+    case chorusUint64: return divideNative<uint64_t>(buf, count, divisor);
+    case chorusFloat32: return divideNative<float>(buf, count, divisor);
+    case chorusFloat64: return divideNative<double>(buf, count, divisor);
+    case chorusFloat16: return divideHalf<halfToFloat, floatToHalf>(buf, count, divisor);
+    case chorusBfloat16: return divideHalf<bfloat16ToFloat, floatToBfloat16>(buf, count, divisor);
+    default: return;
+  }
+}
+
+size_t typeSize(chorusDataType_t type) {
+  switch (type) {
+    case chorusInt8:
+    case chorusUint8: return 1;
+    case chorusFloat16:
+    case chorusBfloat16: return 2;
+    case chorusInt32:
+    case chorusUint32:
+    case chorusFloat32: return 4;
+    case chorusInt64:
+    case chorusUint64:
+    case chorusFloat64: return 8;
+    default: return 0;
+  }
+}
+
+}  // namespace chorus::kernels

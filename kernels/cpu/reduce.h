@@ -1,0 +1,23 @@
+// reduce.h: element-wise reductions on host memory for every chorus type x op. The CPU
+// reference that kernels/cuda/ must match. Pure functions; safe from any thread.
+#pragma once
+
+#include <cstddef>
+
+#include "chorus/chorus.h"
+
+namespace chorus::kernels {
+
+// dst[i] = a[i] (op) b[i] for i < count. dst may alias a or b (exactly, not partially).
+// Avg combines as Sum; apply divide() once on the final sum. Integer Sum and Prod wrap modulo
+// 2^bits; fp16 and bf16 compute in fp32 and round once per element.
+void reduce(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, chorusRedOp_t op);
+
+// buf[i] = buf[i] / divisor: the last step of Avg. Integers truncate toward zero; fp16 / bf16
+// divide in fp32.
+void divide(void* buf, size_t count, chorusDataType_t type, int divisor);
+
+// Bytes of one element, or 0 for an unknown type.
+size_t typeSize(chorusDataType_t type);
+
+}  // namespace chorus::kernels

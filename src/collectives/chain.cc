@@ -1,0 +1,96 @@
+// chain.cc: pipelined chains for broadcast and reduce.
+//
+// The ranks form a chain that starts at the root: position p = (rank - root) mod n, so the root
+// is position 0 and position p talks to positions p-1 and p+1. The buffer is cut into chunks of
+// at most CHORUS_CHUNK_BYTES, and each chunk moves one hop per step, so all links are busy at
+// once after n-1 chunks: a large message takes about (chunks + n - 2) chunk-times.
+//
+// Broadcast: the root sends each chunk of its input to position 1 (and copies its input to its
+// output); every other position receives the chunk into its output and, unless it is last,
+// sends it on from there.
+//
+// Reduce: the data flows the other way. The last position sends its input chunk to position
+// n-2; each middle position receives the partial result, reduces it with its own input into a
+// scratch slot, and sends that on; the root reduces into its output, and for Avg divides there.
+#include <algorithm>
+
+#include "src/collectives/schedule.h"
+
+namespace chorus::collectives {
+namespace {
+
+constexpr size_t kSlots = 4;
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+}  // namespace
+
+Schedule chainBroadcast(const ScheduleArgs& args) {
+  Schedule schedule;
+  schedule.algorithm = "chain";
+  const int n = args.nranks;
+  const size_t size = args.typeSize;
+  const size_t totalBytes = args.count * size;
+  if (args.count == 0) return schedule;
+  const int position = mod(args.rank - args.root, n);
+  const int toward = mod(args.rank + 1, n);   // position + 1
+  const int from = mod(args.rank - 1, n);     // position - 1
+  const bool last = position == n - 1;
+  if (position == 0) {
+    schedule.steps.push_back({StepKind::kCopy, -1, {BufferId::kInput, 0}, {BufferId::kOutput, 0}, {}, totalBytes});
+  }
+  if (n == 1) return schedule;
+  const size_t chunkBytes = std::min(chunkElementsFor(args.chunkBytes, size), args.count) * size;
+  for (size_t offset = 0; offset < totalBytes; offset += chunkBytes) {
+    const size_t bytes = std::min(chunkBytes, totalBytes - offset);
+    if (position == 0) {
+      schedule.steps.push_back({StepKind::kSend, toward, {BufferId::kInput, offset}, {}, {}, bytes});
+      continue;
+    }
+    schedule.steps.push_back({StepKind::kRecv, from, {}, {BufferId::kOutput, offset}, {}, bytes});
+    if (!last) schedule.steps.push_back({StepKind::kSend, toward, {BufferId::kOutput, offset}, {}, {}, bytes});
+  }
+  return schedule;
+}
+
+Schedule chainReduce(const ScheduleArgs& args) {
+  Schedule schedule;
+  schedule.algorithm = "chain";
+  const int n = args.nranks;
+  const size_t size = args.typeSize;
+  const size_t totalBytes = args.count * size;
+  if (args.count == 0) return schedule;
+  const int position = mod(args.rank - args.root, n);
+  if (n == 1) {
+    schedule.steps.push_back({StepKind::kCopy, -1, {BufferId::kInput, 0}, {BufferId::kOutput, 0}, {}, totalBytes});
+    return schedule;
+  }
+  const int upstream = mod(args.rank + 1, n);  // position + 1 sends to us
+  const int downstream = mod(args.rank - 1, n);  // we send to position - 1
+  const size_t chunkBytes = std::min(chunkElementsFor(args.chunkBytes, size), args.count) * size;
+  size_t tmpNext = 0;
+  size_t partialNext = 0;
+  const size_t tmpBase = 0;
+  const size_t partialBase = kSlots * chunkBytes;
+  if (position != n - 1) schedule.scratchBytes = (position == 0 ? 1 : 2) * kSlots * chunkBytes;
+  for (size_t offset = 0; offset < totalBytes; offset += chunkBytes) {
+    const size_t bytes = std::min(chunkBytes, totalBytes - offset);
+    if (position == n - 1) {
+      schedule.steps.push_back({StepKind::kSend, downstream, {BufferId::kInput, offset}, {}, {}, bytes});
+      continue;
+    }
+    const Span tmp{BufferId::kScratch, tmpBase + (tmpNext++ % kSlots) * chunkBytes};
+    if (position == 0) {
+      schedule.steps.push_back(
+          {StepKind::kRecvReduce, upstream, {BufferId::kInput, offset}, {BufferId::kOutput, offset}, tmp, bytes});
+      if (args.divide) schedule.steps.push_back({StepKind::kDivide, -1, {}, {BufferId::kOutput, offset}, {}, bytes});
+      continue;
+    }
+    const Span partial{BufferId::kScratch, partialBase + (partialNext++ % kSlots) * chunkBytes};
+    schedule.steps.push_back({StepKind::kRecvReduce, upstream, {BufferId::kInput, offset}, partial, tmp, bytes});
+    schedule.steps.push_back({StepKind::kSend, downstream, partial, {}, {}, bytes});
+  }
+  return schedule;
+}
+
+}  // namespace chorus::collectives

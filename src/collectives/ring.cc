@@ -1,0 +1,189 @@
+// ring.cc: ring algorithms for all-reduce, all-gather and reduce-scatter.
+//
+// The ranks form a ring: rank r sends to next = r+1 and receives from prev = r-1 (mod n). The
+// data is cut into n blocks, and each block into chunks of at most CHORUS_CHUNK_BYTES; the steps
+// below run once per chunk index, so a chunk travels the ring while the next one follows it
+// (pipelining), and scratch stays a few chunks large whatever the message size.
+//
+// Reduce-scatter phase (n-1 steps). At step s, rank r sends block r-s and receives block r-s-1,
+// which it reduces with its own input into the output. At step 0 it sends its own input block;
+// later it sends the block it reduced at the step before. After n-1 steps rank r holds block r+1
+// reduced over all ranks ("owns" it). For Avg, the owner divides its block once, here.
+//
+// All-gather phase (n-1 steps). At step s, rank r sends block r+1-s (its owned block at step 0,
+// then the block it received at the step before) and receives block r-s into the output.
+//
+// Each rank sends and receives 2(n-1)/n of the buffer: the bandwidth-optimal all-reduce.
+//
+// The stand-alone all-gather is the second phase with rank r starting from its own block r; the
+// stand-alone reduce-scatter is the first phase shifted by one block, so rank r ends owning block
+// r, with partial sums kept in scratch (its output holds one block only).
+#include <algorithm>
+
+#include "src/collectives/schedule.h"
+
+namespace chorus::collectives {
+namespace {
+
+constexpr size_t kTmpSlots = 4;  // receive buffers for recv-reduce, reused round robin
+
+// Rotating chunk-sized slots in scratch, starting at `base`.
+struct SlotRing {
+  size_t base;
+  size_t slotBytes;
+  size_t slots;
+  size_t next = 0;
+  Span take() {
+    const Span span{BufferId::kScratch, base + (next % slots) * slotBytes};
+    ++next;
+    return span;
+  }
+  size_t end() const { return base + slots * slotBytes; }
+};
+
+// Piece c of a block: byte offset from the block's start and byte length (0 if empty).
+struct Piece {
+  size_t offset;
+  size_t bytes;
+};
+Piece pieceOf(size_t blockElements, size_t chunkElements, size_t c, size_t typeSize) {
+  const size_t first = c * chunkElements;
+  if (first >= blockElements) return {0, 0};
+  const size_t last = std::min(blockElements, first + chunkElements);
+  return {first * typeSize, (last - first) * typeSize};
+}
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+Step send(int peer, Span src, size_t bytes) { return {StepKind::kSend, peer, src, {}, {}, bytes}; }
+Step recv(int peer, Span dst, size_t bytes) { return {StepKind::kRecv, peer, {}, dst, {}, bytes}; }
+Step recvReduce(int peer, Span src, Span dst, Span tmp, size_t bytes) {
+  return {StepKind::kRecvReduce, peer, src, dst, tmp, bytes};
+}
+Step copy(Span src, Span dst, size_t bytes) { return {StepKind::kCopy, -1, src, dst, {}, bytes}; }
+Step divide(Span dst, size_t bytes) { return {StepKind::kDivide, -1, {}, dst, {}, bytes}; }
+
+Span at(BufferId buffer, size_t offset) { return {buffer, offset}; }
+
+}  // namespace
+
+Schedule ringAllReduce(const ScheduleArgs& args) {
+  Schedule schedule;
+  schedule.algorithm = "ring";
+  const int n = args.nranks;
+  const int r = args.rank;
+  const size_t size = args.typeSize;
+  if (args.count == 0) return schedule;
+  if (n == 1) {
+    schedule.steps.push_back(copy(at(BufferId::kInput, 0), at(BufferId::kOutput, 0), args.count * size));
+    return schedule;
+  }
+  const int next = mod(r + 1, n);
+  const int prev = mod(r - 1, n);
+  const Blocks blocks{args.count, static_cast<size_t>(n)};
+  const size_t chunkElements = std::min(chunkElementsFor(args.chunkBytes, size), blocks.size(0));
+  const size_t pieces = piecesOf(blocks.size(0), chunkElements);
+  SlotRing tmp{0, chunkElements * size, kTmpSlots};
+  schedule.scratchBytes = tmp.end();
+
+  for (size_t c = 0; c < pieces; ++c) {
+    auto piece = [&](int block) { return pieceOf(blocks.size(block), chunkElements, c, size); };
+    auto offset = [&](int block) { return blocks.start(block) * size + piece(block).offset; };
+    for (int s = 0; s < n - 1; ++s) {
+      const int sendBlock = mod(r - s, n);
+      const int recvBlock = mod(r - s - 1, n);
+      if (piece(sendBlock).bytes > 0) {
+        const BufferId from = s == 0 ? BufferId::kInput : BufferId::kOutput;
+        schedule.steps.push_back(send(next, at(from, offset(sendBlock)), piece(sendBlock).bytes));
+      }
+      if (piece(recvBlock).bytes > 0) {
+        schedule.steps.push_back(recvReduce(prev, at(BufferId::kInput, offset(recvBlock)),
+                                            at(BufferId::kOutput, offset(recvBlock)), tmp.take(),
+                                            piece(recvBlock).bytes));
+      }
+    }
+    const int owned = mod(r + 1, n);
+    if (args.divide && piece(owned).bytes > 0) {
+      schedule.steps.push_back(divide(at(BufferId::kOutput, offset(owned)), piece(owned).bytes));
+    }
+    for (int s = 0; s < n - 1; ++s) {
+      const int sendBlock = mod(r + 1 - s, n);
+      const int recvBlock = mod(r - s, n);
+      if (piece(sendBlock).bytes > 0) {
+        schedule.steps.push_back(send(next, at(BufferId::kOutput, offset(sendBlock)), piece(sendBlock).bytes));
+      }
+      if (piece(recvBlock).bytes > 0) {
+        schedule.steps.push_back(recv(prev, at(BufferId::kOutput, offset(recvBlock)), piece(recvBlock).bytes));
+      }
+    }
+  }
+  return schedule;
+}
+
+Schedule ringAllGather(const ScheduleArgs& args) {
+  Schedule schedule;
+  schedule.algorithm = "ring";
+  const int n = args.nranks;
+  const int r = args.rank;
+  const size_t size = args.typeSize;
+  const size_t blockBytes = args.count * size;
+  if (args.count == 0) return schedule;
+  // The executor skips this copy when the call is in place (same address).
+  schedule.steps.push_back(copy(at(BufferId::kInput, 0), at(BufferId::kOutput, r * blockBytes), blockBytes));
+  if (n == 1) return schedule;
+  const int next = mod(r + 1, n);
+  const int prev = mod(r - 1, n);
+  const size_t chunkElements = std::min(chunkElementsFor(args.chunkBytes, size), args.count);
+  const size_t pieces = piecesOf(args.count, chunkElements);
+  for (size_t c = 0; c < pieces; ++c) {
+    const Piece piece = pieceOf(args.count, chunkElements, c, size);
+    for (int s = 0; s < n - 1; ++s) {
+      const int sendBlock = mod(r - s, n);
+      const int recvBlock = mod(r - s - 1, n);
+      schedule.steps.push_back(send(next, at(BufferId::kOutput, sendBlock * blockBytes + piece.offset), piece.bytes));
+      schedule.steps.push_back(recv(prev, at(BufferId::kOutput, recvBlock * blockBytes + piece.offset), piece.bytes));
+    }
+  }
+  return schedule;
+}
+
+Schedule ringReduceScatter(const ScheduleArgs& args) {
+  Schedule schedule;
+  schedule.algorithm = "ring";
+  const int n = args.nranks;
+  const int r = args.rank;
+  const size_t size = args.typeSize;
+  const size_t blockBytes = args.count * size;
+  if (args.count == 0) return schedule;
+  if (n == 1) {
+    schedule.steps.push_back(copy(at(BufferId::kInput, 0), at(BufferId::kOutput, 0), blockBytes));
+    return schedule;
+  }
+  const int next = mod(r + 1, n);
+  const int prev = mod(r - 1, n);
+  const size_t chunkElements = std::min(chunkElementsFor(args.chunkBytes, size), args.count);
+  const size_t pieces = piecesOf(args.count, chunkElements);
+  SlotRing tmp{0, chunkElements * size, kTmpSlots};
+  SlotRing partial{tmp.end(), chunkElements * size, kTmpSlots};
+  schedule.scratchBytes = partial.end();
+
+  for (size_t c = 0; c < pieces; ++c) {
+    const Piece piece = pieceOf(args.count, chunkElements, c, size);
+    Span carried{};  // the partial result to send at the next step
+    for (int s = 0; s < n - 1; ++s) {
+      const int sendBlock = mod(r - s - 1, n);
+      const int recvBlock = mod(r - s - 2, n);
+      const Span from = s == 0 ? at(BufferId::kInput, sendBlock * blockBytes + piece.offset) : carried;
+      schedule.steps.push_back(send(next, from, piece.bytes));
+      const bool last = s == n - 2;
+      const Span into = last ? at(BufferId::kOutput, piece.offset) : partial.take();
+      schedule.steps.push_back(recvReduce(prev, at(BufferId::kInput, recvBlock * blockBytes + piece.offset), into,
+                                          tmp.take(), piece.bytes));
+      carried = into;
+    }
+    if (args.divide) schedule.steps.push_back(divide(at(BufferId::kOutput, piece.offset), piece.bytes));
+  }
+  return schedule;
+}
+
+}  // namespace chorus::collectives

@@ -1,0 +1,83 @@
+// schedule.cc: shared pieces of schedules: names, access ranges, the algorithm choice.
+#include "src/collectives/schedule.h"
+
+#include <algorithm>
+
+namespace chorus::collectives {
+
+const char* collectiveName(Collective collective) {
+  switch (collective) {
+    case Collective::kAllReduce: return "allreduce";
+    case Collective::kAllGather: return "allgather";
+    case Collective::kReduceScatter: return "reducescatter";
+    case Collective::kBroadcast: return "broadcast";
+    case Collective::kReduce: return "reduce";
+    case Collective::kSend: return "send";
+    case Collective::kRecv: return "recv";
+  }
+  return "unknown";
+}
+
+const char* stepKindName(StepKind kind) {
+  switch (kind) {
+    case StepKind::kSend: return "send";
+    case StepKind::kRecv: return "recv";
+    case StepKind::kRecvReduce: return "recv-reduce";
+    case StepKind::kCopy: return "copy";
+    case StepKind::kDivide: return "divide";
+  }
+  return "unknown";
+}
+
+int stepAccesses(const Step& step, Access out[4]) {
+  int n = 0;
+  switch (step.kind) {
+    case StepKind::kSend: out[n++] = {step.src, step.bytes, false}; break;
+    case StepKind::kRecv: out[n++] = {step.dst, step.bytes, true}; break;
+    case StepKind::kRecvReduce:
+      out[n++] = {step.src, step.bytes, false};
+      out[n++] = {step.tmp, step.bytes, true};
+      out[n++] = {step.dst, step.bytes, true};
+      break;
+    case StepKind::kCopy:
+      out[n++] = {step.src, step.bytes, false};
+      out[n++] = {step.dst, step.bytes, true};
+      break;
+    case StepKind::kDivide: out[n++] = {step.dst, step.bytes, true}; break;
+  }
+  return n;
+}
+
+Schedule buildSchedule(const ScheduleArgs& args) {
+  switch (args.collective) {
+    case Collective::kAllReduce: return ringAllReduce(args);
+    case Collective::kAllGather: return ringAllGather(args);
+    case Collective::kReduceScatter: return ringReduceScatter(args);
+    case Collective::kBroadcast: return chainBroadcast(args);
+    case Collective::kReduce: return chainReduce(args);
+    case Collective::kSend:
+    case Collective::kRecv: return pointToPoint(args);
+  }
+  return {};
+}
+
+Schedule pointToPoint(const ScheduleArgs& args) {
+  // One message of count elements to or from the peer (args.root); count 0 posts nothing.
+  Schedule schedule;
+  schedule.algorithm = "p2p";
+  if (args.count == 0) return schedule;
+  Step step;
+  step.peer = args.root;
+  step.bytes = args.count * args.typeSize;
+  if (args.collective == Collective::kSend) {
+    step.kind = StepKind::kSend;
+    step.src = {BufferId::kInput, 0};
+  } else {
+    step.kind = StepKind::kRecv;
+    step.dst = {BufferId::kOutput, 0};
+  }
+  schedule.steps.push_back(step);
+  return schedule;
+}
+
+}  // namespace chorus::collectives

@@ -1,0 +1,106 @@
+// schedule.h: collectives as schedules. A schedule is one rank's list of steps (send, recv,
+// recv-reduce, copy, divide) over byte ranges of its input, output and scratch buffers, made by a
+// pure function of (collective, nranks, rank, count, type size, root/peer, chunking). No I/O and
+// no threads here: src/core/executor runs schedules over the transports.
+//
+// Order and dependencies: steps are listed in the order a rank posts them. A step depends on the
+// earlier steps whose byte ranges it conflicts with (it reads what they write, or writes what they
+// read or write): stepAccesses() gives those ranges, and the executor waits for exactly those
+// conflicts. Messages between a pair of ranks match in posting order, so each schedule posts, for
+// every pair, its sends in the order the peer's schedule posts the matching receives.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace chorus::collectives {
+
+enum class Collective : uint8_t { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kReduce, kSend, kRecv };
+const char* collectiveName(Collective collective);
+
+enum class BufferId : uint8_t { kInput = 0, kOutput = 1, kScratch = 2 };
+inline constexpr int kBufferCount = 3;
+
+// A byte offset into one of the buffers.
+struct Span {
+  BufferId buffer = BufferId::kInput;
+  size_t offset = 0;
+};
+
+enum class StepKind : uint8_t {
+  kSend,        // send `bytes` at src to peer
+  kRecv,        // receive `bytes` from peer into dst
+  kRecvReduce,  // receive `bytes` from peer into tmp, then dst = src (op) tmp
+  kCopy,        // dst = src
+  kDivide,      // dst = dst / nranks (the last step of Avg)
+};
+const char* stepKindName(StepKind kind);
+
+struct Step {
+  StepKind kind = StepKind::kCopy;
+  int peer = -1;
+  Span src;
+  Span dst;
+  Span tmp;
+  size_t bytes = 0;
+};
+
+struct Schedule {
+  std::vector<Step> steps;
+  size_t scratchBytes = 0;  // bytes of scratch the steps use
+  const char* algorithm = "";
+};
+
+struct ScheduleArgs {
+  Collective collective = Collective::kAllReduce;
+  int nranks = 1;
+  int rank = 0;
+  // Elements: all-reduce, broadcast, reduce, send, recv: the buffer; all-gather: each rank's
+  // input; reduce-scatter: each rank's output.
+  size_t count = 0;
+  size_t typeSize = 1;
+  int root = 0;  // broadcast and reduce: the root; send and recv: the peer
+  bool divide = false;  // Avg: add divide steps on the final results
+  size_t chunkBytes = 512 * 1024;
+};
+
+// Byte ranges a step touches, for dependency analysis: up to two read and two written ranges.
+struct Access {
+  Span span;
+  size_t bytes = 0;
+  bool write = false;
+};
+int stepAccesses(const Step& step, Access out[4]);
+
+// The algorithms. Each file opens with its prose.
+Schedule ringAllReduce(const ScheduleArgs& args);
+Schedule ringAllGather(const ScheduleArgs& args);
+Schedule ringReduceScatter(const ScheduleArgs& args);
+Schedule chainBroadcast(const ScheduleArgs& args);
+Schedule chainReduce(const ScheduleArgs& args);
+Schedule pointToPoint(const ScheduleArgs& args);
+
+// The schedule this build uses for args.
+Schedule buildSchedule(const ScheduleArgs& args);
+
+// Blocks: count elements split into `parts` contiguous blocks whose sizes differ by at most one
+// (the first count % parts blocks are one longer).
+struct Blocks {
+  size_t count;
+  size_t parts;
+  size_t start(size_t block) const { return block * (count / parts) + std::min(block, count % parts); }
+  size_t size(size_t block) const { return count / parts + (block < count % parts ? 1 : 0); }
+};
+
+// Chunking of a block of `elements` into pieces of at most chunkElements: piece c covers
+// [c*chunkElements, min((c+1)*chunkElements, elements)), empty when c*chunkElements >= elements.
+inline size_t chunkElementsFor(size_t chunkBytes, size_t typeSize) {
+  const size_t elements = chunkBytes / typeSize;
+  return elements == 0 ? 1 : elements;
+}
+inline size_t piecesOf(size_t elements, size_t chunkElements) { return (elements + chunkElements - 1) / chunkElements; }
+
+}  // namespace chorus::collectives

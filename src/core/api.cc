@@ -1,0 +1,488 @@
+// api.cc: the C ABI. Validates arguments (nothing is touched on error), maps chorus::Error to
+// result codes and the per-thread last-error message, and collects calls made inside groups.
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+
+#include "chorus/chorus.h"
+#include "kernels/cpu/reduce.h"
+#include "src/core/bootstrap.h"
+#include "src/core/communicator.h"
+#include "src/core/config.h"
+#include "src/core/error.h"
+#include "src/core/log.h"
+#include "src/core/pmi.h"
+
+using chorus::Communicator;
+using chorus::Error;
+using chorus::fail;
+using chorus::PreparedOp;
+using chorus::collectives::Collective;
+
+struct chorusComm {
+  std::unique_ptr<Communicator> impl;
+};
+
+namespace {
+
+thread_local std::string lastError = "no error";
+
+// Live handles: a call with a destroyed (or never created) handle is an error, not a crash.
+std::mutex liveMutex;
+std::unordered_set<const chorusComm*> liveComms;
+
+struct GroupState {
+  int depth = 0;
+  chorusComm_t comm = nullptr;
+  std::vector<PreparedOp> ops;
+  chorusResult_t deferred = chorusSuccess;
+  std::string deferredMessage;
+};
+thread_local GroupState group;
+
+template <typename F>
+chorusResult_t guarded(F&& body) {
+  try {
+    body();
+    return chorusSuccess;
+  } catch (const Error& e) {
+    lastError = e.what();
+    chorus::logAt(chorus::LogLevel::kInfo, "{}", lastError);
+    return e.code();
+  } catch (const std::bad_alloc&) {
+    lastError = "out of host memory";
+    return chorusSystemError;
+  } catch (const std::exception& e) {
+    lastError = std::string("internal error: ") + e.what();
+    return chorusInternalError;
+  }
+}
+
+Communicator& live(const chorusComm* comm, const char* call) {
+  if (comm == nullptr) fail(chorusInvalidUsage, "{}: the communicator is NULL", call);
+  std::lock_guard<std::mutex> lock(liveMutex);
+  if (liveComms.count(comm) == 0) {
+    fail(chorusInvalidUsage, "{}: the communicator handle is not live (destroyed, aborted or never initialized)", call);
+  }
+  return *comm->impl;
+}
+
+void checkType(chorusDataType_t type, const char* call, int rank) {
+  if (static_cast<int>(type) < 0 || type >= chorusNumTypes) {
+    fail(chorusInvalidArgument, "rank {}: {}: unknown datatype {}", rank, call, static_cast<int>(type));
+  }
+}
+
+void checkOp(chorusRedOp_t op, const char* call, int rank) {
+  if (static_cast<int>(op) < 0 || op >= chorusNumOps) {
+    fail(chorusInvalidArgument, "rank {}: {}: unknown reduction op {}", rank, call, static_cast<int>(op));
+  }
+}
+
+// count elements times `multiple` (1 or nranks) must fit in bytes.
+void checkCount(size_t count, size_t multiple, chorusDataType_t type, const char* call, int rank) {
+  const size_t limit = std::numeric_limits<size_t>::max() / 2 / chorus::kernels::typeSize(type) / multiple;
+  if (count > limit) {
+    fail(chorusInvalidArgument, "rank {}: {}: count {} of {} (x{} ranks) overflows the byte size", rank, call, count,
+         chorusTypeName(type), multiple);
+  }
+}
+
+void checkBuffer(const void* buffer, size_t count, const char* name, const char* call, int rank) {
+  if (buffer == nullptr && count > 0) {
+    fail(chorusInvalidArgument, "rank {}: {}: {} is NULL with count {}", rank, call, name, count);
+  }
+}
+
+void checkStream(chorusStream_t stream, const char* call, int rank) {
+  if (stream != nullptr) {
+    fail(chorusInvalidArgument,
+         "rank {}: {}: a non-NULL stream was given, but this build runs host-memory collectives only (pass NULL)",
+         rank, call);
+  }
+}
+
+void checkRank(int value, int nranks, const char* what, const char* call, int rank) {
+  if (value < 0 || value >= nranks) {
+    fail(chorusInvalidArgument, "rank {}: {}: {} {} is out of range [0, {})", rank, call, what, value, nranks);
+  }
+}
+
+// Runs the op now, or adds it to the open group.
+void submit(chorusComm_t comm, PreparedOp op) {
+  if (group.depth > 0) {
+    if (group.comm != nullptr && group.comm != comm) {
+      fail(chorusInvalidUsage, "{}: a group may use one communicator only (this call uses another)", op.what);
+    }
+    group.comm = comm;
+    group.ops.push_back(std::move(op));
+    return;
+  }
+  std::vector<PreparedOp> ops;
+  ops.push_back(std::move(op));
+  comm->impl->run(ops);
+}
+
+// In a group, an argument error is reported again at chorusGroupEnd and drops the group.
+chorusResult_t record(chorusResult_t result) {
+  if (result != chorusSuccess && group.depth > 0 && group.deferred == chorusSuccess) {
+    group.deferred = result;
+    group.deferredMessage = lastError;
+  }
+  return result;
+}
+
+void initCommunicator(chorusComm_t* out, int nranks, const chorus::UniqueIdData& id, int rank,
+                      const chorusConfig_t* config) {
+  if (out == nullptr) fail(chorusInvalidArgument, "chorusCommInitRank: comm (the output pointer) is NULL");
+  *out = nullptr;
+  if (nranks < 1) fail(chorusInvalidArgument, "chorusCommInitRank: nranks {} is less than 1", nranks);
+  if (rank < 0 || rank >= nranks) {
+    fail(chorusInvalidArgument, "chorusCommInitRank: rank {} is out of range [0, {})", rank, nranks);
+  }
+  if (config != nullptr) {
+    if (config->size != sizeof(chorusConfig_t) || config->magic != CHORUS_CONFIG_MAGIC ||
+        config->version > CHORUS_VERSION_CODE) {
+      fail(chorusInvalidArgument,
+           "rank {}: the config was not made with CHORUS_CONFIG_INITIALIZER of this version (size {}, magic {:#x}, "
+           "version {})",
+           rank, config->size, config->magic, config->version);
+    }
+    if (config->blocking != 1) {
+      fail(chorusInvalidArgument, "rank {}: config.blocking = {}: this version has blocking communicators only", rank,
+           config->blocking);
+    }
+  }
+  const chorus::CommSettings settings = chorus::CommSettings::resolve(config);
+  auto comm = std::make_unique<chorusComm>();
+  comm->impl = std::make_unique<Communicator>(id, nranks, rank, settings);
+  std::lock_guard<std::mutex> lock(liveMutex);
+  liveComms.insert(comm.get());
+  *out = comm.release();
+}
+
+int envInt(const char* name, const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  if (errno != 0 || end == text.c_str() || *end != '\0' || value < 0 || value > std::numeric_limits<int>::max()) {
+    fail(chorusInvalidArgument, "chorusCommInitFromEnv: {}='{}' is not a valid non-negative integer", name, text);
+  }
+  return static_cast<int>(value);
+}
+
+std::string hexOf(const void* data, size_t bytes) {
+  static const char* const kDigits = "0123456789abcdef";
+  std::string text;
+  for (size_t i = 0; i < bytes; ++i) {
+    const unsigned char b = static_cast<const unsigned char*>(data)[i];
+    text += kDigits[b >> 4];
+    text += kDigits[b & 15];
+  }
+  return text;
+}
+
+void fromHex(const std::string& text, void* data, size_t bytes) {
+  if (text.size() != 2 * bytes) fail(chorusRemoteError, "PMI: the published unique id has the wrong length");
+  for (size_t i = 0; i < bytes; ++i) {
+    static_cast<unsigned char*>(data)[i] = static_cast<unsigned char>(std::stoi(text.substr(2 * i, 2), nullptr, 16));
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+chorusResult_t chorusGetVersion(int* version) {
+  return guarded([&] {
+    if (version == nullptr) fail(chorusInvalidArgument, "chorusGetVersion: version is NULL");
+    *version = CHORUS_VERSION_CODE;
+  });
+}
+
+const char* chorusGetErrorString(chorusResult_t result) {
+  switch (result) {
+    case chorusSuccess: return "no error";
+    case chorusUnhandledCudaError: return "unhandled CUDA error";
+    case chorusSystemError: return "system error";
+    case chorusInternalError: return "internal error";
+    case chorusInvalidArgument: return "invalid argument";
+    case chorusInvalidUsage: return "invalid usage";
+    case chorusRemoteError: return "remote error (a peer failed, disconnected or disagreed)";
+    case chorusInProgress: return "operation in progress";
+    case chorusTimeout: return "timeout";
+    case chorusAborted: return "aborted";
+    default: return "unknown result code";
+  }
+}
+
+const char* chorusGetLastError(chorusComm_t) { return lastError.c_str(); }
+
+chorusResult_t chorusGetUniqueId(chorusUniqueId* uniqueId) {
+  return guarded([&] {
+    if (uniqueId == nullptr) fail(chorusInvalidArgument, "chorusGetUniqueId: uniqueId is NULL");
+    const chorus::UniqueIdData id = chorus::createUniqueId(chorus::CommSettings::resolve(nullptr).initTimeoutMs);
+    std::memset(uniqueId, 0, sizeof(*uniqueId));
+    static_assert(sizeof(id) <= sizeof(chorusUniqueId));
+    std::memcpy(uniqueId->internal, &id, sizeof(id));
+  });
+}
+
+chorusResult_t chorusCommInitRankConfig(chorusComm_t* comm, int nranks, chorusUniqueId uniqueId, int rank,
+                                        const chorusConfig_t* config) {
+  return guarded([&] {
+    chorus::UniqueIdData id;
+    std::memcpy(&id, uniqueId.internal, sizeof(id));
+    initCommunicator(comm, nranks, id, rank, config);
+  });
+}
+
+chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId uniqueId, int rank) {
+  return chorusCommInitRankConfig(comm, nranks, uniqueId, rank, nullptr);
+}
+
+chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm, const chorusConfig_t* config) {
+  return guarded([&] {
+    using chorus::firstEnv;
+    const char* rankName = nullptr;
+    const char* sizeName = nullptr;
+    const std::string rankText = firstEnv({"CHORUS_RANK", "RANK"}, &rankName);
+    const std::string sizeText = firstEnv({"CHORUS_WORLD_SIZE", "WORLD_SIZE"}, &sizeName);
+    const std::string addr = firstEnv({"CHORUS_MASTER_ADDR", "MASTER_ADDR"});
+    const char* portName = nullptr;
+    const std::string portText = firstEnv({"CHORUS_MASTER_PORT", "MASTER_PORT"}, &portName);
+    const chorus::CommSettings settings = chorus::CommSettings::resolve(config);
+
+    if (!rankText.empty() && !sizeText.empty() && !addr.empty() && !portText.empty()) {
+      // torchrun style: rank 0 hosts the root on MASTER_PORT.
+      const int rank = envInt(rankName, rankText);
+      const int nranks = envInt(sizeName, sizeText);
+      const int port = envInt(portName, portText);
+      if (port < 1 || port > 65535) fail(chorusInvalidArgument, "chorusCommInitFromEnv: {}={} is not a port", portName, port);
+      chorus::UniqueIdData id;
+      id.magic = chorus::kUniqueIdMagic;
+      id.version = 1;
+      const std::string secretText = firstEnv({"CHORUS_SECRET"});
+      id.secret = secretText.empty() ? 0 : std::hash<std::string>{}(secretText);
+      const chorus::SocketAddress root = chorus::SocketAddress::parse(addr, static_cast<uint16_t>(port));
+      id.root = chorus::pack(root);
+      if (rank == 0) {
+        // Listen on every address of the master's family, on the agreed port.
+        chorus::SocketAddress any = chorus::SocketAddress::parse(
+            root.storage.ss_family == AF_INET6 ? "::" : "0.0.0.0", static_cast<uint16_t>(port));
+        chorus::startBootstrapRoot(chorus::listenOn(any), id.secret, settings.initTimeoutMs);
+      }
+      initCommunicator(comm, nranks, id, rank, config);
+      return;
+    }
+    if (auto pmi = chorus::PmiClient::fromEnvironment()) {
+      // Under mpiexec: rank 0 makes an id and publishes it in the process manager's key-value space.
+      chorus::UniqueIdData id;
+      if (pmi->rank() == 0) {
+        id = chorus::createUniqueId(settings.initTimeoutMs);
+        pmi->put("chorus-unique-id", hexOf(&id, sizeof(id)));
+      }
+      pmi->barrier();
+      if (pmi->rank() != 0) fromHex(pmi->get("chorus-unique-id"), &id, sizeof(id));
+      pmi->finalize();
+      initCommunicator(comm, pmi->size(), id, pmi->rank(), config);
+      return;
+    }
+    fail(chorusInvalidArgument,
+         "chorusCommInitFromEnv: no launcher environment found: set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
+         "(or their CHORUS_ spellings), or start under mpiexec");
+  });
+}
+
+chorusResult_t chorusCommDestroy(chorusComm_t comm) {
+  return guarded([&] {
+    live(comm, "chorusCommDestroy");
+    {
+      std::lock_guard<std::mutex> lock(liveMutex);
+      liveComms.erase(comm);
+    }
+    delete comm;
+  });
+}
+
+chorusResult_t chorusCommAbort(chorusComm_t comm) {
+  return guarded([&] {
+    live(comm, "chorusCommAbort").abort();
+    {
+      std::lock_guard<std::mutex> lock(liveMutex);
+      liveComms.erase(comm);
+    }
+    delete comm;
+  });
+}
+
+chorusResult_t chorusCommCount(const chorusComm_t comm, int* count) {
+  return guarded([&] {
+    Communicator& c = live(comm, "chorusCommCount");
+    if (count == nullptr) fail(chorusInvalidArgument, "chorusCommCount: count is NULL");
+    *count = c.nranks();
+  });
+}
+
+chorusResult_t chorusCommUserRank(const chorusComm_t comm, int* rank) {
+  return guarded([&] {
+    Communicator& c = live(comm, "chorusCommUserRank");
+    if (rank == nullptr) fail(chorusInvalidArgument, "chorusCommUserRank: rank is NULL");
+    *rank = c.rank();
+  });
+}
+
+chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                               chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream) {
+  return record(guarded([&] {
+    Communicator& c = live(comm, "chorusAllReduce");
+    const char* call = "chorusAllReduce";
+    checkType(datatype, call, c.rank());
+    checkOp(op, call, c.rank());
+    checkCount(count, 1, datatype, call, c.rank());
+    checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
+    checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
+    checkStream(stream, call, c.rank());
+    submit(comm, c.prepare(Collective::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0));
+  }));
+}
+
+chorusResult_t chorusAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                               chorusComm_t comm, chorusStream_t stream) {
+  return record(guarded([&] {
+    Communicator& c = live(comm, "chorusAllGather");
+    const char* call = "chorusAllGather";
+    checkType(datatype, call, c.rank());
+    checkCount(sendcount, static_cast<size_t>(c.nranks()), datatype, call, c.rank());
+    checkBuffer(sendbuff, sendcount, "sendbuff", call, c.rank());
+    checkBuffer(recvbuff, sendcount, "recvbuff", call, c.rank());
+    checkStream(stream, call, c.rank());
+    submit(comm, c.prepare(Collective::kAllGather, sendbuff, recvbuff, sendcount, datatype, chorusSum, 0));
+  }));
+}
+
+chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                                   chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream) {
+  return record(guarded([&] {
+    Communicator& c = live(comm, "chorusReduceScatter");
+    const char* call = "chorusReduceScatter";
+    checkType(datatype, call, c.rank());
+    checkOp(op, call, c.rank());
+    checkCount(recvcount, static_cast<size_t>(c.nranks()), datatype, call, c.rank());
+    checkBuffer(sendbuff, recvcount, "sendbuff", call, c.rank());
+    checkBuffer(recvbuff, recvcount, "recvbuff", call, c.rank());
+    checkStream(stream, call, c.rank());
+    submit(comm, c.prepare(Collective::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0));
+  }));
+}
+
+chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype, int root,
+                               chorusComm_t comm, chorusStream_t stream) {
+  return record(guarded([&] {
+    Communicator& c = live(comm, "chorusBroadcast");
+    const char* call = "chorusBroadcast";
+    checkType(datatype, call, c.rank());
+    checkRank(root, c.nranks(), "root", call, c.rank());
+    checkCount(count, 1, datatype, call, c.rank());
+    if (c.rank() == root) checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
+    checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
+    checkStream(stream, call, c.rank());
+    submit(comm, c.prepare(Collective::kBroadcast, sendbuff, recvbuff, count, datatype, chorusSum, root));
+  }));
+}
+
+chorusResult_t chorusReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                            chorusRedOp_t op, int root, chorusComm_t comm, chorusStream_t stream) {
+  return record(guarded([&] {
+    Communicator& c = live(comm, "chorusReduce");
+    const char* call = "chorusReduce";
+    checkType(datatype, call, c.rank());
+    checkOp(op, call, c.rank());
+    checkRank(root, c.nranks(), "root", call, c.rank());
+    checkCount(count, 1, datatype, call, c.rank());
+    checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
+    if (c.rank() == root) checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
+    checkStream(stream, call, c.rank());
+    submit(comm, c.prepare(Collective::kReduce, sendbuff, recvbuff, count, datatype, op, root));
+  }));
+}
+
+chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
+                          chorusStream_t stream) {
+  return record(guarded([&] {
+    Communicator& c = live(comm, "chorusSend");
+    const char* call = "chorusSend";
+    checkType(datatype, call, c.rank());
+    checkRank(peer, c.nranks(), "peer", call, c.rank());
+    checkCount(count, 1, datatype, call, c.rank());
+    checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
+    checkStream(stream, call, c.rank());
+    submit(comm, c.prepare(Collective::kSend, sendbuff, nullptr, count, datatype, chorusSum, peer));
+  }));
+}
+
+chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
+                          chorusStream_t stream) {
+  return record(guarded([&] {
+    Communicator& c = live(comm, "chorusRecv");
+    const char* call = "chorusRecv";
+    checkType(datatype, call, c.rank());
+    checkRank(peer, c.nranks(), "peer", call, c.rank());
+    checkCount(count, 1, datatype, call, c.rank());
+    checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
+    checkStream(stream, call, c.rank());
+    submit(comm, c.prepare(Collective::kRecv, nullptr, recvbuff, count, datatype, chorusSum, peer));
+  }));
+}
+
+chorusResult_t chorusBarrier(chorusComm_t comm, chorusStream_t stream) {
+  return record(guarded([&] {
+    Communicator& c = live(comm, "chorusBarrier");
+    checkStream(stream, "chorusBarrier", c.rank());
+    submit(comm, c.prepareBarrier());
+  }));
+}
+
+chorusResult_t chorusGroupStart(void) {
+  ++group.depth;
+  return chorusSuccess;
+}
+
+chorusResult_t chorusGroupEnd(void) {
+  return guarded([&] {
+    if (group.depth == 0) fail(chorusInvalidUsage, "chorusGroupEnd without chorusGroupStart");
+    if (--group.depth > 0) return;
+    std::vector<PreparedOp> ops = std::move(group.ops);
+    chorusComm_t comm = group.comm;
+    const chorusResult_t deferred = group.deferred;
+    const std::string message = group.deferredMessage;
+    group = GroupState{};
+    if (deferred != chorusSuccess) {
+      fail(deferred, "a call in the group failed, so none of the group's calls ran: {}", message);
+    }
+    if (ops.empty()) return;
+    live(comm, "chorusGroupEnd").run(ops);
+  });
+}
+
+size_t chorusTypeSize(chorusDataType_t datatype) { return chorus::kernels::typeSize(datatype); }
+
+const char* chorusTypeName(chorusDataType_t datatype) {
+  static const char* const kNames[] = {"int8",   "uint8",   "int32",   "uint32",  "int64",
+                                       "uint64", "float16", "float32", "float64", "bfloat16"};
+  if (static_cast<int>(datatype) < 0 || datatype >= chorusNumTypes) return "unknown";
+  return kNames[datatype];
+}
+
+const char* chorusOpName(chorusRedOp_t op) {
+  static const char* const kNames[] = {"sum", "prod", "max", "min", "avg"};
+  if (static_cast<int>(op) < 0 || op >= chorusNumOps) return "unknown";
+  return kNames[op];
+}
+
+}  // extern "C"

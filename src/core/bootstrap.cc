@@ -1,0 +1,280 @@
+// bootstrap.cc: the bootstrap root and the rank side of the meeting, then a TCP ring.
+#include "src/core/bootstrap.h"
+
+#include <poll.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "src/core/error.h"
+#include "src/core/log.h"
+
+namespace chorus {
+namespace {
+
+constexpr uint32_t kHelloMagic = 0x63686f31;  // "cho1"
+constexpr uint32_t kProtocolVersion = 1;
+
+struct Hello {
+  uint32_t magic;
+  uint32_t version;
+  uint64_t secret;
+  int32_t nranks;
+  int32_t rank;
+  uint32_t infoBytes;
+  uint32_t pad;
+};
+
+enum class ReplyStatus : uint32_t { kOk = 0, kError = 1 };
+struct Reply {
+  uint32_t status;
+  uint32_t errorCode;  // chorusResult_t when status is kError
+  uint64_t commId;
+  uint64_t payloadBytes;  // error text, or nranks * infoBytes
+};
+
+struct RingHello {
+  uint64_t commId;
+  int32_t rank;
+  int32_t pad;
+};
+
+void sendReplyError(int fd, chorusResult_t code, const std::string& text) {
+  Reply reply{static_cast<uint32_t>(ReplyStatus::kError), static_cast<uint32_t>(code), 0, text.size()};
+  try {
+    const Deadline deadline = deadlineAfterMs(2000);
+    sendAll(fd, &reply, sizeof(reply), deadline, "bootstrap root reply");
+    sendAll(fd, text.data(), text.size(), deadline, "bootstrap root reply");
+  } catch (const Error&) {
+    // The rank went away; nothing more to tell it.
+  }
+}
+
+std::string listRanks(const std::vector<int>& ranks) {
+  std::string text;
+  const size_t shown = std::min<size_t>(ranks.size(), 32);
+  for (size_t i = 0; i < shown; ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (shown < ranks.size()) text += fmt::format(" and {} more", ranks.size() - shown);
+  return text;
+}
+
+struct Arrival {
+  Socket socket;
+  std::vector<char> info;
+  bool present = false;
+};
+
+void runRoot(Socket listener, uint64_t secret, int initTimeoutMs) {
+  int nranks = -1;
+  uint32_t infoBytes = 0;
+  int firstRank = -1;
+  std::vector<Arrival> arrivals;
+  int arrived = 0;
+  Deadline deadline = Deadline::max();
+  const std::string where = boundAddress(listener.fd()).toString();
+
+  while (nranks < 0 || arrived < nranks) {
+    pollfd entry{listener.fd(), POLLIN, 0};
+    const int timeout = nranks < 0 ? 1000 : msLeft(deadline, 1000);
+    const int ready = ::poll(&entry, 1, timeout);
+    if (nranks >= 0 && Clock::now() >= deadline && ready <= 0) break;
+    if (ready <= 0) continue;
+    Socket peer(::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!peer.valid()) continue;
+    Hello hello{};
+    try {
+      recvAll(peer.fd(), &hello, sizeof(hello), deadlineAfterMs(5000), "bootstrap root hello");
+    } catch (const Error&) {
+      continue;  // not one of ours, or gone
+    }
+    if (hello.magic != kHelloMagic || hello.version != kProtocolVersion || hello.secret != secret) {
+      sendReplyError(peer.fd(), chorusRemoteError,
+                     fmt::format("bootstrap root at {}: rank {} presented a wrong secret or protocol version; "
+                                 "is it using this communicator's unique id?",
+                                 where, hello.rank));
+      continue;
+    }
+    std::vector<char> info(hello.infoBytes);
+    try {
+      recvAll(peer.fd(), info.data(), info.size(), deadlineAfterMs(5000), "bootstrap root info");
+    } catch (const Error&) {
+      continue;
+    }
+    if (nranks < 0) {
+      if (hello.nranks < 1) continue;
+      nranks = hello.nranks;
+      infoBytes = hello.infoBytes;
+      firstRank = hello.rank;
+      arrivals.resize(nranks);
+      deadline = deadlineAfterMs(initTimeoutMs);
+    }
+    if (hello.nranks != nranks || hello.infoBytes != infoBytes) {
+      sendReplyError(peer.fd(), chorusRemoteError,
+                     fmt::format("bootstrap: rank {} was created with nranks={} but rank {} with nranks={}",
+                                 hello.rank, hello.nranks, firstRank, nranks));
+      continue;
+    }
+    if (hello.rank < 0 || hello.rank >= nranks) {
+      sendReplyError(peer.fd(), chorusInvalidArgument,
+                     fmt::format("bootstrap: rank {} is out of range [0, {})", hello.rank, nranks));
+      continue;
+    }
+    Arrival& slot = arrivals[hello.rank];
+    if (slot.present) {
+      sendReplyError(peer.fd(), chorusRemoteError,
+                     fmt::format("bootstrap: two processes claim rank {} of {}", hello.rank, nranks));
+      continue;
+    }
+    slot.socket = std::move(peer);
+    slot.info = std::move(info);
+    slot.present = true;
+    ++arrived;
+  }
+
+  if (arrived < nranks) {
+    std::vector<int> missing;
+    for (int r = 0; r < nranks; ++r) {
+      if (!arrivals[r].present) missing.push_back(r);
+    }
+    const std::string text =
+        fmt::format("bootstrap: {} of {} ranks did not arrive within {} ms: missing rank(s) {}", missing.size(),
+                    nranks, initTimeoutMs, listRanks(missing));
+    logAt(LogLevel::kWarn, "{}", text);
+    for (Arrival& a : arrivals) {
+      if (a.present) sendReplyError(a.socket.fd(), chorusTimeout, text);
+    }
+    return;
+  }
+
+  std::vector<char> all(static_cast<size_t>(nranks) * infoBytes);
+  for (int r = 0; r < nranks; ++r) std::memcpy(all.data() + static_cast<size_t>(r) * infoBytes, arrivals[r].info.data(), infoBytes);
+  Reply reply{static_cast<uint32_t>(ReplyStatus::kOk), 0, randomU64(), all.size()};
+  for (Arrival& a : arrivals) {
+    try {
+      const Deadline sendDeadline = deadlineAfterMs(initTimeoutMs);
+      sendAll(a.socket.fd(), &reply, sizeof(reply), sendDeadline, "bootstrap root reply");
+      sendAll(a.socket.fd(), all.data(), all.size(), sendDeadline, "bootstrap root reply");
+    } catch (const Error& e) {
+      logAt(LogLevel::kWarn, "bootstrap root: {}", e.what());
+    }
+  }
+}
+
+}  // namespace
+
+uint64_t randomU64() {
+  uint64_t value = 0;
+  if (getrandom(&value, sizeof(value), 0) != sizeof(value)) failErrno("getrandom()");
+  return value;
+}
+
+void startBootstrapRoot(Socket listener, uint64_t secret, int initTimeoutMs) {
+  std::thread([listener = std::move(listener), secret, initTimeoutMs]() mutable {
+    try {
+      runRoot(std::move(listener), secret, initTimeoutMs);
+    } catch (const std::exception& e) {
+      logAt(LogLevel::kWarn, "bootstrap root failed: {}", e.what());
+    }
+  }).detach();
+}
+
+UniqueIdData createUniqueId(int initTimeoutMs) {
+  Socket listener = listenOn(defaultLocalAddress());
+  UniqueIdData id;
+  id.magic = kUniqueIdMagic;
+  id.version = kProtocolVersion;
+  id.secret = randomU64();
+  id.root = pack(boundAddress(listener.fd()));
+  startBootstrapRoot(std::move(listener), id.secret, initTimeoutMs);
+  return id;
+}
+
+Bootstrap::Bootstrap(int rank, int nranks) : rank_(rank), nranks_(nranks) {
+  SocketAddress local = defaultLocalAddress();
+  ringListen_ = listenOn(local);
+  ringAddress_ = pack(boundAddress(ringListen_.fd()));
+}
+
+std::vector<std::vector<char>> Bootstrap::join(const UniqueIdData& id, const std::vector<char>& info,
+                                               int initTimeoutMs) {
+  if (id.magic != kUniqueIdMagic) {
+    fail(chorusInvalidArgument, "rank {}: the unique id is not one made by chorusGetUniqueId (bad magic)", rank_);
+  }
+  const SocketAddress root = unpack(id.root);
+  // Ranks wait a little longer than the root, so the root's word on missing ranks arrives first.
+  const Deadline deadline = deadlineAfterMs(static_cast<int64_t>(initTimeoutMs) + 5000);
+  const std::string what = fmt::format("rank {}: bootstrap with root {}", rank_, root.toString());
+  Socket socket = connectTo(root, deadline, what);
+  Hello hello{kHelloMagic, kProtocolVersion, id.secret, nranks_, rank_, static_cast<uint32_t>(info.size()), 0};
+  sendAll(socket.fd(), &hello, sizeof(hello), deadline, what);
+  sendAll(socket.fd(), info.data(), info.size(), deadline, what);
+  Reply reply{};
+  recvAll(socket.fd(), &reply, sizeof(reply), deadline, what + " (waiting for all ranks)");
+  if (reply.status != static_cast<uint32_t>(ReplyStatus::kOk)) {
+    std::string text(std::min<uint64_t>(reply.payloadBytes, 1 << 16), '\0');
+    recvAll(socket.fd(), text.data(), text.size(), deadline, what);
+    fail(static_cast<chorusResult_t>(reply.errorCode), "rank {}: {}", rank_, text);
+  }
+  if (reply.payloadBytes != static_cast<uint64_t>(nranks_) * info.size()) {
+    fail(chorusInternalError, "rank {}: bootstrap reply has {} bytes, expected {}", rank_, reply.payloadBytes,
+         static_cast<uint64_t>(nranks_) * info.size());
+  }
+  commId_ = reply.commId;
+  std::vector<char> all(reply.payloadBytes);
+  recvAll(socket.fd(), all.data(), all.size(), deadline, what);
+  std::vector<std::vector<char>> infos(nranks_);
+  for (int r = 0; r < nranks_; ++r) {
+    infos[r].assign(all.begin() + static_cast<ptrdiff_t>(r * info.size()),
+                    all.begin() + static_cast<ptrdiff_t>((r + 1) * info.size()));
+  }
+
+  if (nranks_ > 1) {
+    // Ring: connect to the next rank's listener, accept the previous rank. Every info blob
+    // begins with the rank's ring address.
+    const int next = (rank_ + 1) % nranks_;
+    PackedAddress nextAddress;
+    std::memcpy(&nextAddress, infos[next].data(), sizeof(nextAddress));
+    const std::string ringWhat = fmt::format("rank {}: bootstrap ring", rank_);
+    next_ = connectTo(unpack(nextAddress), deadline, ringWhat + fmt::format(" to rank {}", next));
+    RingHello mine{commId_, rank_, 0};
+    sendAll(next_.fd(), &mine, sizeof(mine), deadline, ringWhat);
+    const int prev = (rank_ + nranks_ - 1) % nranks_;
+    for (;;) {
+      Socket candidate = acceptFrom(ringListen_.fd(), deadline, ringWhat + fmt::format(" from rank {}", prev));
+      RingHello theirs{};
+      try {
+        recvAll(candidate.fd(), &theirs, sizeof(theirs), deadline, ringWhat);
+      } catch (const Error&) {
+        continue;
+      }
+      if (theirs.commId == commId_ && theirs.rank == prev) {
+        prev_ = std::move(candidate);
+        break;
+      }
+    }
+    ringListen_.close();
+  }
+  return infos;
+}
+
+void Bootstrap::allGather(void* data, size_t bytesPerRank, Deadline deadline) {
+  // Ring all-gather: at step s, pass on the slot received at step s-1 (our own at step 0).
+  char* base = static_cast<char*>(data);
+  for (int step = 0; step < nranks_ - 1; ++step) {
+    const int sendSlot = (rank_ - step + nranks_) % nranks_;
+    const int recvSlot = (rank_ - step - 1 + nranks_) % nranks_;
+    const std::string what = fmt::format("rank {}: bootstrap all-gather step {}", rank_, step);
+    sendAll(next_.fd(), base + static_cast<size_t>(sendSlot) * bytesPerRank, bytesPerRank, deadline, what);
+    recvAll(prev_.fd(), base + static_cast<size_t>(recvSlot) * bytesPerRank, bytesPerRank, deadline, what);
+  }
+}
+
+void Bootstrap::barrier(Deadline deadline) {
+  std::vector<char> slots(static_cast<size_t>(nranks_), 1);
+  allGather(slots.data(), 1, deadline);
+}
+
+}  // namespace chorus

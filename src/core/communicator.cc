@@ -1,0 +1,212 @@
+// communicator.cc: communicator set-up (bootstrap, transport choice per peer) and the path from
+// a call to a running schedule.
+#include "src/core/communicator.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <functional>
+
+#include "kernels/cpu/reduce.h"
+#include "src/core/config.h"
+#include "src/core/error.h"
+#include "src/core/log.h"
+
+namespace chorus {
+namespace {
+
+// Processes with equal host hashes can share memory: same machine (hostname, boot id) and same
+// network and mount namespaces (separate network namespaces stand for separate hosts in tests).
+uint64_t hostHash() {
+  std::string key;
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  key += name;
+  std::ifstream bootId("/proc/sys/kernel/random/boot_id");
+  std::string line;
+  if (std::getline(bootId, line)) key += "|" + line;
+  for (const char* ns : {"/proc/self/ns/net", "/proc/self/ns/mnt"}) {
+    struct stat info {};
+    if (stat(ns, &info) == 0) key += fmt::format("|{}", static_cast<uint64_t>(info.st_ino));
+  }
+  return std::hash<std::string>{}(key);
+}
+
+uint16_t signatureOf(collectives::Collective collective, size_t count, chorusDataType_t type, chorusRedOp_t op,
+                     int root) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint64_t v : {static_cast<uint64_t>(collective), static_cast<uint64_t>(count), static_cast<uint64_t>(type),
+                     static_cast<uint64_t>(op), static_cast<uint64_t>(root)}) {
+    h = (h ^ v) * 1099511628211ull;
+  }
+  return static_cast<uint16_t>(h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48));
+}
+
+}  // namespace
+
+CommSettings CommSettings::resolve(const chorusConfig_t* config) {
+  CommSettings s;
+  s.timeoutMs = static_cast<int>(knobInt(Knob::kTimeoutMs));
+  s.initTimeoutMs = static_cast<int>(knobInt(Knob::kInitTimeoutMs));
+  s.transport = knobString(Knob::kTransport);
+  s.chunkBytes = static_cast<size_t>(knobInt(Knob::kChunkBytes));
+  s.spinUs = static_cast<int>(knobInt(Knob::kSpinUs));
+  if (config != nullptr) {
+    if (config->timeoutMs >= 0) s.timeoutMs = config->timeoutMs;
+    if (config->initTimeoutMs >= 0) s.initTimeoutMs = config->initTimeoutMs;
+    if (config->transport != nullptr) s.transport = config->transport;
+  }
+  if (s.transport != "auto" && s.transport != "shm" && s.transport != "tcp") {
+    fail(chorusInvalidArgument, "transport '{}' (CHORUS_TRANSPORT or config) is not one of auto, shm, tcp", s.transport);
+  }
+  if (s.chunkBytes == 0) fail(chorusInvalidArgument, "CHORUS_CHUNK_BYTES must be positive");
+  return s;
+}
+
+Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const CommSettings& settings)
+    : rank_(rank), nranks_(nranks), settings_(settings), sendSequence_(nranks), recvSequence_(nranks),
+      barrierBytes_(static_cast<size_t>(nranks) + 1) {
+  logKnobs(rank);
+  bootstrap_ = std::make_unique<Bootstrap>(rank, nranks);
+  dataListener_ = listenOn(defaultLocalAddress());
+
+  PeerInfo self;
+  self.ringAddress = bootstrap_->ringAddress();
+  self.dataAddress = pack(boundAddress(dataListener_.fd()));
+  self.rank = rank;
+  self.pid = getpid();
+  self.hostHash = hostHash();
+  std::strncpy(self.transportMode, settings.transport.c_str(), sizeof(self.transportMode) - 1);
+  gethostname(self.hostname, sizeof(self.hostname) - 1);
+  std::vector<char> blob(sizeof(PeerInfo));
+  std::memcpy(blob.data(), &self, sizeof(self));
+
+  const auto blobs = bootstrap_->join(id, blob, settings.initTimeoutMs);
+  TransportContext context;
+  context.rank = rank;
+  context.nranks = nranks;
+  context.commId = bootstrap_->commId();
+  context.bootstrap = bootstrap_.get();
+  context.dataListener = &dataListener_;
+  context.deadline = deadlineAfterMs(settings.initTimeoutMs);
+  context.mode = settings.transport;
+  context.peers.resize(nranks);
+  for (int r = 0; r < nranks; ++r) {
+    std::memcpy(&context.peers[r], blobs[r].data(), sizeof(PeerInfo));
+    if (std::strncmp(context.peers[r].transportMode, self.transportMode, sizeof(self.transportMode)) != 0) {
+      fail(chorusInvalidUsage, "rank {} uses transport mode '{}' but rank {} uses '{}' (CHORUS_TRANSPORT must agree)",
+           rank, self.transportMode, r, context.peers[r].transportMode);
+    }
+  }
+
+  // Ask the transports in priority order; every rank creates every kind (set-up is collective).
+  const auto& registry = transportRegistry();
+  std::vector<std::vector<int>> chosen(registry.size());
+  transportOfPeer_.assign(nranks, nullptr);
+  std::vector<int> kindOfPeer(nranks, -1);
+  for (int peer = 0; peer < nranks; ++peer) {
+    for (size_t k = 0; k < registry.size(); ++k) {
+      if (registry[k].canConnect(context, peer)) {
+        chosen[k].push_back(peer);
+        kindOfPeer[peer] = static_cast<int>(k);
+        break;
+      }
+    }
+    if (kindOfPeer[peer] < 0) {
+      fail(chorusInvalidUsage, "rank {}: no transport can reach rank {} (host {}) with CHORUS_TRANSPORT={}", rank, peer,
+           context.peers[peer].hostname, settings.transport);
+    }
+  }
+  for (size_t k = 0; k < registry.size(); ++k) transports_.push_back(registry[k].create(context, chosen[k]));
+  for (int peer = 0; peer < nranks; ++peer) transportOfPeer_[peer] = transports_[kindOfPeer[peer]].get();
+  dataListener_.close();
+
+  std::vector<Transport*> all;
+  for (auto& t : transports_) all.push_back(t.get());
+  executor_ = std::make_unique<Executor>(ExecutorOptions{rank, nranks, settings.timeoutMs, settings.spinUs},
+                                         transportOfPeer_, all, &aborted_);
+  bootstrap_->barrier(deadlineAfterMs(settings.initTimeoutMs));
+  if (logEnabled(LogLevel::kInfo)) {
+    std::string peers;
+    for (int peer = 0; peer < nranks; ++peer) peers += fmt::format(" {}:{}", peer, transportName(peer));
+    logAt(LogLevel::kInfo, "rank {} of {} ready (comm {:016x}); transports by peer:{}", rank, nranks,
+          context.commId, peers);
+  }
+}
+
+Communicator::~Communicator() = default;
+
+std::string Communicator::transportName(int peer) const {
+  return peer >= 0 && peer < nranks_ && transportOfPeer_[peer] ? transportOfPeer_[peer]->name() : "none";
+}
+
+PreparedOp Communicator::prepare(collectives::Collective collective, const void* input, void* output, size_t count,
+                                 chorusDataType_t type, chorusRedOp_t op, int rootOrPeer) {
+  using collectives::Collective;
+  collectives::ScheduleArgs args;
+  args.collective = collective;
+  args.nranks = nranks_;
+  args.rank = rank_;
+  args.count = count;
+  args.typeSize = kernels::typeSize(type);
+  args.root = rootOrPeer;
+  args.divide = op == chorusAvg;
+  args.chunkBytes = settings_.chunkBytes;
+
+  PreparedOp prepared;
+  prepared.schedule = collectives::buildSchedule(args);
+  prepared.input = input;
+  prepared.output = output;
+  prepared.type = type;
+  prepared.op = op;
+  const bool reduces = collective == Collective::kAllReduce || collective == Collective::kReduceScatter ||
+                       collective == Collective::kReduce;
+  const bool rooted = collective == Collective::kBroadcast || collective == Collective::kReduce;
+  if (collective == Collective::kSend || collective == Collective::kRecv) {
+    uint64_t& sequence = collective == Collective::kSend ? sendSequence_[rootOrPeer] : recvSequence_[rootOrPeer];
+    prepared.tag = makeTag(TagKind::kPointToPoint, sequence, signatureOf(Collective::kSend, count, type, chorusSum, 0));
+    prepared.what = fmt::format("{} #{} (count {} {}, {} rank {})", collectives::collectiveName(collective), sequence,
+                                count, chorusTypeName(type), collective == Collective::kSend ? "to" : "from",
+                                rootOrPeer);
+    ++sequence;
+    return prepared;
+  }
+  const uint64_t sequence = collectiveSequence_++;
+  prepared.tag =
+      makeTag(TagKind::kCollective, sequence, signatureOf(collective, count, type, reduces ? op : chorusSum,
+                                                          rooted ? rootOrPeer : 0));
+  std::string detail = fmt::format("count {} {}", count, chorusTypeName(type));
+  if (reduces) detail += fmt::format(" {}", chorusOpName(op));
+  if (rooted) detail += fmt::format(" root {}", rootOrPeer);
+  prepared.what = fmt::format("{} #{} ({}, {})", collectives::collectiveName(collective), sequence, detail,
+                              prepared.schedule.algorithm);
+  return prepared;
+}
+
+PreparedOp Communicator::prepareBarrier() {
+  PreparedOp prepared =
+      prepare(collectives::Collective::kAllGather, &barrierBytes_[nranks_], barrierBytes_.data(), 1, chorusUint8,
+              chorusSum, 0);
+  prepared.what = "barrier" + prepared.what.substr(prepared.what.find(' '));
+  return prepared;
+}
+
+void Communicator::run(std::vector<PreparedOp>& ops) {
+  if (aborted()) fail(chorusAborted, "rank {}: the communicator was aborted", rank_);
+  if (!broken_.empty()) {
+    fail(chorusInvalidUsage, "rank {}: the communicator failed earlier and cannot be used: {}", rank_, broken_);
+  }
+  size_t scratchBytes = 0;
+  for (const PreparedOp& op : ops) scratchBytes += op.schedule.scratchBytes;
+  if (scratch_.size() < scratchBytes) scratch_.resize(scratchBytes);
+  try {
+    executor_->run(ops, scratch_.data());
+  } catch (const Error& e) {
+    broken_ = e.what();
+    throw;
+  }
+}
+
+}  // namespace chorus

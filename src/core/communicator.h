@@ -1,0 +1,74 @@
+// communicator.h: a communicator's state: its ranks, bootstrap ring, transports per peer,
+// message sequence numbers, scratch memory and executor. Used by one thread at a time; abort()
+// may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chorus/chorus.h"
+#include "src/collectives/schedule.h"
+#include "src/core/bootstrap.h"
+#include "src/core/executor.h"
+#include "src/transport/transport.h"
+
+namespace chorus {
+
+struct CommSettings {
+  int timeoutMs = 300000;
+  int initTimeoutMs = 120000;
+  std::string transport = "auto";
+  size_t chunkBytes = 512 * 1024;
+  int spinUs = 20;
+
+  // Built-in defaults, then the environment, then the config (fields not at their initializer).
+  static CommSettings resolve(const chorusConfig_t* config);
+};
+
+class Communicator {
+ public:
+  // Collective: meets every rank through the id's root and connects the transports.
+  Communicator(const UniqueIdData& id, int nranks, int rank, const CommSettings& settings);
+  ~Communicator();
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  const CommSettings& settings() const { return settings_; }
+
+  // Builds the schedule and tag of a collective or point-to-point call (arguments checked).
+  PreparedOp prepare(collectives::Collective collective, const void* input, void* output, size_t count,
+                     chorusDataType_t type, chorusRedOp_t op, int rootOrPeer);
+  // A barrier's all-gather of one byte per rank over buffers the communicator owns.
+  PreparedOp prepareBarrier();
+
+  // Runs prepared ops as one stream (a single call, or a group).
+  void run(std::vector<PreparedOp>& ops);
+
+  void abort() { aborted_.store(true); }
+  bool aborted() const { return aborted_.load(); }
+  // After a failed operation the message streams may be out of step: later calls fail at once.
+  const std::string& brokenReason() const { return broken_; }
+  // Name of the transport used for each peer, for logs and tests.
+  std::string transportName(int peer) const;
+
+ private:
+  int rank_;
+  int nranks_;
+  CommSettings settings_;
+  std::unique_ptr<Bootstrap> bootstrap_;
+  Socket dataListener_;
+  std::vector<std::unique_ptr<Transport>> transports_;
+  std::vector<Transport*> transportOfPeer_;
+  std::unique_ptr<Executor> executor_;
+  uint64_t collectiveSequence_ = 0;
+  std::vector<uint64_t> sendSequence_;
+  std::vector<uint64_t> recvSequence_;
+  std::vector<char> scratch_;
+  std::vector<char> barrierBytes_;
+  std::atomic<bool> aborted_{false};
+  std::string broken_;
+};
+
+}  // namespace chorus

@@ -1,0 +1,75 @@
+// config.cc: the table of environment knobs.
+#include "src/core/config.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "src/core/error.h"
+#include "src/core/log.h"
+
+namespace chorus {
+namespace {
+
+struct KnobSpec {
+  const char* name;
+  const char* defaultValue;
+  const char* meaning;
+};
+
+// One line per knob: environment name, default, meaning.
+constexpr KnobSpec kKnobs[] = {
+    {"CHORUS_DEBUG", "WARN", "log level: WARN, INFO or TRACE"},
+    {"CHORUS_TRANSPORT", "auto", "auto (shm within a host, tcp across), shm, or tcp for every peer"},
+    {"CHORUS_TIMEOUT_MS", "300000", "how long one operation waits for a peer before failing"},
+    {"CHORUS_INIT_TIMEOUT_MS", "120000", "how long init waits for every rank to arrive"},
+    {"CHORUS_CHUNK_BYTES", "524288", "pipelining chunk of ring and chain algorithms, bytes"},
+    {"CHORUS_SHM_SLOT_BYTES", "262144", "bytes per shared-memory FIFO slot"},
+    {"CHORUS_SHM_SLOTS", "8", "slots per shared-memory FIFO (one FIFO per ordered pair of ranks)"},
+    {"CHORUS_SPIN_US", "20", "how long a wait spins before it blocks (ranks may outnumber cores)"},
+    {"CHORUS_BOOTSTRAP_ADDR", "", "IP address to listen on (default: first non-loopback IPv4)"},
+};
+static_assert(sizeof(kKnobs) / sizeof(kKnobs[0]) == static_cast<size_t>(Knob::kCount));
+
+const KnobSpec& spec(Knob knob) { return kKnobs[static_cast<size_t>(knob)]; }
+
+}  // namespace
+
+const char* knobName(Knob knob) { return spec(knob).name; }
+
+std::string knobString(Knob knob) {
+  const char* value = std::getenv(spec(knob).name);
+  return (value != nullptr && value[0] != '\0') ? value : spec(knob).defaultValue;
+}
+
+int64_t knobInt(Knob knob) {
+  const std::string text = knobString(knob);
+  char* end = nullptr;
+  errno = 0;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || end == text.c_str() || *end != '\0' || value < 0) {
+    fail(chorusInvalidArgument, "{}='{}' is not a non-negative integer", spec(knob).name, text);
+  }
+  return value;
+}
+
+void logKnobs(int rank) {
+  for (const KnobSpec& k : kKnobs) {
+    const char* env = std::getenv(k.name);
+    const bool fromEnv = env != nullptr && env[0] != '\0';
+    logAt(LogLevel::kInfo, "rank {}: {}={} ({}) - {}", rank, k.name, fromEnv ? env : k.defaultValue,
+          fromEnv ? "environment" : "default", k.meaning);
+  }
+}
+
+std::string firstEnv(std::initializer_list<const char*> names, const char** which) {
+  for (const char* name : names) {
+    const char* value = std::getenv(name);
+    if (value != nullptr && value[0] != '\0') {
+      if (which != nullptr) *which = name;
+      return value;
+    }
+  }
+  return {};
+}
+
+}  // namespace chorus

@@ -1,0 +1,35 @@
+// config.h: every environment knob of chorus, declared once (name, default, meaning) in
+// config.cc. Values are read when first asked for; thread-safe after that.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace chorus {
+
+enum class Knob {
+  kDebug,          // CHORUS_DEBUG: log level
+  kTransport,      // CHORUS_TRANSPORT: auto | shm | tcp
+  kTimeoutMs,      // CHORUS_TIMEOUT_MS: per-operation wait limit
+  kInitTimeoutMs,  // CHORUS_INIT_TIMEOUT_MS: bootstrap wait limit
+  kChunkBytes,     // CHORUS_CHUNK_BYTES: pipelining chunk of ring and chain algorithms
+  kShmSlotBytes,   // CHORUS_SHM_SLOT_BYTES: bytes per shared-memory FIFO slot
+  kShmSlots,       // CHORUS_SHM_SLOTS: slots per shared-memory FIFO
+  kSpinUs,         // CHORUS_SPIN_US: how long a wait spins before it blocks
+  kBootstrapAddr,  // CHORUS_BOOTSTRAP_ADDR: address this process listens on
+  kCount
+};
+
+// The knob's value: the environment's if set (non-empty), else its default.
+std::string knobString(Knob knob);
+// The knob as an integer; a malformed value throws chorusInvalidArgument naming the variable.
+int64_t knobInt(Knob knob);
+// The environment variable's name.
+const char* knobName(Knob knob);
+// Logs every knob with its value in effect and whether it came from the environment (INFO).
+void logKnobs(int rank);
+
+// Reads the first set variable among `names` (for torchrun-style spellings); empty if none is.
+std::string firstEnv(std::initializer_list<const char*> names, const char** which = nullptr);
+
+}  // namespace chorus

@@ -1,0 +1,14 @@
+// error.cc: helpers for chorus::Error.
+#include "src/core/error.h"
+
+#include <cerrno>
+#include <cstring>
+
+namespace chorus {
+
+void failErrno(const std::string& what) {
+  const int saved = errno;
+  throw Error(chorusSystemError, fmt::format("{}: {}", what, std::strerror(saved)));
+}
+
+}  // namespace chorus

@@ -1,0 +1,35 @@
+// log.cc: leveled logging.
+#include "src/core/log.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <strings.h>
+
+#include "src/core/config.h"
+
+namespace chorus {
+namespace {
+
+LogLevel parseLevel() {
+  const std::string text = knobString(Knob::kDebug);
+  if (strcasecmp(text.c_str(), "INFO") == 0) return LogLevel::kInfo;
+  if (strcasecmp(text.c_str(), "TRACE") == 0) return LogLevel::kTrace;
+  return LogLevel::kWarn;
+}
+
+}  // namespace
+
+bool logEnabled(LogLevel level) {
+  static const LogLevel threshold = parseLevel();
+  return level <= threshold;
+}
+
+void logLine(LogLevel level, const std::string& message) {
+  static const char* const kNames[] = {"WARN", "INFO", "TRACE"};
+  const std::string line = fmt::format("chorus {} [pid {}]: {}\n", kNames[static_cast<int>(level)], getpid(), message);
+  // One write per line so lines of different processes do not interleave.
+  (void)!::write(STDERR_FILENO, line.data(), line.size());
+}
+
+}  // namespace chorus

@@ -1,0 +1,345 @@
+// shm.cc: the shared-memory transport, for ranks on one host.
+//
+// Every ordered pair (src -> dst) owns a FIFO in a POSIX shared-memory segment: a ring of
+// CHORUS_SHM_SLOTS slots of CHORUS_SHM_SLOT_BYTES each, with a head (slots published by src) and
+// a tail (slots consumed by dst). A message is cut into slot-sized pieces; each piece carries the
+// message's tag, total size and offset, so the receiver checks that it matches what it posted.
+// No system call per message: the sender copies into the slot and publishes with a release
+// store; the receiver copies out. Each rank also owns a doorbell, a futex word that peers bump
+// when they publish or free slots; a rank with nothing to do sleeps on it (ranks may outnumber
+// cores), so nobody spins for long.
+//
+// Set-up is collective: each rank creates its outgoing FIFOs and its doorbell, all meet at a
+// bootstrap barrier, each maps its incoming FIFOs and its peers' doorbells, all meet again, and
+// each creator unlinks its names, so nothing outlives the processes.
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <deque>
+
+#include "src/core/config.h"
+#include "src/core/error.h"
+#include "src/core/log.h"
+#include "src/transport/transport.h"
+
+namespace chorus {
+namespace {
+
+struct Doorbell {
+  std::atomic<uint32_t> sequence;
+  std::atomic<uint32_t> waiters;
+};
+
+struct alignas(64) FifoControl {
+  alignas(64) std::atomic<uint64_t> head;  // pieces published by the sender
+  alignas(64) std::atomic<uint64_t> tail;  // pieces consumed by the receiver
+};
+
+struct alignas(64) SlotHeader {
+  uint64_t tag;
+  uint64_t messageBytes;
+  uint64_t offset;
+  uint64_t pieceBytes;
+};
+
+void ring(Doorbell* bell) {
+  bell->sequence.fetch_add(1, std::memory_order_seq_cst);
+  if (bell->waiters.load(std::memory_order_seq_cst) > 0) {
+    syscall(SYS_futex, &bell->sequence, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  }
+}
+
+// A mapped shared-memory segment.
+class Segment {
+ public:
+  Segment() = default;
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+  Segment(Segment&& other) noexcept { *this = std::move(other); }
+  Segment& operator=(Segment&& other) noexcept {
+    std::swap(base_, other.base_);
+    std::swap(bytes_, other.bytes_);
+    std::swap(name_, other.name_);
+    std::swap(owner_, other.owner_);
+    return *this;
+  }
+  ~Segment() {
+    unlink();
+    if (base_ != nullptr) munmap(base_, bytes_);
+  }
+
+  static Segment create(const std::string& name, size_t bytes) {
+    Segment segment;
+    shm_unlink(name.c_str());  // a leftover of a crashed run with the same id: start clean
+    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) failErrno("shm transport: shm_open(" + name + ", create)");
+    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      ::close(fd);
+      shm_unlink(name.c_str());
+      failErrno(fmt::format("shm transport: ftruncate({}, {} bytes) (is /dev/shm large enough?)", name, bytes));
+    }
+    segment.map(fd, bytes, name);
+    segment.name_ = name;
+    segment.owner_ = true;
+    return segment;
+  }
+
+  static Segment open(const std::string& name, size_t bytes) {
+    Segment segment;
+    const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) failErrno("shm transport: shm_open(" + name + ")");
+    segment.map(fd, bytes, name);
+    return segment;
+  }
+
+  void unlink() {
+    if (owner_) shm_unlink(name_.c_str());
+    owner_ = false;
+  }
+  char* base() const { return static_cast<char*>(base_); }
+
+ private:
+  void map(int fd, size_t bytes, const std::string& name) {
+    void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (base == MAP_FAILED) failErrno("shm transport: mmap(" + name + ")");
+    base_ = base;
+    bytes_ = bytes;
+  }
+
+  void* base_ = nullptr;
+  size_t bytes_ = 0;
+  std::string name_;
+  bool owner_ = false;
+};
+
+struct PendingOp {
+  uint64_t tag;
+  char* data;
+  size_t bytes;
+  size_t done;  // bytes copied so far
+  bool started;
+  Request* request;
+};
+
+struct Peer {
+  int rank = -1;
+  pid_t pid = 0;
+  Segment outSegment;  // this rank -> peer
+  Segment inSegment;   // peer -> this rank
+  Segment bellSegment;
+  FifoControl* out = nullptr;
+  FifoControl* in = nullptr;
+  char* outSlots = nullptr;
+  char* inSlots = nullptr;
+  Doorbell* bell = nullptr;  // the peer's doorbell
+  std::deque<PendingOp> sends;
+  std::deque<PendingOp> recvs;
+};
+
+class ShmTransport final : public Transport {
+ public:
+  ShmTransport(TransportContext& context, const std::vector<int>& peers)
+      : rank_(context.rank),
+        slots_(static_cast<uint64_t>(knobInt(Knob::kShmSlots))),
+        slotBytes_(static_cast<size_t>(knobInt(Knob::kShmSlotBytes))),
+        peerIndex_(context.nranks, -1) {
+    if (slots_ < 2 || slotBytes_ < 64) {
+      fail(chorusInvalidArgument, "shm transport: need CHORUS_SHM_SLOTS >= 2 and CHORUS_SHM_SLOT_BYTES >= 64 (got {}, {})",
+           slots_, slotBytes_);
+    }
+    slotStride_ = sizeof(SlotHeader) + ((slotBytes_ + 63) / 64) * 64;
+    const size_t fifoBytes = sizeof(FifoControl) + slots_ * slotStride_;
+    const std::string prefix = fmt::format("/chorus-{:016x}", context.commId);
+
+    // 1. Create this rank's doorbell and outgoing FIFOs.
+    if (!peers.empty()) {
+      bellSegment_ = Segment::create(fmt::format("{}-bell-{}", prefix, rank_), sizeof(Doorbell));
+      bell_ = new (bellSegment_.base()) Doorbell{};
+    }
+    peers_.resize(peers.size());
+    for (size_t i = 0; i < peers.size(); ++i) {
+      Peer& peer = peers_[i];
+      peer.rank = peers[i];
+      peer.pid = context.peers[peer.rank].pid;
+      peerIndex_[peer.rank] = static_cast<int>(i);
+      peer.outSegment = Segment::create(fmt::format("{}-{}-{}", prefix, rank_, peer.rank), fifoBytes);
+      peer.out = new (peer.outSegment.base()) FifoControl{};
+      peer.outSlots = peer.outSegment.base() + sizeof(FifoControl);
+    }
+    // 2. Everyone has created; map the peers' segments.
+    context.bootstrap->barrier(context.deadline);
+    for (Peer& peer : peers_) {
+      peer.inSegment = Segment::open(fmt::format("{}-{}-{}", prefix, peer.rank, rank_), fifoBytes);
+      peer.in = reinterpret_cast<FifoControl*>(peer.inSegment.base());
+      peer.inSlots = peer.inSegment.base() + sizeof(FifoControl);
+      peer.bellSegment = Segment::open(fmt::format("{}-bell-{}", prefix, peer.rank), sizeof(Doorbell));
+      peer.bell = reinterpret_cast<Doorbell*>(peer.bellSegment.base());
+    }
+    // 3. Everyone has mapped; remove the names.
+    context.bootstrap->barrier(context.deadline);
+    bellSegment_.unlink();
+    for (Peer& peer : peers_) peer.outSegment.unlink();
+  }
+
+  const char* name() const override { return "shm"; }
+
+  void postSend(int peer, uint64_t tag, const void* data, size_t bytes, Request* request) override {
+    Peer& p = peerOf(peer);
+    p.sends.push_back({tag, static_cast<char*>(const_cast<void*>(data)), bytes, 0, false, request});
+    ++pending_;
+    pushSends(p);
+  }
+
+  void postRecv(int peer, uint64_t tag, void* data, size_t bytes, Request* request) override {
+    Peer& p = peerOf(peer);
+    p.recvs.push_back({tag, static_cast<char*>(data), bytes, 0, false, request});
+    ++pending_;
+    pullRecvs(p);
+  }
+
+  bool progress() override {
+    bool moved = false;
+    for (Peer& p : peers_) {
+      if (!p.sends.empty()) moved |= pushSends(p);
+      if (!p.recvs.empty()) moved |= pullRecvs(p);
+    }
+    return moved;
+  }
+
+  void wait(int timeoutMs) override {
+    if (bell_ == nullptr || pending_ == 0) return;
+    const uint32_t seen = bell_->sequence.load(std::memory_order_seq_cst);
+    if (progress()) return;
+    bell_->waiters.fetch_add(1, std::memory_order_seq_cst);
+    timespec timeout{timeoutMs / 1000, (timeoutMs % 1000) * 1000000L};
+    syscall(SYS_futex, &bell_->sequence, FUTEX_WAIT, seen, &timeout, nullptr, 0);
+    bell_->waiters.fetch_sub(1, std::memory_order_seq_cst);
+    checkPeersAlive();
+  }
+
+  bool busy() const override { return pending_ > 0; }
+
+  void cancelAll() override {
+    for (Peer& p : peers_) {
+      p.sends.clear();
+      p.recvs.clear();
+    }
+    pending_ = 0;
+  }
+
+ private:
+  Peer& peerOf(int rank) {
+    const int index = rank >= 0 && rank < static_cast<int>(peerIndex_.size()) ? peerIndex_[rank] : -1;
+    if (index < 0) fail(chorusInternalError, "shm transport of rank {} has no connection to rank {}", rank_, rank);
+    return peers_[index];
+  }
+
+  SlotHeader* slot(char* slots, uint64_t index) const {
+    return reinterpret_cast<SlotHeader*>(slots + (index % slots_) * slotStride_);
+  }
+
+  // Copies pieces of the queued sends into free slots. Returns true if any piece moved.
+  bool pushSends(Peer& p) {
+    bool moved = false;
+    uint64_t head = p.out->head.load(std::memory_order_relaxed);
+    while (!p.sends.empty()) {
+      PendingOp& op = p.sends.front();
+      const uint64_t tail = p.out->tail.load(std::memory_order_acquire);
+      if (head - tail >= slots_) break;
+      const size_t piece = std::min(slotBytes_, op.bytes - op.done);
+      SlotHeader* header = slot(p.outSlots, head);
+      header->tag = op.tag;
+      header->messageBytes = op.bytes;
+      header->offset = op.done;
+      header->pieceBytes = piece;
+      if (piece > 0) std::memcpy(reinterpret_cast<char*>(header + 1), op.data + op.done, piece);
+      op.done += piece;
+      op.started = true;
+      ++head;
+      p.out->head.store(head, std::memory_order_release);
+      moved = true;
+      if (op.done == op.bytes) {
+        op.request->done = true;
+        p.sends.pop_front();
+        --pending_;
+      }
+    }
+    if (moved) ring(p.bell);
+    return moved;
+  }
+
+  // Copies published pieces into the posted receives. Returns true if any piece moved.
+  bool pullRecvs(Peer& p) {
+    bool moved = false;
+    uint64_t tail = p.in->tail.load(std::memory_order_relaxed);
+    while (!p.recvs.empty()) {
+      const uint64_t head = p.in->head.load(std::memory_order_acquire);
+      if (tail == head) break;
+      PendingOp& op = p.recvs.front();
+      const SlotHeader* header = slot(p.inSlots, tail);
+      if (header->tag != op.tag || header->messageBytes != op.bytes || header->offset != op.done ||
+          header->pieceBytes > slotBytes_ || header->offset + header->pieceBytes > op.bytes) {
+        fail(chorusRemoteError,
+             "shm: the next message from rank {} is {} with {} bytes, but rank {} posted a receive for {} with {} bytes "
+             "(the ranks called different operations, or with different sizes)",
+             p.rank, describeTag(header->tag), header->messageBytes, rank_, describeTag(op.tag), op.bytes);
+      }
+      if (header->pieceBytes > 0) {
+        std::memcpy(op.data + op.done, reinterpret_cast<const char*>(header + 1), header->pieceBytes);
+      }
+      op.done += header->pieceBytes;
+      ++tail;
+      p.in->tail.store(tail, std::memory_order_release);
+      moved = true;
+      if (op.done == op.bytes) {
+        op.request->done = true;
+        p.recvs.pop_front();
+        --pending_;
+      }
+    }
+    if (moved) ring(p.bell);
+    return moved;
+  }
+
+  void checkPeersAlive() {
+    const auto now = Clock::now();
+    if (now - lastAliveCheck_ < std::chrono::milliseconds(500)) return;
+    lastAliveCheck_ = now;
+    for (const Peer& p : peers_) {
+      if ((p.sends.empty() && p.recvs.empty()) || p.pid <= 0) continue;
+      if (kill(p.pid, 0) != 0 && errno == ESRCH) {
+        fail(chorusRemoteError, "shm: rank {} (pid {} on this host) has exited while rank {} waits for it", p.rank,
+             p.pid, rank_);
+      }
+    }
+  }
+
+  int rank_;
+  uint64_t slots_;
+  size_t slotBytes_;
+  size_t slotStride_ = 0;
+  std::vector<int> peerIndex_;
+  std::vector<Peer> peers_;
+  Segment bellSegment_;
+  Doorbell* bell_ = nullptr;
+  size_t pending_ = 0;
+  Clock::time_point lastAliveCheck_ = Clock::now();
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> createShmTransport(TransportContext& context, const std::vector<int>& peers) {
+  return std::make_unique<ShmTransport>(context, peers);
+}
+
+}  // namespace chorus

@@ -1,0 +1,92 @@
+// transport.h: moves bytes between two ranks. One interface; one file per transport (self, shm,
+// tcp), listed in priority order in registry.cc. A transport knows tags and byte ranges, never
+// collectives. Every transport object is used by one thread at a time (its communicator's).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/core/bootstrap.h"
+#include "src/core/socket.h"
+
+namespace chorus {
+
+// What every rank tells the others at bootstrap. The ring address must come first (bootstrap.cc
+// reads it from the blob).
+struct PeerInfo {
+  PackedAddress ringAddress;
+  PackedAddress dataAddress;  // tcp transport listener
+  int32_t rank = 0;
+  int32_t pid = 0;
+  uint64_t hostHash = 0;     // equal for processes that can share memory (same host and namespaces)
+  char transportMode[8] = {};  // CHORUS_TRANSPORT in effect; all ranks must agree
+  char hostname[48] = {};
+};
+
+// Message tags: a kind, a sequence number and a signature of the operation. Messages between two
+// ranks are matched in post order; the tag only checks that both sides agree.
+enum class TagKind : uint8_t { kCollective = 1, kPointToPoint = 2 };
+inline uint64_t makeTag(TagKind kind, uint64_t sequence, uint16_t signature) {
+  return (static_cast<uint64_t>(kind) << 56) | ((sequence & 0xffffffffffull) << 16) | signature;
+}
+// "collective #12 (signature 0x1a2b)" or "point-to-point #3 (signature ...)".
+std::string describeTag(uint64_t tag);
+
+// Completion flag of one posted send or receive, set by the transport.
+struct Request {
+  bool done = false;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+
+  // Posts a send of bytes from data to peer. data must stay unchanged until request->done.
+  // Messages to one peer leave in post order. A message may have 0 bytes.
+  virtual void postSend(int peer, uint64_t tag, const void* data, size_t bytes, Request* request) = 0;
+  // Posts a receive of exactly bytes into data. The next message from peer must carry the same
+  // tag and size, else progress() throws chorusRemoteError naming both.
+  virtual void postRecv(int peer, uint64_t tag, void* data, size_t bytes, Request* request) = 0;
+  // Moves whatever can move without blocking. Returns true if anything moved.
+  virtual bool progress() = 0;
+  // Blocks until something may be able to move, or timeoutMs passes. Throws chorusRemoteError if
+  // a peer with pending work is found dead.
+  virtual void wait(int timeoutMs) = 0;
+  // True while posted requests are incomplete.
+  virtual bool busy() const = 0;
+  // Drops all posted requests (after an error or abort), leaving the connections unusable.
+  virtual void cancelAll() = 0;
+};
+
+struct TransportContext {
+  int rank = 0;
+  int nranks = 0;
+  uint64_t commId = 0;
+  std::vector<PeerInfo> peers;
+  Bootstrap* bootstrap = nullptr;
+  Socket* dataListener = nullptr;
+  Deadline deadline;
+  std::string mode;  // auto | shm | tcp
+};
+
+// One line per transport in registry.cc.
+struct TransportKind {
+  const char* name;
+  // Whether this transport serves self <-> peer. Must give the same answer on both sides.
+  bool (*canConnect)(const TransportContext& context, int peer);
+  // Collective: every rank calls it for every kind, in registry order, with the peers it chose
+  // (possibly none). Connects to those peers.
+  std::unique_ptr<Transport> (*create)(TransportContext& context, const std::vector<int>& peers);
+};
+
+const std::vector<TransportKind>& transportRegistry();
+
+// Constructors, one per transport file.
+std::unique_ptr<Transport> createSelfTransport(TransportContext& context, const std::vector<int>& peers);
+std::unique_ptr<Transport> createShmTransport(TransportContext& context, const std::vector<int>& peers);
+std::unique_ptr<Transport> createTcpTransport(TransportContext& context, const std::vector<int>& peers);
+
+}  // namespace chorus

@@ -1,0 +1,31 @@
+// multiprocess.h: runs test bodies in real forked processes, one per rank, joined by a chorus
+// communicator (or handed a unique id, for bootstrap tests). The parent waits with a deadline
+// and kills everything past it, so a hang fails the test instead of stalling the suite.
+#pragma once
+
+#include <chorus/chorus.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace chorus::testing {
+
+struct RanksOptions {
+  int nranks = 2;
+  const char* transport = "auto";  // auto | shm | tcp
+  int timeoutMs = 60000;            // per-operation timeout inside the ranks
+  int initTimeoutMs = 30000;
+  int deadlineSeconds = 600;        // the whole run, enforced by the parent
+};
+
+// Exit status of each rank: 0 when it passed; 124 when the parent killed it at the deadline.
+using RankBody = std::function<void(int rank, const chorusUniqueId& id)>;
+std::vector<int> runProcesses(int nranks, const RankBody& body, int deadlineSeconds = 600);
+
+// Runs body(rank, comm) on nranks ranks sharing one communicator. Fails (gtest) if any rank's
+// init fails, any assertion in a rank fails, or any rank does not finish by the deadline.
+void runRanks(const RanksOptions& options, const std::function<void(int rank, chorusComm_t comm)>& body);
+
+}  // namespace chorus::testing
