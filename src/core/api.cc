@@ -113,6 +113,16 @@ void checkRank(int value, int nranks, const char* what, const char* call, int ra
   }
 }
 
+// A message to oneself completes only when its send and receive are posted together.
+void checkSelfOutsideGroup(int peer, int rank, const char* call) {
+  if (peer == rank && group.depth == 0) {
+    fail(chorusInvalidUsage,
+         "rank {}: {} with peer {} (itself) outside a group would wait forever; put the send and the receive in "
+         "one chorusGroupStart/chorusGroupEnd",
+         rank, call, peer);
+  }
+}
+
 // Runs the op now, or adds it to the open group.
 void submit(chorusComm_t comm, PreparedOp op) {
   if (group.depth > 0) {
@@ -226,7 +236,7 @@ const char* chorusGetLastError(chorusComm_t) { return lastError.c_str(); }
 chorusResult_t chorusGetUniqueId(chorusUniqueId* uniqueId) {
   return guarded([&] {
     if (uniqueId == nullptr) fail(chorusInvalidArgument, "chorusGetUniqueId: uniqueId is NULL");
-    const chorus::UniqueIdData id = chorus::createUniqueId(chorus::CommSettings::resolve(nullptr).initTimeoutMs);
+    const chorus::UniqueIdData id = chorus::createUniqueId();
     std::memset(uniqueId, 0, sizeof(*uniqueId));
     static_assert(sizeof(id) <= sizeof(chorusUniqueId));
     std::memcpy(uniqueId->internal, &id, sizeof(id));
@@ -275,7 +285,7 @@ chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm, const chorusConfig_t* c
         // Listen on every address of the master's family, on the agreed port.
         chorus::SocketAddress any = chorus::SocketAddress::parse(
             root.storage.ss_family == AF_INET6 ? "::" : "0.0.0.0", static_cast<uint16_t>(port));
-        chorus::startBootstrapRoot(chorus::listenOn(any), id.secret, settings.initTimeoutMs);
+        chorus::startBootstrapRoot(chorus::listenOn(any), id.secret);
       }
       initCommunicator(comm, nranks, id, rank, config);
       return;
@@ -284,7 +294,7 @@ chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm, const chorusConfig_t* c
       // Under mpiexec: rank 0 makes an id and publishes it in the process manager's key-value space.
       chorus::UniqueIdData id;
       if (pmi->rank() == 0) {
-        id = chorus::createUniqueId(settings.initTimeoutMs);
+        id = chorus::createUniqueId();
         pmi->put("chorus-unique-id", hexOf(&id, sizeof(id)));
       }
       pmi->barrier();
@@ -422,6 +432,7 @@ chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t d
     checkCount(count, 1, datatype, call, c.rank());
     checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
     checkStream(stream, call, c.rank());
+    checkSelfOutsideGroup(peer, c.rank(), call);
     submit(comm, c.prepare(Collective::kSend, sendbuff, nullptr, count, datatype, chorusSum, peer));
   }));
 }
@@ -436,6 +447,7 @@ chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatyp
     checkCount(count, 1, datatype, call, c.rank());
     checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
     checkStream(stream, call, c.rank());
+    checkSelfOutsideGroup(peer, c.rank(), call);
     submit(comm, c.prepare(Collective::kRecv, nullptr, recvbuff, count, datatype, chorusSum, peer));
   }));
 }

@@ -25,7 +25,7 @@ struct Hello {
   int32_t nranks;
   int32_t rank;
   uint32_t infoBytes;
-  uint32_t pad;
+  int32_t initTimeoutMs;  // how long the root waits for the rest once this rank is the first
 };
 
 enum class ReplyStatus : uint32_t { kOk = 0, kError = 1 };
@@ -67,12 +67,13 @@ struct Arrival {
   bool present = false;
 };
 
-void runRoot(Socket listener, uint64_t secret, int initTimeoutMs) {
+void runRoot(Socket listener, uint64_t secret) {
   int nranks = -1;
   uint32_t infoBytes = 0;
   int firstRank = -1;
   std::vector<Arrival> arrivals;
   int arrived = 0;
+  int initTimeoutMs = 0;
   Deadline deadline = Deadline::max();
   const std::string where = boundAddress(listener.fd()).toString();
 
@@ -109,6 +110,7 @@ void runRoot(Socket listener, uint64_t secret, int initTimeoutMs) {
       infoBytes = hello.infoBytes;
       firstRank = hello.rank;
       arrivals.resize(nranks);
+      initTimeoutMs = hello.initTimeoutMs;
       deadline = deadlineAfterMs(initTimeoutMs);
     }
     if (hello.nranks != nranks || hello.infoBytes != infoBytes) {
@@ -171,24 +173,24 @@ uint64_t randomU64() {
   return value;
 }
 
-void startBootstrapRoot(Socket listener, uint64_t secret, int initTimeoutMs) {
-  std::thread([listener = std::move(listener), secret, initTimeoutMs]() mutable {
+void startBootstrapRoot(Socket listener, uint64_t secret) {
+  std::thread([listener = std::move(listener), secret]() mutable {
     try {
-      runRoot(std::move(listener), secret, initTimeoutMs);
+      runRoot(std::move(listener), secret);
     } catch (const std::exception& e) {
       logAt(LogLevel::kWarn, "bootstrap root failed: {}", e.what());
     }
   }).detach();
 }
 
-UniqueIdData createUniqueId(int initTimeoutMs) {
+UniqueIdData createUniqueId() {
   Socket listener = listenOn(defaultLocalAddress());
   UniqueIdData id;
   id.magic = kUniqueIdMagic;
   id.version = kProtocolVersion;
   id.secret = randomU64();
   id.root = pack(boundAddress(listener.fd()));
-  startBootstrapRoot(std::move(listener), id.secret, initTimeoutMs);
+  startBootstrapRoot(std::move(listener), id.secret);
   return id;
 }
 
@@ -208,7 +210,8 @@ std::vector<std::vector<char>> Bootstrap::join(const UniqueIdData& id, const std
   const Deadline deadline = deadlineAfterMs(static_cast<int64_t>(initTimeoutMs) + 5000);
   const std::string what = fmt::format("rank {}: bootstrap with root {}", rank_, root.toString());
   Socket socket = connectTo(root, deadline, what);
-  Hello hello{kHelloMagic, kProtocolVersion, id.secret, nranks_, rank_, static_cast<uint32_t>(info.size()), 0};
+  Hello hello{kHelloMagic, kProtocolVersion, id.secret, nranks_, rank_, static_cast<uint32_t>(info.size()),
+              initTimeoutMs};
   sendAll(socket.fd(), &hello, sizeof(hello), deadline, what);
   sendAll(socket.fd(), info.data(), info.size(), deadline, what);
   Reply reply{};

@@ -25,12 +25,13 @@ inline constexpr uint32_t kUniqueIdMagic = 0x63686f72;  // "chor"
 uint64_t randomU64();
 
 // Starts the bootstrap root on `listener` in a detached thread. It waits for the first rank
-// without limit, then up to initTimeoutMs for the rest; ranks whose secret differs are turned
-// away. If ranks are missing at the deadline, the ranks that came are told which are missing.
-void startBootstrapRoot(Socket listener, uint64_t secret, int initTimeoutMs);
+// without limit, then for the rest as long as that rank's init timeout; ranks whose secret
+// differs are turned away. If ranks are missing at the deadline, the ranks that came are told
+// which are missing. The thread ends when the ranks have met or been told.
+void startBootstrapRoot(Socket listener, uint64_t secret);
 
 // Makes a unique id whose root runs in this process.
-UniqueIdData createUniqueId(int initTimeoutMs);
+UniqueIdData createUniqueId();
 
 class Bootstrap {
  public:

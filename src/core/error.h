@@ -1,24 +1,15 @@
-// error.h: chorus::Error, the exception used inside the C++ core; the C ABI maps it to a result
-// code and a last-error message (api.cc). Messages name the rank, peer, operation and sizes.
+// error.h: helpers that throw chorus::Error (declared in chorus/error.hpp, so the core and C++ users
+// share one class); the C ABI maps it to a result code and a last-error message (api.cc).
+// Messages name the rank, peer, operation and sizes.
 #pragma once
 
 #include <fmt/format.h>
 
-#include <stdexcept>
 #include <string>
 
-#include "chorus/chorus.h"
+#include "chorus/error.hpp"
 
 namespace chorus {
-
-class Error : public std::runtime_error {
- public:
-  Error(chorusResult_t code, const std::string& message) : std::runtime_error(message), code_(code) {}
-  chorusResult_t code() const { return code_; }
-
- private:
-  chorusResult_t code_;
-};
 
 // Throws Error(code, formatted message).
 template <typename... Args>

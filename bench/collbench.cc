@@ -1,0 +1,518 @@
+// collbench.cc: the chorus collective benchmark. nccl-tests' flags and columns (size, count,
+// type, redop, root, then time, algbw, busbw and #wrong for out-of-place and in-place), with
+// a correctness check against closed-form results, JSON output, and three ways to start:
+// `collbench -g 4 ...` forks 4 local ranks itself; under `mpiexec -n 4 collbench ...` or
+// `chorusrun -n 4 collbench ...` every process is one rank (chorusCommInitFromEnv).
+#include <CLI/CLI.hpp>
+#include <chorus/chorus.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "bench/pattern.h"
+
+namespace {
+
+enum class Op { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kReduce, kSendRecv };
+
+struct OpInfo {
+  const char* name;
+  Op op;
+  bool reduces;
+  bool rooted;
+};
+constexpr OpInfo kOps[] = {
+    {"allreduce", Op::kAllReduce, true, false},   {"allgather", Op::kAllGather, false, false},
+    {"reducescatter", Op::kReduceScatter, true, false}, {"broadcast", Op::kBroadcast, false, true},
+    {"reduce", Op::kReduce, true, true},          {"sendrecv", Op::kSendRecv, false, false},
+};
+
+struct TypeInfo {
+  const char* name;
+  chorusDataType_t type;
+};
+// nccl-tests' names first, then chorus's.
+constexpr TypeInfo kTypes[] = {
+    {"int8", chorusInt8},       {"uint8", chorusUint8},   {"int32", chorusInt32},     {"uint32", chorusUint32},
+    {"int64", chorusInt64},     {"uint64", chorusUint64}, {"half", chorusFloat16},    {"float", chorusFloat32},
+    {"double", chorusFloat64},  {"bfloat16", chorusBfloat16}, {"float16", chorusFloat16}, {"float32", chorusFloat32},
+    {"float64", chorusFloat64}, {"int", chorusInt32},
+};
+constexpr int kDistinctTypes = 10;  // the first ten entries are every type once
+
+struct RedOpInfo {
+  const char* name;
+  chorusRedOp_t op;
+};
+constexpr RedOpInfo kRedOps[] = {{"sum", chorusSum}, {"prod", chorusProd}, {"max", chorusMax}, {"min", chorusMin},
+                                 {"avg", chorusAvg}};
+
+struct Options {
+  std::string minBytesText = "32M";
+  std::string maxBytesText = "32M";
+  size_t minBytes = 0;
+  size_t maxBytes = 0;
+  double stepFactor = 1;
+  std::string stepBytesText = "1M";
+  size_t stepBytes = 0;
+  bool factorGiven = false;
+  int iters = 20;
+  int warmup = 5;
+  int check = 1;
+  std::string type = "float";
+  std::string redop = "sum";
+  int root = 0;
+  int blocking = 1;
+  std::string op = "allreduce";
+  int localRanks = 1;
+  std::string json;
+  bool injectWrong = false;
+};
+
+size_t parseBytes(const std::string& text) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  double scale = 1;
+  switch (*end) {
+    case 'K': case 'k': scale = 1024.0; ++end; break;
+    case 'M': case 'm': scale = 1024.0 * 1024; ++end; break;
+    case 'G': case 'g': scale = 1024.0 * 1024 * 1024; ++end; break;
+    default: break;
+  }
+  if (*end == 'B' || *end == 'b') ++end;
+  if (end == text.c_str() || *end != '\0' || value < 0) throw CLI::ValidationError("size", "bad size '" + text + "'");
+  return static_cast<size_t>(value * scale);
+}
+
+struct Result {
+  double timeUs = 0;
+  double algbw = 0;
+  double busbw = 0;
+  uint64_t wrong = 0;
+};
+
+class Bench {
+ public:
+  Bench(const Options& options, chorusComm_t comm) : o_(options), comm_(comm) {
+    chorusCommUserRank(comm, &rank_);
+    chorusCommCount(comm, &nranks_);
+  }
+
+  int run();
+
+ private:
+  void die(const char* what, chorusResult_t result) {
+    std::fprintf(stderr, "collbench rank %d: %s failed: %s: %s\n", rank_, what, chorusGetErrorString(result),
+                 chorusGetLastError(comm_));
+    std::exit(2);
+  }
+  void call(const char* what, chorusResult_t result) {
+    if (result != chorusSuccess) die(what, result);
+  }
+
+  // Runs the op once; inPlace uses the in-place form.
+  void once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
+  Result measure(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
+  uint64_t checkOnce(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
+  void fillInputs(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
+  double busFactor(Op op) const {
+    const double n = nranks_;
+    switch (op) {
+      case Op::kAllReduce: return 2 * (n - 1) / n;
+      case Op::kAllGather:
+      case Op::kReduceScatter: return (n - 1) / n;
+      default: return 1;
+    }
+  }
+
+  const Options& o_;
+  chorusComm_t comm_;
+  int rank_ = 0;
+  int nranks_ = 1;
+  std::vector<char> send_;
+  std::vector<char> recv_;
+  char* sendPtr_ = nullptr;  // where this call reads (may point into recv_ when in place)
+  char* recvPtr_ = nullptr;
+};
+
+// Buffers: send holds the call's input, recv its output; sizes per op in elements:
+//   allreduce, broadcast, reduce, sendrecv: count in, count out
+//   allgather: count in, count*n out;  reducescatter: count*n in, count out.
+void Bench::fillInputs(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace) {
+  using chorus::pattern::store;
+  const size_t size = chorusTypeSize(type);
+  const size_t n = static_cast<size_t>(nranks_);
+  const size_t inCount = op == Op::kReduceScatter ? count * n : count;
+  const size_t outCount = op == Op::kAllGather ? count * n : count;
+  send_.assign(inCount * size + 64, 0);
+  recv_.assign(std::max(outCount, inCount) * size + 64, 0);
+  sendPtr_ = send_.data();
+  recvPtr_ = recv_.data();
+  if (inPlace) {
+    switch (op) {
+      case Op::kAllGather: sendPtr_ = recv_.data() + rank_ * count * size; break;
+      case Op::kReduceScatter:
+        sendPtr_ = recv_.data();
+        recvPtr_ = recv_.data() + rank_ * count * size;
+        break;
+      default: sendPtr_ = recv_.data(); break;
+    }
+  }
+  const bool reduces = op == Op::kAllReduce || op == Op::kReduceScatter || op == Op::kReduce;
+  for (size_t i = 0; i < inCount; ++i) {
+    store(sendPtr_, i, type,
+          reduces ? chorus::pattern::reduceInput(redop, type, rank_, i) : chorus::pattern::moveInput(rank_, i));
+  }
+}
+
+void Bench::once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool) {
+  switch (op) {
+    case Op::kAllReduce: call("allreduce", chorusAllReduce(sendPtr_, recvPtr_, count, type, redop, comm_, nullptr)); break;
+    case Op::kAllGather: call("allgather", chorusAllGather(sendPtr_, recvPtr_, count, type, comm_, nullptr)); break;
+    case Op::kReduceScatter:
+      call("reducescatter", chorusReduceScatter(sendPtr_, recvPtr_, count, type, redop, comm_, nullptr));
+      break;
+    case Op::kBroadcast: call("broadcast", chorusBroadcast(sendPtr_, recvPtr_, count, type, o_.root, comm_, nullptr)); break;
+    case Op::kReduce: call("reduce", chorusReduce(sendPtr_, recvPtr_, count, type, redop, o_.root, comm_, nullptr)); break;
+    case Op::kSendRecv: {
+      const int next = (rank_ + 1) % nranks_;
+      const int prev = (rank_ + nranks_ - 1) % nranks_;
+      // In place makes no sense for a shift; both columns run the out-of-place form.
+      char* into = sendPtr_ == recvPtr_ ? send_.data() : recvPtr_;
+      call("group start", chorusGroupStart());
+      call("send", chorusSend(sendPtr_, count, type, next, comm_, nullptr));
+      call("recv", chorusRecv(into, count, type, prev, comm_, nullptr));
+      call("group end", chorusGroupEnd());
+      break;
+    }
+  }
+}
+
+uint64_t Bench::checkOnce(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace) {
+  using namespace chorus::pattern;
+  fillInputs(op, type, redop, count, inPlace);
+  once(op, type, redop, count, inPlace);
+  if (o_.injectWrong && rank_ == (op == Op::kReduce ? o_.root : 0) && count > 0) {
+    // Test hook: spoil one received element, to show that the check catches it.
+    char* target = op == Op::kSendRecv && sendPtr_ == recvPtr_ ? send_.data() : recvPtr_;
+    target[0] = static_cast<char>(~target[0]);
+  }
+  const int n = nranks_;
+  const int root = o_.root;
+  uint64_t wrong = 0;
+  switch (op) {
+    case Op::kAllReduce:
+      wrong = countWrong(recvPtr_, count, type, [&](size_t i) { return expectedReduce(redop, type, n, i); });
+      break;
+    case Op::kReduce:
+      if (rank_ == root) {
+        wrong = countWrong(recvPtr_, count, type, [&](size_t i) { return expectedReduce(redop, type, n, i); });
+      }
+      break;
+    case Op::kReduceScatter:
+      wrong = countWrong(recvPtr_, count, type,
+                         [&](size_t i) { return expectedReduce(redop, type, n, rank_ * count + i); });
+      break;
+    case Op::kAllGather:
+      wrong = countWrong(recvPtr_, count * n, type, [&](size_t j) {
+        return asStored(type, moveInput(static_cast<int>(j / count), j % count));
+      });
+      break;
+    case Op::kBroadcast:
+      wrong = countWrong(recvPtr_, count, type, [&](size_t i) { return asStored(type, moveInput(root, i)); });
+      break;
+    case Op::kSendRecv: {
+      const int prev = (rank_ + n - 1) % n;
+      const char* got = sendPtr_ == recvPtr_ ? send_.data() : recvPtr_;
+      wrong = countWrong(got, count, type, [&](size_t i) { return asStored(type, moveInput(prev, i)); });
+      break;
+    }
+  }
+  uint64_t total = 0;
+  call("allreduce of #wrong", chorusAllReduce(&wrong, &total, 1, chorusUint64, chorusSum, comm_, nullptr));
+  return total;
+}
+
+Result Bench::measure(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace) {
+  Result result;
+  fillInputs(op, type, redop, count, inPlace);
+  for (int i = 0; i < o_.warmup; ++i) once(op, type, redop, count, inPlace);
+  call("barrier", chorusBarrier(comm_, nullptr));
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < o_.iters; ++i) once(op, type, redop, count, inPlace);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double mine = seconds / std::max(1, o_.iters), sum = 0;
+  call("allreduce of times", chorusAllReduce(&mine, &sum, 1, chorusFloat64, chorusSum, comm_, nullptr));
+  const double avgSeconds = sum / nranks_;  // nccl-tests reports the rank average
+  const size_t size = chorusTypeSize(type);
+  const size_t n = static_cast<size_t>(nranks_);
+  const size_t bytes = (op == Op::kAllGather || op == Op::kReduceScatter) ? count * n * size : count * size;
+  result.timeUs = avgSeconds * 1e6;
+  result.algbw = avgSeconds > 0 ? static_cast<double>(bytes) / 1e9 / avgSeconds : 0;
+  result.busbw = result.algbw * busFactor(op);
+  if (o_.check) result.wrong = checkOnce(op, type, redop, count, inPlace);
+  return result;
+}
+
+int Bench::run() {
+  const OpInfo* opInfo = nullptr;
+  for (const OpInfo& info : kOps) {
+    if (o_.op == info.name) opInfo = &info;
+  }
+  std::vector<chorusDataType_t> types;
+  for (int i = 0; i < static_cast<int>(sizeof(kTypes) / sizeof(kTypes[0])); ++i) {
+    if (o_.type == "all" ? i < kDistinctTypes : o_.type == kTypes[i].name) types.push_back(kTypes[i].type);
+  }
+  std::vector<chorusRedOp_t> redops;
+  for (const RedOpInfo& info : kRedOps) {
+    if (o_.redop == "all" || o_.redop == info.name) redops.push_back(info.op);
+  }
+  if (opInfo == nullptr || types.empty() || redops.empty() || o_.root < 0 || o_.root >= nranks_) {
+    if (rank_ == 0) {
+      std::fprintf(stderr, "collbench: unknown --op '%s', -d '%s' or -o '%s', or root %d outside [0, %d)\n",
+                   o_.op.c_str(), o_.type.c_str(), o_.redop.c_str(), o_.root, nranks_);
+    }
+    return 2;
+  }
+  if (!opInfo->reduces) redops = {chorusSum};
+
+  const bool print = rank_ == 0;
+  char host[64] = {};
+  gethostname(host, sizeof(host) - 1);
+  if (print) {
+    std::printf("# collbench (chorus) op: %s  nranks: %d  minBytes: %zu  maxBytes: %zu  step: %s  warmup iters: %d  "
+                "iters: %d  validation: %d  blocking: %d\n#\n",
+                opInfo->name, nranks_, o_.minBytes, o_.maxBytes,
+                o_.factorGiven ? (std::to_string(static_cast<int>(o_.stepFactor)) + "(factor)").c_str()
+                               : (std::to_string(o_.stepBytes) + "(bytes)").c_str(),
+                o_.warmup, o_.iters, o_.check, o_.blocking);
+  }
+  // One line per rank, like nccl-tests' device list, gathered to rank 0 so lines do not interleave.
+  struct RankLine {
+    int32_t pid;
+    char host[60];
+  } mine{static_cast<int32_t>(getpid()), {}};
+  std::memcpy(mine.host, host, sizeof(mine.host) - 1);
+  std::vector<RankLine> lines(static_cast<size_t>(nranks_));
+  call("allgather of rank lines", chorusAllGather(&mine, lines.data(), sizeof(RankLine), chorusUint8, comm_, nullptr));
+  if (print) {
+    const char* transport = std::getenv("CHORUS_TRANSPORT");
+    for (int r = 0; r < nranks_; ++r) {
+      std::printf("#  Rank %3d Pid %7d on %10s transport %s\n", r, lines[r].pid, lines[r].host,
+                  transport ? transport : "auto");
+    }
+  }
+  if (print) {
+    std::printf("#\n# %10s  %12s  %8s  %6s  %6s  %9s  %7s  %7s  %6s  %9s  %7s  %7s  %6s\n", "", "", "", "", "",
+                "out-of-place", "", "", "", "in-place", "", "", "");
+    std::printf("# %10s  %12s  %8s  %6s  %6s  %9s  %7s  %7s  %6s  %9s  %7s  %7s  %6s\n", "size", "count", "type",
+                "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+    std::printf("# %10s  %12s  %8s  %6s  %6s  %9s  %7s  %7s  %6s  %9s  %7s  %7s  %6s\n", "(B)", "(elements)", "", "",
+                "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+    std::fflush(stdout);
+  }
+
+  nlohmann::json rows = nlohmann::json::array();
+  uint64_t totalWrong = 0;
+  double busbwSum = 0;
+  int busbwCount = 0;
+  const size_t n = static_cast<size_t>(nranks_);
+  for (chorusDataType_t type : types) {
+    for (chorusRedOp_t redop : redops) {
+      const size_t size = chorusTypeSize(type);
+      size_t bytes = o_.minBytes;
+      for (;;) {
+        // Elements per call, as nccl-tests: all-gather and reduce-scatter split the size over ranks.
+        size_t count = bytes / size;
+        if (opInfo->op == Op::kAllGather || opInfo->op == Op::kReduceScatter) count /= n;
+        const size_t shownBytes = (opInfo->op == Op::kAllGather || opInfo->op == Op::kReduceScatter)
+                                      ? count * n * size
+                                      : count * size;
+        const Result outOfPlace = measure(opInfo->op, type, redop, count, false);
+        const Result inPlace = measure(opInfo->op, type, redop, count, true);
+        totalWrong += outOfPlace.wrong + inPlace.wrong;
+        busbwSum += outOfPlace.busbw + inPlace.busbw;
+        busbwCount += 2;
+        if (print) {
+          std::printf("  %10zu  %12zu  %8s  %6s  %6d  %9.2f  %7.2f  %7.2f  %6s  %9.2f  %7.2f  %7.2f  %6s\n", shownBytes,
+                      count, chorusTypeName(type), opInfo->reduces ? chorusOpName(redop) : "none",
+                      opInfo->rooted ? o_.root : -1, outOfPlace.timeUs, outOfPlace.algbw, outOfPlace.busbw,
+                      o_.check ? std::to_string(outOfPlace.wrong).c_str() : "N/A", inPlace.timeUs, inPlace.algbw,
+                      inPlace.busbw, o_.check ? std::to_string(inPlace.wrong).c_str() : "N/A");
+          std::fflush(stdout);
+          auto side = [&](const Result& r) {
+            nlohmann::json j = {{"time_us", r.timeUs}, {"algbw_GBps", r.algbw}, {"busbw_GBps", r.busbw}};
+            if (o_.check) j["wrong"] = r.wrong;
+            return j;
+          };
+          rows.push_back({{"op", opInfo->name}, {"size_bytes", shownBytes}, {"count", count},
+                          {"type", chorusTypeName(type)}, {"redop", opInfo->reduces ? chorusOpName(redop) : "none"},
+                          {"root", opInfo->rooted ? o_.root : -1}, {"nranks", nranks_},
+                          {"out_of_place", side(outOfPlace)}, {"in_place", side(inPlace)}});
+        }
+        if (bytes >= o_.maxBytes) break;
+        const size_t nextBytes = o_.factorGiven ? static_cast<size_t>(static_cast<double>(bytes) * o_.stepFactor)
+                                                : bytes + o_.stepBytes;
+        if (nextBytes <= bytes) break;
+        bytes = std::min(nextBytes, o_.maxBytes);
+      }
+    }
+  }
+  const double avgBusbw = busbwCount ? busbwSum / busbwCount : 0;
+  if (print) {
+    std::printf("# Out of bounds values : %llu %s\n", static_cast<unsigned long long>(totalWrong),
+                totalWrong == 0 ? "OK" : "FAILED");
+    std::printf("# Avg bus bandwidth    : %g \n#\n", avgBusbw);
+    std::fflush(stdout);
+    if (!o_.json.empty()) {
+      nlohmann::json doc = {{"tool", "collbench"}, {"op", opInfo->name}, {"nranks", nranks_},
+                            {"iters", o_.iters}, {"warmup", o_.warmup}, {"check", o_.check},
+                            {"wrong_total", totalWrong}, {"avg_busbw_GBps", avgBusbw}, {"rows", rows}};
+      std::ofstream out(o_.json);
+      out << doc.dump(2) << "\n";
+      if (!out) {
+        std::fprintf(stderr, "collbench: cannot write %s\n", o_.json.c_str());
+        return 2;
+      }
+    }
+  }
+  return totalWrong == 0 ? 0 : 1;
+}
+
+bool launchedAsRank() {
+  for (const char* name : {"CHORUS_RANK", "RANK", "PMI_RANK"}) {
+    if (std::getenv(name) != nullptr) return true;
+  }
+  return false;
+}
+
+int runRank(const Options& options, chorusComm_t comm) {
+  Bench bench(options, comm);
+  const int code = bench.run();
+  chorusCommDestroy(comm);
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"collbench: measure chorus collectives (nccl-tests flags and columns)"};
+  app.add_option("-b,--minbytes", o.minBytesText, "smallest size in bytes (K, M, G suffixes)")->capture_default_str();
+  app.add_option("-e,--maxbytes", o.maxBytesText, "largest size in bytes")->capture_default_str();
+  auto* factor = app.add_option("-f,--stepfactor", o.stepFactor, "multiply the size by this between rows");
+  app.add_option("-i,--stepbytes", o.stepBytesText, "add this many bytes between rows (when -f is not given)")
+      ->capture_default_str();
+  app.add_option("-n,--iters", o.iters, "timed iterations per row")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("-w,--warmup_iters", o.warmup, "untimed iterations first")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("-c,--check", o.check, "check results against closed-form values (0/1)")->capture_default_str();
+  app.add_option("-d,--datatype", o.type,
+                 "int8 uint8 int32 uint32 int64 uint64 half float double bfloat16, or all")->capture_default_str();
+  app.add_option("-o,--redop", o.redop, "reduction: sum prod max min avg, or all")->capture_default_str();
+  app.add_option("-r,--root", o.root, "root rank of broadcast and reduce")->capture_default_str();
+  app.add_option("-z,--blocking", o.blocking, "blocking collectives (0/1); chorus host calls always block")
+      ->capture_default_str();
+  app.add_option("--coll,--collective", o.op, "allreduce allgather reducescatter broadcast reduce sendrecv")
+      ->capture_default_str();
+  app.add_option("-g,--nranks", o.localRanks,
+                 "ranks to start on this machine (forked); ignored under mpiexec or chorusrun")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--json", o.json, "write every row to this JSON file");
+  // --op selects the collective, as the chorus docs say; -o stays nccl-tests' reduction op.
+  app.add_option("--op", o.op, "same as --coll");
+  app.add_flag("--inject-wrong", o.injectWrong, "test hook: spoil one received element before the check")
+      ->group("");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    o.minBytes = parseBytes(o.minBytesText);
+    o.maxBytes = parseBytes(o.maxBytesText);
+    o.stepBytes = parseBytes(o.stepBytesText);
+  } catch (const CLI::Error& e) {
+    std::fprintf(stderr, "collbench: %s\n", e.what());
+    return 2;
+  }
+  o.factorGiven = factor->count() > 0;
+  if (o.factorGiven && o.stepFactor <= 1) {
+    std::fprintf(stderr, "collbench: -f must be greater than 1\n");
+    return 2;
+  }
+  if (o.maxBytes < o.minBytes) o.maxBytes = o.minBytes;
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+
+  if (launchedAsRank()) {
+    chorusComm_t comm = nullptr;
+    const chorusResult_t result = chorusCommInitFromEnv(&comm, nullptr);
+    if (result != chorusSuccess) {
+      std::fprintf(stderr, "collbench: init from the environment failed: %s\n", chorusGetLastError(nullptr));
+      return 2;
+    }
+    return runRank(o, comm);
+  }
+
+  // Start the ranks ourselves: one unique id, one forked process per rank.
+  chorusUniqueId id;
+  if (chorusGetUniqueId(&id) != chorusSuccess) {
+    std::fprintf(stderr, "collbench: %s\n", chorusGetLastError(nullptr));
+    return 2;
+  }
+  std::fflush(stdout);
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < o.localRanks; ++rank) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("collbench: fork");
+      return 2;
+    }
+    if (pid == 0) {
+      chorusComm_t comm = nullptr;
+      if (chorusCommInitRank(&comm, o.localRanks, id, rank) != chorusSuccess) {
+        std::fprintf(stderr, "collbench rank %d: init failed: %s\n", rank, chorusGetLastError(nullptr));
+        _exit(2);
+      }
+      const int code = runRank(o, comm);
+      std::fflush(stdout);
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  // Wait for every rank. When one fails, the others get a grace period to finish on their own
+  // (after a wrong value every rank fails, and rank 0 still prints the footer), then are stopped.
+  int firstFailure = 0;
+  size_t remaining = pids.size();
+  auto stopAt = std::chrono::steady_clock::time_point::max();
+  while (remaining > 0) {
+    int status = 0;
+    const pid_t done = waitpid(-1, &status, WNOHANG);
+    if (done <= 0) {
+      if (std::chrono::steady_clock::now() > stopAt) {
+        for (pid_t pid : pids) {
+          if (pid > 0) kill(pid, SIGKILL);
+        }
+        stopAt = std::chrono::steady_clock::time_point::max();
+      }
+      usleep(2000);
+      continue;
+    }
+    --remaining;
+    for (pid_t& pid : pids) {
+      if (pid == done) pid = -1;  // reaped: never signal a reused pid
+    }
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (code != 0 && firstFailure == 0) {
+      firstFailure = code;
+      std::fprintf(stderr, "collbench: rank process %d failed with status %d\n", done, code);
+      stopAt = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    }
+  }
+  return firstFailure;
+}

@@ -1,0 +1,193 @@
+// chorus.hpp: the C++20 API of chorus, a header-only RAII wrapper over the C ABI (chorus.h).
+//
+// Nouns: Communicator (owns a chorusComm_t; move-only; destroyed with it), UniqueId, Error (every
+// failure, with the C result code and the message naming rank, peer, operation and sizes).
+// Buffers are std::span of a supported element type; sizes are checked before anything is sent.
+// Thread rules as in chorus.h: one thread at a time per Communicator.
+#ifndef CHORUS_CHORUS_HPP_
+#define CHORUS_CHORUS_HPP_
+
+#include <chorus/chorus.h>
+#include <chorus/error.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace chorus {
+
+// 16-bit float storage types: the bits of an IEEE fp16 or bfloat16 value.
+struct Half {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+
+// The chorus type of a C++ element type.
+template <typename T>
+constexpr chorusDataType_t dataTypeOf() {
+  using U = std::remove_cv_t<T>;
+  if constexpr (std::is_same_v<U, int8_t>) return chorusInt8;
+  else if constexpr (std::is_same_v<U, uint8_t>) return chorusUint8;
+  else if constexpr (std::is_same_v<U, int32_t>) return chorusInt32;
+  else if constexpr (std::is_same_v<U, uint32_t>) return chorusUint32;
+  else if constexpr (std::is_same_v<U, int64_t>) return chorusInt64;
+  else if constexpr (std::is_same_v<U, uint64_t>) return chorusUint64;
+  else if constexpr (std::is_same_v<U, Half>) return chorusFloat16;
+  else if constexpr (std::is_same_v<U, float>) return chorusFloat32;
+  else if constexpr (std::is_same_v<U, double>) return chorusFloat64;
+  else if constexpr (std::is_same_v<U, BFloat16>) return chorusBfloat16;
+  else static_assert(sizeof(T) == 0, "chorus: unsupported element type");
+}
+
+enum class ReduceOp { kSum = chorusSum, kProd = chorusProd, kMax = chorusMax, kMin = chorusMin, kAvg = chorusAvg };
+
+namespace detail {
+inline void check(chorusResult_t result, chorusComm_t comm = nullptr) {
+  if (result != chorusSuccess) throw Error(result, chorusGetLastError(comm));
+}
+inline chorusRedOp_t toC(ReduceOp op) { return static_cast<chorusRedOp_t>(op); }
+}  // namespace detail
+
+class UniqueId {
+ public:
+  // Creates an id and starts the bootstrap root in this process (see chorusGetUniqueId).
+  static UniqueId create() {
+    UniqueId id;
+    detail::check(chorusGetUniqueId(&id.id_));
+    return id;
+  }
+  explicit UniqueId(const chorusUniqueId& raw) : id_(raw) {}
+  const chorusUniqueId& raw() const { return id_; }
+
+ private:
+  UniqueId() = default;
+  chorusUniqueId id_{};
+};
+
+class Communicator {
+ public:
+  // Collective: every rank calls with the same id and nranks (see chorusCommInitRankConfig).
+  Communicator(const UniqueId& id, int nranks, int rank, const chorusConfig_t* config = nullptr) {
+    detail::check(chorusCommInitRankConfig(&comm_, nranks, id.raw(), rank, config));
+  }
+  // From RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT or mpiexec (see chorusCommInitFromEnv).
+  static Communicator fromEnvironment(const chorusConfig_t* config = nullptr) {
+    chorusComm_t comm = nullptr;
+    detail::check(chorusCommInitFromEnv(&comm, config));
+    return Communicator(comm);
+  }
+
+  Communicator(Communicator&& other) noexcept : comm_(std::exchange(other.comm_, nullptr)) {}
+  Communicator& operator=(Communicator&& other) noexcept {
+    if (this != &other) {
+      reset();
+      comm_ = std::exchange(other.comm_, nullptr);
+    }
+    return *this;
+  }
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  ~Communicator() { reset(); }
+
+  int rank() const {
+    int rank = 0;
+    detail::check(chorusCommUserRank(comm_, &rank), comm_);
+    return rank;
+  }
+  int size() const {
+    int count = 0;
+    detail::check(chorusCommCount(comm_, &count), comm_);
+    return count;
+  }
+  chorusComm_t handle() const { return comm_; }
+
+  // out[i] = op over ranks of in[i]. in and out have equal sizes (or are the same span).
+  template <typename T>
+  void allReduce(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::kSum) {
+    requireSize(out.size(), in.size(), "allReduce: out");
+    detail::check(chorusAllReduce(in.data(), out.data(), in.size(), dataTypeOf<T>(), detail::toC(op), comm_, nullptr),
+                  comm_);
+  }
+  template <typename T>
+  void allReduce(std::span<T> inOut, ReduceOp op = ReduceOp::kSum) {
+    allReduce(std::span<const T>(inOut), inOut, op);
+  }
+  // out holds size() * in.size() elements: rank r's input at r * in.size().
+  template <typename T>
+  void allGather(std::span<const T> in, std::span<T> out) {
+    requireSize(out.size(), in.size() * static_cast<size_t>(size()), "allGather: out");
+    detail::check(chorusAllGather(in.data(), out.data(), in.size(), dataTypeOf<T>(), comm_, nullptr), comm_);
+  }
+  // in holds size() * out.size() elements; out gets block rank() reduced over ranks.
+  template <typename T>
+  void reduceScatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::kSum) {
+    requireSize(in.size(), out.size() * static_cast<size_t>(size()), "reduceScatter: in");
+    detail::check(
+        chorusReduceScatter(in.data(), out.data(), out.size(), dataTypeOf<T>(), detail::toC(op), comm_, nullptr),
+        comm_);
+  }
+  // In place: root's buffer is copied into everyone's.
+  template <typename T>
+  void broadcast(std::span<T> buffer, int root) {
+    detail::check(chorusBroadcast(buffer.data(), buffer.data(), buffer.size(), dataTypeOf<T>(), root, comm_, nullptr),
+                  comm_);
+  }
+  // out on root = op over ranks of in; out is ignored elsewhere (may be empty there).
+  template <typename T>
+  void reduce(std::span<const T> in, std::span<T> out, int root, ReduceOp op = ReduceOp::kSum) {
+    if (rank() == root) requireSize(out.size(), in.size(), "reduce: out");
+    detail::check(
+        chorusReduce(in.data(), out.data(), in.size(), dataTypeOf<T>(), detail::toC(op), root, comm_, nullptr), comm_);
+  }
+  template <typename T>
+  void send(std::span<const T> data, int peer) {
+    detail::check(chorusSend(data.data(), data.size(), dataTypeOf<T>(), peer, comm_, nullptr), comm_);
+  }
+  template <typename T>
+  void recv(std::span<T> data, int peer) {
+    detail::check(chorusRecv(data.data(), data.size(), dataTypeOf<T>(), peer, comm_, nullptr), comm_);
+  }
+  void barrier() { detail::check(chorusBarrier(comm_, nullptr), comm_); }
+
+  // Aborts and releases the communicator; the object is empty afterwards.
+  void abort() {
+    if (comm_ != nullptr) chorusCommAbort(std::exchange(comm_, nullptr));
+  }
+
+ private:
+  explicit Communicator(chorusComm_t comm) : comm_(comm) {}
+  void reset() {
+    if (comm_ != nullptr) chorusCommDestroy(std::exchange(comm_, nullptr));
+  }
+  static void requireSize(size_t got, size_t want, const char* what) {
+    if (got != want) {
+      throw Error(chorusInvalidArgument,
+                  std::string(what) + " has " + std::to_string(got) + " elements, expected " + std::to_string(want));
+    }
+  }
+
+  chorusComm_t comm_ = nullptr;
+};
+
+// Runs body between chorusGroupStart and chorusGroupEnd; the calls in it run together at the
+// end. Throws the group's error. If body throws, the group is still ended (the calls collected
+// so far run, as chorus has no way to cancel a group) and body's exception propagates.
+inline void group(const std::function<void()>& body) {
+  detail::check(chorusGroupStart());
+  try {
+    body();
+  } catch (...) {
+    chorusGroupEnd();
+    throw;
+  }
+  detail::check(chorusGroupEnd());
+}
+
+}  // namespace chorus
+
+#endif  // CHORUS_CHORUS_HPP_

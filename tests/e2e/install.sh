@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# cmake --install gives libchorus.so, the headers, collbench, chorusrun, a CMake package and a
+# pkg-config file; a program built against each of the last two runs on 2 ranks.
+source "$(dirname "$0")/lib.sh"
+prefix="$work/prefix"
+cmake --install "$build" --prefix "$prefix" >/dev/null
+for f in include/chorus/chorus.h include/chorus/chorus.hpp bin/collbench bin/chorusrun; do
+  [ -e "$prefix/$f" ] || fail "missing $f"
+done
+libdir=$(dirname "$(find "$prefix" -name 'libchorus.so' | head -n 1)")
+[ -n "$libdir" ] || fail "libchorus.so not installed"
+export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# CMake package
+cmake -S "$source_dir/tests/e2e/consumer" -B "$work/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$work/consumer" >/dev/null
+"$prefix/bin/chorusrun" -n 2 "$work/consumer/consumer_cxx" | tee "$work/cxx.txt"
+[ "$(grep -c 'consumer ok' "$work/cxx.txt")" = 2 ] || fail "C++ consumer (find_package) did not pass on both ranks"
+# pkg-config, from C
+export PKG_CONFIG_PATH="$libdir/pkgconfig"
+cc -std=c11 -Wall -Werror "$source_dir/tests/e2e/consumer/consumer.c" -o "$work/consumer_c" $(pkg-config --cflags --libs chorus)
+"$prefix/bin/chorusrun" -n 3 "$work/consumer_c" | tee "$work/c.txt"
+[ "$(grep -c 'consumer ok' "$work/c.txt")" = 3 ] || fail "C consumer (pkg-config) did not pass on every rank"
+"$prefix/bin/collbench" -g 2 -b 1K -e 1K >/dev/null || fail "installed collbench failed"
+echo "install ok"

@@ -1,0 +1,191 @@
+// failure_test.cc: what happens when things go wrong, on real forked ranks: ranks that call
+// different operations or sizes fail with a remote error instead of hanging or corrupting; a
+// dead peer is noticed long before the timeout; missing ranks at init are named; a process with
+// the wrong secret is turned away; and init from the torchrun-style environment works.
+#include <chorus/chorus.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/support/multiprocess.h"
+
+namespace chorus {
+namespace {
+
+using testing::runProcesses;
+
+chorusComm_t initOrDie(const chorusUniqueId& id, int nranks, int rank, const char* transport, int timeoutMs = 60000,
+                       int initTimeoutMs = 30000) {
+  chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
+  config.transport = transport;
+  config.timeoutMs = timeoutMs;
+  config.initTimeoutMs = initTimeoutMs;
+  chorusComm_t comm = nullptr;
+  const chorusResult_t result = chorusCommInitRankConfig(&comm, nranks, id, rank, &config);
+  if (result != chorusSuccess) {
+    ADD_FAILURE() << "rank " << rank << " init: " << chorusGetLastError(nullptr);
+    _exit(2);
+  }
+  return comm;
+}
+
+void expectAllZero(const std::vector<int>& codes) {
+  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+class FailureTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(FailureTest, MismatchedCountsFailOnEveryRankAndLeaveTheCommunicatorUnusable) {
+  const char* transport = GetParam();
+  expectAllZero(runProcesses(2, [&](int rank, const chorusUniqueId& id) {
+    chorusComm_t comm = initOrDie(id, 2, rank, transport);
+    std::vector<float> buffer(64, 1.0f);
+    const size_t count = rank == 0 ? 10 : 20;
+    const chorusResult_t result =
+        chorusAllReduce(buffer.data(), buffer.data(), count, chorusFloat32, chorusSum, comm, nullptr);
+    EXPECT_EQ(result, chorusRemoteError) << chorusGetLastError(comm);
+    const std::string message = chorusGetLastError(comm);
+    EXPECT_NE(message.find("rank " + std::to_string(rank)), std::string::npos) << message;
+    EXPECT_NE(message.find("allreduce #0"), std::string::npos) << message;
+    EXPECT_EQ(chorusAllReduce(buffer.data(), buffer.data(), 4, chorusFloat32, chorusSum, comm, nullptr),
+              chorusInvalidUsage);
+    EXPECT_NE(std::string(chorusGetLastError(comm)).find("failed earlier"), std::string::npos);
+    chorusCommDestroy(comm);
+  }));
+}
+
+TEST_P(FailureTest, DifferentCollectivesFailInsteadOfHanging) {
+  const char* transport = GetParam();
+  expectAllZero(runProcesses(2, [&](int rank, const chorusUniqueId& id) {
+    chorusComm_t comm = initOrDie(id, 2, rank, transport);
+    std::vector<float> buffer(8, 1.0f);
+    const chorusResult_t result =
+        rank == 0 ? chorusAllReduce(buffer.data(), buffer.data(), 8, chorusFloat32, chorusSum, comm, nullptr)
+                  : chorusBroadcast(buffer.data(), buffer.data(), 8, chorusFloat32, 0, comm, nullptr);
+    EXPECT_EQ(result, chorusRemoteError) << "rank " << rank << ": " << chorusGetLastError(comm);
+    chorusCommDestroy(comm);
+  }));
+}
+
+TEST_P(FailureTest, ADeadPeerIsReportedLongBeforeTheTimeout) {
+  const char* transport = GetParam();
+  expectAllZero(runProcesses(3, [&](int rank, const chorusUniqueId& id) {
+    // A 10-minute timeout: only noticing the death can end the call in time for the test's
+    // deadline below.
+    chorusComm_t comm = initOrDie(id, 3, rank, transport, 600000);
+    if (rank == 2) _exit(0);  // dies without a word
+    std::vector<float> buffer(1000, 1.0f);
+    const chorusResult_t result =
+        chorusAllReduce(buffer.data(), buffer.data(), buffer.size(), chorusFloat32, chorusSum, comm, nullptr);
+    EXPECT_EQ(result, chorusRemoteError) << "rank " << rank << ": " << chorusGetLastError(comm);
+    chorusCommDestroy(comm);
+  }, 120));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, FailureTest, ::testing::Values("shm", "tcp"));
+
+TEST(BootstrapFailureTest, MissingRanksAreNamedAtTheInitTimeout) {
+  const auto codes = runProcesses(4, [&](int rank, const chorusUniqueId& id) {
+    if (rank == 1 || rank == 3) return;  // never arrive
+    chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
+    config.initTimeoutMs = 1500;
+    chorusComm_t comm = nullptr;
+    EXPECT_EQ(chorusCommInitRankConfig(&comm, 4, id, rank, &config), chorusTimeout);
+    const std::string message = chorusGetLastError(nullptr);
+    EXPECT_NE(message.find("missing rank(s) 1, 3"), std::string::npos) << message;
+    EXPECT_EQ(comm, nullptr);
+  }, 60);
+  expectAllZero(codes);
+}
+
+TEST(BootstrapFailureTest, RanksThatDisagreeOnTheSizeAreTold) {
+  expectAllZero(runProcesses(2, [&](int rank, const chorusUniqueId& id) {
+    chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
+    config.initTimeoutMs = 1500;
+    chorusComm_t comm = nullptr;
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 0 sets the size
+    const chorusResult_t result = chorusCommInitRankConfig(&comm, rank == 0 ? 2 : 3, id, rank, &config);
+    if (rank == 1) {
+      EXPECT_EQ(result, chorusRemoteError);
+      EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("nranks=3"), std::string::npos)
+          << chorusGetLastError(nullptr);
+    } else {
+      EXPECT_EQ(result, chorusTimeout) << chorusGetLastError(nullptr);
+    }
+  }, 60));
+}
+
+TEST(BootstrapFailureTest, AProcessWithTheWrongSecretIsTurnedAway) {
+  expectAllZero(runProcesses(3, [&](int rank, const chorusUniqueId& realId) {
+    if (rank == 2) {
+      chorusUniqueId forged = realId;
+      forged.internal[8] ^= 0x5a;  // the secret follows the magic and version
+      chorusComm_t comm = nullptr;
+      EXPECT_EQ(chorusCommInitRank(&comm, 2, forged, 1), chorusRemoteError);
+      EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("wrong secret"), std::string::npos)
+          << chorusGetLastError(nullptr);
+      return;
+    }
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the stranger comes first
+    chorusComm_t comm = initOrDie(realId, 2, rank, "auto");
+    int64_t value = rank + 1, sum = 0;
+    EXPECT_EQ(chorusAllReduce(&value, &sum, 1, chorusInt64, chorusSum, comm, nullptr), chorusSuccess);
+    EXPECT_EQ(sum, 3);
+    chorusCommDestroy(comm);
+  }, 60));
+}
+
+int freePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  socklen_t length = sizeof(address);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+TEST(EnvInitTest, TorchrunStyleVariablesWithChorusSpellingsWinning) {
+  const std::string port = std::to_string(freePort());
+  expectAllZero(runProcesses(3, [&](int rank, const chorusUniqueId&) {
+    setenv("RANK", "not-a-number", 1);  // must be ignored: CHORUS_RANK wins
+    setenv("CHORUS_RANK", std::to_string(rank).c_str(), 1);
+    setenv("WORLD_SIZE", "3", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", port.c_str(), 1);
+    setenv("CHORUS_SECRET", "test-secret", 1);
+    chorusComm_t comm = nullptr;
+    ASSERT_EQ(chorusCommInitFromEnv(&comm, nullptr), chorusSuccess) << chorusGetLastError(nullptr);
+    int got = -1, size = 0;
+    chorusCommUserRank(comm, &got);
+    chorusCommCount(comm, &size);
+    EXPECT_EQ(got, rank);
+    EXPECT_EQ(size, 3);
+    int32_t value = 10 * (rank + 1), sum = 0;
+    ASSERT_EQ(chorusAllReduce(&value, &sum, 1, chorusInt32, chorusSum, comm, nullptr), chorusSuccess);
+    EXPECT_EQ(sum, 60);
+    chorusCommDestroy(comm);
+  }, 60));
+}
+
+TEST(AbortTest, AbortEndsTheCommunicator) {
+  expectAllZero(runProcesses(2, [&](int rank, const chorusUniqueId& id) {
+    chorusComm_t comm = initOrDie(id, 2, rank, "auto");
+    EXPECT_EQ(chorusCommAbort(comm), chorusSuccess);
+    int count = 0;
+    EXPECT_EQ(chorusCommCount(comm, &count), chorusInvalidUsage);
+  }, 60));
+}
+
+}  // namespace
+}  // namespace chorus

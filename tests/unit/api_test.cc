@@ -1,0 +1,201 @@
+// api_test.cc: the C ABI in one process: version and names, a one-rank communicator, and bad
+// input: every case returns a clear error naming what is wrong, touches no buffer, and leaves
+// the communicator usable.
+#include <chorus/chorus.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+::testing::AssertionResult failsWith(chorusResult_t result, chorusResult_t expected, const char* needle) {
+  const std::string message = chorusGetLastError(nullptr);
+  if (result != expected) {
+    return ::testing::AssertionFailure() << "result " << chorusGetErrorString(result) << ", expected "
+                                         << chorusGetErrorString(expected) << " (message: " << message << ")";
+  }
+  if (message.find(needle) == std::string::npos) {
+    return ::testing::AssertionFailure() << "message '" << message << "' does not mention '" << needle << "'";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+class OneRankTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    chorusUniqueId id;
+    ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess) << chorusGetLastError(nullptr);
+    ASSERT_EQ(chorusCommInitRank(&comm_, 1, id, 0), chorusSuccess) << chorusGetLastError(nullptr);
+  }
+  void TearDown() override {
+    if (comm_ != nullptr) EXPECT_EQ(chorusCommDestroy(comm_), chorusSuccess);
+  }
+  // The communicator still works after an error.
+  void expectStillWorks() {
+    float in[3] = {1, 2, 3}, out[3] = {};
+    ASSERT_EQ(chorusAllReduce(in, out, 3, chorusFloat32, chorusSum, comm_, nullptr), chorusSuccess)
+        << chorusGetLastError(comm_);
+    EXPECT_EQ(out[2], 3.0f);
+  }
+  chorusComm_t comm_ = nullptr;
+};
+
+TEST(ApiTest, VersionNamesAndSizes) {
+  int version = 0;
+  ASSERT_EQ(chorusGetVersion(&version), chorusSuccess);
+  EXPECT_EQ(version, CHORUS_VERSION_CODE);
+  EXPECT_EQ(chorusGetVersion(nullptr), chorusInvalidArgument);
+  EXPECT_STREQ(chorusGetErrorString(chorusTimeout), "timeout");
+  EXPECT_STREQ(chorusTypeName(chorusBfloat16), "bfloat16");
+  EXPECT_STREQ(chorusOpName(chorusAvg), "avg");
+  EXPECT_EQ(chorusTypeSize(chorusFloat16), 2u);
+  EXPECT_EQ(chorusTypeSize(chorusUint64), 8u);
+  EXPECT_EQ(chorusTypeSize(static_cast<chorusDataType_t>(99)), 0u);
+}
+
+TEST_F(OneRankTest, RankCountAndEveryCollectiveOnOneRank) {
+  int count = 0, rank = -1;
+  ASSERT_EQ(chorusCommCount(comm_, &count), chorusSuccess);
+  ASSERT_EQ(chorusCommUserRank(comm_, &rank), chorusSuccess);
+  EXPECT_EQ(count, 1);
+  EXPECT_EQ(rank, 0);
+  int32_t in[4] = {5, -6, 7, 8}, out[4] = {};
+  ASSERT_EQ(chorusAllReduce(in, out, 4, chorusInt32, chorusAvg, comm_, nullptr), chorusSuccess);
+  EXPECT_EQ(out[1], -6);
+  ASSERT_EQ(chorusBroadcast(in, out, 4, chorusInt32, 0, comm_, nullptr), chorusSuccess);
+  EXPECT_EQ(out[3], 8);
+  ASSERT_EQ(chorusBarrier(comm_, nullptr), chorusSuccess);
+}
+
+TEST_F(OneRankTest, NullBufferIsRejectedAndNothingIsWritten) {
+  float out[2] = {42, 42};
+  EXPECT_TRUE(failsWith(chorusAllReduce(nullptr, out, 2, chorusFloat32, chorusSum, comm_, nullptr),
+                        chorusInvalidArgument, "sendbuff is NULL"));
+  EXPECT_EQ(out[0], 42.0f);
+  EXPECT_TRUE(failsWith(chorusAllGather(out, nullptr, 2, chorusFloat32, comm_, nullptr), chorusInvalidArgument,
+                        "recvbuff is NULL"));
+  EXPECT_TRUE(failsWith(chorusSend(nullptr, 1, chorusFloat32, 0, comm_, nullptr), chorusInvalidArgument,
+                        "sendbuff is NULL"));
+  // Count 0 accepts NULL buffers.
+  EXPECT_EQ(chorusAllReduce(nullptr, nullptr, 0, chorusFloat32, chorusSum, comm_, nullptr), chorusSuccess);
+  expectStillWorks();
+}
+
+TEST_F(OneRankTest, OverflowingCountIsRejected) {
+  float buffer[1];
+  EXPECT_TRUE(failsWith(chorusAllReduce(buffer, buffer, SIZE_MAX / 2, chorusFloat32, chorusSum, comm_, nullptr),
+                        chorusInvalidArgument, "overflows"));
+  EXPECT_TRUE(failsWith(chorusAllGather(buffer, buffer, SIZE_MAX / 8, chorusFloat64, comm_, nullptr),
+                        chorusInvalidArgument, "overflows"));
+  expectStillWorks();
+}
+
+TEST_F(OneRankTest, UnknownTypeAndOpAreRejected) {
+  float buffer[1] = {1};
+  EXPECT_TRUE(failsWith(
+      chorusAllReduce(buffer, buffer, 1, static_cast<chorusDataType_t>(42), chorusSum, comm_, nullptr),
+      chorusInvalidArgument, "unknown datatype 42"));
+  EXPECT_TRUE(failsWith(
+      chorusAllReduce(buffer, buffer, 1, chorusFloat32, static_cast<chorusRedOp_t>(-1), comm_, nullptr),
+      chorusInvalidArgument, "unknown reduction op -1"));
+  EXPECT_TRUE(failsWith(chorusBroadcast(buffer, buffer, 1, static_cast<chorusDataType_t>(10), 0, comm_, nullptr),
+                        chorusInvalidArgument, "unknown datatype"));
+  expectStillWorks();
+}
+
+TEST_F(OneRankTest, RootAndPeerOutOfRangeAreRejected) {
+  float buffer[1] = {1};
+  EXPECT_TRUE(failsWith(chorusBroadcast(buffer, buffer, 1, chorusFloat32, 1, comm_, nullptr), chorusInvalidArgument,
+                        "root 1 is out of range [0, 1)"));
+  EXPECT_TRUE(failsWith(chorusReduce(buffer, buffer, 1, chorusFloat32, chorusSum, -1, comm_, nullptr),
+                        chorusInvalidArgument, "root -1 is out of range"));
+  EXPECT_TRUE(failsWith(chorusSend(buffer, 1, chorusFloat32, 5, comm_, nullptr), chorusInvalidArgument,
+                        "peer 5 is out of range"));
+  EXPECT_TRUE(failsWith(chorusRecv(buffer, 1, chorusFloat32, 1, comm_, nullptr), chorusInvalidArgument,
+                        "peer 1 is out of range"));
+  expectStillWorks();
+}
+
+TEST_F(OneRankTest, StreamsAreRejectedOnTheHostPath) {
+  float buffer[1] = {1};
+  auto fakeStream = reinterpret_cast<chorusStream_t>(0x1);
+  EXPECT_TRUE(failsWith(chorusAllReduce(buffer, buffer, 1, chorusFloat32, chorusSum, comm_, fakeStream),
+                        chorusInvalidArgument, "non-NULL stream"));
+  expectStillWorks();
+}
+
+TEST_F(OneRankTest, SelfMessagesNeedAGroup) {
+  int32_t out = 0, in = 77;
+  EXPECT_TRUE(failsWith(chorusSend(&in, 1, chorusInt32, 0, comm_, nullptr), chorusInvalidUsage, "outside a group"));
+  ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+  ASSERT_EQ(chorusRecv(&out, 1, chorusInt32, 0, comm_, nullptr), chorusSuccess);
+  ASSERT_EQ(chorusSend(&in, 1, chorusInt32, 0, comm_, nullptr), chorusSuccess);
+  ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(comm_);
+  EXPECT_EQ(out, 77);
+}
+
+TEST_F(OneRankTest, GroupMisuseIsReported) {
+  EXPECT_TRUE(failsWith(chorusGroupEnd(), chorusInvalidUsage, "without chorusGroupStart"));
+  // A bad call inside a group fails the whole group at its end; nothing of it runs.
+  float in[2] = {1, 2}, out[2] = {0, 0};
+  ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+  EXPECT_EQ(chorusAllReduce(in, out, 2, chorusFloat32, chorusSum, comm_, nullptr), chorusSuccess);
+  EXPECT_EQ(chorusAllReduce(nullptr, out, 2, chorusFloat32, chorusSum, comm_, nullptr), chorusInvalidArgument);
+  EXPECT_TRUE(failsWith(chorusGroupEnd(), chorusInvalidArgument, "none of the group's calls ran"));
+  EXPECT_EQ(out[1], 0.0f);
+  expectStillWorks();
+}
+
+TEST_F(OneRankTest, UseAfterDestroyIsAnError) {
+  ASSERT_EQ(chorusCommDestroy(comm_), chorusSuccess);
+  float buffer[1] = {1};
+  EXPECT_TRUE(failsWith(chorusAllReduce(buffer, buffer, 1, chorusFloat32, chorusSum, comm_, nullptr),
+                        chorusInvalidUsage, "not live"));
+  int count = 0;
+  EXPECT_TRUE(failsWith(chorusCommCount(comm_, &count), chorusInvalidUsage, "not live"));
+  EXPECT_TRUE(failsWith(chorusCommDestroy(comm_), chorusInvalidUsage, "not live"));
+  EXPECT_TRUE(failsWith(chorusBarrier(nullptr, nullptr), chorusInvalidUsage, "NULL"));
+  comm_ = nullptr;
+}
+
+TEST(ApiInitTest, BadInitArgumentsAreRejected) {
+  chorusUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  chorusComm_t comm = nullptr;
+  EXPECT_TRUE(failsWith(chorusCommInitRank(&comm, 2, id, 0), chorusInvalidArgument, "bad magic"));
+  EXPECT_TRUE(failsWith(chorusCommInitRank(&comm, 2, id, 2), chorusInvalidArgument, "rank 2 is out of range"));
+  EXPECT_TRUE(failsWith(chorusCommInitRank(&comm, 0, id, 0), chorusInvalidArgument, "nranks 0"));
+  EXPECT_TRUE(failsWith(chorusCommInitRank(nullptr, 1, id, 0), chorusInvalidArgument, "NULL"));
+  chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
+  config.magic = 1;
+  EXPECT_TRUE(failsWith(chorusCommInitRankConfig(&comm, 1, id, 0, &config), chorusInvalidArgument,
+                        "CHORUS_CONFIG_INITIALIZER"));
+  chorusConfig_t transport = CHORUS_CONFIG_INITIALIZER;
+  transport.transport = "carrier-pigeon";
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  EXPECT_TRUE(failsWith(chorusCommInitRankConfig(&comm, 1, id, 0, &transport), chorusInvalidArgument,
+                        "carrier-pigeon"));
+  EXPECT_EQ(comm, nullptr);
+}
+
+TEST(ApiInitTest, InitFromEnvWithoutLauncherNamesTheVariables) {
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CHORUS_RANK", "CHORUS_WORLD_SIZE",
+                           "CHORUS_MASTER_ADDR", "CHORUS_MASTER_PORT", "PMI_FD", "PMI_RANK", "PMI_SIZE"}) {
+    unsetenv(name);
+  }
+  chorusComm_t comm = nullptr;
+  EXPECT_TRUE(failsWith(chorusCommInitFromEnv(&comm, nullptr), chorusInvalidArgument, "MASTER_ADDR"));
+  setenv("RANK", "zero", 1);
+  setenv("WORLD_SIZE", "1", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  EXPECT_TRUE(failsWith(chorusCommInitFromEnv(&comm, nullptr), chorusInvalidArgument, "RANK='zero'"));
+  setenv("CHORUS_TIMEOUT_MS", "soon", 1);
+  EXPECT_TRUE(failsWith(chorusCommInitFromEnv(&comm, nullptr), chorusInvalidArgument, "CHORUS_TIMEOUT_MS='soon'"));
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CHORUS_TIMEOUT_MS"}) unsetenv(name);
+}
+
+}  // namespace

@@ -1,0 +1,117 @@
+// kernels_test.cc: the CPU reference kernels: fp16 / bf16 conversions at known bit patterns,
+// and reductions of every type x op against values computed in double precision.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "bench/pattern.h"
+#include "kernels/cpu/half.h"
+#include "kernels/cpu/reduce.h"
+
+namespace chorus::kernels {
+namespace {
+
+TEST(HalfTest, KnownValuesConvertExactly) {
+  EXPECT_EQ(floatToHalf(1.0f), 0x3c00);
+  EXPECT_EQ(floatToHalf(-2.0f), 0xc000);
+  EXPECT_EQ(floatToHalf(65504.0f), 0x7bff);       // largest finite
+  EXPECT_EQ(floatToHalf(65520.0f), 0x7c00);       // rounds to infinity
+  EXPECT_EQ(floatToHalf(5.9604645e-8f), 0x0001);  // smallest subnormal, 2^-24
+  EXPECT_EQ(floatToHalf(6.103515625e-05f), 0x0400);  // smallest normal, 2^-14
+  EXPECT_EQ(floatToHalf(0.0f), 0x0000);
+  EXPECT_EQ(floatToHalf(-0.0f), 0x8000);
+  EXPECT_EQ(floatToHalf(std::numeric_limits<float>::infinity()), 0x7c00);
+  EXPECT_EQ(floatToHalf(std::nanf("")) & 0x7e00, 0x7e00);  // stays a quiet NaN
+  EXPECT_EQ(halfToFloat(0x3c00), 1.0f);
+  EXPECT_EQ(halfToFloat(0x7bff), 65504.0f);
+  EXPECT_EQ(halfToFloat(0x0001), 5.9604645e-8f);
+  EXPECT_TRUE(std::isinf(halfToFloat(0xfc00)));
+}
+
+TEST(HalfTest, RoundsToNearestEven) {
+  // 1 + 2^-11 lies halfway between 1 and 1 + 2^-10: ties go to the even mantissa (1).
+  EXPECT_EQ(floatToHalf(1.0f + 0x1p-11f), 0x3c00);
+  // 1 + 3*2^-11 lies halfway between 1 + 2^-10 and 1 + 2^-9: even is 1 + 2^-9 (mantissa 2).
+  EXPECT_EQ(floatToHalf(1.0f + 3 * 0x1p-11f), 0x3c02);
+  EXPECT_EQ(floatToHalf(1.0f + 0x1p-11f + 0x1p-20f), 0x3c01);  // just above halfway rounds up
+  EXPECT_EQ(floatToBfloat16(1.0f), 0x3f80);
+  EXPECT_EQ(floatToBfloat16(1.0f + 0x1p-8f), 0x3f80);          // tie to even
+  EXPECT_EQ(floatToBfloat16(1.0f + 3 * 0x1p-8f), 0x3f82);      // tie to even, upward
+  EXPECT_EQ(bfloat16ToFloat(0x3f80), 1.0f);
+}
+
+TEST(HalfTest, EveryHalfRoundTripsThroughFloat) {
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const auto h = static_cast<uint16_t>(bits);
+    const float f = halfToFloat(h);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(floatToHalf(f), h) << "bits " << bits;
+    ASSERT_EQ(floatToBfloat16(bfloat16ToFloat(h)), h) << "bits " << bits;
+  }
+}
+
+constexpr chorusDataType_t kTypes[] = {chorusInt8,    chorusUint8,   chorusInt32,   chorusUint32,   chorusInt64,
+                                       chorusUint64,  chorusFloat16, chorusFloat32, chorusFloat64, chorusBfloat16};
+
+TEST(ReduceTest, EveryTypeAndOpMatchesDoublePrecisionFold) {
+  constexpr size_t kCount = 1000;
+  constexpr int kRanks = 6;
+  for (chorusDataType_t type : kTypes) {
+    for (chorusRedOp_t op : {chorusSum, chorusProd, chorusMax, chorusMin, chorusAvg}) {
+      const size_t size = typeSize(type);
+      std::vector<char> acc(kCount * size), next(kCount * size);
+      for (size_t i = 0; i < kCount; ++i) pattern::store(acc.data(), i, type, pattern::reduceInput(op, type, 0, i));
+      for (int r = 1; r < kRanks; ++r) {
+        for (size_t i = 0; i < kCount; ++i) pattern::store(next.data(), i, type, pattern::reduceInput(op, type, r, i));
+        reduce(acc.data(), acc.data(), next.data(), kCount, type, op);
+      }
+      if (op == chorusAvg) divide(acc.data(), kCount, type, kRanks);
+      EXPECT_EQ(pattern::countWrong(acc.data(), kCount, type,
+                                    [&](size_t i) { return pattern::expectedReduce(op, type, kRanks, i); }),
+                0u)
+          << chorusTypeName(type) << " " << chorusOpName(op);
+    }
+  }
+}
+
+TEST(ReduceTest, IntegerSumAndProdWrapAndAvgTruncates) {
+  int8_t a[3] = {120, -128, 7};
+  int8_t b[3] = {10, -1, -3};
+  int8_t out[3];
+  reduce(out, a, b, 3, chorusInt8, chorusSum);
+  EXPECT_EQ(out[0], static_cast<int8_t>(-126));  // 130 wraps
+  EXPECT_EQ(out[1], static_cast<int8_t>(127));   // -129 wraps
+  reduce(out, a, b, 3, chorusInt8, chorusProd);
+  EXPECT_EQ(out[2], -21);
+  uint8_t c[2] = {16, 200};
+  uint8_t d[2] = {16, 2};
+  reduce(c, c, d, 2, chorusUint8, chorusProd);
+  EXPECT_EQ(c[0], 0);    // 256 wraps to 0
+  EXPECT_EQ(c[1], 144);  // 400 - 256
+  int32_t e[2] = {-7, 7};
+  divide(e, 2, chorusInt32, 2);
+  EXPECT_EQ(e[0], -3);  // toward zero
+  EXPECT_EQ(e[1], 3);
+  int8_t f[1] = {100};
+  divide(f, 1, chorusInt8, 300);  // a divisor wider than the type
+  EXPECT_EQ(f[0], 0);
+}
+
+TEST(ReduceTest, HalfTypesComputeInFloatAndRoundOnce) {
+  // 2048 + 1 is not representable in fp16 (spacing 2 there): the sum rounds to even, 2048.
+  uint16_t a = floatToHalf(2048.0f), b = floatToHalf(1.0f), out = 0;
+  reduce(&out, &a, &b, 1, chorusFloat16, chorusSum);
+  EXPECT_EQ(halfToFloat(out), 2048.0f);
+  uint16_t c = floatToHalf(3.0f);
+  divide(&c, 1, chorusFloat16, 2);
+  EXPECT_EQ(halfToFloat(c), 1.5f);
+  uint16_t x = floatToBfloat16(3.0f), y = floatToBfloat16(-5.0f);
+  reduce(&x, &x, &y, 1, chorusBfloat16, chorusMin);
+  EXPECT_EQ(bfloat16ToFloat(x), -5.0f);
+}
+
+}  // namespace
+}  // namespace chorus::kernels
