@@ -62,7 +62,10 @@ typedef enum {
   chorusFloat32 = 7,
   chorusFloat64 = 8,
   chorusBfloat16 = 9,
-  chorusNumTypes = 10
+  chorusNumTypes = 10,
+  /* Reserved: keeps the type 32 bits wide, so any value a C caller passes is one chorus can
+   * check and reject instead of undefined behaviour. */
+  chorusDataTypeForce32 = 0x7fffffff
 } chorusDataType_t;
 
 /* Reduction operations. Float16 and Bfloat16 accumulate in fp32. Avg is the sum divided by the
@@ -74,7 +77,8 @@ typedef enum {
   chorusMax = 2,
   chorusMin = 3,
   chorusAvg = 4,
-  chorusNumOps = 5
+  chorusNumOps = 5,
+  chorusRedOpForce32 = 0x7fffffff /* reserved, as chorusDataTypeForce32 */
 } chorusRedOp_t;
 
 /* A CUDA stream; the same type as cudaStream_t, so one passes with no cast. */

@@ -21,7 +21,7 @@ const std::vector<TransportKind>& transportRegistry() {
          return c.mode != "tcp" && c.peers[peer].hostHash == c.peers[c.rank].hostHash;
        },
        createShmTransport},
-      {"tcp", [](const TransportContext& c, int peer) { return c.mode != "shm"; }, createTcpTransport},
+      {"tcp", [](const TransportContext& c, int) { return c.mode != "shm"; }, createTcpTransport},
   };
   return kinds;
 }

@@ -50,7 +50,9 @@ void checkAllReduce(chorusComm_t comm, int rank, int n, size_t count, chorusData
       << what << ": " << chorusGetLastError(comm);
   EXPECT_EQ(pattern::countWrong(out, count, type, [&](size_t i) { return expectedReduce(op, type, n, i); }), 0u)
       << what;
-  if (!inPlace) EXPECT_TRUE(original == send.bytes_) << what << ": the input changed";
+  if (!inPlace) {
+    EXPECT_TRUE(original == send.bytes_) << what << ": the input changed";
+  }
 }
 
 void checkReduceScatter(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, chorusRedOp_t op,
