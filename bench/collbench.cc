@@ -3,19 +3,19 @@
 // a correctness check against closed-form results, JSON output, and three ways to start:
 // `collbench -g 4 ...` forks 4 local ranks itself; under `mpiexec -n 4 collbench ...` or
 // `chorusrun -n 4 collbench ...` every process is one rank (chorusCommInitFromEnv).
-#include <CLI/CLI.hpp>
 #include <chorus/chorus.h>
-#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -32,9 +32,12 @@ struct OpInfo {
   bool rooted;
 };
 constexpr OpInfo kOps[] = {
-    {"allreduce", Op::kAllReduce, true, false},   {"allgather", Op::kAllGather, false, false},
-    {"reducescatter", Op::kReduceScatter, true, false}, {"broadcast", Op::kBroadcast, false, true},
-    {"reduce", Op::kReduce, true, true},          {"sendrecv", Op::kSendRecv, false, false},
+    {"allreduce", Op::kAllReduce, true, false},
+    {"allgather", Op::kAllGather, false, false},
+    {"reducescatter", Op::kReduceScatter, true, false},
+    {"broadcast", Op::kBroadcast, false, true},
+    {"reduce", Op::kReduce, true, true},
+    {"sendrecv", Op::kSendRecv, false, false},
 };
 
 struct TypeInfo {
@@ -43,8 +46,8 @@ struct TypeInfo {
 };
 // nccl-tests' names first, then chorus's.
 constexpr TypeInfo kTypes[] = {
-    {"int8", chorusInt8},       {"uint8", chorusUint8},   {"int32", chorusInt32},     {"uint32", chorusUint32},
-    {"int64", chorusInt64},     {"uint64", chorusUint64}, {"half", chorusFloat16},    {"float", chorusFloat32},
+    {"int8", chorusInt8},       {"uint8", chorusUint8},       {"int32", chorusInt32},     {"uint32", chorusUint32},
+    {"int64", chorusInt64},     {"uint64", chorusUint64},     {"half", chorusFloat16},    {"float", chorusFloat32},
     {"double", chorusFloat64},  {"bfloat16", chorusBfloat16}, {"float16", chorusFloat16}, {"float32", chorusFloat32},
     {"float64", chorusFloat64}, {"int", chorusInt32},
 };
@@ -54,8 +57,8 @@ struct RedOpInfo {
   const char* name;
   chorusRedOp_t op;
 };
-constexpr RedOpInfo kRedOps[] = {{"sum", chorusSum}, {"prod", chorusProd}, {"max", chorusMax}, {"min", chorusMin},
-                                 {"avg", chorusAvg}};
+constexpr RedOpInfo kRedOps[] = {
+    {"sum", chorusSum}, {"prod", chorusProd}, {"max", chorusMax}, {"min", chorusMin}, {"avg", chorusAvg}};
 
 struct Options {
   std::string minBytesText = "32M";
@@ -84,10 +87,23 @@ size_t parseBytes(const std::string& text) {
   const double value = std::strtod(text.c_str(), &end);
   double scale = 1;
   switch (*end) {
-    case 'K': case 'k': scale = 1024.0; ++end; break;
-    case 'M': case 'm': scale = 1024.0 * 1024; ++end; break;
-    case 'G': case 'g': scale = 1024.0 * 1024 * 1024; ++end; break;
-    default: break;
+    case 'K':
+    case 'k':
+      scale = 1024.0;
+      ++end;
+      break;
+    case 'M':
+    case 'm':
+      scale = 1024.0 * 1024;
+      ++end;
+      break;
+    case 'G':
+    case 'g':
+      scale = 1024.0 * 1024 * 1024;
+      ++end;
+      break;
+    default:
+      break;
   }
   if (*end == 'B' || *end == 'b') ++end;
   if (end == text.c_str() || *end != '\0' || value < 0) throw CLI::ValidationError("size", "bad size '" + text + "'");
@@ -128,10 +144,13 @@ class Bench {
   double busFactor(Op op) const {
     const double n = nranks_;
     switch (op) {
-      case Op::kAllReduce: return 2 * (n - 1) / n;
+      case Op::kAllReduce:
+        return 2 * (n - 1) / n;
       case Op::kAllGather:
-      case Op::kReduceScatter: return (n - 1) / n;
-      default: return 1;
+      case Op::kReduceScatter:
+        return (n - 1) / n;
+      default:
+        return 1;
     }
   }
 
@@ -160,12 +179,16 @@ void Bench::fillInputs(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t
   recvPtr_ = recv_.data();
   if (inPlace) {
     switch (op) {
-      case Op::kAllGather: sendPtr_ = recv_.data() + rank_ * count * size; break;
+      case Op::kAllGather:
+        sendPtr_ = recv_.data() + rank_ * count * size;
+        break;
       case Op::kReduceScatter:
         sendPtr_ = recv_.data();
         recvPtr_ = recv_.data() + rank_ * count * size;
         break;
-      default: sendPtr_ = recv_.data(); break;
+      default:
+        sendPtr_ = recv_.data();
+        break;
     }
   }
   const bool reduces = op == Op::kAllReduce || op == Op::kReduceScatter || op == Op::kReduce;
@@ -177,13 +200,21 @@ void Bench::fillInputs(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t
 
 void Bench::once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool) {
   switch (op) {
-    case Op::kAllReduce: call("allreduce", chorusAllReduce(sendPtr_, recvPtr_, count, type, redop, comm_, nullptr)); break;
-    case Op::kAllGather: call("allgather", chorusAllGather(sendPtr_, recvPtr_, count, type, comm_, nullptr)); break;
+    case Op::kAllReduce:
+      call("allreduce", chorusAllReduce(sendPtr_, recvPtr_, count, type, redop, comm_, nullptr));
+      break;
+    case Op::kAllGather:
+      call("allgather", chorusAllGather(sendPtr_, recvPtr_, count, type, comm_, nullptr));
+      break;
     case Op::kReduceScatter:
       call("reducescatter", chorusReduceScatter(sendPtr_, recvPtr_, count, type, redop, comm_, nullptr));
       break;
-    case Op::kBroadcast: call("broadcast", chorusBroadcast(sendPtr_, recvPtr_, count, type, o_.root, comm_, nullptr)); break;
-    case Op::kReduce: call("reduce", chorusReduce(sendPtr_, recvPtr_, count, type, redop, o_.root, comm_, nullptr)); break;
+    case Op::kBroadcast:
+      call("broadcast", chorusBroadcast(sendPtr_, recvPtr_, count, type, o_.root, comm_, nullptr));
+      break;
+    case Op::kReduce:
+      call("reduce", chorusReduce(sendPtr_, recvPtr_, count, type, redop, o_.root, comm_, nullptr));
+      break;
     case Op::kSendRecv: {
       const int next = (rank_ + 1) % nranks_;
       const int prev = (rank_ + nranks_ - 1) % nranks_;
@@ -224,9 +255,8 @@ uint64_t Bench::checkOnce(Op op, chorusDataType_t type, chorusRedOp_t redop, siz
                          [&](size_t i) { return expectedReduce(redop, type, n, rank_ * count + i); });
       break;
     case Op::kAllGather:
-      wrong = countWrong(recvPtr_, count * n, type, [&](size_t j) {
-        return asStored(type, moveInput(static_cast<int>(j / count), j % count));
-      });
+      wrong = countWrong(recvPtr_, count * n, type,
+                         [&](size_t j) { return asStored(type, moveInput(static_cast<int>(j / count), j % count)); });
       break;
     case Op::kBroadcast:
       wrong = countWrong(recvPtr_, count, type, [&](size_t i) { return asStored(type, moveInput(root, i)); });
@@ -290,12 +320,13 @@ int Bench::run() {
   char host[64] = {};
   gethostname(host, sizeof(host) - 1);
   if (print) {
-    std::printf("# collbench (chorus) op: %s  nranks: %d  minBytes: %zu  maxBytes: %zu  step: %s  warmup iters: %d  "
-                "iters: %d  validation: %d  blocking: %d\n#\n",
-                opInfo->name, nranks_, o_.minBytes, o_.maxBytes,
-                o_.factorGiven ? (std::to_string(static_cast<int>(o_.stepFactor)) + "(factor)").c_str()
-                               : (std::to_string(o_.stepBytes) + "(bytes)").c_str(),
-                o_.warmup, o_.iters, o_.check, o_.blocking);
+    std::printf(
+        "# collbench (chorus) op: %s  nranks: %d  minBytes: %zu  maxBytes: %zu  step: %s  warmup iters: %d  "
+        "iters: %d  validation: %d  blocking: %d\n#\n",
+        opInfo->name, nranks_, o_.minBytes, o_.maxBytes,
+        o_.factorGiven ? (std::to_string(static_cast<int>(o_.stepFactor)) + "(factor)").c_str()
+                       : (std::to_string(o_.stepBytes) + "(bytes)").c_str(),
+        o_.warmup, o_.iters, o_.check, o_.blocking);
   }
   // One line per rank, like nccl-tests' device list, gathered to rank 0 so lines do not interleave.
   struct RankLine {
@@ -335,9 +366,8 @@ int Bench::run() {
         // Elements per call, as nccl-tests: all-gather and reduce-scatter split the size over ranks.
         size_t count = bytes / size;
         if (opInfo->op == Op::kAllGather || opInfo->op == Op::kReduceScatter) count /= n;
-        const size_t shownBytes = (opInfo->op == Op::kAllGather || opInfo->op == Op::kReduceScatter)
-                                      ? count * n * size
-                                      : count * size;
+        const size_t shownBytes =
+            (opInfo->op == Op::kAllGather || opInfo->op == Op::kReduceScatter) ? count * n * size : count * size;
         const Result outOfPlace = measure(opInfo->op, type, redop, count, false);
         const Result inPlace = measure(opInfo->op, type, redop, count, true);
         totalWrong += outOfPlace.wrong + inPlace.wrong;
@@ -355,14 +385,19 @@ int Bench::run() {
             if (o_.check) j["wrong"] = r.wrong;
             return j;
           };
-          rows.push_back({{"op", opInfo->name}, {"size_bytes", shownBytes}, {"count", count},
-                          {"type", chorusTypeName(type)}, {"redop", opInfo->reduces ? chorusOpName(redop) : "none"},
-                          {"root", opInfo->rooted ? o_.root : -1}, {"nranks", nranks_},
-                          {"out_of_place", side(outOfPlace)}, {"in_place", side(inPlace)}});
+          rows.push_back({{"op", opInfo->name},
+                          {"size_bytes", shownBytes},
+                          {"count", count},
+                          {"type", chorusTypeName(type)},
+                          {"redop", opInfo->reduces ? chorusOpName(redop) : "none"},
+                          {"root", opInfo->rooted ? o_.root : -1},
+                          {"nranks", nranks_},
+                          {"out_of_place", side(outOfPlace)},
+                          {"in_place", side(inPlace)}});
         }
         if (bytes >= o_.maxBytes) break;
-        const size_t nextBytes = o_.factorGiven ? static_cast<size_t>(static_cast<double>(bytes) * o_.stepFactor)
-                                                : bytes + o_.stepBytes;
+        const size_t nextBytes =
+            o_.factorGiven ? static_cast<size_t>(static_cast<double>(bytes) * o_.stepFactor) : bytes + o_.stepBytes;
         if (nextBytes <= bytes) break;
         bytes = std::min(nextBytes, o_.maxBytes);
       }
@@ -375,8 +410,8 @@ int Bench::run() {
     std::printf("# Avg bus bandwidth    : %g \n#\n", avgBusbw);
     std::fflush(stdout);
     if (!o_.json.empty()) {
-      nlohmann::json doc = {{"tool", "collbench"}, {"op", opInfo->name}, {"nranks", nranks_},
-                            {"iters", o_.iters}, {"warmup", o_.warmup}, {"check", o_.check},
+      nlohmann::json doc = {{"tool", "collbench"},       {"op", opInfo->name},         {"nranks", nranks_},
+                            {"iters", o_.iters},         {"warmup", o_.warmup},        {"check", o_.check},
                             {"wrong_total", totalWrong}, {"avg_busbw_GBps", avgBusbw}, {"rows", rows}};
       std::ofstream out(o_.json);
       out << doc.dump(2) << "\n";
@@ -414,10 +449,12 @@ int main(int argc, char** argv) {
   app.add_option("-i,--stepbytes", o.stepBytesText, "add this many bytes between rows (when -f is not given)")
       ->capture_default_str();
   app.add_option("-n,--iters", o.iters, "timed iterations per row")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("-w,--warmup_iters", o.warmup, "untimed iterations first")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("-w,--warmup_iters", o.warmup, "untimed iterations first")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("-c,--check", o.check, "check results against closed-form values (0/1)")->capture_default_str();
-  app.add_option("-d,--datatype", o.type,
-                 "int8 uint8 int32 uint32 int64 uint64 half float double bfloat16, or all")->capture_default_str();
+  app.add_option("-d,--datatype", o.type, "int8 uint8 int32 uint32 int64 uint64 half float double bfloat16, or all")
+      ->capture_default_str();
   app.add_option("-o,--redop", o.redop, "reduction: sum prod max min avg, or all")->capture_default_str();
   app.add_option("-r,--root", o.root, "root rank of broadcast and reduce")->capture_default_str();
   app.add_option("-z,--blocking", o.blocking, "blocking collectives (0/1); chorus host calls always block")
@@ -426,12 +463,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("-g,--nranks", o.localRanks,
                  "ranks to start on this machine (forked); ignored under mpiexec or chorusrun")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--json", o.json, "write every row to this JSON file");
   // --op selects the collective, as the chorus docs say; -o stays nccl-tests' reduction op.
   app.add_option("--op", o.op, "same as --coll");
-  app.add_flag("--inject-wrong", o.injectWrong, "test hook: spoil one received element before the check")
-      ->group("");
+  app.add_flag("--inject-wrong", o.injectWrong, "test hook: spoil one received element before the check")->group("");
   CLI11_PARSE(app, argc, argv);
   try {
     o.minBytes = parseBytes(o.minBytesText);

@@ -40,34 +40,66 @@ inline double moveInput(int rank, size_t index) {
 // be an exact integer); float types round to nearest even.
 inline void store(void* buf, size_t i, chorusDataType_t type, double v) {
   switch (type) {
-    case chorusInt8: static_cast<int8_t*>(buf)[i] = static_cast<int8_t>(static_cast<int64_t>(v)); break;
-    case chorusUint8: static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(static_cast<int64_t>(v)); break;
-    case chorusInt32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(static_cast<int64_t>(v)); break;
-    case chorusUint32: static_cast<uint32_t*>(buf)[i] = static_cast<uint32_t>(static_cast<int64_t>(v)); break;
-    case chorusInt64: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v); break;
-    case chorusUint64: static_cast<uint64_t*>(buf)[i] = static_cast<uint64_t>(static_cast<int64_t>(v)); break;
-    case chorusFloat16: static_cast<uint16_t*>(buf)[i] = kernels::floatToHalf(static_cast<float>(v)); break;
-    case chorusBfloat16: static_cast<uint16_t*>(buf)[i] = kernels::floatToBfloat16(static_cast<float>(v)); break;
-    case chorusFloat32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
-    case chorusFloat64: static_cast<double*>(buf)[i] = v; break;
-    default: break;
+    case chorusInt8:
+      static_cast<int8_t*>(buf)[i] = static_cast<int8_t>(static_cast<int64_t>(v));
+      break;
+    case chorusUint8:
+      static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(static_cast<int64_t>(v));
+      break;
+    case chorusInt32:
+      static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(static_cast<int64_t>(v));
+      break;
+    case chorusUint32:
+      static_cast<uint32_t*>(buf)[i] = static_cast<uint32_t>(static_cast<int64_t>(v));
+      break;
+    case chorusInt64:
+      static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v);
+      break;
+    case chorusUint64:
+      static_cast<uint64_t*>(buf)[i] = static_cast<uint64_t>(static_cast<int64_t>(v));
+      break;
+    case chorusFloat16:
+      static_cast<uint16_t*>(buf)[i] = kernels::floatToHalf(static_cast<float>(v));
+      break;
+    case chorusBfloat16:
+      static_cast<uint16_t*>(buf)[i] = kernels::floatToBfloat16(static_cast<float>(v));
+      break;
+    case chorusFloat32:
+      static_cast<float*>(buf)[i] = static_cast<float>(v);
+      break;
+    case chorusFloat64:
+      static_cast<double*>(buf)[i] = v;
+      break;
+    default:
+      break;
   }
 }
 
 // Reads element i of buf as a double.
 inline double load(const void* buf, size_t i, chorusDataType_t type) {
   switch (type) {
-    case chorusInt8: return static_cast<const int8_t*>(buf)[i];
-    case chorusUint8: return static_cast<const uint8_t*>(buf)[i];
-    case chorusInt32: return static_cast<const int32_t*>(buf)[i];
-    case chorusUint32: return static_cast<const uint32_t*>(buf)[i];
-    case chorusInt64: return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
-    case chorusUint64: return static_cast<double>(static_cast<const uint64_t*>(buf)[i]);
-    case chorusFloat16: return kernels::halfToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case chorusBfloat16: return kernels::bfloat16ToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case chorusFloat32: return static_cast<const float*>(buf)[i];
-    case chorusFloat64: return static_cast<const double*>(buf)[i];
-    default: return 0;
+    case chorusInt8:
+      return static_cast<const int8_t*>(buf)[i];
+    case chorusUint8:
+      return static_cast<const uint8_t*>(buf)[i];
+    case chorusInt32:
+      return static_cast<const int32_t*>(buf)[i];
+    case chorusUint32:
+      return static_cast<const uint32_t*>(buf)[i];
+    case chorusInt64:
+      return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
+    case chorusUint64:
+      return static_cast<double>(static_cast<const uint64_t*>(buf)[i]);
+    case chorusFloat16:
+      return kernels::halfToFloat(static_cast<const uint16_t*>(buf)[i]);
+    case chorusBfloat16:
+      return kernels::bfloat16ToFloat(static_cast<const uint16_t*>(buf)[i]);
+    case chorusFloat32:
+      return static_cast<const float*>(buf)[i];
+    case chorusFloat64:
+      return static_cast<const double*>(buf)[i];
+    default:
+      return 0;
   }
 }
 
@@ -87,11 +119,20 @@ inline double expectedReduce(chorusRedOp_t op, chorusDataType_t type, int nranks
     const double v = reduceInput(op, type, r, index);
     switch (op) {
       case chorusSum:
-      case chorusAvg: acc += v; break;
-      case chorusProd: acc *= v; break;
-      case chorusMax: acc = v > acc ? v : acc; break;
-      case chorusMin: acc = v < acc ? v : acc; break;
-      default: break;
+      case chorusAvg:
+        acc += v;
+        break;
+      case chorusProd:
+        acc *= v;
+        break;
+      case chorusMax:
+        acc = v > acc ? v : acc;
+        break;
+      case chorusMin:
+        acc = v < acc ? v : acc;
+        break;
+      default:
+        break;
     }
   }
   const double stored = asStored(type, acc);  // sums and products stay far below 2^53

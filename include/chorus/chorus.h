@@ -99,12 +99,12 @@ typedef struct {
  * CHORUS_CONFIG_INITIALIZER, then set the fields you want. A field left at its initializer value
  * takes the environment's value or the built-in default. */
 typedef struct {
-  size_t size;          /* sizeof(chorusConfig_t), set by the initializer */
-  unsigned int magic;   /* set by the initializer */
-  unsigned int version; /* CHORUS_VERSION_CODE, set by the initializer */
-  int blocking;         /* 1: every call returns when done (the only mode in this version) */
-  int timeoutMs;        /* per-operation wait limit in ms; -1: CHORUS_TIMEOUT_MS or default */
-  int initTimeoutMs;    /* bootstrap wait limit in ms; -1: CHORUS_INIT_TIMEOUT_MS or default */
+  size_t size;           /* sizeof(chorusConfig_t), set by the initializer */
+  unsigned int magic;    /* set by the initializer */
+  unsigned int version;  /* CHORUS_VERSION_CODE, set by the initializer */
+  int blocking;          /* 1: every call returns when done (the only mode in this version) */
+  int timeoutMs;         /* per-operation wait limit in ms; -1: CHORUS_TIMEOUT_MS or default */
+  int initTimeoutMs;     /* bootstrap wait limit in ms; -1: CHORUS_INIT_TIMEOUT_MS or default */
   const char* transport; /* "auto", "shm" or "tcp"; NULL: CHORUS_TRANSPORT or "auto" */
 } chorusConfig_t;
 
@@ -178,9 +178,8 @@ CHORUS_API chorusResult_t chorusCommUserRank(const chorusComm_t comm, int* rank)
  *    peer fails or stalls. On an argument error nothing is sent and no buffer is written. */
 
 /* recvbuff[i] = op over ranks of sendbuff[i], on every rank. In place: sendbuff == recvbuff. */
-CHORUS_API chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t count,
-                                          chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm,
-                                          chorusStream_t stream);
+CHORUS_API chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                          chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream);
 
 /* recvbuff[r*sendcount + i] = sendbuff of rank r [i]. recvbuff holds nranks*sendcount elements.
  * In place: sendbuff == recvbuff + rank*sendcount. */
@@ -195,9 +194,8 @@ CHORUS_API chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbu
 
 /* Copies root's sendbuff into every rank's recvbuff (root's too). sendbuff is read on root only.
  * In place: sendbuff == recvbuff on root. */
-CHORUS_API chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t count,
-                                          chorusDataType_t datatype, int root, chorusComm_t comm,
-                                          chorusStream_t stream);
+CHORUS_API chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                          int root, chorusComm_t comm, chorusStream_t stream);
 
 /* recvbuff on root = op over ranks of sendbuff. recvbuff is written on root only (it may be
  * NULL elsewhere). In place: sendbuff == recvbuff on root. */

@@ -8,8 +8,8 @@
 #define CHORUS_CHORUS_HPP_
 
 #include <chorus/chorus.h>
-#include <chorus/error.hpp>
 
+#include <chorus/error.hpp>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -31,17 +31,28 @@ struct BFloat16 {
 template <typename T>
 constexpr chorusDataType_t dataTypeOf() {
   using U = std::remove_cv_t<T>;
-  if constexpr (std::is_same_v<U, int8_t>) return chorusInt8;
-  else if constexpr (std::is_same_v<U, uint8_t>) return chorusUint8;
-  else if constexpr (std::is_same_v<U, int32_t>) return chorusInt32;
-  else if constexpr (std::is_same_v<U, uint32_t>) return chorusUint32;
-  else if constexpr (std::is_same_v<U, int64_t>) return chorusInt64;
-  else if constexpr (std::is_same_v<U, uint64_t>) return chorusUint64;
-  else if constexpr (std::is_same_v<U, Half>) return chorusFloat16;
-  else if constexpr (std::is_same_v<U, float>) return chorusFloat32;
-  else if constexpr (std::is_same_v<U, double>) return chorusFloat64;
-  else if constexpr (std::is_same_v<U, BFloat16>) return chorusBfloat16;
-  else static_assert(sizeof(T) == 0, "chorus: unsupported element type");
+  if constexpr (std::is_same_v<U, int8_t>)
+    return chorusInt8;
+  else if constexpr (std::is_same_v<U, uint8_t>)
+    return chorusUint8;
+  else if constexpr (std::is_same_v<U, int32_t>)
+    return chorusInt32;
+  else if constexpr (std::is_same_v<U, uint32_t>)
+    return chorusUint32;
+  else if constexpr (std::is_same_v<U, int64_t>)
+    return chorusInt64;
+  else if constexpr (std::is_same_v<U, uint64_t>)
+    return chorusUint64;
+  else if constexpr (std::is_same_v<U, Half>)
+    return chorusFloat16;
+  else if constexpr (std::is_same_v<U, float>)
+    return chorusFloat32;
+  else if constexpr (std::is_same_v<U, double>)
+    return chorusFloat64;
+  else if constexpr (std::is_same_v<U, BFloat16>)
+    return chorusBfloat16;
+  else
+    static_assert(sizeof(T) == 0, "chorus: unsupported element type");
 }
 
 enum class ReduceOp { kSum = chorusSum, kProd = chorusProd, kMax = chorusMax, kMin = chorusMin, kAvg = chorusAvg };

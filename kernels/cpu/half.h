@@ -36,7 +36,7 @@ inline uint16_t floatToHalf(float f) {
     return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(units)));
   }
   magnitude += 0xfffu + ((magnitude >> 13) & 1u);  // round to nearest even; carries reach the exponent
-  magnitude -= 112u << 23;                          // rebias the exponent from 127 to 15
+  magnitude -= 112u << 23;                         // rebias the exponent from 127 to 15
   return static_cast<uint16_t>(sign | (magnitude >> 13));
 }
 

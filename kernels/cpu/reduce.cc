@@ -65,17 +65,28 @@ void reduceHalf(void* dst, const void* a, const void* b, size_t count) {
 template <typename Op>
 void reduceTyped(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type) {
   switch (type) {
-    case chorusInt8: return reduceNative<int8_t, Op>(dst, a, b, count);
-    case chorusUint8: return reduceNative<uint8_t, Op>(dst, a, b, count);
-    case chorusInt32: return reduceNative<int32_t, Op>(dst, a, b, count);
-    case chorusUint32: return reduceNative<uint32_t, Op>(dst, a, b, count);
-    case chorusInt64: return reduceNative<int64_t, Op>(dst, a, b, count);
-    case chorusUint64: return reduceNative<uint64_t, Op>(dst, a, b, count);
-    case chorusFloat32: return reduceNative<float, Op>(dst, a, b, count);
-    case chorusFloat64: return reduceNative<double, Op>(dst, a, b, count);
-    case chorusFloat16: return reduceHalf<halfToFloat, floatToHalf, Op>(dst, a, b, count);
-    case chorusBfloat16: return reduceHalf<bfloat16ToFloat, floatToBfloat16, Op>(dst, a, b, count);
-    default: return;
+    case chorusInt8:
+      return reduceNative<int8_t, Op>(dst, a, b, count);
+    case chorusUint8:
+      return reduceNative<uint8_t, Op>(dst, a, b, count);
+    case chorusInt32:
+      return reduceNative<int32_t, Op>(dst, a, b, count);
+    case chorusUint32:
+      return reduceNative<uint32_t, Op>(dst, a, b, count);
+    case chorusInt64:
+      return reduceNative<int64_t, Op>(dst, a, b, count);
+    case chorusUint64:
+      return reduceNative<uint64_t, Op>(dst, a, b, count);
+    case chorusFloat32:
+      return reduceNative<float, Op>(dst, a, b, count);
+    case chorusFloat64:
+      return reduceNative<double, Op>(dst, a, b, count);
+    case chorusFloat16:
+      return reduceHalf<halfToFloat, floatToHalf, Op>(dst, a, b, count);
+    case chorusBfloat16:
+      return reduceHalf<bfloat16ToFloat, floatToBfloat16, Op>(dst, a, b, count);
+    default:
+      return;
   }
 }
 
@@ -105,43 +116,64 @@ void divideHalf(void* buf, size_t count, int divisor) {
 void reduce(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, chorusRedOp_t op) {
   switch (op) {
     case chorusSum:
-    case chorusAvg: return reduceTyped<SumOp>(dst, a, b, count, type);
-    case chorusProd: return reduceTyped<ProdOp>(dst, a, b, count, type);
-    case chorusMax: return reduceTyped<MaxOp>(dst, a, b, count, type);
-    case chorusMin: return reduceTyped<MinOp>(dst, a, b, count, type);
-    default: return;
+    case chorusAvg:
+      return reduceTyped<SumOp>(dst, a, b, count, type);
+    case chorusProd:
+      return reduceTyped<ProdOp>(dst, a, b, count, type);
+    case chorusMax:
+      return reduceTyped<MaxOp>(dst, a, b, count, type);
+    case chorusMin:
+      return reduceTyped<MinOp>(dst, a, b, count, type);
+    default:
+      return;
   }
 }
 
 void divide(void* buf, size_t count, chorusDataType_t type, int divisor) {
   switch (type) {
-    case chorusInt8: return divideNative<int8_t>(buf, count, divisor);
-    case chorusUint8: return divideNative<uint8_t>(buf, count, divisor);
-    case chorusInt32: return divideNative<int32_t>(buf, count, divisor);
-    case chorusUint32: return divideNative<uint32_t>(buf, count, divisor);
-    case chorusInt64: return divideNative<int64_t>(buf, count, divisor);
-    case chorusUint64: return divideNative<uint64_t>(buf, count, divisor);
-    case chorusFloat32: return divideNative<float>(buf, count, divisor);
-    case chorusFloat64: return divideNative<double>(buf, count, divisor);
-    case chorusFloat16: return divideHalf<halfToFloat, floatToHalf>(buf, count, divisor);
-    case chorusBfloat16: return divideHalf<bfloat16ToFloat, floatToBfloat16>(buf, count, divisor);
-    default: return;
+    case chorusInt8:
+      return divideNative<int8_t>(buf, count, divisor);
+    case chorusUint8:
+      return divideNative<uint8_t>(buf, count, divisor);
+    case chorusInt32:
+      return divideNative<int32_t>(buf, count, divisor);
+    case chorusUint32:
+      return divideNative<uint32_t>(buf, count, divisor);
+    case chorusInt64:
+      return divideNative<int64_t>(buf, count, divisor);
+    case chorusUint64:
+      return divideNative<uint64_t>(buf, count, divisor);
+    case chorusFloat32:
+      return divideNative<float>(buf, count, divisor);
+    case chorusFloat64:
+      return divideNative<double>(buf, count, divisor);
+    case chorusFloat16:
+      return divideHalf<halfToFloat, floatToHalf>(buf, count, divisor);
+    case chorusBfloat16:
+      return divideHalf<bfloat16ToFloat, floatToBfloat16>(buf, count, divisor);
+    default:
+      return;
   }
 }
 
 size_t typeSize(chorusDataType_t type) {
   switch (type) {
     case chorusInt8:
-    case chorusUint8: return 1;
+    case chorusUint8:
+      return 1;
     case chorusFloat16:
-    case chorusBfloat16: return 2;
+    case chorusBfloat16:
+      return 2;
     case chorusInt32:
     case chorusUint32:
-    case chorusFloat32: return 4;
+    case chorusFloat32:
+      return 4;
     case chorusInt64:
     case chorusUint64:
-    case chorusFloat64: return 8;
-    default: return 0;
+    case chorusFloat64:
+      return 8;
+    default:
+      return 0;
   }
 }
 

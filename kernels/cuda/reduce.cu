@@ -96,24 +96,35 @@ unsigned gridFor(size_t count) {
 template <typename T, typename Conv, typename Op>
 int launchReduce(void* dst, const void* a, const void* b, size_t count, cudaStream_t stream) {
   reduceKernel<T, Conv, Op><<<gridFor(count), 256, 0, stream>>>(static_cast<T*>(dst), static_cast<const T*>(a),
-                                                                 static_cast<const T*>(b), count);
+                                                                static_cast<const T*>(b), count);
   return static_cast<int>(cudaGetLastError());
 }
 
 template <typename Op>
 int reduceTyped(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, cudaStream_t s) {
   switch (type) {
-    case chorusInt8: return launchReduce<int8_t, Native<int8_t>, Op>(dst, a, b, count, s);
-    case chorusUint8: return launchReduce<uint8_t, Native<uint8_t>, Op>(dst, a, b, count, s);
-    case chorusInt32: return launchReduce<int32_t, Native<int32_t>, Op>(dst, a, b, count, s);
-    case chorusUint32: return launchReduce<uint32_t, Native<uint32_t>, Op>(dst, a, b, count, s);
-    case chorusInt64: return launchReduce<int64_t, Native<int64_t>, Op>(dst, a, b, count, s);
-    case chorusUint64: return launchReduce<uint64_t, Native<uint64_t>, Op>(dst, a, b, count, s);
-    case chorusFloat32: return launchReduce<float, Native<float>, Op>(dst, a, b, count, s);
-    case chorusFloat64: return launchReduce<double, Native<double>, Op>(dst, a, b, count, s);
-    case chorusFloat16: return launchReduce<__half, Half, Op>(dst, a, b, count, s);
-    case chorusBfloat16: return launchReduce<__nv_bfloat16, Bfloat, Op>(dst, a, b, count, s);
-    default: return static_cast<int>(cudaErrorInvalidValue);
+    case chorusInt8:
+      return launchReduce<int8_t, Native<int8_t>, Op>(dst, a, b, count, s);
+    case chorusUint8:
+      return launchReduce<uint8_t, Native<uint8_t>, Op>(dst, a, b, count, s);
+    case chorusInt32:
+      return launchReduce<int32_t, Native<int32_t>, Op>(dst, a, b, count, s);
+    case chorusUint32:
+      return launchReduce<uint32_t, Native<uint32_t>, Op>(dst, a, b, count, s);
+    case chorusInt64:
+      return launchReduce<int64_t, Native<int64_t>, Op>(dst, a, b, count, s);
+    case chorusUint64:
+      return launchReduce<uint64_t, Native<uint64_t>, Op>(dst, a, b, count, s);
+    case chorusFloat32:
+      return launchReduce<float, Native<float>, Op>(dst, a, b, count, s);
+    case chorusFloat64:
+      return launchReduce<double, Native<double>, Op>(dst, a, b, count, s);
+    case chorusFloat16:
+      return launchReduce<__half, Half, Op>(dst, a, b, count, s);
+    case chorusBfloat16:
+      return launchReduce<__nv_bfloat16, Bfloat, Op>(dst, a, b, count, s);
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
   }
 }
 
@@ -131,11 +142,16 @@ int reduce(void* dst, const void* a, const void* b, size_t count, chorusDataType
   const auto s = static_cast<cudaStream_t>(stream);
   switch (op) {
     case chorusSum:
-    case chorusAvg: return reduceTyped<SumOp>(dst, a, b, count, type, s);
-    case chorusProd: return reduceTyped<ProdOp>(dst, a, b, count, type, s);
-    case chorusMax: return reduceTyped<MaxOp>(dst, a, b, count, type, s);
-    case chorusMin: return reduceTyped<MinOp>(dst, a, b, count, type, s);
-    default: return static_cast<int>(cudaErrorInvalidValue);
+    case chorusAvg:
+      return reduceTyped<SumOp>(dst, a, b, count, type, s);
+    case chorusProd:
+      return reduceTyped<ProdOp>(dst, a, b, count, type, s);
+    case chorusMax:
+      return reduceTyped<MaxOp>(dst, a, b, count, type, s);
+    case chorusMin:
+      return reduceTyped<MinOp>(dst, a, b, count, type, s);
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
   }
 }
 
@@ -143,17 +159,28 @@ int divide(void* buf, size_t count, chorusDataType_t type, int divisor, void* st
   if (count == 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
   switch (type) {
-    case chorusInt8: return launchDivide<int8_t, Native<int8_t>>(buf, count, divisor, s);
-    case chorusUint8: return launchDivide<uint8_t, Native<uint8_t>>(buf, count, divisor, s);
-    case chorusInt32: return launchDivide<int32_t, Native<int32_t>>(buf, count, divisor, s);
-    case chorusUint32: return launchDivide<uint32_t, Native<uint32_t>>(buf, count, divisor, s);
-    case chorusInt64: return launchDivide<int64_t, Native<int64_t>>(buf, count, divisor, s);
-    case chorusUint64: return launchDivide<uint64_t, Native<uint64_t>>(buf, count, divisor, s);
-    case chorusFloat32: return launchDivide<float, Native<float>>(buf, count, divisor, s);
-    case chorusFloat64: return launchDivide<double, Native<double>>(buf, count, divisor, s);
-    case chorusFloat16: return launchDivide<__half, Half>(buf, count, divisor, s);
-    case chorusBfloat16: return launchDivide<__nv_bfloat16, Bfloat>(buf, count, divisor, s);
-    default: return static_cast<int>(cudaErrorInvalidValue);
+    case chorusInt8:
+      return launchDivide<int8_t, Native<int8_t>>(buf, count, divisor, s);
+    case chorusUint8:
+      return launchDivide<uint8_t, Native<uint8_t>>(buf, count, divisor, s);
+    case chorusInt32:
+      return launchDivide<int32_t, Native<int32_t>>(buf, count, divisor, s);
+    case chorusUint32:
+      return launchDivide<uint32_t, Native<uint32_t>>(buf, count, divisor, s);
+    case chorusInt64:
+      return launchDivide<int64_t, Native<int64_t>>(buf, count, divisor, s);
+    case chorusUint64:
+      return launchDivide<uint64_t, Native<uint64_t>>(buf, count, divisor, s);
+    case chorusFloat32:
+      return launchDivide<float, Native<float>>(buf, count, divisor, s);
+    case chorusFloat64:
+      return launchDivide<double, Native<double>>(buf, count, divisor, s);
+    case chorusFloat16:
+      return launchDivide<__half, Half>(buf, count, divisor, s);
+    case chorusBfloat16:
+      return launchDivide<__nv_bfloat16, Bfloat>(buf, count, divisor, s);
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
   }
 }
 

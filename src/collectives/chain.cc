@@ -33,8 +33,8 @@ Schedule chainBroadcast(const ScheduleArgs& args) {
   const size_t totalBytes = args.count * size;
   if (args.count == 0) return schedule;
   const int position = mod(args.rank - args.root, n);
-  const int toward = mod(args.rank + 1, n);   // position + 1
-  const int from = mod(args.rank - 1, n);     // position - 1
+  const int toward = mod(args.rank + 1, n);  // position + 1
+  const int from = mod(args.rank - 1, n);    // position - 1
   const bool last = position == n - 1;
   if (position == 0) {
     schedule.steps.push_back({StepKind::kCopy, -1, {BufferId::kInput, 0}, {BufferId::kOutput, 0}, {}, totalBytes});
@@ -65,7 +65,7 @@ Schedule chainReduce(const ScheduleArgs& args) {
     schedule.steps.push_back({StepKind::kCopy, -1, {BufferId::kInput, 0}, {BufferId::kOutput, 0}, {}, totalBytes});
     return schedule;
   }
-  const int upstream = mod(args.rank + 1, n);  // position + 1 sends to us
+  const int upstream = mod(args.rank + 1, n);    // position + 1 sends to us
   const int downstream = mod(args.rank - 1, n);  // we send to position - 1
   const size_t chunkBytes = std::min(chunkElementsFor(args.chunkBytes, size), args.count) * size;
   size_t tmpNext = 0;

@@ -177,8 +177,8 @@ Schedule ringReduceScatter(const ScheduleArgs& args) {
       schedule.steps.push_back(send(next, from, piece.bytes));
       const bool last = s == n - 2;
       const Span into = last ? at(BufferId::kOutput, piece.offset) : partial.take();
-      schedule.steps.push_back(recvReduce(prev, at(BufferId::kInput, recvBlock * blockBytes + piece.offset), into,
-                                          tmp.take(), piece.bytes));
+      schedule.steps.push_back(
+          recvReduce(prev, at(BufferId::kInput, recvBlock * blockBytes + piece.offset), into, tmp.take(), piece.bytes));
       carried = into;
     }
     if (args.divide) schedule.steps.push_back(divide(at(BufferId::kOutput, piece.offset), piece.bytes));

@@ -7,24 +7,36 @@ namespace chorus::collectives {
 
 const char* collectiveName(Collective collective) {
   switch (collective) {
-    case Collective::kAllReduce: return "allreduce";
-    case Collective::kAllGather: return "allgather";
-    case Collective::kReduceScatter: return "reducescatter";
-    case Collective::kBroadcast: return "broadcast";
-    case Collective::kReduce: return "reduce";
-    case Collective::kSend: return "send";
-    case Collective::kRecv: return "recv";
+    case Collective::kAllReduce:
+      return "allreduce";
+    case Collective::kAllGather:
+      return "allgather";
+    case Collective::kReduceScatter:
+      return "reducescatter";
+    case Collective::kBroadcast:
+      return "broadcast";
+    case Collective::kReduce:
+      return "reduce";
+    case Collective::kSend:
+      return "send";
+    case Collective::kRecv:
+      return "recv";
   }
   return "unknown";
 }
 
 const char* stepKindName(StepKind kind) {
   switch (kind) {
-    case StepKind::kSend: return "send";
-    case StepKind::kRecv: return "recv";
-    case StepKind::kRecvReduce: return "recv-reduce";
-    case StepKind::kCopy: return "copy";
-    case StepKind::kDivide: return "divide";
+    case StepKind::kSend:
+      return "send";
+    case StepKind::kRecv:
+      return "recv";
+    case StepKind::kRecvReduce:
+      return "recv-reduce";
+    case StepKind::kCopy:
+      return "copy";
+    case StepKind::kDivide:
+      return "divide";
   }
   return "unknown";
 }
@@ -32,8 +44,12 @@ const char* stepKindName(StepKind kind) {
 int stepAccesses(const Step& step, Access out[4]) {
   int n = 0;
   switch (step.kind) {
-    case StepKind::kSend: out[n++] = {step.src, step.bytes, false}; break;
-    case StepKind::kRecv: out[n++] = {step.dst, step.bytes, true}; break;
+    case StepKind::kSend:
+      out[n++] = {step.src, step.bytes, false};
+      break;
+    case StepKind::kRecv:
+      out[n++] = {step.dst, step.bytes, true};
+      break;
     case StepKind::kRecvReduce:
       out[n++] = {step.src, step.bytes, false};
       out[n++] = {step.tmp, step.bytes, true};
@@ -43,20 +59,28 @@ int stepAccesses(const Step& step, Access out[4]) {
       out[n++] = {step.src, step.bytes, false};
       out[n++] = {step.dst, step.bytes, true};
       break;
-    case StepKind::kDivide: out[n++] = {step.dst, step.bytes, true}; break;
+    case StepKind::kDivide:
+      out[n++] = {step.dst, step.bytes, true};
+      break;
   }
   return n;
 }
 
 Schedule buildSchedule(const ScheduleArgs& args) {
   switch (args.collective) {
-    case Collective::kAllReduce: return ringAllReduce(args);
-    case Collective::kAllGather: return ringAllGather(args);
-    case Collective::kReduceScatter: return ringReduceScatter(args);
-    case Collective::kBroadcast: return chainBroadcast(args);
-    case Collective::kReduce: return chainReduce(args);
+    case Collective::kAllReduce:
+      return ringAllReduce(args);
+    case Collective::kAllGather:
+      return ringAllGather(args);
+    case Collective::kReduceScatter:
+      return ringReduceScatter(args);
+    case Collective::kBroadcast:
+      return chainBroadcast(args);
+    case Collective::kReduce:
+      return chainReduce(args);
     case Collective::kSend:
-    case Collective::kRecv: return pointToPoint(args);
+    case Collective::kRecv:
+      return pointToPoint(args);
   }
   return {};
 }

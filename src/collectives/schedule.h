@@ -62,7 +62,7 @@ struct ScheduleArgs {
   // input; reduce-scatter: each rank's output.
   size_t count = 0;
   size_t typeSize = 1;
-  int root = 0;  // broadcast and reduce: the root; send and recv: the peer
+  int root = 0;         // broadcast and reduce: the root; send and recv: the peer
   bool divide = false;  // Avg: add divide steps on the final results
   size_t chunkBytes = 512 * 1024;
 };

@@ -102,8 +102,8 @@ void checkBuffer(const void* buffer, size_t count, const char* name, const char*
 void checkStream(chorusStream_t stream, const char* call, int rank) {
   if (stream != nullptr) {
     fail(chorusInvalidArgument,
-         "rank {}: {}: a non-NULL stream was given, but this build runs host-memory collectives only (pass NULL)",
-         rank, call);
+         "rank {}: {}: a non-NULL stream was given, but this build runs host-memory collectives only (pass NULL)", rank,
+         call);
   }
 }
 
@@ -217,17 +217,28 @@ chorusResult_t chorusGetVersion(int* version) {
 
 const char* chorusGetErrorString(chorusResult_t result) {
   switch (result) {
-    case chorusSuccess: return "no error";
-    case chorusUnhandledCudaError: return "unhandled CUDA error";
-    case chorusSystemError: return "system error";
-    case chorusInternalError: return "internal error";
-    case chorusInvalidArgument: return "invalid argument";
-    case chorusInvalidUsage: return "invalid usage";
-    case chorusRemoteError: return "remote error (a peer failed, disconnected or disagreed)";
-    case chorusInProgress: return "operation in progress";
-    case chorusTimeout: return "timeout";
-    case chorusAborted: return "aborted";
-    default: return "unknown result code";
+    case chorusSuccess:
+      return "no error";
+    case chorusUnhandledCudaError:
+      return "unhandled CUDA error";
+    case chorusSystemError:
+      return "system error";
+    case chorusInternalError:
+      return "internal error";
+    case chorusInvalidArgument:
+      return "invalid argument";
+    case chorusInvalidUsage:
+      return "invalid usage";
+    case chorusRemoteError:
+      return "remote error (a peer failed, disconnected or disagreed)";
+    case chorusInProgress:
+      return "operation in progress";
+    case chorusTimeout:
+      return "timeout";
+    case chorusAborted:
+      return "aborted";
+    default:
+      return "unknown result code";
   }
 }
 
@@ -273,7 +284,8 @@ chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm, const chorusConfig_t* c
       const int rank = envInt(rankName, rankText);
       const int nranks = envInt(sizeName, sizeText);
       const int port = envInt(portName, portText);
-      if (port < 1 || port > 65535) fail(chorusInvalidArgument, "chorusCommInitFromEnv: {}={} is not a port", portName, port);
+      if (port < 1 || port > 65535)
+        fail(chorusInvalidArgument, "chorusCommInitFromEnv: {}={} is not a port", portName, port);
       chorus::UniqueIdData id;
       id.magic = chorus::kUniqueIdMagic;
       id.version = 1;
@@ -283,8 +295,8 @@ chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm, const chorusConfig_t* c
       id.root = chorus::pack(root);
       if (rank == 0) {
         // Listen on every address of the master's family, on the agreed port.
-        chorus::SocketAddress any = chorus::SocketAddress::parse(
-            root.storage.ss_family == AF_INET6 ? "::" : "0.0.0.0", static_cast<uint16_t>(port));
+        chorus::SocketAddress any = chorus::SocketAddress::parse(root.storage.ss_family == AF_INET6 ? "::" : "0.0.0.0",
+                                                                 static_cast<uint16_t>(port));
         chorus::startBootstrapRoot(chorus::listenOn(any), id.secret);
       }
       initCommunicator(comm, nranks, id, rank, config);

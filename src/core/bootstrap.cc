@@ -115,8 +115,8 @@ void runRoot(Socket listener, uint64_t secret) {
     }
     if (hello.nranks != nranks || hello.infoBytes != infoBytes) {
       sendReplyError(peer.fd(), chorusRemoteError,
-                     fmt::format("bootstrap: rank {} was created with nranks={} but rank {} with nranks={}",
-                                 hello.rank, hello.nranks, firstRank, nranks));
+                     fmt::format("bootstrap: rank {} was created with nranks={} but rank {} with nranks={}", hello.rank,
+                                 hello.nranks, firstRank, nranks));
       continue;
     }
     if (hello.rank < 0 || hello.rank >= nranks) {
@@ -141,9 +141,8 @@ void runRoot(Socket listener, uint64_t secret) {
     for (int r = 0; r < nranks; ++r) {
       if (!arrivals[r].present) missing.push_back(r);
     }
-    const std::string text =
-        fmt::format("bootstrap: {} of {} ranks did not arrive within {} ms: missing rank(s) {}", missing.size(),
-                    nranks, initTimeoutMs, listRanks(missing));
+    const std::string text = fmt::format("bootstrap: {} of {} ranks did not arrive within {} ms: missing rank(s) {}",
+                                         missing.size(), nranks, initTimeoutMs, listRanks(missing));
     logAt(LogLevel::kWarn, "{}", text);
     for (Arrival& a : arrivals) {
       if (a.present) sendReplyError(a.socket.fd(), chorusTimeout, text);
@@ -152,7 +151,8 @@ void runRoot(Socket listener, uint64_t secret) {
   }
 
   std::vector<char> all(static_cast<size_t>(nranks) * infoBytes);
-  for (int r = 0; r < nranks; ++r) std::memcpy(all.data() + static_cast<size_t>(r) * infoBytes, arrivals[r].info.data(), infoBytes);
+  for (int r = 0; r < nranks; ++r)
+    std::memcpy(all.data() + static_cast<size_t>(r) * infoBytes, arrivals[r].info.data(), infoBytes);
   Reply reply{static_cast<uint32_t>(ReplyStatus::kOk), 0, randomU64(), all.size()};
   for (Arrival& a : arrivals) {
     try {
@@ -210,7 +210,7 @@ std::vector<std::vector<char>> Bootstrap::join(const UniqueIdData& id, const std
   const Deadline deadline = deadlineAfterMs(static_cast<int64_t>(initTimeoutMs) + 5000);
   const std::string what = fmt::format("rank {}: bootstrap with root {}", rank_, root.toString());
   Socket socket = connectTo(root, deadline, what);
-  Hello hello{kHelloMagic, kProtocolVersion, id.secret, nranks_, rank_, static_cast<uint32_t>(info.size()),
+  Hello hello{kHelloMagic,  kProtocolVersion, id.secret, nranks_, rank_, static_cast<uint32_t>(info.size()),
               initTimeoutMs};
   sendAll(socket.fd(), &hello, sizeof(hello), deadline, what);
   sendAll(socket.fd(), info.data(), info.size(), deadline, what);

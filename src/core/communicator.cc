@@ -59,14 +59,19 @@ CommSettings CommSettings::resolve(const chorusConfig_t* config) {
     if (config->transport != nullptr) s.transport = config->transport;
   }
   if (s.transport != "auto" && s.transport != "shm" && s.transport != "tcp") {
-    fail(chorusInvalidArgument, "transport '{}' (CHORUS_TRANSPORT or config) is not one of auto, shm, tcp", s.transport);
+    fail(chorusInvalidArgument, "transport '{}' (CHORUS_TRANSPORT or config) is not one of auto, shm, tcp",
+         s.transport);
   }
   if (s.chunkBytes == 0) fail(chorusInvalidArgument, "CHORUS_CHUNK_BYTES must be positive");
   return s;
 }
 
 Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const CommSettings& settings)
-    : rank_(rank), nranks_(nranks), settings_(settings), sendSequence_(nranks), recvSequence_(nranks),
+    : rank_(rank),
+      nranks_(nranks),
+      settings_(settings),
+      sendSequence_(nranks),
+      recvSequence_(nranks),
       barrierBytes_(static_cast<size_t>(nranks) + 1) {
   logKnobs(rank);
   bootstrap_ = std::make_unique<Bootstrap>(rank, nranks);
@@ -131,8 +136,8 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
   if (logEnabled(LogLevel::kInfo)) {
     std::string peers;
     for (int peer = 0; peer < nranks; ++peer) peers += fmt::format(" {}:{}", peer, transportName(peer));
-    logAt(LogLevel::kInfo, "rank {} of {} ready (comm {:016x}); transports by peer:{}", rank, nranks,
-          context.commId, peers);
+    logAt(LogLevel::kInfo, "rank {} of {} ready (comm {:016x}); transports by peer:{}", rank, nranks, context.commId,
+          peers);
   }
 }
 
@@ -167,16 +172,15 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   if (collective == Collective::kSend || collective == Collective::kRecv) {
     uint64_t& sequence = collective == Collective::kSend ? sendSequence_[rootOrPeer] : recvSequence_[rootOrPeer];
     prepared.tag = makeTag(TagKind::kPointToPoint, sequence, signatureOf(Collective::kSend, count, type, chorusSum, 0));
-    prepared.what = fmt::format("{} #{} (count {} {}, {} rank {})", collectives::collectiveName(collective), sequence,
-                                count, chorusTypeName(type), collective == Collective::kSend ? "to" : "from",
-                                rootOrPeer);
+    prepared.what =
+        fmt::format("{} #{} (count {} {}, {} rank {})", collectives::collectiveName(collective), sequence, count,
+                    chorusTypeName(type), collective == Collective::kSend ? "to" : "from", rootOrPeer);
     ++sequence;
     return prepared;
   }
   const uint64_t sequence = collectiveSequence_++;
-  prepared.tag =
-      makeTag(TagKind::kCollective, sequence, signatureOf(collective, count, type, reduces ? op : chorusSum,
-                                                          rooted ? rootOrPeer : 0));
+  prepared.tag = makeTag(TagKind::kCollective, sequence,
+                         signatureOf(collective, count, type, reduces ? op : chorusSum, rooted ? rootOrPeer : 0));
   std::string detail = fmt::format("count {} {}", count, chorusTypeName(type));
   if (reduces) detail += fmt::format(" {}", chorusOpName(op));
   if (rooted) detail += fmt::format(" root {}", rootOrPeer);
@@ -186,9 +190,8 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
 }
 
 PreparedOp Communicator::prepareBarrier() {
-  PreparedOp prepared =
-      prepare(collectives::Collective::kAllGather, &barrierBytes_[nranks_], barrierBytes_.data(), 1, chorusUint8,
-              chorusSum, 0);
+  PreparedOp prepared = prepare(collectives::Collective::kAllGather, &barrierBytes_[nranks_], barrierBytes_.data(), 1,
+                                chorusUint8, chorusSum, 0);
   prepared.what = "barrier" + prepared.what.substr(prepared.what.find(' '));
   return prepared;
 }

@@ -15,8 +15,8 @@ namespace chorus {
 using collectives::Access;
 using collectives::StepKind;
 
-Executor::Executor(ExecutorOptions options, std::vector<Transport*> transportOfPeer,
-                   std::vector<Transport*> transports, const std::atomic<bool>* aborted)
+Executor::Executor(ExecutorOptions options, std::vector<Transport*> transportOfPeer, std::vector<Transport*> transports,
+                   const std::atomic<bool>* aborted)
     : options_(options),
       transportOfPeer_(std::move(transportOfPeer)),
       transports_(std::move(transports)),
@@ -149,8 +149,8 @@ void Executor::waitFor(Item& item) {
   auto spinUntil = Clock::now() + spin;
   while (!(item.request.done && !item.needsReduce)) {
     if (aborted_ != nullptr && aborted_->load(std::memory_order_relaxed)) {
-      fail(chorusAborted, "the communicator was aborted while step {} of {} ({} with rank {}) was pending",
-           item.index, total_, collectives::stepKindName(item.step->kind), item.step->peer);
+      fail(chorusAborted, "the communicator was aborted while step {} of {} ({} with rank {}) was pending", item.index,
+           total_, collectives::stepKindName(item.step->kind), item.step->peer);
     }
     if (poll()) {
       spinUntil = Clock::now() + spin;

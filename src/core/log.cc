@@ -1,10 +1,10 @@
 // log.cc: leveled logging.
 #include "src/core/log.h"
 
+#include <strings.h>
 #include <unistd.h>
 
 #include <cstdio>
-#include <strings.h>
 
 #include "src/core/config.h"
 

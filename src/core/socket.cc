@@ -152,13 +152,12 @@ Socket connectTo(const SocketAddress& address, Deadline deadline, const std::str
       return socket;
     }
     const int error = errno;
-    if (error != ECONNREFUSED && error != ETIMEDOUT && error != ECONNRESET && error != EAGAIN &&
-        error != ENETUNREACH && error != EHOSTUNREACH) {
+    if (error != ECONNREFUSED && error != ETIMEDOUT && error != ECONNRESET && error != EAGAIN && error != ENETUNREACH &&
+        error != EHOSTUNREACH) {
       fail(chorusSystemError, "{}: connect to {} failed: {}", what, address.toString(), std::strerror(error));
     }
     if (Clock::now() >= deadline) {
-      fail(chorusTimeout, "{}: nothing listens at {} (last error: {})", what, address.toString(),
-           std::strerror(error));
+      fail(chorusTimeout, "{}: nothing listens at {} (last error: {})", what, address.toString(), std::strerror(error));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(delayMs));
     delayMs = delayMs < 100 ? delayMs * 2 : 100;

@@ -44,7 +44,8 @@ class SelfTransport final : public Transport {
       Pending send = sends_.front();
       Pending recv = recvs_.front();
       if (send.tag != recv.tag || send.bytes != recv.bytes) {
-        fail(chorusRemoteError, "message from rank {} to itself is {} with {} bytes, but the posted receive expects {} with {} bytes",
+        fail(chorusRemoteError,
+             "message from rank {} to itself is {} with {} bytes, but the posted receive expects {} with {} bytes",
              rank_, describeTag(send.tag), send.bytes, describeTag(recv.tag), recv.bytes);
       }
       if (send.bytes > 0 && send.data != recv.data) std::memmove(recv.data, send.data, send.bytes);

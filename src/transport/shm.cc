@@ -154,8 +154,9 @@ class ShmTransport final : public Transport {
         slotBytes_(static_cast<size_t>(knobInt(Knob::kShmSlotBytes))),
         peerIndex_(context.nranks, -1) {
     if (slots_ < 2 || slotBytes_ < 64) {
-      fail(chorusInvalidArgument, "shm transport: need CHORUS_SHM_SLOTS >= 2 and CHORUS_SHM_SLOT_BYTES >= 64 (got {}, {})",
-           slots_, slotBytes_);
+      fail(chorusInvalidArgument,
+           "shm transport: need CHORUS_SHM_SLOTS >= 2 and CHORUS_SHM_SLOT_BYTES >= 64 (got {}, {})", slots_,
+           slotBytes_);
     }
     slotStride_ = sizeof(SlotHeader) + ((slotBytes_ + 63) / 64) * 64;
     const size_t fifoBytes = sizeof(FifoControl) + slots_ * slotStride_;
@@ -289,10 +290,11 @@ class ShmTransport final : public Transport {
       const SlotHeader* header = slot(p.inSlots, tail);
       if (header->tag != op.tag || header->messageBytes != op.bytes || header->offset != op.done ||
           header->pieceBytes > slotBytes_ || header->offset + header->pieceBytes > op.bytes) {
-        fail(chorusRemoteError,
-             "shm: the next message from rank {} is {} with {} bytes, but rank {} posted a receive for {} with {} bytes "
-             "(the ranks called different operations, or with different sizes)",
-             p.rank, describeTag(header->tag), header->messageBytes, rank_, describeTag(op.tag), op.bytes);
+        fail(
+            chorusRemoteError,
+            "shm: the next message from rank {} is {} with {} bytes, but rank {} posted a receive for {} with {} bytes "
+            "(the ranks called different operations, or with different sizes)",
+            p.rank, describeTag(header->tag), header->messageBytes, rank_, describeTag(op.tag), op.bytes);
       }
       if (header->pieceBytes > 0) {
         std::memcpy(op.data + op.done, reinterpret_cast<const char*>(header + 1), header->pieceBytes);

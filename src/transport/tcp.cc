@@ -67,7 +67,8 @@ class TcpTransport final : public Transport {
     }
     // Accept lower ranks; strangers and other communicators are turned away.
     while (expectedAccepts > 0) {
-      const std::string what = fmt::format("tcp transport: rank {} waiting for {} lower rank(s)", rank_, expectedAccepts);
+      const std::string what =
+          fmt::format("tcp transport: rank {} waiting for {} lower rank(s)", rank_, expectedAccepts);
       Socket socket = acceptFrom(context.dataListener->fd(), context.deadline, what);
       ConnectHello hello{};
       try {
@@ -75,8 +76,8 @@ class TcpTransport final : public Transport {
       } catch (const Error&) {
         continue;
       }
-      if (hello.commId != context.commId || hello.rank < 0 || hello.rank >= rank_ ||
-          peerIndex_[hello.rank] < 0 || peers_[peerIndex_[hello.rank]].socket.valid()) {
+      if (hello.commId != context.commId || hello.rank < 0 || hello.rank >= rank_ || peerIndex_[hello.rank] < 0 ||
+          peers_[peerIndex_[hello.rank]].socket.valid()) {
         continue;
       }
       peers_[peerIndex_[hello.rank]].socket = std::move(socket);

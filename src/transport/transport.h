@@ -20,7 +20,7 @@ struct PeerInfo {
   PackedAddress dataAddress;  // tcp transport listener
   int32_t rank = 0;
   int32_t pid = 0;
-  uint64_t hostHash = 0;     // equal for processes that can share memory (same host and namespaces)
+  uint64_t hostHash = 0;       // equal for processes that can share memory (same host and namespaces)
   char transportMode[8] = {};  // CHORUS_TRANSPORT in effect; all ranks must agree
   char hostname[48] = {};
 };

@@ -22,8 +22,8 @@ using pattern::moveInput;
 using pattern::reduceInput;
 
 constexpr size_t kCounts[] = {0, 1, 7, 1023, (1u << 20) + 3};
-constexpr chorusDataType_t kTypes[] = {chorusInt8,    chorusUint8,   chorusInt32,   chorusUint32,   chorusInt64,
-                                       chorusUint64,  chorusFloat16, chorusFloat32, chorusFloat64, chorusBfloat16};
+constexpr chorusDataType_t kTypes[] = {chorusInt8,   chorusUint8,   chorusInt32,   chorusUint32,  chorusInt64,
+                                       chorusUint64, chorusFloat16, chorusFloat32, chorusFloat64, chorusBfloat16};
 constexpr chorusRedOp_t kOps[] = {chorusSum, chorusProd, chorusMax, chorusMin, chorusAvg};
 
 struct Buffer {
@@ -34,8 +34,8 @@ struct Buffer {
 };
 
 std::string describe(const char* what, int nranks, size_t count, chorusDataType_t type, const char* op, bool inPlace) {
-  return std::string(what) + " nranks=" + std::to_string(nranks) + " count=" + std::to_string(count) + " type=" +
-         chorusTypeName(type) + " op=" + op + (inPlace ? " in-place" : " out-of-place");
+  return std::string(what) + " nranks=" + std::to_string(nranks) + " count=" + std::to_string(count) +
+         " type=" + chorusTypeName(type) + " op=" + op + (inPlace ? " in-place" : " out-of-place");
 }
 
 void checkAllReduce(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, chorusRedOp_t op,
@@ -64,9 +64,9 @@ void checkReduceScatter(chorusComm_t comm, int rank, int n, size_t count, chorus
   const std::string what = describe("reducescatter", n, count, type, chorusOpName(op), inPlace);
   ASSERT_EQ(chorusReduceScatter(send.data(), out, count, type, op, comm, nullptr), chorusSuccess)
       << what << ": " << chorusGetLastError(comm);
-  EXPECT_EQ(pattern::countWrong(out, count, type,
-                                [&](size_t i) { return expectedReduce(op, type, n, rank * count + i); }),
-            0u)
+  EXPECT_EQ(
+      pattern::countWrong(out, count, type, [&](size_t i) { return expectedReduce(op, type, n, rank * count + i); }),
+      0u)
       << what;
 }
 
@@ -76,7 +76,8 @@ void checkReduce(chorusComm_t comm, int rank, int n, size_t count, chorusDataTyp
   Buffer send(count * size), recv(count * size);
   for (size_t i = 0; i < count; ++i) pattern::store(send.data(), i, type, reduceInput(op, type, rank, i));
   char* out = inPlace ? send.data() : (rank == root ? recv.data() : nullptr);
-  const std::string what = describe("reduce", n, count, type, chorusOpName(op), inPlace) + " root=" + std::to_string(root);
+  const std::string what =
+      describe("reduce", n, count, type, chorusOpName(op), inPlace) + " root=" + std::to_string(root);
   ASSERT_EQ(chorusReduce(send.data(), out, count, type, op, root, comm, nullptr), chorusSuccess)
       << what << ": " << chorusGetLastError(comm);
   if (rank == root) {
@@ -93,10 +94,9 @@ void checkAllGather(chorusComm_t comm, int rank, int n, size_t count, chorusData
   const std::string what = describe("allgather", n, count, type, "-", inPlace);
   ASSERT_EQ(chorusAllGather(in, recv.data(), count, type, comm, nullptr), chorusSuccess)
       << what << ": " << chorusGetLastError(comm);
-  EXPECT_EQ(pattern::countWrong(recv.data(), count * n, type,
-                                [&](size_t j) {
-                                  return pattern::asStored(type, moveInput(static_cast<int>(j / count), j % count));
-                                }),
+  EXPECT_EQ(pattern::countWrong(
+                recv.data(), count * n, type,
+                [&](size_t j) { return pattern::asStored(type, moveInput(static_cast<int>(j / count), j % count)); }),
             0u)
       << what;
 }
@@ -112,8 +112,8 @@ void checkBroadcast(chorusComm_t comm, int rank, int n, size_t count, chorusData
   const std::string what = describe("broadcast", n, count, type, "-", inPlace) + " root=" + std::to_string(root);
   ASSERT_EQ(chorusBroadcast(rank == root ? in : nullptr, out, count, type, root, comm, nullptr), chorusSuccess)
       << what << ": " << chorusGetLastError(comm);
-  EXPECT_EQ(pattern::countWrong(out, count, type, [&](size_t i) { return pattern::asStored(type, moveInput(root, i)); }),
-            0u)
+  EXPECT_EQ(
+      pattern::countWrong(out, count, type, [&](size_t i) { return pattern::asStored(type, moveInput(root, i)); }), 0u)
       << what;
 }
 
@@ -130,7 +130,8 @@ void checkSendRecv(chorusComm_t comm, int rank, int n, size_t count, chorusDataT
   ASSERT_EQ(chorusSend(send.data(), count, type, next, comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
   ASSERT_EQ(chorusRecv(recv.data(), count, type, prev, comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
   ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << what << ": " << chorusGetLastError(comm);
-  EXPECT_EQ(pattern::countWrong(recv.data(), count, type, [&](size_t i) { return pattern::asStored(type, moveInput(prev, i)); }),
+  EXPECT_EQ(pattern::countWrong(recv.data(), count, type,
+                                [&](size_t i) { return pattern::asStored(type, moveInput(prev, i)); }),
             0u)
       << what;
   // Outside a group: even positions send first, odd ones receive first (a blocking exchange).

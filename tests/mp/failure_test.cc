@@ -77,70 +77,82 @@ TEST_P(FailureTest, DifferentCollectivesFailInsteadOfHanging) {
 
 TEST_P(FailureTest, ADeadPeerIsReportedLongBeforeTheTimeout) {
   const char* transport = GetParam();
-  expectAllZero(runProcesses(3, [&](int rank, const chorusUniqueId& id) {
-    // A 10-minute timeout: only noticing the death can end the call in time for the test's
-    // deadline below.
-    chorusComm_t comm = initOrDie(id, 3, rank, transport, 600000);
-    if (rank == 2) _exit(0);  // dies without a word
-    std::vector<float> buffer(1000, 1.0f);
-    const chorusResult_t result =
-        chorusAllReduce(buffer.data(), buffer.data(), buffer.size(), chorusFloat32, chorusSum, comm, nullptr);
-    EXPECT_EQ(result, chorusRemoteError) << "rank " << rank << ": " << chorusGetLastError(comm);
-    chorusCommDestroy(comm);
-  }, 120));
+  expectAllZero(runProcesses(
+      3,
+      [&](int rank, const chorusUniqueId& id) {
+        // A 10-minute timeout: only noticing the death can end the call in time for the test's
+        // deadline below.
+        chorusComm_t comm = initOrDie(id, 3, rank, transport, 600000);
+        if (rank == 2) _exit(0);  // dies without a word
+        std::vector<float> buffer(1000, 1.0f);
+        const chorusResult_t result =
+            chorusAllReduce(buffer.data(), buffer.data(), buffer.size(), chorusFloat32, chorusSum, comm, nullptr);
+        EXPECT_EQ(result, chorusRemoteError) << "rank " << rank << ": " << chorusGetLastError(comm);
+        chorusCommDestroy(comm);
+      },
+      120));
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, FailureTest, ::testing::Values("shm", "tcp"));
 
 TEST(BootstrapFailureTest, MissingRanksAreNamedAtTheInitTimeout) {
-  const auto codes = runProcesses(4, [&](int rank, const chorusUniqueId& id) {
-    if (rank == 1 || rank == 3) return;  // never arrive
-    chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
-    config.initTimeoutMs = 1500;
-    chorusComm_t comm = nullptr;
-    EXPECT_EQ(chorusCommInitRankConfig(&comm, 4, id, rank, &config), chorusTimeout);
-    const std::string message = chorusGetLastError(nullptr);
-    EXPECT_NE(message.find("missing rank(s) 1, 3"), std::string::npos) << message;
-    EXPECT_EQ(comm, nullptr);
-  }, 60);
+  const auto codes = runProcesses(
+      4,
+      [&](int rank, const chorusUniqueId& id) {
+        if (rank == 1 || rank == 3) return;  // never arrive
+        chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
+        config.initTimeoutMs = 1500;
+        chorusComm_t comm = nullptr;
+        EXPECT_EQ(chorusCommInitRankConfig(&comm, 4, id, rank, &config), chorusTimeout);
+        const std::string message = chorusGetLastError(nullptr);
+        EXPECT_NE(message.find("missing rank(s) 1, 3"), std::string::npos) << message;
+        EXPECT_EQ(comm, nullptr);
+      },
+      60);
   expectAllZero(codes);
 }
 
 TEST(BootstrapFailureTest, RanksThatDisagreeOnTheSizeAreTold) {
-  expectAllZero(runProcesses(2, [&](int rank, const chorusUniqueId& id) {
-    chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
-    config.initTimeoutMs = 1500;
-    chorusComm_t comm = nullptr;
-    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 0 sets the size
-    const chorusResult_t result = chorusCommInitRankConfig(&comm, rank == 0 ? 2 : 3, id, rank, &config);
-    if (rank == 1) {
-      EXPECT_EQ(result, chorusRemoteError);
-      EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("nranks=3"), std::string::npos)
-          << chorusGetLastError(nullptr);
-    } else {
-      EXPECT_EQ(result, chorusTimeout) << chorusGetLastError(nullptr);
-    }
-  }, 60));
+  expectAllZero(runProcesses(
+      2,
+      [&](int rank, const chorusUniqueId& id) {
+        chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
+        config.initTimeoutMs = 1500;
+        chorusComm_t comm = nullptr;
+        if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 0 sets the size
+        const chorusResult_t result = chorusCommInitRankConfig(&comm, rank == 0 ? 2 : 3, id, rank, &config);
+        if (rank == 1) {
+          EXPECT_EQ(result, chorusRemoteError);
+          EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("nranks=3"), std::string::npos)
+              << chorusGetLastError(nullptr);
+        } else {
+          EXPECT_EQ(result, chorusTimeout) << chorusGetLastError(nullptr);
+        }
+      },
+      60));
 }
 
 TEST(BootstrapFailureTest, AProcessWithTheWrongSecretIsTurnedAway) {
-  expectAllZero(runProcesses(3, [&](int rank, const chorusUniqueId& realId) {
-    if (rank == 2) {
-      chorusUniqueId forged = realId;
-      forged.internal[8] ^= 0x5a;  // the secret follows the magic and version
-      chorusComm_t comm = nullptr;
-      EXPECT_EQ(chorusCommInitRank(&comm, 2, forged, 1), chorusRemoteError);
-      EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("wrong secret"), std::string::npos)
-          << chorusGetLastError(nullptr);
-      return;
-    }
-    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the stranger comes first
-    chorusComm_t comm = initOrDie(realId, 2, rank, "auto");
-    int64_t value = rank + 1, sum = 0;
-    EXPECT_EQ(chorusAllReduce(&value, &sum, 1, chorusInt64, chorusSum, comm, nullptr), chorusSuccess);
-    EXPECT_EQ(sum, 3);
-    chorusCommDestroy(comm);
-  }, 60));
+  expectAllZero(runProcesses(
+      3,
+      [&](int rank, const chorusUniqueId& realId) {
+        if (rank == 2) {
+          chorusUniqueId forged = realId;
+          forged.internal[8] ^= 0x5a;  // the secret follows the magic and version
+          chorusComm_t comm = nullptr;
+          EXPECT_EQ(chorusCommInitRank(&comm, 2, forged, 1), chorusRemoteError);
+          EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("wrong secret"), std::string::npos)
+              << chorusGetLastError(nullptr);
+          return;
+        }
+        if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the stranger comes first
+        chorusComm_t comm = initOrDie(realId, 2, rank, "auto");
+        int64_t value = rank + 1, sum = 0;
+        EXPECT_EQ(chorusAllReduce(&value, &sum, 1, chorusInt64, chorusSum, comm, nullptr), chorusSuccess);
+        EXPECT_EQ(sum, 3);
+        chorusCommDestroy(comm);
+      },
+      60));
 }
 
 int freePort() {
@@ -157,34 +169,40 @@ int freePort() {
 
 TEST(EnvInitTest, TorchrunStyleVariablesWithChorusSpellingsWinning) {
   const std::string port = std::to_string(freePort());
-  expectAllZero(runProcesses(3, [&](int rank, const chorusUniqueId&) {
-    setenv("RANK", "not-a-number", 1);  // must be ignored: CHORUS_RANK wins
-    setenv("CHORUS_RANK", std::to_string(rank).c_str(), 1);
-    setenv("WORLD_SIZE", "3", 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", port.c_str(), 1);
-    setenv("CHORUS_SECRET", "test-secret", 1);
-    chorusComm_t comm = nullptr;
-    ASSERT_EQ(chorusCommInitFromEnv(&comm, nullptr), chorusSuccess) << chorusGetLastError(nullptr);
-    int got = -1, size = 0;
-    chorusCommUserRank(comm, &got);
-    chorusCommCount(comm, &size);
-    EXPECT_EQ(got, rank);
-    EXPECT_EQ(size, 3);
-    int32_t value = 10 * (rank + 1), sum = 0;
-    ASSERT_EQ(chorusAllReduce(&value, &sum, 1, chorusInt32, chorusSum, comm, nullptr), chorusSuccess);
-    EXPECT_EQ(sum, 60);
-    chorusCommDestroy(comm);
-  }, 60));
+  expectAllZero(runProcesses(
+      3,
+      [&](int rank, const chorusUniqueId&) {
+        setenv("RANK", "not-a-number", 1);  // must be ignored: CHORUS_RANK wins
+        setenv("CHORUS_RANK", std::to_string(rank).c_str(), 1);
+        setenv("WORLD_SIZE", "3", 1);
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        setenv("MASTER_PORT", port.c_str(), 1);
+        setenv("CHORUS_SECRET", "test-secret", 1);
+        chorusComm_t comm = nullptr;
+        ASSERT_EQ(chorusCommInitFromEnv(&comm, nullptr), chorusSuccess) << chorusGetLastError(nullptr);
+        int got = -1, size = 0;
+        chorusCommUserRank(comm, &got);
+        chorusCommCount(comm, &size);
+        EXPECT_EQ(got, rank);
+        EXPECT_EQ(size, 3);
+        int32_t value = 10 * (rank + 1), sum = 0;
+        ASSERT_EQ(chorusAllReduce(&value, &sum, 1, chorusInt32, chorusSum, comm, nullptr), chorusSuccess);
+        EXPECT_EQ(sum, 60);
+        chorusCommDestroy(comm);
+      },
+      60));
 }
 
 TEST(AbortTest, AbortEndsTheCommunicator) {
-  expectAllZero(runProcesses(2, [&](int rank, const chorusUniqueId& id) {
-    chorusComm_t comm = initOrDie(id, 2, rank, "auto");
-    EXPECT_EQ(chorusCommAbort(comm), chorusSuccess);
-    int count = 0;
-    EXPECT_EQ(chorusCommCount(comm, &count), chorusInvalidUsage);
-  }, 60));
+  expectAllZero(runProcesses(
+      2,
+      [&](int rank, const chorusUniqueId& id) {
+        chorusComm_t comm = initOrDie(id, 2, rank, "auto");
+        EXPECT_EQ(chorusCommAbort(comm), chorusSuccess);
+        int count = 0;
+        EXPECT_EQ(chorusCommCount(comm, &count), chorusInvalidUsage);
+      },
+      60));
 }
 
 }  // namespace

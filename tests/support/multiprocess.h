@@ -15,9 +15,9 @@ namespace chorus::testing {
 struct RanksOptions {
   int nranks = 2;
   const char* transport = "auto";  // auto | shm | tcp
-  int timeoutMs = 60000;            // per-operation timeout inside the ranks
+  int timeoutMs = 60000;           // per-operation timeout inside the ranks
   int initTimeoutMs = 30000;
-  int deadlineSeconds = 600;        // the whole run, enforced by the parent
+  int deadlineSeconds = 600;  // the whole run, enforced by the parent
 };
 
 // Exit status of each rank: 0 when it passed; 124 when the parent killed it at the deadline.

@@ -79,8 +79,8 @@ TEST_F(OneRankTest, NullBufferIsRejectedAndNothingIsWritten) {
   EXPECT_EQ(out[0], 42.0f);
   EXPECT_TRUE(failsWith(chorusAllGather(out, nullptr, 2, chorusFloat32, comm_, nullptr), chorusInvalidArgument,
                         "recvbuff is NULL"));
-  EXPECT_TRUE(failsWith(chorusSend(nullptr, 1, chorusFloat32, 0, comm_, nullptr), chorusInvalidArgument,
-                        "sendbuff is NULL"));
+  EXPECT_TRUE(
+      failsWith(chorusSend(nullptr, 1, chorusFloat32, 0, comm_, nullptr), chorusInvalidArgument, "sendbuff is NULL"));
   // Count 0 accepts NULL buffers.
   EXPECT_EQ(chorusAllReduce(nullptr, nullptr, 0, chorusFloat32, chorusSum, comm_, nullptr), chorusSuccess);
   expectStillWorks();
@@ -97,12 +97,12 @@ TEST_F(OneRankTest, OverflowingCountIsRejected) {
 
 TEST_F(OneRankTest, UnknownTypeAndOpAreRejected) {
   float buffer[1] = {1};
-  EXPECT_TRUE(failsWith(
-      chorusAllReduce(buffer, buffer, 1, static_cast<chorusDataType_t>(42), chorusSum, comm_, nullptr),
-      chorusInvalidArgument, "unknown datatype 42"));
-  EXPECT_TRUE(failsWith(
-      chorusAllReduce(buffer, buffer, 1, chorusFloat32, static_cast<chorusRedOp_t>(99), comm_, nullptr),
-      chorusInvalidArgument, "unknown reduction op 99"));
+  EXPECT_TRUE(
+      failsWith(chorusAllReduce(buffer, buffer, 1, static_cast<chorusDataType_t>(42), chorusSum, comm_, nullptr),
+                chorusInvalidArgument, "unknown datatype 42"));
+  EXPECT_TRUE(
+      failsWith(chorusAllReduce(buffer, buffer, 1, chorusFloat32, static_cast<chorusRedOp_t>(99), comm_, nullptr),
+                chorusInvalidArgument, "unknown reduction op 99"));
   EXPECT_TRUE(failsWith(chorusBroadcast(buffer, buffer, 1, static_cast<chorusDataType_t>(10), 0, comm_, nullptr),
                         chorusInvalidArgument, "unknown datatype"));
   expectStillWorks();
@@ -178,8 +178,8 @@ TEST(ApiInitTest, BadInitArgumentsAreRejected) {
   chorusConfig_t transport = CHORUS_CONFIG_INITIALIZER;
   transport.transport = "carrier-pigeon";
   ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
-  EXPECT_TRUE(failsWith(chorusCommInitRankConfig(&comm, 1, id, 0, &transport), chorusInvalidArgument,
-                        "carrier-pigeon"));
+  EXPECT_TRUE(
+      failsWith(chorusCommInitRankConfig(&comm, 1, id, 0, &transport), chorusInvalidArgument, "carrier-pigeon"));
   EXPECT_EQ(comm, nullptr);
 }
 

@@ -17,9 +17,9 @@ namespace {
 TEST(HalfTest, KnownValuesConvertExactly) {
   EXPECT_EQ(floatToHalf(1.0f), 0x3c00);
   EXPECT_EQ(floatToHalf(-2.0f), 0xc000);
-  EXPECT_EQ(floatToHalf(65504.0f), 0x7bff);       // largest finite
-  EXPECT_EQ(floatToHalf(65520.0f), 0x7c00);       // rounds to infinity
-  EXPECT_EQ(floatToHalf(5.9604645e-8f), 0x0001);  // smallest subnormal, 2^-24
+  EXPECT_EQ(floatToHalf(65504.0f), 0x7bff);          // largest finite
+  EXPECT_EQ(floatToHalf(65520.0f), 0x7c00);          // rounds to infinity
+  EXPECT_EQ(floatToHalf(5.9604645e-8f), 0x0001);     // smallest subnormal, 2^-24
   EXPECT_EQ(floatToHalf(6.103515625e-05f), 0x0400);  // smallest normal, 2^-14
   EXPECT_EQ(floatToHalf(0.0f), 0x0000);
   EXPECT_EQ(floatToHalf(-0.0f), 0x8000);
@@ -38,8 +38,8 @@ TEST(HalfTest, RoundsToNearestEven) {
   EXPECT_EQ(floatToHalf(1.0f + 3 * 0x1p-11f), 0x3c02);
   EXPECT_EQ(floatToHalf(1.0f + 0x1p-11f + 0x1p-20f), 0x3c01);  // just above halfway rounds up
   EXPECT_EQ(floatToBfloat16(1.0f), 0x3f80);
-  EXPECT_EQ(floatToBfloat16(1.0f + 0x1p-8f), 0x3f80);          // tie to even
-  EXPECT_EQ(floatToBfloat16(1.0f + 3 * 0x1p-8f), 0x3f82);      // tie to even, upward
+  EXPECT_EQ(floatToBfloat16(1.0f + 0x1p-8f), 0x3f80);      // tie to even
+  EXPECT_EQ(floatToBfloat16(1.0f + 3 * 0x1p-8f), 0x3f82);  // tie to even, upward
   EXPECT_EQ(bfloat16ToFloat(0x3f80), 1.0f);
 }
 
@@ -53,8 +53,8 @@ TEST(HalfTest, EveryHalfRoundTripsThroughFloat) {
   }
 }
 
-constexpr chorusDataType_t kTypes[] = {chorusInt8,    chorusUint8,   chorusInt32,   chorusUint32,   chorusInt64,
-                                       chorusUint64,  chorusFloat16, chorusFloat32, chorusFloat64, chorusBfloat16};
+constexpr chorusDataType_t kTypes[] = {chorusInt8,   chorusUint8,   chorusInt32,   chorusUint32,  chorusInt64,
+                                       chorusUint64, chorusFloat16, chorusFloat32, chorusFloat64, chorusBfloat16};
 
 TEST(ReduceTest, EveryTypeAndOpMatchesDoublePrecisionFold) {
   constexpr size_t kCount = 1000;

@@ -2,6 +2,8 @@
 // in-memory mailboxes, for rank counts beyond what forked tests can afford (up to 64) and tiny
 // chunks (many pipelined pieces). Checks that every receive matches a send of the same size,
 // that no rank is left waiting (no deadlock), and that results equal the closed-form values.
+#include "src/collectives/schedule.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -11,7 +13,6 @@
 
 #include "bench/pattern.h"
 #include "kernels/cpu/reduce.h"
-#include "src/collectives/schedule.h"
 
 namespace chorus::collectives {
 namespace {
@@ -93,9 +94,11 @@ TEST_P(ScheduleTest, EveryCollectiveMatchesClosedForm) {
                                  " chunk=" + std::to_string(chunkBytes) + " " + chorusTypeName(type);
         for (chorusRedOp_t op : {chorusSum, chorusAvg, chorusMax}) {
           {  // all-reduce
-            auto ranks = makeRanks(Collective::kAllReduce, n, count, size, 0, op == chorusAvg, chunkBytes, count, count);
+            auto ranks =
+                makeRanks(Collective::kAllReduce, n, count, size, 0, op == chorusAvg, chunkBytes, count, count);
             for (int r = 0; r < n; ++r) {
-              for (size_t i = 0; i < count; ++i) pattern::store(ranks[r].buffers[0].data(), i, type, pattern::reduceInput(op, type, r, i));
+              for (size_t i = 0; i < count; ++i)
+                pattern::store(ranks[r].buffers[0].data(), i, type, pattern::reduceInput(op, type, r, i));
             }
             simulate(ranks, type, op);
             for (int r = 0; r < n; ++r) {
@@ -106,24 +109,28 @@ TEST_P(ScheduleTest, EveryCollectiveMatchesClosedForm) {
             }
           }
           {  // reduce-scatter
-            auto ranks = makeRanks(Collective::kReduceScatter, n, count, size, 0, op == chorusAvg, chunkBytes,
-                                   count * n, count);
+            auto ranks =
+                makeRanks(Collective::kReduceScatter, n, count, size, 0, op == chorusAvg, chunkBytes, count * n, count);
             for (int r = 0; r < n; ++r) {
-              for (size_t j = 0; j < count * n; ++j) pattern::store(ranks[r].buffers[0].data(), j, type, pattern::reduceInput(op, type, r, j));
+              for (size_t j = 0; j < count * n; ++j)
+                pattern::store(ranks[r].buffers[0].data(), j, type, pattern::reduceInput(op, type, r, j));
             }
             simulate(ranks, type, op);
             for (int r = 0; r < n; ++r) {
-              EXPECT_EQ(pattern::countWrong(ranks[r].buffers[1].data(), count, type,
-                                            [&](size_t i) { return pattern::expectedReduce(op, type, n, r * count + i); }),
-                        0u)
+              EXPECT_EQ(
+                  pattern::countWrong(ranks[r].buffers[1].data(), count, type,
+                                      [&](size_t i) { return pattern::expectedReduce(op, type, n, r * count + i); }),
+                  0u)
                   << "reducescatter " << what << " " << chorusOpName(op) << " rank " << r;
             }
           }
           {  // reduce, root in the middle
             const int root = n / 2;
-            auto ranks = makeRanks(Collective::kReduce, n, count, size, root, op == chorusAvg, chunkBytes, count, count);
+            auto ranks =
+                makeRanks(Collective::kReduce, n, count, size, root, op == chorusAvg, chunkBytes, count, count);
             for (int r = 0; r < n; ++r) {
-              for (size_t i = 0; i < count; ++i) pattern::store(ranks[r].buffers[0].data(), i, type, pattern::reduceInput(op, type, r, i));
+              for (size_t i = 0; i < count; ++i)
+                pattern::store(ranks[r].buffers[0].data(), i, type, pattern::reduceInput(op, type, r, i));
             }
             simulate(ranks, type, op);
             EXPECT_EQ(pattern::countWrong(ranks[root].buffers[1].data(), count, type,
@@ -135,12 +142,16 @@ TEST_P(ScheduleTest, EveryCollectiveMatchesClosedForm) {
         {  // all-gather
           auto ranks = makeRanks(Collective::kAllGather, n, count, size, 0, false, chunkBytes, count, count * n);
           for (int r = 0; r < n; ++r) {
-            for (size_t i = 0; i < count; ++i) pattern::store(ranks[r].buffers[0].data(), i, type, pattern::moveInput(r, i));
+            for (size_t i = 0; i < count; ++i)
+              pattern::store(ranks[r].buffers[0].data(), i, type, pattern::moveInput(r, i));
           }
           simulate(ranks, type, chorusSum);
           for (int r = 0; r < n; ++r) {
             EXPECT_EQ(pattern::countWrong(ranks[r].buffers[1].data(), count * n, type,
-                                          [&](size_t j) { return pattern::asStored(type, pattern::moveInput(static_cast<int>(j / count), j % count)); }),
+                                          [&](size_t j) {
+                                            return pattern::asStored(
+                                                type, pattern::moveInput(static_cast<int>(j / count), j % count));
+                                          }),
                       0u)
                 << "allgather " << what << " rank " << r;
           }
@@ -148,12 +159,14 @@ TEST_P(ScheduleTest, EveryCollectiveMatchesClosedForm) {
         {  // broadcast from the last rank
           const int root = n - 1;
           auto ranks = makeRanks(Collective::kBroadcast, n, count, size, root, false, chunkBytes, count, count);
-          for (size_t i = 0; i < count; ++i) pattern::store(ranks[root].buffers[0].data(), i, type, pattern::moveInput(root, i));
+          for (size_t i = 0; i < count; ++i)
+            pattern::store(ranks[root].buffers[0].data(), i, type, pattern::moveInput(root, i));
           simulate(ranks, type, chorusSum);
           for (int r = 0; r < n; ++r) {
-            EXPECT_EQ(pattern::countWrong(ranks[r].buffers[1].data(), count, type,
-                                          [&](size_t i) { return pattern::asStored(type, pattern::moveInput(root, i)); }),
-                      0u)
+            EXPECT_EQ(
+                pattern::countWrong(ranks[r].buffers[1].data(), count, type,
+                                    [&](size_t i) { return pattern::asStored(type, pattern::moveInput(root, i)); }),
+                0u)
                 << "broadcast " << what << " rank " << r;
           }
         }

@@ -1,6 +1,5 @@
 // consumer.cc: a C++ program using the installed chorus through find_package and chorus.hpp.
 #include <chorus/chorus.hpp>
-
 #include <cstdio>
 #include <numeric>
 #include <vector>
