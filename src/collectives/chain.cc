@@ -21,8 +21,6 @@ namespace {
 
 constexpr size_t kSlots = 4;
 
-int mod(int a, int n) { return ((a % n) + n) % n; }
-
 }  // namespace
 
 Schedule chainBroadcast(const ScheduleArgs& args) {
@@ -37,18 +35,18 @@ Schedule chainBroadcast(const ScheduleArgs& args) {
   const int from = mod(args.rank - 1, n);    // position - 1
   const bool last = position == n - 1;
   if (position == 0) {
-    schedule.steps.push_back({StepKind::kCopy, -1, {BufferId::kInput, 0}, {BufferId::kOutput, 0}, {}, totalBytes});
+    schedule.steps.push_back(copyStep(at(BufferId::kInput, 0), at(BufferId::kOutput, 0), totalBytes));
   }
   if (n == 1) return schedule;
   const size_t chunkBytes = std::min(chunkElementsFor(args.chunkBytes, size), args.count) * size;
   for (size_t offset = 0; offset < totalBytes; offset += chunkBytes) {
     const size_t bytes = std::min(chunkBytes, totalBytes - offset);
     if (position == 0) {
-      schedule.steps.push_back({StepKind::kSend, toward, {BufferId::kInput, offset}, {}, {}, bytes});
+      schedule.steps.push_back(sendStep(toward, at(BufferId::kInput, offset), bytes));
       continue;
     }
-    schedule.steps.push_back({StepKind::kRecv, from, {}, {BufferId::kOutput, offset}, {}, bytes});
-    if (!last) schedule.steps.push_back({StepKind::kSend, toward, {BufferId::kOutput, offset}, {}, {}, bytes});
+    schedule.steps.push_back(recvStep(from, at(BufferId::kOutput, offset), bytes));
+    if (!last) schedule.steps.push_back(sendStep(toward, at(BufferId::kOutput, offset), bytes));
   }
   return schedule;
 }
@@ -62,33 +60,31 @@ Schedule chainReduce(const ScheduleArgs& args) {
   if (args.count == 0) return schedule;
   const int position = mod(args.rank - args.root, n);
   if (n == 1) {
-    schedule.steps.push_back({StepKind::kCopy, -1, {BufferId::kInput, 0}, {BufferId::kOutput, 0}, {}, totalBytes});
+    schedule.steps.push_back(copyStep(at(BufferId::kInput, 0), at(BufferId::kOutput, 0), totalBytes));
     return schedule;
   }
   const int upstream = mod(args.rank + 1, n);    // position + 1 sends to us
   const int downstream = mod(args.rank - 1, n);  // we send to position - 1
   const size_t chunkBytes = std::min(chunkElementsFor(args.chunkBytes, size), args.count) * size;
-  size_t tmpNext = 0;
-  size_t partialNext = 0;
-  const size_t tmpBase = 0;
-  const size_t partialBase = kSlots * chunkBytes;
-  if (position != n - 1) schedule.scratchBytes = (position == 0 ? 1 : 2) * kSlots * chunkBytes;
+  SlotRing tmp{0, chunkBytes, kSlots};
+  SlotRing partial{tmp.end(), chunkBytes, kSlots};
+  if (position != n - 1) schedule.scratchBytes = position == 0 ? tmp.end() : partial.end();
   for (size_t offset = 0; offset < totalBytes; offset += chunkBytes) {
     const size_t bytes = std::min(chunkBytes, totalBytes - offset);
     if (position == n - 1) {
-      schedule.steps.push_back({StepKind::kSend, downstream, {BufferId::kInput, offset}, {}, {}, bytes});
+      schedule.steps.push_back(sendStep(downstream, at(BufferId::kInput, offset), bytes));
       continue;
     }
-    const Span tmp{BufferId::kScratch, tmpBase + (tmpNext++ % kSlots) * chunkBytes};
+    const Span into = tmp.take();
     if (position == 0) {
       schedule.steps.push_back(
-          {StepKind::kRecvReduce, upstream, {BufferId::kInput, offset}, {BufferId::kOutput, offset}, tmp, bytes});
-      if (args.divide) schedule.steps.push_back({StepKind::kDivide, -1, {}, {BufferId::kOutput, offset}, {}, bytes});
+          recvReduceStep(upstream, at(BufferId::kInput, offset), at(BufferId::kOutput, offset), into, bytes));
+      if (args.divide) schedule.steps.push_back(divideStep(at(BufferId::kOutput, offset), bytes));
       continue;
     }
-    const Span partial{BufferId::kScratch, partialBase + (partialNext++ % kSlots) * chunkBytes};
-    schedule.steps.push_back({StepKind::kRecvReduce, upstream, {BufferId::kInput, offset}, partial, tmp, bytes});
-    schedule.steps.push_back({StepKind::kSend, downstream, partial, {}, {}, bytes});
+    const Span result = partial.take();
+    schedule.steps.push_back(recvReduceStep(upstream, at(BufferId::kInput, offset), result, into, bytes));
+    schedule.steps.push_back(sendStep(downstream, result, bytes));
   }
   return schedule;
 }

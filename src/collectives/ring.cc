@@ -27,20 +27,6 @@ namespace {
 
 constexpr size_t kTmpSlots = 4;  // receive buffers for recv-reduce, reused round robin
 
-// Rotating chunk-sized slots in scratch, starting at `base`.
-struct SlotRing {
-  size_t base;
-  size_t slotBytes;
-  size_t slots;
-  size_t next = 0;
-  Span take() {
-    const Span span{BufferId::kScratch, base + (next % slots) * slotBytes};
-    ++next;
-    return span;
-  }
-  size_t end() const { return base + slots * slotBytes; }
-};
-
 // Piece c of a block: byte offset from the block's start and byte length (0 if empty).
 struct Piece {
   size_t offset;
@@ -53,18 +39,6 @@ Piece pieceOf(size_t blockElements, size_t chunkElements, size_t c, size_t typeS
   return {first * typeSize, (last - first) * typeSize};
 }
 
-int mod(int a, int n) { return ((a % n) + n) % n; }
-
-Step send(int peer, Span src, size_t bytes) { return {StepKind::kSend, peer, src, {}, {}, bytes}; }
-Step recv(int peer, Span dst, size_t bytes) { return {StepKind::kRecv, peer, {}, dst, {}, bytes}; }
-Step recvReduce(int peer, Span src, Span dst, Span tmp, size_t bytes) {
-  return {StepKind::kRecvReduce, peer, src, dst, tmp, bytes};
-}
-Step copy(Span src, Span dst, size_t bytes) { return {StepKind::kCopy, -1, src, dst, {}, bytes}; }
-Step divide(Span dst, size_t bytes) { return {StepKind::kDivide, -1, {}, dst, {}, bytes}; }
-
-Span at(BufferId buffer, size_t offset) { return {buffer, offset}; }
-
 }  // namespace
 
 Schedule ringAllReduce(const ScheduleArgs& args) {
@@ -75,7 +49,7 @@ Schedule ringAllReduce(const ScheduleArgs& args) {
   const size_t size = args.typeSize;
   if (args.count == 0) return schedule;
   if (n == 1) {
-    schedule.steps.push_back(copy(at(BufferId::kInput, 0), at(BufferId::kOutput, 0), args.count * size));
+    schedule.steps.push_back(copyStep(at(BufferId::kInput, 0), at(BufferId::kOutput, 0), args.count * size));
     return schedule;
   }
   const int next = mod(r + 1, n);
@@ -94,26 +68,26 @@ Schedule ringAllReduce(const ScheduleArgs& args) {
       const int recvBlock = mod(r - s - 1, n);
       if (piece(sendBlock).bytes > 0) {
         const BufferId from = s == 0 ? BufferId::kInput : BufferId::kOutput;
-        schedule.steps.push_back(send(next, at(from, offset(sendBlock)), piece(sendBlock).bytes));
+        schedule.steps.push_back(sendStep(next, at(from, offset(sendBlock)), piece(sendBlock).bytes));
       }
       if (piece(recvBlock).bytes > 0) {
-        schedule.steps.push_back(recvReduce(prev, at(BufferId::kInput, offset(recvBlock)),
-                                            at(BufferId::kOutput, offset(recvBlock)), tmp.take(),
-                                            piece(recvBlock).bytes));
+        schedule.steps.push_back(recvReduceStep(prev, at(BufferId::kInput, offset(recvBlock)),
+                                                at(BufferId::kOutput, offset(recvBlock)), tmp.take(),
+                                                piece(recvBlock).bytes));
       }
     }
     const int owned = mod(r + 1, n);
     if (args.divide && piece(owned).bytes > 0) {
-      schedule.steps.push_back(divide(at(BufferId::kOutput, offset(owned)), piece(owned).bytes));
+      schedule.steps.push_back(divideStep(at(BufferId::kOutput, offset(owned)), piece(owned).bytes));
     }
     for (int s = 0; s < n - 1; ++s) {
       const int sendBlock = mod(r + 1 - s, n);
       const int recvBlock = mod(r - s, n);
       if (piece(sendBlock).bytes > 0) {
-        schedule.steps.push_back(send(next, at(BufferId::kOutput, offset(sendBlock)), piece(sendBlock).bytes));
+        schedule.steps.push_back(sendStep(next, at(BufferId::kOutput, offset(sendBlock)), piece(sendBlock).bytes));
       }
       if (piece(recvBlock).bytes > 0) {
-        schedule.steps.push_back(recv(prev, at(BufferId::kOutput, offset(recvBlock)), piece(recvBlock).bytes));
+        schedule.steps.push_back(recvStep(prev, at(BufferId::kOutput, offset(recvBlock)), piece(recvBlock).bytes));
       }
     }
   }
@@ -129,7 +103,7 @@ Schedule ringAllGather(const ScheduleArgs& args) {
   const size_t blockBytes = args.count * size;
   if (args.count == 0) return schedule;
   // The executor skips this copy when the call is in place (same address).
-  schedule.steps.push_back(copy(at(BufferId::kInput, 0), at(BufferId::kOutput, r * blockBytes), blockBytes));
+  schedule.steps.push_back(copyStep(at(BufferId::kInput, 0), at(BufferId::kOutput, r * blockBytes), blockBytes));
   if (n == 1) return schedule;
   const int next = mod(r + 1, n);
   const int prev = mod(r - 1, n);
@@ -140,8 +114,10 @@ Schedule ringAllGather(const ScheduleArgs& args) {
     for (int s = 0; s < n - 1; ++s) {
       const int sendBlock = mod(r - s, n);
       const int recvBlock = mod(r - s - 1, n);
-      schedule.steps.push_back(send(next, at(BufferId::kOutput, sendBlock * blockBytes + piece.offset), piece.bytes));
-      schedule.steps.push_back(recv(prev, at(BufferId::kOutput, recvBlock * blockBytes + piece.offset), piece.bytes));
+      schedule.steps.push_back(
+          sendStep(next, at(BufferId::kOutput, sendBlock * blockBytes + piece.offset), piece.bytes));
+      schedule.steps.push_back(
+          recvStep(prev, at(BufferId::kOutput, recvBlock * blockBytes + piece.offset), piece.bytes));
     }
   }
   return schedule;
@@ -156,7 +132,7 @@ Schedule ringReduceScatter(const ScheduleArgs& args) {
   const size_t blockBytes = args.count * size;
   if (args.count == 0) return schedule;
   if (n == 1) {
-    schedule.steps.push_back(copy(at(BufferId::kInput, 0), at(BufferId::kOutput, 0), blockBytes));
+    schedule.steps.push_back(copyStep(at(BufferId::kInput, 0), at(BufferId::kOutput, 0), blockBytes));
     return schedule;
   }
   const int next = mod(r + 1, n);
@@ -174,14 +150,14 @@ Schedule ringReduceScatter(const ScheduleArgs& args) {
       const int sendBlock = mod(r - s - 1, n);
       const int recvBlock = mod(r - s - 2, n);
       const Span from = s == 0 ? at(BufferId::kInput, sendBlock * blockBytes + piece.offset) : carried;
-      schedule.steps.push_back(send(next, from, piece.bytes));
+      schedule.steps.push_back(sendStep(next, from, piece.bytes));
       const bool last = s == n - 2;
       const Span into = last ? at(BufferId::kOutput, piece.offset) : partial.take();
-      schedule.steps.push_back(
-          recvReduce(prev, at(BufferId::kInput, recvBlock * blockBytes + piece.offset), into, tmp.take(), piece.bytes));
+      schedule.steps.push_back(recvReduceStep(prev, at(BufferId::kInput, recvBlock * blockBytes + piece.offset), into,
+                                              tmp.take(), piece.bytes));
       carried = into;
     }
-    if (args.divide) schedule.steps.push_back(divide(at(BufferId::kOutput, piece.offset), piece.bytes));
+    if (args.divide) schedule.steps.push_back(divideStep(at(BufferId::kOutput, piece.offset), piece.bytes));
   }
   return schedule;
 }

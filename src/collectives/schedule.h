@@ -67,6 +67,32 @@ struct ScheduleArgs {
   size_t chunkBytes = 512 * 1024;
 };
 
+// Step builders, so algorithms read as the prose that opens their files.
+inline Step sendStep(int peer, Span src, size_t bytes) { return {StepKind::kSend, peer, src, {}, {}, bytes}; }
+inline Step recvStep(int peer, Span dst, size_t bytes) { return {StepKind::kRecv, peer, {}, dst, {}, bytes}; }
+inline Step recvReduceStep(int peer, Span src, Span dst, Span tmp, size_t bytes) {
+  return {StepKind::kRecvReduce, peer, src, dst, tmp, bytes};
+}
+inline Step copyStep(Span src, Span dst, size_t bytes) { return {StepKind::kCopy, -1, src, dst, {}, bytes}; }
+inline Step divideStep(Span dst, size_t bytes) { return {StepKind::kDivide, -1, {}, dst, {}, bytes}; }
+inline Span at(BufferId buffer, size_t offset) { return {buffer, offset}; }
+// Rotating chunk-sized slots in scratch, starting at `base`.
+struct SlotRing {
+  size_t base;
+  size_t slotBytes;
+  size_t slots;
+  size_t next = 0;
+  Span take() {
+    const Span span{BufferId::kScratch, base + (next % slots) * slotBytes};
+    ++next;
+    return span;
+  }
+  size_t end() const { return base + slots * slotBytes; }
+};
+
+// a mod n in [0, n), for ring and chain positions.
+inline int mod(int a, int n) { return ((a % n) + n) % n; }
+
 // Byte ranges a step touches, for dependency analysis: up to two read and two written ranges.
 struct Access {
   Span span;

@@ -155,6 +155,7 @@ struct Param {
   const char* transport;
   int nranks;
 };
+void PrintTo(const Param& param, std::ostream* os) { *os << param.transport << " x " << param.nranks << " ranks"; }
 
 class CollectivesTest : public ::testing::TestWithParam<Param> {};
 
