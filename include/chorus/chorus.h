@@ -157,8 +157,10 @@ CHORUS_API chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm, const chorus
  * chorusInvalidUsage. Not collective. */
 CHORUS_API chorusResult_t chorusCommDestroy(chorusComm_t comm);
 
-/* Marks the communicator aborted, then destroys it. Peers blocked on this rank see a remote
- * error or their timeout. Not collective. */
+/* Marks the communicator aborted, then destroys it without waiting for peers: the way out after
+ * an error or a timeout. Peers blocked on this rank see a remote error (or their timeout). Not
+ * collective. Call it from the thread that uses the communicator, never while another thread is
+ * inside a call on it (the handle is freed). */
 CHORUS_API chorusResult_t chorusCommAbort(chorusComm_t comm);
 
 /* Writes the number of ranks / this process's rank. Errors: chorusInvalidUsage for a handle that

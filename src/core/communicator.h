@@ -1,6 +1,6 @@
 // communicator.h: a communicator's state: its ranks, bootstrap ring, transports per peer,
 // message sequence numbers, scratch memory and executor. Used by one thread at a time; abort()
-// may be called from any thread.
+// only sets a flag that waits check, so it is safe from any thread while the object lives.
 #pragma once
 
 #include <atomic>

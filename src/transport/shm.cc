@@ -152,7 +152,7 @@ class ShmTransport final : public Transport {
       : rank_(context.rank),
         slots_(static_cast<uint64_t>(knobInt(Knob::kShmSlots))),
         slotBytes_(static_cast<size_t>(knobInt(Knob::kShmSlotBytes))),
-        peerIndex_(context.nranks, -1) {
+        peers_("shm", context.rank, context.nranks) {
     if (slots_ < 2 || slotBytes_ < 64) {
       fail(chorusInvalidArgument,
            "shm transport: need CHORUS_SHM_SLOTS >= 2 and CHORUS_SHM_SLOT_BYTES >= 64 (got {}, {})", slots_,
@@ -167,19 +167,17 @@ class ShmTransport final : public Transport {
       bellSegment_ = Segment::create(fmt::format("{}-bell-{}", prefix, rank_), sizeof(Doorbell));
       bell_ = new (bellSegment_.base()) Doorbell{};
     }
-    peers_.resize(peers.size());
-    for (size_t i = 0; i < peers.size(); ++i) {
-      Peer& peer = peers_[i];
-      peer.rank = peers[i];
-      peer.pid = context.peers[peer.rank].pid;
-      peerIndex_[peer.rank] = static_cast<int>(i);
+    for (int rank : peers) {
+      Peer& peer = peers_.add(rank);
+      peer.rank = rank;
+      peer.pid = context.peers[rank].pid;
       peer.outSegment = Segment::create(fmt::format("{}-{}-{}", prefix, rank_, peer.rank), fifoBytes);
       peer.out = new (peer.outSegment.base()) FifoControl{};
       peer.outSlots = peer.outSegment.base() + sizeof(FifoControl);
     }
     // 2. Everyone has created; map the peers' segments.
     context.bootstrap->barrier(context.deadline);
-    for (Peer& peer : peers_) {
+    for (Peer& peer : peers_.all()) {
       peer.inSegment = Segment::open(fmt::format("{}-{}-{}", prefix, peer.rank, rank_), fifoBytes);
       peer.in = reinterpret_cast<FifoControl*>(peer.inSegment.base());
       peer.inSlots = peer.inSegment.base() + sizeof(FifoControl);
@@ -189,20 +187,20 @@ class ShmTransport final : public Transport {
     // 3. Everyone has mapped; remove the names.
     context.bootstrap->barrier(context.deadline);
     bellSegment_.unlink();
-    for (Peer& peer : peers_) peer.outSegment.unlink();
+    for (Peer& peer : peers_.all()) peer.outSegment.unlink();
   }
 
   const char* name() const override { return "shm"; }
 
   void postSend(int peer, uint64_t tag, const void* data, size_t bytes, Request* request) override {
-    Peer& p = peerOf(peer);
+    Peer& p = peers_.at(peer);
     p.sends.push_back({tag, static_cast<char*>(const_cast<void*>(data)), bytes, 0, false, request});
     ++pending_;
     pushSends(p);
   }
 
   void postRecv(int peer, uint64_t tag, void* data, size_t bytes, Request* request) override {
-    Peer& p = peerOf(peer);
+    Peer& p = peers_.at(peer);
     p.recvs.push_back({tag, static_cast<char*>(data), bytes, 0, false, request});
     ++pending_;
     pullRecvs(p);
@@ -210,7 +208,7 @@ class ShmTransport final : public Transport {
 
   bool progress() override {
     bool moved = false;
-    for (Peer& p : peers_) {
+    for (Peer& p : peers_.all()) {
       if (!p.sends.empty()) moved |= pushSends(p);
       if (!p.recvs.empty()) moved |= pullRecvs(p);
     }
@@ -231,20 +229,11 @@ class ShmTransport final : public Transport {
   bool busy() const override { return pending_ > 0; }
 
   void cancelAll() override {
-    for (Peer& p : peers_) {
-      p.sends.clear();
-      p.recvs.clear();
-    }
+    peers_.clearQueues();
     pending_ = 0;
   }
 
  private:
-  Peer& peerOf(int rank) {
-    const int index = rank >= 0 && rank < static_cast<int>(peerIndex_.size()) ? peerIndex_[rank] : -1;
-    if (index < 0) fail(chorusInternalError, "shm transport of rank {} has no connection to rank {}", rank_, rank);
-    return peers_[index];
-  }
-
   SlotHeader* slot(char* slots, uint64_t index) const {
     return reinterpret_cast<SlotHeader*>(slots + (index % slots_) * slotStride_);
   }
@@ -317,7 +306,7 @@ class ShmTransport final : public Transport {
     const auto now = Clock::now();
     if (now - lastAliveCheck_ < std::chrono::milliseconds(500)) return;
     lastAliveCheck_ = now;
-    for (const Peer& p : peers_) {
+    for (const Peer& p : peers_.all()) {
       if ((p.sends.empty() && p.recvs.empty()) || p.pid <= 0) continue;
       if (kill(p.pid, 0) != 0 && errno == ESRCH) {
         fail(chorusRemoteError, "shm: rank {} (pid {} on this host) has exited while rank {} waits for it", p.rank,
@@ -330,8 +319,7 @@ class ShmTransport final : public Transport {
   uint64_t slots_;
   size_t slotBytes_;
   size_t slotStride_ = 0;
-  std::vector<int> peerIndex_;
-  std::vector<Peer> peers_;
+  PeerTable<Peer> peers_;
   Segment bellSegment_;
   Doorbell* bell_ = nullptr;
   size_t pending_ = 0;

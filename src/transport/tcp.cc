@@ -49,16 +49,14 @@ struct Peer {
 class TcpTransport final : public Transport {
  public:
   TcpTransport(TransportContext& context, const std::vector<int>& peers)
-      : rank_(context.rank), peerIndex_(context.nranks, -1) {
-    peers_.resize(peers.size());
+      : rank_(context.rank), peers_("tcp", context.rank, context.nranks) {
     int expectedAccepts = 0;
-    for (size_t i = 0; i < peers.size(); ++i) {
-      peers_[i].rank = peers[i];
-      peerIndex_[peers[i]] = static_cast<int>(i);
-      if (peers[i] < rank_) ++expectedAccepts;
+    for (int rank : peers) {
+      peers_.add(rank).rank = rank;
+      if (rank < rank_) ++expectedAccepts;
     }
     // Connect to higher ranks (the kernel completes these without waiting for accept()).
-    for (Peer& peer : peers_) {
+    for (Peer& peer : peers_.all()) {
       if (peer.rank < rank_) continue;
       const std::string what = fmt::format("tcp transport: rank {} connecting to rank {}", rank_, peer.rank);
       peer.socket = connectTo(unpack(context.peers[peer.rank].dataAddress), context.deadline, what);
@@ -76,14 +74,14 @@ class TcpTransport final : public Transport {
       } catch (const Error&) {
         continue;
       }
-      if (hello.commId != context.commId || hello.rank < 0 || hello.rank >= rank_ || peerIndex_[hello.rank] < 0 ||
-          peers_[peerIndex_[hello.rank]].socket.valid()) {
+      if (hello.commId != context.commId || hello.rank >= rank_ || !peers_.has(hello.rank) ||
+          peers_.at(hello.rank).socket.valid()) {
         continue;
       }
-      peers_[peerIndex_[hello.rank]].socket = std::move(socket);
+      peers_.at(hello.rank).socket = std::move(socket);
       --expectedAccepts;
     }
-    for (Peer& peer : peers_) {
+    for (Peer& peer : peers_.all()) {
       setNonBlocking(peer.socket.fd());
       setNoDelay(peer.socket.fd());
     }
@@ -92,14 +90,14 @@ class TcpTransport final : public Transport {
   const char* name() const override { return "tcp"; }
 
   void postSend(int peer, uint64_t tag, const void* data, size_t bytes, Request* request) override {
-    Peer& p = peerOf(peer);
+    Peer& p = peers_.at(peer);
     p.sends.push_back({tag, static_cast<char*>(const_cast<void*>(data)), bytes, 0, request});
     ++pending_;
     pushSends(p);
   }
 
   void postRecv(int peer, uint64_t tag, void* data, size_t bytes, Request* request) override {
-    Peer& p = peerOf(peer);
+    Peer& p = peers_.at(peer);
     p.recvs.push_back({tag, static_cast<char*>(data), bytes, 0, request});
     ++pending_;
     pullRecvs(p);
@@ -107,7 +105,7 @@ class TcpTransport final : public Transport {
 
   bool progress() override {
     bool moved = false;
-    for (Peer& p : peers_) {
+    for (Peer& p : peers_.all()) {
       if (!p.sends.empty()) moved |= pushSends(p);
       if (!p.recvs.empty()) moved |= pullRecvs(p);
     }
@@ -116,7 +114,7 @@ class TcpTransport final : public Transport {
 
   void wait(int timeoutMs) override {
     pollSet_.clear();
-    for (Peer& p : peers_) {
+    for (Peer& p : peers_.all()) {
       short events = 0;
       if (!p.sends.empty()) events |= POLLOUT;
       if (!p.recvs.empty()) events |= POLLIN;
@@ -129,20 +127,11 @@ class TcpTransport final : public Transport {
   bool busy() const override { return pending_ > 0; }
 
   void cancelAll() override {
-    for (Peer& p : peers_) {
-      p.sends.clear();
-      p.recvs.clear();
-    }
+    peers_.clearQueues();
     pending_ = 0;
   }
 
  private:
-  Peer& peerOf(int rank) {
-    const int index = rank >= 0 && rank < static_cast<int>(peerIndex_.size()) ? peerIndex_[rank] : -1;
-    if (index < 0) fail(chorusInternalError, "tcp transport of rank {} has no connection to rank {}", rank_, rank);
-    return peers_[index];
-  }
-
   [[noreturn]] void connectionLost(const Peer& p, const char* during, int error) {
     fail(chorusRemoteError, "tcp: the connection from rank {} to rank {} broke while {} ({}); did rank {} exit?", rank_,
          p.rank, during, error == 0 ? "closed by the peer" : std::strerror(error), p.rank);
@@ -221,8 +210,7 @@ class TcpTransport final : public Transport {
   }
 
   int rank_;
-  std::vector<int> peerIndex_;
-  std::vector<Peer> peers_;
+  PeerTable<Peer> peers_;
   std::vector<pollfd> pollSet_;
   size_t pending_ = 0;
 };

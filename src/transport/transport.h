@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "src/core/bootstrap.h"
+#include "src/core/error.h"
 #include "src/core/socket.h"
 
 namespace chorus {
@@ -59,6 +60,42 @@ class Transport {
   virtual bool busy() const = 0;
   // Drops all posted requests (after an error or abort), leaving the connections unusable.
   virtual void cancelAll() = 0;
+};
+
+// A transport's per-peer state, looked up by rank. Peer has `sends` and `recvs` queues.
+template <typename Peer>
+class PeerTable {
+ public:
+  PeerTable(const char* transport, int rank, int nranks) : transport_(transport), rank_(rank), index_(nranks, -1) {}
+
+  Peer& add(int peerRank) {
+    index_[peerRank] = static_cast<int>(peers_.size());
+    peers_.emplace_back();
+    return peers_.back();
+  }
+  bool has(int peerRank) const {
+    return peerRank >= 0 && peerRank < static_cast<int>(index_.size()) && index_[peerRank] >= 0;
+  }
+  Peer& at(int peerRank) {
+    if (!has(peerRank)) {
+      fail(chorusInternalError, "{} transport of rank {} has no connection to rank {}", transport_, rank_, peerRank);
+    }
+    return peers_[index_[peerRank]];
+  }
+  std::vector<Peer>& all() { return peers_; }
+  // Drops every queued send and receive.
+  void clearQueues() {
+    for (Peer& p : peers_) {
+      p.sends.clear();
+      p.recvs.clear();
+    }
+  }
+
+ private:
+  const char* transport_;
+  int rank_;
+  std::vector<int> index_;
+  std::vector<Peer> peers_;
 };
 
 struct TransportContext {
