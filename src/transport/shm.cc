@@ -82,10 +82,15 @@ class Segment {
     shm_unlink(name.c_str());  // a leftover of a crashed run with the same id: start clean
     const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) failErrno("shm transport: shm_open(" + name + ", create)");
-    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    // Reserve the pages now: a full /dev/shm then fails here with a message, not with SIGBUS at
+    // the first write.
+    const int error =
+        ftruncate(fd, static_cast<off_t>(bytes)) != 0 ? errno : posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    if (error != 0) {
       ::close(fd);
       shm_unlink(name.c_str());
-      failErrno(fmt::format("shm transport: ftruncate({}, {} bytes) (is /dev/shm large enough?)", name, bytes));
+      fail(chorusSystemError, "shm transport: cannot reserve {} bytes for {}: {} (is /dev/shm large enough?)", bytes,
+           name, std::strerror(error));
     }
     segment.map(fd, bytes, name);
     segment.name_ = name;
