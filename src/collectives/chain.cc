@@ -25,7 +25,6 @@ constexpr size_t kSlots = 4;
 
 Schedule chainBroadcast(const ScheduleArgs& args) {
   Schedule schedule;
-  schedule.algorithm = "chain";
   const int n = args.nranks;
   const size_t size = args.typeSize;
   const size_t totalBytes = args.count * size;
@@ -53,7 +52,6 @@ Schedule chainBroadcast(const ScheduleArgs& args) {
 
 Schedule chainReduce(const ScheduleArgs& args) {
   Schedule schedule;
-  schedule.algorithm = "chain";
   const int n = args.nranks;
   const size_t size = args.typeSize;
   const size_t totalBytes = args.count * size;

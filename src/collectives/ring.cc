@@ -43,7 +43,6 @@ Piece pieceOf(size_t blockElements, size_t chunkElements, size_t c, size_t typeS
 
 Schedule ringAllReduce(const ScheduleArgs& args) {
   Schedule schedule;
-  schedule.algorithm = "ring";
   const int n = args.nranks;
   const int r = args.rank;
   const size_t size = args.typeSize;
@@ -96,7 +95,6 @@ Schedule ringAllReduce(const ScheduleArgs& args) {
 
 Schedule ringAllGather(const ScheduleArgs& args) {
   Schedule schedule;
-  schedule.algorithm = "ring";
   const int n = args.nranks;
   const int r = args.rank;
   const size_t size = args.typeSize;
@@ -125,7 +123,6 @@ Schedule ringAllGather(const ScheduleArgs& args) {
 
 Schedule ringReduceScatter(const ScheduleArgs& args) {
   Schedule schedule;
-  schedule.algorithm = "ring";
   const int n = args.nranks;
   const int r = args.rank;
   const size_t size = args.typeSize;

@@ -1,4 +1,4 @@
-// schedule.cc: shared pieces of schedules: names, access ranges, the algorithm choice.
+// schedule.cc: shared pieces of schedules: names, access ranges, point-to-point.
 #include "src/collectives/schedule.h"
 
 #include <algorithm>
@@ -21,6 +21,16 @@ const char* collectiveName(Collective collective) {
       return "send";
     case Collective::kRecv:
       return "recv";
+    case Collective::kBarrier:
+      return "barrier";
+    case Collective::kAllToAll:
+      return "alltoall";
+    case Collective::kAllToAllv:
+      return "alltoallv";
+    case Collective::kGather:
+      return "gather";
+    case Collective::kScatter:
+      return "scatter";
   }
   return "unknown";
 }
@@ -37,6 +47,8 @@ const char* stepKindName(StepKind kind) {
       return "copy";
     case StepKind::kDivide:
       return "divide";
+    case StepKind::kReduce:
+      return "reduce";
   }
   return "unknown";
 }
@@ -59,6 +71,11 @@ int stepAccesses(const Step& step, Access out[4]) {
       out[n++] = {step.src, step.bytes, false};
       out[n++] = {step.dst, step.bytes, true};
       break;
+    case StepKind::kReduce:
+      out[n++] = {step.src, step.bytes, false};
+      out[n++] = {step.tmp, step.bytes, false};
+      out[n++] = {step.dst, step.bytes, true};
+      break;
     case StepKind::kDivide:
       out[n++] = {step.dst, step.bytes, true};
       break;
@@ -66,29 +83,9 @@ int stepAccesses(const Step& step, Access out[4]) {
   return n;
 }
 
-Schedule buildSchedule(const ScheduleArgs& args) {
-  switch (args.collective) {
-    case Collective::kAllReduce:
-      return ringAllReduce(args);
-    case Collective::kAllGather:
-      return ringAllGather(args);
-    case Collective::kReduceScatter:
-      return ringReduceScatter(args);
-    case Collective::kBroadcast:
-      return chainBroadcast(args);
-    case Collective::kReduce:
-      return chainReduce(args);
-    case Collective::kSend:
-    case Collective::kRecv:
-      return pointToPoint(args);
-  }
-  return {};
-}
-
 Schedule pointToPoint(const ScheduleArgs& args) {
   // One message of count elements to or from the peer (args.root); count 0 posts nothing.
   Schedule schedule;
-  schedule.algorithm = "p2p";
   if (args.count == 0) return schedule;
   Step step;
   step.peer = args.root;

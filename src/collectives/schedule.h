@@ -18,7 +18,20 @@
 
 namespace chorus::collectives {
 
-enum class Collective : uint8_t { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kReduce, kSend, kRecv };
+enum class Collective : uint8_t {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kBroadcast,
+  kReduce,
+  kSend,
+  kRecv,
+  kBarrier,
+  kAllToAll,
+  kAllToAllv,
+  kGather,
+  kScatter,
+};
 const char* collectiveName(Collective collective);
 
 enum class BufferId : uint8_t { kInput = 0, kOutput = 1, kScratch = 2 };
@@ -36,6 +49,7 @@ enum class StepKind : uint8_t {
   kRecvReduce,  // receive `bytes` from peer into tmp, then dst = src (op) tmp
   kCopy,        // dst = src
   kDivide,      // dst = dst / nranks (the last step of Avg)
+  kReduce,      // dst = src (op) tmp, local: after a kRecv into tmp, when dst is still being sent
 };
 const char* stepKindName(StepKind kind);
 
@@ -54,6 +68,24 @@ struct Schedule {
   const char* algorithm = "";
 };
 
+// The algorithms; which apply to which collective is in algorithm.cc.
+enum class Algorithm : uint8_t {
+  kDefault,  // let the library choose
+  kRing,
+  kChain,
+  kTree,                 // double binary tree (all-reduce)
+  kRecursiveDoubling,    // all-reduce, all-gather
+  kRabenseifner,         // all-reduce: recursive-halving reduce-scatter + recursive-doubling all-gather
+  kBruck,                // all-gather, all-to-all
+  kRecursiveHalving,     // reduce-scatter
+  kPairwise,             // all-to-all(v)
+  kBinomial,             // broadcast, reduce, gather, scatter
+  kScatterAllGather,     // broadcast
+  kReduceScatterGather,  // reduce
+  kDissemination,        // barrier
+  kCount
+};
+
 struct ScheduleArgs {
   Collective collective = Collective::kAllReduce;
   int nranks = 1;
@@ -65,6 +97,12 @@ struct ScheduleArgs {
   int root = 0;         // broadcast and reduce: the root; send and recv: the peer
   bool divide = false;  // Avg: add divide steps on the final results
   size_t chunkBytes = 512 * 1024;
+  Algorithm algorithm = Algorithm::kDefault;
+  // All-to-allv only: per-peer element counts and displacements (nranks entries each).
+  const size_t* sendCounts = nullptr;
+  const size_t* sendDispls = nullptr;
+  const size_t* recvCounts = nullptr;
+  const size_t* recvDispls = nullptr;
 };
 
 // Step builders, so algorithms read as the prose that opens their files.
@@ -75,6 +113,9 @@ inline Step recvReduceStep(int peer, Span src, Span dst, Span tmp, size_t bytes)
 }
 inline Step copyStep(Span src, Span dst, size_t bytes) { return {StepKind::kCopy, -1, src, dst, {}, bytes}; }
 inline Step divideStep(Span dst, size_t bytes) { return {StepKind::kDivide, -1, {}, dst, {}, bytes}; }
+inline Step reduceStep(Span src, Span tmp, Span dst, size_t bytes) {
+  return {StepKind::kReduce, -1, src, dst, tmp, bytes};
+}
 inline Span at(BufferId buffer, size_t offset) { return {buffer, offset}; }
 // Rotating chunk-sized slots in scratch, starting at `base`.
 struct SlotRing {
@@ -108,8 +149,25 @@ Schedule ringReduceScatter(const ScheduleArgs& args);
 Schedule chainBroadcast(const ScheduleArgs& args);
 Schedule chainReduce(const ScheduleArgs& args);
 Schedule pointToPoint(const ScheduleArgs& args);
+Schedule recursiveDoublingAllReduce(const ScheduleArgs& args);
+Schedule rabenseifnerAllReduce(const ScheduleArgs& args);
+Schedule recursiveDoublingAllGather(const ScheduleArgs& args);
+Schedule recursiveHalvingReduceScatter(const ScheduleArgs& args);
+Schedule bruckAllGather(const ScheduleArgs& args);
+Schedule bruckAllToAll(const ScheduleArgs& args);
+Schedule pairwiseAllToAll(const ScheduleArgs& args);
+Schedule pairwiseAllToAllv(const ScheduleArgs& args);
+Schedule binomialBroadcast(const ScheduleArgs& args);
+Schedule binomialReduce(const ScheduleArgs& args);
+Schedule binomialGather(const ScheduleArgs& args);
+Schedule binomialScatter(const ScheduleArgs& args);
+Schedule scatterAllGatherBroadcast(const ScheduleArgs& args);
+Schedule reduceScatterGatherReduce(const ScheduleArgs& args);
+Schedule disseminationBarrier(const ScheduleArgs& args);
+Schedule doubleTreeAllReduce(const ScheduleArgs& args);
 
-// The schedule this build uses for args.
+// The schedule for args: args.algorithm, or the default for the collective when kDefault.
+// Throws std::invalid_argument when the algorithm does not apply to the collective.
 Schedule buildSchedule(const ScheduleArgs& args);
 
 // Blocks: count elements split into `parts` contiguous blocks whose sizes differ by at most one

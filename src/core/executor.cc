@@ -106,6 +106,12 @@ void Executor::issue(Item& item) {
       if (item.src != item.dst && step.bytes > 0) std::memmove(item.dst, item.src, step.bytes);
       item.request.done = true;
       break;
+    case StepKind::kReduce: {
+      const size_t typeSize = kernels::typeSize(item.op->type);
+      kernels::reduce(item.dst, item.src, item.tmp, step.bytes / typeSize, item.op->type, item.op->op);
+      item.request.done = true;
+      break;
+    }
     case StepKind::kDivide: {
       const size_t typeSize = kernels::typeSize(item.op->type);
       kernels::divide(item.dst, step.bytes / typeSize, item.op->type, options_.nranks);

@@ -1,0 +1,29 @@
+// algorithm.h: which algorithms implement which collective, their names, the built-in default,
+// and the CHORUS_ALGO override syntax ("allreduce:ring,allgather:bruck"). Pure functions.
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "src/collectives/schedule.h"
+
+namespace chorus::collectives {
+
+inline constexpr int kCollectiveCount = static_cast<int>(Collective::kScatter) + 1;
+
+const char* algorithmName(Algorithm algorithm);
+// Accepts the names algorithmName gives and short aliases (rd, rh, dbt). Returns false if unknown.
+bool parseAlgorithm(const std::string& text, Algorithm* out);
+bool parseCollective(const std::string& text, Collective* out);
+
+// The algorithms that implement a collective; the first is the built-in default.
+const std::vector<Algorithm>& algorithmsFor(Collective collective);
+bool appliesTo(Algorithm algorithm, Collective collective);
+
+// Per-collective overrides from text like "allreduce:ring,allgather:bruck"; kDefault where none is
+// given. Throws std::invalid_argument naming the bad entry.
+using AlgorithmOverrides = std::array<Algorithm, kCollectiveCount>;
+AlgorithmOverrides parseAlgorithmOverrides(const std::string& text);
+
+}  // namespace chorus::collectives

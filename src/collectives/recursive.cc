@@ -1,0 +1,238 @@
+// recursive.cc: recursive doubling and halving: all-reduce (recursive doubling, Rabenseifner),
+// all-gather (recursive doubling) and reduce-scatter (recursive halving).
+//
+// These algorithms pair ranks whose numbers differ in one bit, so they need a power of two. With
+// n ranks, let p be the largest power of two <= n and rem = n - p. The fold: ranks below 2*rem
+// pair up, even rank r with r+1; the even rank hands its data to the odd one first and sits out,
+// and the odd rank stands for both as virtual rank r/2. Ranks from 2*rem on are virtual rank
+// r - rem. The p virtual ranks run the power-of-two algorithm; at the end each odd rank hands the
+// result back to its even partner. Virtual rank v stands for real blocks [first(v), first(v+1))
+// with first(v) = 2v below rem and v + rem above, so a run of virtual ranks is always one
+// contiguous run of real blocks.
+//
+// Recursive doubling all-reduce: in round k the virtual ranks v and v^2^k exchange their whole
+// buffers and both reduce, so after log2(p) rounds everyone has the sum. log2(p) messages of the
+// full size: for small messages.
+//
+// Rabenseifner all-reduce: the buffer is cut into p blocks. Reduce-scatter by recursive halving:
+// in the round of distance d = p/2, p/4, ..., 1, virtual ranks v and v^d split their current
+// range of blocks; each sends the half the other keeps and reduces the half it keeps, so after
+// log2(p) rounds v holds block v reduced. All-gather by recursive doubling reverses it: in the
+// round of distance d = 1, 2, ..., p/2, v and v^d swap the ranges they hold. Each rank sends
+// about twice the buffer in 2 log2(p) messages: for large messages with few ranks.
+//
+// Recursive doubling all-gather: v and v^d swap all the blocks each has gathered so far (d = 1,
+// 2, ..., p/2). Recursive halving reduce-scatter: Rabenseifner's first half over the n real
+// blocks of the output layout, each virtual rank ending with its real blocks.
+//
+// Exchanges receive into scratch and reduce with a separate local step, so no receive waits
+// for a send out of the same bytes (which could deadlock once a message outgrows the buffers).
+#include <algorithm>
+
+#include "src/collectives/schedule.h"
+
+namespace chorus::collectives {
+namespace {
+
+struct Fold {
+  int n;
+  int p;
+  int rem;
+  explicit Fold(int nranks) : n(nranks), p(1), rem(0) {
+    while (p * 2 <= n) p *= 2;
+    rem = n - p;
+  }
+  bool sitsOut(int r) const { return r < 2 * rem && r % 2 == 0; }
+  int virtualOf(int r) const { return r < 2 * rem ? r / 2 : r - rem; }
+  int realOf(int v) const { return v < rem ? 2 * v + 1 : v + rem; }
+  int firstBlock(int v) const { return v < rem ? 2 * v : v + rem; }  // first real block of v; firstBlock(p) = n
+};
+
+// Pre-fold (even ranks below 2*rem give their whole buffer to r+1, which reduces it in) for
+// the all-reduce algorithms, working on `work` of `bytes`, with `tmp` in scratch.
+void foldIn(Schedule& s, const Fold& f, int r, Span work, Span tmp, size_t bytes) {
+  if (r >= 2 * f.rem) return;
+  if (f.sitsOut(r)) {
+    s.steps.push_back(sendStep(r + 1, work, bytes));
+  } else {
+    s.steps.push_back(recvStep(r - 1, tmp, bytes));
+    s.steps.push_back(reduceStep(work, tmp, work, bytes));
+  }
+}
+
+// Post-fold: odd ranks below 2*rem hand the result back to their even partner.
+void foldOut(Schedule& s, const Fold& f, int r, Span work, size_t bytes) {
+  if (r >= 2 * f.rem) return;
+  if (f.sitsOut(r)) {
+    s.steps.push_back(recvStep(r + 1, work, bytes));
+  } else {
+    s.steps.push_back(sendStep(r - 1, work, bytes));
+  }
+}
+
+}  // namespace
+
+Schedule recursiveDoublingAllReduce(const ScheduleArgs& args) {
+  Schedule s;
+  const int n = args.nranks;
+  const int r = args.rank;
+  const size_t bytes = args.count * args.typeSize;
+  if (args.count == 0) return s;
+  const Span out = at(BufferId::kOutput, 0);
+  const Span tmp = at(BufferId::kScratch, 0);
+  s.steps.push_back(copyStep(at(BufferId::kInput, 0), out, bytes));
+  if (n == 1) return s;
+  s.scratchBytes = bytes;
+  const Fold f(n);
+  foldIn(s, f, r, out, tmp, bytes);
+  if (!f.sitsOut(r)) {
+    const int v = f.virtualOf(r);
+    for (int mask = 1; mask < f.p; mask <<= 1) {
+      const int partner = f.realOf(v ^ mask);
+      s.steps.push_back(sendStep(partner, out, bytes));
+      s.steps.push_back(recvStep(partner, tmp, bytes));
+      s.steps.push_back(reduceStep(out, tmp, out, bytes));
+    }
+    if (args.divide) s.steps.push_back(divideStep(out, bytes));
+  }
+  foldOut(s, f, r, out, bytes);
+  return s;
+}
+
+Schedule rabenseifnerAllReduce(const ScheduleArgs& args) {
+  Schedule s;
+  const int n = args.nranks;
+  const int r = args.rank;
+  const size_t size = args.typeSize;
+  const size_t bytes = args.count * size;
+  if (args.count == 0) return s;
+  const Span out = at(BufferId::kOutput, 0);
+  s.steps.push_back(copyStep(at(BufferId::kInput, 0), out, bytes));
+  if (n == 1) return s;
+  s.scratchBytes = bytes;
+  const Fold f(n);
+  foldIn(s, f, r, out, at(BufferId::kScratch, 0), bytes);
+  if (!f.sitsOut(r)) {
+    const Blocks blocks{args.count, static_cast<size_t>(f.p)};
+    auto offset = [&](int block) { return blocks.start(block) * size; };
+    auto length = [&](int lo, int hi) { return offset(hi) - offset(lo); };
+    const int v = f.virtualOf(r);
+    int lo = 0;
+    int hi = f.p;
+    for (int d = f.p / 2; d >= 1; d /= 2) {  // reduce-scatter by recursive halving
+      const int partner = f.realOf(v ^ d);
+      const int mid = lo + (hi - lo) / 2;
+      const bool lower = (v & d) == 0;
+      const int keepLo = lower ? lo : mid, keepHi = lower ? mid : hi;
+      const int giveLo = lower ? mid : lo, giveHi = lower ? hi : mid;
+      if (length(giveLo, giveHi) > 0)
+        s.steps.push_back(sendStep(partner, at(BufferId::kOutput, offset(giveLo)), length(giveLo, giveHi)));
+      if (length(keepLo, keepHi) > 0) {
+        const Span keep = at(BufferId::kOutput, offset(keepLo));
+        const Span tmp = at(BufferId::kScratch, offset(keepLo));
+        s.steps.push_back(recvStep(partner, tmp, length(keepLo, keepHi)));
+        s.steps.push_back(reduceStep(keep, tmp, keep, length(keepLo, keepHi)));
+      }
+      lo = keepLo;
+      hi = keepHi;
+    }
+    if (args.divide && length(lo, hi) > 0)
+      s.steps.push_back(divideStep(at(BufferId::kOutput, offset(lo)), length(lo, hi)));
+    for (int d = 1; d < f.p; d *= 2) {  // all-gather by recursive doubling
+      const int partner = f.realOf(v ^ d);
+      const bool upper = (v & d) != 0;
+      const int theirLo = upper ? lo - d : hi, theirHi = upper ? lo : hi + d;
+      if (length(lo, hi) > 0) s.steps.push_back(sendStep(partner, at(BufferId::kOutput, offset(lo)), length(lo, hi)));
+      if (length(theirLo, theirHi) > 0) {
+        s.steps.push_back(recvStep(partner, at(BufferId::kOutput, offset(theirLo)), length(theirLo, theirHi)));
+      }
+      lo = std::min(lo, theirLo);
+      hi = std::max(hi, theirHi);
+    }
+  }
+  foldOut(s, f, r, out, bytes);
+  return s;
+}
+
+Schedule recursiveDoublingAllGather(const ScheduleArgs& args) {
+  Schedule s;
+  const int n = args.nranks;
+  const int r = args.rank;
+  const size_t blockBytes = args.count * args.typeSize;
+  if (args.count == 0) return s;
+  auto block = [&](int b) { return at(BufferId::kOutput, static_cast<size_t>(b) * blockBytes); };
+  s.steps.push_back(copyStep(at(BufferId::kInput, 0), block(r), blockBytes));
+  if (n == 1) return s;
+  const Fold f(n);
+  if (r < 2 * f.rem) {  // fold: the even rank's block joins the odd rank's
+    if (f.sitsOut(r)) {
+      s.steps.push_back(sendStep(r + 1, block(r), blockBytes));
+    } else {
+      s.steps.push_back(recvStep(r - 1, block(r - 1), blockBytes));
+    }
+  }
+  if (!f.sitsOut(r)) {
+    const int v = f.virtualOf(r);
+    int lo = v, hi = v + 1;  // virtual ranks whose blocks this rank holds
+    for (int d = 1; d < f.p; d *= 2) {
+      const int partner = f.realOf(v ^ d);
+      const bool upper = (v & d) != 0;
+      const int theirLo = upper ? lo - d : hi, theirHi = upper ? lo : hi + d;
+      const int mine = f.firstBlock(hi) - f.firstBlock(lo);
+      const int theirs = f.firstBlock(theirHi) - f.firstBlock(theirLo);
+      s.steps.push_back(sendStep(partner, block(f.firstBlock(lo)), mine * blockBytes));
+      s.steps.push_back(recvStep(partner, block(f.firstBlock(theirLo)), theirs * blockBytes));
+      lo = std::min(lo, theirLo);
+      hi = std::max(hi, theirHi);
+    }
+  }
+  foldOut(s, f, r, block(0), n * blockBytes);
+  return s;
+}
+
+Schedule recursiveHalvingReduceScatter(const ScheduleArgs& args) {
+  Schedule s;
+  const int n = args.nranks;
+  const int r = args.rank;
+  const size_t blockBytes = args.count * args.typeSize;
+  const size_t totalBytes = blockBytes * n;
+  if (args.count == 0) return s;
+  if (n == 1) {
+    s.steps.push_back(copyStep(at(BufferId::kInput, 0), at(BufferId::kOutput, 0), blockBytes));
+    return s;
+  }
+  // Work on a copy of the whole input in scratch; receive into a second scratch area.
+  auto work = [&](int b) { return at(BufferId::kScratch, static_cast<size_t>(b) * blockBytes); };
+  auto tmp = [&](int b) { return at(BufferId::kScratch, totalBytes + static_cast<size_t>(b) * blockBytes); };
+  s.scratchBytes = 2 * totalBytes;
+  s.steps.push_back(copyStep(at(BufferId::kInput, 0), work(0), totalBytes));
+  const Fold f(n);
+  foldIn(s, f, r, work(0), tmp(0), totalBytes);
+  if (f.sitsOut(r)) {
+    s.steps.push_back(recvStep(r + 1, at(BufferId::kOutput, 0), blockBytes));
+  } else {
+    const int v = f.virtualOf(r);
+    int lo = 0, hi = f.p;  // virtual blocks still held
+    for (int d = f.p / 2; d >= 1; d /= 2) {
+      const int partner = f.realOf(v ^ d);
+      const int mid = lo + (hi - lo) / 2;
+      const bool lower = (v & d) == 0;
+      const int keepLo = lower ? lo : mid, keepHi = lower ? mid : hi;
+      const int giveLo = lower ? mid : lo, giveHi = lower ? hi : mid;
+      const size_t give = (f.firstBlock(giveHi) - f.firstBlock(giveLo)) * blockBytes;
+      const size_t keep = (f.firstBlock(keepHi) - f.firstBlock(keepLo)) * blockBytes;
+      s.steps.push_back(sendStep(partner, work(f.firstBlock(giveLo)), give));
+      s.steps.push_back(recvStep(partner, tmp(f.firstBlock(keepLo)), keep));
+      s.steps.push_back(
+          reduceStep(work(f.firstBlock(keepLo)), tmp(f.firstBlock(keepLo)), work(f.firstBlock(keepLo)), keep));
+      lo = keepLo;
+      hi = keepHi;
+    }
+    if (r < 2 * f.rem) s.steps.push_back(sendStep(r - 1, work(r - 1), blockBytes));  // the partner's block
+    s.steps.push_back(copyStep(work(r), at(BufferId::kOutput, 0), blockBytes));
+  }
+  if (args.divide) s.steps.push_back(divideStep(at(BufferId::kOutput, 0), blockBytes));
+  return s;
+}
+
+}  // namespace chorus::collectives

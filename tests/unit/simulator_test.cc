@@ -1,0 +1,294 @@
+// simulator_test.cc: every algorithm of every collective, run for all ranks in one process by the
+// simulator (zero buffering, so no schedule can pass here and deadlock on real transports), for
+// rank counts 1..33, 64, 127, 128, 1000 and 1024, with every rank's result compared with the
+// closed form.
+#include "src/collectives/simulator.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "bench/pattern.h"
+#include "kernels/cpu/reduce.h"
+#include "src/collectives/algorithm.h"
+
+namespace chorus::collectives {
+namespace {
+
+using pattern::asStored;
+using pattern::expectedReduce;
+using pattern::moveInput;
+using pattern::reduceInput;
+
+struct Case {
+  Collective collective;
+  Algorithm algorithm;
+  int n;
+  size_t count;
+  chorusDataType_t type;
+  chorusRedOp_t op;
+  bool inPlace;
+  int root;
+  size_t chunkBytes;
+};
+
+std::string describe(const Case& c) {
+  return std::string(collectiveName(c.collective)) + "/" + algorithmName(c.algorithm) + " n=" + std::to_string(c.n) +
+         " count=" + std::to_string(c.count) + " " + chorusTypeName(c.type) + " " + chorusOpName(c.op) +
+         (c.inPlace ? " in-place" : "") + " root=" + std::to_string(c.root) + " chunk=" + std::to_string(c.chunkBytes);
+}
+
+// All-to-allv sizes: rank r sends (r + 2j) % 3 + count elements to rank j, packed with a gap of
+// one element between blocks.
+size_t vCount(int from, int to, size_t count) { return static_cast<size_t>((from + 2 * to) % 3) + count; }
+
+bool isReduction(Collective c) {
+  return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kReduce;
+}
+
+// Builds every rank, simulates, and checks; returns the number of wrong elements.
+void run(const Case& c) {
+  const int n = c.n;
+  const size_t size = kernels::typeSize(c.type);
+  const size_t count = c.count;
+  std::vector<SimulatedRank> ranks(n);
+  std::vector<std::vector<size_t>> sendCounts(n), sendDispls(n), recvCounts(n), recvDispls(n);
+  for (int r = 0; r < n; ++r) {
+    SimulatedRank& rank = ranks[r];
+    ScheduleArgs args{c.collective, n, r, count, size, c.root, c.op == chorusAvg, c.chunkBytes, c.algorithm};
+    size_t inCount = count, outCount = count;
+    switch (c.collective) {
+      case Collective::kAllGather:
+        outCount = count * n;
+        break;
+      case Collective::kReduceScatter:
+        inCount = count * n;
+        break;
+      case Collective::kAllToAll:
+        inCount = outCount = count * n;
+        break;
+      case Collective::kGather:
+        outCount = count * n;
+        break;
+      case Collective::kScatter:
+        inCount = count * n;
+        break;
+      case Collective::kBarrier:
+        inCount = outCount = 0;
+        break;
+      case Collective::kAllToAllv: {
+        size_t s = 0, t = 0;
+        for (int j = 0; j < n; ++j) {
+          sendCounts[r].push_back(vCount(r, j, count));
+          sendDispls[r].push_back(s);
+          s += sendCounts[r].back() + 1;
+          recvCounts[r].push_back(vCount(j, r, count));
+          recvDispls[r].push_back(t);
+          t += recvCounts[r].back() + 1;
+        }
+        inCount = s;
+        outCount = t;
+        args.sendCounts = sendCounts[r].data();
+        args.sendDispls = sendDispls[r].data();
+        args.recvCounts = recvCounts[r].data();
+        args.recvDispls = recvDispls[r].data();
+        break;
+      }
+      default:
+        break;
+    }
+    rank.schedule = buildSchedule(args);
+    rank.input.assign(inCount * size + 8, 0);
+    rank.output.assign(outCount * size + 8, 0);
+    char* in = rank.input.data();
+    if (c.inPlace) {
+      rank.inPlace = true;
+      if (c.collective == Collective::kAllGather) rank.inputOffset = r * count * size;
+      if (c.collective == Collective::kReduceScatter) rank.outputOffset = r * count * size;
+      if (c.collective == Collective::kReduceScatter) rank.output.assign(inCount * size + 8, 0);
+      in = rank.output.data() + rank.inputOffset;
+    }
+    for (size_t i = 0; i < inCount; ++i) {
+      pattern::store(in, i, c.type, isReduction(c.collective) ? reduceInput(c.op, c.type, r, i) : moveInput(r, i));
+    }
+  }
+  const SimulationResult result = simulate(ranks, c.type, c.op);
+  ASSERT_TRUE(result.ok) << describe(c) << ": " << result.error;
+  for (int r = 0; r < n; ++r) {
+    const char* out = ranks[r].output.data() + (c.inPlace ? ranks[r].outputOffset : 0);
+    size_t wrong = 0;
+    switch (c.collective) {
+      case Collective::kAllReduce:
+        wrong = pattern::countWrong(out, count, c.type, [&](size_t i) { return expectedReduce(c.op, c.type, n, i); });
+        break;
+      case Collective::kReduce:
+        if (r == c.root) {
+          wrong = pattern::countWrong(out, count, c.type, [&](size_t i) { return expectedReduce(c.op, c.type, n, i); });
+        }
+        break;
+      case Collective::kReduceScatter:
+        wrong = pattern::countWrong(out, count, c.type,
+                                    [&](size_t i) { return expectedReduce(c.op, c.type, n, r * count + i); });
+        break;
+      case Collective::kAllGather:
+        wrong = pattern::countWrong(out, count * n, c.type, [&](size_t j) {
+          return asStored(c.type, moveInput(static_cast<int>(j / count), j % count));
+        });
+        break;
+      case Collective::kBroadcast:
+        wrong =
+            pattern::countWrong(out, count, c.type, [&](size_t i) { return asStored(c.type, moveInput(c.root, i)); });
+        break;
+      case Collective::kAllToAll:
+        wrong = pattern::countWrong(out, count * n, c.type, [&](size_t j) {
+          const int from = static_cast<int>(j / count);
+          return asStored(c.type, moveInput(from, r * count + j % count));
+        });
+        break;
+      case Collective::kAllToAllv:
+        for (int from = 0; from < n; ++from) {
+          const char* block = out + recvDispls[r][from] * size;
+          wrong += pattern::countWrong(block, recvCounts[r][from], c.type, [&](size_t i) {
+            return asStored(c.type, moveInput(from, sendDispls[from][r] + i));
+          });
+        }
+        break;
+      case Collective::kGather:
+        if (r == c.root) {
+          wrong = pattern::countWrong(out, count * n, c.type, [&](size_t j) {
+            return asStored(c.type, moveInput(static_cast<int>(j / count), j % count));
+          });
+        }
+        break;
+      case Collective::kScatter:
+        wrong = pattern::countWrong(out, count, c.type,
+                                    [&](size_t i) { return asStored(c.type, moveInput(c.root, r * count + i)); });
+        break;
+      default:
+        break;
+    }
+    ASSERT_EQ(wrong, 0u) << describe(c) << " rank " << r;
+  }
+}
+
+const Collective kCollectives[] = {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter,
+                                   Collective::kBroadcast, Collective::kReduce,    Collective::kAllToAll,
+                                   Collective::kAllToAllv, Collective::kGather,    Collective::kScatter,
+                                   Collective::kBarrier};
+
+bool hasInPlace(Collective c) {
+  return c == Collective::kAllReduce || c == Collective::kAllGather || c == Collective::kReduceScatter ||
+         c == Collective::kBroadcast || c == Collective::kReduce;
+}
+
+class SimulatorTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(SimulatorTest, EveryAlgorithmOfEveryCollectiveMatchesClosedForm) {
+  const int n = GetParam();
+  const bool large = n > 200;
+  // Many ranks: one small count and one type; few ranks: sizes around the rank count and a
+  // chunk size that cuts them into several pieces.
+  const std::vector<size_t> counts =
+      large ? std::vector<size_t>{1} : std::vector<size_t>{0, 1, 7, 2 * static_cast<size_t>(n) + 1};
+  struct TypeOp {
+    chorusDataType_t type;
+    chorusRedOp_t op;
+  };
+  const std::vector<TypeOp> reductions = large ? std::vector<TypeOp>{{chorusInt32, chorusSum}}
+                                               : std::vector<TypeOp>{{chorusInt32, chorusSum},
+                                                                     {chorusFloat32, chorusAvg},
+                                                                     {chorusFloat16, chorusMax},
+                                                                     {chorusInt8, chorusProd}};
+  const std::vector<chorusDataType_t> moves =
+      large ? std::vector<chorusDataType_t>{chorusInt32} : std::vector<chorusDataType_t>{chorusInt32, chorusFloat16};
+  for (Collective collective : kCollectives) {
+    for (Algorithm algorithm : algorithmsFor(collective)) {
+      for (size_t count : counts) {
+        for (bool inPlace : {false, true}) {
+          if (inPlace && (!hasInPlace(collective) || large)) continue;
+          const int root = static_cast<int>((count + 3 * inPlace) % n);
+          const size_t chunk = large ? size_t{1} << 20 : 12;  // 12 bytes: many pieces
+          if (isReduction(collective)) {
+            for (const TypeOp& to : reductions) {
+              run({collective, algorithm, n, count, to.type, to.op, inPlace, root, chunk});
+              if (HasFatalFailure()) return;
+            }
+          } else {
+            for (chorusDataType_t type : moves) {
+              run({collective, algorithm, n, count, type, chorusSum, inPlace, root, chunk});
+              if (HasFatalFailure()) return;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+std::vector<int> rankCounts() {
+  std::vector<int> all;
+  for (int n = 1; n <= 33; ++n) all.push_back(n);
+  for (int n : {64, 127, 128, 1000, 1024}) all.push_back(n);
+  return all;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, SimulatorTest, ::testing::ValuesIn(rankCounts()));
+
+TEST(SimulatorTest, ReportsADeadlock) {
+  // Two ranks that both receive before they send can never finish.
+  std::vector<SimulatedRank> ranks(2);
+  for (int r = 0; r < 2; ++r) {
+    ranks[r].input.assign(8, 0);
+    ranks[r].output.assign(8, 0);
+    ranks[r].schedule.steps = {recvStep(1 - r, at(BufferId::kOutput, 0), 4),
+                               sendStep(1 - r, at(BufferId::kInput, 0), 4)};
+    // The receive writes what the send reads: make them conflict so the send cannot go first.
+    ranks[r].schedule.steps[1].src = at(BufferId::kOutput, 0);
+  }
+  const SimulationResult result = simulate(ranks, chorusInt32, chorusSum);
+  EXPECT_FALSE(result.ok);
+  EXPECT_NE(result.error.find("deadlock"), std::string::npos) << result.error;
+}
+
+TEST(SimulatorTest, ReportsMismatchedSizes) {
+  std::vector<SimulatedRank> ranks(2);
+  for (int r = 0; r < 2; ++r) {
+    ranks[r].input.assign(16, 0);
+    ranks[r].output.assign(16, 0);
+  }
+  ranks[0].schedule.steps = {sendStep(1, at(BufferId::kInput, 0), 8)};
+  ranks[1].schedule.steps = {recvStep(0, at(BufferId::kOutput, 0), 4)};
+  const SimulationResult result = simulate(ranks, chorusInt32, chorusSum);
+  EXPECT_FALSE(result.ok);
+  EXPECT_NE(result.error.find("sends 8 bytes"), std::string::npos) << result.error;
+}
+
+TEST(ScheduleShapeTest, RingAllReduceSendsTwiceNMinusOneOverNOfTheBuffer) {
+  // Bandwidth optimality: each rank sends 2(n-1)/n of the data (up to block rounding).
+  const int n = 8;
+  const size_t count = 8000;
+  const Schedule s = ringAllReduce({Collective::kAllReduce, n, 3, count, 4, 0, false, 4096});
+  size_t sent = 0;
+  for (const Step& step : s.steps) sent += step.kind == StepKind::kSend ? step.bytes : 0;
+  EXPECT_EQ(sent, 2 * (n - 1) * (count / n) * 4);
+}
+
+TEST(AlgorithmTest, OverridesParseAndRejectWhatDoesNotApply) {
+  const AlgorithmOverrides o = parseAlgorithmOverrides("allreduce:rabenseifner,allgather:bruck,,broadcast:binomial");
+  EXPECT_EQ(o[static_cast<int>(Collective::kAllReduce)], Algorithm::kRabenseifner);
+  EXPECT_EQ(o[static_cast<int>(Collective::kAllGather)], Algorithm::kBruck);
+  EXPECT_EQ(o[static_cast<int>(Collective::kReduce)], Algorithm::kDefault);
+  EXPECT_EQ(parseAlgorithmOverrides("allreduce:rd")[0], Algorithm::kRecursiveDoubling);
+  EXPECT_THROW(parseAlgorithmOverrides("allreduce:bruck"), std::invalid_argument);
+  EXPECT_THROW(parseAlgorithmOverrides("allreduce"), std::invalid_argument);
+  EXPECT_THROW(parseAlgorithmOverrides("nosuch:ring"), std::invalid_argument);
+  try {
+    parseAlgorithmOverrides("gather:ring");
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("it has: binomial"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace chorus::collectives
