@@ -23,7 +23,18 @@
 
 namespace {
 
-enum class Op { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kReduce, kSendRecv };
+enum class Op {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kBroadcast,
+  kReduce,
+  kSendRecv,
+  kAllToAll,
+  kGather,
+  kScatter,
+  kBarrier
+};
 
 struct OpInfo {
   const char* name;
@@ -38,6 +49,10 @@ constexpr OpInfo kOps[] = {
     {"broadcast", Op::kBroadcast, false, true},
     {"reduce", Op::kReduce, true, true},
     {"sendrecv", Op::kSendRecv, false, false},
+    {"alltoall", Op::kAllToAll, false, false},
+    {"gather", Op::kGather, false, true},
+    {"scatter", Op::kScatter, false, true},
+    {"barrier", Op::kBarrier, false, false},
 };
 
 struct TypeInfo {
@@ -79,6 +94,7 @@ struct Options {
   std::string op = "allreduce";
   int localRanks = 1;
   std::string json;
+  std::string algo;
   bool injectWrong = false;
 };
 
@@ -141,6 +157,11 @@ class Bench {
   Result measure(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
   uint64_t checkOnce(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
   void fillInputs(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
+  // Ops whose size is the whole buffer of n blocks, with count per rank (as nccl-tests).
+  static bool spreads(Op op) {
+    return op == Op::kAllGather || op == Op::kReduceScatter || op == Op::kAllToAll || op == Op::kGather ||
+           op == Op::kScatter;
+  }
   double busFactor(Op op) const {
     const double n = nranks_;
     switch (op) {
@@ -148,6 +169,9 @@ class Bench {
         return 2 * (n - 1) / n;
       case Op::kAllGather:
       case Op::kReduceScatter:
+      case Op::kAllToAll:
+      case Op::kGather:
+      case Op::kScatter:
         return (n - 1) / n;
       default:
         return 1;
@@ -166,13 +190,16 @@ class Bench {
 
 // Buffers: send holds the call's input, recv its output; sizes per op in elements:
 //   allreduce, broadcast, reduce, sendrecv: count in, count out
-//   allgather: count in, count*n out;  reducescatter: count*n in, count out.
+//   allgather, gather: count in, count*n out;  reducescatter, scatter: count*n in, count out;
+//   alltoall: count*n in and out (count per peer).
 void Bench::fillInputs(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace) {
   using chorus::pattern::store;
   const size_t size = chorusTypeSize(type);
   const size_t n = static_cast<size_t>(nranks_);
-  const size_t inCount = op == Op::kReduceScatter ? count * n : count;
-  const size_t outCount = op == Op::kAllGather ? count * n : count;
+  const bool spreadIn = op == Op::kReduceScatter || op == Op::kScatter || op == Op::kAllToAll;
+  const bool spreadOut = op == Op::kAllGather || op == Op::kGather || op == Op::kAllToAll;
+  const size_t inCount = spreadIn ? count * n : count;
+  const size_t outCount = spreadOut ? count * n : count;
   send_.assign(inCount * size + 64, 0);
   recv_.assign(std::max(outCount, inCount) * size + 64, 0);
   sendPtr_ = send_.data();
@@ -186,6 +213,16 @@ void Bench::fillInputs(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t
         sendPtr_ = recv_.data();
         recvPtr_ = recv_.data() + rank_ * count * size;
         break;
+      case Op::kGather:
+        if (rank_ == o_.root) sendPtr_ = recv_.data() + rank_ * count * size;
+        break;
+      case Op::kScatter:
+        if (rank_ == o_.root) recvPtr_ = send_.data() + rank_ * count * size;
+        break;
+      case Op::kAllToAll:
+      case Op::kSendRecv:
+      case Op::kBarrier:
+        break;  // no in-place form: the in-place columns repeat the out-of-place call
       default:
         sendPtr_ = recv_.data();
         break;
@@ -215,11 +252,22 @@ void Bench::once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count
     case Op::kReduce:
       call("reduce", chorusReduce(sendPtr_, recvPtr_, count, type, redop, o_.root, comm_, nullptr));
       break;
+    case Op::kAllToAll:
+      call("alltoall", chorusAllToAll(sendPtr_, recvPtr_, count, type, comm_, nullptr));
+      break;
+    case Op::kGather:
+      call("gather", chorusGather(sendPtr_, recvPtr_, count, type, o_.root, comm_, nullptr));
+      break;
+    case Op::kScatter:
+      call("scatter", chorusScatter(sendPtr_, recvPtr_, count, type, o_.root, comm_, nullptr));
+      break;
+    case Op::kBarrier:
+      call("barrier", chorusBarrier(comm_, nullptr));
+      break;
     case Op::kSendRecv: {
       const int next = (rank_ + 1) % nranks_;
       const int prev = (rank_ + nranks_ - 1) % nranks_;
-      // In place makes no sense for a shift; both columns run the out-of-place form.
-      char* into = sendPtr_ == recvPtr_ ? send_.data() : recvPtr_;
+      char* into = recvPtr_;
       call("group start", chorusGroupStart());
       call("send", chorusSend(sendPtr_, count, type, next, comm_, nullptr));
       call("recv", chorusRecv(into, count, type, prev, comm_, nullptr));
@@ -233,10 +281,8 @@ uint64_t Bench::checkOnce(Op op, chorusDataType_t type, chorusRedOp_t redop, siz
   using namespace chorus::pattern;
   fillInputs(op, type, redop, count, inPlace);
   once(op, type, redop, count, inPlace);
-  if (o_.injectWrong && rank_ == (op == Op::kReduce ? o_.root : 0) && count > 0) {
-    // Test hook: spoil one received element, to show that the check catches it.
-    char* target = op == Op::kSendRecv && sendPtr_ == recvPtr_ ? send_.data() : recvPtr_;
-    target[0] = static_cast<char>(~target[0]);
+  if (o_.injectWrong && rank_ == (op == Op::kReduce || op == Op::kGather ? o_.root : 0) && count > 0) {
+    recvPtr_[0] = static_cast<char>(~recvPtr_[0]);  // test hook: spoil one received element
   }
   const int n = nranks_;
   const int root = o_.root;
@@ -263,10 +309,27 @@ uint64_t Bench::checkOnce(Op op, chorusDataType_t type, chorusRedOp_t redop, siz
       break;
     case Op::kSendRecv: {
       const int prev = (rank_ + n - 1) % n;
-      const char* got = sendPtr_ == recvPtr_ ? send_.data() : recvPtr_;
+      const char* got = recvPtr_;
       wrong = countWrong(got, count, type, [&](size_t i) { return asStored(type, moveInput(prev, i)); });
       break;
     }
+    case Op::kAllToAll:
+      wrong = countWrong(recvPtr_, count * n, type, [&](size_t j) {
+        return asStored(type, moveInput(static_cast<int>(j / count), rank_ * count + j % count));
+      });
+      break;
+    case Op::kGather:
+      if (rank_ == root) {
+        wrong = countWrong(recvPtr_, count * n, type,
+                           [&](size_t j) { return asStored(type, moveInput(static_cast<int>(j / count), j % count)); });
+      }
+      break;
+    case Op::kScatter:
+      wrong = countWrong(recvPtr_, count, type,
+                         [&](size_t i) { return asStored(type, moveInput(root, rank_ * count + i)); });
+      break;
+    case Op::kBarrier:
+      break;  // nothing to check but that it returned
   }
   uint64_t total = 0;
   call("allreduce of #wrong", chorusAllReduce(&wrong, &total, 1, chorusUint64, chorusSum, comm_, nullptr));
@@ -286,7 +349,7 @@ Result Bench::measure(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t 
   const double avgSeconds = sum / nranks_;  // nccl-tests reports the rank average
   const size_t size = chorusTypeSize(type);
   const size_t n = static_cast<size_t>(nranks_);
-  const size_t bytes = (op == Op::kAllGather || op == Op::kReduceScatter) ? count * n * size : count * size;
+  const size_t bytes = spreads(op) ? count * n * size : count * size;
   result.timeUs = avgSeconds * 1e6;
   result.algbw = avgSeconds > 0 ? static_cast<double>(bytes) / 1e9 / avgSeconds : 0;
   result.busbw = result.algbw * busFactor(op);
@@ -344,15 +407,46 @@ int Bench::run() {
     }
   }
   if (print) {
-    std::printf("#\n# %10s  %12s  %8s  %6s  %6s  %9s  %7s  %7s  %6s  %9s  %7s  %7s  %6s\n", "", "", "", "", "",
-                "out-of-place", "", "", "", "in-place", "", "", "");
-    std::printf("# %10s  %12s  %8s  %6s  %6s  %9s  %7s  %7s  %6s  %9s  %7s  %7s  %6s\n", "size", "count", "type",
-                "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
-    std::printf("# %10s  %12s  %8s  %6s  %6s  %9s  %7s  %7s  %6s  %9s  %7s  %7s  %6s\n", "(B)", "(elements)", "", "",
-                "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+    // nccl-tests' header, with an algo column after root when --algo is given.
+    const bool algoColumn = !o_.algo.empty();
+    auto line = [&](const char* a, const char* b, const char* c, const char* d, const char* e, const char* algo,
+                    const char* f, const char* g, const char* h, const char* i, const char* j, const char* k,
+                    const char* l, const char* m) {
+      std::printf("# %10s  %12s  %8s  %6s  %6s", a, b, c, d, e);
+      if (algoColumn) std::printf("  %20s", algo);
+      std::printf("  %9s  %7s  %7s  %6s  %9s  %7s  %7s  %6s\n", f, g, h, i, j, k, l, m);
+    };
+    std::printf("#\n");
+    line("", "", "", "", "", "", "out-of-place", "", "", "", "in-place", "", "", "");
+    line("size", "count", "type", "redop", "root", "algo", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
+         "#wrong");
+    line("(B)", "(elements)", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
     std::fflush(stdout);
   }
 
+  // --algo: one algorithm, or all of the collective's, measured side by side per size.
+  std::vector<std::string> algos{""};
+  if (!o_.algo.empty()) {
+    const char* names = opInfo->op == Op::kSendRecv ? nullptr : chorusAlgorithmNames(opInfo->name);
+    if (names == nullptr) {
+      if (print) std::fprintf(stderr, "collbench: --algo does not apply to %s\n", opInfo->name);
+      return 2;
+    }
+    algos.clear();
+    const std::string all = o_.algo == "all" ? names : o_.algo;
+    for (size_t start = 0; start <= all.size();) {
+      const size_t end = std::min(all.find(',', start), all.size());
+      if (end > start) algos.push_back(all.substr(start, end - start));
+      start = end + 1;
+    }
+    for (const std::string& algo : algos) {
+      const std::string spec = std::string(opInfo->name) + ":" + algo;
+      if (chorusCommSetAlgorithms(comm_, spec.c_str()) != chorusSuccess) {
+        if (print) std::fprintf(stderr, "collbench: --algo %s: %s\n", algo.c_str(), chorusGetLastError(comm_));
+        return 2;
+      }
+    }
+  }
   nlohmann::json rows = nlohmann::json::array();
   uint64_t totalWrong = 0;
   double busbwSum = 0;
@@ -363,22 +457,27 @@ int Bench::run() {
       const size_t size = chorusTypeSize(type);
       size_t bytes = o_.minBytes;
       for (;;) {
-        // Elements per call, as nccl-tests: all-gather and reduce-scatter split the size over ranks.
-        size_t count = bytes / size;
-        if (opInfo->op == Op::kAllGather || opInfo->op == Op::kReduceScatter) count /= n;
-        const size_t shownBytes =
-            (opInfo->op == Op::kAllGather || opInfo->op == Op::kReduceScatter) ? count * n * size : count * size;
-        const Result outOfPlace = measure(opInfo->op, type, redop, count, false);
-        const Result inPlace = measure(opInfo->op, type, redop, count, true);
-        totalWrong += outOfPlace.wrong + inPlace.wrong;
-        busbwSum += outOfPlace.busbw + inPlace.busbw;
-        busbwCount += 2;
-        if (print) {
-          std::printf("  %10zu  %12zu  %8s  %6s  %6d  %9.2f  %7.2f  %7.2f  %6s  %9.2f  %7.2f  %7.2f  %6s\n", shownBytes,
-                      count, chorusTypeName(type), opInfo->reduces ? chorusOpName(redop) : "none",
-                      opInfo->rooted ? o_.root : -1, outOfPlace.timeUs, outOfPlace.algbw, outOfPlace.busbw,
-                      o_.check ? std::to_string(outOfPlace.wrong).c_str() : "N/A", inPlace.timeUs, inPlace.algbw,
-                      inPlace.busbw, o_.check ? std::to_string(inPlace.wrong).c_str() : "N/A");
+        // Elements per call, as nccl-tests: ops over n blocks split the size over ranks.
+        size_t count = opInfo->op == Op::kBarrier ? 0 : bytes / size;
+        if (spreads(opInfo->op)) count /= n;
+        const size_t shownBytes = spreads(opInfo->op) ? count * n * size : count * size;
+        for (const std::string& algo : algos) {
+          if (!algo.empty()) {
+            call("chorusCommSetAlgorithms",
+                 chorusCommSetAlgorithms(comm_, (std::string(opInfo->name) + ":" + algo).c_str()));
+          }
+          const Result outOfPlace = measure(opInfo->op, type, redop, count, false);
+          const Result inPlace = measure(opInfo->op, type, redop, count, true);
+          totalWrong += outOfPlace.wrong + inPlace.wrong;
+          busbwSum += outOfPlace.busbw + inPlace.busbw;
+          busbwCount += 2;
+          if (!print) continue;
+          std::printf("  %10zu  %12zu  %8s  %6s  %6d", shownBytes, count, chorusTypeName(type),
+                      opInfo->reduces ? chorusOpName(redop) : "none", opInfo->rooted ? o_.root : -1);
+          if (!o_.algo.empty()) std::printf("  %20s", algo.c_str());
+          std::printf("  %9.2f  %7.2f  %7.2f  %6s  %9.2f  %7.2f  %7.2f  %6s\n", outOfPlace.timeUs, outOfPlace.algbw,
+                      outOfPlace.busbw, o_.check ? std::to_string(outOfPlace.wrong).c_str() : "N/A", inPlace.timeUs,
+                      inPlace.algbw, inPlace.busbw, o_.check ? std::to_string(inPlace.wrong).c_str() : "N/A");
           std::fflush(stdout);
           auto side = [&](const Result& r) {
             nlohmann::json j = {{"time_us", r.timeUs}, {"algbw_GBps", r.algbw}, {"busbw_GBps", r.busbw}};
@@ -391,10 +490,12 @@ int Bench::run() {
                           {"type", chorusTypeName(type)},
                           {"redop", opInfo->reduces ? chorusOpName(redop) : "none"},
                           {"root", opInfo->rooted ? o_.root : -1},
+                          {"algo", algo.empty() ? "default" : algo},
                           {"nranks", nranks_},
                           {"out_of_place", side(outOfPlace)},
                           {"in_place", side(inPlace)}});
         }
+        if (opInfo->op == Op::kBarrier) break;  // one row: a barrier has no size
         if (bytes >= o_.maxBytes) break;
         const size_t nextBytes =
             o_.factorGiven ? static_cast<size_t>(static_cast<double>(bytes) * o_.stepFactor) : bytes + o_.stepBytes;
@@ -466,6 +567,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--json", o.json, "write every row to this JSON file");
+  app.add_option(
+      "--algo", o.algo,
+      "force an algorithm (see chorusAlgorithmNames), a comma-separated list, or all: one row each per size");
   // --op selects the collective, as the chorus docs say; -o stays nccl-tests' reduction op.
   app.add_option("--op", o.op, "same as --coll");
   app.add_flag("--inject-wrong", o.injectWrong, "test hook: spoil one received element before the check")->group("");

@@ -106,11 +106,12 @@ typedef struct {
   int timeoutMs;         /* per-operation wait limit in ms; -1: CHORUS_TIMEOUT_MS or default */
   int initTimeoutMs;     /* bootstrap wait limit in ms; -1: CHORUS_INIT_TIMEOUT_MS or default */
   const char* transport; /* "auto", "shm" or "tcp"; NULL: CHORUS_TRANSPORT or "auto" */
+  const char* algorithms; /* overrides as CHORUS_ALGO ("allreduce:ring,allgather:bruck"); NULL: CHORUS_ALGO */
 } chorusConfig_t;
 
 #define CHORUS_CONFIG_MAGIC 0xc405c0f1u
 #define CHORUS_CONFIG_INITIALIZER \
-  { sizeof(chorusConfig_t), CHORUS_CONFIG_MAGIC, CHORUS_VERSION_CODE, 1, -1, -1, NULL }
+  { sizeof(chorusConfig_t), CHORUS_CONFIG_MAGIC, CHORUS_VERSION_CODE, 1, -1, -1, NULL, NULL }
 
 /* Writes the library version (CHORUS_VERSION_CODE form) to *version. Any thread. */
 CHORUS_API chorusResult_t chorusGetVersion(int* version);
@@ -163,6 +164,22 @@ CHORUS_API chorusResult_t chorusCommDestroy(chorusComm_t comm);
  * inside a call on it (the handle is freed). */
 CHORUS_API chorusResult_t chorusCommAbort(chorusComm_t comm);
 
+/* Sets which algorithm later calls of each named collective use on this communicator, in
+ * CHORUS_ALGO's syntax: "allreduce:rabenseifner,allgather:bruck"; a collective not named keeps
+ * its setting, and "allreduce:default" returns it to the library's choice. Every rank must set
+ * the same, between the same calls. Algorithms: allreduce ring tree recursive_doubling
+ * rabenseifner; allgather ring recursive_doubling bruck; reducescatter ring recursive_halving;
+ * broadcast chain binomial scatter_allgather; reduce chain binomial reducescatter_gather;
+ * alltoall pairwise bruck; alltoallv pairwise; gather binomial; scatter binomial; barrier
+ * dissemination. Errors: chorusInvalidArgument naming an entry that is malformed or names an
+ * algorithm the collective does not have (nothing is changed then); chorusInvalidUsage. */
+CHORUS_API chorusResult_t chorusCommSetAlgorithms(chorusComm_t comm, const char* algorithms);
+
+/* The algorithms of a collective ("allreduce", "alltoall", ...), comma-separated, default first,
+ * e.g. "ring,tree,recursive_doubling,rabenseifner"; NULL for an unknown collective. Static
+ * string; any thread. */
+CHORUS_API const char* chorusAlgorithmNames(const char* collective);
+
 /* Writes the number of ranks / this process's rank. Errors: chorusInvalidUsage for a handle that
  * is not live, chorusInvalidArgument for a NULL output pointer. */
 CHORUS_API chorusResult_t chorusCommCount(const chorusComm_t comm, int* count);
@@ -203,6 +220,30 @@ CHORUS_API chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, 
  * NULL elsewhere). In place: sendbuff == recvbuff on root. */
 CHORUS_API chorusResult_t chorusReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                                        chorusRedOp_t op, int root, chorusComm_t comm, chorusStream_t stream);
+
+/* All-to-all: rank r's block j (count elements at sendbuff + j*count) lands in rank j's block r
+ * (recvbuff + r*count). Both buffers hold nranks*count elements and must not overlap (no in-place
+ * form). */
+CHORUS_API chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                         chorusComm_t comm, chorusStream_t stream);
+
+/* All-to-all with per-peer sizes: sendcounts[j] elements at sendbuff + sdispls[j] go to rank j,
+ * which receives them as recvcounts[r] elements at recvbuff + rdispls[r] (counts and
+ * displacements in elements; the arrays have nranks entries; each pair must agree on its
+ * count). Buffers must not overlap. */
+CHORUS_API chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls,
+                                          void* recvbuff, const size_t* recvcounts, const size_t* rdispls,
+                                          chorusDataType_t datatype, chorusComm_t comm, chorusStream_t stream);
+
+/* Gather: root's recvbuff[r*sendcount + i] = rank r's sendbuff[i]. recvbuff is read on root only
+ * (may be NULL elsewhere). In place on root: sendbuff == recvbuff + root*sendcount. */
+CHORUS_API chorusResult_t chorusGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                       chorusDataType_t datatype, int root, chorusComm_t comm, chorusStream_t stream);
+
+/* Scatter: rank r's recvbuff[i] = root's sendbuff[r*recvcount + i]. sendbuff is read on root only.
+ * In place on root: recvbuff == sendbuff + root*recvcount. */
+CHORUS_API chorusResult_t chorusScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                        chorusDataType_t datatype, int root, chorusComm_t comm, chorusStream_t stream);
 
 /* Point to point. Messages between a pair of ranks match in the order they were posted; a send
  * and its recv must agree on count and datatype (a mismatch is an error on both sides).

@@ -11,6 +11,7 @@
 
 #include "chorus/chorus.h"
 #include "kernels/cpu/reduce.h"
+#include "src/collectives/algorithm.h"
 #include "src/core/bootstrap.h"
 #include "src/core/communicator.h"
 #include "src/core/config.h"
@@ -434,6 +435,89 @@ chorusResult_t chorusReduce(const void* sendbuff, void* recvbuff, size_t count, 
   }));
 }
 
+chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                              chorusComm_t comm, chorusStream_t stream) {
+  return record(guarded([&] {
+    Communicator& c = live(comm, "chorusAllToAll");
+    const char* call = "chorusAllToAll";
+    checkType(datatype, call, c.rank());
+    checkCount(count, static_cast<size_t>(c.nranks()), datatype, call, c.rank());
+    checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
+    checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
+    checkStream(stream, call, c.rank());
+    if (count > 0 && sendbuff == recvbuff) {
+      fail(chorusInvalidArgument, "rank {}: {}: sendbuff and recvbuff are the same buffer (no in-place all-to-all)",
+           c.rank(), call);
+    }
+    submit(comm, c.prepare(Collective::kAllToAll, sendbuff, recvbuff, count, datatype, chorusSum, 0));
+  }));
+}
+
+chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls, void* recvbuff,
+                               const size_t* recvcounts, const size_t* rdispls, chorusDataType_t datatype,
+                               chorusComm_t comm, chorusStream_t stream) {
+  return record(guarded([&] {
+    Communicator& c = live(comm, "chorusAllToAllv");
+    const char* call = "chorusAllToAllv";
+    checkType(datatype, call, c.rank());
+    checkStream(stream, call, c.rank());
+    if (sendcounts == nullptr || sdispls == nullptr || recvcounts == nullptr || rdispls == nullptr) {
+      fail(chorusInvalidArgument, "rank {}: {}: a count or displacement array is NULL", c.rank(), call);
+    }
+    size_t sendTotal = 0, recvTotal = 0;
+    for (int peer = 0; peer < c.nranks(); ++peer) {
+      checkCount(sendcounts[peer], 1, datatype, call, c.rank());
+      checkCount(recvcounts[peer], 1, datatype, call, c.rank());
+      checkCount(sdispls[peer], 2, datatype, call, c.rank());
+      checkCount(rdispls[peer], 2, datatype, call, c.rank());
+      sendTotal += sendcounts[peer];
+      recvTotal += recvcounts[peer];
+    }
+    checkBuffer(sendbuff, sendTotal, "sendbuff", call, c.rank());
+    checkBuffer(recvbuff, recvTotal, "recvbuff", call, c.rank());
+    const size_t* vector[4] = {sendcounts, sdispls, recvcounts, rdispls};
+    submit(comm, c.prepare(Collective::kAllToAllv, sendbuff, recvbuff, 0, datatype, chorusSum, 0, vector));
+  }));
+}
+
+chorusResult_t chorusGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                            int root, chorusComm_t comm, chorusStream_t stream) {
+  return record(guarded([&] {
+    Communicator& c = live(comm, "chorusGather");
+    const char* call = "chorusGather";
+    checkType(datatype, call, c.rank());
+    checkRank(root, c.nranks(), "root", call, c.rank());
+    checkCount(sendcount, static_cast<size_t>(c.nranks()), datatype, call, c.rank());
+    checkBuffer(sendbuff, sendcount, "sendbuff", call, c.rank());
+    if (c.rank() == root) checkBuffer(recvbuff, sendcount, "recvbuff", call, c.rank());
+    checkStream(stream, call, c.rank());
+    submit(comm, c.prepare(Collective::kGather, sendbuff, recvbuff, sendcount, datatype, chorusSum, root));
+  }));
+}
+
+chorusResult_t chorusScatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                             int root, chorusComm_t comm, chorusStream_t stream) {
+  return record(guarded([&] {
+    Communicator& c = live(comm, "chorusScatter");
+    const char* call = "chorusScatter";
+    checkType(datatype, call, c.rank());
+    checkRank(root, c.nranks(), "root", call, c.rank());
+    checkCount(recvcount, static_cast<size_t>(c.nranks()), datatype, call, c.rank());
+    if (c.rank() == root) checkBuffer(sendbuff, recvcount, "sendbuff", call, c.rank());
+    checkBuffer(recvbuff, recvcount, "recvbuff", call, c.rank());
+    checkStream(stream, call, c.rank());
+    submit(comm, c.prepare(Collective::kScatter, sendbuff, recvbuff, recvcount, datatype, chorusSum, root));
+  }));
+}
+
+chorusResult_t chorusCommSetAlgorithms(chorusComm_t comm, const char* algorithms) {
+  return guarded([&] {
+    Communicator& c = live(comm, "chorusCommSetAlgorithms");
+    if (algorithms == nullptr) fail(chorusInvalidArgument, "chorusCommSetAlgorithms: algorithms is NULL");
+    c.setAlgorithms(algorithms);
+  });
+}
+
 chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
                           chorusStream_t stream) {
   return record(guarded([&] {
@@ -468,7 +552,7 @@ chorusResult_t chorusBarrier(chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
     Communicator& c = live(comm, "chorusBarrier");
     checkStream(stream, "chorusBarrier", c.rank());
-    submit(comm, c.prepareBarrier());
+    submit(comm, c.prepare(Collective::kBarrier, nullptr, nullptr, 0, chorusUint8, chorusSum, 0));
   }));
 }
 
@@ -492,6 +576,21 @@ chorusResult_t chorusGroupEnd(void) {
     if (ops.empty()) return;
     live(comm, "chorusGroupEnd").run(ops);
   });
+}
+
+const char* chorusAlgorithmNames(const char* collective) {
+  static const auto names = [] {
+    std::vector<std::string> all(chorus::collectives::kCollectiveCount);
+    for (int c = 0; c < chorus::collectives::kCollectiveCount; ++c) {
+      for (auto a : chorus::collectives::algorithmsFor(static_cast<Collective>(c))) {
+        all[c] += std::string(all[c].empty() ? "" : ",") + chorus::collectives::algorithmName(a);
+      }
+    }
+    return all;
+  }();
+  Collective c;
+  if (collective == nullptr || !chorus::collectives::parseCollective(collective, &c)) return nullptr;
+  return names[static_cast<int>(c)].c_str();
 }
 
 size_t chorusTypeSize(chorusDataType_t datatype) { return chorus::kernels::typeSize(datatype); }

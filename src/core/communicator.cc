@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -53,10 +54,12 @@ CommSettings CommSettings::resolve(const chorusConfig_t* config) {
   s.transport = knobString(Knob::kTransport);
   s.chunkBytes = static_cast<size_t>(knobInt(Knob::kChunkBytes));
   s.spinUs = static_cast<int>(knobInt(Knob::kSpinUs));
+  s.algorithms = knobString(Knob::kAlgo);
   if (config != nullptr) {
     if (config->timeoutMs >= 0) s.timeoutMs = config->timeoutMs;
     if (config->initTimeoutMs >= 0) s.initTimeoutMs = config->initTimeoutMs;
     if (config->transport != nullptr) s.transport = config->transport;
+    if (config->algorithms != nullptr) s.algorithms = config->algorithms;
   }
   if (s.transport != "auto" && s.transport != "shm" && s.transport != "tcp") {
     fail(chorusInvalidArgument, "transport '{}' (CHORUS_TRANSPORT or config) is not one of auto, shm, tcp",
@@ -71,9 +74,10 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
       nranks_(nranks),
       settings_(settings),
       sendSequence_(nranks),
-      recvSequence_(nranks),
-      barrierBytes_(static_cast<size_t>(nranks) + 1) {
+      recvSequence_(nranks) {
   logKnobs(rank);
+  algorithms_.fill(collectives::Algorithm::kDefault);
+  setAlgorithms(settings.algorithms);
   bootstrap_ = std::make_unique<Bootstrap>(rank, nranks);
   dataListener_ = listenOn(defaultLocalAddress());
 
@@ -147,8 +151,24 @@ std::string Communicator::transportName(int peer) const {
   return peer >= 0 && peer < nranks_ && transportOfPeer_[peer] ? transportOfPeer_[peer]->name() : "none";
 }
 
+void Communicator::setAlgorithms(const std::string& text) {
+  collectives::AlgorithmOverrides parsed;
+  try {
+    parsed = collectives::parseAlgorithmOverrides(text);
+  } catch (const std::invalid_argument& e) {
+    fail(chorusInvalidArgument, "rank {}: algorithm overrides '{}': {}", rank_, text, e.what());
+  }
+  for (int c = 0; c < collectives::kCollectiveCount; ++c) {
+    if (parsed[c] != collectives::Algorithm::kDefault || text.find(std::string(collectives::collectiveName(
+                                                              static_cast<collectives::Collective>(c))) +
+                                                          ":default") != std::string::npos) {
+      algorithms_[c] = parsed[c];
+    }
+  }
+}
+
 PreparedOp Communicator::prepare(collectives::Collective collective, const void* input, void* output, size_t count,
-                                 chorusDataType_t type, chorusRedOp_t op, int rootOrPeer) {
+                                 chorusDataType_t type, chorusRedOp_t op, int rootOrPeer, const size_t* const* vector) {
   using collectives::Collective;
   collectives::ScheduleArgs args;
   args.collective = collective;
@@ -159,6 +179,13 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   args.root = rootOrPeer;
   args.divide = op == chorusAvg;
   args.chunkBytes = settings_.chunkBytes;
+  args.algorithm = algorithms_[static_cast<int>(collective)];
+  if (vector != nullptr) {
+    args.sendCounts = vector[0];
+    args.sendDispls = vector[1];
+    args.recvCounts = vector[2];
+    args.recvDispls = vector[3];
+  }
 
   PreparedOp prepared;
   prepared.schedule = collectives::buildSchedule(args);
@@ -168,13 +195,14 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   prepared.op = op;
   const bool reduces = collective == Collective::kAllReduce || collective == Collective::kReduceScatter ||
                        collective == Collective::kReduce;
-  const bool rooted = collective == Collective::kBroadcast || collective == Collective::kReduce;
+  const bool rooted = collective == Collective::kBroadcast || collective == Collective::kReduce ||
+                      collective == Collective::kGather || collective == Collective::kScatter;
   if (collective == Collective::kSend || collective == Collective::kRecv) {
     uint64_t& sequence = collective == Collective::kSend ? sendSequence_[rootOrPeer] : recvSequence_[rootOrPeer];
     prepared.tag = makeTag(TagKind::kPointToPoint, sequence, signatureOf(Collective::kSend, count, type, chorusSum, 0));
-    prepared.what =
-        fmt::format("{} #{} (count {} {}, {} rank {})", collectives::collectiveName(collective), sequence, count,
-                    chorusTypeName(type), collective == Collective::kSend ? "to" : "from", rootOrPeer);
+    prepared.what = fmt::format("{} #{} (count {} {}, {} rank {})", collectives::collectiveName(collective), sequence,
+                                count, chorusTypeName(type), collective == Collective::kSend ? "to" : "from",
+                                rootOrPeer);
     ++sequence;
     return prepared;
   }
@@ -186,13 +214,13 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   if (rooted) detail += fmt::format(" root {}", rootOrPeer);
   prepared.what = fmt::format("{} #{} ({}, {})", collectives::collectiveName(collective), sequence, detail,
                               prepared.schedule.algorithm);
-  return prepared;
-}
-
-PreparedOp Communicator::prepareBarrier() {
-  PreparedOp prepared = prepare(collectives::Collective::kAllGather, &barrierBytes_[nranks_], barrierBytes_.data(), 1,
-                                chorusUint8, chorusSum, 0);
-  prepared.what = "barrier" + prepared.what.substr(prepared.what.find(' '));
+  const std::pair<int, int> choice{static_cast<int>(collective), static_cast<int>(args.algorithm)};
+  if (logEnabled(LogLevel::kInfo) && std::find(loggedChoices_.begin(), loggedChoices_.end(), choice) == loggedChoices_.end()) {
+    loggedChoices_.push_back(choice);
+    logAt(LogLevel::kInfo, "rank {}: {} uses {} ({})", rank_, collectives::collectiveName(collective),
+          prepared.schedule.algorithm,
+          args.algorithm == collectives::Algorithm::kDefault ? "the default" : "set by CHORUS_ALGO or the caller");
+  }
   return prepared;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "chorus/chorus.h"
+#include "src/collectives/algorithm.h"
 #include "src/collectives/schedule.h"
 #include "src/core/bootstrap.h"
 #include "src/core/executor.h"
@@ -20,6 +21,7 @@ struct CommSettings {
   int timeoutMs = 300000;
   int initTimeoutMs = 120000;
   std::string transport = "auto";
+  std::string algorithms;  // CHORUS_ALGO syntax
   size_t chunkBytes = 512 * 1024;
   int spinUs = 20;
 
@@ -37,11 +39,14 @@ class Communicator {
   int nranks() const { return nranks_; }
   const CommSettings& settings() const { return settings_; }
 
-  // Builds the schedule and tag of a collective or point-to-point call (arguments checked).
+  // Builds the schedule and tag of a call (arguments checked). `vector` holds all-to-allv's
+  // counts and displacements (send counts, send displs, recv counts, recv displs).
   PreparedOp prepare(collectives::Collective collective, const void* input, void* output, size_t count,
-                     chorusDataType_t type, chorusRedOp_t op, int rootOrPeer);
-  // A barrier's all-gather of one byte per rank over buffers the communicator owns.
-  PreparedOp prepareBarrier();
+                     chorusDataType_t type, chorusRedOp_t op, int rootOrPeer,
+                     const size_t* const* vector = nullptr);
+
+  // Applies overrides in CHORUS_ALGO syntax (throws chorusInvalidArgument; nothing changes then).
+  void setAlgorithms(const std::string& text);
 
   // Runs prepared ops as one stream (a single call, or a group).
   void run(std::vector<PreparedOp>& ops);
@@ -66,7 +71,8 @@ class Communicator {
   std::vector<uint64_t> sendSequence_;
   std::vector<uint64_t> recvSequence_;
   std::vector<char> scratch_;
-  std::vector<char> barrierBytes_;
+  collectives::AlgorithmOverrides algorithms_{};
+  std::vector<std::pair<int, int>> loggedChoices_;  // (collective, algorithm) already logged
   std::atomic<bool> aborted_{false};
   std::string broken_;
 };

@@ -27,6 +27,7 @@ constexpr KnobSpec kKnobs[] = {
     {"CHORUS_SHM_SLOTS", "8", "slots per shared-memory FIFO (one FIFO per ordered pair of ranks)"},
     {"CHORUS_SPIN_US", "20", "how long a wait spins before it blocks (ranks may outnumber cores)"},
     {"CHORUS_BOOTSTRAP_ADDR", "", "IP address to listen on (default: first non-loopback IPv4)"},
+    {"CHORUS_ALGO", "", "algorithm per collective, e.g. allreduce:ring,allgather:bruck (default: chosen per call)"},
 };
 static_assert(sizeof(kKnobs) / sizeof(kKnobs[0]) == static_cast<size_t>(Knob::kCount));
 

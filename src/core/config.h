@@ -17,6 +17,7 @@ enum class Knob {
   kShmSlots,       // CHORUS_SHM_SLOTS: slots per shared-memory FIFO
   kSpinUs,         // CHORUS_SPIN_US: how long a wait spins before it blocks
   kBootstrapAddr,  // CHORUS_BOOTSTRAP_ADDR: address this process listens on
+  kAlgo,           // CHORUS_ALGO: per-collective algorithm overrides
   kCount
 };
 

@@ -4,3 +4,17 @@ source "$(dirname "$0")/lib.sh"
 for op in allreduce allgather reducescatter broadcast reduce sendrecv; do
   run_clean "$collbench" -g 4 --op "$op" -b 8 -e 64K -f 64 -n 2 -w 1 -c 1 -d all -o all -r 3
 done
+for op in alltoall gather scatter barrier; do
+  run_clean "$collbench" -g 3 --op "$op" -b 8 -e 64K -f 64 -n 2 -w 1 -c 1 -d all -r 2
+done
+# Every algorithm of a collective, side by side, with the check.
+for op in allreduce allgather reducescatter broadcast reduce alltoall; do
+  run_clean "$collbench" -g 3 --op "$op" -b 8 -e 1M -f 128 -n 2 -w 1 -c 1 --algo all | tee "$work/algo.txt"
+  # Three sizes (8 B, 1 KiB, 128 KiB... capped at 1 MiB) times the number of distinct algorithms.
+  sizes=$(grep -E '^ +[0-9]' "$work/algo.txt" | awk '{print $1}' | sort -u | wc -l)
+  algos=$(grep -E '^ +[0-9]' "$work/algo.txt" | awk '{print $6}' | sort -u | wc -l)
+  rows=$(grep -cE '^ +[0-9]' "$work/algo.txt")
+  [ "$algos" -ge 2 ] || fail "--algo all ran $algos algorithm(s) for $op"
+  [ "$rows" = $((sizes * algos)) ] || fail "--algo all printed $rows rows for $sizes sizes x $algos algorithms"
+done
+if "$collbench" -g 2 --op allgather --algo tree >/dev/null 2>&1; then fail "an inapplicable --algo was accepted"; fi

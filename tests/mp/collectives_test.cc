@@ -12,144 +12,18 @@
 #include <vector>
 
 #include "bench/pattern.h"
+#include "tests/support/collective_checks.h"
 #include "tests/support/multiprocess.h"
 
 namespace chorus {
 namespace {
 
-using pattern::expectedReduce;
-using pattern::moveInput;
-using pattern::reduceInput;
+using namespace chorus::testing;
 
 constexpr size_t kCounts[] = {0, 1, 7, 1023, (1u << 20) + 3};
 constexpr chorusDataType_t kTypes[] = {chorusInt8,   chorusUint8,   chorusInt32,   chorusUint32,  chorusInt64,
                                        chorusUint64, chorusFloat16, chorusFloat32, chorusFloat64, chorusBfloat16};
 constexpr chorusRedOp_t kOps[] = {chorusSum, chorusProd, chorusMax, chorusMin, chorusAvg};
-
-struct Buffer {
-  explicit Buffer(size_t bytes) : bytes_(bytes + 64) {}
-  // NULL when empty, to check that count 0 accepts NULL buffers.
-  char* data() { return bytes_.size() > 64 ? bytes_.data() : nullptr; }
-  std::vector<char> bytes_;
-};
-
-std::string describe(const char* what, int nranks, size_t count, chorusDataType_t type, const char* op, bool inPlace) {
-  return std::string(what) + " nranks=" + std::to_string(nranks) + " count=" + std::to_string(count) +
-         " type=" + chorusTypeName(type) + " op=" + op + (inPlace ? " in-place" : " out-of-place");
-}
-
-void checkAllReduce(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, chorusRedOp_t op,
-                    bool inPlace) {
-  const size_t size = chorusTypeSize(type);
-  Buffer send(count * size), recv(count * size);
-  for (size_t i = 0; i < count; ++i) pattern::store(send.data(), i, type, reduceInput(op, type, rank, i));
-  const std::vector<char> original = send.bytes_;
-  char* out = inPlace ? send.data() : recv.data();
-  const std::string what = describe("allreduce", n, count, type, chorusOpName(op), inPlace);
-  ASSERT_EQ(chorusAllReduce(send.data(), out, count, type, op, comm, nullptr), chorusSuccess)
-      << what << ": " << chorusGetLastError(comm);
-  EXPECT_EQ(pattern::countWrong(out, count, type, [&](size_t i) { return expectedReduce(op, type, n, i); }), 0u)
-      << what;
-  if (!inPlace) {
-    EXPECT_TRUE(original == send.bytes_) << what << ": the input changed";
-  }
-}
-
-void checkReduceScatter(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, chorusRedOp_t op,
-                        bool inPlace) {
-  const size_t size = chorusTypeSize(type);
-  Buffer send(count * n * size), recv(count * size);
-  for (size_t j = 0; j < count * n; ++j) pattern::store(send.data(), j, type, reduceInput(op, type, rank, j));
-  char* out = inPlace ? (count ? send.data() + rank * count * size : nullptr) : recv.data();
-  const std::string what = describe("reducescatter", n, count, type, chorusOpName(op), inPlace);
-  ASSERT_EQ(chorusReduceScatter(send.data(), out, count, type, op, comm, nullptr), chorusSuccess)
-      << what << ": " << chorusGetLastError(comm);
-  EXPECT_EQ(
-      pattern::countWrong(out, count, type, [&](size_t i) { return expectedReduce(op, type, n, rank * count + i); }),
-      0u)
-      << what;
-}
-
-void checkReduce(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, chorusRedOp_t op,
-                 bool inPlace, int root) {
-  const size_t size = chorusTypeSize(type);
-  Buffer send(count * size), recv(count * size);
-  for (size_t i = 0; i < count; ++i) pattern::store(send.data(), i, type, reduceInput(op, type, rank, i));
-  char* out = inPlace ? send.data() : (rank == root ? recv.data() : nullptr);
-  const std::string what =
-      describe("reduce", n, count, type, chorusOpName(op), inPlace) + " root=" + std::to_string(root);
-  ASSERT_EQ(chorusReduce(send.data(), out, count, type, op, root, comm, nullptr), chorusSuccess)
-      << what << ": " << chorusGetLastError(comm);
-  if (rank == root) {
-    EXPECT_EQ(pattern::countWrong(out, count, type, [&](size_t i) { return expectedReduce(op, type, n, i); }), 0u)
-        << what;
-  }
-}
-
-void checkAllGather(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, bool inPlace) {
-  const size_t size = chorusTypeSize(type);
-  Buffer send(count * size), recv(count * n * size);
-  char* in = inPlace ? (count ? recv.data() + rank * count * size : nullptr) : send.data();
-  for (size_t i = 0; i < count; ++i) pattern::store(in, i, type, moveInput(rank, i));
-  const std::string what = describe("allgather", n, count, type, "-", inPlace);
-  ASSERT_EQ(chorusAllGather(in, recv.data(), count, type, comm, nullptr), chorusSuccess)
-      << what << ": " << chorusGetLastError(comm);
-  EXPECT_EQ(pattern::countWrong(
-                recv.data(), count * n, type,
-                [&](size_t j) { return pattern::asStored(type, moveInput(static_cast<int>(j / count), j % count)); }),
-            0u)
-      << what;
-}
-
-void checkBroadcast(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, bool inPlace, int root) {
-  const size_t size = chorusTypeSize(type);
-  Buffer send(count * size), recv(count * size);
-  char* out = recv.data();
-  char* in = inPlace ? out : send.data();
-  if (rank == root) {
-    for (size_t i = 0; i < count; ++i) pattern::store(in, i, type, moveInput(root, i));
-  }
-  const std::string what = describe("broadcast", n, count, type, "-", inPlace) + " root=" + std::to_string(root);
-  ASSERT_EQ(chorusBroadcast(rank == root ? in : nullptr, out, count, type, root, comm, nullptr), chorusSuccess)
-      << what << ": " << chorusGetLastError(comm);
-  EXPECT_EQ(
-      pattern::countWrong(out, count, type, [&](size_t i) { return pattern::asStored(type, moveInput(root, i)); }), 0u)
-      << what;
-}
-
-// Each rank sends to rank+1 and receives from rank-1 in one group (a ring shift); with one
-// rank, that is a message to itself.
-void checkSendRecv(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type) {
-  const size_t size = chorusTypeSize(type);
-  Buffer send(count * size), recv(count * size);
-  for (size_t i = 0; i < count; ++i) pattern::store(send.data(), i, type, moveInput(rank, i));
-  const int next = (rank + 1) % n;
-  const int prev = (rank + n - 1) % n;
-  const std::string what = describe("sendrecv", n, count, type, "-", false);
-  ASSERT_EQ(chorusGroupStart(), chorusSuccess);
-  ASSERT_EQ(chorusSend(send.data(), count, type, next, comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
-  ASSERT_EQ(chorusRecv(recv.data(), count, type, prev, comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
-  ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << what << ": " << chorusGetLastError(comm);
-  EXPECT_EQ(pattern::countWrong(recv.data(), count, type,
-                                [&](size_t i) { return pattern::asStored(type, moveInput(prev, i)); }),
-            0u)
-      << what;
-  // Outside a group: even positions send first, odd ones receive first (a blocking exchange).
-  if (n > 1 && n % 2 == 0) {
-    std::fill(recv.bytes_.begin(), recv.bytes_.end(), 0);
-    if (rank % 2 == 0) {
-      ASSERT_EQ(chorusSend(send.data(), count, type, next, comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
-      ASSERT_EQ(chorusRecv(recv.data(), count, type, prev, comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
-    } else {
-      ASSERT_EQ(chorusRecv(recv.data(), count, type, prev, comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
-      ASSERT_EQ(chorusSend(send.data(), count, type, next, comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
-    }
-    EXPECT_EQ(pattern::countWrong(recv.data(), count, type,
-                                  [&](size_t i) { return pattern::asStored(type, moveInput(prev, i)); }),
-              0u)
-        << what << " (blocking, ungrouped)";
-  }
-}
 
 struct Param {
   const char* transport;
@@ -178,8 +52,12 @@ TEST_P(CollectivesTest, EveryCollectiveTypeOpCountAndPlacement) {
           }
           checkAllGather(comm, rank, n, count, type, inPlace);
           checkBroadcast(comm, rank, n, count, type, inPlace, root);
+          checkGather(comm, rank, n, count, type, inPlace, root);
+          checkScatter(comm, rank, n, count, type, inPlace, root);
         }
         checkSendRecv(comm, rank, n, count, type);
+        checkAllToAll(comm, rank, n, count, type);
+        checkAllToAllv(comm, rank, n, count, type);
         if (::testing::Test::HasFatalFailure()) return;
       }
     }

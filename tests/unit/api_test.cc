@@ -151,6 +151,28 @@ TEST_F(OneRankTest, GroupMisuseIsReported) {
   expectStillWorks();
 }
 
+TEST_F(OneRankTest, AllToAllMisuseIsRejected) {
+  int32_t buffer[4] = {1, 2, 3, 4};
+  EXPECT_TRUE(failsWith(chorusAllToAll(buffer, buffer, 4, chorusInt32, comm_, nullptr), chorusInvalidArgument,
+                        "no in-place all-to-all"));
+  size_t counts[1] = {1}, displs[1] = {0};
+  EXPECT_TRUE(
+      failsWith(chorusAllToAllv(buffer, counts, nullptr, buffer + 2, counts, displs, chorusInt32, comm_, nullptr),
+                chorusInvalidArgument, "array is NULL"));
+  EXPECT_EQ(chorusAllToAllv(buffer, counts, displs, buffer + 2, counts, displs, chorusInt32, comm_, nullptr),
+            chorusSuccess)
+      << chorusGetLastError(comm_);
+  EXPECT_EQ(buffer[2], 1);
+  expectStillWorks();
+}
+
+TEST(ApiTest, AlgorithmNamesListEachCollectivesAlgorithms) {
+  EXPECT_STREQ(chorusAlgorithmNames("allreduce"), "ring,tree,recursive_doubling,rabenseifner");
+  EXPECT_STREQ(chorusAlgorithmNames("alltoall"), "pairwise,bruck");
+  EXPECT_EQ(chorusAlgorithmNames("nosuch"), nullptr);
+  EXPECT_EQ(chorusAlgorithmNames(nullptr), nullptr);
+}
+
 TEST_F(OneRankTest, UseAfterDestroyIsAnError) {
   ASSERT_EQ(chorusCommDestroy(comm_), chorusSuccess);
   float buffer[1] = {1};

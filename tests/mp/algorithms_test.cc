@@ -1,0 +1,124 @@
+// algorithms_test.cc: every algorithm of every collective on real forked ranks over shm and tcp.
+// Round k forces, for each collective, its k-th algorithm (chorusCommSetAlgorithms), so four
+// rounds cover them all; each round checks every collective at several sizes, types and ops
+// against closed-form results.
+#include <chorus/chorus.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "src/collectives/algorithm.h"
+#include "tests/support/collective_checks.h"
+#include "tests/support/multiprocess.h"
+
+namespace chorus {
+namespace {
+
+using collectives::Collective;
+using namespace chorus::testing;
+
+// CHORUS_ALGO text for round k: each collective's k-th algorithm (wrapping around).
+std::string roundSpec(size_t k) {
+  std::string spec;
+  for (int c = 0; c < collectives::kCollectiveCount; ++c) {
+    const auto collective = static_cast<Collective>(c);
+    if (collective == Collective::kSend || collective == Collective::kRecv) continue;
+    const auto& all = collectives::algorithmsFor(collective);
+    spec += std::string(spec.empty() ? "" : ",") + collectives::collectiveName(collective) + ":" +
+            collectives::algorithmName(all[k % all.size()]);
+  }
+  return spec;
+}
+
+size_t maxAlgorithms() {
+  size_t most = 0;
+  for (int c = 0; c < collectives::kCollectiveCount; ++c) {
+    most = std::max(most, collectives::algorithmsFor(static_cast<Collective>(c)).size());
+  }
+  return most;
+}
+
+struct Param {
+  const char* transport;
+  int nranks;
+};
+void PrintTo(const Param& param, std::ostream* os) { *os << param.transport << " x " << param.nranks << " ranks"; }
+
+class AlgorithmsTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(AlgorithmsTest, EveryAlgorithmIsRightOnRealRanks) {
+  const Param param = GetParam();
+  RanksOptions options;
+  options.nranks = param.nranks;
+  options.transport = param.transport;
+  runRanks(options, [&](int rank, chorusComm_t comm) {
+    const int n = param.nranks;
+    for (size_t k = 0; k < maxAlgorithms(); ++k) {
+      const std::string spec = roundSpec(k);
+      ASSERT_EQ(chorusCommSetAlgorithms(comm, spec.c_str()), chorusSuccess) << chorusGetLastError(comm);
+      SCOPED_TRACE("algorithms " + spec);
+      int variant = 0;
+      // Sizes past the 512 KiB chunk, so pipelined algorithms run several pieces.
+      for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1023}, size_t{300007}}) {
+        for (chorusDataType_t type : {chorusInt32, chorusFloat16, chorusFloat64}) {
+          for (bool inPlace : {false, true}) {
+            const int root = (variant++) % n;
+            for (chorusRedOp_t op : {chorusSum, chorusAvg, chorusMin}) {
+              checkAllReduce(comm, rank, n, count, type, op, inPlace);
+              checkReduceScatter(comm, rank, n, count, type, op, inPlace);
+              checkReduce(comm, rank, n, count, type, op, inPlace, root);
+            }
+            checkAllGather(comm, rank, n, count, type, inPlace);
+            checkBroadcast(comm, rank, n, count, type, inPlace, root);
+            checkGather(comm, rank, n, count, type, inPlace, root);
+            checkScatter(comm, rank, n, count, type, inPlace, root);
+          }
+          checkAllToAll(comm, rank, n, count, type);
+          checkAllToAllv(comm, rank, n, count, type);
+          ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+      }
+    }
+  });
+}
+
+TEST(AlgorithmsApiTest, UnknownOrInapplicableAlgorithmsAreRejected) {
+  RanksOptions options;
+  options.nranks = 1;
+  runRanks(options, [&](int, chorusComm_t comm) {
+    EXPECT_EQ(chorusCommSetAlgorithms(comm, "allreduce:bruck"), chorusInvalidArgument);
+    EXPECT_NE(std::string(chorusGetLastError(comm)).find("does not implement allreduce"), std::string::npos)
+        << chorusGetLastError(comm);
+    EXPECT_EQ(chorusCommSetAlgorithms(comm, "allreduce:fastest"), chorusInvalidArgument);
+    EXPECT_EQ(chorusCommSetAlgorithms(comm, nullptr), chorusInvalidArgument);
+    EXPECT_EQ(chorusCommSetAlgorithms(comm, "allreduce:rabenseifner,allreduce:default"), chorusSuccess);
+  });
+  // From the config and the environment, a bad value fails init with the variable's words.
+  const auto codes = runProcesses(1, [](int, const chorusUniqueId& id) {
+    chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
+    config.algorithms = "allgather:tree";
+    chorusComm_t comm = nullptr;
+    EXPECT_EQ(chorusCommInitRankConfig(&comm, 1, id, 0, &config), chorusInvalidArgument);
+    EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("allgather:tree"), std::string::npos)
+        << chorusGetLastError(nullptr);
+  });
+  EXPECT_EQ(codes[0], 0);
+}
+
+std::vector<Param> params() {
+  std::vector<Param> all;
+  for (const char* transport : {"shm", "tcp"}) {
+    for (int n : {1, 2, 3, 4, 5, 8}) all.push_back({transport, n});
+  }
+  return all;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, AlgorithmsTest, ::testing::ValuesIn(params()),
+                         [](const ::testing::TestParamInfo<Param>& info) {
+                           return std::string(info.param.transport) + "_" + std::to_string(info.param.nranks);
+                         });
+
+}  // namespace
+}  // namespace chorus

@@ -1,0 +1,225 @@
+// collective_checks.cc: one checked call of each collective (see collective_checks.h).
+#include "tests/support/collective_checks.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "bench/pattern.h"
+
+namespace chorus::testing {
+namespace {
+
+using pattern::expectedReduce;
+using pattern::moveInput;
+using pattern::reduceInput;
+
+struct Buffer {
+  explicit Buffer(size_t bytes) : bytes_(bytes + 64) {}
+  // NULL when empty, to check that count 0 accepts NULL buffers.
+  char* data() { return bytes_.size() > 64 ? bytes_.data() : nullptr; }
+  std::vector<char> bytes_;
+};
+
+std::string describe(const char* what, int nranks, size_t count, chorusDataType_t type, const char* op, bool inPlace) {
+  return std::string(what) + " nranks=" + std::to_string(nranks) + " count=" + std::to_string(count) +
+         " type=" + chorusTypeName(type) + " op=" + op + (inPlace ? " in-place" : " out-of-place");
+}
+
+}  // namespace
+
+void checkAllReduce(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, chorusRedOp_t op,
+                    bool inPlace) {
+  const size_t size = chorusTypeSize(type);
+  Buffer send(count * size), recv(count * size);
+  for (size_t i = 0; i < count; ++i) pattern::store(send.data(), i, type, reduceInput(op, type, rank, i));
+  const std::vector<char> original = send.bytes_;
+  char* out = inPlace ? send.data() : recv.data();
+  const std::string what = describe("allreduce", n, count, type, chorusOpName(op), inPlace);
+  ASSERT_EQ(chorusAllReduce(send.data(), out, count, type, op, comm, nullptr), chorusSuccess)
+      << what << ": " << chorusGetLastError(comm);
+  EXPECT_EQ(pattern::countWrong(out, count, type, [&](size_t i) { return expectedReduce(op, type, n, i); }), 0u)
+      << what;
+  if (!inPlace) {
+    EXPECT_TRUE(original == send.bytes_) << what << ": the input changed";
+  }
+}
+
+void checkReduceScatter(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, chorusRedOp_t op,
+                        bool inPlace) {
+  const size_t size = chorusTypeSize(type);
+  Buffer send(count * n * size), recv(count * size);
+  for (size_t j = 0; j < count * n; ++j) pattern::store(send.data(), j, type, reduceInput(op, type, rank, j));
+  char* out = inPlace ? (count ? send.data() + rank * count * size : nullptr) : recv.data();
+  const std::string what = describe("reducescatter", n, count, type, chorusOpName(op), inPlace);
+  ASSERT_EQ(chorusReduceScatter(send.data(), out, count, type, op, comm, nullptr), chorusSuccess)
+      << what << ": " << chorusGetLastError(comm);
+  EXPECT_EQ(
+      pattern::countWrong(out, count, type, [&](size_t i) { return expectedReduce(op, type, n, rank * count + i); }),
+      0u)
+      << what;
+}
+
+void checkReduce(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, chorusRedOp_t op,
+                 bool inPlace, int root) {
+  const size_t size = chorusTypeSize(type);
+  Buffer send(count * size), recv(count * size);
+  for (size_t i = 0; i < count; ++i) pattern::store(send.data(), i, type, reduceInput(op, type, rank, i));
+  char* out = inPlace ? send.data() : (rank == root ? recv.data() : nullptr);
+  const std::string what =
+      describe("reduce", n, count, type, chorusOpName(op), inPlace) + " root=" + std::to_string(root);
+  ASSERT_EQ(chorusReduce(send.data(), out, count, type, op, root, comm, nullptr), chorusSuccess)
+      << what << ": " << chorusGetLastError(comm);
+  if (rank == root) {
+    EXPECT_EQ(pattern::countWrong(out, count, type, [&](size_t i) { return expectedReduce(op, type, n, i); }), 0u)
+        << what;
+  }
+}
+
+void checkAllGather(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, bool inPlace) {
+  const size_t size = chorusTypeSize(type);
+  Buffer send(count * size), recv(count * n * size);
+  char* in = inPlace ? (count ? recv.data() + rank * count * size : nullptr) : send.data();
+  for (size_t i = 0; i < count; ++i) pattern::store(in, i, type, moveInput(rank, i));
+  const std::string what = describe("allgather", n, count, type, "-", inPlace);
+  ASSERT_EQ(chorusAllGather(in, recv.data(), count, type, comm, nullptr), chorusSuccess)
+      << what << ": " << chorusGetLastError(comm);
+  EXPECT_EQ(pattern::countWrong(
+                recv.data(), count * n, type,
+                [&](size_t j) { return pattern::asStored(type, moveInput(static_cast<int>(j / count), j % count)); }),
+            0u)
+      << what;
+}
+
+void checkBroadcast(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, bool inPlace, int root) {
+  const size_t size = chorusTypeSize(type);
+  Buffer send(count * size), recv(count * size);
+  char* out = recv.data();
+  char* in = inPlace ? out : send.data();
+  if (rank == root) {
+    for (size_t i = 0; i < count; ++i) pattern::store(in, i, type, moveInput(root, i));
+  }
+  const std::string what = describe("broadcast", n, count, type, "-", inPlace) + " root=" + std::to_string(root);
+  ASSERT_EQ(chorusBroadcast(rank == root ? in : nullptr, out, count, type, root, comm, nullptr), chorusSuccess)
+      << what << ": " << chorusGetLastError(comm);
+  EXPECT_EQ(
+      pattern::countWrong(out, count, type, [&](size_t i) { return pattern::asStored(type, moveInput(root, i)); }), 0u)
+      << what;
+}
+
+// Each rank sends to rank+1 and receives from rank-1 in one group (a ring shift); with one
+// rank, that is a message to itself.
+void checkSendRecv(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type) {
+  const size_t size = chorusTypeSize(type);
+  Buffer send(count * size), recv(count * size);
+  for (size_t i = 0; i < count; ++i) pattern::store(send.data(), i, type, moveInput(rank, i));
+  const int next = (rank + 1) % n;
+  const int prev = (rank + n - 1) % n;
+  const std::string what = describe("sendrecv", n, count, type, "-", false);
+  ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+  ASSERT_EQ(chorusSend(send.data(), count, type, next, comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
+  ASSERT_EQ(chorusRecv(recv.data(), count, type, prev, comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
+  ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << what << ": " << chorusGetLastError(comm);
+  EXPECT_EQ(pattern::countWrong(recv.data(), count, type,
+                                [&](size_t i) { return pattern::asStored(type, moveInput(prev, i)); }),
+            0u)
+      << what;
+  // Outside a group: even positions send first, odd ones receive first (a blocking exchange).
+  if (n > 1 && n % 2 == 0) {
+    std::fill(recv.bytes_.begin(), recv.bytes_.end(), 0);
+    if (rank % 2 == 0) {
+      ASSERT_EQ(chorusSend(send.data(), count, type, next, comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
+      ASSERT_EQ(chorusRecv(recv.data(), count, type, prev, comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
+    } else {
+      ASSERT_EQ(chorusRecv(recv.data(), count, type, prev, comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
+      ASSERT_EQ(chorusSend(send.data(), count, type, next, comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
+    }
+    EXPECT_EQ(pattern::countWrong(recv.data(), count, type,
+                                  [&](size_t i) { return pattern::asStored(type, moveInput(prev, i)); }),
+              0u)
+        << what << " (blocking, ungrouped)";
+  }
+}
+
+void checkAllToAll(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type) {
+  const size_t size = chorusTypeSize(type);
+  Buffer send(count * n * size), recv(count * n * size);
+  for (size_t j = 0; j < count * n; ++j) pattern::store(send.data(), j, type, moveInput(rank, j));
+  const std::string what = describe("alltoall", n, count, type, "-", false);
+  ASSERT_EQ(chorusAllToAll(send.data(), recv.data(), count, type, comm, nullptr), chorusSuccess)
+      << what << ": " << chorusGetLastError(comm);
+  EXPECT_EQ(pattern::countWrong(recv.data(), count * n, type,
+                                [&](size_t j) {
+                                  return pattern::asStored(
+                                      type, moveInput(static_cast<int>(j / count), rank * count + j % count));
+                                }),
+            0u)
+      << what;
+}
+
+void checkAllToAllv(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type) {
+  const size_t size = chorusTypeSize(type);
+  auto amount = [&](int from, int to) { return static_cast<size_t>((from + 2 * to) % 3) + count; };
+  std::vector<size_t> sendCounts(n), sendDispls(n), recvCounts(n), recvDispls(n);
+  size_t sendTotal = 0, recvTotal = 0;
+  for (int j = 0; j < n; ++j) {
+    sendCounts[j] = amount(rank, j);
+    sendDispls[j] = sendTotal;
+    sendTotal += sendCounts[j] + 1;  // a gap between blocks
+    recvCounts[j] = amount(j, rank);
+    recvDispls[j] = recvTotal;
+    recvTotal += recvCounts[j] + 1;
+  }
+  Buffer send(sendTotal * size), recv(recvTotal * size);
+  for (size_t i = 0; i < sendTotal; ++i) pattern::store(send.data(), i, type, moveInput(rank, i));
+  const std::string what = describe("alltoallv", n, count, type, "-", false);
+  ASSERT_EQ(chorusAllToAllv(send.data(), sendCounts.data(), sendDispls.data(), recv.data(), recvCounts.data(),
+                            recvDispls.data(), type, comm, nullptr),
+            chorusSuccess)
+      << what << ": " << chorusGetLastError(comm);
+  for (int from = 0; from < n; ++from) {
+    // The sender's displacement of our block: its blocks before ours, each plus the gap.
+    size_t theirDispl = 0;
+    for (int j = 0; j < rank; ++j) theirDispl += amount(from, j) + 1;
+    EXPECT_EQ(pattern::countWrong(recv.data() + recvDispls[from] * size, recvCounts[from], type,
+                                  [&](size_t i) { return pattern::asStored(type, moveInput(from, theirDispl + i)); }),
+              0u)
+        << what << " block from rank " << from;
+  }
+}
+
+void checkGather(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, bool inPlace, int root) {
+  const size_t size = chorusTypeSize(type);
+  Buffer send(count * size), recv(count * n * size);
+  char* in = inPlace && rank == root ? (count ? recv.data() + root * count * size : nullptr) : send.data();
+  for (size_t i = 0; i < count; ++i) pattern::store(in, i, type, moveInput(rank, i));
+  const std::string what = describe("gather", n, count, type, "-", inPlace) + " root=" + std::to_string(root);
+  ASSERT_EQ(chorusGather(in, rank == root ? recv.data() : nullptr, count, type, root, comm, nullptr), chorusSuccess)
+      << what << ": " << chorusGetLastError(comm);
+  if (rank != root) return;
+  EXPECT_EQ(pattern::countWrong(
+                recv.data(), count * n, type,
+                [&](size_t j) { return pattern::asStored(type, moveInput(static_cast<int>(j / count), j % count)); }),
+            0u)
+      << what;
+}
+
+void checkScatter(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, bool inPlace, int root) {
+  const size_t size = chorusTypeSize(type);
+  Buffer send(count * n * size), recv(count * size);
+  if (rank == root) {
+    for (size_t j = 0; j < count * n; ++j) pattern::store(send.data(), j, type, moveInput(root, j));
+  }
+  char* out = inPlace && rank == root ? (count ? send.data() + root * count * size : nullptr) : recv.data();
+  const std::string what = describe("scatter", n, count, type, "-", inPlace) + " root=" + std::to_string(root);
+  ASSERT_EQ(chorusScatter(rank == root ? send.data() : nullptr, out, count, type, root, comm, nullptr), chorusSuccess)
+      << what << ": " << chorusGetLastError(comm);
+  EXPECT_EQ(pattern::countWrong(out, count, type,
+                                [&](size_t i) { return pattern::asStored(type, moveInput(root, rank * count + i)); }),
+            0u)
+      << what;
+}
+
+}  // namespace chorus::testing

@@ -1,0 +1,28 @@
+// collective_checks.h: one call of each collective on this rank with inputs built from (rank,
+// index), and the result compared with the closed form (bench/pattern.h). gtest assertions;
+// for the forked multi-process tests.
+#pragma once
+
+#include <chorus/chorus.h>
+
+#include <cstddef>
+
+namespace chorus::testing {
+
+void checkAllReduce(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, chorusRedOp_t op,
+                    bool inPlace);
+void checkReduceScatter(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, chorusRedOp_t op,
+                        bool inPlace);
+void checkReduce(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, chorusRedOp_t op,
+                 bool inPlace, int root);
+void checkAllGather(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, bool inPlace);
+void checkBroadcast(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, bool inPlace, int root);
+// A ring shift of send/recv in a group, and (even n) the blocking ungrouped exchange.
+void checkSendRecv(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type);
+void checkAllToAll(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type);
+// Sizes vary per pair: rank r sends (r + 2j) % 3 + count elements to rank j.
+void checkAllToAllv(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type);
+void checkGather(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, bool inPlace, int root);
+void checkScatter(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, bool inPlace, int root);
+
+}  // namespace chorus::testing
