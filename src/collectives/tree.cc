@@ -18,8 +18,8 @@
 // block v+1 reduced on relative rank v; each rank sends that block to the root.
 //
 // Dissemination barrier: in round k every rank sends one byte to rank r + 2^k and waits for
-// one from rank r - 2^k; after ceil(log2 n) rounds each rank has heard, directly or not, from
-// all others.
+// one from rank r - 2^k, and sends in round k only what it received in round k-1; after
+// ceil(log2 n) rounds each rank has heard, directly or not, from all others.
 //
 // Double binary tree all-reduce (as NCCL): tree A is the heap order over ranks (parent of r is
 // (r-1)/2, children 2r+1 and 2r+2), tree B the same over positions n-1-r, so a rank is interior
@@ -250,10 +250,12 @@ Schedule disseminationBarrier(const ScheduleArgs& args) {
   Schedule s;
   const int n = args.nranks;
   const int r = args.rank;
+  // Round k sends the byte received in round k-1 (byte k of scratch; byte 0 for round 0), so
+  // the executor cannot post it before that receive completes: that wait is the barrier.
   int round = 0;
   for (int d = 1; d < n; d *= 2, ++round) {
-    s.steps.push_back(sendStep(mod(r + d, n), at(BufferId::kScratch, 0), 1));
-    s.steps.push_back(recvStep(mod(r - d, n), at(BufferId::kScratch, 1 + round), 1));
+    s.steps.push_back(sendStep(mod(r + d, n), at(BufferId::kScratch, round), 1));
+    s.steps.push_back(recvStep(mod(r - d, n), at(BufferId::kScratch, round + 1), 1));
   }
   s.scratchBytes = 1 + round;
   return s;

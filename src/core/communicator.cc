@@ -70,11 +70,7 @@ CommSettings CommSettings::resolve(const chorusConfig_t* config) {
 }
 
 Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const CommSettings& settings)
-    : rank_(rank),
-      nranks_(nranks),
-      settings_(settings),
-      sendSequence_(nranks),
-      recvSequence_(nranks) {
+    : rank_(rank), nranks_(nranks), settings_(settings), sendSequence_(nranks), recvSequence_(nranks) {
   logKnobs(rank);
   algorithms_.fill(collectives::Algorithm::kDefault);
   setAlgorithms(settings.algorithms);
@@ -132,6 +128,22 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
   for (int peer = 0; peer < nranks; ++peer) transportOfPeer_[peer] = transports_[kindOfPeer[peer]].get();
   dataListener_.close();
 
+  // The tuner models the slowest transport in use; every rank sees the same answer (with more
+  // than one host, every rank has a peer on another host).
+  bool network = false;
+  for (int peer = 0; peer < nranks; ++peer) network = network || std::string(transportOfPeer_[peer]->name()) == "tcp";
+  costs_ = collectives::defaultCostParams(network);
+  if (const std::string file = knobString(Knob::kTuningFile); !file.empty()) {
+    try {
+      costs_ = collectives::loadCostParams(file, network, costs_);
+    } catch (const std::invalid_argument& e) {
+      fail(chorusInvalidArgument, "rank {}: CHORUS_TUNING_FILE: {}", rank, e.what());
+    }
+  }
+  logAt(LogLevel::kInfo, "rank {}: tuner model ({}): alpha {} us, beta {} GB/s, gamma {} GB/s, copy {} GB/s", rank,
+        network ? "tcp" : "shm", costs_.alphaUs, 1e-3 / costs_.betaUsPerByte, 1e-3 / costs_.gammaUsPerByte,
+        1e-3 / costs_.copyUsPerByte);
+
   std::vector<Transport*> all;
   for (auto& t : transports_) all.push_back(t.get());
   executor_ = std::make_unique<Executor>(ExecutorOptions{rank, nranks, settings.timeoutMs, settings.spinUs},
@@ -159,9 +171,9 @@ void Communicator::setAlgorithms(const std::string& text) {
     fail(chorusInvalidArgument, "rank {}: algorithm overrides '{}': {}", rank_, text, e.what());
   }
   for (int c = 0; c < collectives::kCollectiveCount; ++c) {
-    if (parsed[c] != collectives::Algorithm::kDefault || text.find(std::string(collectives::collectiveName(
-                                                              static_cast<collectives::Collective>(c))) +
-                                                          ":default") != std::string::npos) {
+    if (parsed[c] != collectives::Algorithm::kDefault ||
+        text.find(std::string(collectives::collectiveName(static_cast<collectives::Collective>(c))) + ":default") !=
+            std::string::npos) {
       algorithms_[c] = parsed[c];
     }
   }
@@ -180,6 +192,14 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   args.divide = op == chorusAvg;
   args.chunkBytes = settings_.chunkBytes;
   args.algorithm = algorithms_[static_cast<int>(collective)];
+  const bool forced = args.algorithm != collectives::Algorithm::kDefault;
+  if (!forced && collective != Collective::kSend && collective != Collective::kRecv) {
+    const bool spread = collective == Collective::kAllGather || collective == Collective::kReduceScatter ||
+                        collective == Collective::kAllToAll || collective == Collective::kGather ||
+                        collective == Collective::kScatter;
+    const size_t bytes = count * args.typeSize * (spread ? static_cast<size_t>(nranks_) : 1);
+    args.algorithm = collectives::chooseAlgorithm(collective, nranks_, bytes, settings_.chunkBytes, costs_);
+  }
   if (vector != nullptr) {
     args.sendCounts = vector[0];
     args.sendDispls = vector[1];
@@ -200,26 +220,29 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   if (collective == Collective::kSend || collective == Collective::kRecv) {
     uint64_t& sequence = collective == Collective::kSend ? sendSequence_[rootOrPeer] : recvSequence_[rootOrPeer];
     prepared.tag = makeTag(TagKind::kPointToPoint, sequence, signatureOf(Collective::kSend, count, type, chorusSum, 0));
-    prepared.what = fmt::format("{} #{} (count {} {}, {} rank {})", collectives::collectiveName(collective), sequence,
-                                count, chorusTypeName(type), collective == Collective::kSend ? "to" : "from",
-                                rootOrPeer);
+    prepared.what =
+        fmt::format("{} #{} (count {} {}, {} rank {})", collectives::collectiveName(collective), sequence, count,
+                    chorusTypeName(type), collective == Collective::kSend ? "to" : "from", rootOrPeer);
     ++sequence;
     return prepared;
   }
   const uint64_t sequence = collectiveSequence_++;
+  // The algorithm is part of the signature: ranks that chose differently fail instead of mixing.
   prepared.tag = makeTag(TagKind::kCollective, sequence,
-                         signatureOf(collective, count, type, reduces ? op : chorusSum, rooted ? rootOrPeer : 0));
+                         signatureOf(collective, count, type, reduces ? op : chorusSum,
+                                     (rooted ? rootOrPeer : 0) + 65536 * static_cast<int>(args.algorithm)));
   std::string detail = fmt::format("count {} {}", count, chorusTypeName(type));
   if (reduces) detail += fmt::format(" {}", chorusOpName(op));
   if (rooted) detail += fmt::format(" root {}", rootOrPeer);
   prepared.what = fmt::format("{} #{} ({}, {})", collectives::collectiveName(collective), sequence, detail,
                               prepared.schedule.algorithm);
   const std::pair<int, int> choice{static_cast<int>(collective), static_cast<int>(args.algorithm)};
-  if (logEnabled(LogLevel::kInfo) && std::find(loggedChoices_.begin(), loggedChoices_.end(), choice) == loggedChoices_.end()) {
+  if (logEnabled(LogLevel::kInfo) &&
+      std::find(loggedChoices_.begin(), loggedChoices_.end(), choice) == loggedChoices_.end()) {
     loggedChoices_.push_back(choice);
-    logAt(LogLevel::kInfo, "rank {}: {} uses {} ({})", rank_, collectives::collectiveName(collective),
-          prepared.schedule.algorithm,
-          args.algorithm == collectives::Algorithm::kDefault ? "the default" : "set by CHORUS_ALGO or the caller");
+    logAt(LogLevel::kInfo, "rank {}: {} of {} bytes uses {} ({}; logged once per collective and algorithm)", rank_,
+          collectives::collectiveName(collective), count * args.typeSize, prepared.schedule.algorithm,
+          forced ? "set by CHORUS_ALGO or the caller" : "the tuner's choice");
   }
   return prepared;
 }

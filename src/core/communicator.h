@@ -11,6 +11,7 @@
 #include "chorus/chorus.h"
 #include "src/collectives/algorithm.h"
 #include "src/collectives/schedule.h"
+#include "src/collectives/tuner.h"
 #include "src/core/bootstrap.h"
 #include "src/core/executor.h"
 #include "src/transport/transport.h"
@@ -72,6 +73,7 @@ class Communicator {
   std::vector<uint64_t> recvSequence_;
   std::vector<char> scratch_;
   collectives::AlgorithmOverrides algorithms_{};
+  collectives::CostParams costs_;  // the tuner's model of this communicator's slowest transport
   std::vector<std::pair<int, int>> loggedChoices_;  // (collective, algorithm) already logged
   std::atomic<bool> aborted_{false};
   std::string broken_;

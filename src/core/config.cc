@@ -28,6 +28,7 @@ constexpr KnobSpec kKnobs[] = {
     {"CHORUS_SPIN_US", "20", "how long a wait spins before it blocks (ranks may outnumber cores)"},
     {"CHORUS_BOOTSTRAP_ADDR", "", "IP address to listen on (default: first non-loopback IPv4)"},
     {"CHORUS_ALGO", "", "algorithm per collective, e.g. allreduce:ring,allgather:bruck (default: chosen per call)"},
+    {"CHORUS_TUNING_FILE", "", "tuner cost parameters per transport (lines: shm alpha_us=5 beta_GBps=5 ...)"},
 };
 static_assert(sizeof(kKnobs) / sizeof(kKnobs[0]) == static_cast<size_t>(Knob::kCount));
 

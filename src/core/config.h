@@ -18,6 +18,7 @@ enum class Knob {
   kSpinUs,         // CHORUS_SPIN_US: how long a wait spins before it blocks
   kBootstrapAddr,  // CHORUS_BOOTSTRAP_ADDR: address this process listens on
   kAlgo,           // CHORUS_ALGO: per-collective algorithm overrides
+  kTuningFile,     // CHORUS_TUNING_FILE: cost-model parameters for the tuner
   kCount
 };
 

@@ -1,0 +1,188 @@
+// tuner.cc: the cost model per algorithm, and the choice.
+//
+// Notation: n ranks, p the largest power of two <= n (recursive algorithms fold the rest in and
+// out, which costs two more full-buffer messages and a reduction), L = ceil(log2 n), m bytes,
+// k = ceil(m / chunk) pipeline chunks. Terms: a*alpha for a messages in sequence, b*beta for b
+// bytes through the busiest link, g*gamma for g bytes reduced, c*copy for local copies.
+#include "src/collectives/tuner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+
+#include "src/collectives/algorithm.h"
+
+namespace chorus::collectives {
+
+CostParams defaultCostParams(bool network) {
+  CostParams p;
+  if (network) {  // loopback-class TCP: higher latency, lower bandwidth
+    p.alphaUs = 25;
+    p.betaUsPerByte = 1.0 / 2000;
+  }
+  return p;
+}
+
+CostParams loadCostParams(const std::string& path, bool network, CostParams base) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument("cannot open tuning file '" + path + "'");
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    line = line.substr(0, line.find('#'));
+    std::istringstream words(line);
+    std::string transport;
+    if (!(words >> transport)) continue;
+    if (transport != "shm" && transport != "tcp") {
+      throw std::invalid_argument(path + ":" + std::to_string(number) + ": '" + transport + "' is not shm or tcp");
+    }
+    if ((transport == "tcp") != network) continue;
+    std::string item;
+    while (words >> item) {
+      const size_t eq = item.find('=');
+      double value = -1;
+      try {
+        if (eq != std::string::npos) value = std::stod(item.substr(eq + 1));
+      } catch (const std::exception&) {
+        value = -1;
+      }
+      const std::string key = item.substr(0, eq);
+      if (eq == std::string::npos || value <= 0) {
+        throw std::invalid_argument(path + ":" + std::to_string(number) + ": '" + item +
+                                    "' is not key=positive number");
+      }
+      if (key == "alpha_us") {
+        base.alphaUs = value;
+      } else if (key == "beta_GBps") {
+        base.betaUsPerByte = 1e-3 / value;
+      } else if (key == "gamma_GBps") {
+        base.gammaUsPerByte = 1e-3 / value;
+      } else if (key == "copy_GBps") {
+        base.copyUsPerByte = 1e-3 / value;
+      } else {
+        throw std::invalid_argument(path + ":" + std::to_string(number) + ": unknown key '" + key +
+                                    "' (alpha_us, beta_GBps, gamma_GBps, copy_GBps)");
+      }
+    }
+  }
+  return base;
+}
+
+double predictUs(Collective collective, Algorithm algorithm, int nranks, size_t bytes, size_t chunkBytes,
+                 const CostParams& c) {
+  const double n = nranks;
+  const double m = static_cast<double>(bytes);
+  if (nranks <= 1 || bytes == 0) return m * c.copyUsPerByte;
+  int pi = 1;
+  while (pi * 2 <= nranks) pi *= 2;
+  const double p = pi;
+  const double lg = std::log2(p);
+  const double L = std::ceil(std::log2(n));
+  const bool folds = pi != nranks;
+  const double chunk = static_cast<double>(std::max<size_t>(chunkBytes, 1));
+  const double a = c.alphaUs, b = c.betaUsPerByte, g = c.gammaUsPerByte, cp = c.copyUsPerByte;
+  // Chunked pipelines: k chunks through `hops` hops cost (hops + k - 1) chunk-times.
+  auto pipeline = [&](double hops, double chunkCost, double bytesPerHop) {
+    const double k = std::ceil(bytesPerHop / chunk);
+    const double piece = bytesPerHop / k;
+    return (hops + k - 1) * (a + piece * chunkCost);
+  };
+  const double fold = folds ? 2 * a + 2 * m * b + m * g : 0;
+  switch (collective) {
+    case Collective::kAllReduce:
+      switch (algorithm) {
+        case Algorithm::kRing:
+          return pipeline(2 * (n - 1), b + g / 2, m / n) + m * cp;
+        case Algorithm::kRecursiveDoubling:
+          return lg * (a + m * b + m * g) + fold + m * cp;
+        case Algorithm::kRabenseifner:
+          return 2 * lg * a + 2 * (p - 1) / p * m * b + (p - 1) / p * m * g + fold + m * cp;
+        case Algorithm::kTree:
+          return pipeline(2 * L, 1.5 * b + g, m / 2);
+        default:
+          break;
+      }
+      break;
+    case Collective::kAllGather:
+      switch (algorithm) {
+        case Algorithm::kRing:
+          return pipeline(n - 1, b, m / n) + m / n * cp;
+        case Algorithm::kRecursiveDoubling:
+          return lg * a + (n - 1) / n * m * b + (folds ? 2 * a + m * b : 0) + m / n * cp;
+        case Algorithm::kBruck:
+          return L * a + (n - 1) / n * m * b + 2 * m * cp;
+        default:
+          break;
+      }
+      break;
+    case Collective::kReduceScatter:
+      switch (algorithm) {
+        case Algorithm::kRing:
+          return pipeline(n - 1, b + g, m / n);
+        case Algorithm::kRecursiveHalving:
+          return lg * a + (p - 1) / p * m * (b + g) + fold + 2 * m * cp;
+        default:
+          break;
+      }
+      break;
+    case Collective::kBroadcast:
+      switch (algorithm) {
+        case Algorithm::kChain:
+          return pipeline(n - 1, b, m) + m * cp;
+        case Algorithm::kBinomial:
+          return L * (std::ceil(m / chunk) * a + m * b) + m * cp;
+        case Algorithm::kScatterAllGather:
+          return (L + n - 1) * a + 2 * (n - 1) / n * m * b + m * cp;
+        default:
+          break;
+      }
+      break;
+    case Collective::kReduce:
+      switch (algorithm) {
+        case Algorithm::kChain:
+          return pipeline(n - 1, b + g, m);
+        case Algorithm::kBinomial:
+          return L * (std::ceil(m / chunk) * a + m * (b + g));
+        case Algorithm::kReduceScatterGather:
+          return 2 * (n - 1) * a + (n - 1) / n * m * (2 * b + g) + m * cp;
+        default:
+          break;
+      }
+      break;
+    case Collective::kAllToAll:
+      switch (algorithm) {
+        case Algorithm::kPairwise:
+          return (n - 1) * a + (n - 1) / n * m * b + m / n * cp;
+        case Algorithm::kBruck:
+          return L * a + L * m / 2 * b + (2 + L) * m * cp;
+        default:
+          break;
+      }
+      break;
+    default:
+      // One algorithm only: its cost does not matter for the choice.
+      return L * a + m * b;
+  }
+  return std::numeric_limits<double>::infinity();
+}
+
+Algorithm chooseAlgorithm(Collective collective, int nranks, size_t bytes, size_t chunkBytes,
+                          const CostParams& params) {
+  const auto& candidates = algorithmsFor(collective);
+  Algorithm best = candidates.front();
+  double bestUs = std::numeric_limits<double>::infinity();
+  for (Algorithm algorithm : candidates) {
+    const double us = predictUs(collective, algorithm, nranks, bytes, chunkBytes, params);
+    if (us < bestUs) {
+      bestUs = us;
+      best = algorithm;
+    }
+  }
+  return best;
+}
+
+}  // namespace chorus::collectives
