@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bench/pattern.h"
+#include "kernels/cpu/reduce.h"
 
 namespace {
 
@@ -95,6 +96,7 @@ struct Options {
   int localRanks = 1;
   std::string json;
   std::string algo;
+  std::string calibrate;
   bool injectWrong = false;
 };
 
@@ -141,6 +143,8 @@ class Bench {
   }
 
   int run();
+  // Measures the tuner's cost parameters and writes them as a tuning file (rank 0).
+  int calibrate(const std::string& path);
 
  private:
   void die(const char* what, chorusResult_t result) {
@@ -525,6 +529,73 @@ int Bench::run() {
   return totalWrong == 0 ? 0 : 1;
 }
 
+int Bench::calibrate(const std::string& path) {
+  using Clock = std::chrono::steady_clock;
+  if (nranks_ < 2) {
+    std::fprintf(stderr, "collbench --calibrate needs at least 2 ranks (-g 2)\n");
+    return 2;
+  }
+  // Calibrate with the rank count the tuning is for: the cost of a message depends on how many
+  // ranks share the cores.
+  // Measured as collectives run: every rank busy at once (ranks may share cores), each value
+  // averaged over the ranks. A ring shift (send to r+1, receive from r-1, in a group) of `bytes`
+  // costs alpha + bytes * beta.
+  auto average = [&](double mine) {
+    double sum = 0;
+    call("allreduce", chorusAllReduce(&mine, &sum, 1, chorusFloat64, chorusSum, comm_, nullptr));
+    return sum / nranks_;
+  };
+  auto shift = [&](size_t bytes, int iters) {
+    std::vector<char> out(std::max<size_t>(bytes, 1)), in(std::max<size_t>(bytes, 1));
+    const int next = (rank_ + 1) % nranks_, prev = (rank_ + nranks_ - 1) % nranks_;
+    auto once = [&] {
+      call("group start", chorusGroupStart());
+      call("send", chorusSend(out.data(), bytes, chorusUint8, next, comm_, nullptr));
+      call("recv", chorusRecv(in.data(), bytes, chorusUint8, prev, comm_, nullptr));
+      call("group end", chorusGroupEnd());
+    };
+    for (int i = 0; i < iters / 10 + 1; ++i) once();
+    call("barrier", chorusBarrier(comm_, nullptr));
+    const auto start = Clock::now();
+    for (int i = 0; i < iters; ++i) once();
+    return average(std::chrono::duration<double>(Clock::now() - start).count() / iters * 1e6);
+  };
+  const double alphaUs = shift(1, 2000);
+  const size_t big = size_t{4} << 20;
+  const double bigUs = shift(big, 30);
+  const double betaGBps = static_cast<double>(big) / std::max(bigUs - alphaUs, 1e-3) / 1e3;
+  // Local speeds on a buffer larger than the caches: reduce (fp32 sum) and copy.
+  const size_t count = size_t{16} << 20 >> 2;
+  std::vector<float> a(count, 1.0f), b(count, 2.0f);
+  auto timeLocal = [&](auto body) {
+    body();
+    call("barrier", chorusBarrier(comm_, nullptr));
+    const auto start = Clock::now();
+    for (int i = 0; i < 5; ++i) body();
+    return average(std::chrono::duration<double>(Clock::now() - start).count() / 5 * 1e6);
+  };
+  const double reduceUs =
+      timeLocal([&] { chorus::kernels::reduce(a.data(), a.data(), b.data(), count, chorusFloat32, chorusSum); });
+  const double copyUs = timeLocal([&] { std::memcpy(a.data(), b.data(), count * sizeof(float)); });
+  const double bytes = static_cast<double>(count * sizeof(float));
+  const char* transport = std::getenv("CHORUS_TRANSPORT");
+  const bool tcp = transport != nullptr && std::string(transport) == "tcp";
+  if (rank_ == 0) {
+    const std::string line = std::string(tcp ? "tcp" : "shm") + " alpha_us=" + std::to_string(alphaUs) +
+                             " beta_GBps=" + std::to_string(betaGBps) +
+                             " gamma_GBps=" + std::to_string(bytes / reduceUs / 1e3) +
+                             " copy_GBps=" + std::to_string(bytes / copyUs / 1e3);
+    std::ofstream out(path, std::ios::app);
+    out << "# collbench --calibrate, " << nranks_ << " ranks (ring shift, all ranks busy)\n" << line << "\n";
+    if (!out) {
+      std::fprintf(stderr, "collbench: cannot write %s\n", path.c_str());
+      return 2;
+    }
+    std::printf("# calibrated (appended to %s): %s\n", path.c_str(), line.c_str());
+  }
+  return 0;
+}
+
 bool launchedAsRank() {
   for (const char* name : {"CHORUS_RANK", "RANK", "PMI_RANK"}) {
     if (std::getenv(name) != nullptr) return true;
@@ -534,7 +605,7 @@ bool launchedAsRank() {
 
 int runRank(const Options& options, chorusComm_t comm) {
   Bench bench(options, comm);
-  const int code = bench.run();
+  const int code = options.calibrate.empty() ? bench.run() : bench.calibrate(options.calibrate);
   chorusCommDestroy(comm);
   return code;
 }
@@ -567,6 +638,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--json", o.json, "write every row to this JSON file");
+  app.add_option("--calibrate", o.calibrate,
+                 "measure the tuner's cost parameters (ring shifts and local reduce and copy, all ranks at once) and "
+                 "append them to this tuning file, for CHORUS_TUNING_FILE");
   app.add_option(
       "--algo", o.algo,
       "force an algorithm (see chorusAlgorithmNames), a comma-separated list, or all: one row each per size");

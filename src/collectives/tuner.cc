@@ -101,8 +101,9 @@ double predictUs(Collective collective, Algorithm algorithm, int nranks, size_t 
           return lg * (a + m * b + m * g) + fold + m * cp;
         case Algorithm::kRabenseifner:
           return 2 * lg * a + 2 * (p - 1) / p * m * b + (p - 1) / p * m * g + fold + m * cp;
-        case Algorithm::kTree:
-          return pipeline(2 * L, 1.5 * b + g, m / 2);
+        // An interior rank receives two children's chunks and sends one up, then receives one
+        // and sends two down: about three chunk transfers per chunk of its half.
+        case Algorithm::kTree: return pipeline(2 * L, 3 * b + g, m / 2);
         default:
           break;
       }
