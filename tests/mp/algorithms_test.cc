@@ -39,16 +39,10 @@ size_t maxAlgorithms() {
   return most;
 }
 
-struct Param {
-  const char* transport;
-  int nranks;
-};
-void PrintTo(const Param& param, std::ostream* os) { *os << param.transport << " x " << param.nranks << " ranks"; }
-
-class AlgorithmsTest : public ::testing::TestWithParam<Param> {};
+class AlgorithmsTest : public ::testing::TestWithParam<TransportRanks> {};
 
 TEST_P(AlgorithmsTest, EveryAlgorithmIsRightOnRealRanks) {
-  const Param param = GetParam();
+  const TransportRanks param = GetParam();
   RanksOptions options;
   options.nranks = param.nranks;
   options.transport = param.transport;
@@ -107,18 +101,7 @@ TEST(AlgorithmsApiTest, UnknownOrInapplicableAlgorithmsAreRejected) {
   EXPECT_EQ(codes[0], 0);
 }
 
-std::vector<Param> params() {
-  std::vector<Param> all;
-  for (const char* transport : {"shm", "tcp"}) {
-    for (int n : {1, 2, 3, 4, 5, 8}) all.push_back({transport, n});
-  }
-  return all;
-}
-
-INSTANTIATE_TEST_SUITE_P(Ranks, AlgorithmsTest, ::testing::ValuesIn(params()),
-                         [](const ::testing::TestParamInfo<Param>& info) {
-                           return std::string(info.param.transport) + "_" + std::to_string(info.param.nranks);
-                         });
+INSTANTIATE_TEST_SUITE_P(Ranks, AlgorithmsTest, ::testing::ValuesIn(transportRankMatrix()), transportRanksName);
 
 }  // namespace
 }  // namespace chorus

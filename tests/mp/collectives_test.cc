@@ -25,16 +25,10 @@ constexpr chorusDataType_t kTypes[] = {chorusInt8,   chorusUint8,   chorusInt32,
                                        chorusUint64, chorusFloat16, chorusFloat32, chorusFloat64, chorusBfloat16};
 constexpr chorusRedOp_t kOps[] = {chorusSum, chorusProd, chorusMax, chorusMin, chorusAvg};
 
-struct Param {
-  const char* transport;
-  int nranks;
-};
-void PrintTo(const Param& param, std::ostream* os) { *os << param.transport << " x " << param.nranks << " ranks"; }
-
-class CollectivesTest : public ::testing::TestWithParam<Param> {};
+class CollectivesTest : public ::testing::TestWithParam<TransportRanks> {};
 
 TEST_P(CollectivesTest, EveryCollectiveTypeOpCountAndPlacement) {
-  const Param param = GetParam();
+  const TransportRanks param = GetParam();
   testing::RanksOptions options;
   options.nranks = param.nranks;
   options.transport = param.transport;
@@ -68,7 +62,7 @@ TEST_P(CollectivesTest, EveryCollectiveTypeOpCountAndPlacement) {
 // amount and bumps a counter in memory shared by the forked ranks; after the barrier every rank
 // must see the full count.
 TEST_P(CollectivesTest, BarrierWaitsForEveryRank) {
-  const Param param = GetParam();
+  const TransportRanks param = GetParam();
   auto* counter = static_cast<std::atomic<int>*>(
       mmap(nullptr, sizeof(std::atomic<int>) * 2, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(counter, MAP_FAILED);
@@ -88,18 +82,7 @@ TEST_P(CollectivesTest, BarrierWaitsForEveryRank) {
   munmap(counter, sizeof(std::atomic<int>) * 2);
 }
 
-std::vector<Param> params() {
-  std::vector<Param> all;
-  for (const char* transport : {"shm", "tcp"}) {
-    for (int n : {1, 2, 3, 4, 5, 8}) all.push_back({transport, n});
-  }
-  return all;
-}
-
-INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesTest, ::testing::ValuesIn(params()),
-                         [](const ::testing::TestParamInfo<Param>& info) {
-                           return std::string(info.param.transport) + "_" + std::to_string(info.param.nranks);
-                         });
+INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesTest, ::testing::ValuesIn(transportRankMatrix()), transportRanksName);
 
 }  // namespace
 }  // namespace chorus

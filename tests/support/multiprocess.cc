@@ -69,6 +69,22 @@ std::vector<int> runProcesses(int nranks, const RankBody& body, int deadlineSeco
   return codes;
 }
 
+void PrintTo(const TransportRanks& param, std::ostream* os) {
+  *os << param.transport << " x " << param.nranks << " ranks";
+}
+
+std::vector<TransportRanks> transportRankMatrix() {
+  std::vector<TransportRanks> all;
+  for (const char* transport : {"shm", "tcp"}) {
+    for (int n : {1, 2, 3, 4, 5, 8}) all.push_back({transport, n});
+  }
+  return all;
+}
+
+std::string transportRanksName(const ::testing::TestParamInfo<TransportRanks>& info) {
+  return std::string(info.param.transport) + "_" + std::to_string(info.param.nranks);
+}
+
 void runRanks(const RanksOptions& options, const std::function<void(int rank, chorusComm_t comm)>& body) {
   const auto codes = runProcesses(
       options.nranks,

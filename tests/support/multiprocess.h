@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,16 @@ struct RanksOptions {
 // Exit status of each rank: 0 when it passed; 124 when the parent killed it at the deadline.
 using RankBody = std::function<void(int rank, const chorusUniqueId& id)>;
 std::vector<int> runProcesses(int nranks, const RankBody& body, int deadlineSeconds = 600);
+
+// The transport x rank-count matrix of the multi-process tests: shm and tcp, 1, 2, 3, 4, 5, 8.
+struct TransportRanks {
+  const char* transport;
+  int nranks;
+};
+void PrintTo(const TransportRanks& param, std::ostream* os);
+std::vector<TransportRanks> transportRankMatrix();
+// Test-name suffix, e.g. "shm_4".
+std::string transportRanksName(const ::testing::TestParamInfo<TransportRanks>& info);
 
 // Runs body(rank, comm) on nranks ranks sharing one communicator. Fails (gtest) if any rank's
 // init fails, any assertion in a rank fails, or any rank does not finish by the deadline.
