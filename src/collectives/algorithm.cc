@@ -111,7 +111,6 @@ bool appliesTo(Algorithm algorithm, Collective collective) {
 
 AlgorithmOverrides parseAlgorithmOverrides(const std::string& text) {
   AlgorithmOverrides overrides;
-  overrides.fill(Algorithm::kDefault);
   size_t start = 0;
   while (start < text.size()) {
     size_t end = text.find(',', start);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,9 +22,10 @@ bool parseCollective(const std::string& text, Collective* out);
 const std::vector<Algorithm>& algorithmsFor(Collective collective);
 bool appliesTo(Algorithm algorithm, Collective collective);
 
-// Per-collective overrides from text like "allreduce:ring,allgather:bruck"; kDefault where none is
-// given. Throws std::invalid_argument naming the bad entry.
-using AlgorithmOverrides = std::array<Algorithm, kCollectiveCount>;
+// Per-collective overrides from text like "allreduce:ring,allgather:bruck,reduce:default": the
+// algorithm of each collective named (kDefault for "default"), nothing for the others. Throws
+// std::invalid_argument naming the bad entry.
+using AlgorithmOverrides = std::array<std::optional<Algorithm>, kCollectiveCount>;
 AlgorithmOverrides parseAlgorithmOverrides(const std::string& text);
 
 }  // namespace chorus::collectives

@@ -171,11 +171,7 @@ void Communicator::setAlgorithms(const std::string& text) {
     fail(chorusInvalidArgument, "rank {}: algorithm overrides '{}': {}", rank_, text, e.what());
   }
   for (int c = 0; c < collectives::kCollectiveCount; ++c) {
-    if (parsed[c] != collectives::Algorithm::kDefault ||
-        text.find(std::string(collectives::collectiveName(static_cast<collectives::Collective>(c))) + ":default") !=
-            std::string::npos) {
-      algorithms_[c] = parsed[c];
-    }
+    if (parsed[c]) algorithms_[c] = *parsed[c];
   }
 }
 

@@ -43,8 +43,7 @@ class Communicator {
   // Builds the schedule and tag of a call (arguments checked). `vector` holds all-to-allv's
   // counts and displacements (send counts, send displs, recv counts, recv displs).
   PreparedOp prepare(collectives::Collective collective, const void* input, void* output, size_t count,
-                     chorusDataType_t type, chorusRedOp_t op, int rootOrPeer,
-                     const size_t* const* vector = nullptr);
+                     chorusDataType_t type, chorusRedOp_t op, int rootOrPeer, const size_t* const* vector = nullptr);
 
   // Applies overrides in CHORUS_ALGO syntax (throws chorusInvalidArgument; nothing changes then).
   void setAlgorithms(const std::string& text);
@@ -72,8 +71,8 @@ class Communicator {
   std::vector<uint64_t> sendSequence_;
   std::vector<uint64_t> recvSequence_;
   std::vector<char> scratch_;
-  collectives::AlgorithmOverrides algorithms_{};
-  collectives::CostParams costs_;  // the tuner's model of this communicator's slowest transport
+  std::array<collectives::Algorithm, collectives::kCollectiveCount> algorithms_{};  // kDefault: the tuner's
+  collectives::CostParams costs_;                   // the tuner's model of this communicator's slowest transport
   std::vector<std::pair<int, int>> loggedChoices_;  // (collective, algorithm) already logged
   std::atomic<bool> aborted_{false};
   std::string broken_;

@@ -278,8 +278,12 @@ TEST(AlgorithmTest, OverridesParseAndRejectWhatDoesNotApply) {
   const AlgorithmOverrides o = parseAlgorithmOverrides("allreduce:rabenseifner,allgather:bruck,,broadcast:binomial");
   EXPECT_EQ(o[static_cast<int>(Collective::kAllReduce)], Algorithm::kRabenseifner);
   EXPECT_EQ(o[static_cast<int>(Collective::kAllGather)], Algorithm::kBruck);
-  EXPECT_EQ(o[static_cast<int>(Collective::kReduce)], Algorithm::kDefault);
+  EXPECT_FALSE(o[static_cast<int>(Collective::kReduce)].has_value());
   EXPECT_EQ(parseAlgorithmOverrides("allreduce:rd")[0], Algorithm::kRecursiveDoubling);
+  // "default" names a collective without naming reduce, whose name it contains.
+  const AlgorithmOverrides d = parseAlgorithmOverrides("allreduce:default");
+  EXPECT_EQ(d[static_cast<int>(Collective::kAllReduce)], Algorithm::kDefault);
+  EXPECT_FALSE(d[static_cast<int>(Collective::kReduce)].has_value());
   EXPECT_THROW(parseAlgorithmOverrides("allreduce:bruck"), std::invalid_argument);
   EXPECT_THROW(parseAlgorithmOverrides("allreduce"), std::invalid_argument);
   EXPECT_THROW(parseAlgorithmOverrides("nosuch:ring"), std::invalid_argument);
