@@ -20,11 +20,6 @@ namespace {
 
 using namespace chorus::testing;
 
-constexpr size_t kCounts[] = {0, 1, 7, 1023, (1u << 20) + 3};
-constexpr chorusDataType_t kTypes[] = {chorusInt8,   chorusUint8,   chorusInt32,   chorusUint32,  chorusInt64,
-                                       chorusUint64, chorusFloat16, chorusFloat32, chorusFloat64, chorusBfloat16};
-constexpr chorusRedOp_t kOps[] = {chorusSum, chorusProd, chorusMax, chorusMin, chorusAvg};
-
 class CollectivesTest : public ::testing::TestWithParam<TransportRanks> {};
 
 TEST_P(CollectivesTest, EveryCollectiveTypeOpCountAndPlacement) {
@@ -33,28 +28,10 @@ TEST_P(CollectivesTest, EveryCollectiveTypeOpCountAndPlacement) {
   options.nranks = param.nranks;
   options.transport = param.transport;
   testing::runRanks(options, [&](int rank, chorusComm_t comm) {
-    const int n = param.nranks;
-    int variant = 0;
-    for (size_t count : kCounts) {
-      for (chorusDataType_t type : kTypes) {
-        for (bool inPlace : {false, true}) {
-          const int root = (variant++) % n;
-          for (chorusRedOp_t op : kOps) {
-            checkAllReduce(comm, rank, n, count, type, op, inPlace);
-            checkReduceScatter(comm, rank, n, count, type, op, inPlace);
-            checkReduce(comm, rank, n, count, type, op, inPlace, root);
-          }
-          checkAllGather(comm, rank, n, count, type, inPlace);
-          checkBroadcast(comm, rank, n, count, type, inPlace, root);
-          checkGather(comm, rank, n, count, type, inPlace, root);
-          checkScatter(comm, rank, n, count, type, inPlace, root);
-        }
-        checkSendRecv(comm, rank, n, count, type);
-        checkAllToAll(comm, rank, n, count, type);
-        checkAllToAllv(comm, rank, n, count, type);
-        if (::testing::Test::HasFatalFailure()) return;
-      }
-    }
+    checkEveryCollective(comm, rank, param.nranks, {0, 1, 7, 1023, (1u << 20) + 3},
+                         {chorusInt8, chorusUint8, chorusInt32, chorusUint32, chorusInt64, chorusUint64, chorusFloat16,
+                          chorusFloat32, chorusFloat64, chorusBfloat16},
+                         {chorusSum, chorusProd, chorusMax, chorusMin, chorusAvg}, /*withSendRecv=*/true);
   });
 }
 

@@ -222,4 +222,31 @@ void checkScatter(chorusComm_t comm, int rank, int n, size_t count, chorusDataTy
       << what;
 }
 
+void checkEveryCollective(chorusComm_t comm, int rank, int n, std::initializer_list<size_t> counts,
+                          std::initializer_list<chorusDataType_t> types, std::initializer_list<chorusRedOp_t> ops,
+                          bool withSendRecv) {
+  int variant = 0;
+  for (size_t count : counts) {
+    for (chorusDataType_t type : types) {
+      for (bool inPlace : {false, true}) {
+        const int root = (variant++) % n;
+        for (chorusRedOp_t op : ops) {
+          checkAllReduce(comm, rank, n, count, type, op, inPlace);
+          checkReduceScatter(comm, rank, n, count, type, op, inPlace);
+          checkReduce(comm, rank, n, count, type, op, inPlace, root);
+        }
+        checkAllGather(comm, rank, n, count, type, inPlace);
+        checkBroadcast(comm, rank, n, count, type, inPlace, root);
+        checkGather(comm, rank, n, count, type, inPlace, root);
+        checkScatter(comm, rank, n, count, type, inPlace, root);
+      }
+      if (withSendRecv) checkSendRecv(comm, rank, n, count, type);
+      checkAllToAll(comm, rank, n, count, type);
+      checkAllToAllv(comm, rank, n, count, type);
+      ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
 }  // namespace chorus::testing

@@ -6,6 +6,7 @@
 #include <chorus/chorus.h>
 
 #include <cstddef>
+#include <initializer_list>
 
 namespace chorus::testing {
 
@@ -24,5 +25,11 @@ void checkAllToAll(chorusComm_t comm, int rank, int n, size_t count, chorusDataT
 void checkAllToAllv(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type);
 void checkGather(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, bool inPlace, int root);
 void checkScatter(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, bool inPlace, int root);
+
+// Every collective above over counts x types x (in place, out of place), the reductions for each
+// op, roots varying by case; the send/recv shift too when withSendRecv. Stops at a fatal failure.
+void checkEveryCollective(chorusComm_t comm, int rank, int n, std::initializer_list<size_t> counts,
+                          std::initializer_list<chorusDataType_t> types, std::initializer_list<chorusRedOp_t> ops,
+                          bool withSendRecv);
 
 }  // namespace chorus::testing
