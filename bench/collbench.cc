@@ -21,6 +21,9 @@
 
 #include "bench/pattern.h"
 #include "kernels/cpu/reduce.h"
+#include "src/collectives/algorithm.h"
+#include "src/collectives/simulator.h"
+#include "src/collectives/tuner.h"
 
 namespace {
 
@@ -97,6 +100,8 @@ struct Options {
   std::string json;
   std::string algo;
   std::string calibrate;
+  bool simulate = false;
+  int ranksPerHost = 0;
   bool injectWrong = false;
 };
 
@@ -135,6 +140,56 @@ struct Result {
   uint64_t wrong = 0;
 };
 
+// nccl-tests' column header, with an algo column after root when algorithms are named.
+void printColumnHeader(bool algoColumn) {
+  auto line = [&](const char* a, const char* b, const char* c, const char* d, const char* e, const char* algo,
+                  const char* f, const char* g, const char* h, const char* i, const char* j, const char* k,
+                  const char* l, const char* m) {
+    std::printf("# %10s  %12s  %8s  %6s  %6s", a, b, c, d, e);
+    if (algoColumn) std::printf("  %20s", algo);
+    std::printf("  %9s  %7s  %7s  %6s  %9s  %7s  %7s  %6s\n", f, g, h, i, j, k, l, m);
+  };
+  std::printf("#\n");
+  line("", "", "", "", "", "", "out-of-place", "", "", "", "in-place", "", "", "");
+  line("size", "count", "type", "redop", "root", "algo", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
+       "#wrong");
+  line("(B)", "(elements)", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+  std::fflush(stdout);
+}
+
+void printRow(size_t bytes, size_t count, chorusDataType_t type, const char* redop, int root, const char* algo,
+              const Result& outOfPlace, const std::string& outWrong, const Result& inPlace,
+              const std::string& inWrong) {
+  std::printf("  %10zu  %12zu  %8s  %6s  %6d", bytes, count, chorusTypeName(type), redop, root);
+  if (algo != nullptr) std::printf("  %20s", algo);
+  std::printf("  %9.2f  %7.2f  %7.2f  %6s  %9.2f  %7.2f  %7.2f  %6s\n", outOfPlace.timeUs, outOfPlace.algbw,
+              outOfPlace.busbw, outWrong.c_str(), inPlace.timeUs, inPlace.algbw, inPlace.busbw, inWrong.c_str());
+  std::fflush(stdout);
+}
+
+// Ops whose size is the whole buffer of n blocks, with count per rank (as nccl-tests).
+bool spreads(Op op) {
+  return op == Op::kAllGather || op == Op::kReduceScatter || op == Op::kAllToAll || op == Op::kGather ||
+         op == Op::kScatter;
+}
+
+// nccl-tests' bus bandwidth factor: busbw = algbw * factor.
+double busFactor(Op op, int nranks) {
+  const double n = nranks;
+  switch (op) {
+    case Op::kAllReduce:
+      return 2 * (n - 1) / n;
+    case Op::kAllGather:
+    case Op::kReduceScatter:
+    case Op::kAllToAll:
+    case Op::kGather:
+    case Op::kScatter:
+      return (n - 1) / n;
+    default:
+      return 1;
+  }
+}
+
 class Bench {
  public:
   Bench(const Options& options, chorusComm_t comm) : o_(options), comm_(comm) {
@@ -161,26 +216,7 @@ class Bench {
   Result measure(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
   uint64_t checkOnce(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
   void fillInputs(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
-  // Ops whose size is the whole buffer of n blocks, with count per rank (as nccl-tests).
-  static bool spreads(Op op) {
-    return op == Op::kAllGather || op == Op::kReduceScatter || op == Op::kAllToAll || op == Op::kGather ||
-           op == Op::kScatter;
-  }
-  double busFactor(Op op) const {
-    const double n = nranks_;
-    switch (op) {
-      case Op::kAllReduce:
-        return 2 * (n - 1) / n;
-      case Op::kAllGather:
-      case Op::kReduceScatter:
-      case Op::kAllToAll:
-      case Op::kGather:
-      case Op::kScatter:
-        return (n - 1) / n;
-      default:
-        return 1;
-    }
-  }
+  double busFactor(Op op) const { return ::busFactor(op, nranks_); }
 
   const Options& o_;
   chorusComm_t comm_;
@@ -410,23 +446,7 @@ int Bench::run() {
                   transport ? transport : "auto");
     }
   }
-  if (print) {
-    // nccl-tests' header, with an algo column after root when --algo is given.
-    const bool algoColumn = !o_.algo.empty();
-    auto line = [&](const char* a, const char* b, const char* c, const char* d, const char* e, const char* algo,
-                    const char* f, const char* g, const char* h, const char* i, const char* j, const char* k,
-                    const char* l, const char* m) {
-      std::printf("# %10s  %12s  %8s  %6s  %6s", a, b, c, d, e);
-      if (algoColumn) std::printf("  %20s", algo);
-      std::printf("  %9s  %7s  %7s  %6s  %9s  %7s  %7s  %6s\n", f, g, h, i, j, k, l, m);
-    };
-    std::printf("#\n");
-    line("", "", "", "", "", "", "out-of-place", "", "", "", "in-place", "", "", "");
-    line("size", "count", "type", "redop", "root", "algo", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
-         "#wrong");
-    line("(B)", "(elements)", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
-    std::fflush(stdout);
-  }
+  if (print) printColumnHeader(!o_.algo.empty());
 
   // --algo: one algorithm, or all of the collective's, measured side by side per size.
   std::vector<std::string> algos{""};
@@ -476,13 +496,10 @@ int Bench::run() {
           busbwSum += outOfPlace.busbw + inPlace.busbw;
           busbwCount += 2;
           if (!print) continue;
-          std::printf("  %10zu  %12zu  %8s  %6s  %6d", shownBytes, count, chorusTypeName(type),
-                      opInfo->reduces ? chorusOpName(redop) : "none", opInfo->rooted ? o_.root : -1);
-          if (!o_.algo.empty()) std::printf("  %20s", algo.c_str());
-          std::printf("  %9.2f  %7.2f  %7.2f  %6s  %9.2f  %7.2f  %7.2f  %6s\n", outOfPlace.timeUs, outOfPlace.algbw,
-                      outOfPlace.busbw, o_.check ? std::to_string(outOfPlace.wrong).c_str() : "N/A", inPlace.timeUs,
-                      inPlace.algbw, inPlace.busbw, o_.check ? std::to_string(inPlace.wrong).c_str() : "N/A");
-          std::fflush(stdout);
+          printRow(shownBytes, count, type, opInfo->reduces ? chorusOpName(redop) : "none",
+                   opInfo->rooted ? o_.root : -1, o_.algo.empty() ? nullptr : algo.c_str(), outOfPlace,
+                   o_.check ? std::to_string(outOfPlace.wrong) : "N/A", inPlace,
+                   o_.check ? std::to_string(inPlace.wrong) : "N/A");
           auto side = [&](const Result& r) {
             nlohmann::json j = {{"time_us", r.timeUs}, {"algbw_GBps", r.algbw}, {"busbw_GBps", r.busbw}};
             if (o_.check) j["wrong"] = r.wrong;
@@ -596,6 +613,167 @@ int Bench::calibrate(const std::string& path) {
   return 0;
 }
 
+// --simulate: no ranks are started. Each row's time is the timing simulator's prediction for
+// nranks ranks (src/collectives/simulator.h) on the model of CHORUS_TUNING_FILE (or the built-in
+// defaults): links within a host as shm (tcp when CHORUS_TRANSPORT=tcp), between hosts as tcp.
+int simulateSweep(const Options& o) {
+  namespace cc = chorus::collectives;
+  const OpInfo* opInfo = nullptr;
+  for (const OpInfo& info : kOps) {
+    if (o.op == info.name) opInfo = &info;
+  }
+  const TypeInfo* typeInfo = nullptr;
+  for (const TypeInfo& info : kTypes) {
+    if (o.type == info.name) typeInfo = &info;
+  }
+  const RedOpInfo* redopInfo = nullptr;
+  for (const RedOpInfo& info : kRedOps) {
+    if (o.redop == info.name) redopInfo = &info;
+  }
+  cc::Collective collective{};
+  const int n = o.localRanks;
+  if (opInfo == nullptr || opInfo->op == Op::kSendRecv || !cc::parseCollective(o.op, &collective) ||
+      typeInfo == nullptr || redopInfo == nullptr || o.root < 0 || o.root >= n) {
+    std::fprintf(stderr,
+                 "collbench --simulate: --op '%s' (sendrecv is not simulated), -d '%s', -o '%s' (one of each, not "
+                 "'all') or root %d outside [0, %d) is not valid\n",
+                 o.op.c_str(), o.type.c_str(), o.redop.c_str(), o.root, n);
+    return 2;
+  }
+  const int perHost = o.ranksPerHost > 0 ? std::min(o.ranksPerHost, n) : n;
+  const bool network = perHost < n;
+  const char* transport = std::getenv("CHORUS_TRANSPORT");
+  const bool tcpInside = transport != nullptr && std::string(transport) == "tcp";
+  cc::CostParams shm = cc::defaultCostParams(false), tcp = cc::defaultCostParams(true);
+  const char* tuning = std::getenv("CHORUS_TUNING_FILE");
+  if (tuning != nullptr && *tuning != '\0') {
+    try {
+      shm = cc::loadCostParams(tuning, false, shm);
+      tcp = cc::loadCostParams(tuning, true, tcp);
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "collbench --simulate: CHORUS_TUNING_FILE: %s\n", e.what());
+      return 2;
+    }
+  }
+  const cc::CostParams& inside = tcpInside ? tcp : shm;
+  cc::NetworkModel model;
+  model.ranksPerHost = perHost;
+  model.intraHost = {inside.alphaUs, inside.betaUsPerByte};
+  model.interHost = {tcp.alphaUs, tcp.betaUsPerByte};
+  model.gammaUsPerByte = inside.gammaUsPerByte;
+  model.copyUsPerByte = inside.copyUsPerByte;
+  // The tuner models the slowest transport in use, as a communicator does.
+  const cc::CostParams& tunerModel = network || tcpInside ? tcp : shm;
+  const char* chunkText = std::getenv("CHORUS_CHUNK_BYTES");
+  const size_t chunkBytes = chunkText != nullptr && std::atoll(chunkText) > 0 ? std::atoll(chunkText) : 512 * 1024;
+
+  std::vector<cc::Algorithm> algos{cc::Algorithm::kDefault};
+  if (!o.algo.empty() && o.algo != "default") {
+    algos.clear();
+    if (o.algo == "all") {
+      algos = cc::algorithmsFor(collective);
+    } else {
+      for (size_t start = 0; start <= o.algo.size();) {
+        const size_t end = std::min(o.algo.find(',', start), o.algo.size());
+        const std::string name = o.algo.substr(start, end - start);
+        cc::Algorithm a{};
+        if (!name.empty()) {
+          if (name == "default") {
+            a = cc::Algorithm::kDefault;
+          } else if (!cc::parseAlgorithm(name, &a) || !cc::appliesTo(a, collective)) {
+            std::fprintf(stderr, "collbench --simulate: --algo %s does not apply to %s (it has: %s)\n", name.c_str(),
+                         o.op.c_str(), chorusAlgorithmNames(o.op.c_str()));
+            return 2;
+          }
+          algos.push_back(a);
+        }
+        start = end + 1;
+      }
+    }
+  }
+  std::printf(
+      "# collbench (chorus) --simulate op: %s  nranks: %d  ranks per host: %d  minBytes: %zu  maxBytes: %zu  "
+      "chunk: %zu\n# model: within a host alpha %.3g us beta %.3g GB/s; between hosts alpha %.3g us beta %.3g GB/s; "
+      "reduce %.3g GB/s, copy %.3g GB/s (%s)\n",
+      opInfo->name, n, perHost, o.minBytes, o.maxBytes, chunkBytes, model.intraHost.alphaUs,
+      1e-3 / model.intraHost.betaUsPerByte, model.interHost.alphaUs, 1e-3 / model.interHost.betaUsPerByte,
+      1e-3 / model.gammaUsPerByte, 1e-3 / model.copyUsPerByte,
+      tuning != nullptr && *tuning != '\0' ? tuning : "built-in defaults");
+  printColumnHeader(true);
+  nlohmann::json rows = nlohmann::json::array();
+  const size_t size = chorusTypeSize(typeInfo->type);
+  int failures = 0;
+  for (size_t bytes = o.minBytes;;) {
+    size_t count = opInfo->op == Op::kBarrier ? 0 : bytes / size;
+    if (spreads(opInfo->op)) count /= static_cast<size_t>(n);
+    const size_t shownBytes = spreads(opInfo->op) ? count * n * size : count * size;
+    for (cc::Algorithm algo : algos) {
+      cc::ScheduleArgs args;
+      args.collective = collective;
+      args.nranks = n;
+      args.count = count;
+      args.typeSize = size;
+      args.root = o.root;
+      args.divide = opInfo->reduces && redopInfo->op == chorusAvg;
+      args.chunkBytes = chunkBytes;
+      args.algorithm = algo != cc::Algorithm::kDefault
+                           ? algo
+                           : cc::chooseAlgorithm(collective, n, shownBytes, chunkBytes, tunerModel);
+      std::string name = cc::algorithmName(args.algorithm);
+      if (algo == cc::Algorithm::kDefault) name = "default:" + name;
+      const cc::ScheduleSet set = cc::buildAllSchedules(args);
+      cc::TimingResult timing;
+      if (!set.error.empty()) {
+        timing.ok = false;
+        timing.error = set.error;
+      } else {
+        timing = cc::simulateTime(set.schedules, model);
+      }
+      if (!timing.ok) {
+        std::printf("# %10zu  %20s  not simulated: %s\n", shownBytes, name.c_str(), timing.error.c_str());
+        ++failures;
+        continue;
+      }
+      Result predicted;
+      predicted.timeUs = timing.timeUs;
+      predicted.algbw = timing.timeUs > 0 ? static_cast<double>(shownBytes) / 1e3 / timing.timeUs : 0;
+      predicted.busbw = predicted.algbw * busFactor(opInfo->op, n);
+      printRow(shownBytes, count, typeInfo->type, opInfo->reduces ? chorusOpName(redopInfo->op) : "none",
+               opInfo->rooted ? o.root : -1, name.c_str(), predicted, "sim", predicted, "sim");
+      const nlohmann::json side = {
+          {"time_us", predicted.timeUs}, {"algbw_GBps", predicted.algbw}, {"busbw_GBps", predicted.busbw}};
+      rows.push_back({{"op", opInfo->name},
+                      {"size_bytes", shownBytes},
+                      {"count", count},
+                      {"type", chorusTypeName(typeInfo->type)},
+                      {"algo", name},
+                      {"nranks", n},
+                      {"ranks_per_host", perHost},
+                      {"messages", timing.messages},
+                      {"steps", timing.steps},
+                      {"out_of_place", side},
+                      {"in_place", side}});
+    }
+    if (opInfo->op == Op::kBarrier || bytes >= o.maxBytes) break;
+    const size_t nextBytes =
+        o.factorGiven ? static_cast<size_t>(static_cast<double>(bytes) * o.stepFactor) : bytes + o.stepBytes;
+    if (nextBytes <= bytes) break;
+    bytes = std::min(nextBytes, o.maxBytes);
+  }
+  std::printf("# Predicted by the timing simulator; #wrong is not checked (sim)\n#\n");
+  if (!o.json.empty()) {
+    const nlohmann::json doc = {
+        {"tool", "collbench"}, {"simulated", true}, {"op", opInfo->name}, {"nranks", n}, {"rows", rows}};
+    std::ofstream out(o.json);
+    out << doc.dump(2) << "\n";
+    if (!out) {
+      std::fprintf(stderr, "collbench: cannot write %s\n", o.json.c_str());
+      return 2;
+    }
+  }
+  return failures == 0 ? 0 : 1;
+}
+
 bool launchedAsRank() {
   for (const char* name : {"CHORUS_RANK", "RANK", "PMI_RANK"}) {
     if (std::getenv(name) != nullptr) return true;
@@ -646,6 +824,12 @@ int main(int argc, char** argv) {
       "force an algorithm (see chorusAlgorithmNames), a comma-separated list, or all: one row each per size");
   // --op selects the collective, as the chorus docs say; -o stays nccl-tests' reduction op.
   app.add_option("--op", o.op, "same as --coll");
+  app.add_flag("--simulate", o.simulate,
+               "start no ranks: print each row's time as predicted by the timing simulator for -g ranks (up to "
+               "tens of thousands) on the model in CHORUS_TUNING_FILE");
+  app.add_option("--ranks-per-host", o.ranksPerHost,
+                 "--simulate: consecutive ranks per host (the rest talk over the network model); default all on one")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--inject-wrong", o.injectWrong, "test hook: spoil one received element before the check")->group("");
   CLI11_PARSE(app, argc, argv);
   try {
@@ -663,6 +847,7 @@ int main(int argc, char** argv) {
   }
   if (o.maxBytes < o.minBytes) o.maxBytes = o.minBytes;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (o.simulate) return simulateSweep(o);
 
   if (launchedAsRank()) {
     chorusComm_t comm = nullptr;

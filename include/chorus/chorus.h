@@ -6,6 +6,7 @@
  *
  * Stream rule: every collective takes a stream argument like NCCL's. Host buffers take NULL,
  * and the call returns when the operation is complete on this rank (its buffers may be reused).
+ * Non-blocking forms (chorusIAllReduce, ...) return a request instead, for chorusTest/chorusWait.
  * Device buffers and CUDA streams are not accepted by this build: a non-NULL stream is
  * rejected with chorusInvalidArgument and nothing is touched.
  *
@@ -99,13 +100,13 @@ typedef struct {
  * CHORUS_CONFIG_INITIALIZER, then set the fields you want. A field left at its initializer value
  * takes the environment's value or the built-in default. */
 typedef struct {
-  size_t size;           /* sizeof(chorusConfig_t), set by the initializer */
-  unsigned int magic;    /* set by the initializer */
-  unsigned int version;  /* CHORUS_VERSION_CODE, set by the initializer */
-  int blocking;          /* 1: every call returns when done (the only mode in this version) */
-  int timeoutMs;         /* per-operation wait limit in ms; -1: CHORUS_TIMEOUT_MS or default */
-  int initTimeoutMs;     /* bootstrap wait limit in ms; -1: CHORUS_INIT_TIMEOUT_MS or default */
-  const char* transport; /* "auto", "shm" or "tcp"; NULL: CHORUS_TRANSPORT or "auto" */
+  size_t size;            /* sizeof(chorusConfig_t), set by the initializer */
+  unsigned int magic;     /* set by the initializer */
+  unsigned int version;   /* CHORUS_VERSION_CODE, set by the initializer */
+  int blocking;           /* 1: every call returns when done (the only mode in this version) */
+  int timeoutMs;          /* per-operation wait limit in ms; -1: CHORUS_TIMEOUT_MS or default */
+  int initTimeoutMs;      /* bootstrap wait limit in ms; -1: CHORUS_INIT_TIMEOUT_MS or default */
+  const char* transport;  /* "auto", "shm" or "tcp"; NULL: CHORUS_TRANSPORT or "auto" */
   const char* algorithms; /* overrides as CHORUS_ALGO ("allreduce:ring,allgather:bruck"); NULL: CHORUS_ALGO */
 } chorusConfig_t;
 
@@ -153,9 +154,9 @@ CHORUS_API chorusResult_t chorusCommInitRankConfig(chorusComm_t* comm, int nrank
  * malformed (the message names the variable), and those of chorusCommInitRank. */
 CHORUS_API chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm, const chorusConfig_t* config);
 
-/* Destroys a communicator: waits for nothing (all calls are complete when they return), closes
- * connections, frees memory. The handle is invalid afterwards; a later call with it returns
- * chorusInvalidUsage. Not collective. */
+/* Destroys a communicator: waits for its non-blocking operations still in flight (within the
+ * timeout; blocking calls are complete when they return), closes connections, frees memory. The handle is invalid
+ * afterwards; a later call with it returns chorusInvalidUsage. Not collective. */
 CHORUS_API chorusResult_t chorusCommDestroy(chorusComm_t comm);
 
 /* Marks the communicator aborted, then destroys it without waiting for peers: the way out after
@@ -266,6 +267,59 @@ CHORUS_API chorusResult_t chorusGroupEnd(void);
 /* Returns when every rank has entered the barrier. Errors: chorusInvalidUsage,
  * chorusRemoteError, chorusTimeout. */
 CHORUS_API chorusResult_t chorusBarrier(chorusComm_t comm, chorusStream_t stream);
+
+/* Non-blocking operations (host memory), MPI style: each I-call validates its arguments as the
+ * blocking call of the same name does, starts the operation and returns at once with a request
+ * in *request (NULL on error). Many may be in flight on one communicator, mixed with blocking
+ * calls; every rank must start the same collectives in the same order, as with blocking calls.
+ * The buffers of a started operation must stay valid, and its send buffer unchanged, until
+ * chorusTest reports it done or chorusWait returns. Operations progress inside chorus calls on
+ * their communicator (test, wait, or any other call): a rank that computes between calls should
+ * test now and then. An in-flight operation whose buffers overlap an earlier one's waits for it.
+ * Not allowed inside a group (chorusInvalidUsage). Destroying a communicator first waits for its
+ * operations (within the timeout); aborting ends them with chorusAborted. A request belongs to
+ * its communicator's thread rule. chorusISend and chorusIRecv to oneself need no group. */
+typedef struct chorusRequest* chorusRequest_t;
+CHORUS_API chorusResult_t chorusIAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                           chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm,
+                                           chorusRequest_t* request);
+CHORUS_API chorusResult_t chorusIAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                           chorusDataType_t datatype, chorusComm_t comm, chorusRequest_t* request);
+CHORUS_API chorusResult_t chorusIReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                               chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm,
+                                               chorusRequest_t* request);
+CHORUS_API chorusResult_t chorusIBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                                           chorusDataType_t datatype, int root, chorusComm_t comm,
+                                           chorusRequest_t* request);
+CHORUS_API chorusResult_t chorusIReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                        chorusRedOp_t op, int root, chorusComm_t comm, chorusRequest_t* request);
+CHORUS_API chorusResult_t chorusIAllToAll(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                          chorusComm_t comm, chorusRequest_t* request);
+CHORUS_API chorusResult_t chorusIAllToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls,
+                                           void* recvbuff, const size_t* recvcounts, const size_t* rdispls,
+                                           chorusDataType_t datatype, chorusComm_t comm, chorusRequest_t* request);
+CHORUS_API chorusResult_t chorusIGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                        chorusDataType_t datatype, int root, chorusComm_t comm,
+                                        chorusRequest_t* request);
+CHORUS_API chorusResult_t chorusIScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                         chorusDataType_t datatype, int root, chorusComm_t comm,
+                                         chorusRequest_t* request);
+CHORUS_API chorusResult_t chorusISend(const void* sendbuff, size_t count, chorusDataType_t datatype, int peer,
+                                      chorusComm_t comm, chorusRequest_t* request);
+CHORUS_API chorusResult_t chorusIRecv(void* recvbuff, size_t count, chorusDataType_t datatype, int peer,
+                                      chorusComm_t comm, chorusRequest_t* request);
+CHORUS_API chorusResult_t chorusIBarrier(chorusComm_t comm, chorusRequest_t* request);
+
+/* Progresses the request's communicator without blocking. *done = 1 when the operation is
+ * complete: the request is then freed, *request set to NULL, and the result is the operation's
+ * (chorusSuccess, or the error that ended it). *done = 0 and chorusSuccess while it runs. A NULL
+ * *request counts as complete. Errors: chorusInvalidArgument (NULL pointers), chorusInvalidUsage
+ * (a handle already completed), and the operation's errors. */
+CHORUS_API chorusResult_t chorusTest(chorusRequest_t* request, int* done);
+/* Blocks until the operation is complete (bounded by the timeout), then as chorusTest with done. */
+CHORUS_API chorusResult_t chorusWait(chorusRequest_t* request);
+/* chorusWait on each of count requests, all of them even after an error; returns the first error. */
+CHORUS_API chorusResult_t chorusWaitAll(int count, chorusRequest_t* requests);
 
 /* Helpers: size in bytes of one element, and the name of a type or op ("float32", "sum"). */
 CHORUS_API size_t chorusTypeSize(chorusDataType_t datatype);

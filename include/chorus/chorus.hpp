@@ -1,6 +1,7 @@
 // chorus.hpp: the C++20 API of chorus, a header-only RAII wrapper over the C ABI (chorus.h).
 //
-// Nouns: Communicator (owns a chorusComm_t; move-only; destroyed with it), UniqueId, Error (every
+// Nouns: Communicator (owns a chorusComm_t; move-only; destroyed with it), Request (a non-blocking
+// operation in flight), UniqueId, Error (every
 // failure, with the C result code and the message naming rank, peer, operation and sizes).
 // Buffers are std::span of a supported element type; sizes are checked before anything is sent.
 // Thread rules as in chorus.h: one thread at a time per Communicator.
@@ -78,6 +79,43 @@ class UniqueId {
  private:
   UniqueId() = default;
   chorusUniqueId id_{};
+};
+
+// A non-blocking operation in flight (see chorusIAllReduce in chorus.h). Move-only. wait()
+// throws the operation's error; the destructor waits too (ignoring errors), so the buffers an
+// operation uses are never released under it by accident.
+class Request {
+ public:
+  Request() = default;
+  Request(chorusRequest_t request, chorusComm_t comm) : request_(request), comm_(comm) {}
+  Request(Request&& other) noexcept
+      : request_(std::exchange(other.request_, nullptr)), comm_(std::exchange(other.comm_, nullptr)) {}
+  Request& operator=(Request&& other) noexcept {
+    if (this != &other) {
+      if (request_ != nullptr) chorusWait(&request_);
+      request_ = std::exchange(other.request_, nullptr);
+      comm_ = std::exchange(other.comm_, nullptr);
+    }
+    return *this;
+  }
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  ~Request() {
+    if (request_ != nullptr) chorusWait(&request_);
+  }
+
+  void wait() { detail::check(chorusWait(&request_), comm_); }
+  // Progresses; true once the operation is complete.
+  bool test() {
+    int done = 0;
+    detail::check(chorusTest(&request_, &done), comm_);
+    return done != 0;
+  }
+  bool done() const { return request_ == nullptr; }
+
+ private:
+  chorusRequest_t request_ = nullptr;
+  chorusComm_t comm_ = nullptr;
 };
 
 class Communicator {
@@ -164,6 +202,59 @@ class Communicator {
     detail::check(chorusRecv(data.data(), data.size(), dataTypeOf<T>(), peer, comm_, nullptr), comm_);
   }
   void barrier() { detail::check(chorusBarrier(comm_, nullptr), comm_); }
+
+  // Non-blocking forms: start the operation and return its Request (buffers in use until done).
+  template <typename T>
+  [[nodiscard]] Request iallReduce(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::kSum) {
+    requireSize(out.size(), in.size(), "iallReduce: out");
+    chorusRequest_t r = nullptr;
+    detail::check(chorusIAllReduce(in.data(), out.data(), in.size(), dataTypeOf<T>(), detail::toC(op), comm_, &r),
+                  comm_);
+    return Request(r, comm_);
+  }
+  template <typename T>
+  [[nodiscard]] Request iallReduce(std::span<T> inOut, ReduceOp op = ReduceOp::kSum) {
+    return iallReduce(std::span<const T>(inOut), inOut, op);
+  }
+  template <typename T>
+  [[nodiscard]] Request iallGather(std::span<const T> in, std::span<T> out) {
+    requireSize(out.size(), in.size() * static_cast<size_t>(size()), "iallGather: out");
+    chorusRequest_t r = nullptr;
+    detail::check(chorusIAllGather(in.data(), out.data(), in.size(), dataTypeOf<T>(), comm_, &r), comm_);
+    return Request(r, comm_);
+  }
+  template <typename T>
+  [[nodiscard]] Request ireduceScatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::kSum) {
+    requireSize(in.size(), out.size() * static_cast<size_t>(size()), "ireduceScatter: in");
+    chorusRequest_t r = nullptr;
+    detail::check(chorusIReduceScatter(in.data(), out.data(), out.size(), dataTypeOf<T>(), detail::toC(op), comm_, &r),
+                  comm_);
+    return Request(r, comm_);
+  }
+  template <typename T>
+  [[nodiscard]] Request ibroadcast(std::span<T> buffer, int root) {
+    chorusRequest_t r = nullptr;
+    detail::check(chorusIBroadcast(buffer.data(), buffer.data(), buffer.size(), dataTypeOf<T>(), root, comm_, &r),
+                  comm_);
+    return Request(r, comm_);
+  }
+  template <typename T>
+  [[nodiscard]] Request isend(std::span<const T> data, int peer) {
+    chorusRequest_t r = nullptr;
+    detail::check(chorusISend(data.data(), data.size(), dataTypeOf<T>(), peer, comm_, &r), comm_);
+    return Request(r, comm_);
+  }
+  template <typename T>
+  [[nodiscard]] Request irecv(std::span<T> data, int peer) {
+    chorusRequest_t r = nullptr;
+    detail::check(chorusIRecv(data.data(), data.size(), dataTypeOf<T>(), peer, comm_, &r), comm_);
+    return Request(r, comm_);
+  }
+  [[nodiscard]] Request ibarrier() {
+    chorusRequest_t r = nullptr;
+    detail::check(chorusIBarrier(comm_, &r), comm_);
+    return Request(r, comm_);
+  }
 
   // Aborts and releases the communicator; the object is empty afterwards.
   void abort() {

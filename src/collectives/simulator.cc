@@ -1,9 +1,12 @@
-// simulator.cc: the in-process execution of all ranks' schedules (see simulator.h).
+// simulator.cc: the in-process execution of all ranks' schedules (see simulator.h): on data
+// (correctness mode), then on a clock (timing mode).
 #include "src/collectives/simulator.h"
 
 #include <cstring>
 #include <deque>
+#include <queue>
 #include <string>
+#include <unordered_map>
 
 #include "kernels/cpu/reduce.h"
 
@@ -227,6 +230,278 @@ SimulationResult simulate(std::vector<SimulatedRank>& ranks, chorusDataType_t ty
     }
   }
   return result;
+}
+
+}  // namespace chorus::collectives
+
+// ---- Timing mode -------------------------------------------------------------------------
+
+namespace chorus::collectives {
+namespace {
+
+// A step's byte ranges in a virtual address space per rank: buffer b lives at (b + 1) << 48.
+struct VirtualRange {
+  uint64_t begin;
+  uint64_t end;
+  bool write;
+};
+
+struct TimedStep {
+  size_t step;
+  VirtualRange ranges[4];
+  int rangeCount;
+  bool done;
+};
+
+bool overlaps(const TimedStep& a, const TimedStep& b) {
+  for (int i = 0; i < a.rangeCount; ++i) {
+    for (int j = 0; j < b.rangeCount; ++j) {
+      const VirtualRange& x = a.ranges[i];
+      const VirtualRange& y = b.ranges[j];
+      if ((x.write || y.write) && x.begin < y.end && y.begin < x.end) return true;
+    }
+  }
+  return false;
+}
+
+enum class EventKind : uint8_t { kReady, kSend, kArrive, kDone };
+struct Event {
+  double time;
+  uint64_t sequence;  // ties run in the order they were scheduled
+  EventKind kind;
+  int rank;  // kReady, kDone: the rank; kSend, kArrive: the sender
+  int peer;  // kSend, kArrive: the receiver
+  size_t step;
+  bool operator>(const Event& other) const {
+    return time != other.time ? time > other.time : sequence > other.sequence;
+  }
+};
+
+struct TimedRank {
+  size_t next = 0;
+  std::vector<TimedStep> inFlight;
+  double clock = 0;  // the rank's thread: when it can post its next step
+  double coreFree = 0;
+  double sendPortFree = 0;
+  double recvPortFree = 0;
+  double finished = 0;
+  bool blocked = false;
+};
+
+struct PendingRecv {
+  size_t step;
+  double postedAt;
+};
+struct PairQueue {
+  std::deque<double> arrivals;    // messages arrived before their receive was posted
+  std::deque<PendingRecv> recvs;  // receives posted before their message arrived
+};
+
+}  // namespace
+
+TimingResult simulateTime(const std::vector<Schedule>& schedules, const NetworkModel& model) {
+  TimingResult result;
+  const int n = static_cast<int>(schedules.size());
+  const int perHost = model.ranksPerHost > 0 ? model.ranksPerHost : std::max(n, 1);
+  const int hosts = (n + perHost - 1) / perHost;
+  std::vector<TimedRank> ranks(n);
+  std::vector<double> nicOutFree(hosts, 0), nicInFree(hosts, 0);
+  std::unordered_map<uint64_t, PairQueue> pairs;
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events;
+  uint64_t sequence = 0;
+  auto push = [&](double time, EventKind kind, int rank, int peer, size_t step) {
+    events.push({time, sequence++, kind, rank, peer, step});
+  };
+  auto fail = [&](const std::string& text) {
+    result.ok = false;
+    result.error = text;
+    return result;
+  };
+  auto pairOf = [&](int src, int dst) -> PairQueue& {
+    return pairs[static_cast<uint64_t>(src) * static_cast<uint64_t>(n) + static_cast<uint64_t>(dst)];
+  };
+  // A receive whose message is in: a recv-reduce then reduces on the rank's core.
+  auto receive = [&](int rank, size_t step, double at) {
+    const Step& s = schedules[rank].steps[step];
+    double done = at;
+    if (s.kind == StepKind::kRecvReduce) {
+      TimedRank& state = ranks[rank];
+      done = std::max(at, state.coreFree) + static_cast<double>(s.bytes) * model.gammaUsPerByte;
+      state.coreFree = done;
+    }
+    push(done, EventKind::kDone, rank, -1, step);
+  };
+
+  for (int r = 0; r < n; ++r) push(0, EventKind::kReady, r, -1, 0);
+  while (!events.empty()) {
+    const Event event = events.top();
+    events.pop();
+    switch (event.kind) {
+      case EventKind::kReady: {
+        TimedRank& state = ranks[event.rank];
+        const auto& steps = schedules[event.rank].steps;
+        double now = std::max(event.time, state.clock);
+        std::erase_if(state.inFlight, [](const TimedStep& t) { return t.done; });
+        while (state.next < steps.size()) {
+          const Step& step = steps[state.next];
+          TimedStep timed{state.next, {}, 0, false};
+          Access accesses[4];
+          timed.rangeCount = stepAccesses(step, accesses);
+          for (int i = 0; i < timed.rangeCount; ++i) {
+            const uint64_t begin =
+                ((static_cast<uint64_t>(accesses[i].span.buffer) + 1) << 48) + accesses[i].span.offset;
+            timed.ranges[i] = {begin, begin + accesses[i].bytes, accesses[i].write};
+          }
+          bool blocked = false;
+          for (const TimedStep& t : state.inFlight) blocked = blocked || (!t.done && overlaps(t, timed));
+          if (blocked) {
+            state.blocked = true;
+            break;
+          }
+          ++result.steps;
+          switch (step.kind) {
+            case StepKind::kCopy:
+            case StepKind::kDivide:
+            case StepKind::kReduce: {
+              const double perByte = step.kind == StepKind::kCopy ? model.copyUsPerByte : model.gammaUsPerByte;
+              now = std::max(now, state.coreFree) + static_cast<double>(step.bytes) * perByte;
+              state.coreFree = now;
+              state.finished = std::max(state.finished, now);
+              break;
+            }
+            case StepKind::kSend:
+              if (step.peer < 0 || step.peer >= n) {
+                return fail("rank " + std::to_string(event.rank) + " sends to rank " + std::to_string(step.peer));
+              }
+              state.inFlight.push_back(timed);
+              push(now, EventKind::kSend, event.rank, step.peer, state.next);
+              break;
+            case StepKind::kRecv:
+            case StepKind::kRecvReduce: {
+              if (step.peer < 0 || step.peer >= n) {
+                return fail("rank " + std::to_string(event.rank) + " receives from rank " + std::to_string(step.peer));
+              }
+              state.inFlight.push_back(timed);
+              PairQueue& pair = pairOf(step.peer, event.rank);
+              if (!pair.arrivals.empty()) {
+                const double arrived = pair.arrivals.front();
+                pair.arrivals.pop_front();
+                receive(event.rank, state.next, std::max(arrived, now));
+              } else {
+                pair.recvs.push_back({state.next, now});
+              }
+              break;
+            }
+          }
+          ++state.next;
+        }
+        state.clock = now;
+        break;
+      }
+      case EventKind::kSend: {
+        const Step& step = schedules[event.rank].steps[event.step];
+        const int srcHost = event.rank / perHost;
+        const int dstHost = event.peer / perHost;
+        const bool across = srcHost != dstHost;
+        const LinkCost& link = across ? model.interHost : model.intraHost;
+        TimedRank& src = ranks[event.rank];
+        TimedRank& dst = ranks[event.peer];
+        double start = std::max({event.time, src.sendPortFree, dst.recvPortFree});
+        if (across) start = std::max({start, nicOutFree[srcHost], nicInFree[dstHost]});
+        const double busy = static_cast<double>(step.bytes) * link.betaUsPerByte;
+        src.sendPortFree = start + busy;
+        dst.recvPortFree = start + busy;
+        if (across) {
+          nicOutFree[srcHost] = start + busy;
+          nicInFree[dstHost] = start + busy;
+        }
+        ++result.messages;
+        push(start + busy, EventKind::kDone, event.rank, -1, event.step);
+        push(start + link.alphaUs + busy, EventKind::kArrive, event.rank, event.peer, event.step);
+        break;
+      }
+      case EventKind::kArrive: {
+        PairQueue& pair = pairOf(event.rank, event.peer);
+        if (!pair.recvs.empty()) {
+          const PendingRecv recv = pair.recvs.front();
+          pair.recvs.pop_front();
+          const Step& sent = schedules[event.rank].steps[event.step];
+          const Step& expected = schedules[event.peer].steps[recv.step];
+          if (sent.bytes != expected.bytes) {
+            return fail("rank " + std::to_string(event.rank) + " step " + std::to_string(event.step) + " sends " +
+                        std::to_string(sent.bytes) + " bytes to rank " + std::to_string(event.peer) + ", whose step " +
+                        std::to_string(recv.step) + " receives " + std::to_string(expected.bytes));
+          }
+          receive(event.peer, recv.step, std::max(event.time, recv.postedAt));
+        } else {
+          pair.arrivals.push_back(event.time);
+        }
+        break;
+      }
+      case EventKind::kDone: {
+        TimedRank& state = ranks[event.rank];
+        for (size_t i = state.inFlight.size(); i-- > 0;) {
+          if (state.inFlight[i].step == event.step) {
+            state.inFlight[i].done = true;
+            break;
+          }
+        }
+        state.finished = std::max(state.finished, event.time);
+        if (state.blocked) {
+          state.blocked = false;
+          push(event.time, EventKind::kReady, event.rank, -1, 0);
+        }
+        break;
+      }
+    }
+  }
+  std::string stuck;
+  for (int r = 0; r < n; ++r) {
+    result.timeUs = std::max(result.timeUs, ranks[r].finished);
+    const auto& steps = schedules[r].steps;
+    if (ranks[r].next < steps.size() && stuck.size() < 600) {
+      const Step& step = steps[ranks[r].next];
+      stuck += " rank " + std::to_string(r) + " at step " + std::to_string(ranks[r].next) + " (" +
+               stepKindName(step.kind) + " peer " + std::to_string(step.peer) + ");";
+    }
+  }
+  if (!stuck.empty()) return fail("deadlock: no rank can move;" + stuck);
+  for (auto& [key, pair] : pairs) {
+    if (!pair.arrivals.empty() || !pair.recvs.empty()) {
+      return fail("rank " + std::to_string(key / n) + " and rank " + std::to_string(key % n) +
+                  " disagree on how many messages pass between them");
+    }
+  }
+  return result;
+}
+
+ScheduleSet buildAllSchedules(ScheduleArgs args, size_t maxSteps) {
+  ScheduleSet set;
+  args.rank = 0;
+  const Schedule first = buildSchedule(args);
+  const size_t estimate = first.steps.size() * static_cast<size_t>(args.nranks);
+  if (estimate > maxSteps) {
+    set.error = std::string(first.algorithm) + " " + collectiveName(args.collective) + " at " +
+                std::to_string(args.nranks) + " ranks has about " + std::to_string(estimate) +
+                " steps in all, more than the simulator holds (" + std::to_string(maxSteps) +
+                "); use fewer ranks or larger chunks";
+    return set;
+  }
+  set.schedules.reserve(args.nranks);
+  set.schedules.push_back(first);
+  size_t total = first.steps.size();
+  for (int r = 1; r < args.nranks; ++r) {
+    args.rank = r;
+    set.schedules.push_back(buildSchedule(args));
+    total += set.schedules.back().steps.size();
+    if (total > maxSteps) {
+      set.schedules.clear();
+      set.error = std::string(first.algorithm) + " " + collectiveName(args.collective) + " at " +
+                  std::to_string(args.nranks) + " ranks needs more than " + std::to_string(maxSteps) + " steps";
+      return set;
+    }
+  }
+  return set;
 }
 
 }  // namespace chorus::collectives

@@ -3,7 +3,8 @@
 // incomplete steps whose byte ranges it conflicts with, and a send completes only when the
 // matching receive has been posted (no buffering at all). A schedule that finishes here cannot
 // deadlock on any FIFO or socket size, and its results are the ones real ranks would get.
-// Used by tests (correctness at up to 1024+ ranks) and, later, collbench --simulate.
+// Used by tests (correctness at up to 1024+ ranks). Timing mode, below, predicts times for
+// collbench --simulate (up to tens of thousands of ranks).
 #pragma once
 
 #include <string>
@@ -35,5 +36,47 @@ struct SimulationResult {
 
 // Allocates each rank's scratch, runs, and reports. Reductions use the CPU kernels.
 SimulationResult simulate(std::vector<SimulatedRank>& ranks, chorusDataType_t type, chorusRedOp_t op);
+
+}  // namespace chorus::collectives
+
+namespace chorus::collectives {
+
+// Timing mode: predicts how long one call takes on a modelled machine, running every rank's
+// schedule with the executor's rules (steps posted in order, a step waits for the earlier steps
+// it conflicts with) on a clock instead of data. A message costs alpha (latency) plus bytes *
+// beta; while it moves it occupies the sender's outgoing port and the receiver's incoming port,
+// and between hosts also both hosts' NICs (one per host, shared by its ranks), so messages that
+// share a port or a NIC queue behind one another in the order they were posted. Sends are eager
+// (a send's buffer is free once its bytes have left). Reductions, copies and divides occupy the
+// rank's core for bytes * gamma or bytes * copy. All ranks start at time 0.
+struct LinkCost {
+  double alphaUs = 5;
+  double betaUsPerByte = 2e-4;
+};
+struct NetworkModel {
+  int ranksPerHost = 0;  // consecutive ranks share a host; 0: all ranks on one host
+  LinkCost intraHost;    // between ranks of one host
+  LinkCost interHost;    // between hosts
+  double gammaUsPerByte = 2.5e-4;
+  double copyUsPerByte = 1e-4;
+};
+
+struct TimingResult {
+  bool ok = true;
+  std::string error;    // a schedule that cannot finish, naming the ranks and steps
+  double timeUs = 0;    // when the last rank finished
+  size_t messages = 0;  // messages sent, all ranks
+  size_t steps = 0;     // steps run, all ranks
+};
+
+TimingResult simulateTime(const std::vector<Schedule>& schedules, const NetworkModel& model);
+
+// Every rank's schedule of one call (args.rank is set per rank). Instead of allocating schedules
+// that together would hold more than maxSteps steps, returns none and an error saying so.
+struct ScheduleSet {
+  std::vector<Schedule> schedules;
+  std::string error;
+};
+ScheduleSet buildAllSchedules(ScheduleArgs args, size_t maxSteps = 50'000'000);
 
 }  // namespace chorus::collectives

@@ -29,6 +29,12 @@ struct chorusComm {
   std::unique_ptr<Communicator> impl;
 };
 
+// A non-blocking operation: its communicator and its outcome (which outlives the communicator).
+struct chorusRequest {
+  chorusComm_t comm = nullptr;
+  std::shared_ptr<chorus::Completion> completion;
+};
+
 namespace {
 
 thread_local std::string lastError = "no error";
@@ -45,6 +51,11 @@ struct GroupState {
   std::string deferredMessage;
 };
 thread_local GroupState group;
+
+// Live request handles, as liveComms; and where the call being made returns its request (set by
+// the non-blocking entry points around the blocking one's validation and preparation).
+std::unordered_set<const chorusRequest*> liveRequests;
+thread_local chorusRequest_t* nonBlockingTarget = nullptr;
 
 template <typename F>
 chorusResult_t guarded(F&& body) {
@@ -116,7 +127,7 @@ void checkRank(int value, int nranks, const char* what, const char* call, int ra
 
 // A message to oneself completes only when its send and receive are posted together.
 void checkSelfOutsideGroup(int peer, int rank, const char* call) {
-  if (peer == rank && group.depth == 0) {
+  if (peer == rank && group.depth == 0 && nonBlockingTarget == nullptr) {
     fail(chorusInvalidUsage,
          "rank {}: {} with peer {} (itself) outside a group would wait forever; put the send and the receive in "
          "one chorusGroupStart/chorusGroupEnd",
@@ -124,8 +135,19 @@ void checkSelfOutsideGroup(int peer, int rank, const char* call) {
   }
 }
 
-// Runs the op now, or adds it to the open group.
+// Runs the op now, starts it for a non-blocking call, or adds it to the open group.
 void submit(chorusComm_t comm, PreparedOp op) {
+  if (nonBlockingTarget != nullptr) {
+    auto request = std::make_unique<chorusRequest>();
+    request->comm = comm;
+    std::vector<PreparedOp> ops;
+    ops.push_back(std::move(op));
+    request->completion = comm->impl->start(std::move(ops));
+    std::lock_guard<std::mutex> lock(liveMutex);
+    liveRequests.insert(request.get());
+    *nonBlockingTarget = request.release();
+    return;
+  }
   if (group.depth > 0) {
     if (group.comm != nullptr && group.comm != comm) {
       fail(chorusInvalidUsage, "{}: a group may use one communicator only (this call uses another)", op.what);
@@ -136,7 +158,7 @@ void submit(chorusComm_t comm, PreparedOp op) {
   }
   std::vector<PreparedOp> ops;
   ops.push_back(std::move(op));
-  comm->impl->run(ops);
+  comm->impl->run(std::move(ops));
 }
 
 // In a group, an argument error is reported again at chorusGroupEnd and drops the group.
@@ -203,6 +225,49 @@ void fromHex(const std::string& text, void* data, size_t bytes) {
   for (size_t i = 0; i < bytes; ++i) {
     static_cast<unsigned char*>(data)[i] = static_cast<unsigned char>(std::stoi(text.substr(2 * i, 2), nullptr, 16));
   }
+}
+
+// Runs a blocking entry point's validation and preparation, starting its op instead of running
+// it, with the request written to *request.
+template <typename Call>
+chorusResult_t nonBlocking(chorusRequest_t* request, const char* call, Call&& blocking) {
+  const chorusResult_t checked = guarded([&] {
+    if (request == nullptr) fail(chorusInvalidArgument, "{}: request (the output pointer) is NULL", call);
+    *request = nullptr;
+    if (group.depth > 0) {
+      fail(chorusInvalidUsage, "{}: non-blocking calls cannot be made inside a group (use the blocking form there)",
+           call);
+    }
+  });
+  if (checked != chorusSuccess) return checked;
+  nonBlockingTarget = request;
+  const chorusResult_t result = blocking();
+  nonBlockingTarget = nullptr;
+  return result;
+}
+
+// The live request *request points at; nullptr for a null request (already complete).
+chorusRequest* liveRequest(chorusRequest_t* request, const char* call) {
+  if (request == nullptr) fail(chorusInvalidArgument, "{}: request (the pointer to the handle) is NULL", call);
+  if (*request == nullptr) return nullptr;
+  std::lock_guard<std::mutex> lock(liveMutex);
+  if (liveRequests.count(*request) == 0) {
+    fail(chorusInvalidUsage, "{}: the request handle is not live (already completed by test or wait, or never made)",
+         call);
+  }
+  return *request;
+}
+
+// Frees a completed request, sets the handle to NULL and reports its operation's result.
+void settle(chorusRequest_t* request) {
+  std::unique_ptr<chorusRequest> owned(*request);
+  {
+    std::lock_guard<std::mutex> lock(liveMutex);
+    liveRequests.erase(owned.get());
+  }
+  *request = nullptr;
+  const chorus::Completion& completion = *owned->completion;
+  if (completion.result != chorusSuccess) throw Error(completion.result, completion.message);
 }
 
 }  // namespace
@@ -480,8 +545,8 @@ chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, c
   }));
 }
 
-chorusResult_t chorusGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
-                            int root, chorusComm_t comm, chorusStream_t stream) {
+chorusResult_t chorusGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype, int root,
+                            chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
     Communicator& c = live(comm, "chorusGather");
     const char* call = "chorusGather";
@@ -556,6 +621,131 @@ chorusResult_t chorusBarrier(chorusComm_t comm, chorusStream_t stream) {
   }));
 }
 
+chorusResult_t chorusIAllReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                chorusRedOp_t op, chorusComm_t comm, chorusRequest_t* request) {
+  return nonBlocking(request, "chorusIAllReduce",
+                     [&] { return chorusAllReduce(sendbuff, recvbuff, count, datatype, op, comm, nullptr); });
+}
+
+chorusResult_t chorusIAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                                chorusComm_t comm, chorusRequest_t* request) {
+  return nonBlocking(request, "chorusIAllGather",
+                     [&] { return chorusAllGather(sendbuff, recvbuff, sendcount, datatype, comm, nullptr); });
+}
+
+chorusResult_t chorusIReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                                    chorusRedOp_t op, chorusComm_t comm, chorusRequest_t* request) {
+  return nonBlocking(request, "chorusIReduceScatter",
+                     [&] { return chorusReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, nullptr); });
+}
+
+chorusResult_t chorusIBroadcast(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype, int root,
+                                chorusComm_t comm, chorusRequest_t* request) {
+  return nonBlocking(request, "chorusIBroadcast",
+                     [&] { return chorusBroadcast(sendbuff, recvbuff, count, datatype, root, comm, nullptr); });
+}
+
+chorusResult_t chorusIReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                             chorusRedOp_t op, int root, chorusComm_t comm, chorusRequest_t* request) {
+  return nonBlocking(request, "chorusIReduce",
+                     [&] { return chorusReduce(sendbuff, recvbuff, count, datatype, op, root, comm, nullptr); });
+}
+
+chorusResult_t chorusIAllToAll(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                               chorusComm_t comm, chorusRequest_t* request) {
+  return nonBlocking(request, "chorusIAllToAll",
+                     [&] { return chorusAllToAll(sendbuff, recvbuff, count, datatype, comm, nullptr); });
+}
+
+chorusResult_t chorusIAllToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls, void* recvbuff,
+                                const size_t* recvcounts, const size_t* rdispls, chorusDataType_t datatype,
+                                chorusComm_t comm, chorusRequest_t* request) {
+  return nonBlocking(request, "chorusIAllToAllv", [&] {
+    return chorusAllToAllv(sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype, comm, nullptr);
+  });
+}
+
+chorusResult_t chorusIGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                             int root, chorusComm_t comm, chorusRequest_t* request) {
+  return nonBlocking(request, "chorusIGather",
+                     [&] { return chorusGather(sendbuff, recvbuff, sendcount, datatype, root, comm, nullptr); });
+}
+
+chorusResult_t chorusIScatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                              int root, chorusComm_t comm, chorusRequest_t* request) {
+  return nonBlocking(request, "chorusIScatter",
+                     [&] { return chorusScatter(sendbuff, recvbuff, recvcount, datatype, root, comm, nullptr); });
+}
+
+chorusResult_t chorusISend(const void* sendbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
+                           chorusRequest_t* request) {
+  return nonBlocking(request, "chorusISend",
+                     [&] { return chorusSend(sendbuff, count, datatype, peer, comm, nullptr); });
+}
+
+chorusResult_t chorusIRecv(void* recvbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
+                           chorusRequest_t* request) {
+  return nonBlocking(request, "chorusIRecv",
+                     [&] { return chorusRecv(recvbuff, count, datatype, peer, comm, nullptr); });
+}
+
+chorusResult_t chorusIBarrier(chorusComm_t comm, chorusRequest_t* request) {
+  return nonBlocking(request, "chorusIBarrier", [&] { return chorusBarrier(comm, nullptr); });
+}
+
+chorusResult_t chorusTest(chorusRequest_t* request, int* done) {
+  return guarded([&] {
+    if (done == nullptr) fail(chorusInvalidArgument, "chorusTest: done is NULL");
+    *done = 0;
+    chorusRequest* r = liveRequest(request, "chorusTest");
+    if (r != nullptr && !r->completion->done) {
+      try {
+        live(r->comm, "chorusTest").test(*r->completion);
+      } catch (const Error&) {
+        if (!r->completion->done) throw;
+      }
+      if (!r->completion->done) return;
+    }
+    *done = 1;
+    if (r != nullptr) settle(request);
+  });
+}
+
+chorusResult_t chorusWait(chorusRequest_t* request) {
+  return guarded([&] {
+    chorusRequest* r = liveRequest(request, "chorusWait");
+    if (r == nullptr) return;
+    if (!r->completion->done) {
+      try {
+        live(r->comm, "chorusWait").wait(*r->completion);
+      } catch (const Error&) {
+        if (!r->completion->done) throw;
+      }
+    }
+    settle(request);
+  });
+}
+
+chorusResult_t chorusWaitAll(int count, chorusRequest_t* requests) {
+  chorusResult_t first = chorusSuccess;
+  std::string message;
+  const chorusResult_t checked = guarded([&] {
+    if (count < 0 || (count > 0 && requests == nullptr)) {
+      fail(chorusInvalidArgument, "chorusWaitAll: {} requests at {}", count, static_cast<const void*>(requests));
+    }
+  });
+  if (checked != chorusSuccess) return checked;
+  for (int i = 0; i < count; ++i) {
+    const chorusResult_t result = chorusWait(&requests[i]);
+    if (result != chorusSuccess && first == chorusSuccess) {
+      first = result;
+      message = lastError;
+    }
+  }
+  if (first != chorusSuccess) lastError = message;
+  return first;
+}
+
 chorusResult_t chorusGroupStart(void) {
   ++group.depth;
   return chorusSuccess;
@@ -574,7 +764,7 @@ chorusResult_t chorusGroupEnd(void) {
       fail(deferred, "a call in the group failed, so none of the group's calls ran: {}", message);
     }
     if (ops.empty()) return;
-    live(comm, "chorusGroupEnd").run(ops);
+    live(comm, "chorusGroupEnd").run(std::move(ops));
   });
 }
 

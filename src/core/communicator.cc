@@ -157,7 +157,21 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
   }
 }
 
-Communicator::~Communicator() = default;
+// Destroying waits (within the timeout) for operations still in flight, so peers are not left
+// waiting for this rank's part; aborting does not.
+Communicator::~Communicator() {
+  if (executor_ == nullptr) return;
+  if (!aborted() && broken_.empty()) {
+    try {
+      executor_->waitAll();
+    } catch (const Error&) {
+      // Their requests carry the error.
+    }
+  }
+  executor_->abandon(aborted() ? chorusAborted : chorusInvalidUsage,
+                     fmt::format("rank {}: the communicator was {} before the operation completed", rank_,
+                                 aborted() ? "aborted" : "destroyed"));
+}
 
 std::string Communicator::transportName(int peer) const {
   return peer >= 0 && peer < nranks_ && transportOfPeer_[peer] ? transportOfPeer_[peer]->name() : "none";
@@ -243,18 +257,33 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   return prepared;
 }
 
-void Communicator::run(std::vector<PreparedOp>& ops) {
+std::shared_ptr<Completion> Communicator::start(std::vector<PreparedOp> ops) {
   if (aborted()) fail(chorusAborted, "rank {}: the communicator was aborted", rank_);
   if (!broken_.empty()) {
     fail(chorusInvalidUsage, "rank {}: the communicator failed earlier and cannot be used: {}", rank_, broken_);
   }
-  size_t scratchBytes = 0;
-  for (const PreparedOp& op : ops) scratchBytes += op.schedule.scratchBytes;
-  if (scratch_.size() < scratchBytes) scratch_.resize(scratchBytes);
   try {
-    executor_->run(ops, scratch_.data());
+    return executor_->submit(std::move(ops));
   } catch (const Error& e) {
     broken_ = e.what();
+    throw;
+  }
+}
+
+void Communicator::wait(const Completion& completion) {
+  try {
+    executor_->wait(completion);
+  } catch (const Error& e) {
+    if (broken_.empty()) broken_ = e.what();
+    throw;
+  }
+}
+
+bool Communicator::test(const Completion& completion) {
+  try {
+    return executor_->test(completion);
+  } catch (const Error& e) {
+    if (broken_.empty()) broken_ = e.what();
     throw;
   }
 }

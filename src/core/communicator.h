@@ -48,8 +48,16 @@ class Communicator {
   // Applies overrides in CHORUS_ALGO syntax (throws chorusInvalidArgument; nothing changes then).
   void setAlgorithms(const std::string& text);
 
-  // Runs prepared ops as one stream (a single call, or a group).
-  void run(std::vector<PreparedOp>& ops);
+  // Starts prepared ops (a single call, or a group) after those already in flight; they progress
+  // inside later calls on this communicator.
+  std::shared_ptr<Completion> start(std::vector<PreparedOp> ops);
+  // Progresses until the ops of `completion` are done (wait) or as far as possible (test).
+  void wait(const Completion& completion);
+  bool test(const Completion& completion);
+  // start + wait.
+  void run(std::vector<PreparedOp> ops) { wait(*start(std::move(ops))); }
+  // Operations started and not yet done.
+  size_t pending() const { return executor_->pending(); }
 
   void abort() { aborted_.store(true); }
   bool aborted() const { return aborted_.load(); }
@@ -70,7 +78,6 @@ class Communicator {
   uint64_t collectiveSequence_ = 0;
   std::vector<uint64_t> sendSequence_;
   std::vector<uint64_t> recvSequence_;
-  std::vector<char> scratch_;
   std::array<collectives::Algorithm, collectives::kCollectiveCount> algorithms_{};  // kDefault: the tuner's
   collectives::CostParams costs_;                   // the tuner's model of this communicator's slowest transport
   std::vector<std::pair<int, int>> loggedChoices_;  // (collective, algorithm) already logged

@@ -1,10 +1,9 @@
-// executor.cc: runs schedules over the transports.
+// executor.cc: runs schedules over the transports as one stream (see executor.h).
 #include "src/core/executor.h"
 
 #include <sched.h>
 
 #include <cstring>
-#include <memory>
 
 #include "kernels/cpu/reduce.h"
 #include "src/core/error.h"
@@ -22,6 +21,8 @@ Executor::Executor(ExecutorOptions options, std::vector<Transport*> transportOfP
       transports_(std::move(transports)),
       aborted_(aborted) {}
 
+Executor::~Executor() { abandon(chorusInvalidUsage, "the communicator was destroyed before the operation completed"); }
+
 bool Executor::conflicts(const Item& earlier, const Item& later) const {
   for (int i = 0; i < earlier.rangeCount; ++i) {
     const Range& a = earlier.ranges[i];
@@ -33,59 +34,86 @@ bool Executor::conflicts(const Item& earlier, const Item& later) const {
   return false;
 }
 
-void Executor::run(std::vector<PreparedOp>& ops, char* scratch) {
-  size_t count = 0;
-  for (const PreparedOp& op : ops) count += op.schedule.steps.size();
-  std::unique_ptr<Item[]> items(new Item[count]);
-  total_ = count;
-  inFlight_.clear();
-  lastProgress_ = Clock::now();
-
+std::shared_ptr<Completion> Executor::submit(std::vector<PreparedOp> ops) {
+  auto batch = std::make_unique<Batch>();
+  batch->completion = std::make_shared<Completion>();
+  batch->ops = std::move(ops);
+  size_t scratchBytes = 0;
+  for (const PreparedOp& op : batch->ops) {
+    batch->count += op.schedule.steps.size();
+    scratchBytes += op.schedule.scratchBytes;
+  }
+  if (batch->count == 0) {
+    batch->completion->done = true;
+    return batch->completion;
+  }
+  if (scratchBytes > 0) {
+    if (!scratchPool_.empty()) {
+      batch->scratch = std::move(scratchPool_.back());
+      scratchPool_.pop_back();
+    }
+    if (batch->scratch.size() < scratchBytes) batch->scratch.resize(scratchBytes);
+  }
+  batch->items.reset(new Item[batch->count]);
   size_t index = 0;
   size_t scratchOffset = 0;
-  try {
-    for (PreparedOp& op : ops) {
-      char* bases[collectives::kBufferCount] = {static_cast<char*>(const_cast<void*>(op.input)),
-                                                static_cast<char*>(op.output), scratch + scratchOffset};
-      scratchOffset += op.schedule.scratchBytes;
-      for (const collectives::Step& step : op.schedule.steps) {
-        Item& item = items[index];
-        item.step = &step;
-        item.op = &op;
-        item.src = bases[static_cast<int>(step.src.buffer)] + step.src.offset;
-        item.dst = bases[static_cast<int>(step.dst.buffer)] + step.dst.offset;
-        item.tmp = bases[static_cast<int>(step.tmp.buffer)] + step.tmp.offset;
-        item.request.done = false;
-        item.needsReduce = false;
-        item.index = index;
-        Access accesses[4];
-        item.rangeCount = collectives::stepAccesses(step, accesses);
-        for (int i = 0; i < item.rangeCount; ++i) {
-          const char* begin = bases[static_cast<int>(accesses[i].span.buffer)] + accesses[i].span.offset;
-          item.ranges[i] = {begin, begin + accesses[i].bytes, accesses[i].write};
-        }
-        // Wait for the earlier in-flight steps this one conflicts with.
-        for (size_t k = 0; k < inFlight_.size();) {
-          if (conflicts(*inFlight_[k], item)) {
-            waitFor(*inFlight_[k]);
-            k = 0;  // the in-flight list changed
-          } else {
-            ++k;
-          }
-        }
-        issue(item);
-        if (!item.request.done || item.needsReduce) inFlight_.push_back(&item);
-        ++index;
-        poll();
+  for (PreparedOp& op : batch->ops) {
+    char* bases[collectives::kBufferCount] = {static_cast<char*>(const_cast<void*>(op.input)),
+                                              static_cast<char*>(op.output), batch->scratch.data() + scratchOffset};
+    scratchOffset += op.schedule.scratchBytes;
+    for (const collectives::Step& step : op.schedule.steps) {
+      Item& item = batch->items[index];
+      item.step = &step;
+      item.op = &op;
+      item.batch = batch.get();
+      item.src = bases[static_cast<int>(step.src.buffer)] + step.src.offset;
+      item.dst = bases[static_cast<int>(step.dst.buffer)] + step.dst.offset;
+      item.tmp = bases[static_cast<int>(step.tmp.buffer)] + step.tmp.offset;
+      item.request.done = false;
+      item.needsReduce = false;
+      item.index = index;
+      Access accesses[4];
+      item.rangeCount = collectives::stepAccesses(step, accesses);
+      for (int i = 0; i < item.rangeCount; ++i) {
+        const char* begin = bases[static_cast<int>(accesses[i].span.buffer)] + accesses[i].span.offset;
+        item.ranges[i] = {begin, begin + accesses[i].bytes, accesses[i].write};
       }
+      ++index;
     }
-    waitAll();
-  } catch (Error& e) {
-    for (Transport* t : transports_) t->cancelAll();
-    inFlight_.clear();
-    const PreparedOp* op = index < count ? items[index].op : (ops.empty() ? nullptr : &ops.back());
-    throw Error(e.code(), fmt::format("rank {}: {}: {}", options_.rank, op ? op->what : "operation", e.what()));
   }
+  std::shared_ptr<Completion> completion = batch->completion;
+  reap();
+  if (batches_.empty()) lastProgress_ = Clock::now();
+  batches_.push_back(std::move(batch));
+  try {
+    advance();
+  } catch (const Error& e) {
+    failAll(e);
+  }
+  return completion;
+}
+
+bool Executor::issueReady() {
+  bool moved = false;
+  for (size_t b = 0; b < batches_.size(); ++b) {
+    Batch& batch = *batches_[b];
+    while (batch.issued < batch.count) {
+      Item& item = batch.items[batch.issued];
+      for (const Item* earlier : inFlight_) {
+        if (conflicts(*earlier, item)) return moved;
+      }
+      ++batch.issued;
+      issue(item);
+      moved = true;
+      if (finish(item)) {
+        complete(item);
+      } else {
+        inFlight_.push_back(&item);
+      }
+      poll();  // keeps FIFOs moving while a long schedule is posted
+    }
+  }
+  return moved;
 }
 
 void Executor::issue(Item& item) {
@@ -100,7 +128,6 @@ void Executor::issue(Item& item) {
     case StepKind::kRecvReduce:
       item.needsReduce = true;
       transportOfPeer_[step.peer]->postRecv(step.peer, item.op->tag, item.tmp, step.bytes, &item.request);
-      finish(item);
       break;
     case StepKind::kCopy:
       if (item.src != item.dst && step.bytes > 0) std::memmove(item.dst, item.src, step.bytes);
@@ -132,15 +159,31 @@ bool Executor::finish(Item& item) {
   return true;
 }
 
+// Counts a finished item; a batch whose every item is finished is done (reap() removes it).
+void Executor::complete(Item& item) {
+  Batch& batch = *item.batch;
+  if (++batch.completed == batch.count) batch.completion->done = true;
+}
+
+void Executor::reap() {
+  std::erase_if(batches_, [this](std::unique_ptr<Batch>& batch) {
+    if (!batch->completion->done) return false;
+    if (!batch->scratch.empty()) scratchPool_.push_back(std::move(batch->scratch));
+    return true;
+  });
+}
+
 bool Executor::poll() {
   bool moved = false;
   for (Transport* t : transports_) {
     if (t->busy()) moved |= t->progress();
   }
   for (size_t k = 0; k < inFlight_.size();) {
-    if (finish(*inFlight_[k])) {
+    Item* item = inFlight_[k];
+    if (finish(*item)) {
       inFlight_[k] = inFlight_.back();
       inFlight_.pop_back();
+      complete(*item);
       moved = true;
     } else {
       ++k;
@@ -150,52 +193,118 @@ bool Executor::poll() {
   return moved;
 }
 
-void Executor::waitFor(Item& item) {
+bool Executor::advance() {
+  bool moved = issueReady();
+  moved |= poll();
+  reap();
+  return moved;
+}
+
+template <typename Done>
+void Executor::waitUntil(Done done) {
   const auto spin = std::chrono::microseconds(options_.spinUs);
   auto spinUntil = Clock::now() + spin;
-  while (!(item.request.done && !item.needsReduce)) {
-    if (aborted_ != nullptr && aborted_->load(std::memory_order_relaxed)) {
-      fail(chorusAborted, "the communicator was aborted while step {} of {} ({} with rank {}) was pending", item.index,
-           total_, collectives::stepKindName(item.step->kind), item.step->peer);
-    }
-    if (poll()) {
+  try {
+    while (!done()) {
+      if (aborted_ != nullptr && aborted_->load(std::memory_order_relaxed)) {
+        const Item* item = oldestPending();
+        fail(chorusAborted, "the communicator was aborted while step {} ({} with rank {}) was pending",
+             item ? item->index : 0, item ? collectives::stepKindName(item->step->kind) : "none",
+             item ? item->step->peer : -1);
+      }
+      if (advance()) {
+        spinUntil = Clock::now() + spin;
+        continue;
+      }
+      const auto now = Clock::now();
+      if (now < spinUntil) {
+        sched_yield();
+        continue;
+      }
+      if (now - lastProgress_ > std::chrono::milliseconds(options_.timeoutMs)) timeout();
+      // Block in the transports that have work: one alone may sleep long; several take turns.
+      int busy = 0;
+      for (Transport* t : transports_) busy += t->busy() ? 1 : 0;
+      for (Transport* t : transports_) {
+        if (t->busy()) t->wait(busy == 1 ? 50 : 1);
+      }
       spinUntil = Clock::now() + spin;
-      continue;
     }
-    const auto now = Clock::now();
-    if (now < spinUntil) {
-      sched_yield();
-      continue;
-    }
-    if (now - lastProgress_ > std::chrono::milliseconds(options_.timeoutMs)) timeout(&item);
-    // Block in the transports that have work: one alone may sleep long; several take turns.
-    int busy = 0;
-    for (Transport* t : transports_) busy += t->busy() ? 1 : 0;
-    for (Transport* t : transports_) {
-      if (t->busy()) t->wait(busy == 1 ? 50 : 1);
-    }
-    spinUntil = Clock::now() + spin;
+  } catch (const Error& e) {
+    failAll(e);
   }
-  // The item is complete; drop it from the in-flight list.
-  for (size_t k = 0; k < inFlight_.size(); ++k) {
-    if (inFlight_[k] == &item) {
-      inFlight_[k] = inFlight_.back();
-      inFlight_.pop_back();
-      break;
+}
+
+void Executor::wait(const Completion& completion) {
+  waitUntil([&] { return completion.done; });
+  if (completion.result != chorusSuccess) throw Error(completion.result, completion.message);
+}
+
+bool Executor::test(const Completion& completion) {
+  if (!completion.done) {
+    try {
+      advance();
+    } catch (const Error& e) {
+      failAll(e);
     }
   }
+  if (completion.done && completion.result != chorusSuccess) throw Error(completion.result, completion.message);
+  return completion.done;
 }
 
 void Executor::waitAll() {
-  while (!inFlight_.empty()) waitFor(*inFlight_.front());
+  waitUntil([&] { return batches_.empty(); });
 }
 
-void Executor::timeout(const Item* item) {
+// The earliest posted step that has not completed (what a stalled stream waits for).
+const Executor::Item* Executor::oldestPending() const {
+  for (const auto& batch : batches_) {
+    for (const Item* item : inFlight_) {
+      if (item->batch != batch.get()) continue;
+      const Item* oldest = item;
+      for (const Item* other : inFlight_) {
+        if (other->batch == batch.get() && other->index < oldest->index) oldest = other;
+      }
+      return oldest;
+    }
+  }
+  return nullptr;
+}
+
+void Executor::timeout() {
+  const Item* item = oldestPending();
+  if (item == nullptr) fail(chorusTimeout, "nothing moved for {} ms (CHORUS_TIMEOUT_MS)", options_.timeoutMs);
   const collectives::Step& step = *item->step;
   fail(chorusTimeout,
        "nothing moved for {} ms (CHORUS_TIMEOUT_MS); step {} of {} is a {} of {} bytes with rank {}, which has not "
        "completed: rank {} is stalled, dead, or in a different operation",
-       options_.timeoutMs, item->index, total_, collectives::stepKindName(step.kind), step.bytes, step.peer, step.peer);
+       options_.timeoutMs, item->index, item->batch->count, collectives::stepKindName(step.kind), step.bytes, step.peer,
+       step.peer);
+}
+
+// Ends the whole stream with the error: messages between the pairs are out of step afterwards.
+void Executor::failAll(const Error& error) {
+  const Item* item = oldestPending();
+  const PreparedOp* op = item != nullptr ? item->op : nullptr;
+  if (op == nullptr && !batches_.empty() && !batches_.front()->ops.empty()) {
+    Batch& front = *batches_.front();
+    op = front.issued < front.count ? front.items[front.issued].op : &front.ops.back();
+  }
+  const std::string message =
+      fmt::format("rank {}: {}: {}", options_.rank, op != nullptr ? op->what : "operation", error.what());
+  for (Transport* t : transports_) t->cancelAll();
+  abandon(error.code(), message);
+  throw Error(error.code(), message);
+}
+
+void Executor::abandon(chorusResult_t result, const std::string& message) {
+  inFlight_.clear();
+  for (auto& batch : batches_) {
+    batch->completion->done = true;
+    batch->completion->result = result;
+    batch->completion->message = message;
+  }
+  batches_.clear();
 }
 
 }  // namespace chorus

@@ -1,11 +1,17 @@
-// executor.h: runs schedules (src/collectives) over the transports. Steps are posted in order;
-// a step waits only for the earlier in-flight steps whose byte ranges it conflicts with (on the
-// real addresses, so in-place calls are handled), which lets sends, receives and reductions of
-// different chunks overlap. Waits spin briefly and then block in the transports; every wait is
-// bounded by the no-progress timeout and checks the abort flag. One thread at a time.
+// executor.h: runs schedules (src/collectives) over the transports, as one stream per rank.
+// Submitted operations (a call, or a group of calls) append their steps to the stream; steps are
+// posted strictly in stream order, which keeps the order of messages between every pair of ranks
+// the same on both sides, and a step waits only for the earlier in-flight steps whose byte ranges
+// it conflicts with (on the real addresses, so in-place calls and two in-flight calls on the same
+// buffer are ordered correctly). Sends, receives and reductions of different chunks, and of
+// different operations, overlap. Progress happens inside submit, test and wait: waits spin
+// briefly and then block in the transports; every wait is bounded by the no-progress timeout and
+// checks the abort flag. One thread at a time.
 #pragma once
 
 #include <atomic>
+#include <deque>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +32,13 @@ struct PreparedOp {
   std::string what;  // "allreduce #12 (count 1024 float32 sum, ring)"
 };
 
+// The outcome of one submission, shared with the request handle that waits for it.
+struct Completion {
+  bool done = false;
+  chorusResult_t result = chorusSuccess;
+  std::string message;  // the error, when result is not chorusSuccess
+};
+
 struct ExecutorOptions {
   int rank = 0;
   int nranks = 1;
@@ -37,10 +50,21 @@ class Executor {
  public:
   Executor(ExecutorOptions options, std::vector<Transport*> transportOfPeer, std::vector<Transport*> transports,
            const std::atomic<bool>* aborted);
+  ~Executor();
 
-  // Runs the ops' steps as one stream (a group is several ops). scratch must hold the sum of the
-  // ops' scratchBytes. Throws chorus::Error naming the rank, the op and the step on failure.
-  void run(std::vector<PreparedOp>& ops, char* scratch);
+  // Appends the ops' steps to the stream (a group is several ops) and posts what can be posted.
+  // The buffers must stay valid until the completion is done.
+  std::shared_ptr<Completion> submit(std::vector<PreparedOp> ops);
+  // Progresses the stream until `completion` is done. Throws chorus::Error naming the rank, the op
+  // and the step on failure; a failure ends every submission in the stream with that error.
+  void wait(const Completion& completion);
+  // Progresses without blocking; true when `completion` is done (errors as wait).
+  bool test(const Completion& completion);
+  // Waits for every submission.
+  void waitAll();
+  // Ends every unfinished submission with this result, without waiting (abort, destroy).
+  void abandon(chorusResult_t result, const std::string& message);
+  size_t pending() const { return batches_.size(); }
 
  private:
   struct Range {
@@ -48,9 +72,11 @@ class Executor {
     const char* end;
     bool write;
   };
+  struct Batch;
   struct Item {
     const collectives::Step* step;
     PreparedOp* op;
+    Batch* batch;
     char* src;
     char* dst;
     char* tmp;
@@ -58,24 +84,40 @@ class Executor {
     int rangeCount;
     Request request;
     bool needsReduce;
-    size_t index;  // position in the stream, for messages
+    size_t index;  // position in its batch, for messages
+  };
+  struct Batch {
+    std::vector<PreparedOp> ops;
+    std::unique_ptr<Item[]> items;
+    size_t count = 0;
+    size_t issued = 0;
+    size_t completed = 0;
+    std::vector<char> scratch;
+    std::shared_ptr<Completion> completion;
   };
 
+  bool advance();     // posts what can be posted, progresses transports; true if anything moved
+  bool issueReady();  // posts steps in stream order until one conflicts with an in-flight step
+  bool poll();        // progresses transports, completes finished items
   void issue(Item& item);
-  bool poll();  // progresses transports, completes finished items; true if anything moved
   bool finish(Item& item);
-  void waitFor(Item& item);
-  void waitAll();
-  [[noreturn]] void timeout(const Item* item);
+  void complete(Item& item);
+  void reap();  // removes done batches from the stream
+  template <typename Done>
+  void waitUntil(Done done);
+  [[noreturn]] void timeout();
+  [[noreturn]] void failAll(const Error& error);
+  const Item* oldestPending() const;
   bool conflicts(const Item& earlier, const Item& later) const;
 
   ExecutorOptions options_;
   std::vector<Transport*> transportOfPeer_;
   std::vector<Transport*> transports_;
   const std::atomic<bool>* aborted_;
+  std::deque<std::unique_ptr<Batch>> batches_;  // in submission order; removed when complete
+  std::vector<std::vector<char>> scratchPool_;  // scratch of completed batches, for reuse
   std::vector<Item*> inFlight_;
   Clock::time_point lastProgress_;
-  size_t total_ = 0;
 };
 
 }  // namespace chorus

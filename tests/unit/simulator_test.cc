@@ -264,6 +264,125 @@ TEST(SimulatorTest, ReportsMismatchedSizes) {
   EXPECT_NE(result.error.find("sends 8 bytes"), std::string::npos) << result.error;
 }
 
+// ---- Timing mode: closed-form times on simple models.
+
+NetworkModel linksOnly(double alphaUs, double betaUsPerByte) {
+  NetworkModel model;
+  model.intraHost = {alphaUs, betaUsPerByte};
+  model.interHost = {10 * alphaUs, 10 * betaUsPerByte};
+  model.gammaUsPerByte = 0;
+  model.copyUsPerByte = 0;
+  return model;
+}
+
+std::vector<Schedule> handMade(std::vector<std::vector<Step>> steps) {
+  std::vector<Schedule> schedules(steps.size());
+  for (size_t r = 0; r < steps.size(); ++r) schedules[r].steps = std::move(steps[r]);
+  return schedules;
+}
+
+TEST(TimingTest, OneMessageCostsAlphaPlusBytesTimesBeta) {
+  const auto schedules = handMade({{sendStep(1, at(BufferId::kInput, 0), 1000)},  //
+                                   {recvStep(0, at(BufferId::kOutput, 0), 1000)}});
+  const TimingResult t = simulateTime(schedules, linksOnly(3, 0.01));
+  ASSERT_TRUE(t.ok) << t.error;
+  EXPECT_DOUBLE_EQ(t.timeUs, 3 + 1000 * 0.01);
+  EXPECT_EQ(t.messages, 1u);
+}
+
+TEST(TimingTest, MessagesIntoOneRankQueueAtItsPort) {
+  // Three ranks send to rank 0 at once: its incoming port carries them one after another.
+  std::vector<std::vector<Step>> steps(4);
+  for (int r = 1; r < 4; ++r) {
+    steps[0].push_back(recvStep(r, at(BufferId::kOutput, 100 * r), 100));
+    steps[r].push_back(sendStep(0, at(BufferId::kInput, 0), 100));
+  }
+  const TimingResult t = simulateTime(handMade(steps), linksOnly(2, 0.5));
+  ASSERT_TRUE(t.ok) << t.error;
+  EXPECT_DOUBLE_EQ(t.timeUs, 2 + 3 * 100 * 0.5);
+}
+
+TEST(TimingTest, RanksOfAHostShareItsNic) {
+  // Two hosts of two ranks: 0 -> 2 and 1 -> 3 both cross, through one NIC per host.
+  auto schedules = handMade({{sendStep(2, at(BufferId::kInput, 0), 100)},
+                             {sendStep(3, at(BufferId::kInput, 0), 100)},
+                             {recvStep(0, at(BufferId::kOutput, 0), 100)},
+                             {recvStep(1, at(BufferId::kOutput, 0), 100)}});
+  NetworkModel model = linksOnly(1, 0.1);
+  model.ranksPerHost = 2;
+  const TimingResult across = simulateTime(schedules, model);
+  ASSERT_TRUE(across.ok) << across.error;
+  EXPECT_DOUBLE_EQ(across.timeUs, 10 + 2 * 100 * 1.0);
+  model.ranksPerHost = 4;  // one host: separate ports, no NIC
+  const TimingResult within = simulateTime(schedules, model);
+  EXPECT_DOUBLE_EQ(within.timeUs, 1 + 100 * 0.1);
+}
+
+TEST(TimingTest, RingAllReduceTakesTwoNMinusOneSteps) {
+  for (int n : {2, 3, 4, 7, 16}) {
+    ScheduleArgs args;
+    args.collective = Collective::kAllReduce;
+    args.algorithm = Algorithm::kRing;
+    args.nranks = n;
+    args.count = static_cast<size_t>(n) * 256;  // one 1 KiB chunk per block
+    args.typeSize = 4;
+    const ScheduleSet set = buildAllSchedules(args);
+    ASSERT_TRUE(set.error.empty()) << set.error;
+    const TimingResult t = simulateTime(set.schedules, linksOnly(5, 0.001));
+    ASSERT_TRUE(t.ok) << t.error;
+    EXPECT_NEAR(t.timeUs, 2 * (n - 1) * (5 + 1024 * 0.001), 1e-9) << n << " ranks";
+    // A reduction cost adds one reduction per reduce-scatter step on the critical path.
+    NetworkModel withGamma = linksOnly(5, 0.001);
+    withGamma.gammaUsPerByte = 0.002;
+    EXPECT_NEAR(simulateTime(set.schedules, withGamma).timeUs,
+                2 * (n - 1) * (5 + 1024 * 0.001) + (n - 1) * 1024 * 0.002, 1e-9)
+        << n << " ranks";
+  }
+}
+
+TEST(TimingTest, SixteenThousandRanks) {
+  // Recursive doubling: log2(n) rounds of the whole buffer, each after the last.
+  const int n = 16384;
+  ScheduleArgs args;
+  args.collective = Collective::kAllReduce;
+  args.algorithm = Algorithm::kRecursiveDoubling;
+  args.nranks = n;
+  args.count = 256;
+  args.typeSize = 4;
+  ScheduleSet set = buildAllSchedules(args);
+  ASSERT_TRUE(set.error.empty()) << set.error;
+  TimingResult t = simulateTime(set.schedules, linksOnly(2, 0.001));
+  ASSERT_TRUE(t.ok) << t.error;
+  EXPECT_NEAR(t.timeUs, 14 * (2 + 1024 * 0.001), 1e-9);
+  EXPECT_EQ(t.messages, static_cast<size_t>(n) * 14);
+  // The double binary tree at the same scale, across hosts of 8 ranks: it finishes, and no sooner
+  // than a message up and down each tree's depth.
+  args.algorithm = Algorithm::kTree;
+  set = buildAllSchedules(args);
+  ASSERT_TRUE(set.error.empty()) << set.error;
+  NetworkModel hosts = linksOnly(2, 0.001);
+  hosts.ranksPerHost = 8;
+  t = simulateTime(set.schedules, hosts);
+  ASSERT_TRUE(t.ok) << t.error;
+  EXPECT_GT(t.timeUs, 2 * 13 * 2.0);
+  // The ring at this scale would need about 10^9 steps: refused with the count, not attempted.
+  args.algorithm = Algorithm::kRing;
+  args.count = n;
+  set = buildAllSchedules(args);
+  EXPECT_TRUE(set.schedules.empty());
+  EXPECT_NE(set.error.find("more than the simulator holds"), std::string::npos) << set.error;
+}
+
+TEST(TimingTest, ReportsAStepThatCanNeverRun) {
+  // Rank 0 waits for a message rank 1 never sends.
+  const auto schedules = handMade({{recvStep(1, at(BufferId::kOutput, 0), 4),  //
+                                    copyStep(at(BufferId::kOutput, 0), at(BufferId::kScratch, 0), 4)},
+                                   {}});
+  const TimingResult t = simulateTime(schedules, linksOnly(1, 1));
+  EXPECT_FALSE(t.ok);
+  EXPECT_NE(t.error.find("rank 0 at step 1"), std::string::npos) << t.error;
+}
+
 TEST(ScheduleShapeTest, RingAllReduceSendsTwiceNMinusOneOverNOfTheBuffer) {
   // Bandwidth optimality: each rank sends 2(n-1)/n of the data (up to block rounding).
   const int n = 8;
