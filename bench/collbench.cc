@@ -555,8 +555,8 @@ int Bench::calibrate(const std::string& path) {
   // Calibrate with the rank count the tuning is for: the cost of a message depends on how many
   // ranks share the cores.
   // Measured as collectives run: every rank busy at once (ranks may share cores), each value
-  // averaged over the ranks. A ring shift (send to r+1, receive from r-1, in a group) of `bytes`
-  // costs alpha + bytes * beta.
+  // averaged over the ranks. alpha from barriers; then a ring shift (send to r+1, receive from
+  // r-1, in a group) of `bytes` costs alpha + bytes * beta.
   auto average = [&](double mine) {
     double sum = 0;
     call("allreduce", chorusAllReduce(&mine, &sum, 1, chorusFloat64, chorusSum, comm_, nullptr));
@@ -577,7 +577,13 @@ int Bench::calibrate(const std::string& path) {
     for (int i = 0; i < iters; ++i) once();
     return average(std::chrono::duration<double>(Clock::now() - start).count() / iters * 1e6);
   };
-  const double alphaUs = shift(1, 2000);
+  // alpha: a dissemination barrier is ceil(log2 n) rounds of one empty message each, in sequence.
+  call("barrier", chorusBarrier(comm_, nullptr));
+  const int barriers = 2000;
+  const auto barrierStart = Clock::now();
+  for (int i = 0; i < barriers; ++i) call("barrier", chorusBarrier(comm_, nullptr));
+  const double barrierUs = average(std::chrono::duration<double>(Clock::now() - barrierStart).count() / barriers * 1e6);
+  const double alphaUs = barrierUs / std::ceil(std::log2(static_cast<double>(nranks_)));
   const size_t big = size_t{4} << 20;
   const double bigUs = shift(big, 30);
   const double betaGBps = static_cast<double>(big) / std::max(bigUs - alphaUs, 1e-3) / 1e3;
@@ -603,7 +609,7 @@ int Bench::calibrate(const std::string& path) {
                              " gamma_GBps=" + std::to_string(bytes / reduceUs / 1e3) +
                              " copy_GBps=" + std::to_string(bytes / copyUs / 1e3);
     std::ofstream out(path, std::ios::app);
-    out << "# collbench --calibrate, " << nranks_ << " ranks (ring shift, all ranks busy)\n" << line << "\n";
+    out << "# collbench --calibrate, " << nranks_ << " ranks (barriers, ring shift, all ranks busy)\n" << line << "\n";
     if (!out) {
       std::fprintf(stderr, "collbench: cannot write %s\n", path.c_str());
       return 2;

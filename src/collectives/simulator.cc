@@ -406,18 +406,21 @@ TimingResult simulateTime(const std::vector<Schedule>& schedules, const NetworkM
         const LinkCost& link = across ? model.interHost : model.intraHost;
         TimedRank& src = ranks[event.rank];
         TimedRank& dst = ranks[event.peer];
-        double start = std::max({event.time, src.sendPortFree, dst.recvPortFree});
-        if (across) start = std::max({start, nicOutFree[srcHost], nicInFree[dstHost]});
+        // The sender's port (and its host's NIC) pushes its messages one after another; the
+        // receiver's port (and its host's NIC) takes in one message's bytes at a time, so a
+        // message lands no sooner than bytes * beta after the previous one into the same port.
         const double busy = static_cast<double>(step.bytes) * link.betaUsPerByte;
+        double start = std::max(event.time, src.sendPortFree);
+        if (across) start = std::max(start, nicOutFree[srcHost]);
         src.sendPortFree = start + busy;
-        dst.recvPortFree = start + busy;
-        if (across) {
-          nicOutFree[srcHost] = start + busy;
-          nicInFree[dstHost] = start + busy;
-        }
+        if (across) nicOutFree[srcHost] = start + busy;
+        double arrival = std::max(start + link.alphaUs + busy, dst.recvPortFree + busy);
+        if (across) arrival = std::max(arrival, nicInFree[dstHost] + busy);
+        dst.recvPortFree = arrival;
+        if (across) nicInFree[dstHost] = arrival;
         ++result.messages;
         push(start + busy, EventKind::kDone, event.rank, -1, event.step);
-        push(start + link.alphaUs + busy, EventKind::kArrive, event.rank, event.peer, event.step);
+        push(arrival, EventKind::kArrive, event.rank, event.peer, event.step);
         break;
       }
       case EventKind::kArrive: {

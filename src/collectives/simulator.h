@@ -44,10 +44,11 @@ namespace chorus::collectives {
 // Timing mode: predicts how long one call takes on a modelled machine, running every rank's
 // schedule with the executor's rules (steps posted in order, a step waits for the earlier steps
 // it conflicts with) on a clock instead of data. A message costs alpha (latency) plus bytes *
-// beta; while it moves it occupies the sender's outgoing port and the receiver's incoming port,
-// and between hosts also both hosts' NICs (one per host, shared by its ranks), so messages that
-// share a port or a NIC queue behind one another in the order they were posted. Sends are eager
-// (a send's buffer is free once its bytes have left). Reductions, copies and divides occupy the
+// beta. A rank's outgoing port sends its messages one after another, in the order they were
+// posted; a rank's incoming port takes in one message's bytes at a time (a message lands no
+// sooner than bytes * beta after the one before it); between hosts, each host's one NIC, shared
+// by its ranks, does the same in each direction. Sends are eager (a send's buffer is free once
+// its bytes have left). Reductions, copies and divides occupy the
 // rank's core for bytes * gamma or bytes * copy. All ranks start at time 0.
 struct LinkCost {
   double alphaUs = 5;
