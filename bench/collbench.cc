@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -577,13 +578,34 @@ int Bench::calibrate(const std::string& path) {
     for (int i = 0; i < iters; ++i) once();
     return average(std::chrono::duration<double>(Clock::now() - start).count() / iters * 1e6);
   };
+  // Timings on 2 cores shared by more ranks swing between runs: each value is the median of
+  // several blocks of calls.
+  auto medianUs = [&](int blocks, int calls, auto body) {
+    std::vector<double> samples;
+    for (int b = 0; b < blocks; ++b) {
+      call("barrier", chorusBarrier(comm_, nullptr));
+      const auto start = Clock::now();
+      for (int i = 0; i < calls; ++i) body();
+      samples.push_back(average(std::chrono::duration<double>(Clock::now() - start).count() / calls * 1e6));
+    }
+    std::nth_element(samples.begin(), samples.begin() + blocks / 2, samples.end());
+    return samples[blocks / 2];
+  };
   // alpha: a dissemination barrier is ceil(log2 n) rounds of one empty message each, in sequence.
   call("barrier", chorusBarrier(comm_, nullptr));
-  const int barriers = 2000;
-  const auto barrierStart = Clock::now();
-  for (int i = 0; i < barriers; ++i) call("barrier", chorusBarrier(comm_, nullptr));
-  const double barrierUs = average(std::chrono::duration<double>(Clock::now() - barrierStart).count() / barriers * 1e6);
+  const double barrierUs = medianUs(7, 300, [&] { call("barrier", chorusBarrier(comm_, nullptr)); });
   const double alphaUs = barrierUs / std::ceil(std::log2(static_cast<double>(nranks_)));
+  // overhead: a pairwise all-to-all of one byte per peer posts its n-1 exchanges at once; their
+  // latencies overlap, so the n-2 messages beyond the first add their overhead only.
+  double overheadUs = alphaUs / 4;
+  if (nranks_ >= 3) {
+    std::vector<char> out(nranks_), in(nranks_);
+    call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, "alltoall:pairwise"));
+    const double fanUs = medianUs(
+        7, 300, [&] { call("alltoall", chorusAllToAll(out.data(), in.data(), 1, chorusUint8, comm_, nullptr)); });
+    call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, "alltoall:default"));
+    overheadUs = std::max(fanUs - alphaUs, 0.05 * alphaUs) / (nranks_ - 2);
+  }
   const size_t big = size_t{4} << 20;
   const double bigUs = shift(big, 30);
   const double betaGBps = static_cast<double>(big) / std::max(bigUs - alphaUs, 1e-3) / 1e3;
@@ -604,12 +626,13 @@ int Bench::calibrate(const std::string& path) {
   const char* transport = std::getenv("CHORUS_TRANSPORT");
   const bool tcp = transport != nullptr && std::string(transport) == "tcp";
   if (rank_ == 0) {
-    const std::string line = std::string(tcp ? "tcp" : "shm") + " alpha_us=" + std::to_string(alphaUs) +
-                             " beta_GBps=" + std::to_string(betaGBps) +
-                             " gamma_GBps=" + std::to_string(bytes / reduceUs / 1e3) +
-                             " copy_GBps=" + std::to_string(bytes / copyUs / 1e3);
+    const std::string line =
+        std::string(tcp ? "tcp" : "shm") + " alpha_us=" + std::to_string(alphaUs) +
+        " beta_GBps=" + std::to_string(betaGBps) + " gamma_GBps=" + std::to_string(bytes / reduceUs / 1e3) +
+        " copy_GBps=" + std::to_string(bytes / copyUs / 1e3) + " overhead_us=" + std::to_string(overheadUs);
     std::ofstream out(path, std::ios::app);
-    out << "# collbench --calibrate, " << nranks_ << " ranks (barriers, ring shift, all ranks busy)\n" << line << "\n";
+    out << "# collbench --calibrate, " << nranks_ << " ranks (barriers, all-to-all, ring shift, all ranks busy)\n"
+        << line << "\n";
     if (!out) {
       std::fprintf(stderr, "collbench: cannot write %s\n", path.c_str());
       return 2;
@@ -670,8 +693,9 @@ int simulateSweep(const Options& o) {
   model.copyUsPerByte = inside.copyUsPerByte;
   // The tuner models the slowest transport in use, as a communicator does.
   const cc::CostParams& tunerModel = network || tcpInside ? tcp : shm;
+  // CHORUS_CHUNK_BYTES fixes the chunk; otherwise the tuner picks it, as a communicator does.
   const char* chunkText = std::getenv("CHORUS_CHUNK_BYTES");
-  const size_t chunkBytes = chunkText != nullptr && std::atoll(chunkText) > 0 ? std::atoll(chunkText) : 512 * 1024;
+  const size_t fixedChunk = chunkText != nullptr && std::atoll(chunkText) > 0 ? std::atoll(chunkText) : 0;
 
   std::vector<cc::Algorithm> algos{cc::Algorithm::kDefault};
   if (!o.algo.empty() && o.algo != "default") {
@@ -699,9 +723,10 @@ int simulateSweep(const Options& o) {
   }
   std::printf(
       "# collbench (chorus) --simulate op: %s  nranks: %d  ranks per host: %d  minBytes: %zu  maxBytes: %zu  "
-      "chunk: %zu\n# model: within a host alpha %.3g us beta %.3g GB/s; between hosts alpha %.3g us beta %.3g GB/s; "
+      "chunk: %s\n# model: within a host alpha %.3g us beta %.3g GB/s; between hosts alpha %.3g us beta %.3g GB/s; "
       "reduce %.3g GB/s, copy %.3g GB/s (%s)\n",
-      opInfo->name, n, perHost, o.minBytes, o.maxBytes, chunkBytes, model.intraHost.alphaUs,
+      opInfo->name, n, perHost, o.minBytes, o.maxBytes,
+      fixedChunk > 0 ? std::to_string(fixedChunk).c_str() : "the tuner's", model.intraHost.alphaUs,
       1e-3 / model.intraHost.betaUsPerByte, model.interHost.alphaUs, 1e-3 / model.interHost.betaUsPerByte,
       1e-3 / model.gammaUsPerByte, 1e-3 / model.copyUsPerByte,
       tuning != nullptr && *tuning != '\0' ? tuning : "built-in defaults");
@@ -721,10 +746,15 @@ int simulateSweep(const Options& o) {
       args.typeSize = size;
       args.root = o.root;
       args.divide = opInfo->reduces && redopInfo->op == chorusAvg;
-      args.chunkBytes = chunkBytes;
-      args.algorithm = algo != cc::Algorithm::kDefault
-                           ? algo
-                           : cc::chooseAlgorithm(collective, n, shownBytes, chunkBytes, tunerModel);
+      if (algo == cc::Algorithm::kDefault) {
+        const cc::TunerChoice choice = cc::choose(collective, n, shownBytes, tunerModel, fixedChunk);
+        args.algorithm = choice.algorithm;
+        args.chunkBytes = choice.chunkBytes;
+      } else {
+        args.algorithm = algo;
+        args.chunkBytes =
+            fixedChunk > 0 ? fixedChunk : cc::chooseChunkBytes(collective, algo, n, shownBytes, tunerModel);
+      }
       std::string name = cc::algorithmName(args.algorithm);
       if (algo == cc::Algorithm::kDefault) name = "default:" + name;
       const cc::ScheduleSet set = cc::buildAllSchedules(args);
@@ -755,6 +785,7 @@ int simulateSweep(const Options& o) {
                       {"algo", name},
                       {"nranks", n},
                       {"ranks_per_host", perHost},
+                      {"chunk_bytes", args.chunkBytes},
                       {"messages", timing.messages},
                       {"steps", timing.steps},
                       {"out_of_place", side},

@@ -3,7 +3,8 @@
 // Notation: n ranks, p the largest power of two <= n (recursive algorithms fold the rest in and
 // out, which costs two more full-buffer messages and a reduction), L = ceil(log2 n), m bytes,
 // k = ceil(m / chunk) pipeline chunks. Terms: a*alpha for a messages in sequence, b*beta for b
-// bytes through the busiest link, g*gamma for g bytes reduced, c*copy for local copies.
+// bytes through the busiest link, g*gamma for g bytes reduced, c*copy for local copies, and
+// o*overhead for each further message a rank has in flight at once (their latencies overlap).
 #include "src/collectives/tuner.h"
 
 #include <algorithm>
@@ -22,6 +23,7 @@ CostParams defaultCostParams(bool network) {
   if (network) {  // loopback-class TCP: higher latency, lower bandwidth
     p.alphaUs = 25;
     p.betaUsPerByte = 1.0 / 2000;
+    p.overheadUs = 8;
   }
   return p;
 }
@@ -63,9 +65,11 @@ CostParams loadCostParams(const std::string& path, bool network, CostParams base
         base.gammaUsPerByte = 1e-3 / value;
       } else if (key == "copy_GBps") {
         base.copyUsPerByte = 1e-3 / value;
+      } else if (key == "overhead_us") {
+        base.overheadUs = value;
       } else {
         throw std::invalid_argument(path + ":" + std::to_string(number) + ": unknown key '" + key +
-                                    "' (alpha_us, beta_GBps, gamma_GBps, copy_GBps)");
+                                    "' (alpha_us, beta_GBps, gamma_GBps, copy_GBps, overhead_us)");
       }
     }
   }
@@ -85,25 +89,39 @@ double predictUs(Collective collective, Algorithm algorithm, int nranks, size_t 
   const bool folds = pi != nranks;
   const double chunk = static_cast<double>(std::max<size_t>(chunkBytes, 1));
   const double a = c.alphaUs, b = c.betaUsPerByte, g = c.gammaUsPerByte, cp = c.copyUsPerByte;
-  // Chunked pipelines: k chunks through `hops` hops cost (hops + k - 1) chunk-times.
+  // Chunked pipelines (chain, tree): k chunks through `hops` hops cost (hops + k - 1) chunk-times.
   auto pipeline = [&](double hops, double chunkCost, double bytesPerHop) {
     const double k = std::ceil(bytesPerHop / chunk);
     const double piece = bytesPerHop / k;
     return (hops + k - 1) * (a + piece * chunkCost);
   };
+  // Ring steps: each step of a chunk waits for the step before it (a rank forwards what it just
+  // received), and a rank posts one chunk's steps before the next chunk's, so chunks add latency
+  // (k messages per step) but no overlap: `steps` steps of `bytesPerStep` bytes each.
+  auto ringSteps = [&](double steps, double bytesPerStep, double perByte) {
+    const double k = std::ceil(bytesPerStep / chunk);
+    return steps * (k * a + bytesPerStep * perByte);
+  };
+  const double o = c.overheadUs;
   const double fold = folds ? 2 * a + 2 * m * b + m * g : 0;
   switch (collective) {
     case Collective::kAllReduce:
       switch (algorithm) {
         case Algorithm::kRing:
-          return pipeline(2 * (n - 1), b + g / 2, m / n) + m * cp;
+          return ringSteps(2 * (n - 1), m / n, b) + (n - 1) * m / n * g;
         case Algorithm::kRecursiveDoubling:
           return lg * (a + m * b + m * g) + fold + m * cp;
         case Algorithm::kRabenseifner:
           return 2 * lg * a + 2 * (p - 1) / p * m * b + (p - 1) / p * m * g + fold + m * cp;
-        // An interior rank receives two children's chunks and sends one up, then receives one
-        // and sends two down: about three chunk transfers per chunk of its half.
-        case Algorithm::kTree: return pipeline(2 * L, 3 * b + g, m / 2);
+        // Each half of the buffer goes up and down one of the two trees; a rank is interior in one
+        // (two children's chunks in and one out going up, one in and two out coming down) and a
+        // leaf in the other (one out, one in): five transfers and two reductions per byte of a
+        // half, through its one port. Each level waits for the one below, chunk by chunk (as the
+        // ring's steps do), so the 2L levels cost k latencies each.
+        case Algorithm::kTree: {
+          const double k = std::ceil(m / 2 / chunk);
+          return 2 * L * k * a + m / 2 * (5 * b + 2 * g);
+        }
         default:
           break;
       }
@@ -111,7 +129,7 @@ double predictUs(Collective collective, Algorithm algorithm, int nranks, size_t 
     case Collective::kAllGather:
       switch (algorithm) {
         case Algorithm::kRing:
-          return pipeline(n - 1, b, m / n) + m / n * cp;
+          return ringSteps(n - 1, m / n, b) + m / n * cp;
         case Algorithm::kRecursiveDoubling:
           return lg * a + (n - 1) / n * m * b + (folds ? 2 * a + m * b : 0) + m / n * cp;
         case Algorithm::kBruck:
@@ -123,7 +141,7 @@ double predictUs(Collective collective, Algorithm algorithm, int nranks, size_t 
     case Collective::kReduceScatter:
       switch (algorithm) {
         case Algorithm::kRing:
-          return pipeline(n - 1, b + g, m / n);
+          return ringSteps(n - 1, m / n, b + g);
         case Algorithm::kRecursiveHalving:
           return lg * a + (p - 1) / p * m * (b + g) + fold + 2 * m * cp;
         default:
@@ -156,8 +174,9 @@ double predictUs(Collective collective, Algorithm algorithm, int nranks, size_t 
       break;
     case Collective::kAllToAll:
       switch (algorithm) {
+        // Every exchange is posted at once: one latency, plus the overhead of each further message.
         case Algorithm::kPairwise:
-          return (n - 1) * a + (n - 1) / n * m * b + m / n * cp;
+          return a + (n - 2) * o + (n - 1) / n * m * b + m / n * cp;
         case Algorithm::kBruck:
           return L * a + L * m / 2 * b + (2 + L) * m * cp;
         default:
@@ -182,6 +201,36 @@ Algorithm chooseAlgorithm(Collective collective, int nranks, size_t bytes, size_
       bestUs = us;
       best = algorithm;
     }
+  }
+  return best;
+}
+
+}  // namespace chorus::collectives
+
+namespace chorus::collectives {
+
+size_t chooseChunkBytes(Collective collective, Algorithm algorithm, int nranks, size_t bytes,
+                        const CostParams& params) {
+  size_t best = kMaxChunkBytes;
+  double bestUs = predictUs(collective, algorithm, nranks, bytes, best, params);
+  for (size_t chunk = kMaxChunkBytes / 2; chunk >= kMinChunkBytes; chunk /= 2) {
+    const double us = predictUs(collective, algorithm, nranks, bytes, chunk, params);
+    if (us < bestUs * (1 - 1e-9)) {
+      bestUs = us;
+      best = chunk;
+    }
+  }
+  return best;
+}
+
+TunerChoice choose(Collective collective, int nranks, size_t bytes, const CostParams& params, size_t fixedChunkBytes) {
+  TunerChoice best;
+  best.predictedUs = std::numeric_limits<double>::infinity();
+  for (Algorithm algorithm : algorithmsFor(collective)) {
+    const size_t chunk =
+        fixedChunkBytes > 0 ? fixedChunkBytes : chooseChunkBytes(collective, algorithm, nranks, bytes, params);
+    const double us = predictUs(collective, algorithm, nranks, bytes, chunk, params);
+    if (best.algorithm == Algorithm::kDefault || us < best.predictedUs) best = {algorithm, chunk, us};
   }
   return best;
 }

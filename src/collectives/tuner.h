@@ -1,5 +1,5 @@
-// tuner.h: picks an algorithm per (collective, ranks, bytes, transport) from an alpha-beta-gamma
-// cost model: a message costs alpha plus beta per byte, reducing costs gamma per byte, a local
+// tuner.h: picks an algorithm and a chunk size per (collective, ranks, bytes, transport) from an
+// alpha-beta-gamma cost model: a message costs alpha plus beta per byte, reducing costs gamma per byte, a local
 // copy `copy` per byte. The formulas follow Thakur, Rabenseifner and Gropp (2005) per algorithm.
 // Pure functions; the parameters come from the caller (defaults per transport, or a file).
 #pragma once
@@ -15,12 +15,13 @@ struct CostParams {
   double betaUsPerByte = 2e-4;     // per byte on a link (5 GB/s)
   double gammaUsPerByte = 2.5e-4;  // per byte reduced (4 GB/s)
   double copyUsPerByte = 1e-4;     // per byte copied locally (10 GB/s)
+  double overheadUs = 1.5;         // per extra message a rank has in flight at once (LogP's o)
 };
 
 // Built-in defaults for shared memory and for TCP.
 CostParams defaultCostParams(bool network);
 
-// Reads "alpha_us=.. beta_GBps=.. gamma_GBps=.. copy_GBps=.." for "shm" or "tcp" from a tuning
+// Reads "alpha_us=.. beta_GBps=.. gamma_GBps=.. copy_GBps=.. overhead_us=.." for "shm" or "tcp" from a tuning
 // file (lines "shm alpha_us=4 beta_GBps=6 ..."; '#' starts a comment). Keys not given keep
 // `base`. Throws std::invalid_argument naming the file and line on a malformed line.
 CostParams loadCostParams(const std::string& path, bool network, CostParams base);
@@ -31,7 +32,23 @@ CostParams loadCostParams(const std::string& path, bool network, CostParams base
 double predictUs(Collective collective, Algorithm algorithm, int nranks, size_t bytes, size_t chunkBytes,
                  const CostParams& params);
 
-// The algorithm with the least predicted time among the collective's algorithms.
+// The algorithm with the least predicted time among the collective's algorithms, at a given chunk.
 Algorithm chooseAlgorithm(Collective collective, int nranks, size_t bytes, size_t chunkBytes, const CostParams& params);
+
+// The pipelining chunk with the least predicted time for an algorithm, among the powers of two
+// from kMinChunkBytes to kMaxChunkBytes (the larger on a tie: fewer messages).
+inline constexpr size_t kMinChunkBytes = size_t{64} << 10;
+inline constexpr size_t kMaxChunkBytes = size_t{4} << 20;
+size_t chooseChunkBytes(Collective collective, Algorithm algorithm, int nranks, size_t bytes, const CostParams& params);
+
+// Algorithm and chunk together: each algorithm at its best chunk (or at fixedChunkBytes when
+// that is not 0, as CHORUS_CHUNK_BYTES asks), the fastest of them.
+struct TunerChoice {
+  Algorithm algorithm = Algorithm::kDefault;
+  size_t chunkBytes = 0;
+  double predictedUs = 0;
+};
+TunerChoice choose(Collective collective, int nranks, size_t bytes, const CostParams& params,
+                   size_t fixedChunkBytes = 0);
 
 }  // namespace chorus::collectives

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -53,6 +54,8 @@ CommSettings CommSettings::resolve(const chorusConfig_t* config) {
   s.initTimeoutMs = static_cast<int>(knobInt(Knob::kInitTimeoutMs));
   s.transport = knobString(Knob::kTransport);
   s.chunkBytes = static_cast<size_t>(knobInt(Knob::kChunkBytes));
+  const char* chunkText = std::getenv(knobName(Knob::kChunkBytes));
+  s.chunkForced = chunkText != nullptr && *chunkText != '\0';
   s.spinUs = static_cast<int>(knobInt(Knob::kSpinUs));
   s.algorithms = knobString(Knob::kAlgo);
   if (config != nullptr) {
@@ -140,9 +143,10 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
       fail(chorusInvalidArgument, "rank {}: CHORUS_TUNING_FILE: {}", rank, e.what());
     }
   }
-  logAt(LogLevel::kInfo, "rank {}: tuner model ({}): alpha {} us, beta {} GB/s, gamma {} GB/s, copy {} GB/s", rank,
+  logAt(LogLevel::kInfo,
+        "rank {}: tuner model ({}): alpha {} us, beta {} GB/s, gamma {} GB/s, copy {} GB/s, overhead {} us", rank,
         network ? "tcp" : "shm", costs_.alphaUs, 1e-3 / costs_.betaUsPerByte, 1e-3 / costs_.gammaUsPerByte,
-        1e-3 / costs_.copyUsPerByte);
+        1e-3 / costs_.copyUsPerByte, costs_.overheadUs);
 
   std::vector<Transport*> all;
   for (auto& t : transports_) all.push_back(t.get());
@@ -203,12 +207,20 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   args.chunkBytes = settings_.chunkBytes;
   args.algorithm = algorithms_[static_cast<int>(collective)];
   const bool forced = args.algorithm != collectives::Algorithm::kDefault;
-  if (!forced && collective != Collective::kSend && collective != Collective::kRecv) {
+  if (collective != Collective::kSend && collective != Collective::kRecv) {
+    // The tuner picks the algorithm unless it is forced, and the chunk unless CHORUS_CHUNK_BYTES is set.
     const bool spread = collective == Collective::kAllGather || collective == Collective::kReduceScatter ||
                         collective == Collective::kAllToAll || collective == Collective::kGather ||
                         collective == Collective::kScatter;
     const size_t bytes = count * args.typeSize * (spread ? static_cast<size_t>(nranks_) : 1);
-    args.algorithm = collectives::chooseAlgorithm(collective, nranks_, bytes, settings_.chunkBytes, costs_);
+    const size_t fixedChunk = settings_.chunkForced ? settings_.chunkBytes : 0;
+    if (!forced) {
+      const collectives::TunerChoice choice = collectives::choose(collective, nranks_, bytes, costs_, fixedChunk);
+      args.algorithm = choice.algorithm;
+      args.chunkBytes = choice.chunkBytes;
+    } else if (!settings_.chunkForced) {
+      args.chunkBytes = collectives::chooseChunkBytes(collective, args.algorithm, nranks_, bytes, costs_);
+    }
   }
   if (vector != nullptr) {
     args.sendCounts = vector[0];
@@ -250,9 +262,11 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   if (logEnabled(LogLevel::kInfo) &&
       std::find(loggedChoices_.begin(), loggedChoices_.end(), choice) == loggedChoices_.end()) {
     loggedChoices_.push_back(choice);
-    logAt(LogLevel::kInfo, "rank {}: {} of {} bytes uses {} ({}; logged once per collective and algorithm)", rank_,
-          collectives::collectiveName(collective), count * args.typeSize, prepared.schedule.algorithm,
-          forced ? "set by CHORUS_ALGO or the caller" : "the tuner's choice");
+    logAt(LogLevel::kInfo,
+          "rank {}: {} of {} bytes uses {} ({}) with {}-byte chunks ({}); logged once per collective and algorithm",
+          rank_, collectives::collectiveName(collective), count * args.typeSize, prepared.schedule.algorithm,
+          forced ? "set by CHORUS_ALGO or the caller" : "the tuner's choice", args.chunkBytes,
+          settings_.chunkForced ? "CHORUS_CHUNK_BYTES" : "the tuner's chunk");
   }
   return prepared;
 }

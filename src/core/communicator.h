@@ -24,6 +24,7 @@ struct CommSettings {
   std::string transport = "auto";
   std::string algorithms;  // CHORUS_ALGO syntax
   size_t chunkBytes = 512 * 1024;
+  bool chunkForced = false;  // CHORUS_CHUNK_BYTES set: every call uses chunkBytes, else the tuner picks
   int spinUs = 20;
 
   // Built-in defaults, then the environment, then the config (fields not at their initializer).

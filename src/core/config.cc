@@ -22,7 +22,7 @@ constexpr KnobSpec kKnobs[] = {
     {"CHORUS_TRANSPORT", "auto", "auto (shm within a host, tcp across), shm, or tcp for every peer"},
     {"CHORUS_TIMEOUT_MS", "300000", "how long one operation waits for a peer before failing"},
     {"CHORUS_INIT_TIMEOUT_MS", "120000", "how long init waits for every rank to arrive"},
-    {"CHORUS_CHUNK_BYTES", "524288", "pipelining chunk of ring and chain algorithms, bytes"},
+    {"CHORUS_CHUNK_BYTES", "524288", "pipelining chunk of every call, bytes (unset: the tuner picks it per call)"},
     {"CHORUS_SHM_SLOT_BYTES", "262144", "bytes per shared-memory FIFO slot"},
     {"CHORUS_SHM_SLOTS", "8", "slots per shared-memory FIFO (one FIFO per ordered pair of ranks)"},
     {"CHORUS_SPIN_US", "20", "how long a wait spins before it blocks (ranks may outnumber cores)"},

@@ -4,7 +4,7 @@
 source "$(dirname "$0")/lib.sh"
 file="$work/tuning.txt"
 "$collbench" -g 2 --calibrate "$file" | tee "$work/cal.txt"
-grep -qE '^shm alpha_us=[0-9.]+ beta_GBps=[0-9.]+ gamma_GBps=[0-9.]+ copy_GBps=[0-9.]+$' "$file" || { cat "$file"; fail "no shm line"; }
+grep -qE '^shm alpha_us=[0-9.]+ beta_GBps=[0-9.]+ gamma_GBps=[0-9.]+ copy_GBps=[0-9.]+ overhead_us=[0-9.]+$' "$file" || { cat "$file"; fail "no shm line"; }
 alpha=$(grep -oE 'alpha_us=[0-9.]+' "$file" | tail -1 | cut -d= -f2)
 CHORUS_TUNING_FILE="$file" CHORUS_DEBUG=INFO "$collbench" -g 2 -b 8 -e 8 -n 1 -w 0 2>"$work/log.txt" >/dev/null
 grep -q "tuner model (shm): alpha ${alpha:0:4}" "$work/log.txt" || { grep tuner "$work/log.txt"; fail "the tuning file was not used (alpha $alpha)"; }

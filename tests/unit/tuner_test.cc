@@ -63,6 +63,29 @@ TEST(TunerTest, EveryChoiceAppliesToItsCollective) {
   }
 }
 
+TEST(TunerTest, ChunkIsTheBestCandidateAndAFixedChunkIsKept) {
+  const CostParams params = defaultCostParams(false);
+  // A pipelined broadcast of 64 MiB down a chain of 8: more chunks fill the pipe sooner, at one
+  // alpha each, so the best chunk is neither the smallest nor the largest candidate.
+  const size_t bytes = size_t{64} << 20;
+  const size_t chunk = chooseChunkBytes(Collective::kBroadcast, Algorithm::kChain, 8, bytes, params);
+  EXPECT_GT(chunk, kMinChunkBytes);
+  EXPECT_LT(chunk, kMaxChunkBytes);
+  const double best = predictUs(Collective::kBroadcast, Algorithm::kChain, 8, bytes, chunk, params);
+  for (size_t c = kMinChunkBytes; c <= kMaxChunkBytes; c *= 2) {
+    EXPECT_LE(best, predictUs(Collective::kBroadcast, Algorithm::kChain, 8, bytes, c, params)) << c;
+  }
+  // Where the chunk does not matter (a binomial tree of a small message), the largest is taken.
+  EXPECT_EQ(chooseChunkBytes(Collective::kBroadcast, Algorithm::kBinomial, 8, 1024, params), kMaxChunkBytes);
+  const TunerChoice free = choose(Collective::kBroadcast, 8, bytes, params);
+  EXPECT_TRUE(appliesTo(free.algorithm, Collective::kBroadcast));
+  EXPECT_DOUBLE_EQ(free.predictedUs,
+                   predictUs(Collective::kBroadcast, free.algorithm, 8, bytes, free.chunkBytes, params));
+  const TunerChoice fixed = choose(Collective::kBroadcast, 8, bytes, params, 12345);
+  EXPECT_EQ(fixed.chunkBytes, 12345u);
+  EXPECT_GE(fixed.predictedUs, free.predictedUs);
+}
+
 TEST(TunerTest, TuningFilesAreReadAndBadLinesNamed) {
   char path[] = "/tmp/chorus-tuning-XXXXXX";
   const int fd = mkstemp(path);
