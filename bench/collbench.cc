@@ -134,6 +134,21 @@ size_t parseBytes(const std::string& text) {
   return static_cast<size_t>(value * scale);
 }
 
+// The row after `bytes` in the -b/-e/-f/-i sweep, or 0 after the last.
+size_t nextSize(const Options& o, size_t bytes) {
+  if (bytes >= o.maxBytes) return 0;
+  const size_t next =
+      o.factorGiven ? static_cast<size_t>(static_cast<double>(bytes) * o.stepFactor) : bytes + o.stepBytes;
+  return next <= bytes ? 0 : std::min(next, o.maxBytes);
+}
+
+const OpInfo* findOp(const std::string& name) {
+  for (const OpInfo& info : kOps) {
+    if (name == info.name) return &info;
+  }
+  return nullptr;
+}
+
 struct Result {
   double timeUs = 0;
   double algbw = 0;
@@ -399,10 +414,7 @@ Result Bench::measure(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t 
 }
 
 int Bench::run() {
-  const OpInfo* opInfo = nullptr;
-  for (const OpInfo& info : kOps) {
-    if (o_.op == info.name) opInfo = &info;
-  }
+  const OpInfo* opInfo = findOp(o_.op);
   std::vector<chorusDataType_t> types;
   for (int i = 0; i < static_cast<int>(sizeof(kTypes) / sizeof(kTypes[0])); ++i) {
     if (o_.type == "all" ? i < kDistinctTypes : o_.type == kTypes[i].name) types.push_back(kTypes[i].type);
@@ -518,11 +530,8 @@ int Bench::run() {
                           {"in_place", side(inPlace)}});
         }
         if (opInfo->op == Op::kBarrier) break;  // one row: a barrier has no size
-        if (bytes >= o_.maxBytes) break;
-        const size_t nextBytes =
-            o_.factorGiven ? static_cast<size_t>(static_cast<double>(bytes) * o_.stepFactor) : bytes + o_.stepBytes;
-        if (nextBytes <= bytes) break;
-        bytes = std::min(nextBytes, o_.maxBytes);
+        bytes = nextSize(o_, bytes);
+        if (bytes == 0) break;
       }
     }
   }
@@ -647,10 +656,7 @@ int Bench::calibrate(const std::string& path) {
 // defaults): links within a host as shm (tcp when CHORUS_TRANSPORT=tcp), between hosts as tcp.
 int simulateSweep(const Options& o) {
   namespace cc = chorus::collectives;
-  const OpInfo* opInfo = nullptr;
-  for (const OpInfo& info : kOps) {
-    if (o.op == info.name) opInfo = &info;
-  }
+  const OpInfo* opInfo = findOp(o.op);
   const TypeInfo* typeInfo = nullptr;
   for (const TypeInfo& info : kTypes) {
     if (o.type == info.name) typeInfo = &info;
@@ -791,11 +797,9 @@ int simulateSweep(const Options& o) {
                       {"out_of_place", side},
                       {"in_place", side}});
     }
-    if (opInfo->op == Op::kBarrier || bytes >= o.maxBytes) break;
-    const size_t nextBytes =
-        o.factorGiven ? static_cast<size_t>(static_cast<double>(bytes) * o.stepFactor) : bytes + o.stepBytes;
-    if (nextBytes <= bytes) break;
-    bytes = std::min(nextBytes, o.maxBytes);
+    if (opInfo->op == Op::kBarrier) break;
+    bytes = nextSize(o, bytes);
+    if (bytes == 0) break;
   }
   std::printf("# Predicted by the timing simulator; #wrong is not checked (sim)\n#\n");
   if (!o.json.empty()) {

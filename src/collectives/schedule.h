@@ -142,6 +142,19 @@ struct Access {
 };
 int stepAccesses(const Step& step, Access out[4]);
 
+// Whether two steps' ranges conflict: some pair overlaps and one of the two writes. Range has
+// begin, end (pointers or integer addresses) and write; the executor and both simulator modes
+// order steps by this one test.
+template <typename Range>
+bool rangesConflict(const Range* a, int aCount, const Range* b, int bCount) {
+  for (int i = 0; i < aCount; ++i) {
+    for (int j = 0; j < bCount; ++j) {
+      if ((a[i].write || b[j].write) && a[i].begin < b[j].end && b[j].begin < a[i].end) return true;
+    }
+  }
+  return false;
+}
+
 // The algorithms. Each file opens with its prose.
 Schedule ringAllReduce(const ScheduleArgs& args);
 Schedule ringAllGather(const ScheduleArgs& args);

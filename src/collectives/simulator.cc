@@ -62,14 +62,22 @@ struct Message {
 };
 
 bool conflicts(const Pending& a, const Pending& b) {
-  for (int i = 0; i < a.rangeCount; ++i) {
-    for (int j = 0; j < b.rangeCount; ++j) {
-      const Range& x = a.ranges[i];
-      const Range& y = b.ranges[j];
-      if ((x.write || y.write) && x.begin < y.end && y.begin < x.end) return true;
+  return rangesConflict(a.ranges, a.rangeCount, b.ranges, b.rangeCount);
+}
+
+// " rank r at step s (kind peer p);" for each rank with steps left (about 600 characters at most).
+template <typename ScheduleOf, typename NextOf>
+std::string unfinishedRanks(int n, ScheduleOf scheduleOf, NextOf nextOf) {
+  std::string text;
+  for (int r = 0; r < n && text.size() < 600; ++r) {
+    const auto& steps = scheduleOf(r).steps;
+    const size_t next = nextOf(r);
+    if (next < steps.size()) {
+      text += " rank " + std::to_string(r) + " at step " + std::to_string(next) + " (" +
+              stepKindName(steps[next].kind) + " peer " + std::to_string(steps[next].peer) + ");";
     }
   }
-  return false;
+  return text;
 }
 
 }  // namespace
@@ -217,15 +225,8 @@ SimulationResult simulate(std::vector<SimulatedRank>& ranks, chorusDataType_t ty
       if (quiet) break;
     }
     if (!moved) {
-      std::string stuck;
-      for (int r = 0; r < n && stuck.size() < 600; ++r) {
-        const auto& steps = states[r].rank->schedule.steps;
-        if (states[r].next < steps.size()) {
-          const Step& step = steps[states[r].next];
-          stuck += " rank " + std::to_string(r) + " at step " + std::to_string(states[r].next) + " (" +
-                   stepKindName(step.kind) + " peer " + std::to_string(step.peer) + ");";
-        }
-      }
+      const std::string stuck = unfinishedRanks(
+          n, [&](int r) -> const Schedule& { return states[r].rank->schedule; }, [&](int r) { return states[r].next; });
       return fail("deadlock: no rank can move;" + stuck);
     }
   }
@@ -254,14 +255,7 @@ struct TimedStep {
 };
 
 bool overlaps(const TimedStep& a, const TimedStep& b) {
-  for (int i = 0; i < a.rangeCount; ++i) {
-    for (int j = 0; j < b.rangeCount; ++j) {
-      const VirtualRange& x = a.ranges[i];
-      const VirtualRange& y = b.ranges[j];
-      if ((x.write || y.write) && x.begin < y.end && y.begin < x.end) return true;
-    }
-  }
-  return false;
+  return rangesConflict(a.ranges, a.rangeCount, b.ranges, b.rangeCount);
 }
 
 enum class EventKind : uint8_t { kReady, kSend, kArrive, kDone };
@@ -458,16 +452,9 @@ TimingResult simulateTime(const std::vector<Schedule>& schedules, const NetworkM
       }
     }
   }
-  std::string stuck;
-  for (int r = 0; r < n; ++r) {
-    result.timeUs = std::max(result.timeUs, ranks[r].finished);
-    const auto& steps = schedules[r].steps;
-    if (ranks[r].next < steps.size() && stuck.size() < 600) {
-      const Step& step = steps[ranks[r].next];
-      stuck += " rank " + std::to_string(r) + " at step " + std::to_string(ranks[r].next) + " (" +
-               stepKindName(step.kind) + " peer " + std::to_string(step.peer) + ");";
-    }
-  }
+  for (int r = 0; r < n; ++r) result.timeUs = std::max(result.timeUs, ranks[r].finished);
+  const std::string stuck = unfinishedRanks(
+      n, [&](int r) -> const Schedule& { return schedules[r]; }, [&](int r) { return ranks[r].next; });
   if (!stuck.empty()) return fail("deadlock: no rank can move;" + stuck);
   for (auto& [key, pair] : pairs) {
     if (!pair.arrivals.empty() || !pair.recvs.empty()) {

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -54,8 +53,7 @@ CommSettings CommSettings::resolve(const chorusConfig_t* config) {
   s.initTimeoutMs = static_cast<int>(knobInt(Knob::kInitTimeoutMs));
   s.transport = knobString(Knob::kTransport);
   s.chunkBytes = static_cast<size_t>(knobInt(Knob::kChunkBytes));
-  const char* chunkText = std::getenv(knobName(Knob::kChunkBytes));
-  s.chunkForced = chunkText != nullptr && *chunkText != '\0';
+  s.chunkForced = knobSet(Knob::kChunkBytes);
   s.spinUs = static_cast<int>(knobInt(Knob::kSpinUs));
   s.algorithms = knobString(Knob::kAlgo);
   if (config != nullptr) {

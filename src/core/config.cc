@@ -38,10 +38,12 @@ const KnobSpec& spec(Knob knob) { return kKnobs[static_cast<size_t>(knob)]; }
 
 const char* knobName(Knob knob) { return spec(knob).name; }
 
-std::string knobString(Knob knob) {
+bool knobSet(Knob knob) {
   const char* value = std::getenv(spec(knob).name);
-  return (value != nullptr && value[0] != '\0') ? value : spec(knob).defaultValue;
+  return value != nullptr && value[0] != '\0';
 }
+
+std::string knobString(Knob knob) { return knobSet(knob) ? std::getenv(spec(knob).name) : spec(knob).defaultValue; }
 
 int64_t knobInt(Knob knob) {
   const std::string text = knobString(knob);

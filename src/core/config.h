@@ -22,6 +22,8 @@ enum class Knob {
   kCount
 };
 
+// Whether the environment sets the knob (to a non-empty value).
+bool knobSet(Knob knob);
 // The knob's value: the environment's if set (non-empty), else its default.
 std::string knobString(Knob knob);
 // The knob as an integer; a malformed value throws chorusInvalidArgument naming the variable.

@@ -24,14 +24,7 @@ Executor::Executor(ExecutorOptions options, std::vector<Transport*> transportOfP
 Executor::~Executor() { abandon(chorusInvalidUsage, "the communicator was destroyed before the operation completed"); }
 
 bool Executor::conflicts(const Item& earlier, const Item& later) const {
-  for (int i = 0; i < earlier.rangeCount; ++i) {
-    const Range& a = earlier.ranges[i];
-    for (int j = 0; j < later.rangeCount; ++j) {
-      const Range& b = later.ranges[j];
-      if ((a.write || b.write) && a.begin < b.end && b.begin < a.end) return true;
-    }
-  }
-  return false;
+  return collectives::rangesConflict(earlier.ranges, earlier.rangeCount, later.ranges, later.rangeCount);
 }
 
 std::shared_ptr<Completion> Executor::submit(std::vector<PreparedOp> ops) {
