@@ -740,6 +740,7 @@ int simulateSweep(const Options& o) {
   nlohmann::json rows = nlohmann::json::array();
   const size_t size = chorusTypeSize(typeInfo->type);
   int failures = 0;
+  int standIns = 0;  // rows where one host's ranks stood for all
   for (size_t bytes = o.minBytes;;) {
     size_t count = opInfo->op == Op::kBarrier ? 0 : bytes / size;
     if (spreads(opInfo->op)) count /= static_cast<size_t>(n);
@@ -763,14 +764,16 @@ int simulateSweep(const Options& o) {
       }
       std::string name = cc::algorithmName(args.algorithm);
       if (algo == cc::Algorithm::kDefault) name = "default:" + name;
-      const cc::ScheduleSet set = cc::buildAllSchedules(args);
+      const cc::ScheduleSet set = cc::buildAllSchedules(args, perHost < n ? perHost : 0);
       cc::TimingResult timing;
       if (!set.error.empty()) {
         timing.ok = false;
         timing.error = set.error;
       } else {
-        timing = cc::simulateTime(set.schedules, model);
+        timing = cc::simulateTime(set.schedules, model, set.nranks);
       }
+      const int simulated = static_cast<int>(set.schedules.size());
+      if (timing.ok && simulated < n) ++standIns;
       if (!timing.ok) {
         std::printf("# %10zu  %20s  not simulated: %s\n", shownBytes, name.c_str(), timing.error.c_str());
         ++failures;
@@ -794,6 +797,7 @@ int simulateSweep(const Options& o) {
                       {"chunk_bytes", args.chunkBytes},
                       {"messages", timing.messages},
                       {"steps", timing.steps},
+                      {"simulated_ranks", simulated},
                       {"out_of_place", side},
                       {"in_place", side}});
     }
@@ -801,7 +805,14 @@ int simulateSweep(const Options& o) {
     bytes = nextSize(o, bytes);
     if (bytes == 0) break;
   }
-  std::printf("# Predicted by the timing simulator; #wrong is not checked (sim)\n#\n");
+  std::printf("# Predicted by the timing simulator; #wrong is not checked (sim)\n");
+  if (standIns > 0) {
+    std::printf(
+        "# %d rows too large to hold every rank's steps: one host's ranks simulated, standing for all (their\n"
+        "# schedules checked to be shifted copies; simulated_ranks in --json)\n",
+        standIns);
+  }
+  std::printf("#\n");
   if (!o.json.empty()) {
     const nlohmann::json doc = {
         {"tool", "collbench"}, {"simulated", true}, {"op", opInfo->name}, {"nranks", n}, {"rows", rows}};

@@ -2,10 +2,12 @@
 // (correctness mode), then on a clock (timing mode).
 #include "src/collectives/simulator.h"
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <queue>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 
 #include "kernels/cpu/reduce.h"
@@ -276,7 +278,7 @@ struct TimedRank {
   std::vector<TimedStep> inFlight;
   double clock = 0;  // the rank's thread: when it can post its next step
   double coreFree = 0;
-  double sendPortFree = 0;
+  std::deque<std::pair<int, size_t>> outbox;  // sends posted and not yet started: (peer, step)
   double recvPortFree = 0;
   double finished = 0;
   bool blocked = false;
@@ -293,23 +295,28 @@ struct PairQueue {
 
 }  // namespace
 
-TimingResult simulateTime(const std::vector<Schedule>& schedules, const NetworkModel& model) {
+TimingResult simulateTime(const std::vector<Schedule>& schedules, const NetworkModel& model, int nranks) {
   TimingResult result;
-  const int n = static_cast<int>(schedules.size());
-  const int perHost = model.ranksPerHost > 0 ? model.ranksPerHost : std::max(n, 1);
+  const int period = static_cast<int>(schedules.size());  // the ranks simulated
+  const int n = std::max(nranks, period);                 // the ranks they stand for
+  const int perHost = model.ranksPerHost > 0 && model.ranksPerHost < n ? model.ranksPerHost : n;
   const int hosts = (n + perHost - 1) / perHost;
-  std::vector<TimedRank> ranks(n);
+  auto fail = [&](const std::string& text) {
+    result.ok = false;
+    result.error = text;
+    return result;
+  };
+  if (period < n && (period == 0 || n % period != 0 || (perHost < n && period % perHost != 0))) {
+    return fail(std::to_string(period) + " schedules cannot stand for " + std::to_string(n) + " ranks of " +
+                std::to_string(perHost) + " per host: they must be whole hosts and divide the ranks");
+  }
+  std::vector<TimedRank> ranks(period);
   std::vector<double> nicOutFree(hosts, 0), nicInFree(hosts, 0);
   std::unordered_map<uint64_t, PairQueue> pairs;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events;
   uint64_t sequence = 0;
   auto push = [&](double time, EventKind kind, int rank, int peer, size_t step) {
     events.push({time, sequence++, kind, rank, peer, step});
-  };
-  auto fail = [&](const std::string& text) {
-    result.ok = false;
-    result.error = text;
-    return result;
   };
   auto pairOf = [&](int src, int dst) -> PairQueue& {
     return pairs[static_cast<uint64_t>(src) * static_cast<uint64_t>(n) + static_cast<uint64_t>(dst)];
@@ -326,7 +333,7 @@ TimingResult simulateTime(const std::vector<Schedule>& schedules, const NetworkM
     push(done, EventKind::kDone, rank, -1, step);
   };
 
-  for (int r = 0; r < n; ++r) push(0, EventKind::kReady, r, -1, 0);
+  for (int r = 0; r < period; ++r) push(0, EventKind::kReady, r, -1, 0);
   while (!events.empty()) {
     const Event event = events.top();
     events.pop();
@@ -368,7 +375,10 @@ TimingResult simulateTime(const std::vector<Schedule>& schedules, const NetworkM
                 return fail("rank " + std::to_string(event.rank) + " sends to rank " + std::to_string(step.peer));
               }
               state.inFlight.push_back(timed);
-              push(now, EventKind::kSend, event.rank, step.peer, state.next);
+              // The port sends one message at a time, in posting order: a send starts when the
+              // one before it has left.
+              state.outbox.push_back({step.peer, state.next});
+              if (state.outbox.size() == 1) push(now, EventKind::kSend, event.rank, step.peer, state.next);
               break;
             case StepKind::kRecv:
             case StepKind::kRecvReduce: {
@@ -398,38 +408,52 @@ TimingResult simulateTime(const std::vector<Schedule>& schedules, const NetworkM
         const int dstHost = event.peer / perHost;
         const bool across = srcHost != dstHost;
         const LinkCost& link = across ? model.interHost : model.intraHost;
+        // The receiver, or the simulated rank standing for it (the same when all are simulated).
+        const int stand = event.peer % period;
         TimedRank& src = ranks[event.rank];
-        TimedRank& dst = ranks[event.peer];
+        TimedRank& dst = ranks[stand];
         // The sender's port (and its host's NIC) pushes its messages one after another; the
         // receiver's port (and its host's NIC) takes in one message's bytes at a time, so a
         // message lands no sooner than bytes * beta after the previous one into the same port.
+        // Each send is handled at the time it starts, so ports and NICs take messages in the
+        // order they start, whichever rank's event came first.
+        if (across && nicOutFree[srcHost] > event.time) {  // the host's NIC is busy: wait for it
+          push(nicOutFree[srcHost], EventKind::kSend, event.rank, event.peer, event.step);
+          break;
+        }
         const double busy = static_cast<double>(step.bytes) * link.betaUsPerByte;
-        double start = std::max(event.time, src.sendPortFree);
-        if (across) start = std::max(start, nicOutFree[srcHost]);
-        src.sendPortFree = start + busy;
+        const double start = event.time;
         if (across) nicOutFree[srcHost] = start + busy;
+        src.outbox.pop_front();
+        if (!src.outbox.empty()) {
+          push(start + busy, EventKind::kSend, event.rank, src.outbox.front().first, src.outbox.front().second);
+        }
         double arrival = std::max(start + link.alphaUs + busy, dst.recvPortFree + busy);
-        if (across) arrival = std::max(arrival, nicInFree[dstHost] + busy);
+        const int standHost = stand / perHost;
+        if (across) arrival = std::max(arrival, nicInFree[standHost] + busy);
         dst.recvPortFree = arrival;
-        if (across) nicInFree[dstHost] = arrival;
+        if (across) nicInFree[standHost] = arrival;
         ++result.messages;
         push(start + busy, EventKind::kDone, event.rank, -1, event.step);
         push(arrival, EventKind::kArrive, event.rank, event.peer, event.step);
         break;
       }
       case EventKind::kArrive: {
-        PairQueue& pair = pairOf(event.rank, event.peer);
+        // Shifted so the receiver is a simulated rank: the sender moves by the same amount.
+        const int stand = event.peer % period;
+        const int sender = mod(event.rank - (event.peer - stand), n);
+        PairQueue& pair = pairOf(sender, stand);
         if (!pair.recvs.empty()) {
           const PendingRecv recv = pair.recvs.front();
           pair.recvs.pop_front();
           const Step& sent = schedules[event.rank].steps[event.step];
-          const Step& expected = schedules[event.peer].steps[recv.step];
+          const Step& expected = schedules[stand].steps[recv.step];
           if (sent.bytes != expected.bytes) {
-            return fail("rank " + std::to_string(event.rank) + " step " + std::to_string(event.step) + " sends " +
-                        std::to_string(sent.bytes) + " bytes to rank " + std::to_string(event.peer) + ", whose step " +
+            return fail("rank " + std::to_string(sender) + " step " + std::to_string(event.step) + " sends " +
+                        std::to_string(sent.bytes) + " bytes to rank " + std::to_string(stand) + ", whose step " +
                         std::to_string(recv.step) + " receives " + std::to_string(expected.bytes));
           }
-          receive(event.peer, recv.step, std::max(event.time, recv.postedAt));
+          receive(stand, recv.step, std::max(event.time, recv.postedAt));
         } else {
           pair.arrivals.push_back(event.time);
         }
@@ -452,9 +476,11 @@ TimingResult simulateTime(const std::vector<Schedule>& schedules, const NetworkM
       }
     }
   }
-  for (int r = 0; r < n; ++r) result.timeUs = std::max(result.timeUs, ranks[r].finished);
+  for (int r = 0; r < period; ++r) result.timeUs = std::max(result.timeUs, ranks[r].finished);
+  result.messages *= static_cast<size_t>(n / period);
+  result.steps *= static_cast<size_t>(n / period);
   const std::string stuck = unfinishedRanks(
-      n, [&](int r) -> const Schedule& { return schedules[r]; }, [&](int r) { return ranks[r].next; });
+      period, [&](int r) -> const Schedule& { return schedules[r]; }, [&](int r) { return ranks[r].next; });
   if (!stuck.empty()) return fail("deadlock: no rank can move;" + stuck);
   for (auto& [key, pair] : pairs) {
     if (!pair.arrivals.empty() || !pair.recvs.empty()) {
@@ -465,31 +491,154 @@ TimingResult simulateTime(const std::vector<Schedule>& schedules, const NetworkM
   return result;
 }
 
-ScheduleSet buildAllSchedules(ScheduleArgs args, size_t maxSteps) {
+namespace {
+
+// A step's byte range, for comparing two schedules' ranges.
+struct NamedRange {
+  BufferId buffer;
+  size_t offset;
+  size_t bytes;
+  bool operator==(const NamedRange&) const = default;
+};
+struct NamedRangeHash {
+  size_t operator()(const NamedRange& r) const {
+    return std::hash<size_t>()(r.offset * 31 + r.bytes) ^ (static_cast<size_t>(r.buffer) << 60);
+  }
+};
+
+// A schedule's distinct non-empty byte ranges, sorted, and the pairs of them that overlap.
+struct RangeGraph {
+  std::vector<NamedRange> ranges;
+  std::vector<std::pair<size_t, size_t>> overlaps;  // indices into ranges, first < second
+  size_t indexOf(const NamedRange& range) const {
+    return static_cast<size_t>(std::lower_bound(ranges.begin(), ranges.end(), range, before) - ranges.begin());
+  }
+  static bool before(const NamedRange& a, const NamedRange& b) {
+    return std::tie(a.buffer, a.offset, a.bytes) < std::tie(b.buffer, b.offset, b.bytes);
+  }
+};
+
+RangeGraph rangeGraph(const Schedule& schedule) {
+  RangeGraph graph;
+  for (const Step& step : schedule.steps) {
+    Access accesses[4];
+    const int count = stepAccesses(step, accesses);
+    for (int i = 0; i < count; ++i) {
+      if (accesses[i].bytes > 0) {
+        graph.ranges.push_back({accesses[i].span.buffer, accesses[i].span.offset, accesses[i].bytes});
+      }
+    }
+  }
+  std::sort(graph.ranges.begin(), graph.ranges.end(), RangeGraph::before);
+  graph.ranges.erase(std::unique(graph.ranges.begin(), graph.ranges.end()), graph.ranges.end());
+  const auto& r = graph.ranges;
+  for (size_t i = 0; i < r.size(); ++i) {
+    for (size_t j = i + 1; j < r.size() && r[j].buffer == r[i].buffer && r[j].offset < r[i].offset + r[i].bytes; ++j) {
+      graph.overlaps.push_back({i, j});
+    }
+  }
+  return graph;
+}
+
+}  // namespace
+
+bool isShiftedCopy(const Schedule& stand, const Schedule& other, int shift, int nranks, std::string* why) {
+  auto no = [&](const std::string& text) {
+    if (why != nullptr) *why = text;
+    return false;
+  };
+  if (stand.steps.size() != other.steps.size()) {
+    return no(std::to_string(other.steps.size()) + " steps against " + std::to_string(stand.steps.size()));
+  }
+  std::unordered_map<NamedRange, NamedRange, NamedRangeHash> forward, backward;
+  for (size_t i = 0; i < stand.steps.size(); ++i) {
+    const Step& a = stand.steps[i];
+    const Step& b = other.steps[i];
+    const int shifted = a.peer < 0 ? -1 : mod(a.peer + shift, nranks);
+    if (a.kind != b.kind || a.bytes != b.bytes || shifted != b.peer) {
+      return no("step " + std::to_string(i) + " is " + stepKindName(b.kind) + " of " + std::to_string(b.bytes) +
+                " bytes with peer " + std::to_string(b.peer) + ", not " + stepKindName(a.kind) + " of " +
+                std::to_string(a.bytes) + " bytes with peer " + std::to_string(shifted));
+    }
+    Access mine[4], theirs[4];
+    const int count = stepAccesses(a, mine);
+    stepAccesses(b, theirs);
+    for (int k = 0; k < count; ++k) {
+      const NamedRange x{mine[k].span.buffer, mine[k].span.offset, mine[k].bytes};
+      const NamedRange y{theirs[k].span.buffer, theirs[k].span.offset, theirs[k].bytes};
+      if (x.buffer != y.buffer || x.bytes != y.bytes) return no("step " + std::to_string(i) + " uses other buffers");
+      if (x.bytes == 0) continue;
+      const auto [f, newF] = forward.emplace(x, y);
+      const auto [g, newG] = backward.emplace(y, x);
+      if (!(f->second == y) || !(g->second == x)) {
+        return no("step " + std::to_string(i) + " maps byte ranges differently from earlier steps");
+      }
+    }
+  }
+  // Renamed ranges must overlap exactly where the originals do, so the same steps wait on each other.
+  const RangeGraph mine = rangeGraph(stand);
+  const RangeGraph theirs = rangeGraph(other);
+  std::vector<std::pair<size_t, size_t>> renamed;
+  for (const auto& [i, j] : theirs.overlaps) {
+    const size_t a = mine.indexOf(backward.at(theirs.ranges[i]));
+    const size_t b = mine.indexOf(backward.at(theirs.ranges[j]));
+    renamed.push_back({std::min(a, b), std::max(a, b)});
+  }
+  std::sort(renamed.begin(), renamed.end());
+  if (renamed != mine.overlaps) return no("its byte ranges overlap differently");
+  return true;
+}
+
+ScheduleSet buildAllSchedules(ScheduleArgs args, int ranksPerHost, size_t maxSteps) {
   ScheduleSet set;
+  const int n = args.nranks;
+  set.nranks = n;
   args.rank = 0;
   const Schedule first = buildSchedule(args);
-  const size_t estimate = first.steps.size() * static_cast<size_t>(args.nranks);
+  const std::string what =
+      std::string(first.algorithm) + " " + collectiveName(args.collective) + " at " + std::to_string(n) + " ranks";
+  auto refuse = [&](const std::string& text) {
+    set.schedules.clear();
+    set.error = text;
+    return set;
+  };
+  const size_t estimate = first.steps.size() * static_cast<size_t>(n);
+  const int period = ranksPerHost > 0 && ranksPerHost < n ? ranksPerHost : 1;
   if (estimate > maxSteps) {
-    set.error = std::string(first.algorithm) + " " + collectiveName(args.collective) + " at " +
-                std::to_string(args.nranks) + " ranks has about " + std::to_string(estimate) +
-                " steps in all, more than the simulator holds (" + std::to_string(maxSteps) +
-                "); use fewer ranks or larger chunks";
+    // One host for all, if the other ranks' schedules are shifted copies of its ranks'.
+    const std::string tooMany = what + " has about " + std::to_string(estimate) +
+                                " steps in all, more than the simulator holds (" + std::to_string(maxSteps) + ")";
+    if (n % period != 0 || first.steps.size() * static_cast<size_t>(period) > maxSteps) {
+      return refuse(tooMany + "; use fewer ranks or larger chunks");
+    }
+    set.schedules.push_back(first);
+    for (int r = 1; r < period; ++r) {
+      args.rank = r;
+      set.schedules.push_back(buildSchedule(args));
+    }
+    std::vector<int> checked;
+    for (int r = period; r < std::min(n, 2 * period); ++r) checked.push_back(r);
+    for (int r = std::max(period, n - period); r < n; ++r) checked.push_back(r);
+    for (int i = 1; i < 32; ++i) checked.push_back(static_cast<int>(static_cast<int64_t>(n) * i / 32 + i) % n);
+    for (int r : checked) {
+      args.rank = r;
+      std::string why;
+      if (r >= period && !isShiftedCopy(set.schedules[r % period], buildSchedule(args), r - r % period, n, &why)) {
+        return refuse(tooMany + ", and rank " + std::to_string(r) + "'s schedule is not rank " +
+                      std::to_string(r % period) + "'s shifted (" + why +
+                      "), so one host cannot stand for all; use fewer ranks or larger chunks");
+      }
+    }
     return set;
   }
-  set.schedules.reserve(args.nranks);
+  set.schedules.reserve(n);
   set.schedules.push_back(first);
   size_t total = first.steps.size();
-  for (int r = 1; r < args.nranks; ++r) {
+  for (int r = 1; r < n; ++r) {
     args.rank = r;
     set.schedules.push_back(buildSchedule(args));
     total += set.schedules.back().steps.size();
-    if (total > maxSteps) {
-      set.schedules.clear();
-      set.error = std::string(first.algorithm) + " " + collectiveName(args.collective) + " at " +
-                  std::to_string(args.nranks) + " ranks needs more than " + std::to_string(maxSteps) + " steps";
-      return set;
-    }
+    if (total > maxSteps) return refuse(what + " needs more than " + std::to_string(maxSteps) + " steps");
   }
   return set;
 }

@@ -70,14 +70,29 @@ struct TimingResult {
   size_t steps = 0;     // steps run, all ranks
 };
 
-TimingResult simulateTime(const std::vector<Schedule>& schedules, const NetworkModel& model);
+// With nranks larger than schedules.size() = P (a multiple of ranksPerHost, dividing nranks), the
+// schedules are ranks 0..P-1 only, standing for all: rank r runs rank (r mod P)'s schedule with
+// every peer shifted by r - r mod P. The machine is the same seen from every block of P ranks, so
+// every rank's times equal its stand-in's: a message from stand-in j to rank q lands, by the
+// same shift, at stand-in q mod P from rank j - (q - q mod P). buildAllSchedules checks the
+// ranks are such shifted copies before it returns a set like that.
+TimingResult simulateTime(const std::vector<Schedule>& schedules, const NetworkModel& model, int nranks = 0);
 
-// Every rank's schedule of one call (args.rank is set per rank). Instead of allocating schedules
-// that together would hold more than maxSteps steps, returns none and an error saying so.
+// Every rank's schedule of one call (args.rank is set per rank). When they would hold more than
+// maxSteps steps in all, the schedules of one host (of ranksPerHost ranks, or of one rank when
+// ranksPerHost is 0) stand for all, if the other ranks' schedules are shifted copies of theirs
+// (checked on the second and the last host and on ranks spread between); otherwise returns none
+// and an error saying so.
 struct ScheduleSet {
   std::vector<Schedule> schedules;
+  int nranks = 0;  // ranks the set stands for; more than schedules.size() when one host stands for all
   std::string error;
 };
-ScheduleSet buildAllSchedules(ScheduleArgs args, size_t maxSteps = 50'000'000);
+ScheduleSet buildAllSchedules(ScheduleArgs args, int ranksPerHost = 0, size_t maxSteps = 50'000'000);
+
+// Whether `other` is `stand` with every peer shifted by `shift` (mod nranks) and its byte ranges
+// renamed one to one (same kinds, sizes and buffers; in each, any two ranges are identical or
+// disjoint), so both ranks wait on the same steps and send the same bytes. Says why not in *why.
+bool isShiftedCopy(const Schedule& stand, const Schedule& other, int shift, int nranks, std::string* why);
 
 }  // namespace chorus::collectives

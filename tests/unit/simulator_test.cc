@@ -365,12 +365,122 @@ TEST(TimingTest, SixteenThousandRanks) {
   t = simulateTime(set.schedules, hosts);
   ASSERT_TRUE(t.ok) << t.error;
   EXPECT_GT(t.timeUs, 2 * 13 * 2.0);
-  // The ring at this scale would need about 10^9 steps: refused with the count, not attempted.
+  // The ring at this scale has about 10^9 steps in all, too many to hold: one rank stands for
+  // all (every rank's schedule is rank 0's shifted), and the ring's 2(n-1) steps of one 4-byte
+  // element each come out in closed form.
   args.algorithm = Algorithm::kRing;
   args.count = n;
   set = buildAllSchedules(args);
+  ASSERT_TRUE(set.error.empty()) << set.error;
+  EXPECT_EQ(set.schedules.size(), 1u);
+  t = simulateTime(set.schedules, linksOnly(2, 0.001), set.nranks);
+  ASSERT_TRUE(t.ok) << t.error;
+  EXPECT_NEAR(t.timeUs, 2 * (n - 1) * (2 + 4 * 0.001), 1e-6);
+  EXPECT_EQ(t.messages, static_cast<size_t>(n) * 2 * (n - 1));
+  // Pairwise all-to-all of one element per peer: every rank posts its n-1 sends at once, its port
+  // sends them one after another, and the last lands alpha after the port is done.
+  args.collective = Collective::kAllToAll;
+  args.algorithm = Algorithm::kPairwise;
+  args.count = 1;
+  set = buildAllSchedules(args);
+  ASSERT_TRUE(set.error.empty()) << set.error;
+  EXPECT_EQ(set.schedules.size(), 1u);
+  t = simulateTime(set.schedules, linksOnly(2, 0.001), set.nranks);
+  ASSERT_TRUE(t.ok) << t.error;
+  EXPECT_NEAR(t.timeUs, 2 + (n - 1) * 4 * 0.001, 1e-6);
+  EXPECT_EQ(t.messages, static_cast<size_t>(n) * (n - 1));
+  args.collective = Collective::kAllReduce;
+  // The tree's ranks are not shifted copies of each other: with too small a budget it is refused,
+  // and the error says why.
+  args.algorithm = Algorithm::kTree;
+  set = buildAllSchedules(args, 0, 1000);
   EXPECT_TRUE(set.schedules.empty());
-  EXPECT_NE(set.error.find("more than the simulator holds"), std::string::npos) << set.error;
+  EXPECT_NE(set.error.find("is not rank 0's shifted"), std::string::npos) << set.error;
+}
+
+// Runs args both ways, every rank and one host standing for all (forced by a small budget), and
+// expects the same time and message count.
+void expectStandInsAgree(ScheduleArgs args, const NetworkModel& model) {
+  const ScheduleSet all = buildAllSchedules(args, model.ranksPerHost);
+  ASSERT_TRUE(all.error.empty()) << all.error;
+  ASSERT_EQ(all.schedules.size(), static_cast<size_t>(args.nranks));
+  const ScheduleSet host = buildAllSchedules(args, model.ranksPerHost, all.schedules[0].steps.size() * 8);
+  ASSERT_TRUE(host.error.empty()) << host.error;
+  ASSERT_EQ(host.schedules.size(), static_cast<size_t>(std::max(model.ranksPerHost, 1)));
+  const TimingResult whole = simulateTime(all.schedules, model);
+  const TimingResult standIn = simulateTime(host.schedules, model, host.nranks);
+  ASSERT_TRUE(whole.ok) << whole.error;
+  ASSERT_TRUE(standIn.ok) << standIn.error;
+  EXPECT_NEAR(standIn.timeUs, whole.timeUs, 1e-9 * whole.timeUs)
+      << algorithmName(args.algorithm) << " " << collectiveName(args.collective) << ", " << model.ranksPerHost
+      << " ranks per host";
+  EXPECT_EQ(standIn.messages, whole.messages);
+  EXPECT_EQ(standIn.steps, whole.steps);
+}
+
+TEST(TimingTest, OneHostStandsForAllAndPredictsTheSameTimes) {
+  NetworkModel model = linksOnly(3, 0.002);
+  model.gammaUsPerByte = 0.001;
+  model.copyUsPerByte = 0.0005;
+  const int n = 24;
+  struct Case {
+    Collective collective;
+    Algorithm algorithm;
+    size_t count;
+  };
+  for (const Case& c :
+       {Case{Collective::kAllReduce, Algorithm::kRing, n * 700}, Case{Collective::kAllGather, Algorithm::kRing, 500},
+        Case{Collective::kReduceScatter, Algorithm::kRing, 300}, Case{Collective::kAllToAll, Algorithm::kPairwise, 200},
+        Case{Collective::kBarrier, Algorithm::kDissemination, 0}}) {
+    for (int perHost : {0, 4, 6}) {
+      ScheduleArgs args;
+      args.collective = c.collective;
+      args.algorithm = c.algorithm;
+      args.nranks = n;
+      args.count = c.count;
+      args.typeSize = 4;
+      args.chunkBytes = 1024;
+      model.ranksPerHost = perHost;
+      expectStandInsAgree(args, model);
+    }
+  }
+}
+
+TEST(TimingTest, ShiftedCopiesAreCheckedStepByStep) {
+  ScheduleArgs args;
+  args.collective = Collective::kAllReduce;
+  args.algorithm = Algorithm::kRing;
+  args.nranks = 8;
+  args.count = 8 * 100;
+  args.typeSize = 4;
+  const Schedule zero = buildSchedule(args);
+  args.rank = 3;
+  const Schedule three = buildSchedule(args);
+  std::string why;
+  EXPECT_TRUE(isShiftedCopy(zero, three, 3, 8, &why)) << why;
+  EXPECT_FALSE(isShiftedCopy(zero, three, 2, 8, &why));
+  EXPECT_NE(why.find("peer"), std::string::npos) << why;
+  // Unequal blocks (count not a multiple of the ranks): some rank sends a different size.
+  args.count = 8 * 100 + 3;
+  args.rank = 0;
+  const Schedule unevenZero = buildSchedule(args);
+  args.rank = 5;
+  EXPECT_FALSE(isShiftedCopy(unevenZero, buildSchedule(args), 5, 8, &why));
+  EXPECT_NE(why.find("bytes"), std::string::npos) << why;
+  // Byte ranges renamed inconsistently: two steps on one range in rank 0, on two ranges in the other.
+  Schedule a, b;
+  a.steps = {copyStep(at(BufferId::kInput, 0), at(BufferId::kOutput, 0), 8),
+             copyStep(at(BufferId::kInput, 0), at(BufferId::kOutput, 8), 8)};
+  b.steps = {copyStep(at(BufferId::kInput, 0), at(BufferId::kOutput, 0), 8),
+             copyStep(at(BufferId::kInput, 16), at(BufferId::kOutput, 8), 8)};
+  EXPECT_FALSE(isShiftedCopy(a, b, 0, 1, &why));
+  EXPECT_NE(why.find("maps byte ranges differently"), std::string::npos) << why;
+  // Renamed one to one, but the ranges overlap where the originals did not: the second copy
+  // would wait for the first in one rank and not in the other.
+  b.steps = {copyStep(at(BufferId::kInput, 0), at(BufferId::kOutput, 0), 8),
+             copyStep(at(BufferId::kInput, 0), at(BufferId::kOutput, 4), 8)};
+  EXPECT_FALSE(isShiftedCopy(a, b, 0, 1, &why));
+  EXPECT_NE(why.find("overlap differently"), std::string::npos) << why;
 }
 
 TEST(TimingTest, ReportsAStepThatCanNeverRun) {
