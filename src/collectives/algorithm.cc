@@ -6,37 +6,45 @@
 namespace chorus::collectives {
 namespace {
 
+// How an algorithm follows the rank order (ScheduleArgs::order).
+enum class Follows : uint8_t {
+  kPositions,  // whole-buffer data: built over positions, then each peer mapped to its rank
+  kItself,     // handles the order itself (blocks stay at their ranks' offsets)
+  kNumbers,    // pairs ranks by number: the order does not apply
+};
+
 struct Entry {
   Collective collective;
   Algorithm algorithm;
   Schedule (*build)(const ScheduleArgs&);
+  Follows follows;
 };
 
 // One line per (collective, algorithm); the first line of a collective is its default.
 const Entry kEntries[] = {
-    {Collective::kAllReduce, Algorithm::kRing, ringAllReduce},
-    {Collective::kAllReduce, Algorithm::kTree, doubleTreeAllReduce},
-    {Collective::kAllReduce, Algorithm::kRecursiveDoubling, recursiveDoublingAllReduce},
-    {Collective::kAllReduce, Algorithm::kRabenseifner, rabenseifnerAllReduce},
-    {Collective::kAllGather, Algorithm::kRing, ringAllGather},
-    {Collective::kAllGather, Algorithm::kRecursiveDoubling, recursiveDoublingAllGather},
-    {Collective::kAllGather, Algorithm::kBruck, bruckAllGather},
-    {Collective::kReduceScatter, Algorithm::kRing, ringReduceScatter},
-    {Collective::kReduceScatter, Algorithm::kRecursiveHalving, recursiveHalvingReduceScatter},
-    {Collective::kBroadcast, Algorithm::kChain, chainBroadcast},
-    {Collective::kBroadcast, Algorithm::kBinomial, binomialBroadcast},
-    {Collective::kBroadcast, Algorithm::kScatterAllGather, scatterAllGatherBroadcast},
-    {Collective::kReduce, Algorithm::kChain, chainReduce},
-    {Collective::kReduce, Algorithm::kBinomial, binomialReduce},
-    {Collective::kReduce, Algorithm::kReduceScatterGather, reduceScatterGatherReduce},
-    {Collective::kSend, Algorithm::kPairwise, pointToPoint},
-    {Collective::kRecv, Algorithm::kPairwise, pointToPoint},
-    {Collective::kBarrier, Algorithm::kDissemination, disseminationBarrier},
-    {Collective::kAllToAll, Algorithm::kPairwise, pairwiseAllToAll},
-    {Collective::kAllToAll, Algorithm::kBruck, bruckAllToAll},
-    {Collective::kAllToAllv, Algorithm::kPairwise, pairwiseAllToAllv},
-    {Collective::kGather, Algorithm::kBinomial, binomialGather},
-    {Collective::kScatter, Algorithm::kBinomial, binomialScatter},
+    {Collective::kAllReduce, Algorithm::kRing, ringAllReduce, Follows::kPositions},
+    {Collective::kAllReduce, Algorithm::kTree, doubleTreeAllReduce, Follows::kPositions},
+    {Collective::kAllReduce, Algorithm::kRecursiveDoubling, recursiveDoublingAllReduce, Follows::kPositions},
+    {Collective::kAllReduce, Algorithm::kRabenseifner, rabenseifnerAllReduce, Follows::kPositions},
+    {Collective::kAllGather, Algorithm::kRing, ringAllGather, Follows::kItself},
+    {Collective::kAllGather, Algorithm::kRecursiveDoubling, recursiveDoublingAllGather, Follows::kNumbers},
+    {Collective::kAllGather, Algorithm::kBruck, bruckAllGather, Follows::kNumbers},
+    {Collective::kReduceScatter, Algorithm::kRing, ringReduceScatter, Follows::kItself},
+    {Collective::kReduceScatter, Algorithm::kRecursiveHalving, recursiveHalvingReduceScatter, Follows::kNumbers},
+    {Collective::kBroadcast, Algorithm::kChain, chainBroadcast, Follows::kPositions},
+    {Collective::kBroadcast, Algorithm::kBinomial, binomialBroadcast, Follows::kPositions},
+    {Collective::kBroadcast, Algorithm::kScatterAllGather, scatterAllGatherBroadcast, Follows::kPositions},
+    {Collective::kReduce, Algorithm::kChain, chainReduce, Follows::kPositions},
+    {Collective::kReduce, Algorithm::kBinomial, binomialReduce, Follows::kPositions},
+    {Collective::kReduce, Algorithm::kReduceScatterGather, reduceScatterGatherReduce, Follows::kPositions},
+    {Collective::kSend, Algorithm::kPairwise, pointToPoint, Follows::kNumbers},
+    {Collective::kRecv, Algorithm::kPairwise, pointToPoint, Follows::kNumbers},
+    {Collective::kBarrier, Algorithm::kDissemination, disseminationBarrier, Follows::kPositions},
+    {Collective::kAllToAll, Algorithm::kPairwise, pairwiseAllToAll, Follows::kNumbers},
+    {Collective::kAllToAll, Algorithm::kBruck, bruckAllToAll, Follows::kNumbers},
+    {Collective::kAllToAllv, Algorithm::kPairwise, pairwiseAllToAllv, Follows::kNumbers},
+    {Collective::kGather, Algorithm::kBinomial, binomialGather, Follows::kNumbers},
+    {Collective::kScatter, Algorithm::kBinomial, binomialScatter, Follows::kNumbers},
 };
 
 struct Name {
@@ -142,9 +150,67 @@ Schedule buildSchedule(const ScheduleArgs& args) {
     throw std::invalid_argument(std::string(algorithmName(args.algorithm)) + " does not implement " +
                                 collectiveName(args.collective));
   }
-  Schedule schedule = entry->build(args);
+  if (args.order == nullptr || entry->follows != Follows::kPositions) {
+    Schedule schedule = entry->build(args);
+    schedule.algorithm = algorithmName(entry->algorithm);
+    return schedule;
+  }
+  ScheduleArgs positions = args;
+  positions.order = nullptr;
+  positions.rank = positionOf(args, args.rank);
+  positions.root = positionOf(args, args.root);
+  Schedule schedule = entry->build(positions);
+  for (Step& step : schedule.steps) {
+    if (step.peer >= 0) step.peer = rankAt(args, step.peer);
+  }
   schedule.algorithm = algorithmName(entry->algorithm);
   return schedule;
+}
+
+std::vector<int> parseRankOrder(const std::string& text) {
+  std::vector<int> order;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(start, end - start);
+    start = end + 1;
+    size_t used = 0;
+    int rank = -1;
+    try {
+      rank = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || rank < 0) {
+      throw std::invalid_argument("'" + item + "' at position " + std::to_string(order.size()) +
+                                  " is not a rank number");
+    }
+    order.push_back(rank);
+  }
+  std::vector<int> seen(order.size(), -1);
+  for (size_t position = 0; position < order.size(); ++position) {
+    const int rank = order[position];
+    if (static_cast<size_t>(rank) >= order.size()) {
+      throw std::invalid_argument("rank " + std::to_string(rank) + " at position " + std::to_string(position) +
+                                  " is out of range for an order of " + std::to_string(order.size()) + " ranks");
+    }
+    if (seen[rank] >= 0) {
+      throw std::invalid_argument("rank " + std::to_string(rank) + " appears at positions " +
+                                  std::to_string(seen[rank]) + " and " + std::to_string(position));
+    }
+    seen[rank] = static_cast<int>(position);
+  }
+  return order;
+}
+
+int positionOf(const ScheduleArgs& args, int rank) {
+  if (args.order == nullptr) return rank;
+  for (int position = 0; position < args.nranks; ++position) {
+    if (args.order[position] == rank) return position;
+  }
+  throw std::invalid_argument("rank order of " + std::to_string(args.nranks) + " ranks does not contain rank " +
+                              std::to_string(rank));
 }
 
 }  // namespace chorus::collectives

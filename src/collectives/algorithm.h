@@ -28,4 +28,8 @@ bool appliesTo(Algorithm algorithm, Collective collective);
 using AlgorithmOverrides = std::array<std::optional<Algorithm>, kCollectiveCount>;
 AlgorithmOverrides parseAlgorithmOverrides(const std::string& text);
 
+// A rank order from text like "0,2,1,3" (CHORUS_RANK_ORDER): each of 0..k-1 once, for k ranks.
+// Throws std::invalid_argument naming the bad entry, the repeated or the missing rank.
+std::vector<int> parseRankOrder(const std::string& text);
+
 }  // namespace chorus::collectives

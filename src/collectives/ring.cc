@@ -18,6 +18,11 @@
 // The stand-alone all-gather is the second phase with rank r starting from its own block r; the
 // stand-alone reduce-scatter is the first phase shifted by one block, so rank r ends owning block
 // r, with partial sums kept in scratch (its output holds one block only).
+//
+// With a rank order (ScheduleArgs::order), "rank r" above is position r of the order: the ring
+// runs from each rank to the next in the order. All-reduce's blocks are its own to choose; the
+// all-gather and reduce-scatter keep block b (the one position b starts or ends with) at its
+// rank's offset, so the output is laid out by rank whatever the order.
 #include <algorithm>
 
 #include "src/collectives/schedule.h"
@@ -96,15 +101,18 @@ Schedule ringAllReduce(const ScheduleArgs& args) {
 Schedule ringAllGather(const ScheduleArgs& args) {
   Schedule schedule;
   const int n = args.nranks;
-  const int r = args.rank;
+  const int r = positionOf(args, args.rank);  // the ring runs over positions of the rank order
   const size_t size = args.typeSize;
   const size_t blockBytes = args.count * size;
   if (args.count == 0) return schedule;
   // The executor skips this copy when the call is in place (same address).
-  schedule.steps.push_back(copyStep(at(BufferId::kInput, 0), at(BufferId::kOutput, r * blockBytes), blockBytes));
+  schedule.steps.push_back(
+      copyStep(at(BufferId::kInput, 0), at(BufferId::kOutput, args.rank * blockBytes), blockBytes));
   if (n == 1) return schedule;
-  const int next = mod(r + 1, n);
-  const int prev = mod(r - 1, n);
+  const int next = rankAt(args, r + 1);
+  const int prev = rankAt(args, r - 1);
+  // Block b of the ring (the one position b started with) is rank rankAt(b)'s.
+  auto blockStart = [&](int b) { return static_cast<size_t>(rankAt(args, b)) * blockBytes; };
   const size_t chunkElements = std::min(chunkElementsFor(args.chunkBytes, size), args.count);
   const size_t pieces = piecesOf(args.count, chunkElements);
   for (size_t c = 0; c < pieces; ++c) {
@@ -113,9 +121,9 @@ Schedule ringAllGather(const ScheduleArgs& args) {
       const int sendBlock = mod(r - s, n);
       const int recvBlock = mod(r - s - 1, n);
       schedule.steps.push_back(
-          sendStep(next, at(BufferId::kOutput, sendBlock * blockBytes + piece.offset), piece.bytes));
+          sendStep(next, at(BufferId::kOutput, blockStart(sendBlock) + piece.offset), piece.bytes));
       schedule.steps.push_back(
-          recvStep(prev, at(BufferId::kOutput, recvBlock * blockBytes + piece.offset), piece.bytes));
+          recvStep(prev, at(BufferId::kOutput, blockStart(recvBlock) + piece.offset), piece.bytes));
     }
   }
   return schedule;
@@ -124,7 +132,7 @@ Schedule ringAllGather(const ScheduleArgs& args) {
 Schedule ringReduceScatter(const ScheduleArgs& args) {
   Schedule schedule;
   const int n = args.nranks;
-  const int r = args.rank;
+  const int r = positionOf(args, args.rank);  // the ring runs over positions of the rank order
   const size_t size = args.typeSize;
   const size_t blockBytes = args.count * size;
   if (args.count == 0) return schedule;
@@ -132,8 +140,10 @@ Schedule ringReduceScatter(const ScheduleArgs& args) {
     schedule.steps.push_back(copyStep(at(BufferId::kInput, 0), at(BufferId::kOutput, 0), blockBytes));
     return schedule;
   }
-  const int next = mod(r + 1, n);
-  const int prev = mod(r - 1, n);
+  const int next = rankAt(args, r + 1);
+  const int prev = rankAt(args, r - 1);
+  // Block b of the ring is rank rankAt(b)'s.
+  auto blockStart = [&](int b) { return static_cast<size_t>(rankAt(args, b)) * blockBytes; };
   const size_t chunkElements = std::min(chunkElementsFor(args.chunkBytes, size), args.count);
   const size_t pieces = piecesOf(args.count, chunkElements);
   SlotRing tmp{0, chunkElements * size, kTmpSlots};
@@ -146,11 +156,11 @@ Schedule ringReduceScatter(const ScheduleArgs& args) {
     for (int s = 0; s < n - 1; ++s) {
       const int sendBlock = mod(r - s - 1, n);
       const int recvBlock = mod(r - s - 2, n);
-      const Span from = s == 0 ? at(BufferId::kInput, sendBlock * blockBytes + piece.offset) : carried;
+      const Span from = s == 0 ? at(BufferId::kInput, blockStart(sendBlock) + piece.offset) : carried;
       schedule.steps.push_back(sendStep(next, from, piece.bytes));
       const bool last = s == n - 2;
       const Span into = last ? at(BufferId::kOutput, piece.offset) : partial.take();
-      schedule.steps.push_back(recvReduceStep(prev, at(BufferId::kInput, recvBlock * blockBytes + piece.offset), into,
+      schedule.steps.push_back(recvReduceStep(prev, at(BufferId::kInput, blockStart(recvBlock) + piece.offset), into,
                                               tmp.take(), piece.bytes));
       carried = into;
     }

@@ -1,6 +1,6 @@
 // schedule.h: collectives as schedules. A schedule is one rank's list of steps (send, recv,
 // recv-reduce, copy, divide) over byte ranges of its input, output and scratch buffers, made by a
-// pure function of (collective, nranks, rank, count, type size, root/peer, chunking). No I/O and
+// pure function of (collective, nranks, rank, count, type size, root/peer, chunking, rank order). No I/O and
 // no threads here: src/core/executor runs schedules over the transports.
 //
 // Order and dependencies: steps are listed in the order a rank posts them. A step depends on the
@@ -103,7 +103,20 @@ struct ScheduleArgs {
   const size_t* sendDispls = nullptr;
   const size_t* recvCounts = nullptr;
   const size_t* recvDispls = nullptr;
+  // Rank order: position -> rank (nranks entries, a permutation), the order in which rings,
+  // chains and trees visit the ranks, so they can be laid along the fastest links; null is 0, 1,
+  // ..., n-1. Algorithms on the whole buffer (all-reduce, broadcast, reduce, barrier) are built
+  // over positions and their peers mapped to ranks; the ring all-gather and reduce-scatter follow
+  // it too, keeping each rank's block at its rank's offset; the others pair ranks by number.
+  const int* order = nullptr;
 };
+
+// The rank at a position (mod nranks) of args.order, and a rank's position in it.
+inline int rankAt(const ScheduleArgs& args, int position) {
+  position = ((position % args.nranks) + args.nranks) % args.nranks;
+  return args.order != nullptr ? args.order[position] : position;
+}
+int positionOf(const ScheduleArgs& args, int rank);
 
 // Step builders, so algorithms read as the prose that opens their files.
 inline Step sendStep(int peer, Span src, size_t bytes) { return {StepKind::kSend, peer, src, {}, {}, bytes}; }

@@ -36,7 +36,7 @@ uint64_t hostHash() {
 }
 
 uint16_t signatureOf(collectives::Collective collective, size_t count, chorusDataType_t type, chorusRedOp_t op,
-                     int root) {
+                     uint64_t root) {
   uint64_t h = 1469598103934665603ull;
   for (uint64_t v : {static_cast<uint64_t>(collective), static_cast<uint64_t>(count), static_cast<uint64_t>(type),
                      static_cast<uint64_t>(op), static_cast<uint64_t>(root)}) {
@@ -56,6 +56,7 @@ CommSettings CommSettings::resolve(const chorusConfig_t* config) {
   s.chunkForced = knobSet(Knob::kChunkBytes);
   s.spinUs = static_cast<int>(knobInt(Knob::kSpinUs));
   s.algorithms = knobString(Knob::kAlgo);
+  s.rankOrder = knobString(Knob::kRankOrder);
   if (config != nullptr) {
     if (config->timeoutMs >= 0) s.timeoutMs = config->timeoutMs;
     if (config->initTimeoutMs >= 0) s.initTimeoutMs = config->initTimeoutMs;
@@ -75,6 +76,23 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
   logKnobs(rank);
   algorithms_.fill(collectives::Algorithm::kDefault);
   setAlgorithms(settings.algorithms);
+  if (!settings.rankOrder.empty()) {
+    std::vector<int> order;
+    try {
+      order = collectives::parseRankOrder(settings.rankOrder);
+    } catch (const std::invalid_argument& e) {
+      fail(chorusInvalidArgument, "rank {}: CHORUS_RANK_ORDER '{}': {}", rank, settings.rankOrder, e.what());
+    }
+    if (static_cast<int>(order.size()) == nranks) {
+      order_ = std::move(order);
+      // Ranks that follow different orders fail on the signature instead of mixing data.
+      for (int r : order_) orderHash_ = (orderHash_ ^ static_cast<uint64_t>(r + 1)) * 1099511628211ull;
+      orderHash_ &= 0xffffffffull;
+    } else {
+      logAt(LogLevel::kInfo, "rank {}: CHORUS_RANK_ORDER names {} ranks; this communicator of {} keeps 0..{}", rank,
+            order.size(), nranks, nranks - 1);
+    }
+  }
   bootstrap_ = std::make_unique<Bootstrap>(rank, nranks);
   dataListener_ = listenOn(defaultLocalAddress());
 
@@ -204,6 +222,7 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   args.divide = op == chorusAvg;
   args.chunkBytes = settings_.chunkBytes;
   args.algorithm = algorithms_[static_cast<int>(collective)];
+  args.order = order_.empty() ? nullptr : order_.data();
   const bool forced = args.algorithm != collectives::Algorithm::kDefault;
   if (collective != Collective::kSend && collective != Collective::kRecv) {
     // The tuner picks the algorithm unless it is forced, and the chunk unless CHORUS_CHUNK_BYTES is set.
@@ -250,7 +269,8 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   // The algorithm is part of the signature: ranks that chose differently fail instead of mixing.
   prepared.tag = makeTag(TagKind::kCollective, sequence,
                          signatureOf(collective, count, type, reduces ? op : chorusSum,
-                                     (rooted ? rootOrPeer : 0) + 65536 * static_cast<int>(args.algorithm)));
+                                     static_cast<uint64_t>(rooted ? rootOrPeer : 0) +
+                                         65536 * static_cast<uint64_t>(args.algorithm) + (orderHash_ << 24)));
   std::string detail = fmt::format("count {} {}", count, chorusTypeName(type));
   if (reduces) detail += fmt::format(" {}", chorusOpName(op));
   if (rooted) detail += fmt::format(" root {}", rootOrPeer);

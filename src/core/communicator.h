@@ -23,6 +23,7 @@ struct CommSettings {
   int initTimeoutMs = 120000;
   std::string transport = "auto";
   std::string algorithms;  // CHORUS_ALGO syntax
+  std::string rankOrder;   // CHORUS_RANK_ORDER: comma-separated ranks, position by position
   size_t chunkBytes = 512 * 1024;
   bool chunkForced = false;  // CHORUS_CHUNK_BYTES set: every call uses chunkBytes, else the tuner picks
   int spinUs = 20;
@@ -80,6 +81,8 @@ class Communicator {
   std::vector<uint64_t> sendSequence_;
   std::vector<uint64_t> recvSequence_;
   std::array<collectives::Algorithm, collectives::kCollectiveCount> algorithms_{};  // kDefault: the tuner's
+  std::vector<int> order_;                          // rank order (position -> rank), empty for 0..n-1
+  uint64_t orderHash_ = 0;                          // folded into every collective's signature
   collectives::CostParams costs_;                   // the tuner's model of this communicator's slowest transport
   std::vector<std::pair<int, int>> loggedChoices_;  // (collective, algorithm) already logged
   std::atomic<bool> aborted_{false};

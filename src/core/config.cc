@@ -29,6 +29,9 @@ constexpr KnobSpec kKnobs[] = {
     {"CHORUS_BOOTSTRAP_ADDR", "", "IP address to listen on (default: first non-loopback IPv4)"},
     {"CHORUS_ALGO", "", "algorithm per collective, e.g. allreduce:ring,allgather:bruck (default: chosen per call)"},
     {"CHORUS_TUNING_FILE", "", "tuner cost parameters per transport (lines: shm alpha_us=5 beta_GBps=5 ...)"},
+    {"CHORUS_RANK_ORDER", "",
+     "order in which rings, chains and trees visit the ranks, e.g. 0,2,1,3 (default 0..n-1; used by "
+     "communicators of that many ranks)"},
 };
 static_assert(sizeof(kKnobs) / sizeof(kKnobs[0]) == static_cast<size_t>(Knob::kCount));
 

@@ -19,6 +19,7 @@ enum class Knob {
   kBootstrapAddr,  // CHORUS_BOOTSTRAP_ADDR: address this process listens on
   kAlgo,           // CHORUS_ALGO: per-collective algorithm overrides
   kTuningFile,     // CHORUS_TUNING_FILE: cost-model parameters for the tuner
+  kRankOrder,      // CHORUS_RANK_ORDER: the order rings, chains and trees visit the ranks
   kCount
 };
 

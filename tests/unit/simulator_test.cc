@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,7 @@ struct Case {
   bool inPlace;
   int root;
   size_t chunkBytes;
+  const int* order = nullptr;  // rank order (position -> rank), or null
 };
 
 std::string describe(const Case& c) {
@@ -57,6 +60,7 @@ void run(const Case& c) {
   for (int r = 0; r < n; ++r) {
     SimulatedRank& rank = ranks[r];
     ScheduleArgs args{c.collective, n, r, count, size, c.root, c.op == chorusAvg, c.chunkBytes, c.algorithm};
+    args.order = c.order;
     size_t inCount = count, outCount = count;
     switch (c.collective) {
       case Collective::kAllGather:
@@ -234,6 +238,49 @@ std::vector<int> rankCounts() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, SimulatorTest, ::testing::ValuesIn(rankCounts()));
+
+TEST(SimulatorTest, RankOrderIsFollowedAndBlocksStayAtTheirRanks) {
+  for (int n : {2, 3, 5, 8, 13}) {
+    std::vector<int> order(n);
+    for (int i = 0; i < n; ++i) order[i] = i;
+    std::mt19937 random(n);
+    std::shuffle(order.begin(), order.end(), random);
+    std::vector<int> position(n);
+    for (int i = 0; i < n; ++i) position[order[i]] = i;
+    // Every algorithm still gives every rank the closed-form result, blocks by rank number.
+    for (Collective collective : kCollectives) {
+      for (Algorithm algorithm : algorithmsFor(collective)) {
+        for (size_t count : {size_t{1}, 2 * static_cast<size_t>(n) + 1}) {
+          const int root = static_cast<int>(count % n);
+          for (bool inPlace : {false, true}) {
+            if (inPlace && !hasInPlace(collective)) continue;
+            run({collective, algorithm, n, count, chorusInt32, chorusSum, inPlace, root, 12, order.data()});
+            if (HasFatalFailure()) return;
+          }
+        }
+      }
+    }
+    // The ring and the chain talk only to their neighbours in the order.
+    const std::pair<Collective, Algorithm> along[] = {{Collective::kAllReduce, Algorithm::kRing},
+                                                      {Collective::kAllGather, Algorithm::kRing},
+                                                      {Collective::kReduceScatter, Algorithm::kRing},
+                                                      {Collective::kBroadcast, Algorithm::kChain},
+                                                      {Collective::kReduce, Algorithm::kChain}};
+    for (const auto& [collective, algorithm] : along) {
+      for (int r = 0; r < n; ++r) {
+        ScheduleArgs args{collective, n, r, 100, 4, order[1], false, 64, algorithm};
+        args.order = order.data();
+        for (const Step& step : buildSchedule(args).steps) {
+          if (step.peer < 0) continue;
+          const int towards = step.kind == StepKind::kSend ? 1 : -1;
+          const bool reversed = collective == Collective::kReduce;  // the chain reduce flows back to the root
+          EXPECT_EQ(step.peer, order[(position[r] + (reversed ? -towards : towards) + n) % n])
+              << collectiveName(collective) << " n=" << n << " rank " << r << " " << stepKindName(step.kind);
+        }
+      }
+    }
+  }
+}
 
 TEST(SimulatorTest, ReportsADeadlock) {
   // Two ranks that both receive before they send can never finish.
@@ -501,6 +548,25 @@ TEST(ScheduleShapeTest, RingAllReduceSendsTwiceNMinusOneOverNOfTheBuffer) {
   size_t sent = 0;
   for (const Step& step : s.steps) sent += step.kind == StepKind::kSend ? step.bytes : 0;
   EXPECT_EQ(sent, 2 * (n - 1) * (count / n) * 4);
+}
+
+TEST(AlgorithmTest, RankOrdersParseAndBadOnesAreNamed) {
+  EXPECT_EQ(parseRankOrder("2,0,1"), (std::vector<int>{2, 0, 1}));
+  EXPECT_EQ(parseRankOrder("0"), (std::vector<int>{0}));
+  auto error = [](const std::string& text) {
+    try {
+      parseRankOrder(text);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(error("0,1,1").find("rank 1 appears at positions 1 and 2"), std::string::npos) << error("0,1,1");
+  EXPECT_NE(error("0,3,1").find("rank 3 at position 1 is out of range for an order of 3 ranks"), std::string::npos);
+  EXPECT_NE(error("0,x,1").find("'x' at position 1 is not a rank number"), std::string::npos);
+  EXPECT_NE(error("0,,1").find("'' at position 1"), std::string::npos);
+  EXPECT_NE(error("0,-1").find("'-1'"), std::string::npos);
+  EXPECT_NE(error("1.5").find("'1.5'"), std::string::npos);
 }
 
 TEST(AlgorithmTest, OverridesParseAndRejectWhatDoesNotApply) {
