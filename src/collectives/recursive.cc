@@ -22,12 +22,18 @@
 // about twice the buffer in 2 log2(p) messages: for large messages with few ranks.
 //
 // Recursive doubling all-gather: v and v^d swap all the blocks each has gathered so far (d = 1,
-// 2, ..., p/2). Recursive halving reduce-scatter: Rabenseifner's first half over the n real
-// blocks of the output layout, each virtual rank ending with its real blocks.
+// 2, ..., p/2), as chunk-sized messages in the order each got its blocks (its own first, the
+// ones from the round before last), sends and receives interleaved (or as one message when all
+// it holds fits in a chunk). So a round's first messages
+// need nothing from the round before and go out while it is still arriving, and each forwarded
+// chunk waits only for its own arrival: the rounds overlap as a ring's steps do. Recursive halving reduce-scatter:
+// Rabenseifner's first half over the n real blocks of the output layout, each virtual rank ending with its real blocks.
 //
 // Exchanges receive into scratch and reduce with a separate local step, so no receive waits
 // for a send out of the same bytes (which could deadlock once a message outgrows the buffers).
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "src/collectives/schedule.h"
 
@@ -68,6 +74,18 @@ void foldOut(Schedule& s, const Fold& f, int r, Span work, size_t bytes) {
   } else {
     s.steps.push_back(sendStep(r - 1, work, bytes));
   }
+}
+
+// The ranges of virtual blocks [lo, hi) that virtual rank v holds before the all-gather round of
+// distance d, in the order it got them: its own block, then the one of v ^ 1, the two of v ^ 2,
+// ..., the d/2 of v ^ (d/2) (each partner's aligned range at its round).
+std::vector<std::pair<int, int>> heldInOrder(int v, int d) {
+  std::vector<std::pair<int, int>> ranges{{v, v + 1}};
+  for (int e = 1; e < d; e *= 2) {
+    const int first = (v ^ e) & ~(e - 1);
+    ranges.push_back({first, first + e});
+  }
+  return ranges;
 }
 
 }  // namespace
@@ -172,18 +190,34 @@ Schedule recursiveDoublingAllGather(const ScheduleArgs& args) {
     }
   }
   if (!f.sitsOut(r)) {
+    const size_t chunkBytes = std::max(chunkElementsFor(args.chunkBytes, args.typeSize) * args.typeSize, size_t{1});
+    // The chunk-sized pieces (byte offset, bytes) of what virtual rank w sends in the round of
+    // distance d, in the order it got them.
+    auto pieces = [&](int w, int d) {
+      std::vector<std::pair<size_t, size_t>> out;
+      const int first = w & ~(d - 1);  // w holds the aligned run of d virtual blocks around it
+      const size_t begin = static_cast<size_t>(f.firstBlock(first)) * blockBytes;
+      const size_t end = static_cast<size_t>(f.firstBlock(first + d)) * blockBytes;
+      if (end - begin <= chunkBytes) return decltype(out){{begin, end - begin}};  // small: one message
+      for (const auto& [lo, hi] : heldInOrder(w, d)) {
+        const size_t begin = static_cast<size_t>(f.firstBlock(lo)) * blockBytes;
+        const size_t end = static_cast<size_t>(f.firstBlock(hi)) * blockBytes;
+        for (size_t from = begin; from < end; from += chunkBytes)
+          out.push_back({from, std::min(chunkBytes, end - from)});
+      }
+      return out;
+    };
     const int v = f.virtualOf(r);
-    int lo = v, hi = v + 1;  // virtual ranks whose blocks this rank holds
     for (int d = 1; d < f.p; d *= 2) {
       const int partner = f.realOf(v ^ d);
-      const bool upper = (v & d) != 0;
-      const int theirLo = upper ? lo - d : hi, theirHi = upper ? lo : hi + d;
-      const int mine = f.firstBlock(hi) - f.firstBlock(lo);
-      const int theirs = f.firstBlock(theirHi) - f.firstBlock(theirLo);
-      s.steps.push_back(sendStep(partner, block(f.firstBlock(lo)), mine * blockBytes));
-      s.steps.push_back(recvStep(partner, block(f.firstBlock(theirLo)), theirs * blockBytes));
-      lo = std::min(lo, theirLo);
-      hi = std::max(hi, theirHi);
+      const auto mine = pieces(v, d);
+      const auto theirs = pieces(v ^ d, d);
+      for (size_t i = 0; i < std::max(mine.size(), theirs.size()); ++i) {
+        if (i < mine.size()) s.steps.push_back(sendStep(partner, at(BufferId::kOutput, mine[i].first), mine[i].second));
+        if (i < theirs.size()) {
+          s.steps.push_back(recvStep(partner, at(BufferId::kOutput, theirs[i].first), theirs[i].second));
+        }
+      }
     }
   }
   foldOut(s, f, r, block(0), n * blockBytes);

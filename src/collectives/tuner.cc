@@ -130,8 +130,21 @@ double predictUs(Collective collective, Algorithm algorithm, int nranks, size_t 
       switch (algorithm) {
         case Algorithm::kRing:
           return ringSteps(n - 1, m / n, b) + m / n * cp;
-        case Algorithm::kRecursiveDoubling:
-          return lg * a + (n - 1) / n * m * b + (folds ? 2 * a + m * b : 0) + m / n * cp;
+        // Rounds overlap (a round's first chunks need nothing from the one before): lg latencies,
+        // and each further chunk message the overhead of one more in flight.
+        case Algorithm::kRecursiveDoubling: {
+          const double block = m / n;
+          double messages = 0;
+          for (double d = 1; d < p; d *= 2) {
+            if (d * block <= chunk) {
+              messages += 1;  // all it holds in one message
+              continue;
+            }
+            messages += std::ceil(block / chunk);
+            for (double e = 1; e < d; e *= 2) messages += std::ceil(e * block / chunk);
+          }
+          return lg * a + (messages - lg) * o + (n - 1) / n * m * b + (folds ? 2 * a + m * b : 0) + m / n * cp;
+        }
         case Algorithm::kBruck:
           return L * a + (n - 1) / n * m * b + 2 * m * cp;
         default:

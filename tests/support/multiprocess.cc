@@ -11,18 +11,68 @@
 
 namespace chorus::testing {
 
-std::vector<int> runProcesses(int nranks, const RankBody& body, int deadlineSeconds) {
-  chorusUniqueId id;
-  if (chorusGetUniqueId(&id) != chorusSuccess) {
-    ADD_FAILURE() << "chorusGetUniqueId: " << chorusGetLastError(nullptr);
-    return std::vector<int>(nranks, -1);
+namespace {
+
+bool readAll(int fd, void* data, size_t bytes) {
+  char* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    const ssize_t got = ::read(fd, p, bytes);
+    if (got <= 0) return false;
+    p += got;
+    bytes -= static_cast<size_t>(got);
   }
+  return true;
+}
+
+}  // namespace
+
+std::vector<int> runProcesses(int nranks, const RankBody& body, int deadlineSeconds) {
+  // chorusGetUniqueId starts the bootstrap root as a thread of its caller. Forking the ranks from
+  // a process with that thread running could copy a lock it holds at that instant (an
+  // allocator's, under ASan) into a rank, which would then hang; so a helper process makes the
+  // id and hosts the root until the ranks are done, and this process forks them thread-free.
   std::fflush(stdout);
   std::fflush(stderr);
+  int idPipe[2], holdPipe[2];
+  if (pipe(idPipe) != 0 || pipe(holdPipe) != 0) {
+    ADD_FAILURE() << "pipe failed";
+    return std::vector<int>(nranks, -1);
+  }
+  const pid_t holder = fork();
+  if (holder == 0) {
+    close(idPipe[0]);
+    close(holdPipe[1]);
+    chorusUniqueId made;
+    const chorusResult_t result = chorusGetUniqueId(&made);
+    if (write(idPipe[1], &result, sizeof(result)) != sizeof(result) ||
+        write(idPipe[1], &made, sizeof(made)) != sizeof(made)) {
+      _exit(1);
+    }
+    char byte;
+    while (read(holdPipe[0], &byte, 1) > 0) {
+    }  // until the parent closes its end
+    _exit(0);
+  }
+  close(idPipe[1]);
+  close(holdPipe[0]);
+  chorusResult_t made = chorusInternalError;
+  chorusUniqueId id;
+  const bool got = readAll(idPipe[0], &made, sizeof(made)) && readAll(idPipe[0], &id, sizeof(id));
+  close(idPipe[0]);
+  auto releaseHolder = [&] {
+    close(holdPipe[1]);
+    waitpid(holder, nullptr, 0);
+  };
+  if (!got || made != chorusSuccess) {
+    ADD_FAILURE() << "chorusGetUniqueId in the helper process failed (result " << made << ")";
+    releaseHolder();
+    return std::vector<int>(nranks, -1);
+  }
   std::vector<pid_t> pids(nranks, -1);
   for (int rank = 0; rank < nranks; ++rank) {
     const pid_t pid = fork();
     if (pid == 0) {
+      close(holdPipe[1]);
       int status = 0;
       try {
         body(rank, id);
@@ -66,6 +116,7 @@ std::vector<int> runProcesses(int nranks, const RankBody& body, int deadlineSeco
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  releaseHolder();
   return codes;
 }
 
