@@ -212,7 +212,9 @@ TEST_P(SimulatorTest, EveryAlgorithmOfEveryCollectiveMatchesClosedForm) {
         for (bool inPlace : {false, true}) {
           if (inPlace && (!hasInPlace(collective) || large)) continue;
           const int root = static_cast<int>((count + 3 * inPlace) % n);
-          const size_t chunk = large ? size_t{1} << 20 : 12;  // 12 bytes: many pieces
+          // 12 bytes: many pieces; 256 from 64 ranks on, where 12 would put thousands of pieces
+          // in flight per rank (the recursive-doubling all-gather) and slow the simulation.
+          const size_t chunk = large ? size_t{1} << 20 : n > 33 ? 256 : 12;
           if (isReduction(collective)) {
             for (const TypeOp& to : reductions) {
               run({collective, algorithm, n, count, to.type, to.op, inPlace, root, chunk});
