@@ -231,12 +231,24 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
                         collective == Collective::kScatter;
     const size_t bytes = count * args.typeSize * (spread ? static_cast<size_t>(nranks_) : 1);
     const size_t fixedChunk = settings_.chunkForced ? settings_.chunkBytes : 0;
-    if (!forced) {
-      const collectives::TunerChoice choice = collectives::choose(collective, nranks_, bytes, costs_, fixedChunk);
-      args.algorithm = choice.algorithm;
-      args.chunkBytes = choice.chunkBytes;
-    } else if (!settings_.chunkForced) {
-      args.chunkBytes = collectives::chooseChunkBytes(collective, args.algorithm, nranks_, bytes, costs_);
+    if (!forced || !settings_.chunkForced) {
+      // The tuner weighs every algorithm at every chunk size (microseconds, as much as a small
+      // call itself): remember its answer per (collective, forced algorithm, bytes).
+      const uint64_t key = (static_cast<uint64_t>(collective) << 59) ^ (static_cast<uint64_t>(args.algorithm) << 54) ^
+                           static_cast<uint64_t>(bytes);
+      auto found = tunerChoices_.find(key);
+      if (found == tunerChoices_.end()) {
+        if (tunerChoices_.size() >= 4096) tunerChoices_.clear();
+        collectives::TunerChoice choice;
+        if (!forced) {
+          choice = collectives::choose(collective, nranks_, bytes, costs_, fixedChunk);
+        } else {
+          choice = {args.algorithm, collectives::chooseChunkBytes(collective, args.algorithm, nranks_, bytes, costs_)};
+        }
+        found = tunerChoices_.emplace(key, choice).first;
+      }
+      args.algorithm = found->second.algorithm;
+      args.chunkBytes = found->second.chunkBytes;
     }
   }
   if (vector != nullptr) {

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "chorus/chorus.h"
@@ -81,8 +82,10 @@ class Communicator {
   std::vector<uint64_t> sendSequence_;
   std::vector<uint64_t> recvSequence_;
   std::array<collectives::Algorithm, collectives::kCollectiveCount> algorithms_{};  // kDefault: the tuner's
-  std::vector<int> order_;                          // rank order (position -> rank), empty for 0..n-1
-  uint64_t orderHash_ = 0;                          // folded into every collective's signature
+  std::vector<int> order_;  // rank order (position -> rank), empty for 0..n-1
+  uint64_t orderHash_ = 0;  // folded into every collective's signature
+  // The tuner's answers by (collective, forced algorithm, bytes).
+  std::unordered_map<uint64_t, collectives::TunerChoice> tunerChoices_;
   collectives::CostParams costs_;                   // the tuner's model of this communicator's slowest transport
   std::vector<std::pair<int, int>> loggedChoices_;  // (collective, algorithm) already logged
   std::atomic<bool> aborted_{false};
