@@ -91,6 +91,7 @@ struct Options {
   bool factorGiven = false;
   int iters = 20;
   int warmup = 5;
+  int turns = 1;  // with several algorithms: blocks each one's iterations are split into, taken round robin
   int check = 1;
   std::string type = "float";
   std::string redop = "sum";
@@ -230,6 +231,12 @@ class Bench {
   // Runs the op once; inPlace uses the in-place form.
   void once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
   Result measure(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
+  // --turns: every algorithm's out-of-place and in-place results, timed turn by turn.
+  std::vector<std::pair<Result, Result>> measureInTurns(const char* opName, Op op,
+                                                        const std::vector<std::string>& algos, chorusDataType_t type,
+                                                        chorusRedOp_t redop, size_t count);
+  // The row's columns from this rank's seconds over iters (averaged over the ranks, as nccl-tests).
+  Result resultOf(Op op, chorusDataType_t type, size_t count, double seconds, int iters);
   uint64_t checkOnce(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
   void fillInputs(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
   double busFactor(Op op) const { return ::busFactor(op, nranks_); }
@@ -399,8 +406,15 @@ Result Bench::measure(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t 
   call("barrier", chorusBarrier(comm_, nullptr));
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < o_.iters; ++i) once(op, type, redop, count, inPlace);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  double mine = seconds / std::max(1, o_.iters), sum = 0;
+  result = resultOf(op, type, count, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                    o_.iters);
+  if (o_.check) result.wrong = checkOnce(op, type, redop, count, inPlace);
+  return result;
+}
+
+Result Bench::resultOf(Op op, chorusDataType_t type, size_t count, double seconds, int iters) {
+  Result result;
+  double mine = seconds / std::max(1, iters), sum = 0;
   call("allreduce of times", chorusAllReduce(&mine, &sum, 1, chorusFloat64, chorusSum, comm_, nullptr));
   const double avgSeconds = sum / nranks_;  // nccl-tests reports the rank average
   const size_t size = chorusTypeSize(type);
@@ -409,8 +423,48 @@ Result Bench::measure(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t 
   result.timeUs = avgSeconds * 1e6;
   result.algbw = avgSeconds > 0 ? static_cast<double>(bytes) / 1e9 / avgSeconds : 0;
   result.busbw = result.algbw * busFactor(op);
-  if (o_.check) result.wrong = checkOnce(op, type, redop, count, inPlace);
   return result;
+}
+
+std::vector<std::pair<Result, Result>> Bench::measureInTurns(const char* opName, Op op,
+                                                             const std::vector<std::string>& algos,
+                                                             chorusDataType_t type, chorusRedOp_t redop, size_t count) {
+  auto use = [&](const std::string& algo) {
+    call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, (std::string(opName) + ":" + algo).c_str()));
+  };
+  for (const std::string& algo : algos) {  // every one warmed up before any is timed
+    use(algo);
+    for (bool inPlace : {false, true}) {
+      fillInputs(op, type, redop, count, inPlace);
+      for (int i = 0; i < o_.warmup; ++i) once(op, type, redop, count, inPlace);
+    }
+  }
+  std::vector<double> seconds(2 * algos.size(), 0);  // [2a]: out of place, [2a + 1]: in place
+  const int turns = std::min(o_.turns, o_.iters);
+  for (int t = 0; t < turns; ++t) {
+    const int iters = o_.iters * (t + 1) / turns - o_.iters * t / turns;
+    for (size_t a = 0; a < algos.size(); ++a) {
+      use(algos[a]);
+      for (int side = 0; side < 2; ++side) {
+        call("barrier", chorusBarrier(comm_, nullptr));
+        const auto start = std::chrono::steady_clock::now();
+        for (int i = 0; i < iters; ++i) once(op, type, redop, count, side == 1);
+        seconds[2 * a + side] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
+    }
+  }
+  std::vector<std::pair<Result, Result>> results;
+  for (size_t a = 0; a < algos.size(); ++a) {
+    Result outOfPlace = resultOf(op, type, count, seconds[2 * a], o_.iters);
+    Result inPlace = resultOf(op, type, count, seconds[2 * a + 1], o_.iters);
+    if (o_.check) {
+      use(algos[a]);
+      outOfPlace.wrong = checkOnce(op, type, redop, count, false);
+      inPlace.wrong = checkOnce(op, type, redop, count, true);
+    }
+    results.push_back({outOfPlace, inPlace});
+  }
+  return results;
 }
 
 int Bench::run() {
@@ -498,13 +552,18 @@ int Bench::run() {
         size_t count = opInfo->op == Op::kBarrier ? 0 : bytes / size;
         if (spreads(opInfo->op)) count /= n;
         const size_t shownBytes = spreads(opInfo->op) ? count * n * size : count * size;
-        for (const std::string& algo : algos) {
-          if (!algo.empty()) {
+        std::vector<std::pair<Result, Result>> inTurns;
+        if (o_.turns > 1 && algos.size() > 1) {
+          inTurns = measureInTurns(opInfo->name, opInfo->op, algos, type, redop, count);
+        }
+        for (size_t a = 0; a < algos.size(); ++a) {
+          const std::string& algo = algos[a];
+          if (!algo.empty() && inTurns.empty()) {
             call("chorusCommSetAlgorithms",
                  chorusCommSetAlgorithms(comm_, (std::string(opInfo->name) + ":" + algo).c_str()));
           }
-          const Result outOfPlace = measure(opInfo->op, type, redop, count, false);
-          const Result inPlace = measure(opInfo->op, type, redop, count, true);
+          const Result outOfPlace = inTurns.empty() ? measure(opInfo->op, type, redop, count, false) : inTurns[a].first;
+          const Result inPlace = inTurns.empty() ? measure(opInfo->op, type, redop, count, true) : inTurns[a].second;
           totalWrong += outOfPlace.wrong + inPlace.wrong;
           busbwSum += outOfPlace.busbw + inPlace.busbw;
           busbwCount += 2;
@@ -542,9 +601,10 @@ int Bench::run() {
     std::printf("# Avg bus bandwidth    : %g \n#\n", avgBusbw);
     std::fflush(stdout);
     if (!o_.json.empty()) {
-      nlohmann::json doc = {{"tool", "collbench"},       {"op", opInfo->name},         {"nranks", nranks_},
-                            {"iters", o_.iters},         {"warmup", o_.warmup},        {"check", o_.check},
-                            {"wrong_total", totalWrong}, {"avg_busbw_GBps", avgBusbw}, {"rows", rows}};
+      nlohmann::json doc = {{"tool", "collbench"}, {"op", opInfo->name},        {"nranks", nranks_},
+                            {"iters", o_.iters},   {"turns", o_.turns},         {"warmup", o_.warmup},
+                            {"check", o_.check},   {"wrong_total", totalWrong}, {"avg_busbw_GBps", avgBusbw},
+                            {"rows", rows}};
       std::ofstream out(o_.json);
       out << doc.dump(2) << "\n";
       if (!out) {
@@ -851,6 +911,11 @@ int main(int argc, char** argv) {
   app.add_option("-i,--stepbytes", o.stepBytesText, "add this many bytes between rows (when -f is not given)")
       ->capture_default_str();
   app.add_option("-n,--iters", o.iters, "timed iterations per row")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--turns", o.turns,
+                 "with several --algo: split each one's -n iterations into this many blocks, timed round robin, "
+                 "so the machine's drift falls on all of them alike")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("-w,--warmup_iters", o.warmup, "untimed iterations first")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);

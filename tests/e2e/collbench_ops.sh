@@ -17,4 +17,18 @@ for op in allreduce allgather reducescatter broadcast reduce alltoall; do
   [ "$algos" -ge 2 ] || fail "--algo all ran $algos algorithm(s) for $op"
   [ "$rows" = $((sizes * algos)) ] || fail "--algo all printed $rows rows for $sizes sizes x $algos algorithms"
 done
+# Timed in turns: the same rows, every result still checked, the turns recorded.
+run_clean "$collbench" -g 3 --op allreduce -b 1K -e 64K -f 64 -n 6 -w 1 -c 1 --algo all --turns 3 \
+  --json "$work/turns.json" | tee "$work/turns.txt"
+python3 - "$work/turns.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+rows = doc["rows"]
+algos = {r["algo"] for r in rows}
+assert len(algos) >= 4 and len(rows) == 2 * len(algos), (algos, len(rows))
+assert all(r["out_of_place"]["time_us"] > 0 and r["in_place"]["time_us"] > 0 for r in rows), rows
+assert all(r["out_of_place"]["wrong"] == 0 and r["in_place"]["wrong"] == 0 for r in rows), rows
+print("turns ok:", sorted(algos))
+PY
+grep -q '"turns": 3' "$work/turns.json" || fail "--turns not recorded in the JSON"
 if "$collbench" -g 2 --op allgather --algo tree >/dev/null 2>&1; then fail "an inapplicable --algo was accepted"; fi
