@@ -157,6 +157,14 @@ struct Result {
   uint64_t wrong = 0;
 };
 
+// Writes the --json document; false (with the reason on stderr) when the file cannot be written.
+bool writeJson(const std::string& path, const nlohmann::json& doc) {
+  std::ofstream out(path);
+  out << doc.dump(2) << "\n";
+  if (!out) std::fprintf(stderr, "collbench: cannot write %s\n", path.c_str());
+  return static_cast<bool>(out);
+}
+
 // nccl-tests' column header, with an algo column after root when algorithms are named.
 void printColumnHeader(bool algoColumn) {
   auto line = [&](const char* a, const char* b, const char* c, const char* d, const char* e, const char* algo,
@@ -524,11 +532,8 @@ int Bench::run() {
       return 2;
     }
     algos.clear();
-    const std::string all = o_.algo == "all" ? names : o_.algo;
-    for (size_t start = 0; start <= all.size();) {
-      const size_t end = std::min(all.find(',', start), all.size());
-      if (end > start) algos.push_back(all.substr(start, end - start));
-      start = end + 1;
+    for (const std::string& name : chorus::collectives::splitCommas(o_.algo == "all" ? names : o_.algo)) {
+      if (!name.empty()) algos.push_back(name);
     }
     for (const std::string& algo : algos) {
       const std::string spec = std::string(opInfo->name) + ":" + algo;
@@ -605,12 +610,7 @@ int Bench::run() {
                             {"iters", o_.iters},   {"turns", o_.turns},         {"warmup", o_.warmup},
                             {"check", o_.check},   {"wrong_total", totalWrong}, {"avg_busbw_GBps", avgBusbw},
                             {"rows", rows}};
-      std::ofstream out(o_.json);
-      out << doc.dump(2) << "\n";
-      if (!out) {
-        std::fprintf(stderr, "collbench: cannot write %s\n", o_.json.c_str());
-        return 2;
-      }
+      if (!writeJson(o_.json, doc)) return 2;
     }
   }
   return totalWrong == 0 ? 0 : 1;
@@ -769,21 +769,17 @@ int simulateSweep(const Options& o) {
     if (o.algo == "all") {
       algos = cc::algorithmsFor(collective);
     } else {
-      for (size_t start = 0; start <= o.algo.size();) {
-        const size_t end = std::min(o.algo.find(',', start), o.algo.size());
-        const std::string name = o.algo.substr(start, end - start);
+      for (const std::string& name : cc::splitCommas(o.algo)) {
         cc::Algorithm a{};
-        if (!name.empty()) {
-          if (name == "default") {
-            a = cc::Algorithm::kDefault;
-          } else if (!cc::parseAlgorithm(name, &a) || !cc::appliesTo(a, collective)) {
-            std::fprintf(stderr, "collbench --simulate: --algo %s does not apply to %s (it has: %s)\n", name.c_str(),
-                         o.op.c_str(), chorusAlgorithmNames(o.op.c_str()));
-            return 2;
-          }
-          algos.push_back(a);
+        if (name.empty()) continue;
+        if (name == "default") {
+          a = cc::Algorithm::kDefault;
+        } else if (!cc::parseAlgorithm(name, &a) || !cc::appliesTo(a, collective)) {
+          std::fprintf(stderr, "collbench --simulate: --algo %s does not apply to %s (it has: %s)\n", name.c_str(),
+                       o.op.c_str(), chorusAlgorithmNames(o.op.c_str()));
+          return 2;
         }
-        start = end + 1;
+        algos.push_back(a);
       }
     }
   }
@@ -876,12 +872,7 @@ int simulateSweep(const Options& o) {
   if (!o.json.empty()) {
     const nlohmann::json doc = {
         {"tool", "collbench"}, {"simulated", true}, {"op", opInfo->name}, {"nranks", n}, {"rows", rows}};
-    std::ofstream out(o.json);
-    out << doc.dump(2) << "\n";
-    if (!out) {
-      std::fprintf(stderr, "collbench: cannot write %s\n", o.json.c_str());
-      return 2;
-    }
+    if (!writeJson(o.json, doc)) return 2;
   }
   return failures == 0 ? 0 : 1;
 }

@@ -1,6 +1,7 @@
 // algorithm.cc: the table of algorithms per collective, and the dispatch to their builders.
 #include "src/collectives/algorithm.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace chorus::collectives {
@@ -117,14 +118,19 @@ bool appliesTo(Algorithm algorithm, Collective collective) {
   return algorithm == Algorithm::kDefault || find(collective, algorithm) != nullptr;
 }
 
+std::vector<std::string> splitCommas(const std::string& text) {
+  std::vector<std::string> items;
+  for (size_t start = 0;;) {
+    const size_t end = std::min(text.find(',', start), text.size());
+    items.push_back(text.substr(start, end - start));
+    if (end == text.size()) return items;
+    start = end + 1;
+  }
+}
+
 AlgorithmOverrides parseAlgorithmOverrides(const std::string& text) {
   AlgorithmOverrides overrides;
-  size_t start = 0;
-  while (start < text.size()) {
-    size_t end = text.find(',', start);
-    if (end == std::string::npos) end = text.size();
-    const std::string item = text.substr(start, end - start);
-    start = end + 1;
+  for (const std::string& item : splitCommas(text)) {
     if (item.empty()) continue;
     const size_t colon = item.find(':');
     Collective collective;
@@ -169,12 +175,7 @@ Schedule buildSchedule(const ScheduleArgs& args) {
 
 std::vector<int> parseRankOrder(const std::string& text) {
   std::vector<int> order;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t end = text.find(',', start);
-    if (end == std::string::npos) end = text.size();
-    const std::string item = text.substr(start, end - start);
-    start = end + 1;
+  for (const std::string& item : splitCommas(text)) {
     size_t used = 0;
     int rank = -1;
     try {

@@ -22,6 +22,9 @@ bool parseCollective(const std::string& text, Collective* out);
 const std::vector<Algorithm>& algorithmsFor(Collective collective);
 bool appliesTo(Algorithm algorithm, Collective collective);
 
+// The items of a comma-separated list, empty ones included ("a,,b" -> a, "", b; "" -> one "").
+std::vector<std::string> splitCommas(const std::string& text);
+
 // Per-collective overrides from text like "allreduce:ring,allgather:bruck,reduce:default": the
 // algorithm of each collective named (kDefault for "default"), nothing for the others. Throws
 // std::invalid_argument naming the bad entry.

@@ -552,6 +552,12 @@ TEST(ScheduleShapeTest, RingAllReduceSendsTwiceNMinusOneOverNOfTheBuffer) {
   EXPECT_EQ(sent, 2 * (n - 1) * (count / n) * 4);
 }
 
+TEST(AlgorithmTest, CommaListsSplitKeepingEmptyItems) {
+  EXPECT_EQ(splitCommas("a,,b"), (std::vector<std::string>{"a", "", "b"}));
+  EXPECT_EQ(splitCommas(""), (std::vector<std::string>{""}));
+  EXPECT_EQ(splitCommas("ring,"), (std::vector<std::string>{"ring", ""}));
+}
+
 TEST(AlgorithmTest, RankOrdersParseAndBadOnesAreNamed) {
   EXPECT_EQ(parseRankOrder("2,0,1"), (std::vector<int>{2, 0, 1}));
   EXPECT_EQ(parseRankOrder("0"), (std::vector<int>{0}));
