@@ -4,12 +4,14 @@
 // `collbench -g 4 ...` forks 4 local ranks itself; under `mpiexec -n 4 collbench ...` or
 // `chorusrun -n 4 collbench ...` every process is one rank (chorusCommInitFromEnv).
 #include <chorus/chorus.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -99,6 +101,7 @@ struct Options {
   int blocking = 1;
   std::string op = "allreduce";
   int localRanks = 1;
+  std::string bind = "none";  // forked ranks: "core" pins rank r to the r-th allowed CPU, round robin
   std::string json;
   std::string algo;
   std::string calibrate;
@@ -106,6 +109,48 @@ struct Options {
   int ranksPerHost = 0;
   bool injectWrong = false;
 };
+
+// The CPUs this process may run on, ascending (empty if the kernel will not say).
+std::vector<int> allowedCpuList() {
+  cpu_set_t allowed;
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+// The same as text: "0-3", "0,2", "5".
+std::string allowedCpus() {
+  const std::vector<int> cpus = allowedCpuList();
+  std::string text;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    text += (text.empty() ? "" : ",") + std::to_string(cpus[i]) + (j > i ? "-" + std::to_string(cpus[j]) : "");
+    i = j + 1;
+  }
+  return text.empty() ? "?" : text;
+}
+
+// Pins this process to the rank-th CPU of those it may run on (round robin when ranks outnumber them).
+bool bindToCore(int rank) {
+  const std::vector<int> cpus = allowedCpuList();
+  if (cpus.empty()) {
+    std::perror("collbench: sched_getaffinity");
+    return false;
+  }
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  const int cpu = cpus[static_cast<size_t>(rank) % cpus.size()];
+  CPU_SET(cpu, &one);
+  if (sched_setaffinity(0, sizeof(one), &one) != 0) {
+    std::fprintf(stderr, "collbench rank %d: cannot bind to CPU %d: %s\n", rank, cpu, std::strerror(errno));
+    return false;
+  }
+  return true;
+}
 
 size_t parseBytes(const std::string& text) {
   char* end = nullptr;
@@ -225,6 +270,7 @@ class Bench {
   int run();
   // Measures the tuner's cost parameters and writes them as a tuning file (rank 0).
   int calibrate(const std::string& path);
+  std::string calibrateCorrections(const chorus::collectives::CostParams& fitted, const std::string& prefix);
 
  private:
   void die(const char* what, chorusResult_t result) {
@@ -510,14 +556,16 @@ int Bench::run() {
   struct RankLine {
     int32_t pid;
     char host[60];
-  } mine{static_cast<int32_t>(getpid()), {}};
+    char cpus[64];
+  } mine{static_cast<int32_t>(getpid()), {}, {}};
   std::memcpy(mine.host, host, sizeof(mine.host) - 1);
+  std::snprintf(mine.cpus, sizeof(mine.cpus), "%s", allowedCpus().c_str());
   std::vector<RankLine> lines(static_cast<size_t>(nranks_));
   call("allgather of rank lines", chorusAllGather(&mine, lines.data(), sizeof(RankLine), chorusUint8, comm_, nullptr));
   if (print) {
     const char* transport = std::getenv("CHORUS_TRANSPORT");
     for (int r = 0; r < nranks_; ++r) {
-      std::printf("#  Rank %3d Pid %7d on %10s transport %s\n", r, lines[r].pid, lines[r].host,
+      std::printf("#  Rank %3d Pid %7d on %10s cpus %s transport %s\n", r, lines[r].pid, lines[r].host, lines[r].cpus,
                   transport ? transport : "auto");
     }
   }
@@ -694,21 +742,116 @@ int Bench::calibrate(const std::string& path) {
   const double bytes = static_cast<double>(count * sizeof(float));
   const char* transport = std::getenv("CHORUS_TRANSPORT");
   const bool tcp = transport != nullptr && std::string(transport) == "tcp";
+  namespace cc = chorus::collectives;
+  cc::CostParams fitted = cc::defaultCostParams(tcp);
+  fitted.alphaUs = alphaUs;
+  fitted.betaUsPerByte = 1e-3 / betaGBps;
+  fitted.gammaUsPerByte = reduceUs / bytes;
+  fitted.copyUsPerByte = copyUs / bytes;
+  fitted.overheadUs = overheadUs;
+  const std::string prefix = tcp ? "tcp" : "shm";
+  std::string text =
+      "# collbench --calibrate, " + std::to_string(nranks_) +
+      " ranks (barriers, all-to-all, ring shift, all ranks busy)\n" + prefix + " alpha_us=" + std::to_string(alphaUs) +
+      " beta_GBps=" + std::to_string(betaGBps) + " gamma_GBps=" + std::to_string(bytes / reduceUs / 1e3) +
+      " copy_GBps=" + std::to_string(bytes / copyUs / 1e3) + " overhead_us=" + std::to_string(overheadUs) + "\n";
+  text += calibrateCorrections(fitted, prefix);
   if (rank_ == 0) {
-    const std::string line =
-        std::string(tcp ? "tcp" : "shm") + " alpha_us=" + std::to_string(alphaUs) +
-        " beta_GBps=" + std::to_string(betaGBps) + " gamma_GBps=" + std::to_string(bytes / reduceUs / 1e3) +
-        " copy_GBps=" + std::to_string(bytes / copyUs / 1e3) + " overhead_us=" + std::to_string(overheadUs);
     std::ofstream out(path, std::ios::app);
-    out << "# collbench --calibrate, " << nranks_ << " ranks (barriers, all-to-all, ring shift, all ranks busy)\n"
-        << line << "\n";
+    out << text;
     if (!out) {
       std::fprintf(stderr, "collbench: cannot write %s\n", path.c_str());
       return 2;
     }
-    std::printf("# calibrated (appended to %s): %s\n", path.c_str(), line.c_str());
+    std::printf("# calibrated (appended to %s):\n%s", path.c_str(), text.c_str());
   }
   return 0;
+}
+
+// Each algorithm of each collective that has a choice, timed at sizes 8x apart (turn by turn,
+// the median of the turns, averaged over the ranks): its correction is measured time over the
+// formula's at each size. Returns the tuning file lines, one per algorithm.
+std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& fitted, const std::string& prefix) {
+  namespace cc = chorus::collectives;
+  using Clock = std::chrono::steady_clock;
+  // The communicator picks a forced algorithm's chunk from the model it loaded: the formula is
+  // evaluated at that chunk.
+  const bool tcp = prefix == "tcp";
+  cc::CostParams inUse = cc::defaultCostParams(tcp);
+  if (const char* file = std::getenv("CHORUS_TUNING_FILE"); file != nullptr && *file != '\0') {
+    inUse = cc::loadCostParams(file, tcp, inUse);
+  }
+  std::vector<size_t> sizes;
+  for (size_t bytes = 128; bytes <= (size_t{32} << 20); bytes *= 8) sizes.push_back(bytes);
+  constexpr int kTurns = 7;
+  constexpr double kBlockUs = 10000;  // each block at least this long, or one call
+  std::string lines = "# corrections: measured time / formula's time per size, all ranks busy\n";
+  const size_t n = static_cast<size_t>(nranks_);
+  for (cc::Collective collective :
+       {cc::Collective::kAllReduce, cc::Collective::kAllGather, cc::Collective::kReduceScatter,
+        cc::Collective::kAllToAll, cc::Collective::kBroadcast, cc::Collective::kReduce}) {
+    const char* name = cc::collectiveName(collective);
+    const OpInfo* info = findOp(name);
+    const auto& algorithms = cc::algorithmsFor(collective);
+    auto use = [&](cc::Algorithm algorithm) {
+      const std::string spec = std::string(name) + ":" + cc::algorithmName(algorithm);
+      call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, spec.c_str()));
+    };
+    // Elements per call at each size (ops over n blocks split it over the ranks); sizes too small
+    // for one element per rank are left out.
+    std::vector<size_t> counts;
+    for (size_t bytes : sizes) {
+      const size_t count = bytes / sizeof(float) / (spreads(info->op) ? n : 1);
+      if (count > 0) counts.push_back(count);
+    }
+    std::vector<double> medians;  // [s * algorithms + a]: per-call microseconds over this rank's turns
+    for (size_t count : counts) {
+      fillInputs(info->op, chorusFloat32, chorusSum, count, false);
+      // One untimed call each, which also sizes the blocks (rank 0's word, so all ranks agree).
+      std::vector<int> calls(algorithms.size(), 1);
+      for (size_t a = 0; a < algorithms.size(); ++a) {
+        use(algorithms[a]);
+        call("barrier", chorusBarrier(comm_, nullptr));
+        const auto start = Clock::now();
+        once(info->op, chorusFloat32, chorusSum, count, false);
+        const double us = std::chrono::duration<double>(Clock::now() - start).count() * 1e6;
+        calls[a] = static_cast<int>(std::clamp(kBlockUs / std::max(us, 1.0), 1.0, 1000.0));
+      }
+      call("broadcast", chorusBroadcast(calls.data(), calls.data(), calls.size(), chorusInt32, 0, comm_, nullptr));
+      std::vector<std::vector<double>> turns(algorithms.size());
+      for (int t = 0; t < kTurns; ++t) {
+        for (size_t a = 0; a < algorithms.size(); ++a) {
+          use(algorithms[a]);
+          call("barrier", chorusBarrier(comm_, nullptr));
+          const auto start = Clock::now();
+          for (int i = 0; i < calls[a]; ++i) once(info->op, chorusFloat32, chorusSum, count, false);
+          turns[a].push_back(std::chrono::duration<double>(Clock::now() - start).count() * 1e6 / calls[a]);
+        }
+      }
+      for (auto& samples : turns) {
+        std::nth_element(samples.begin(), samples.begin() + kTurns / 2, samples.end());
+        medians.push_back(samples[kTurns / 2] / nranks_);
+      }
+    }
+    call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, (std::string(name) + ":default").c_str()));
+    call("allreduce",
+         chorusAllReduce(medians.data(), medians.data(), medians.size(), chorusFloat64, chorusSum, comm_, nullptr));
+    for (size_t a = 0; a < algorithms.size(); ++a) {
+      std::string bytesList, factorList;
+      for (size_t s = 0; s < counts.size(); ++s) {
+        const size_t bytes = counts[s] * sizeof(float) * (spreads(info->op) ? n : 1);
+        const size_t chunk = cc::chooseChunkBytes(collective, algorithms[a], nranks_, bytes, inUse);
+        const double formula = cc::formulaUs(collective, algorithms[a], nranks_, bytes, chunk, fitted);
+        char factor[32];
+        std::snprintf(factor, sizeof(factor), "%.3f", medians[s * algorithms.size() + a] / formula);
+        bytesList += (s ? "," : "") + std::to_string(bytes);
+        factorList += (s ? "," : "") + std::string(factor);
+      }
+      lines += prefix + " " + name + ":" + cc::algorithmName(algorithms[a]) + " ranks=" + std::to_string(nranks_) +
+               " bytes=" + bytesList + " factors=" + factorList + "\n";
+    }
+  }
+  return lines;
 }
 
 // --simulate: no ranks are started. Each row's time is the timing simulator's prediction for
@@ -923,6 +1066,11 @@ int main(int argc, char** argv) {
                  "ranks to start on this machine (forked); ignored under mpiexec or chorusrun")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--bind", o.bind,
+                 "forked ranks: none, or core (rank r runs only on the r-th CPU this process may use, round robin, "
+                 "as mpiexec -bind-to core places them)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "core"}));
   app.add_option("--json", o.json, "write every row to this JSON file");
   app.add_option("--calibrate", o.calibrate,
                  "measure the tuner's cost parameters (ring shifts and local reduce and copy, all ranks at once) and "
@@ -982,6 +1130,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (pid == 0) {
+      if (o.bind == "core" && !bindToCore(rank)) _exit(2);
       chorusComm_t comm = nullptr;
       if (chorusCommInitRank(&comm, o.localRanks, id, rank) != chorusSuccess) {
         std::fprintf(stderr, "collbench rank %d: init failed: %s\n", rank, chorusGetLastError(nullptr));

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -28,9 +29,66 @@ CostParams defaultCostParams(bool network) {
   return p;
 }
 
+namespace {
+
+// "allreduce:ring ranks=4 bytes=1024,65536 factors=0.9,1.3" (after the transport word).
+void readCorrection(const std::string& name, std::istringstream& words, const std::string& where, CostParams* params) {
+  const size_t colon = name.find(':');
+  Collective collective{};
+  Algorithm algorithm{};
+  if (colon == std::string::npos || !parseCollective(name.substr(0, colon), &collective) ||
+      !parseAlgorithm(name.substr(colon + 1), &algorithm) || !appliesTo(algorithm, collective)) {
+    throw std::invalid_argument(where + ": '" + name +
+                                "' is neither key=value nor collective:algorithm (as allreduce:ring)");
+  }
+  Correction correction;
+  std::string item;
+  auto numbers = [&](const std::string& text) {
+    std::vector<double> values;
+    for (const std::string& word : splitCommas(text)) {
+      char* end = nullptr;
+      const double value = std::strtod(word.c_str(), &end);
+      if (word.empty() || *end != '\0' || !(value > 0) || !std::isfinite(value)) {
+        throw std::invalid_argument(where + ": '" + word + "' in '" + item + "' is not a positive number");
+      }
+      values.push_back(value);
+    }
+    return values;
+  };
+  while (words >> item) {
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (key == "ranks") {
+      const std::vector<double> ranks = numbers(value);
+      if (ranks.size() != 1 || ranks[0] != std::floor(ranks[0])) {
+        throw std::invalid_argument(where + ": '" + item + "' is not one whole number of ranks");
+      }
+      correction.nranks = static_cast<int>(ranks[0]);
+    } else if (key == "bytes") {
+      correction.bytes = numbers(value);
+    } else if (key == "factors") {
+      correction.factors = numbers(value);
+    } else {
+      throw std::invalid_argument(where + ": unknown key '" + key + "' for " + name + " (ranks, bytes, factors)");
+    }
+  }
+  if (correction.nranks == 0 || correction.bytes.empty() || correction.bytes.size() != correction.factors.size() ||
+      !std::is_sorted(correction.bytes.begin(), correction.bytes.end()) ||
+      std::adjacent_find(correction.bytes.begin(), correction.bytes.end()) != correction.bytes.end()) {
+    throw std::invalid_argument(
+        where + ": " + name + " needs ranks=N, bytes= in ascending order and as many factors= (" +
+        std::to_string(correction.bytes.size()) + " sizes, " + std::to_string(correction.factors.size()) + " factors)");
+  }
+  params->correction(collective, algorithm) = std::move(correction);
+}
+
+}  // namespace
+
 CostParams loadCostParams(const std::string& path, bool network, CostParams base) {
   std::ifstream in(path);
   if (!in) throw std::invalid_argument("cannot open tuning file '" + path + "'");
+  auto where = [&](int line) { return path + ":" + std::to_string(line); };
   std::string line;
   int number = 0;
   while (std::getline(in, line)) {
@@ -40,11 +98,16 @@ CostParams loadCostParams(const std::string& path, bool network, CostParams base
     std::string transport;
     if (!(words >> transport)) continue;
     if (transport != "shm" && transport != "tcp") {
-      throw std::invalid_argument(path + ":" + std::to_string(number) + ": '" + transport + "' is not shm or tcp");
+      throw std::invalid_argument(where(number) + ": '" + transport + "' is not shm or tcp");
     }
     if ((transport == "tcp") != network) continue;
     std::string item;
-    while (words >> item) {
+    if (!(words >> item)) continue;
+    if (item.find('=') == std::string::npos) {
+      readCorrection(item, words, where(number), &base);  // "shm allreduce:ring ranks=4 ..."
+      continue;
+    }
+    do {
       const size_t eq = item.find('=');
       double value = -1;
       try {
@@ -54,8 +117,7 @@ CostParams loadCostParams(const std::string& path, bool network, CostParams base
       }
       const std::string key = item.substr(0, eq);
       if (eq == std::string::npos || value <= 0) {
-        throw std::invalid_argument(path + ":" + std::to_string(number) + ": '" + item +
-                                    "' is not key=positive number");
+        throw std::invalid_argument(where(number) + ": '" + item + "' is not key=positive number");
       }
       if (key == "alpha_us") {
         base.alphaUs = value;
@@ -68,15 +130,30 @@ CostParams loadCostParams(const std::string& path, bool network, CostParams base
       } else if (key == "overhead_us") {
         base.overheadUs = value;
       } else {
-        throw std::invalid_argument(path + ":" + std::to_string(number) + ": unknown key '" + key +
+        throw std::invalid_argument(where(number) + ": unknown key '" + key +
                                     "' (alpha_us, beta_GBps, gamma_GBps, copy_GBps, overhead_us)");
       }
-    }
+    } while (words >> item);
   }
   return base;
 }
 
+double Correction::at(int ranks, double size) const {
+  if (ranks != nranks || bytes.empty()) return 1;
+  if (size <= bytes.front()) return factors.front();
+  if (size >= bytes.back()) return factors.back();
+  const size_t hi = static_cast<size_t>(std::upper_bound(bytes.begin(), bytes.end(), size) - bytes.begin());
+  const double t = std::log(size / bytes[hi - 1]) / std::log(bytes[hi] / bytes[hi - 1]);
+  return std::exp((1 - t) * std::log(factors[hi - 1]) + t * std::log(factors[hi]));
+}
+
 double predictUs(Collective collective, Algorithm algorithm, int nranks, size_t bytes, size_t chunkBytes,
+                 const CostParams& params) {
+  return formulaUs(collective, algorithm, nranks, bytes, chunkBytes, params) *
+         params.correction(collective, algorithm).at(nranks, static_cast<double>(bytes));
+}
+
+double formulaUs(Collective collective, Algorithm algorithm, int nranks, size_t bytes, size_t chunkBytes,
                  const CostParams& c) {
   const double n = nranks;
   const double m = static_cast<double>(bytes);

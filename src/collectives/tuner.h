@@ -4,11 +4,26 @@
 // Pure functions; the parameters come from the caller (defaults per transport, or a file).
 #pragma once
 
+#include <array>
 #include <string>
+#include <vector>
 
+#include "src/collectives/algorithm.h"
 #include "src/collectives/schedule.h"
 
 namespace chorus::collectives {
+
+// A measured correction to one algorithm's formula at one rank count, as collbench --calibrate
+// writes it: measured time over predicted time at a few sizes. Between them the factor is
+// interpolated (log factor linear in log size); beyond them the nearest one holds. What the
+// formulas leave out (caches, ranks sharing cores, how well an algorithm's messages overlap)
+// lands here.
+struct Correction {
+  int nranks = 0;             // applies to communicators of this many ranks only (0: to none)
+  std::vector<double> bytes;  // ascending
+  std::vector<double> factors;
+  double at(int ranks, double size) const;  // 1 where it does not apply
+};
 
 struct CostParams {
   double alphaUs = 5;              // per message
@@ -16,20 +31,30 @@ struct CostParams {
   double gammaUsPerByte = 2.5e-4;  // per byte reduced (4 GB/s)
   double copyUsPerByte = 1e-4;     // per byte copied locally (10 GB/s)
   double overheadUs = 1.5;         // per extra message a rank has in flight at once (LogP's o)
+  std::array<std::array<Correction, static_cast<int>(Algorithm::kCount)>, kCollectiveCount> corrections;
+  Correction& correction(Collective c, Algorithm a) { return corrections[static_cast<int>(c)][static_cast<int>(a)]; }
+  const Correction& correction(Collective c, Algorithm a) const {
+    return corrections[static_cast<int>(c)][static_cast<int>(a)];
+  }
 };
 
 // Built-in defaults for shared memory and for TCP.
 CostParams defaultCostParams(bool network);
 
 // Reads "alpha_us=.. beta_GBps=.. gamma_GBps=.. copy_GBps=.. overhead_us=.." for "shm" or "tcp" from a tuning
-// file (lines "shm alpha_us=4 beta_GBps=6 ..."; '#' starts a comment). Keys not given keep
-// `base`. Throws std::invalid_argument naming the file and line on a malformed line.
+// file (lines "shm alpha_us=4 beta_GBps=6 ..."; '#' starts a comment), and corrections from lines
+// "shm allreduce:ring ranks=4 bytes=1024,65536 factors=0.9,1.3". Keys not given keep `base`; a
+// later line wins over an earlier one. Throws std::invalid_argument naming the file and line on a
+// malformed line.
 CostParams loadCostParams(const std::string& path, bool network, CostParams base);
 
-// Predicted time of one call, in microseconds. bytes as the collective's user sees it: the
-// buffer for all-reduce, broadcast and reduce; the whole n-block buffer for all-gather,
-// reduce-scatter, all-to-all, gather and scatter.
+// Predicted time of one call, in microseconds: the algorithm's formula times its correction.
+// bytes as the collective's user sees it: the buffer for all-reduce, broadcast and reduce; the
+// whole n-block buffer for all-gather, reduce-scatter, all-to-all, gather and scatter.
 double predictUs(Collective collective, Algorithm algorithm, int nranks, size_t bytes, size_t chunkBytes,
+                 const CostParams& params);
+// The formula alone (what a correction's factors are measured against).
+double formulaUs(Collective collective, Algorithm algorithm, int nranks, size_t bytes, size_t chunkBytes,
                  const CostParams& params);
 
 // The algorithm with the least predicted time among the collective's algorithms, at a given chunk.

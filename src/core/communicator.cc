@@ -159,10 +159,15 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
       fail(chorusInvalidArgument, "rank {}: CHORUS_TUNING_FILE: {}", rank, e.what());
     }
   }
+  int corrected = 0;
+  for (const auto& byAlgorithm : costs_.corrections) {
+    for (const auto& correction : byAlgorithm) corrected += correction.nranks == nranks ? 1 : 0;
+  }
   logAt(LogLevel::kInfo,
-        "rank {}: tuner model ({}): alpha {} us, beta {} GB/s, gamma {} GB/s, copy {} GB/s, overhead {} us", rank,
-        network ? "tcp" : "shm", costs_.alphaUs, 1e-3 / costs_.betaUsPerByte, 1e-3 / costs_.gammaUsPerByte,
-        1e-3 / costs_.copyUsPerByte, costs_.overheadUs);
+        "rank {}: tuner model ({}): alpha {} us, beta {} GB/s, gamma {} GB/s, copy {} GB/s, overhead {} us; "
+        "measured corrections for {} algorithms at {} ranks",
+        rank, network ? "tcp" : "shm", costs_.alphaUs, 1e-3 / costs_.betaUsPerByte, 1e-3 / costs_.gammaUsPerByte,
+        1e-3 / costs_.copyUsPerByte, costs_.overheadUs, corrected, nranks);
 
   std::vector<Transport*> all;
   for (auto& t : transports_) all.push_back(t.get());

@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "src/collectives/algorithm.h"
 
@@ -114,6 +117,74 @@ TEST(TunerTest, TuningFilesAreReadAndBadLinesNamed) {
   }
   std::remove(path);
   EXPECT_THROW(loadCostParams("/nonexistent/tuning", false, CostParams{}), std::invalid_argument);
+}
+
+TEST(TunerTest, CorrectionsInterpolateOnLogScalesAndApplyAtTheirRankCountOnly) {
+  Correction c;
+  c.nranks = 4;
+  c.bytes = {1024, 65536};
+  c.factors = {2, 0.5};
+  EXPECT_DOUBLE_EQ(c.at(4, 8), 2);  // below the first size: the first factor
+  EXPECT_DOUBLE_EQ(c.at(4, 1024), 2);
+  EXPECT_NEAR(c.at(4, 8192), 1, 1e-12);                     // half way in log size: the geometric mean
+  EXPECT_NEAR(c.at(4, 2048), std::pow(2, 4.0 / 6), 1e-12);  // log2 factor 1 - 2*(1/6)
+  EXPECT_DOUBLE_EQ(c.at(4, 65536), 0.5);
+  EXPECT_DOUBLE_EQ(c.at(4, 1e9), 0.5);  // beyond the last: the last
+  EXPECT_DOUBLE_EQ(c.at(8, 8192), 1);   // another rank count: none
+  EXPECT_DOUBLE_EQ(Correction{}.at(0, 8192), 1);
+
+  CostParams params = defaultCostParams(false);
+  const size_t bytes = size_t{64} << 20;
+  const Algorithm plain = chooseAlgorithm(Collective::kAllReduce, 4, bytes, kChunk, params);
+  const double formula = formulaUs(Collective::kAllReduce, plain, 4, bytes, kChunk, params);
+  EXPECT_DOUBLE_EQ(predictUs(Collective::kAllReduce, plain, 4, bytes, kChunk, params), formula);
+  // Measured ten times slower than its formula at 4 ranks: another algorithm is chosen there, and
+  // the same choice as before at 8 ranks.
+  params.correction(Collective::kAllReduce, plain) = {4, {1024, double(bytes)}, {10, 10}};
+  EXPECT_DOUBLE_EQ(predictUs(Collective::kAllReduce, plain, 4, bytes, kChunk, params), 10 * formula);
+  EXPECT_NE(chooseAlgorithm(Collective::kAllReduce, 4, bytes, kChunk, params), plain);
+  EXPECT_EQ(chooseAlgorithm(Collective::kAllReduce, 8, bytes, kChunk, params),
+            chooseAlgorithm(Collective::kAllReduce, 8, bytes, kChunk, defaultCostParams(false)));
+}
+
+TEST(TunerTest, CorrectionLinesAreReadAndBadOnesNamed) {
+  char path[] = "/tmp/chorus-tuning-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  auto load = [&](const std::string& text) {
+    std::ofstream(path) << text;
+    return loadCostParams(path, false, defaultCostParams(false));
+  };
+  const CostParams read = load(
+      "shm alpha_us=3\n"
+      "shm allgather:bruck ranks=4 bytes=128,1024 factors=1.5,0.25\n"
+      "tcp allgather:ring ranks=4 bytes=128 factors=9\n"
+      "shm allgather:bruck ranks=4 bytes=512 factors=0.75  # a later line wins\n");
+  const Correction& bruck = read.correction(Collective::kAllGather, Algorithm::kBruck);
+  EXPECT_EQ(bruck.nranks, 4);
+  EXPECT_EQ(bruck.bytes, std::vector<double>{512});
+  EXPECT_EQ(bruck.factors, std::vector<double>{0.75});
+  EXPECT_EQ(read.correction(Collective::kAllGather, Algorithm::kRing).nranks, 0);  // a tcp line
+  const std::pair<const char*, const char*> bad[] = {
+      {"shm allgather:tree ranks=4 bytes=1 factors=1\n", "allgather:tree"},  // not an all-gather algorithm
+      {"shm allreduce:ring ranks=4 bytes=64,8 factors=1,1\n", "ascending"},
+      {"shm allreduce:ring ranks=4 bytes=8,64 factors=1\n", "(2 sizes, 1 factors)"},
+      {"shm allreduce:ring bytes=8 factors=1\n", "ranks=N"},
+      {"shm allreduce:ring ranks=2.5 bytes=8 factors=1\n", "whole number"},
+      {"shm allreduce:ring ranks=4 bytes=8 factors=-1\n", "'-1'"},
+      {"shm allreduce:ring ranks=4 bytes=8 factors=1 speed=2\n", "unknown key 'speed'"},
+  };
+  for (const auto& [text, named] : bad) {
+    try {
+      load(std::string("shm alpha_us=3\n") + text);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(":2: "), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+    }
+  }
+  std::remove(path);
 }
 
 }  // namespace
