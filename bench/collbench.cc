@@ -200,6 +200,7 @@ struct Result {
   double algbw = 0;
   double busbw = 0;
   uint64_t wrong = 0;
+  std::vector<double> turnUs;  // --turns: this rank's microseconds per call in each turn
 };
 
 // Writes the --json document; false (with the reason on stderr) when the file cannot be written.
@@ -494,6 +495,7 @@ std::vector<std::pair<Result, Result>> Bench::measureInTurns(const char* opName,
     }
   }
   std::vector<double> seconds(2 * algos.size(), 0);  // [2a]: out of place, [2a + 1]: in place
+  std::vector<std::vector<double>> turnUs(2 * algos.size());
   const int turns = std::min(o_.turns, o_.iters);
   for (int t = 0; t < turns; ++t) {
     const int iters = o_.iters * (t + 1) / turns - o_.iters * t / turns;
@@ -503,7 +505,9 @@ std::vector<std::pair<Result, Result>> Bench::measureInTurns(const char* opName,
         call("barrier", chorusBarrier(comm_, nullptr));
         const auto start = std::chrono::steady_clock::now();
         for (int i = 0; i < iters; ++i) once(op, type, redop, count, side == 1);
-        seconds[2 * a + side] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        seconds[2 * a + side] += elapsed;
+        turnUs[2 * a + side].push_back(elapsed * 1e6 / iters);
       }
     }
   }
@@ -511,6 +515,14 @@ std::vector<std::pair<Result, Result>> Bench::measureInTurns(const char* opName,
   for (size_t a = 0; a < algos.size(); ++a) {
     Result outOfPlace = resultOf(op, type, count, seconds[2 * a], o_.iters);
     Result inPlace = resultOf(op, type, count, seconds[2 * a + 1], o_.iters);
+    for (int side = 0; side < 2; ++side) {  // averaged over the ranks, as the row's time
+      std::vector<double>& mine = turnUs[2 * a + side];
+      std::vector<double> sum(mine.size());
+      call("allreduce of turn times",
+           chorusAllReduce(mine.data(), sum.data(), mine.size(), chorusFloat64, chorusSum, comm_, nullptr));
+      for (double& us : sum) us /= nranks_;
+      (side == 0 ? outOfPlace : inPlace).turnUs = std::move(sum);
+    }
     if (o_.check) {
       use(algos[a]);
       outOfPlace.wrong = checkOnce(op, type, redop, count, false);
@@ -628,6 +640,7 @@ int Bench::run() {
           auto side = [&](const Result& r) {
             nlohmann::json j = {{"time_us", r.timeUs}, {"algbw_GBps", r.algbw}, {"busbw_GBps", r.busbw}};
             if (o_.check) j["wrong"] = r.wrong;
+            if (!r.turnUs.empty()) j["turn_time_us"] = r.turnUs;
             return j;
           };
           rows.push_back({{"op", opInfo->name},

@@ -28,6 +28,12 @@ algos = {r["algo"] for r in rows}
 assert len(algos) >= 4 and len(rows) == 2 * len(algos), (algos, len(rows))
 assert all(r["out_of_place"]["time_us"] > 0 and r["in_place"]["time_us"] > 0 for r in rows), rows
 assert all(r["out_of_place"]["wrong"] == 0 and r["in_place"]["wrong"] == 0 for r in rows), rows
+# Each turn's time per call (2 of the 6 calls each): their mean is the row's time.
+for r in rows:
+    for side in ("out_of_place", "in_place"):
+        turns = r[side]["turn_time_us"]
+        assert len(turns) == 3 and min(turns) > 0, r
+        assert abs(sum(turns) / 3 - r[side]["time_us"]) <= 1e-6 * r[side]["time_us"], r
 print("turns ok:", sorted(algos))
 PY
 grep -q '"turns": 3' "$work/turns.json" || fail "--turns not recorded in the JSON"
