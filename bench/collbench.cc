@@ -286,10 +286,18 @@ class Bench {
   // Runs the op once; inPlace uses the in-place form.
   void once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
   Result measure(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
-  // --turns: every algorithm's out-of-place and in-place results, timed turn by turn.
+  // Several algorithms timed turn by turn (--turns, and the calibration): algorithm a's iters[a]
+  // calls split over the turns, each turn taking every algorithm in order after all are warmed up.
+  struct TurnPlan {
+    std::vector<int> iters;  // per algorithm, over all turns
+    int turns = 1;
+    int warmup = 0;
+    bool inPlace = true;  // also time the in-place form (else the second results stay empty)
+    bool check = false;
+  };
   std::vector<std::pair<Result, Result>> measureInTurns(const char* opName, Op op,
                                                         const std::vector<std::string>& algos, chorusDataType_t type,
-                                                        chorusRedOp_t redop, size_t count);
+                                                        chorusRedOp_t redop, size_t count, const TurnPlan& plan);
   // The row's columns from this rank's seconds over iters (averaged over the ranks, as nccl-tests).
   Result resultOf(Op op, chorusDataType_t type, size_t count, double seconds, int iters);
   uint64_t checkOnce(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
@@ -483,25 +491,27 @@ Result Bench::resultOf(Op op, chorusDataType_t type, size_t count, double second
 
 std::vector<std::pair<Result, Result>> Bench::measureInTurns(const char* opName, Op op,
                                                              const std::vector<std::string>& algos,
-                                                             chorusDataType_t type, chorusRedOp_t redop, size_t count) {
+                                                             chorusDataType_t type, chorusRedOp_t redop, size_t count,
+                                                             const TurnPlan& plan) {
   auto use = [&](const std::string& algo) {
     call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, (std::string(opName) + ":" + algo).c_str()));
   };
+  const int sides = plan.inPlace ? 2 : 1;
   for (const std::string& algo : algos) {  // every one warmed up before any is timed
     use(algo);
-    for (bool inPlace : {false, true}) {
-      fillInputs(op, type, redop, count, inPlace);
-      for (int i = 0; i < o_.warmup; ++i) once(op, type, redop, count, inPlace);
+    for (int side = 0; side < sides; ++side) {
+      fillInputs(op, type, redop, count, side == 1);
+      for (int i = 0; i < plan.warmup; ++i) once(op, type, redop, count, side == 1);
     }
   }
   std::vector<double> seconds(2 * algos.size(), 0);  // [2a]: out of place, [2a + 1]: in place
   std::vector<std::vector<double>> turnUs(2 * algos.size());
-  const int turns = std::min(o_.turns, o_.iters);
+  const int turns = std::min(plan.turns, *std::min_element(plan.iters.begin(), plan.iters.end()));
   for (int t = 0; t < turns; ++t) {
-    const int iters = o_.iters * (t + 1) / turns - o_.iters * t / turns;
     for (size_t a = 0; a < algos.size(); ++a) {
+      const int iters = plan.iters[a] * (t + 1) / turns - plan.iters[a] * t / turns;
       use(algos[a]);
-      for (int side = 0; side < 2; ++side) {
+      for (int side = 0; side < sides; ++side) {
         call("barrier", chorusBarrier(comm_, nullptr));
         const auto start = std::chrono::steady_clock::now();
         for (int i = 0; i < iters; ++i) once(op, type, redop, count, side == 1);
@@ -511,24 +521,23 @@ std::vector<std::pair<Result, Result>> Bench::measureInTurns(const char* opName,
       }
     }
   }
-  std::vector<std::pair<Result, Result>> results;
+  std::vector<std::pair<Result, Result>> results(algos.size());
   for (size_t a = 0; a < algos.size(); ++a) {
-    Result outOfPlace = resultOf(op, type, count, seconds[2 * a], o_.iters);
-    Result inPlace = resultOf(op, type, count, seconds[2 * a + 1], o_.iters);
-    for (int side = 0; side < 2; ++side) {  // averaged over the ranks, as the row's time
+    for (int side = 0; side < sides; ++side) {
+      Result& result = side == 0 ? results[a].first : results[a].second;
+      result = resultOf(op, type, count, seconds[2 * a + side], plan.iters[a]);
+      // Each turn's time, averaged over the ranks as the row's time is.
       std::vector<double>& mine = turnUs[2 * a + side];
-      std::vector<double> sum(mine.size());
+      result.turnUs.resize(mine.size());
       call("allreduce of turn times",
-           chorusAllReduce(mine.data(), sum.data(), mine.size(), chorusFloat64, chorusSum, comm_, nullptr));
-      for (double& us : sum) us /= nranks_;
-      (side == 0 ? outOfPlace : inPlace).turnUs = std::move(sum);
+           chorusAllReduce(mine.data(), result.turnUs.data(), mine.size(), chorusFloat64, chorusSum, comm_, nullptr));
+      for (double& us : result.turnUs) us /= nranks_;
     }
-    if (o_.check) {
+    if (plan.check) {
       use(algos[a]);
-      outOfPlace.wrong = checkOnce(op, type, redop, count, false);
-      inPlace.wrong = checkOnce(op, type, redop, count, true);
+      results[a].first.wrong = checkOnce(op, type, redop, count, false);
+      if (plan.inPlace) results[a].second.wrong = checkOnce(op, type, redop, count, true);
     }
-    results.push_back({outOfPlace, inPlace});
   }
   return results;
 }
@@ -619,7 +628,8 @@ int Bench::run() {
         const size_t shownBytes = spreads(opInfo->op) ? count * n * size : count * size;
         std::vector<std::pair<Result, Result>> inTurns;
         if (o_.turns > 1 && algos.size() > 1) {
-          inTurns = measureInTurns(opInfo->name, opInfo->op, algos, type, redop, count);
+          const TurnPlan plan{std::vector<int>(algos.size(), o_.iters), o_.turns, o_.warmup, true, o_.check != 0};
+          inTurns = measureInTurns(opInfo->name, opInfo->op, algos, type, redop, count, plan);
         }
         for (size_t a = 0; a < algos.size(); ++a) {
           const std::string& algo = algos[a];
@@ -806,10 +816,8 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
     const char* name = cc::collectiveName(collective);
     const OpInfo* info = findOp(name);
     const auto& algorithms = cc::algorithmsFor(collective);
-    auto use = [&](cc::Algorithm algorithm) {
-      const std::string spec = std::string(name) + ":" + cc::algorithmName(algorithm);
-      call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, spec.c_str()));
-    };
+    std::vector<std::string> names;
+    for (cc::Algorithm algorithm : algorithms) names.push_back(cc::algorithmName(algorithm));
     // Elements per call at each size (ops over n blocks split it over the ranks); sizes too small
     // for one element per rank are left out.
     std::vector<size_t> counts;
@@ -817,13 +825,13 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
       const size_t count = bytes / sizeof(float) / (spreads(info->op) ? n : 1);
       if (count > 0) counts.push_back(count);
     }
-    std::vector<double> medians;  // [s * algorithms + a]: per-call microseconds over this rank's turns
+    std::vector<double> medians;  // [s * algorithms + a]: per-call microseconds, the median turn
     for (size_t count : counts) {
       fillInputs(info->op, chorusFloat32, chorusSum, count, false);
       // One untimed call each, which also sizes the blocks (rank 0's word, so all ranks agree).
       std::vector<int> calls(algorithms.size(), 1);
       for (size_t a = 0; a < algorithms.size(); ++a) {
-        use(algorithms[a]);
+        call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, (std::string(name) + ":" + names[a]).c_str()));
         call("barrier", chorusBarrier(comm_, nullptr));
         const auto start = Clock::now();
         once(info->op, chorusFloat32, chorusSum, count, false);
@@ -831,24 +839,15 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
         calls[a] = static_cast<int>(std::clamp(kBlockUs / std::max(us, 1.0), 1.0, 1000.0));
       }
       call("broadcast", chorusBroadcast(calls.data(), calls.data(), calls.size(), chorusInt32, 0, comm_, nullptr));
-      std::vector<std::vector<double>> turns(algorithms.size());
-      for (int t = 0; t < kTurns; ++t) {
-        for (size_t a = 0; a < algorithms.size(); ++a) {
-          use(algorithms[a]);
-          call("barrier", chorusBarrier(comm_, nullptr));
-          const auto start = Clock::now();
-          for (int i = 0; i < calls[a]; ++i) once(info->op, chorusFloat32, chorusSum, count, false);
-          turns[a].push_back(std::chrono::duration<double>(Clock::now() - start).count() * 1e6 / calls[a]);
-        }
-      }
-      for (auto& samples : turns) {
-        std::nth_element(samples.begin(), samples.begin() + kTurns / 2, samples.end());
-        medians.push_back(samples[kTurns / 2] / nranks_);
+      TurnPlan plan{{}, kTurns, 0, false, false};
+      for (int c : calls) plan.iters.push_back(c * kTurns);
+      for (auto& [outOfPlace, unused] : measureInTurns(name, info->op, names, chorusFloat32, chorusSum, count, plan)) {
+        std::vector<double>& turns = outOfPlace.turnUs;
+        std::nth_element(turns.begin(), turns.begin() + kTurns / 2, turns.end());
+        medians.push_back(turns[kTurns / 2]);
       }
     }
     call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, (std::string(name) + ":default").c_str()));
-    call("allreduce",
-         chorusAllReduce(medians.data(), medians.data(), medians.size(), chorusFloat64, chorusSum, comm_, nullptr));
     for (size_t a = 0; a < algorithms.size(); ++a) {
       std::string bytesList, factorList;
       for (size_t s = 0; s < counts.size(); ++s) {
@@ -857,11 +856,15 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
         const double formula = cc::formulaUs(collective, algorithms[a], nranks_, bytes, chunk, fitted);
         char factor[32];
         std::snprintf(factor, sizeof(factor), "%.3f", medians[s * algorithms.size() + a] / formula);
-        bytesList += (s ? "," : "") + std::to_string(bytes);
-        factorList += (s ? "," : "") + std::string(factor);
+        if (s > 0) {
+          bytesList += ',';
+          factorList += ',';
+        }
+        bytesList += std::to_string(bytes);
+        factorList += factor;
       }
-      lines += prefix + " " + name + ":" + cc::algorithmName(algorithms[a]) + " ranks=" + std::to_string(nranks_) +
-               " bytes=" + bytesList + " factors=" + factorList + "\n";
+      lines += prefix + " " + name + ":" + names[a] + " ranks=" + std::to_string(nranks_) + " bytes=" + bytesList +
+               " factors=" + factorList + "\n";
     }
   }
   return lines;
