@@ -855,7 +855,9 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
         const size_t chunk = cc::chooseChunkBytes(collective, algorithms[a], nranks_, bytes, inUse);
         const double formula = cc::formulaUs(collective, algorithms[a], nranks_, bytes, chunk, fitted);
         char factor[32];
-        std::snprintf(factor, sizeof(factor), "%.3f", medians[s * algorithms.size() + a] / formula);
+        // Significant digits, not decimals: a base fitted in a slow spell can put a factor far
+        // below 0.001, and a factor written as 0 would make the file unreadable.
+        std::snprintf(factor, sizeof(factor), "%.4g", medians[s * algorithms.size() + a] / formula);
         if (s > 0) {
           bytesList += ',';
           factorList += ',';

@@ -21,7 +21,7 @@ for line in open(sys.argv[1]):
     sizes = [int(b) for b in keys["bytes"].split(",")]
     factors = [float(f) for f in keys["factors"].split(",")]
     assert len(sizes) == len(factors) >= 6 and sizes == sorted(sizes), line
-    assert all(0 < f < 100 for f in factors), line
+    assert all(0 < f < 1e6 for f in factors), line  # positive and finite: the reader needs no more
     seen.setdefault(op, set()).add(algo)
 for op, count in expected.items():
     assert len(seen.get(op, ())) == count, f"{op}: corrections for {sorted(seen.get(op, ()))}"

@@ -159,12 +159,14 @@ TEST(TunerTest, CorrectionLinesAreReadAndBadOnesNamed) {
   const CostParams read = load(
       "shm alpha_us=3\n"
       "shm allgather:bruck ranks=4 bytes=128,1024 factors=1.5,0.25\n"
+      "shm allreduce:tree ranks=4 bytes=128,1024 factors=2.5e-05,0.0004\n"  // as %g writes tiny factors
       "tcp allgather:ring ranks=4 bytes=128 factors=9\n"
       "shm allgather:bruck ranks=4 bytes=512 factors=0.75  # a later line wins\n");
   const Correction& bruck = read.correction(Collective::kAllGather, Algorithm::kBruck);
   EXPECT_EQ(bruck.nranks, 4);
   EXPECT_EQ(bruck.bytes, std::vector<double>{512});
   EXPECT_EQ(bruck.factors, std::vector<double>{0.75});
+  EXPECT_EQ(read.correction(Collective::kAllReduce, Algorithm::kTree).factors, (std::vector<double>{2.5e-5, 4e-4}));
   EXPECT_EQ(read.correction(Collective::kAllGather, Algorithm::kRing).nranks, 0);  // a tcp line
   const std::pair<const char*, const char*> bad[] = {
       {"shm allgather:tree ranks=4 bytes=1 factors=1\n", "allgather:tree"},  // not an all-gather algorithm
