@@ -18,7 +18,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -792,8 +794,8 @@ int Bench::calibrate(const std::string& path) {
 }
 
 // Each algorithm of each collective that has a choice, timed at sizes 2x apart (turn by turn,
-// the median of the turns, averaged over the ranks): its correction is measured time over the
-// formula's at each size. Returns the tuning file lines, one per algorithm.
+// averaged over the ranks), in two passes: its correction is the faster pass's time per call
+// over the formula's at each size. Returns the tuning file lines, one per algorithm.
 std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& fitted, const std::string& prefix) {
   namespace cc = chorus::collectives;
   using Clock = std::chrono::steady_clock;
@@ -804,63 +806,88 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
   if (const char* file = std::getenv("CHORUS_TUNING_FILE"); file != nullptr && *file != '\0') {
     inUse = cc::loadCostParams(file, tcp, inUse);
   }
-  std::vector<size_t> sizes;
   // 2x apart: an algorithm's cost bends where its buffers leave L2 or L3, differently for each
   // algorithm, and 8x apart the interpolation stepped over such bends (a 2 MiB all-gather
   // predicted as fast by recursive doubling as by the ring, measured 1.5x slower).
+  std::vector<size_t> sizes;
   for (size_t bytes = 128; bytes <= (size_t{32} << 20); bytes *= 2) sizes.push_back(bytes);
-  constexpr int kTurns = 7;
+  // Two passes, sizes ascending then descending, about half a minute apart at one cell: a slow
+  // spell of the machine (seconds long, and it slows the ring algorithms on ranks that share
+  // cores by 2-3x while others lose little) rarely covers both, and slowness is all that noise
+  // adds, so the faster pass is kept. Within a pass the time per call is the mean over its turns,
+  // not the median: on ranks that share cores the ring's calls have the same median as
+  // Rabenseifner's at 16 MiB but one in ten takes twice as long, which a median hides and a
+  // user's run does not.
+  constexpr int kPasses = 2;
+  constexpr int kTurns = 5;
   constexpr double kBlockUs = 10000;  // each block at least this long, or one call
-  std::string lines = "# corrections: measured time / formula's time per size, all ranks busy\n";
+  const std::vector<cc::Collective> collectives = {cc::Collective::kAllReduce,     cc::Collective::kAllGather,
+                                                   cc::Collective::kReduceScatter, cc::Collective::kAllToAll,
+                                                   cc::Collective::kBroadcast,     cc::Collective::kReduce};
   const size_t n = static_cast<size_t>(nranks_);
-  for (cc::Collective collective :
-       {cc::Collective::kAllReduce, cc::Collective::kAllGather, cc::Collective::kReduceScatter,
-        cc::Collective::kAllToAll, cc::Collective::kBroadcast, cc::Collective::kReduce}) {
-    const char* name = cc::collectiveName(collective);
-    const OpInfo* info = findOp(name);
-    const auto& algorithms = cc::algorithmsFor(collective);
-    std::vector<std::string> names;
-    for (cc::Algorithm algorithm : algorithms) names.push_back(cc::algorithmName(algorithm));
-    // Elements per call at each size (ops over n blocks split it over the ranks); sizes too small
-    // for one element per rank are left out.
+  // Elements per call at each size (ops over n blocks split it over the ranks); sizes too small
+  // for one element per rank are left out.
+  auto countsOf = [&](cc::Collective collective) {
     std::vector<size_t> counts;
     for (size_t bytes : sizes) {
-      const size_t count = bytes / sizeof(float) / (spreads(info->op) ? n : 1);
+      const size_t count = bytes / sizeof(float) / (spreads(findOp(cc::collectiveName(collective))->op) ? n : 1);
       if (count > 0) counts.push_back(count);
     }
-    std::vector<double> medians;  // [s * algorithms + a]: per-call microseconds, the median turn
-    for (size_t count : counts) {
-      fillInputs(info->op, chorusFloat32, chorusSum, count, false);
-      // One untimed call each, which also sizes the blocks (rank 0's word, so all ranks agree).
-      std::vector<int> calls(algorithms.size(), 1);
-      for (size_t a = 0; a < algorithms.size(); ++a) {
-        call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, (std::string(name) + ":" + names[a]).c_str()));
-        call("barrier", chorusBarrier(comm_, nullptr));
-        const auto start = Clock::now();
-        once(info->op, chorusFloat32, chorusSum, count, false);
-        const double us = std::chrono::duration<double>(Clock::now() - start).count() * 1e6;
-        calls[a] = static_cast<int>(std::clamp(kBlockUs / std::max(us, 1.0), 1.0, 1000.0));
+    return counts;
+  };
+  // best[c][s * algorithms + a]: per-call microseconds, the faster pass's median turn.
+  std::vector<std::vector<double>> best(collectives.size());
+  for (int pass = 0; pass < kPasses; ++pass) {
+    for (size_t c = 0; c < collectives.size(); ++c) {
+      const char* name = cc::collectiveName(collectives[c]);
+      const OpInfo* info = findOp(name);
+      const auto& algorithms = cc::algorithmsFor(collectives[c]);
+      std::vector<std::string> names;
+      for (cc::Algorithm algorithm : algorithms) names.push_back(cc::algorithmName(algorithm));
+      const std::vector<size_t> counts = countsOf(collectives[c]);
+      best[c].resize(counts.size() * algorithms.size(), std::numeric_limits<double>::infinity());
+      for (size_t i = 0; i < counts.size(); ++i) {
+        const size_t s = pass % 2 == 0 ? i : counts.size() - 1 - i;
+        fillInputs(info->op, chorusFloat32, chorusSum, counts[s], false);
+        // One untimed call each, which also sizes the blocks (rank 0's word, so all ranks agree).
+        std::vector<int> calls(algorithms.size(), 1);
+        for (size_t a = 0; a < algorithms.size(); ++a) {
+          call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, (std::string(name) + ":" + names[a]).c_str()));
+          call("barrier", chorusBarrier(comm_, nullptr));
+          const auto start = Clock::now();
+          once(info->op, chorusFloat32, chorusSum, counts[s], false);
+          const double us = std::chrono::duration<double>(Clock::now() - start).count() * 1e6;
+          calls[a] = static_cast<int>(std::clamp(kBlockUs / std::max(us, 1.0), 1.0, 1000.0));
+        }
+        call("broadcast", chorusBroadcast(calls.data(), calls.data(), calls.size(), chorusInt32, 0, comm_, nullptr));
+        TurnPlan plan{{}, kTurns, 0, false, false};
+        for (int k : calls) plan.iters.push_back(k * kTurns);
+        const auto results = measureInTurns(name, info->op, names, chorusFloat32, chorusSum, counts[s], plan);
+        for (size_t a = 0; a < algorithms.size(); ++a) {
+          const std::vector<double>& turns = results[a].first.turnUs;
+          double& cell = best[c][s * algorithms.size() + a];
+          cell = std::min(cell, std::accumulate(turns.begin(), turns.end(), 0.0) / turns.size());
+        }
       }
-      call("broadcast", chorusBroadcast(calls.data(), calls.data(), calls.size(), chorusInt32, 0, comm_, nullptr));
-      TurnPlan plan{{}, kTurns, 0, false, false};
-      for (int c : calls) plan.iters.push_back(c * kTurns);
-      for (auto& [outOfPlace, unused] : measureInTurns(name, info->op, names, chorusFloat32, chorusSum, count, plan)) {
-        std::vector<double>& turns = outOfPlace.turnUs;
-        std::nth_element(turns.begin(), turns.begin() + kTurns / 2, turns.end());
-        medians.push_back(turns[kTurns / 2]);
-      }
+      call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, (std::string(name) + ":default").c_str()));
     }
-    call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, (std::string(name) + ":default").c_str()));
+  }
+  std::string lines = "# corrections: measured time / formula's time per size, all ranks busy\n";
+  for (size_t c = 0; c < collectives.size(); ++c) {
+    const char* name = cc::collectiveName(collectives[c]);
+    const bool spread = spreads(findOp(name)->op);
+    const auto& algorithms = cc::algorithmsFor(collectives[c]);
+    const std::vector<size_t> counts = countsOf(collectives[c]);
     for (size_t a = 0; a < algorithms.size(); ++a) {
       std::string bytesList, factorList;
       for (size_t s = 0; s < counts.size(); ++s) {
-        const size_t bytes = counts[s] * sizeof(float) * (spreads(info->op) ? n : 1);
-        const size_t chunk = cc::chooseChunkBytes(collective, algorithms[a], nranks_, bytes, inUse);
-        const double formula = cc::formulaUs(collective, algorithms[a], nranks_, bytes, chunk, fitted);
+        const size_t bytes = counts[s] * sizeof(float) * (spread ? n : 1);
+        const size_t chunk = cc::chooseChunkBytes(collectives[c], algorithms[a], nranks_, bytes, inUse);
+        const double formula = cc::formulaUs(collectives[c], algorithms[a], nranks_, bytes, chunk, fitted);
         char factor[32];
         // Significant digits, not decimals: a base fitted in a slow spell can put a factor far
         // below 0.001, and a factor written as 0 would make the file unreadable.
-        std::snprintf(factor, sizeof(factor), "%.4g", medians[s * algorithms.size() + a] / formula);
+        std::snprintf(factor, sizeof(factor), "%.4g", best[c][s * algorithms.size() + a] / formula);
         if (s > 0) {
           bytesList += ',';
           factorList += ',';
@@ -868,8 +895,8 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
         bytesList += std::to_string(bytes);
         factorList += factor;
       }
-      lines += prefix + " " + name + ":" + names[a] + " ranks=" + std::to_string(nranks_) + " bytes=" + bytesList +
-               " factors=" + factorList + "\n";
+      lines += prefix + " " + name + ":" + cc::algorithmName(algorithms[a]) + " ranks=" + std::to_string(nranks_) +
+               " bytes=" + bytesList + " factors=" + factorList + "\n";
     }
   }
   return lines;
