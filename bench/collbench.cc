@@ -810,7 +810,7 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
   // algorithm, and 8x apart the interpolation stepped over such bends (a 2 MiB all-gather
   // predicted as fast by recursive doubling as by the ring, measured 1.5x slower).
   std::vector<size_t> sizes;
-  for (size_t bytes = 128; bytes <= (size_t{32} << 20); bytes *= 2) sizes.push_back(bytes);
+  for (size_t bytes = 128; bytes <= (size_t{64} << 20); bytes *= 2) sizes.push_back(bytes);
   // Two passes, sizes ascending then descending, about half a minute apart at one cell: a slow
   // spell of the machine (seconds long, and it slows the ring algorithms on ranks that share
   // cores by 2-3x while others lose little) rarely covers both, and slowness is all that noise
