@@ -107,6 +107,8 @@ struct Options {
   std::string json;
   std::string algo;
   std::string calibrate;
+  std::string calibrateUpToText = "64M";
+  size_t calibrateUpTo = 0;  // the calibration's largest size, parsed from calibrateUpToText
   bool simulate = false;
   int ranksPerHost = 0;
   bool injectWrong = false;
@@ -810,7 +812,7 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
   // algorithm, and 8x apart the interpolation stepped over such bends (a 2 MiB all-gather
   // predicted as fast by recursive doubling as by the ring, measured 1.5x slower).
   std::vector<size_t> sizes;
-  for (size_t bytes = 128; bytes <= (size_t{64} << 20); bytes *= 2) sizes.push_back(bytes);
+  for (size_t bytes = 128; bytes <= std::max(o_.calibrateUpTo, size_t{128}); bytes *= 2) sizes.push_back(bytes);
   // Two passes, sizes ascending then descending, about half a minute apart at one cell: a slow
   // spell of the machine (seconds long, and it slows the ring algorithms on ranks that share
   // cores by 2-3x while others lose little) rarely covers both, and slowness is all that noise
@@ -1123,6 +1125,10 @@ int main(int argc, char** argv) {
   app.add_option("--calibrate", o.calibrate,
                  "measure the tuner's cost parameters (ring shifts and local reduce and copy, all ranks at once) and "
                  "append them to this tuning file, for CHORUS_TUNING_FILE");
+  app.add_option("--calibrate-up-to", o.calibrateUpToText,
+                 "the largest size --calibrate times each algorithm at (beyond it the tuner holds the last "
+                 "correction)")
+      ->capture_default_str();
   app.add_option(
       "--algo", o.algo,
       "force an algorithm (see chorusAlgorithmNames), a comma-separated list, or all: one row each per size");
@@ -1140,6 +1146,7 @@ int main(int argc, char** argv) {
     o.minBytes = parseBytes(o.minBytesText);
     o.maxBytes = parseBytes(o.maxBytesText);
     o.stepBytes = parseBytes(o.stepBytesText);
+    o.calibrateUpTo = parseBytes(o.calibrateUpToText);
   } catch (const CLI::Error& e) {
     std::fprintf(stderr, "collbench: %s\n", e.what());
     return 2;
