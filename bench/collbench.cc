@@ -837,7 +837,7 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
     }
     return counts;
   };
-  // best[c][s * algorithms + a]: per-call microseconds, the faster pass's median turn.
+  // best[c][s * algorithms + a]: per-call microseconds, the faster pass's mean over its turns.
   std::vector<std::vector<double>> best(collectives.size());
   for (int pass = 0; pass < kPasses; ++pass) {
     for (size_t c = 0; c < collectives.size(); ++c) {
