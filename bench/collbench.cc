@@ -796,8 +796,8 @@ int Bench::calibrate(const std::string& path) {
 }
 
 // Each algorithm of each collective that has a choice, timed at sizes 2x apart (turn by turn,
-// averaged over the ranks), in two passes: its correction is the faster pass's time per call
-// over the formula's at each size. Returns the tuning file lines, one per algorithm.
+// averaged over the ranks), in three passes: its correction is the mean time per call over all
+// passes over the formula's at each size. Returns the tuning file lines, one per algorithm.
 std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& fitted, const std::string& prefix) {
   namespace cc = chorus::collectives;
   using Clock = std::chrono::steady_clock;
@@ -813,16 +813,26 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
   // predicted as fast by recursive doubling as by the ring, measured 1.5x slower).
   std::vector<size_t> sizes;
   for (size_t bytes = 128; bytes <= std::max(o_.calibrateUpTo, size_t{128}); bytes *= 2) sizes.push_back(bytes);
-  // Two passes, sizes ascending then descending, about half a minute apart at one cell: a slow
-  // spell of the machine (seconds long, and it slows the ring algorithms on ranks that share
-  // cores by 2-3x while others lose little) rarely covers both, and slowness is all that noise
-  // adds, so the faster pass is kept. Within a pass the time per call is the mean over its turns,
-  // not the median: on ranks that share cores the ring's calls have the same median as
+  // Three passes, sizes ascending, descending, ascending, about half a minute apart at one cell,
+  // and the time per call is the mean over all their turns. The mean, not a median nor the
+  // fastest pass: on ranks that share cores the ring's calls have the same median as
   // Rabenseifner's at 16 MiB but one in ten takes twice as long, which a median hides and a
-  // user's run does not.
-  constexpr int kPasses = 2;
-  constexpr int kTurns = 5;
-  constexpr double kBlockUs = 10000;  // each block at least this long, or one call
+  // user's run does not; a per-pass mean of five calls still missed that tail in most passes, so
+  // the median or fastest of the passes made the ring look 15-20% faster than Rabenseifner (and
+  // than recursive doubling's all-gather) at 16-64 MiB, where runs of collbench measured it 10-20%
+  // slower. The passes, spread over the calibration, dilute a slow spell of the machine.
+  constexpr int kPasses = 3;
+  // Short blocks, many turns: a slow spell lasts tens of milliseconds, so with 10 ms blocks it
+  // fell on one algorithm's block and not the next one's, and decided close calls (the ring and
+  // Rabenseifner at 256 KiB, 4 ranks on 2 cores, each measured 2x the other in different
+  // calibrations). But not blocks of one or two calls: each block starts at a barrier, and a call
+  // right after one pays for the ranks' staggered wake-up, which back-to-back calls overlap (a
+  // 2 MiB ring all-gather, 4 ranks on 2 cores: 400 us per call in blocks of one, 350 in blocks of
+  // twenty, where recursive doubling takes 400 and 550).
+  constexpr double kBlockUs = 4000;    // each block at least this long, or one call
+  constexpr double kSampleUs = 50000;  // each algorithm timed this long per pass, at least kMinTurns turns
+  constexpr int kMinTurns = 5;
+  constexpr int kMaxTurns = 50;
   const std::vector<cc::Collective> collectives = {cc::Collective::kAllReduce,     cc::Collective::kAllGather,
                                                    cc::Collective::kReduceScatter, cc::Collective::kAllToAll,
                                                    cc::Collective::kBroadcast,     cc::Collective::kReduce};
@@ -837,8 +847,8 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
     }
     return counts;
   };
-  // best[c][s * algorithms + a]: per-call microseconds, the faster pass's mean over its turns.
-  std::vector<std::vector<double>> best(collectives.size());
+  // timed[c][s * algorithms + a]: microseconds and calls over all passes.
+  std::vector<std::vector<std::pair<double, int>>> timed(collectives.size());
   for (int pass = 0; pass < kPasses; ++pass) {
     for (size_t c = 0; c < collectives.size(); ++c) {
       const char* name = cc::collectiveName(collectives[c]);
@@ -847,12 +857,14 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
       std::vector<std::string> names;
       for (cc::Algorithm algorithm : algorithms) names.push_back(cc::algorithmName(algorithm));
       const std::vector<size_t> counts = countsOf(collectives[c]);
-      best[c].resize(counts.size() * algorithms.size(), std::numeric_limits<double>::infinity());
+      timed[c].resize(counts.size() * algorithms.size());
       for (size_t i = 0; i < counts.size(); ++i) {
         const size_t s = pass % 2 == 0 ? i : counts.size() - 1 - i;
         fillInputs(info->op, chorusFloat32, chorusSum, counts[s], false);
-        // One untimed call each, which also sizes the blocks (rank 0's word, so all ranks agree).
-        std::vector<int> calls(algorithms.size(), 1);
+        // One untimed call each, which also sizes the blocks and the turns (rank 0's word, so all
+        // ranks agree): calls[a] per block of algorithm a, calls.back() turns.
+        std::vector<int> calls(algorithms.size() + 1, 1);
+        double slowestBlockUs = 0;
         for (size_t a = 0; a < algorithms.size(); ++a) {
           call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, (std::string(name) + ":" + names[a]).c_str()));
           call("barrier", chorusBarrier(comm_, nullptr));
@@ -860,15 +872,19 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
           once(info->op, chorusFloat32, chorusSum, counts[s], false);
           const double us = std::chrono::duration<double>(Clock::now() - start).count() * 1e6;
           calls[a] = static_cast<int>(std::clamp(kBlockUs / std::max(us, 1.0), 1.0, 1000.0));
+          slowestBlockUs = std::max(slowestBlockUs, calls[a] * us);
         }
+        calls.back() = static_cast<int>(std::clamp(kSampleUs / slowestBlockUs, double{kMinTurns}, double{kMaxTurns}));
         call("broadcast", chorusBroadcast(calls.data(), calls.data(), calls.size(), chorusInt32, 0, comm_, nullptr));
-        TurnPlan plan{{}, kTurns, 0, false, false};
-        for (int k : calls) plan.iters.push_back(k * kTurns);
+        TurnPlan plan{{}, calls.back(), 0, false, false};
+        for (size_t a = 0; a < algorithms.size(); ++a) plan.iters.push_back(calls[a] * plan.turns);
         const auto results = measureInTurns(name, info->op, names, chorusFloat32, chorusSum, counts[s], plan);
         for (size_t a = 0; a < algorithms.size(); ++a) {
           const std::vector<double>& turns = results[a].first.turnUs;
-          double& cell = best[c][s * algorithms.size() + a];
-          cell = std::min(cell, std::accumulate(turns.begin(), turns.end(), 0.0) / turns.size());
+          // Each turn ran calls[a] calls (plan.iters[a] over plan.turns).
+          const int calls = plan.iters[a] / plan.turns;
+          timed[c][s * algorithms.size() + a].first += std::accumulate(turns.begin(), turns.end(), 0.0) * calls;
+          timed[c][s * algorithms.size() + a].second += static_cast<int>(turns.size()) * calls;
         }
       }
       call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, (std::string(name) + ":default").c_str()));
@@ -889,7 +905,8 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
         char factor[32];
         // Significant digits, not decimals: a base fitted in a slow spell can put a factor far
         // below 0.001, and a factor written as 0 would make the file unreadable.
-        std::snprintf(factor, sizeof(factor), "%.4g", best[c][s * algorithms.size() + a] / formula);
+        const auto [us, calls] = timed[c][s * algorithms.size() + a];
+        std::snprintf(factor, sizeof(factor), "%.4g", us / calls / formula);
         if (s > 0) {
           bytesList += ',';
           factorList += ',';
