@@ -23,6 +23,7 @@ for line in open(sys.argv[1]):
     factors = [float(f) for f in keys["factors"].split(",")]
     assert len(sizes) == len(factors) >= 6 and sizes == sorted(sizes), line
     assert (1 << 19) < sizes[-1] <= (1 << 20), f"--calibrate-up-to 1M: {line}"
+    assert sizes[0] <= 16, f"from 8 B (16 B where 8 B is less than a float per rank): {line}"
     assert all(0 < f < 1e6 for f in factors), line  # positive and finite: the reader needs no more
     seen.setdefault(op, set()).add(algo)
 for op, count in expected.items():
