@@ -884,9 +884,8 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
         for (size_t a = 0; a < algorithms.size(); ++a) {
           const std::vector<double>& turns = results[a].first.turnUs;
           // Each turn ran calls[a] calls (plan.iters[a] over plan.turns).
-          const int calls = plan.iters[a] / plan.turns;
-          timed[c][s * algorithms.size() + a].first += std::accumulate(turns.begin(), turns.end(), 0.0) * calls;
-          timed[c][s * algorithms.size() + a].second += static_cast<int>(turns.size()) * calls;
+          timed[c][s * algorithms.size() + a].first += std::accumulate(turns.begin(), turns.end(), 0.0) * calls[a];
+          timed[c][s * algorithms.size() + a].second += static_cast<int>(turns.size()) * calls[a];
         }
       }
       call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, (std::string(name) + ":default").c_str()));
@@ -907,8 +906,8 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
         char factor[32];
         // Significant digits, not decimals: a base fitted in a slow spell can put a factor far
         // below 0.001, and a factor written as 0 would make the file unreadable.
-        const auto [us, calls] = timed[c][s * algorithms.size() + a];
-        std::snprintf(factor, sizeof(factor), "%.4g", us / calls / formula);
+        const auto [totalUs, totalCalls] = timed[c][s * algorithms.size() + a];
+        std::snprintf(factor, sizeof(factor), "%.4g", totalUs / totalCalls / formula);
         if (s > 0) {
           bytesList += ',';
           factorList += ',';
