@@ -796,8 +796,9 @@ int Bench::calibrate(const std::string& path) {
 }
 
 // Each algorithm of each collective that has a choice, timed at sizes 2x apart (turn by turn,
-// averaged over the ranks), in three passes: its correction is the mean time per call over all
-// passes over the formula's at each size. Returns the tuning file lines, one per algorithm.
+// averaged over the ranks), in two passes and three more over the close calls: its correction is
+// the mean time per call over all passes over the formula's at each size. Returns the tuning
+// file lines, one per algorithm.
 std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& fitted, const std::string& prefix) {
   namespace cc = chorus::collectives;
   using Clock = std::chrono::steady_clock;
@@ -815,25 +816,41 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
   // recursive doubling for a 64 B all-gather that Bruck did 12% faster.
   std::vector<size_t> sizes;
   for (size_t bytes = 8; bytes <= std::max(o_.calibrateUpTo, size_t{8}); bytes *= 2) sizes.push_back(bytes);
-  // Three passes, sizes ascending, descending, ascending, about half a minute apart at one cell,
-  // and the time per call is the mean over all their turns. The mean, not a median nor the
-  // fastest pass: on ranks that share cores the ring's calls have the same median as
-  // Rabenseifner's at 16 MiB but one in ten takes twice as long, which a median hides and a
-  // user's run does not; a per-pass mean of five calls still missed that tail in most passes, so
-  // the median or fastest of the passes made the ring look 15-20% faster than Rabenseifner (and
-  // than recursive doubling's all-gather) at 16-64 MiB, where runs of collbench measured it 10-20%
-  // slower. The passes, spread over the calibration, dilute a slow spell of the machine.
-  constexpr int kPasses = 3;
-  // Short blocks, many turns: a slow spell lasts tens of milliseconds, so with 10 ms blocks it
-  // fell on one algorithm's block and not the next one's, and decided close calls (the ring and
-  // Rabenseifner at 256 KiB, 4 ranks on 2 cores, each measured 2x the other in different
-  // calibrations). But not blocks of one or two calls: each block starts at a barrier, and a call
-  // right after one pays for the ranks' staggered wake-up, which back-to-back calls overlap (a
-  // 2 MiB ring all-gather, 4 ranks on 2 cores: 400 us per call in blocks of one, 350 in blocks of
-  // twenty, where recursive doubling takes 400 and 550).
-  constexpr double kBlockUs = 4000;    // each block at least this long, or one call
-  constexpr double kSampleUs = 50000;  // each algorithm timed this long per pass, at least kMinTurns turns
+  // Two passes over every cell (collective, size, algorithm), sizes ascending then descending,
+  // then three more over the close cells only: the two fastest algorithms at a size where the
+  // second is within kClose of the first. The time per call is the mean over all turns of all
+  // passes. The mean, not a median nor the fastest pass: on ranks that share cores the ring's
+  // calls have the same median as Rabenseifner's at 16 MiB but one in ten takes twice as long,
+  // which a median hides and a user's run does not; the median or fastest of the passes made the
+  // ring look 15-20% faster than Rabenseifner (and than recursive doubling's all-gather) at
+  // 16-64 MiB, where runs of collbench measured it 10-20% slower. The passes, spread over the
+  // calibration, dilute a slow spell of the machine; the close cells get the most turns because
+  // a call's time there drifts by 10-20% between passes (a 2 MiB ring all-gather, 4 ranks on 2
+  // cores, ran 400 us per call for a few hundred milliseconds, then 1200), which after three
+  // passes over everything still left the order of the ring and recursive doubling to chance.
+  constexpr int kPasses = 2;
+  constexpr int kClosePasses = 3;
+  constexpr double kClose = 1.2;
+  // Blocks as collbench's rows time them, many turns: each block at least kBlockUs long and,
+  // where that fits in kLongBlockUs, at least kBlockCalls calls (nccl-tests' and collbench's
+  // default iterations). Not longer: a slow spell lasts tens of milliseconds, so with blocks of
+  // 10 ms and more at every size it fell on one algorithm's block and not the next one's, and
+  // decided close calls (the ring and Rabenseifner at 256 KiB, 4 ranks on 2 cores, each measured
+  // 2x the other in different calibrations). Not shorter: each block starts at a barrier, and
+  // the ring takes several calls to settle into its pace after one (a 2 MiB all-gather, 4 ranks
+  // on 2 cores: 530 us per call in blocks of six, 360 in blocks of twenty, where recursive
+  // doubling takes 570 and 490), so with 4 ms blocks the tuner chose recursive doubling there,
+  // 1.3x slower than the ring in collbench's rows.
+  constexpr double kBlockUs = 4000;
+  constexpr double kLongBlockUs = 20000;
+  constexpr int kBlockCalls = 20;
+  // Each algorithm is timed this long per pass, in at least so many turns. Ten turns per close
+  // pass: from 8 MiB a call lasts longer than a block, and with five calls per pass the 64 MiB
+  // ring's one-in-ten call at twice the time fell in some calibrations and not in others.
+  constexpr double kSampleUs = 30000;
   constexpr int kMinTurns = 5;
+  constexpr double kCloseSampleUs = 50000;
+  constexpr int kCloseMinTurns = 10;
   constexpr int kMaxTurns = 50;
   const std::vector<cc::Collective> collectives = {cc::Collective::kAllReduce,     cc::Collective::kAllGather,
                                                    cc::Collective::kReduceScatter, cc::Collective::kAllToAll,
@@ -851,46 +868,101 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
   };
   // timed[c][s * algorithms + a]: microseconds and calls over all passes.
   std::vector<std::vector<std::pair<double, int>>> timed(collectives.size());
-  for (int pass = 0; pass < kPasses; ++pass) {
-    for (size_t c = 0; c < collectives.size(); ++c) {
-      const char* name = cc::collectiveName(collectives[c]);
-      const OpInfo* info = findOp(name);
-      const auto& algorithms = cc::algorithmsFor(collectives[c]);
-      std::vector<std::string> names;
-      for (cc::Algorithm algorithm : algorithms) names.push_back(cc::algorithmName(algorithm));
-      const std::vector<size_t> counts = countsOf(collectives[c]);
-      timed[c].resize(counts.size() * algorithms.size());
-      for (size_t i = 0; i < counts.size(); ++i) {
-        const size_t s = pass % 2 == 0 ? i : counts.size() - 1 - i;
-        fillInputs(info->op, chorusFloat32, chorusSum, counts[s], false);
-        // One untimed call each, which also sizes the blocks and the turns (rank 0's word, so all
-        // ranks agree): calls[a] per block of algorithm a, calls.back() turns.
-        std::vector<int> calls(algorithms.size() + 1, 1);
-        double slowestBlockUs = 0;
-        for (size_t a = 0; a < algorithms.size(); ++a) {
-          call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, (std::string(name) + ":" + names[a]).c_str()));
-          call("barrier", chorusBarrier(comm_, nullptr));
-          const auto start = Clock::now();
-          once(info->op, chorusFloat32, chorusSum, counts[s], false);
-          const double us = std::chrono::duration<double>(Clock::now() - start).count() * 1e6;
-          calls[a] = static_cast<int>(std::clamp(kBlockUs / std::max(us, 1.0), 1.0, 1000.0));
-          slowestBlockUs = std::max(slowestBlockUs, calls[a] * us);
+  for (size_t c = 0; c < collectives.size(); ++c) {
+    timed[c].resize(countsOf(collectives[c]).size() * cc::algorithmsFor(collectives[c]).size());
+  }
+  // Times the algorithms `which` of collective c at its size s, turn by turn, into timed.
+  auto timeCell = [&](size_t c, size_t s, const std::vector<size_t>& which, double sampleUs, int minTurns) {
+    const char* name = cc::collectiveName(collectives[c]);
+    const OpInfo* info = findOp(name);
+    const auto& algorithms = cc::algorithmsFor(collectives[c]);
+    const size_t count = countsOf(collectives[c])[s];
+    std::vector<std::string> names;
+    for (size_t a : which) names.push_back(cc::algorithmName(algorithms[a]));
+    fillInputs(info->op, chorusFloat32, chorusSum, count, false);
+    // One untimed call each, which also sizes the blocks and the turns (rank 0's word, so all
+    // ranks agree): calls[k] per block of algorithm which[k], calls.back() turns.
+    std::vector<int> calls(which.size() + 1, 1);
+    double slowestBlockUs = 0;
+    for (size_t k = 0; k < which.size(); ++k) {
+      call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, (std::string(name) + ":" + names[k]).c_str()));
+      call("barrier", chorusBarrier(comm_, nullptr));
+      const auto start = Clock::now();
+      once(info->op, chorusFloat32, chorusSum, count, false);
+      const double us = std::chrono::duration<double>(Clock::now() - start).count() * 1e6;
+      const double perCall = std::max(us, 1.0);
+      calls[k] = static_cast<int>(
+          std::clamp(std::max(kBlockUs / perCall, std::min(double{kBlockCalls}, kLongBlockUs / perCall)), 1.0, 1000.0));
+      slowestBlockUs = std::max(slowestBlockUs, calls[k] * us);
+    }
+    calls.back() =
+        static_cast<int>(std::clamp(sampleUs / slowestBlockUs, static_cast<double>(minTurns), double{kMaxTurns}));
+    call("broadcast", chorusBroadcast(calls.data(), calls.data(), calls.size(), chorusInt32, 0, comm_, nullptr));
+    TurnPlan plan{{}, calls.back(), 0, false, false};
+    for (size_t k = 0; k < which.size(); ++k) plan.iters.push_back(calls[k] * plan.turns);
+    const auto results = measureInTurns(name, info->op, names, chorusFloat32, chorusSum, count, plan);
+    for (size_t k = 0; k < which.size(); ++k) {
+      const std::vector<double>& turns = results[k].first.turnUs;
+      // Each turn ran calls[k] calls (plan.iters[k] over plan.turns).
+      auto& [totalUs, totalCalls] = timed[c][s * algorithms.size() + which[k]];
+      totalUs += std::accumulate(turns.begin(), turns.end(), 0.0) * calls[k];
+      totalCalls += static_cast<int>(turns.size()) * calls[k];
+    }
+  };
+  // Passes over the sizes in `cells` (per collective, per size: the algorithms to time), the
+  // sizes ascending in even passes and descending in odd ones.
+  using Cells = std::vector<std::vector<std::vector<size_t>>>;
+  auto runPasses = [&](int passes, const Cells& cells, double sampleUs, int minTurns) {
+    for (int pass = 0; pass < passes; ++pass) {
+      for (size_t c = 0; c < collectives.size(); ++c) {
+        for (size_t i = 0; i < cells[c].size(); ++i) {
+          const size_t s = pass % 2 == 0 ? i : cells[c].size() - 1 - i;
+          if (!cells[c][s].empty()) timeCell(c, s, cells[c][s], sampleUs, minTurns);
         }
-        calls.back() = static_cast<int>(std::clamp(kSampleUs / slowestBlockUs, double{kMinTurns}, double{kMaxTurns}));
-        call("broadcast", chorusBroadcast(calls.data(), calls.data(), calls.size(), chorusInt32, 0, comm_, nullptr));
-        TurnPlan plan{{}, calls.back(), 0, false, false};
-        for (size_t a = 0; a < algorithms.size(); ++a) plan.iters.push_back(calls[a] * plan.turns);
-        const auto results = measureInTurns(name, info->op, names, chorusFloat32, chorusSum, counts[s], plan);
-        for (size_t a = 0; a < algorithms.size(); ++a) {
-          const std::vector<double>& turns = results[a].first.turnUs;
-          // Each turn ran calls[a] calls (plan.iters[a] over plan.turns).
-          timed[c][s * algorithms.size() + a].first += std::accumulate(turns.begin(), turns.end(), 0.0) * calls[a];
-          timed[c][s * algorithms.size() + a].second += static_cast<int>(turns.size()) * calls[a];
+        const char* name = cc::collectiveName(collectives[c]);
+        call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, (std::string(name) + ":default").c_str()));
+      }
+    }
+  };
+  Cells all(collectives.size());
+  for (size_t c = 0; c < collectives.size(); ++c) {
+    std::vector<size_t> every(cc::algorithmsFor(collectives[c]).size());
+    std::iota(every.begin(), every.end(), size_t{0});
+    all[c].assign(countsOf(collectives[c]).size(), every);
+  }
+  runPasses(kPasses, all, kSampleUs, kMinTurns);
+  // Rank 0's means pick the close cells, so all ranks time the same ones.
+  Cells close(collectives.size());
+  for (size_t c = 0; c < collectives.size(); ++c) {
+    const size_t algos = cc::algorithmsFor(collectives[c]).size();
+    const size_t sizesOfC = countsOf(collectives[c]).size();
+    std::vector<int32_t> chosen(sizesOfC * algos, 0);
+    for (size_t s = 0; s < sizesOfC; ++s) {
+      auto mean = [&](size_t a) {
+        const auto [totalUs, totalCalls] = timed[c][s * algos + a];
+        return totalUs / std::max(totalCalls, 1);
+      };
+      size_t first = 0, second = algos;  // the fastest, and the next
+      for (size_t a = 1; a < algos; ++a) {
+        if (mean(a) < mean(first)) {
+          second = first;
+          first = a;
+        } else if (second == algos || mean(a) < mean(second)) {
+          second = a;
         }
       }
-      call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, (std::string(name) + ":default").c_str()));
+      if (second < algos && mean(second) <= mean(first) * kClose)
+        chosen[s * algos + first] = chosen[s * algos + second] = 1;
+    }
+    call("broadcast", chorusBroadcast(chosen.data(), chosen.data(), chosen.size(), chorusInt32, 0, comm_, nullptr));
+    close[c].resize(sizesOfC);
+    for (size_t s = 0; s < sizesOfC; ++s) {
+      for (size_t a = 0; a < algos; ++a) {
+        if (chosen[s * algos + a] != 0) close[c][s].push_back(a);
+      }
     }
   }
+  runPasses(kClosePasses, close, kCloseSampleUs, kCloseMinTurns);
   std::string lines = "# corrections: measured time / formula's time per size, all ranks busy\n";
   for (size_t c = 0; c < collectives.size(); ++c) {
     const char* name = cc::collectiveName(collectives[c]);
