@@ -797,7 +797,7 @@ int Bench::calibrate(const std::string& path) {
 
 // Each algorithm of each collective that has a choice, timed at sizes 2x apart (turn by turn,
 // averaged over the ranks), in two passes and three more over the close calls: its correction is
-// the mean time per call over all passes over the formula's at each size. Returns the tuning
+// the median of the passes' mean time per call over the formula's at each size. Returns the tuning
 // file lines, one per algorithm.
 std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& fitted, const std::string& prefix) {
   namespace cc = chorus::collectives;
@@ -818,16 +818,16 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
   for (size_t bytes = 8; bytes <= std::max(o_.calibrateUpTo, size_t{8}); bytes *= 2) sizes.push_back(bytes);
   // Two passes over every cell (collective, size, algorithm), sizes ascending then descending,
   // then three more over the close cells only: the two fastest algorithms at a size where the
-  // second is within kClose of the first. The time per call is the mean over all turns of all
-  // passes. The mean, not a median nor the fastest pass: on ranks that share cores the ring's
-  // calls have the same median as Rabenseifner's at 16 MiB but one in ten takes twice as long,
-  // which a median hides and a user's run does not; the median or fastest of the passes made the
-  // ring look 15-20% faster than Rabenseifner (and than recursive doubling's all-gather) at
-  // 16-64 MiB, where runs of collbench measured it 10-20% slower. The passes, spread over the
-  // calibration, dilute a slow spell of the machine; the close cells get the most turns because
-  // a call's time there drifts by 10-20% between passes (a 2 MiB ring all-gather, 4 ranks on 2
-  // cores, ran 400 us per call for a few hundred milliseconds, then 1200), which after three
-  // passes over everything still left the order of the ring and recursive doubling to chance.
+  // second is within kClose of the first. Each pass gives a mean per call over its turns, and the
+  // time per call is the median of those means, as a run of collbench gives a row's mean and
+  // tools/compare_algorithms the median of its runs. A mean within a pass: on ranks that share
+  // cores one in ten of the ring's calls at 16-64 MiB takes twice as long, which a median of
+  // calls hides and a user's run does not (each pass times at least ten calls of a close cell,
+  // so most passes' means hold that tail). A median across passes: for seconds at a time the
+  // ring's calls at 2 MiB take 1200 us instead of 400 (4 ranks on 2 cores), and one such spell
+  // in one pass put the ring's mean over all passes above recursive doubling's in four
+  // calibrations of five, where collbench's rows measured the ring 1.2-1.3x faster. The close
+  // cells get the most passes because there a call's time drifts by 10-20% between passes.
   constexpr int kPasses = 2;
   constexpr int kClosePasses = 3;
   constexpr double kClose = 1.2;
@@ -866,8 +866,15 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
     }
     return counts;
   };
-  // timed[c][s * algorithms + a]: microseconds and calls over all passes.
-  std::vector<std::vector<std::pair<double, int>>> timed(collectives.size());
+  // timed[c][s * algorithms + a]: the mean microseconds per call of each pass that timed it.
+  std::vector<std::vector<std::vector<double>>> timed(collectives.size());
+  // What the tuner takes: the median over the passes (the mean of two).
+  auto typical = [&](size_t c, size_t cell) {
+    std::vector<double> means = timed[c][cell];
+    std::sort(means.begin(), means.end());
+    const size_t m = means.size();
+    return m == 0 ? 0.0 : (means[(m - 1) / 2] + means[m / 2]) / 2;
+  };
   for (size_t c = 0; c < collectives.size(); ++c) {
     timed[c].resize(countsOf(collectives[c]).size() * cc::algorithmsFor(collectives[c]).size());
   }
@@ -903,10 +910,9 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
     const auto results = measureInTurns(name, info->op, names, chorusFloat32, chorusSum, count, plan);
     for (size_t k = 0; k < which.size(); ++k) {
       const std::vector<double>& turns = results[k].first.turnUs;
-      // Each turn ran calls[k] calls (plan.iters[k] over plan.turns).
-      auto& [totalUs, totalCalls] = timed[c][s * algorithms.size() + which[k]];
-      totalUs += std::accumulate(turns.begin(), turns.end(), 0.0) * calls[k];
-      totalCalls += static_cast<int>(turns.size()) * calls[k];
+      // Each turn ran calls[k] calls, so the pass's mean per call is the mean of its turns.
+      timed[c][s * algorithms.size() + which[k]].push_back(std::accumulate(turns.begin(), turns.end(), 0.0) /
+                                                           static_cast<double>(turns.size()));
     }
   };
   // Passes over the sizes in `cells` (per collective, per size: the algorithms to time), the
@@ -938,10 +944,7 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
     const size_t sizesOfC = countsOf(collectives[c]).size();
     std::vector<int32_t> chosen(sizesOfC * algos, 0);
     for (size_t s = 0; s < sizesOfC; ++s) {
-      auto mean = [&](size_t a) {
-        const auto [totalUs, totalCalls] = timed[c][s * algos + a];
-        return totalUs / std::max(totalCalls, 1);
-      };
+      auto mean = [&](size_t a) { return typical(c, s * algos + a); };
       size_t first = 0, second = algos;  // the fastest, and the next
       for (size_t a = 1; a < algos; ++a) {
         if (mean(a) < mean(first)) {
@@ -978,8 +981,7 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
         char factor[32];
         // Significant digits, not decimals: a base fitted in a slow spell can put a factor far
         // below 0.001, and a factor written as 0 would make the file unreadable.
-        const auto [totalUs, totalCalls] = timed[c][s * algorithms.size() + a];
-        std::snprintf(factor, sizeof(factor), "%.4g", totalUs / totalCalls / formula);
+        std::snprintf(factor, sizeof(factor), "%.4g", typical(c, s * algorithms.size() + a) / formula);
         if (s > 0) {
           bytesList += ',';
           factorList += ',';
