@@ -32,6 +32,14 @@
 
 namespace {
 
+// The median of the values (the mean of the middle two when their number is even); 0 if none.
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t m = values.size();
+  return (values[(m - 1) / 2] + values[m / 2]) / 2;
+}
+
 enum class Op {
   kAllReduce,
   kAllGather,
@@ -732,8 +740,7 @@ int Bench::calibrate(const std::string& path) {
       for (int i = 0; i < calls; ++i) body();
       samples.push_back(average(std::chrono::duration<double>(Clock::now() - start).count() / calls * 1e6));
     }
-    std::nth_element(samples.begin(), samples.begin() + blocks / 2, samples.end());
-    return samples[blocks / 2];
+    return median(std::move(samples));
   };
   // alpha: a dissemination barrier is ceil(log2 n) rounds of one empty message each, in sequence.
   call("barrier", chorusBarrier(comm_, nullptr));
@@ -869,12 +876,7 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
   // timed[c][s * algorithms + a]: the mean microseconds per call of each pass that timed it.
   std::vector<std::vector<std::vector<double>>> timed(collectives.size());
   // What the tuner takes: the median over the passes (the mean of two).
-  auto typical = [&](size_t c, size_t cell) {
-    std::vector<double> means = timed[c][cell];
-    std::sort(means.begin(), means.end());
-    const size_t m = means.size();
-    return m == 0 ? 0.0 : (means[(m - 1) / 2] + means[m / 2]) / 2;
-  };
+  auto typical = [&](size_t c, size_t cell) { return median(timed[c][cell]); };
   for (size_t c = 0; c < collectives.size(); ++c) {
     timed[c].resize(countsOf(collectives[c]).size() * cc::algorithmsFor(collectives[c]).size());
   }
