@@ -831,10 +831,10 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
   // cores one in ten of the ring's calls at 16-64 MiB takes twice as long, which a median of
   // calls hides and a user's run does not (each pass times at least ten calls of a close cell,
   // so most passes' means hold that tail). A median across passes: for seconds at a time the
-  // ring's calls at 2 MiB take 1200 us instead of 400 (4 ranks on 2 cores), and one such spell
-  // in one pass put the ring's mean over all passes above recursive doubling's in four
-  // calibrations of five, where collbench's rows measured the ring 1.2-1.3x faster. The close
-  // cells get the most passes because there a call's time drifts by 10-20% between passes.
+  // ring's calls at 2 MiB take 1200 us instead of 400 (4 ranks on 2 cores), and such spells in
+  // some passes put the ring's mean over all passes at 977 us, above recursive doubling's, where
+  // collbench's rows then measured the ring at 433 us, 1.3x faster than recursive doubling. The
+  // close cells get the most passes because there a call's time drifts by 10-20% between passes.
   constexpr int kPasses = 2;
   constexpr int kClosePasses = 3;
   constexpr double kClose = 1.2;
