@@ -803,9 +803,9 @@ int Bench::calibrate(const std::string& path) {
 }
 
 // Each algorithm of each collective that has a choice, timed at sizes 2x apart (turn by turn,
-// averaged over the ranks), in two passes and three more over the close calls: its correction is
-// the median of the passes' mean time per call over the formula's at each size. Returns the tuning
-// file lines, one per algorithm.
+// averaged over the ranks), in two passes and three more over the close calls (seven where the
+// calls are short): its correction is the median of the passes' mean time per call over the
+// formula's at each size. Returns the tuning file lines, one per algorithm.
 std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& fitted, const std::string& prefix) {
   namespace cc = chorus::collectives;
   using Clock = std::chrono::steady_clock;
@@ -823,20 +823,26 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
   // recursive doubling for a 64 B all-gather that Bruck did 12% faster.
   std::vector<size_t> sizes;
   for (size_t bytes = 8; bytes <= std::max(o_.calibrateUpTo, size_t{8}); bytes *= 2) sizes.push_back(bytes);
-  // Two passes over every cell (collective, size, algorithm), sizes ascending then descending,
-  // then three more over the close cells only: at a size where more than one algorithm had a
-  // pass within kClose of the fastest's median, those algorithms. Each pass gives a mean per call over its turns, and
-  // the time per call is the median of those means, as a run of collbench gives a row's mean and
-  // tools/compare_algorithms the median of its runs. A mean within a pass: on ranks that share
-  // cores one in ten of the ring's calls at 16-64 MiB takes twice as long, which a median of
-  // calls hides and a user's run does not (each pass times at least ten calls of a close cell,
-  // so most passes' means hold that tail). A median across passes: for seconds at a time the
-  // ring's calls at 2 MiB take 1200 us instead of 400 (4 ranks on 2 cores), and such spells in
-  // some passes put the ring's mean over all passes at 977 us, above recursive doubling's, where
-  // collbench's rows then measured the ring at 433 us, 1.3x faster than recursive doubling. The
-  // close cells get the most passes because there a call's time drifts by 10-20% between passes.
+  // Two passes over every cell (collective, size, algorithm), sizes ascending then descending, then
+  // three more over the close cells only: at a size where more than one algorithm had a pass within
+  // kClose of the fastest's median, those algorithms. Each pass gives a mean per call over its
+  // turns, and the time per call is the median of those means, as a run of collbench gives a row's
+  // mean and tools/compare_algorithms the median of its runs. A mean within a pass: on ranks that
+  // share cores one in ten of the ring's calls at 16-64 MiB takes twice as long, which a median of
+  // calls hides and a user's run does not (each pass times at least ten calls of a close cell, so
+  // most passes' means hold that tail). A median across passes: for seconds at a time the ring's
+  // calls at 2 MiB take 1200 us instead of 400 (4 ranks on 2 cores), and such spells in some passes
+  // put the ring's mean over all passes at 977 us, above recursive doubling's, where collbench's
+  // rows then measured the ring at 433 us, 1.3x faster than recursive doubling. The close cells get
+  // the most passes because there a call's time drifts by 10-20% between passes, and close cells of
+  // calls under kShortCallUs four more, since they cost little: at a 32 KiB all-reduce (4 ranks on
+  // 2 cores) recursive doubling over Rabenseifner measured 0.91-1.07 in single passes and 0.88-0.96
+  // in collbench's tables, and of five passes the median chose Rabenseifner in one calibration of
+  // three, 1.12x slower in that table.
   constexpr int kPasses = 2;
   constexpr int kClosePasses = 3;
+  constexpr int kShortClosePasses = 4;
+  constexpr double kShortCallUs = 1000;
   constexpr double kClose = 1.2;
   // Blocks as collbench's rows time them, many turns: each block at least kBlockUs long and,
   // where that fits in kLongBlockUs, at least kBlockCalls calls (nccl-tests' and collbench's
@@ -940,7 +946,7 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
   }
   runPasses(kPasses, all, kSampleUs, kMinTurns);
   // Rank 0's means pick the close cells, so all ranks time the same ones.
-  Cells close(collectives.size());
+  Cells close(collectives.size()), closeAndShort(collectives.size());
   for (size_t c = 0; c < collectives.size(); ++c) {
     const size_t algos = cc::algorithmsFor(collectives[c]).size();
     const size_t sizesOfC = countsOf(collectives[c]).size();
@@ -956,18 +962,21 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
         if (*std::min_element(passes.begin(), passes.end()) <= fastest * kClose) contenders.push_back(a);
       }
       if (contenders.size() > 1) {
-        for (size_t a : contenders) chosen[s * algos + a] = 1;
+        for (size_t a : contenders) chosen[s * algos + a] = fastest < kShortCallUs ? 2 : 1;
       }
     }
     call("broadcast", chorusBroadcast(chosen.data(), chosen.data(), chosen.size(), chorusInt32, 0, comm_, nullptr));
     close[c].resize(sizesOfC);
+    closeAndShort[c].resize(sizesOfC);
     for (size_t s = 0; s < sizesOfC; ++s) {
       for (size_t a = 0; a < algos; ++a) {
         if (chosen[s * algos + a] != 0) close[c][s].push_back(a);
+        if (chosen[s * algos + a] == 2) closeAndShort[c][s].push_back(a);
       }
     }
   }
   runPasses(kClosePasses, close, kCloseSampleUs, kCloseMinTurns);
+  runPasses(kShortClosePasses, closeAndShort, kCloseSampleUs, kCloseMinTurns);
   std::string lines = "# corrections: measured time / formula's time per size, all ranks busy\n";
   for (size_t c = 0; c < collectives.size(); ++c) {
     const char* name = cc::collectiveName(collectives[c]);
