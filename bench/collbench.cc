@@ -295,8 +295,8 @@ class Bench {
     if (result != chorusSuccess) die(what, result);
   }
 
-  // Runs the op once; inPlace uses the in-place form.
-  void once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
+  // Runs the op once on the buffers fillInputs or selectBuffers last chose.
+  void once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count);
   Result measure(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
   // Several algorithms timed turn by turn (--turns, and the calibration): algorithm a's iters[a]
   // calls split over the turns, each turn taking every algorithm in order after all are warmed up.
@@ -314,6 +314,8 @@ class Bench {
   Result resultOf(Op op, chorusDataType_t type, size_t count, double seconds, int iters);
   uint64_t checkOnce(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
   void fillInputs(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
+  // Points sendPtr_ and recvPtr_ into the buffers fillInputs sized, for the in-place form or not.
+  void selectBuffers(Op op, size_t count, size_t typeSize, bool inPlace);
   double busFactor(Op op) const { return ::busFactor(op, nranks_); }
 
   const Options& o_;
@@ -340,6 +342,15 @@ void Bench::fillInputs(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t
   const size_t outCount = spreadOut ? count * n : count;
   send_.assign(inCount * size + 64, 0);
   recv_.assign(std::max(outCount, inCount) * size + 64, 0);
+  selectBuffers(op, count, size, inPlace);
+  const bool reduces = op == Op::kAllReduce || op == Op::kReduceScatter || op == Op::kReduce;
+  for (size_t i = 0; i < inCount; ++i) {
+    store(sendPtr_, i, type,
+          reduces ? chorus::pattern::reduceInput(redop, type, rank_, i) : chorus::pattern::moveInput(rank_, i));
+  }
+}
+
+void Bench::selectBuffers(Op op, size_t count, size_t size, bool inPlace) {
   sendPtr_ = send_.data();
   recvPtr_ = recv_.data();
   if (inPlace) {
@@ -366,14 +377,9 @@ void Bench::fillInputs(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t
         break;
     }
   }
-  const bool reduces = op == Op::kAllReduce || op == Op::kReduceScatter || op == Op::kReduce;
-  for (size_t i = 0; i < inCount; ++i) {
-    store(sendPtr_, i, type,
-          reduces ? chorus::pattern::reduceInput(redop, type, rank_, i) : chorus::pattern::moveInput(rank_, i));
-  }
 }
 
-void Bench::once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool) {
+void Bench::once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count) {
   switch (op) {
     case Op::kAllReduce:
       call("allreduce", chorusAllReduce(sendPtr_, recvPtr_, count, type, redop, comm_, nullptr));
@@ -418,7 +424,7 @@ void Bench::once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count
 uint64_t Bench::checkOnce(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace) {
   using namespace chorus::pattern;
   fillInputs(op, type, redop, count, inPlace);
-  once(op, type, redop, count, inPlace);
+  once(op, type, redop, count);
   if (o_.injectWrong && rank_ == (op == Op::kReduce || op == Op::kGather ? o_.root : 0) && count > 0) {
     recvPtr_[0] = static_cast<char>(~recvPtr_[0]);  // test hook: spoil one received element
   }
@@ -477,10 +483,10 @@ uint64_t Bench::checkOnce(Op op, chorusDataType_t type, chorusRedOp_t redop, siz
 Result Bench::measure(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace) {
   Result result;
   fillInputs(op, type, redop, count, inPlace);
-  for (int i = 0; i < o_.warmup; ++i) once(op, type, redop, count, inPlace);
+  for (int i = 0; i < o_.warmup; ++i) once(op, type, redop, count);
   call("barrier", chorusBarrier(comm_, nullptr));
   const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < o_.iters; ++i) once(op, type, redop, count, inPlace);
+  for (int i = 0; i < o_.iters; ++i) once(op, type, redop, count);
   result = resultOf(op, type, count, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
                     o_.iters);
   if (o_.check) result.wrong = checkOnce(op, type, redop, count, inPlace);
@@ -513,7 +519,7 @@ std::vector<std::pair<Result, Result>> Bench::measureInTurns(const char* opName,
     use(algo);
     for (int side = 0; side < sides; ++side) {
       fillInputs(op, type, redop, count, side == 1);
-      for (int i = 0; i < plan.warmup; ++i) once(op, type, redop, count, side == 1);
+      for (int i = 0; i < plan.warmup; ++i) once(op, type, redop, count);
     }
   }
   std::vector<double> seconds(2 * algos.size(), 0);  // [2a]: out of place, [2a + 1]: in place
@@ -524,9 +530,11 @@ std::vector<std::pair<Result, Result>> Bench::measureInTurns(const char* opName,
       const int iters = plan.iters[a] * (t + 1) / turns - plan.iters[a] * t / turns;
       use(algos[a]);
       for (int side = 0; side < sides; ++side) {
+        // Both forms were filled above; the warm-up left the pointers at the last one.
+        selectBuffers(op, count, chorusTypeSize(type), side == 1);
         call("barrier", chorusBarrier(comm_, nullptr));
         const auto start = std::chrono::steady_clock::now();
-        for (int i = 0; i < iters; ++i) once(op, type, redop, count, side == 1);
+        for (int i = 0; i < iters; ++i) once(op, type, redop, count);
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         seconds[2 * a + side] += elapsed;
         turnUs[2 * a + side].push_back(elapsed * 1e6 / iters);
@@ -903,7 +911,7 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
       call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, (std::string(name) + ":" + names[k]).c_str()));
       call("barrier", chorusBarrier(comm_, nullptr));
       const auto start = Clock::now();
-      once(info->op, chorusFloat32, chorusSum, count, false);
+      once(info->op, chorusFloat32, chorusSum, count);
       const double us = std::chrono::duration<double>(Clock::now() - start).count() * 1e6;
       const double perCall = std::max(us, 1.0);
       calls[k] = static_cast<int>(
