@@ -1,11 +1,16 @@
-// reduce.cc: element-wise reductions for every type x op (host reference implementation).
+// reduce.cc: element-wise reductions for every type x op: the scalar reference, and the dispatch
+// to the vector kernels of the best instruction set the CPU has (reduce_vector.h), which do whole
+// vectors and leave the tail to the reference.
 #include "kernels/cpu/reduce.h"
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/cpu/half.h"
+#include "kernels/cpu/isa.h"
 
 namespace chorus::kernels {
 namespace {
@@ -111,9 +116,7 @@ void divideHalf(void* buf, size_t count, int divisor) {
   for (size_t i = 0; i < count; ++i) p[i] = Store(Load(p[i]) / d);
 }
 
-}  // namespace
-
-void reduce(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, chorusRedOp_t op) {
+void reduceReference(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, chorusRedOp_t op) {
   switch (op) {
     case chorusSum:
     case chorusAvg:
@@ -129,7 +132,7 @@ void reduce(void* dst, const void* a, const void* b, size_t count, chorusDataTyp
   }
 }
 
-void divide(void* buf, size_t count, chorusDataType_t type, int divisor) {
+void divideReference(void* buf, size_t count, chorusDataType_t type, int divisor) {
   switch (type) {
     case chorusInt8:
       return divideNative<int8_t>(buf, count, divisor);
@@ -154,6 +157,84 @@ void divide(void* buf, size_t count, chorusDataType_t type, int divisor) {
     default:
       return;
   }
+}
+
+Isa detectIsa() {
+  Isa best = Isa::kScalar;
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (isaSupported(isa)) best = isa;
+  }
+  if (const char* cap = std::getenv("CHORUS_CPU_ISA"); cap != nullptr && *cap != '\0') {
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+      if (std::strcmp(cap, isaName(isa)) == 0 && isa < best) best = isa;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+const char* isaName(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+    default:
+      return "scalar";
+  }
+}
+
+bool isaSupported(Isa isa) {
+#if CHORUS_X86_VECTOR_KERNELS
+  switch (isa) {
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    case Isa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    default:
+      return true;
+  }
+#else
+  return isa == Isa::kScalar;
+#endif
+}
+
+Isa activeIsa() {
+  static const Isa isa = detectIsa();
+  return isa;
+}
+
+void reduceWith(Isa isa, void* dst, const void* a, const void* b, size_t count, chorusDataType_t type,
+                chorusRedOp_t op) {
+  size_t done = 0;
+#if CHORUS_X86_VECTOR_KERNELS
+  if (isa == Isa::kAvx512) done = avx512::reducePrefix(dst, a, b, count, type, op);
+  if (isa == Isa::kAvx2) done = avx2::reducePrefix(dst, a, b, count, type, op);
+#endif
+  if (done == count) return;
+  const size_t offset = done * typeSize(type);
+  reduceReference(static_cast<char*>(dst) + offset, static_cast<const char*>(a) + offset,
+                  static_cast<const char*>(b) + offset, count - done, type, op);
+}
+
+void divideWith(Isa isa, void* buf, size_t count, chorusDataType_t type, int divisor) {
+  size_t done = 0;
+#if CHORUS_X86_VECTOR_KERNELS
+  if (isa == Isa::kAvx512) done = avx512::dividePrefix(buf, count, type, divisor);
+  if (isa == Isa::kAvx2) done = avx2::dividePrefix(buf, count, type, divisor);
+#endif
+  if (done == count) return;
+  divideReference(static_cast<char*>(buf) + done * typeSize(type), count - done, type, divisor);
+}
+
+void reduce(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, chorusRedOp_t op) {
+  reduceWith(activeIsa(), dst, a, b, count, type, op);
+}
+
+void divide(void* buf, size_t count, chorusDataType_t type, int divisor) {
+  divideWith(activeIsa(), buf, count, type, divisor);
 }
 
 size_t typeSize(chorusDataType_t type) {

@@ -3,12 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "bench/pattern.h"
 #include "kernels/cpu/half.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/reduce.h"
 
 namespace chorus::kernels {
@@ -111,6 +114,121 @@ TEST(ReduceTest, HalfTypesComputeInFloatAndRoundOnce) {
   uint16_t x = floatToBfloat16(3.0f), y = floatToBfloat16(-5.0f);
   reduce(&x, &x, &y, 1, chorusBfloat16, chorusMin);
   EXPECT_EQ(bfloat16ToFloat(x), -5.0f);
+}
+
+// Whether element i of two buffers holds the same value: the same bits, or NaN in both (the
+// vector conversions may keep a NaN's payload where the reference sets a fixed one).
+bool sameElement(const char* x, const char* y, size_t i, chorusDataType_t type) {
+  const size_t size = typeSize(type);
+  if (std::memcmp(x + i * size, y + i * size, size) == 0) return true;
+  auto isNan = [&](const char* p) {
+    switch (type) {
+      case chorusFloat32: {
+        float v;
+        std::memcpy(&v, p + i * size, size);
+        return std::isnan(v);
+      }
+      case chorusFloat64: {
+        double v;
+        std::memcpy(&v, p + i * size, size);
+        return std::isnan(v);
+      }
+      case chorusFloat16:
+      case chorusBfloat16: {
+        uint16_t v;
+        std::memcpy(&v, p + i * size, size);
+        return std::isnan(type == chorusFloat16 ? halfToFloat(v) : bfloat16ToFloat(v));
+      }
+      default:
+        return false;
+    }
+  };
+  return isNan(x) && isNan(y);
+}
+
+// Random bits, with the special values of each float type mixed in: zeros of both signs,
+// infinities, the largest finite values, subnormals.
+std::vector<char> randomElements(size_t count, chorusDataType_t type, std::mt19937_64& rng) {
+  const size_t size = typeSize(type);
+  std::vector<char> out(count * size);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<char>(rng());
+  std::vector<uint64_t> specials;
+  switch (type) {
+    case chorusFloat16:
+      specials = {0x0000, 0x8000, 0x7c00, 0xfc00, 0x7bff, 0x0001, 0x83ff, 0x3c00, 0x7e00};
+      break;
+    case chorusBfloat16:
+      specials = {0x0000, 0x8000, 0x7f80, 0xff80, 0x7f7f, 0x0001, 0x807f, 0x3f80, 0x7fc0};
+      break;
+    case chorusFloat32:
+      specials = {0x00000000, 0x80000000, 0x7f800000, 0xff800000, 0x7f7fffff, 0x00000001, 0x3f800000, 0x7fc00000};
+      break;
+    case chorusFloat64:
+      specials = {0, 0x8000000000000000, 0x7ff0000000000000, 0x7fefffffffffffff, 1, 0x3ff0000000000000};
+      break;
+    default:
+      break;
+  }
+  for (size_t i = 0; i < count && !specials.empty(); i += 3) {
+    const uint64_t bits = specials[rng() % specials.size()];
+    std::memcpy(out.data() + i * size, &bits, size);  // little-endian: the low bytes
+  }
+  return out;
+}
+
+// Every instruction set this CPU has gives the scalar reference's results bit for bit, for every
+// type and op, at lengths around the vector widths (so each loop and the scalar tail run), on
+// unaligned buffers, and with the output aliasing an input.
+TEST(ReduceTest, VectorKernelsMatchTheScalarReference) {
+  std::mt19937_64 rng(12345);
+  int isasTried = 0;
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (!isaSupported(isa)) continue;
+    ++isasTried;
+    for (chorusDataType_t type : kTypes) {
+      const size_t size = typeSize(type);
+      for (chorusRedOp_t op : {chorusSum, chorusProd, chorusMax, chorusMin, chorusAvg}) {
+        for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{15}, size_t{31}, size_t{63}, size_t{64},
+                             size_t{65}, size_t{129}, size_t{1000}}) {
+          // One element in front, so the vectors are not aligned.
+          const std::vector<char> a = randomElements(count + 1, type, rng);
+          const std::vector<char> b = randomElements(count + 1, type, rng);
+          std::vector<char> want(a.size()), got(a.size()), inPlace = a;
+          reduceWith(Isa::kScalar, want.data() + size, a.data() + size, b.data() + size, count, type, op);
+          reduceWith(isa, got.data() + size, a.data() + size, b.data() + size, count, type, op);
+          reduceWith(isa, inPlace.data() + size, inPlace.data() + size, b.data() + size, count, type, op);
+          for (size_t i = 1; i <= count; ++i) {
+            ASSERT_TRUE(sameElement(want.data(), got.data(), i, type))
+                << isaName(isa) << " " << chorusTypeName(type) << " " << chorusOpName(op) << " count " << count
+                << " element " << i - 1;
+            ASSERT_TRUE(sameElement(want.data(), inPlace.data(), i, type))
+                << isaName(isa) << " in place " << chorusTypeName(type) << " " << chorusOpName(op) << " count " << count
+                << " element " << i - 1;
+          }
+          std::vector<char> divided = want;
+          divideWith(Isa::kScalar, want.data() + size, count, type, 6);
+          divideWith(isa, divided.data() + size, count, type, 6);
+          for (size_t i = 1; i <= count; ++i) {
+            ASSERT_TRUE(sameElement(want.data(), divided.data(), i, type))
+                << isaName(isa) << " divide " << chorusTypeName(type) << " count " << count << " element " << i - 1;
+          }
+        }
+      }
+    }
+  }
+  if (isasTried == 0) GTEST_SKIP() << "this CPU has no vector instruction set the kernels are built for";
+}
+
+TEST(ReduceTest, ActiveIsaIsTheBestSupported) {
+  const Isa active = activeIsa();
+  EXPECT_TRUE(isaSupported(active)) << isaName(active);
+  if (std::getenv("CHORUS_CPU_ISA") == nullptr) {
+    for (Isa better : {Isa::kAvx2, Isa::kAvx512}) {
+      if (better > active) {
+        EXPECT_FALSE(isaSupported(better)) << isaName(better) << " is supported but not used";
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,102 @@
+// reduce_bench: Google Benchmark of the host reduction kernels, per instruction set, type, op and
+// size (from L1-resident to DRAM), in bytes moved per second (two inputs read, one output
+// written), beside memcpy's bytes per second (one read, one write) at the same size, measured in
+// the same run. `copy_ratio` is the kernel's bytes per second over memcpy's: a kernel at memory
+// speed reads 1.5x the bytes memcpy does in the same time, so about 1.5 where both are bound by
+// memory bandwidth.
+//
+//   build/release/bench/reduce_bench [--benchmark_filter=float32]
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/reduce.h"
+
+namespace {
+
+using chorus::kernels::Isa;
+
+constexpr size_t kSizes[] = {16 << 10, 256 << 10, 4 << 20, 64 << 20};  // bytes per buffer
+
+// memcpy's bytes (read + written) per second for buffers of this size: the best of 5 runs of at
+// least 20 ms each, measured once per size.
+double copyBytesPerSecond(size_t bytes) {
+  static std::map<size_t, double> measured;
+  if (auto it = measured.find(bytes); it != measured.end()) return it->second;
+  std::vector<char> from(bytes, 1), to(bytes, 2);
+  double best = 0;
+  for (int run = 0; run < 5; ++run) {
+    const auto start = std::chrono::steady_clock::now();
+    size_t copies = 0;
+    double seconds = 0;
+    do {
+      std::memcpy(to.data(), from.data(), bytes);
+      benchmark::ClobberMemory();
+      ++copies;
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    } while (seconds < 0.02);
+    best = std::max(best, 2.0 * static_cast<double>(bytes * copies) / seconds);
+  }
+  return measured[bytes] = best;
+}
+
+void reduceKernel(benchmark::State& state, Isa isa, chorusDataType_t type, chorusRedOp_t op) {
+  const size_t bytes = static_cast<size_t>(state.range(0));
+  const size_t count = bytes / chorus::kernels::typeSize(type);
+  std::vector<char> a(bytes, 0), b(bytes, 0), dst(bytes, 0);
+  // Small positive values in every type (bytes of 0x01): no NaN or subnormal slows the float kinds.
+  std::memset(a.data(), 1, bytes);
+  std::memset(b.data(), 1, bytes);
+  for (auto _ : state) {
+    chorus::kernels::reduceWith(isa, dst.data(), a.data(), b.data(), count, type, op);
+    benchmark::ClobberMemory();
+  }
+  const double moved = 3.0 * static_cast<double>(bytes);
+  state.SetBytesProcessed(static_cast<int64_t>(moved * static_cast<double>(state.iterations())));
+  state.counters["copy_ratio"] =
+      benchmark::Counter(moved / copyBytesPerSecond(bytes), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void copy(benchmark::State& state) {
+  const size_t bytes = static_cast<size_t>(state.range(0));
+  std::vector<char> from(bytes, 1), to(bytes, 2);
+  for (auto _ : state) {
+    std::memcpy(to.data(), from.data(), bytes);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(
+      static_cast<int64_t>(2.0 * static_cast<double>(bytes) * static_cast<double>(state.iterations())));
+}
+
+void registerAll() {
+  for (size_t bytes : kSizes) benchmark::RegisterBenchmark("memcpy", copy)->Arg(static_cast<int64_t>(bytes));
+  const std::pair<chorusDataType_t, chorusRedOp_t> cases[] = {
+      {chorusFloat32, chorusSum},  {chorusFloat32, chorusMax}, {chorusFloat64, chorusSum}, {chorusFloat16, chorusSum},
+      {chorusBfloat16, chorusSum}, {chorusInt32, chorusSum},   {chorusInt8, chorusProd},   {chorusInt64, chorusProd}};
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!chorus::kernels::isaSupported(isa)) continue;
+    for (auto [type, op] : cases) {
+      const std::string name =
+          std::string("reduce/") + chorus::kernels::isaName(isa) + "/" + chorusTypeName(type) + "/" + chorusOpName(op);
+      for (size_t bytes : kSizes) {
+        benchmark::RegisterBenchmark(name.c_str(), reduceKernel, isa, type, op)->Arg(static_cast<int64_t>(bytes));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  registerAll();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,36 @@
+// isa.h: which vector instruction set the host reductions use. The best the CPU has is chosen at
+// run time (one build runs on any x86-64); CHORUS_CPU_ISA=scalar|avx2|avx512 caps it, for
+// comparison and for tests. Elsewhere than x86-64 only the scalar reference exists.
+#pragma once
+
+#include <cstddef>
+
+#include "chorus/chorus.h"
+
+namespace chorus::kernels {
+
+enum class Isa { kScalar, kAvx2, kAvx512 };
+
+const char* isaName(Isa isa);
+// Whether this CPU (and this build) can run kernels for isa.
+bool isaSupported(Isa isa);
+// The best supported set, capped by CHORUS_CPU_ISA; decided once per process.
+Isa activeIsa();
+
+// reduce() and divide() with the given set (it must be supported): for tests and benchmarks.
+void reduceWith(Isa isa, void* dst, const void* a, const void* b, size_t count, chorusDataType_t type,
+                chorusRedOp_t op);
+void divideWith(Isa isa, void* buf, size_t count, chorusDataType_t type, int divisor);
+
+// The vector kernels of one set (reduce_vector.h): each does a prefix of whole vectors and returns
+// its length in elements, 0 where it has no kernel; the caller does the rest with the reference.
+namespace avx2 {
+size_t reducePrefix(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, chorusRedOp_t op);
+size_t dividePrefix(void* buf, size_t count, chorusDataType_t type, int divisor);
+}  // namespace avx2
+namespace avx512 {
+size_t reducePrefix(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, chorusRedOp_t op);
+size_t dividePrefix(void* buf, size_t count, chorusDataType_t type, int divisor);
+}  // namespace avx512
+
+}  // namespace chorus::kernels

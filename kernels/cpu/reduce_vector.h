@@ -1,0 +1,237 @@
+// reduce_vector.h: the vectorised reductions, written once with GCC vector extensions and compiled
+// once per instruction set: reduce_avx2.cc and reduce_avx512.cc each include this file after
+// defining CHORUS_VECTOR_BYTES (32 or 64) and CHORUS_VECTOR_NAMESPACE, under their own compiler
+// flags. The kernels have internal linkage and the two entry points live in the per-set
+// namespace, so the copies built for different instruction sets never meet at link time (an
+// AVX-512 instance of a shared inline function could otherwise be picked for every caller, and
+// fault on a CPU without AVX-512). No standard-library function is called here for that reason.
+//
+// Each kernel does whole vectors and returns how many elements it did; the caller finishes the
+// tail with the scalar reference. Results are bit for bit the reference's: integer sums and
+// products wrap, max and min pick as std::max and std::min do, fp16 and bf16 are widened to fp32,
+// combined, and rounded to nearest even once (as kernels/cpu/half.h does; only the payload bits of
+// a NaN may differ).
+#ifndef CHORUS_VECTOR_BYTES
+#error "define CHORUS_VECTOR_BYTES and CHORUS_VECTOR_NAMESPACE before including reduce_vector.h"
+#endif
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "chorus/chorus.h"
+#include "kernels/cpu/isa.h"
+
+namespace chorus::kernels::CHORUS_VECTOR_NAMESPACE {
+namespace {
+
+constexpr size_t kBytes = CHORUS_VECTOR_BYTES;
+
+template <typename T, size_t N = kBytes>
+struct VectorOf {
+  typedef T type __attribute__((vector_size(N)));
+};
+template <typename T>
+using Vec = typename VectorOf<T>::type;
+using HalfVec = VectorOf<uint16_t, kBytes / 2>::type;  // as many 16-bit lanes as Vec<float> has
+
+template <typename V>
+inline V load(const void* p) {
+  V v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+template <typename V>
+inline void store(void* p, V v) {
+  __builtin_memcpy(p, &v, sizeof(v));
+}
+
+struct Sum {
+  template <typename V>
+  static V apply(V a, V b) {
+    return a + b;
+  }
+};
+struct Prod {
+  template <typename V>
+  static V apply(V a, V b) {
+    return a * b;
+  }
+};
+struct Max {
+  template <typename V>
+  static V apply(V a, V b) {
+    return a < b ? b : a;  // std::max(a, b): a unless a < b, so a NaN picks as the reference does
+  }
+};
+struct Min {
+  template <typename V>
+  static V apply(V a, V b) {
+    return b < a ? b : a;  // std::min(a, b)
+  }
+};
+
+// Integer sums and products on the unsigned type of the same width: the same bits as the
+// reference's wrapping arithmetic, without signed overflow.
+template <typename T, typename Op,
+          bool Wraps = std::is_integral_v<T> && (std::is_same_v<Op, Sum> || std::is_same_v<Op, Prod>)>
+struct LaneOf {
+  using type = T;
+};
+template <typename T, typename Op>
+struct LaneOf<T, Op, true> {
+  using type = std::make_unsigned_t<T>;
+};
+template <typename T, typename Op>
+using Lane = typename LaneOf<T, Op>::type;
+
+template <typename T, typename Op>
+size_t native(void* dst, const void* a, const void* b, size_t count) {
+  using V = Vec<Lane<T, Op>>;
+  constexpr size_t lanes = kBytes / sizeof(T);
+  char* d = static_cast<char*>(dst);
+  const char* x = static_cast<const char*>(a);
+  const char* y = static_cast<const char*>(b);
+  size_t i = 0;
+  for (; i + 2 * lanes <= count; i += 2 * lanes) {
+    const size_t at = i * sizeof(T);
+    const V r0 = Op::apply(load<V>(x + at), load<V>(y + at));
+    const V r1 = Op::apply(load<V>(x + at + kBytes), load<V>(y + at + kBytes));
+    store(d + at, r0);
+    store(d + at + kBytes, r1);
+  }
+  for (; i + lanes <= count; i += lanes) {
+    store(d + i * sizeof(T), Op::apply(load<V>(x + i * sizeof(T)), load<V>(y + i * sizeof(T))));
+  }
+  return i;
+}
+
+// fp16 <-> fp32 by the F16C / AVX-512F conversion instructions (round to nearest even).
+inline Vec<float> widenHalf(const void* p) {
+#if CHORUS_VECTOR_BYTES == 64
+  return reinterpret_cast<Vec<float>>(_mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p))));
+#else
+  return reinterpret_cast<Vec<float>>(_mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(p))));
+#endif
+}
+inline void narrowHalf(void* p, Vec<float> v) {
+#if CHORUS_VECTOR_BYTES == 64
+  _mm256_storeu_si256(static_cast<__m256i*>(p),
+                      _mm512_cvtps_ph(reinterpret_cast<__m512>(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#else
+  _mm_storeu_si128(static_cast<__m128i*>(p),
+                   _mm256_cvtps_ph(reinterpret_cast<__m256>(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+}
+
+// bf16 <-> fp32 in integer lanes, as floatToBfloat16 does: round to nearest even, NaN kept quiet.
+inline Vec<float> widenBfloat16(const void* p) {
+  const Vec<uint32_t> wide = __builtin_convertvector(load<HalfVec>(p), Vec<uint32_t>);
+  return reinterpret_cast<Vec<float>>(wide << 16);
+}
+inline void narrowBfloat16(void* p, Vec<float> v) {
+  const Vec<uint32_t> x = reinterpret_cast<Vec<uint32_t>>(v);
+  const Vec<uint32_t> rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const Vec<uint32_t> quiet = (x >> 16) | 0x40u;
+  const Vec<uint32_t> out = (x & 0x7fffffffu) > 0x7f800000u ? quiet : rounded;
+  store(p, __builtin_convertvector(out, HalfVec));
+}
+
+template <Vec<float> (*Widen)(const void*), void (*Narrow)(void*, Vec<float>), typename Op>
+size_t half(void* dst, const void* a, const void* b, size_t count) {
+  constexpr size_t lanes = kBytes / sizeof(float);
+  char* d = static_cast<char*>(dst);
+  const char* x = static_cast<const char*>(a);
+  const char* y = static_cast<const char*>(b);
+  size_t i = 0;
+  for (; i + lanes <= count; i += lanes) {
+    Narrow(d + 2 * i, Op::apply(Widen(x + 2 * i), Widen(y + 2 * i)));
+  }
+  return i;
+}
+
+template <typename Op>
+size_t typed(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type) {
+  switch (type) {
+    case chorusInt8:
+      return native<int8_t, Op>(dst, a, b, count);
+    case chorusUint8:
+      return native<uint8_t, Op>(dst, a, b, count);
+    case chorusInt32:
+      return native<int32_t, Op>(dst, a, b, count);
+    case chorusUint32:
+      return native<uint32_t, Op>(dst, a, b, count);
+    case chorusInt64:
+      return native<int64_t, Op>(dst, a, b, count);
+    case chorusUint64:
+      return native<uint64_t, Op>(dst, a, b, count);
+    case chorusFloat32:
+      return native<float, Op>(dst, a, b, count);
+    case chorusFloat64:
+      return native<double, Op>(dst, a, b, count);
+    case chorusFloat16:
+      return half<widenHalf, narrowHalf, Op>(dst, a, b, count);
+    case chorusBfloat16:
+      return half<widenBfloat16, narrowBfloat16, Op>(dst, a, b, count);
+    default:
+      return 0;
+  }
+}
+
+template <typename T>
+size_t divideFloat(void* buf, size_t count, int divisor) {
+  using V = Vec<T>;
+  constexpr size_t lanes = kBytes / sizeof(T);
+  char* p = static_cast<char*>(buf);
+  const T by = static_cast<T>(divisor);
+  size_t i = 0;
+  for (; i + lanes <= count; i += lanes) store(p + i * sizeof(T), load<V>(p + i * sizeof(T)) / by);
+  return i;
+}
+
+template <Vec<float> (*Widen)(const void*), void (*Narrow)(void*, Vec<float>)>
+size_t divideHalf(void* buf, size_t count, int divisor) {
+  constexpr size_t lanes = kBytes / sizeof(float);
+  char* p = static_cast<char*>(buf);
+  const float by = static_cast<float>(divisor);
+  size_t i = 0;
+  for (; i + lanes <= count; i += lanes) Narrow(p + 2 * i, Widen(p + 2 * i) / by);
+  return i;
+}
+
+}  // namespace
+
+size_t reducePrefix(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, chorusRedOp_t op) {
+  switch (op) {
+    case chorusSum:
+    case chorusAvg:
+      return typed<Sum>(dst, a, b, count, type);
+    case chorusProd:
+      return typed<Prod>(dst, a, b, count, type);
+    case chorusMax:
+      return typed<Max>(dst, a, b, count, type);
+    case chorusMin:
+      return typed<Min>(dst, a, b, count, type);
+    default:
+      return 0;
+  }
+}
+
+size_t dividePrefix(void* buf, size_t count, chorusDataType_t type, int divisor) {
+  switch (type) {
+    case chorusFloat32:
+      return divideFloat<float>(buf, count, divisor);
+    case chorusFloat64:
+      return divideFloat<double>(buf, count, divisor);
+    case chorusFloat16:
+      return divideHalf<widenHalf, narrowHalf>(buf, count, divisor);
+    case chorusBfloat16:
+      return divideHalf<widenBfloat16, narrowBfloat16>(buf, count, divisor);
+    default:
+      return 0;  // integer division has no vector instruction: the reference does it
+  }
+}
+
+}  // namespace chorus::kernels::CHORUS_VECTOR_NAMESPACE
