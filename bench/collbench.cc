@@ -846,7 +846,9 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
   // calls under kShortCallUs four more, since they cost little: at a 32 KiB all-reduce (4 ranks on
   // 2 cores) recursive doubling over Rabenseifner measured 0.91-1.07 in single passes and 0.88-0.96
   // in collbench's tables, and of five passes the median chose Rabenseifner in one calibration of
-  // three, 1.12x slower in that table.
+  // three, 1.12x slower in that table. (The collbench rows and tables quoted here and below were
+  // timed before collbench --turns was fixed to time its out-of-place column out of place: they
+  // are in-place calls, while the calibration times out-of-place ones.)
   constexpr int kPasses = 2;
   constexpr int kClosePasses = 3;
   constexpr int kShortClosePasses = 4;
@@ -889,7 +891,7 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
   };
   // timed[c][s * algorithms + a]: the mean microseconds per call of each pass that timed it.
   std::vector<std::vector<std::vector<double>>> timed(collectives.size());
-  // What the tuner takes: the median over the passes (the mean of two).
+  // What the tuner takes: the median over the passes (two, five or nine of them).
   auto typical = [&](size_t c, size_t cell) { return median(timed[c][cell]); };
   for (size_t c = 0; c < collectives.size(); ++c) {
     timed[c].resize(countsOf(collectives[c]).size() * cc::algorithmsFor(collectives[c]).size());

@@ -1,9 +1,9 @@
 // reduce_bench: Google Benchmark of the host reduction kernels, per instruction set, type, op and
 // size (from L1-resident to DRAM), in bytes moved per second (two inputs read, one output
 // written), beside memcpy's bytes per second (one read, one write) at the same size, measured in
-// the same run. `copy_ratio` is the kernel's bytes per second over memcpy's: a kernel at memory
-// speed reads 1.5x the bytes memcpy does in the same time, so about 1.5 where both are bound by
-// memory bandwidth.
+// the same run. `copy_ratio` is the kernel's bytes per second over memcpy's, each counting every
+// byte read and written: about 1 where both are bound by memory bandwidth (at 64 MiB), below 1
+// where the kernel's arithmetic is the bound.
 //
 //   build/release/bench/reduce_bench [--benchmark_filter=float32]
 #include <benchmark/benchmark.h>
