@@ -6,6 +6,7 @@
 #include <chorus/chorus.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,14 +18,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "bench/pattern.h"
+#include "bench/peers.h"
 #include "kernels/cpu/reduce.h"
 #include "src/collectives/algorithm.h"
 #include "src/collectives/simulator.h"
@@ -40,18 +44,7 @@ double median(std::vector<double> values) {
   return (values[(m - 1) / 2] + values[m / 2]) / 2;
 }
 
-enum class Op {
-  kAllReduce,
-  kAllGather,
-  kReduceScatter,
-  kBroadcast,
-  kReduce,
-  kSendRecv,
-  kAllToAll,
-  kGather,
-  kScatter,
-  kBarrier
-};
+using chorus::bench::Op;
 
 struct OpInfo {
   const char* name;
@@ -71,6 +64,13 @@ constexpr OpInfo kOps[] = {
     {"scatter", Op::kScatter, false, true},
     {"barrier", Op::kBarrier, false, false},
 };
+
+const char* nameOf(Op op) {
+  for (const OpInfo& info : kOps) {
+    if (info.op == op) return info.name;
+  }
+  return "?";
+}
 
 struct TypeInfo {
   const char* name;
@@ -120,7 +120,37 @@ struct Options {
   bool simulate = false;
   int ranksPerHost = 0;
   bool injectWrong = false;
+  std::string compare;    // peers timed beside chorus: "gloo", "mpi", "gloo,mpi"
+  std::string glooStore;  // where Gloo's file store is made (a directory every rank sees)
+  bool bound = false;     // measure the copy bandwidth and print each row's share of the bound
 };
+
+// The peers --compare names, in order; empty (with the reason on stderr) when one is unknown.
+std::vector<std::string> comparedPeers(const Options& o, bool* ok) {
+  std::vector<std::string> peers;
+  *ok = true;
+  for (const std::string& name : chorus::collectives::splitCommas(o.compare)) {
+    if (name.empty()) continue;
+    if (name != "gloo" && name != "mpi") {
+      std::fprintf(stderr, "collbench: --compare %s: unknown peer (gloo, mpi)\n", name.c_str());
+      *ok = false;
+    }
+#ifndef CHORUS_COLLBENCH_GLOO
+    if (name == "gloo") {
+      std::fprintf(stderr, "collbench: --compare gloo: this collbench was built without Gloo (libgloo-dev)\n");
+      *ok = false;
+    }
+#endif
+#ifndef CHORUS_COLLBENCH_MPI
+    if (name == "mpi") {
+      std::fprintf(stderr, "collbench: --compare mpi: this collbench was built without MPI (libmpich-dev)\n");
+      *ok = false;
+    }
+#endif
+    if (std::find(peers.begin(), peers.end(), name) == peers.end()) peers.push_back(name);
+  }
+  return peers;
+}
 
 // The CPUs this process may run on, ascending (empty if the kernel will not say).
 std::vector<int> allowedCpuList() {
@@ -223,30 +253,40 @@ bool writeJson(const std::string& path, const nlohmann::json& doc) {
   return static_cast<bool>(out);
 }
 
-// nccl-tests' column header, with an algo column after root when algorithms are named.
-void printColumnHeader(bool algoColumn) {
+// nccl-tests' column header, with an algo column after root when algorithms are named, then
+// per peer its busbw and our out-of-place busbw over it, then the share of the bound.
+void printColumnHeader(bool algoColumn, const std::vector<std::string>& peers = {}, bool bound = false) {
   auto line = [&](const char* a, const char* b, const char* c, const char* d, const char* e, const char* algo,
                   const char* f, const char* g, const char* h, const char* i, const char* j, const char* k,
-                  const char* l, const char* m) {
+                  const char* l, const char* m, int row) {
     std::printf("# %10s  %12s  %8s  %6s  %6s", a, b, c, d, e);
     if (algoColumn) std::printf("  %20s", algo);
-    std::printf("  %9s  %7s  %7s  %6s  %9s  %7s  %7s  %6s\n", f, g, h, i, j, k, l, m);
+    std::printf("  %9s  %7s  %7s  %6s  %9s  %7s  %7s  %6s", f, g, h, i, j, k, l, m);
+    for (const std::string& peer : peers) {
+      const std::string ratio = "x " + peer;
+      const char* first = row == 0 ? peer.c_str() : row == 1 ? "busbw" : "(GB/s)";
+      std::printf("  %7s  %7s", first, row == 1 ? ratio.c_str() : "");
+    }
+    if (bound) std::printf("  %6s", row == 1 ? "%bound" : "");
+    std::printf("\n");
   };
   std::printf("#\n");
-  line("", "", "", "", "", "", "out-of-place", "", "", "", "in-place", "", "", "");
+  line("", "", "", "", "", "", "out-of-place", "", "", "", "in-place", "", "", "", 0);
   line("size", "count", "type", "redop", "root", "algo", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
-       "#wrong");
-  line("(B)", "(elements)", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+       "#wrong", 1);
+  line("(B)", "(elements)", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", 2);
   std::fflush(stdout);
 }
 
+// `tail`: the peer and bound columns, already formatted.
 void printRow(size_t bytes, size_t count, chorusDataType_t type, const char* redop, int root, const char* algo,
-              const Result& outOfPlace, const std::string& outWrong, const Result& inPlace,
-              const std::string& inWrong) {
+              const Result& outOfPlace, const std::string& outWrong, const Result& inPlace, const std::string& inWrong,
+              const std::string& tail = "") {
   std::printf("  %10zu  %12zu  %8s  %6s  %6d", bytes, count, chorusTypeName(type), redop, root);
   if (algo != nullptr) std::printf("  %20s", algo);
-  std::printf("  %9.2f  %7.2f  %7.2f  %6s  %9.2f  %7.2f  %7.2f  %6s\n", outOfPlace.timeUs, outOfPlace.algbw,
-              outOfPlace.busbw, outWrong.c_str(), inPlace.timeUs, inPlace.algbw, inPlace.busbw, inWrong.c_str());
+  std::printf("  %9.2f  %7.2f  %7.2f  %6s  %9.2f  %7.2f  %7.2f  %6s%s\n", outOfPlace.timeUs, outOfPlace.algbw,
+              outOfPlace.busbw, outWrong.c_str(), inPlace.timeUs, inPlace.algbw, inPlace.busbw, inWrong.c_str(),
+              tail.c_str());
   std::fflush(stdout);
 }
 
@@ -273,9 +313,35 @@ double busFactor(Op op, int nranks) {
   }
 }
 
+// The least traffic a collective of `bytes` (nccl-tests' size) on n ranks needs, in copies of
+// that size (a copy reads and writes each byte once): every input byte a rank needs read once and
+// every output byte written once. An all-reduce reads n inputs and writes n outputs of the size:
+// n copies; a reduce-scatter reads n inputs and writes n outputs of 1/n of it: (n + 1) / 2. The
+// bound's time is copies * bytes over the copy bandwidth of all ranks at once (README: --bound).
+double boundCopies(Op op, int nranks) {
+  const double n = nranks;
+  switch (op) {
+    case Op::kAllReduce:
+    case Op::kAllGather:
+    case Op::kAllToAll:
+    case Op::kBroadcast:
+    case Op::kSendRecv:
+      return n;
+    case Op::kReduceScatter:
+    case Op::kReduce:
+      return (n + 1) / 2;
+    case Op::kGather:
+    case Op::kScatter:
+      return 1;
+    default:
+      return 0;  // a barrier moves no data
+  }
+}
+
 class Bench {
  public:
-  Bench(const Options& options, chorusComm_t comm) : o_(options), comm_(comm) {
+  Bench(const Options& options, chorusComm_t comm, std::vector<std::unique_ptr<chorus::bench::Peer>> peers = {})
+      : o_(options), comm_(comm), peers_(std::move(peers)) {
     chorusCommUserRank(comm, &rank_);
     chorusCommCount(comm, &nranks_);
   }
@@ -317,9 +383,18 @@ class Bench {
   // Points sendPtr_ and recvPtr_ into the buffers fillInputs sized, for the in-place form or not.
   void selectBuffers(Op op, size_t count, size_t typeSize, bool inPlace);
   double busFactor(Op op) const { return ::busFactor(op, nranks_); }
+  // Every rank copies a buffer larger than the caches at once: the sum of their rates, GB/s.
+  double measureCopyGBps();
+  // Each peer's fastest algorithm at this row (out of place), checked as chorus is: the JSON
+  // object of every peer's numbers, and (*best)[i] (time 0 where peer i cannot make the call).
+  nlohmann::json measurePeers(const OpInfo& info, chorusDataType_t type, chorusRedOp_t redop, size_t count,
+                              std::vector<Result>* best, uint64_t* wrong);
 
   const Options& o_;
   chorusComm_t comm_;
+  std::vector<std::unique_ptr<chorus::bench::Peer>> peers_;
+  chorus::bench::Peer* peer_ = nullptr;  // once() calls this peer instead of chorus while set
+  std::string peerAlgorithm_;
   int rank_ = 0;
   int nranks_ = 1;
   std::vector<char> send_;
@@ -380,6 +455,16 @@ void Bench::selectBuffers(Op op, size_t count, size_t size, bool inPlace) {
 }
 
 void Bench::once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count) {
+  if (peer_ != nullptr) {
+    const chorus::bench::Call peerCall{op, nameOf(op), sendPtr_, recvPtr_, count, type, redop, o_.root};
+    try {
+      peer_->run(peerCall, peerAlgorithm_);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "collbench rank %d: %s\n", rank_, e.what());
+      std::exit(2);
+    }
+    return;
+  }
   switch (op) {
     case Op::kAllReduce:
       call("allreduce", chorusAllReduce(sendPtr_, recvPtr_, count, type, redop, comm_, nullptr));
@@ -507,6 +592,68 @@ Result Bench::resultOf(Op op, chorusDataType_t type, size_t count, double second
   return result;
 }
 
+double Bench::measureCopyGBps() {
+  // 64 MiB per rank: past the last-level cache of any machine collbench runs on, even alone.
+  constexpr size_t kBytes = size_t{64} << 20;
+  constexpr int kBlocks = 5;
+  constexpr int kCopies = 3;
+  std::vector<char> from(kBytes, 1), to(kBytes, 0);
+  std::memcpy(to.data(), from.data(), kBytes);  // both buffers' pages mapped before timing
+  std::vector<double> rates;
+  for (int b = 0; b < kBlocks; ++b) {
+    call("barrier", chorusBarrier(comm_, nullptr));
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kCopies; ++i) {
+      std::memcpy((i % 2 == 0 ? to : from).data(), (i % 2 == 0 ? from : to).data(), kBytes);
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double mine = kCopies * static_cast<double>(kBytes) / 1e9 / seconds, sum = 0;
+    call("allreduce of copy rates", chorusAllReduce(&mine, &sum, 1, chorusFloat64, chorusSum, comm_, nullptr));
+    rates.push_back(sum);
+  }
+  return median(rates);
+}
+
+nlohmann::json Bench::measurePeers(const OpInfo& info, chorusDataType_t type, chorusRedOp_t redop, size_t count,
+                                   std::vector<Result>* bestOfPeer, uint64_t* wrong) {
+  nlohmann::json all = nlohmann::json::object();
+  bestOfPeer->assign(peers_.size(), Result{});
+  for (size_t p = 0; p < peers_.size(); ++p) {
+    const chorus::bench::Call probe{info.op, info.name, nullptr, nullptr, count, type, redop, o_.root};
+    // N/A where the peer lacks the op, type or reduction, and at sizes of no element per rank
+    // (Gloo divides by the count).
+    if (count == 0 && info.op != Op::kBarrier) continue;
+    const std::vector<std::string> algorithms = peers_[p]->algorithms(probe);
+    if (algorithms.empty()) continue;
+    nlohmann::json byAlgorithm = nlohmann::json::object();
+    Result best;
+    std::string bestName;
+    uint64_t peerWrong = 0;
+    peer_ = peers_[p].get();
+    for (const std::string& algorithm : algorithms) {
+      peerAlgorithm_ = algorithm;
+      const Result r = measure(info.op, type, redop, count, false);
+      peerWrong += r.wrong;
+      byAlgorithm[algorithm.empty() ? "default" : algorithm] = r.busbw;
+      if (bestName.empty() || r.busbw > best.busbw) {
+        best = r;
+        bestName = algorithm.empty() ? "default" : algorithm;
+      }
+    }
+    peer_ = nullptr;
+    (*bestOfPeer)[p] = best;
+    *wrong += peerWrong;
+    if (peerWrong > 0 && rank_ == 0) {
+      std::printf("# %s: %llu wrong values at %zu elements\n", peers_[p]->name(),
+                  static_cast<unsigned long long>(peerWrong), count);
+    }
+    all[peers_[p]->name()] = {{"time_us", best.timeUs},   {"algbw_GBps", best.algbw},
+                              {"busbw_GBps", best.busbw}, {"algo", bestName},
+                              {"wrong", peerWrong},       {"algorithms_busbw_GBps", byAlgorithm}};
+  }
+  return all;
+}
+
 std::vector<std::pair<Result, Result>> Bench::measureInTurns(const char* opName, Op op,
                                                              const std::vector<std::string>& algos,
                                                              chorusDataType_t type, chorusRedOp_t redop, size_t count,
@@ -610,7 +757,25 @@ int Bench::run() {
                   transport ? transport : "auto");
     }
   }
-  if (print) printColumnHeader(!o_.algo.empty());
+  std::vector<std::string> peerNames;
+  for (const auto& peer : peers_) peerNames.push_back(peer->name());
+  if (!peers_.empty() && print) {
+    std::printf(
+        "#  Peers: %s, each timed out of place on the same buffers after chorus; x PEER is chorus's\n"
+        "#  out-of-place busbw over the peer's (its fastest algorithm)\n",
+        o_.compare.c_str());
+  }
+  double copyGBps = 0;
+  if (o_.bound) {
+    copyGBps = measureCopyGBps();
+    if (print) {
+      std::printf(
+          "#  Bound: copy bandwidth %.2f GB/s (%d ranks each copying 64 MiB at once, summed); %%bound = "
+          "out-of-place algbw * copies / copy bandwidth, copies = %g for %s (README)\n",
+          copyGBps, nranks_, boundCopies(opInfo->op, nranks_), opInfo->name);
+    }
+  }
+  if (print) printColumnHeader(!o_.algo.empty(), peerNames, o_.bound);
 
   // --algo: one algorithm, or all of the collective's, measured side by side per size.
   std::vector<std::string> algos{""};
@@ -633,6 +798,7 @@ int Bench::run() {
     }
   }
   nlohmann::json rows = nlohmann::json::array();
+  std::vector<std::vector<std::pair<double, size_t>>> peerRatios(peers_.size());  // (ratio, size) per row
   uint64_t totalWrong = 0;
   double busbwSum = 0;
   int busbwCount = 0;
@@ -651,6 +817,9 @@ int Bench::run() {
           const TurnPlan plan{std::vector<int>(algos.size(), o_.iters), o_.turns, o_.warmup, true, o_.check != 0};
           inTurns = measureInTurns(opInfo->name, opInfo->op, algos, type, redop, count, plan);
         }
+        std::vector<Result> peerBest;
+        nlohmann::json peerJson;
+        if (!peers_.empty()) peerJson = measurePeers(*opInfo, type, redop, count, &peerBest, &totalWrong);
         for (size_t a = 0; a < algos.size(); ++a) {
           const std::string& algo = algos[a];
           if (!algo.empty() && inTurns.empty()) {
@@ -663,26 +832,54 @@ int Bench::run() {
           busbwSum += outOfPlace.busbw + inPlace.busbw;
           busbwCount += 2;
           if (!print) continue;
+          // The peers' columns: their busbw and chorus's over it (as times: a barrier moves no bytes).
+          std::string tail;
+          char cell[64];
+          for (size_t p = 0; p < peerBest.size(); ++p) {
+            const double ratio =
+                peerBest[p].timeUs > 0 && outOfPlace.timeUs > 0 ? peerBest[p].timeUs / outOfPlace.timeUs : 0;
+            if (ratio > 0) {
+              std::snprintf(cell, sizeof(cell), "  %7.2f  %7.2f", peerBest[p].busbw, ratio);
+              peerRatios[p].push_back({ratio, shownBytes});
+              peerJson[peerNames[p]]["chorus_over_peer"] = ratio;
+            } else {
+              std::snprintf(cell, sizeof(cell), "  %7s  %7s", "N/A", "N/A");
+            }
+            tail += cell;
+          }
+          const double copies = boundCopies(opInfo->op, nranks_);
+          const double boundPct = copyGBps > 0 ? 100 * outOfPlace.algbw * copies / copyGBps : 0;
+          if (o_.bound) {
+            if (copies > 0) {
+              std::snprintf(cell, sizeof(cell), "  %6.1f", boundPct);
+            } else {
+              std::snprintf(cell, sizeof(cell), "  %6s", "N/A");
+            }
+            tail += cell;
+          }
           printRow(shownBytes, count, type, opInfo->reduces ? chorusOpName(redop) : "none",
                    opInfo->rooted ? o_.root : -1, o_.algo.empty() ? nullptr : algo.c_str(), outOfPlace,
                    o_.check ? std::to_string(outOfPlace.wrong) : "N/A", inPlace,
-                   o_.check ? std::to_string(inPlace.wrong) : "N/A");
+                   o_.check ? std::to_string(inPlace.wrong) : "N/A", tail);
           auto side = [&](const Result& r) {
             nlohmann::json j = {{"time_us", r.timeUs}, {"algbw_GBps", r.algbw}, {"busbw_GBps", r.busbw}};
             if (o_.check) j["wrong"] = r.wrong;
             if (!r.turnUs.empty()) j["turn_time_us"] = r.turnUs;
             return j;
           };
-          rows.push_back({{"op", opInfo->name},
-                          {"size_bytes", shownBytes},
-                          {"count", count},
-                          {"type", chorusTypeName(type)},
-                          {"redop", opInfo->reduces ? chorusOpName(redop) : "none"},
-                          {"root", opInfo->rooted ? o_.root : -1},
-                          {"algo", algo.empty() ? "default" : algo},
-                          {"nranks", nranks_},
-                          {"out_of_place", side(outOfPlace)},
-                          {"in_place", side(inPlace)}});
+          nlohmann::json row = {{"op", opInfo->name},
+                                {"size_bytes", shownBytes},
+                                {"count", count},
+                                {"type", chorusTypeName(type)},
+                                {"redop", opInfo->reduces ? chorusOpName(redop) : "none"},
+                                {"root", opInfo->rooted ? o_.root : -1},
+                                {"algo", algo.empty() ? "default" : algo},
+                                {"nranks", nranks_},
+                                {"out_of_place", side(outOfPlace)},
+                                {"in_place", side(inPlace)}};
+          if (!peers_.empty()) row["peers"] = peerJson;
+          if (o_.bound && copies > 0) row["bound_pct"] = boundPct;
+          rows.push_back(std::move(row));
         }
         if (opInfo->op == Op::kBarrier) break;  // one row: a barrier has no size
         bytes = nextSize(o_, bytes);
@@ -694,13 +891,27 @@ int Bench::run() {
   if (print) {
     std::printf("# Out of bounds values : %llu %s\n", static_cast<unsigned long long>(totalWrong),
                 totalWrong == 0 ? "OK" : "FAILED");
-    std::printf("# Avg bus bandwidth    : %g \n#\n", avgBusbw);
+    std::printf("# Avg bus bandwidth    : %g \n", avgBusbw);
+    for (size_t p = 0; p < peers_.size(); ++p) {
+      if (peerRatios[p].empty()) {
+        std::printf("# x %-5s: no row (%s cannot make these calls)\n", peerNames[p].c_str(), peerNames[p].c_str());
+        continue;
+      }
+      const auto lowest = *std::min_element(peerRatios[p].begin(), peerRatios[p].end());
+      std::vector<double> ratios;
+      for (const auto& r : peerRatios[p]) ratios.push_back(r.first);
+      std::printf("# x %-5s: lowest %.2f (at %zu B), median %.2f over %zu rows\n", peerNames[p].c_str(), lowest.first,
+                  lowest.second, median(ratios), ratios.size());
+    }
+    std::printf("#\n");
     std::fflush(stdout);
     if (!o_.json.empty()) {
       nlohmann::json doc = {{"tool", "collbench"}, {"op", opInfo->name},        {"nranks", nranks_},
                             {"iters", o_.iters},   {"turns", o_.turns},         {"warmup", o_.warmup},
                             {"check", o_.check},   {"wrong_total", totalWrong}, {"avg_busbw_GBps", avgBusbw},
                             {"rows", rows}};
+      if (o_.bound) doc["copy_GBps"] = copyGBps;
+      if (!peers_.empty()) doc["peers"] = peerNames;
       if (!writeJson(o_.json, doc)) return 2;
     }
   }
@@ -1201,9 +1412,110 @@ bool launchedAsRank() {
   return false;
 }
 
+#ifdef CHORUS_COLLBENCH_GLOO
+// Gloo's ranks meet through a file store: a fresh directory rank 0 makes (under --gloo-store, or
+// TMPDIR, or /tmp), which every rank must see. Removed once the mesh stands.
+std::unique_ptr<chorus::bench::Peer> startGloo(const Options& o, chorusComm_t comm, int rank, int nranks) {
+  char dir[512] = {};
+  if (rank == 0) {
+    const char* tmp = std::getenv("TMPDIR");
+    const std::string base = !o.glooStore.empty() ? o.glooStore : tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+    std::snprintf(dir, sizeof(dir), "%s/collbench-gloo-XXXXXX", base.c_str());
+    if (mkdtemp(dir) == nullptr) {
+      std::fprintf(stderr, "collbench: --compare gloo: cannot make a store directory under %s: %s\n", base.c_str(),
+                   std::strerror(errno));
+      dir[0] = '\0';
+    }
+  }
+  if (chorusBroadcast(dir, dir, sizeof(dir), chorusUint8, 0, comm, nullptr) != chorusSuccess) return nullptr;
+  struct stat st {};
+  int visible = dir[0] != '\0' && stat(dir, &st) == 0 && S_ISDIR(st.st_mode), everywhere = 0;
+  if (chorusAllReduce(&visible, &everywhere, 1, chorusInt32, chorusMin, comm, nullptr) != chorusSuccess) return nullptr;
+  if (!everywhere) {
+    if (!visible && dir[0] != '\0') {
+      std::fprintf(stderr,
+                   "collbench rank %d: --compare gloo: the store directory %s is not visible here (ranks on several "
+                   "hosts need --gloo-store on a shared filesystem)\n",
+                   rank, dir);
+    }
+    return nullptr;
+  }
+  std::unique_ptr<chorus::bench::Peer> peer;
+  try {
+    peer = chorus::bench::makeGlooPeer(rank, nranks, dir);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "collbench: %s\n", e.what());
+  }
+  int up = peer != nullptr, all = 0;
+  chorusAllReduce(&up, &all, 1, chorusInt32, chorusMin, comm, nullptr);
+  if (rank == 0) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+  }
+  return all ? std::move(peer) : nullptr;
+}
+#endif
+
+// The peers --compare names, started on every rank; false (the reason on stderr) when one fails
+// on any rank.
+bool startPeers(const Options& o, chorusComm_t comm, std::vector<std::unique_ptr<chorus::bench::Peer>>* peers) {
+  int rank = 0, nranks = 1;
+  chorusCommUserRank(comm, &rank);
+  chorusCommCount(comm, &nranks);
+  bool known = true;
+  for (const std::string& name : comparedPeers(o, &known)) {
+    std::unique_ptr<chorus::bench::Peer> peer;
+#ifdef CHORUS_COLLBENCH_GLOO
+    if (name == "gloo") peer = startGloo(o, comm, rank, nranks);
+#endif
+#ifdef CHORUS_COLLBENCH_MPI
+    if (name == "mpi") {
+      try {
+        peer = chorus::bench::makeMpiPeer(rank, nranks);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "collbench: %s\n", e.what());
+      }
+    }
+#endif
+    int up = peer != nullptr, all = 0;
+    if (chorusAllReduce(&up, &all, 1, chorusInt32, chorusMin, comm, nullptr) != chorusSuccess || !all) return false;
+    peers->push_back(std::move(peer));
+  }
+  return known;
+}
+
+#ifdef CHORUS_COLLBENCH_MPI
+// -g N --compare mpi: runs this collbench again as N ranks of mpiexec, with the same arguments
+// (-g is ignored there); --bind core becomes mpiexec's -bind-to core. Returns only on failure.
+int execUnderMpiexec(const Options& o, int argc, char** argv) {
+  char self[4096] = {};
+  const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (length <= 0) {
+    std::perror("collbench: readlink /proc/self/exe");
+    return 2;
+  }
+  std::vector<std::string> args = {CHORUS_MPIEXEC_PATH, "-n", std::to_string(o.localRanks)};
+  if (o.bind == "core") args.insert(args.end(), {"-bind-to", "core"});
+  args.push_back(self);
+  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+  std::vector<char*> pointers;
+  for (std::string& arg : args) pointers.push_back(arg.data());
+  pointers.push_back(nullptr);
+  std::fflush(stdout);
+  execv(pointers[0], pointers.data());
+  std::fprintf(stderr, "collbench: --compare mpi: cannot start %s: %s\n", pointers[0], std::strerror(errno));
+  return 2;
+}
+#endif
+
 int runRank(const Options& options, chorusComm_t comm) {
-  Bench bench(options, comm);
-  const int code = options.calibrate.empty() ? bench.run() : bench.calibrate(options.calibrate);
+  int code = 2;
+  if (!options.calibrate.empty()) {
+    code = Bench(options, comm).calibrate(options.calibrate);
+  } else {
+    std::vector<std::unique_ptr<chorus::bench::Peer>> peers;
+    if (startPeers(options, comm, &peers)) code = Bench(options, comm, std::move(peers)).run();
+  }
   chorusCommDestroy(comm);
   return code;
 }
@@ -1264,6 +1576,15 @@ int main(int argc, char** argv) {
   app.add_option("--ranks-per-host", o.ranksPerHost,
                  "--simulate: consecutive ranks per host (the rest talk over the network model); default all on one")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--compare", o.compare,
+                 "also time these peers on the same calls and buffers: gloo (its tcp transport), mpi (the MPI "
+                 "collective of the same name; with -g N the ranks are started under mpiexec), or gloo,mpi");
+  app.add_option("--gloo-store", o.glooStore,
+                 "--compare gloo: make Gloo's rendezvous file store under this directory (default TMPDIR or /tmp; "
+                 "ranks on several hosts need a shared one)");
+  app.add_flag("--bound", o.bound,
+               "measure the copy bandwidth of all ranks at once first and print each row's share of the bound "
+               "(least traffic over copy bandwidth; README)");
   app.add_flag("--inject-wrong", o.injectWrong, "test hook: spoil one received element before the check")->group("");
   CLI11_PARSE(app, argc, argv);
   try {
@@ -1283,6 +1604,22 @@ int main(int argc, char** argv) {
   if (o.maxBytes < o.minBytes) o.maxBytes = o.minBytes;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (o.simulate) return simulateSweep(o);
+  bool peersKnown = true;
+  const std::vector<std::string> peerNames = comparedPeers(o, &peersKnown);
+  if (!peersKnown) return 2;
+  if (std::find(peerNames.begin(), peerNames.end(), "mpi") != peerNames.end()) {
+#ifdef CHORUS_COLLBENCH_MPI
+    // MPI's ranks are mpiexec's processes: chorus meets over MPI then, and -g starts them so.
+    if (std::getenv("PMI_RANK") != nullptr) {
+      return chorus::bench::runWithMpi(&argc, &argv, [&](chorusComm_t comm) { return runRank(o, comm); });
+    }
+    if (launchedAsRank()) {
+      std::fprintf(stderr, "collbench: --compare mpi: start collbench under mpiexec, or with -g N (not chorusrun)\n");
+      return 2;
+    }
+    return execUnderMpiexec(o, argc, argv);
+#endif
+  }
 
   if (launchedAsRank()) {
     chorusComm_t comm = nullptr;

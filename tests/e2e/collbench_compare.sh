@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# --compare gloo,mpi times Gloo and MPI on the same calls and checks their results as chorus's;
+# --bound prints each row's share of the copy-bandwidth bound. The JSON's numbers agree with the
+# formulas the README states.
+source "$(dirname "$0")/lib.sh"
+run_clean "$collbench" -g 2 --op allreduce -b 1K -e 256K -f 16 -n 3 -w 1 --compare gloo,mpi --bound \
+  --json "$work/allreduce.json"
+grep -q "x gloo" "$work/out.txt" || fail "no x gloo column"
+grep -q "%bound" "$work/out.txt" || fail "no %bound column"
+# Gloo's halving-doubling reduce-scatter at a rank count that is not a power of two.
+run_clean "$collbench" -g 3 --op reducescatter -b 3K -e 48K -f 16 -n 2 -w 1 -d int32 -o max --compare gloo,mpi \
+  --json "$work/reducescatter.json"
+# bfloat16: Gloo has no such type, so its columns say N/A and the run still passes.
+run_clean "$collbench" -g 2 --op alltoall -b 1K -e 1K -n 2 -w 1 -d bfloat16 --compare gloo --json "$work/bf16.json"
+grep -q "N/A" "$work/out.txt" || fail "no N/A for gloo bfloat16"
+python3 - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+doc = json.load(open(work + "/allreduce.json"))
+assert doc["peers"] == ["gloo", "mpi"], doc["peers"]
+copy = doc["copy_GBps"]
+assert copy > 0, copy
+assert [r["size_bytes"] for r in doc["rows"]] == [1024, 16384, 262144]
+for r in doc["rows"]:
+    ours = r["out_of_place"]
+    # The share of the bound: algbw * copies / copy bandwidth, copies = n = 2 for an all-reduce.
+    assert abs(r["bound_pct"] - 100 * ours["algbw_GBps"] * 2 / copy) < 1e-6 * r["bound_pct"], r
+    for name in ("gloo", "mpi"):
+        peer = r["peers"][name]
+        assert peer["wrong"] == 0 and peer["time_us"] > 0 and peer["busbw_GBps"] > 0, (name, r)
+        assert abs(peer["chorus_over_peer"] - peer["time_us"] / ours["time_us"]) < 1e-9 * peer["chorus_over_peer"]
+    # Every Gloo all-reduce algorithm was timed, and the fastest reported.
+    algos = r["peers"]["gloo"]["algorithms_busbw_GBps"]
+    assert sorted(algos) == ["bcube", "halving_doubling", "ring"], algos
+    assert r["peers"]["gloo"]["busbw_GBps"] == max(algos.values()), algos
+doc = json.load(open(work + "/reducescatter.json"))
+assert doc["nranks"] == 3 and len(doc["rows"]) == 2
+for r in doc["rows"]:
+    assert r["out_of_place"]["wrong"] == 0
+    for name in ("gloo", "mpi"):
+        assert r["peers"][name]["wrong"] == 0 and r["peers"][name]["algo"], (name, r)
+doc = json.load(open(work + "/bf16.json"))
+assert doc["rows"][0]["peers"] == {}, doc["rows"][0]
+print("compare ok")
+PY
+# An unknown peer is refused by name.
+if "$collbench" -g 2 --compare nccl >"$work/bad.txt" 2>&1; then fail "--compare nccl accepted"; fi
+grep -q "unknown peer" "$work/bad.txt" || { cat "$work/bad.txt"; fail "no 'unknown peer' message"; }
+echo "collbench --compare ok"
