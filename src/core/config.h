@@ -15,6 +15,7 @@ enum class Knob {
   kChunkBytes,     // CHORUS_CHUNK_BYTES: pipelining chunk of ring and chain algorithms
   kShmSlotBytes,   // CHORUS_SHM_SLOT_BYTES: bytes per shared-memory FIFO slot
   kShmSlots,       // CHORUS_SHM_SLOTS: slots per shared-memory FIFO
+  kShmReadBytes,   // CHORUS_SHM_READ_BYTES: messages this large are read from the sender's memory
   kSpinUs,         // CHORUS_SPIN_US: how long a wait spins before it blocks
   kBootstrapAddr,  // CHORUS_BOOTSTRAP_ADDR: address this process listens on
   kAlgo,           // CHORUS_ALGO: per-collective algorithm overrides

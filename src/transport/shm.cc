@@ -9,6 +9,13 @@
 // when they publish or free slots; a rank with nothing to do sleeps on it (ranks may outnumber
 // cores), so nobody spins for long.
 //
+// Large messages (CHORUS_SHM_READ_BYTES and up) take one copy instead of two: the sender
+// publishes one slot that holds no bytes but the message's address in its own memory, the
+// receiver copies the message straight into its buffer with process_vm_readv (cross-memory
+// attach) and counts the read done in the FIFO, and only then does the send complete. Whether
+// the receiver may read the sender's memory (same PID namespace, ptrace permission) is probed
+// once at set-up; where it may not, that pair keeps the two-copy path.
+//
 // Set-up is collective: each rank creates its outgoing FIFOs and its doorbell, all meet at a
 // bootstrap barrier, each maps its incoming FIFOs and its peers' doorbells, all meet again, and
 // each creator unlinks its names, so nothing outlives the processes.
@@ -18,6 +25,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -39,9 +47,17 @@ struct Doorbell {
   std::atomic<uint32_t> waiters;
 };
 
+// What the receiver answers to the set-up probe of the sender's memory.
+enum ReadProbe : uint32_t { kNotProbed = 0, kCanRead = 1, kCannotRead = 2 };
+constexpr uint64_t kProbeMagic = 0x63686f7275732121ull;
+
 struct alignas(64) FifoControl {
-  alignas(64) std::atomic<uint64_t> head;  // pieces published by the sender
-  alignas(64) std::atomic<uint64_t> tail;  // pieces consumed by the receiver
+  alignas(64) std::atomic<uint64_t> head;   // pieces published by the sender
+  alignas(64) std::atomic<uint64_t> tail;   // pieces consumed by the receiver
+  alignas(64) std::atomic<uint64_t> reads;  // messages the receiver read from the sender's memory
+  std::atomic<uint32_t> probe;              // ReadProbe, set by the receiver at set-up
+  uint64_t probeValue;                      // kProbeMagic, written by the sender
+  uint64_t probeAddress;                    // where probeValue lies in the sender's address space
 };
 
 struct alignas(64) SlotHeader {
@@ -49,7 +65,22 @@ struct alignas(64) SlotHeader {
   uint64_t messageBytes;
   uint64_t offset;
   uint64_t pieceBytes;
+  uint64_t remote;  // 0: the piece follows the header; else its address in the sender's memory
 };
+
+// Copies bytes from address `remote` of process pid into local; the errno of a failure, else 0.
+int readRemote(pid_t pid, void* local, uint64_t remote, size_t bytes) {
+  size_t done = 0;
+  while (done < bytes) {
+    iovec to{static_cast<char*>(local) + done, bytes - done};
+    iovec from{reinterpret_cast<void*>(remote + done), bytes - done};
+    const ssize_t got = process_vm_readv(pid, &to, 1, &from, 1, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return got < 0 ? errno : EFAULT;
+    done += static_cast<size_t>(got);
+  }
+  return 0;
+}
 
 void ring(Doorbell* bell) {
   bell->sequence.fetch_add(1, std::memory_order_seq_cst);
@@ -149,6 +180,10 @@ struct Peer {
   Doorbell* bell = nullptr;  // the peer's doorbell
   std::deque<PendingOp> sends;
   std::deque<PendingOp> recvs;
+  // Sends the peer reads from this rank's memory, each with the count of reads that completes it.
+  std::deque<std::pair<uint64_t, Request*>> beingRead;
+  uint64_t readsPublished = 0;
+  bool peerReads = false;  // the peer may read this rank's memory (the probe succeeded)
 };
 
 class ShmTransport final : public Transport {
@@ -157,6 +192,7 @@ class ShmTransport final : public Transport {
       : rank_(context.rank),
         slots_(static_cast<uint64_t>(knobInt(Knob::kShmSlots))),
         slotBytes_(static_cast<size_t>(knobInt(Knob::kShmSlotBytes))),
+        readBytes_(static_cast<size_t>(std::max<int64_t>(knobInt(Knob::kShmReadBytes), 0))),
         peers_("shm", context.rank, context.nranks) {
     if (slots_ < 2 || slotBytes_ < 64) {
       fail(chorusInvalidArgument,
@@ -178,6 +214,8 @@ class ShmTransport final : public Transport {
       peer.pid = context.peers[rank].pid;
       peer.outSegment = Segment::create(fmt::format("{}-{}-{}", prefix, rank_, peer.rank), fifoBytes);
       peer.out = new (peer.outSegment.base()) FifoControl{};
+      peer.out->probeValue = kProbeMagic;
+      peer.out->probeAddress = reinterpret_cast<uint64_t>(&peer.out->probeValue);
       peer.outSlots = peer.outSegment.base() + sizeof(FifoControl);
     }
     // 2. Everyone has created; map the peers' segments.
@@ -188,9 +226,19 @@ class ShmTransport final : public Transport {
       peer.inSlots = peer.inSegment.base() + sizeof(FifoControl);
       peer.bellSegment = Segment::open(fmt::format("{}-bell-{}", prefix, peer.rank), sizeof(Doorbell));
       peer.bell = reinterpret_cast<Doorbell*>(peer.bellSegment.base());
+      // Can this rank read the peer's memory? Read its probe value where the peer says it is.
+      uint64_t value = 0;
+      const int error = readBytes_ > 0 ? readRemote(peer.pid, &value, peer.in->probeAddress, sizeof(value)) : EPERM;
+      const bool canRead = error == 0 && value == kProbeMagic;
+      peer.in->probe.store(canRead ? kCanRead : kCannotRead, std::memory_order_release);
+      if (!canRead && readBytes_ > 0) {
+        logAt(LogLevel::kInfo, "shm: rank {} cannot read rank {}'s memory ({}); two copies per message from it", rank_,
+              peer.rank, error != 0 ? std::strerror(error) : "probe value differs");
+      }
     }
-    // 3. Everyone has mapped; remove the names.
+    // 3. Everyone has mapped and probed; remove the names.
     context.bootstrap->barrier(context.deadline);
+    for (Peer& peer : peers_.all()) peer.peerReads = peer.out->probe.load(std::memory_order_acquire) == kCanRead;
     bellSegment_.unlink();
     for (Peer& peer : peers_.all()) peer.outSegment.unlink();
   }
@@ -216,6 +264,7 @@ class ShmTransport final : public Transport {
     for (Peer& p : peers_.all()) {
       if (!p.sends.empty()) moved |= pushSends(p);
       if (!p.recvs.empty()) moved |= pullRecvs(p);
+      if (!p.beingRead.empty()) moved |= completeReads(p);
     }
     return moved;
   }
@@ -235,6 +284,7 @@ class ShmTransport final : public Transport {
 
   void cancelAll() override {
     peers_.clearQueues();
+    for (Peer& p : peers_.all()) p.beingRead.clear();
     pending_ = 0;
   }
 
@@ -251,22 +301,29 @@ class ShmTransport final : public Transport {
       PendingOp& op = p.sends.front();
       const uint64_t tail = p.out->tail.load(std::memory_order_acquire);
       if (head - tail >= slots_) break;
-      const size_t piece = std::min(slotBytes_, op.bytes - op.done);
+      // A large message not yet started: its address only, for the receiver to read.
+      const bool byAddress = p.peerReads && readBytes_ > 0 && op.bytes >= readBytes_ && op.done == 0;
+      const size_t piece = byAddress ? op.bytes : std::min(slotBytes_, op.bytes - op.done);
       SlotHeader* header = slot(p.outSlots, head);
       header->tag = op.tag;
       header->messageBytes = op.bytes;
       header->offset = op.done;
       header->pieceBytes = piece;
-      if (piece > 0) std::memcpy(reinterpret_cast<char*>(header + 1), op.data + op.done, piece);
+      header->remote = byAddress ? reinterpret_cast<uint64_t>(op.data) : 0;
+      if (piece > 0 && !byAddress) std::memcpy(reinterpret_cast<char*>(header + 1), op.data + op.done, piece);
       op.done += piece;
       op.started = true;
       ++head;
       p.out->head.store(head, std::memory_order_release);
       moved = true;
       if (op.done == op.bytes) {
-        op.request->done = true;
+        if (byAddress) {
+          p.beingRead.emplace_back(++p.readsPublished, op.request);  // done when the peer has read it
+        } else {
+          op.request->done = true;
+          --pending_;
+        }
         p.sends.pop_front();
-        --pending_;
       }
     }
     if (moved) ring(p.bell);
@@ -283,14 +340,20 @@ class ShmTransport final : public Transport {
       PendingOp& op = p.recvs.front();
       const SlotHeader* header = slot(p.inSlots, tail);
       if (header->tag != op.tag || header->messageBytes != op.bytes || header->offset != op.done ||
-          header->pieceBytes > slotBytes_ || header->offset + header->pieceBytes > op.bytes) {
+          (header->remote == 0 && header->pieceBytes > slotBytes_) || header->offset + header->pieceBytes > op.bytes) {
         fail(
             chorusRemoteError,
             "shm: the next message from rank {} is {} with {} bytes, but rank {} posted a receive for {} with {} bytes "
             "(the ranks called different operations, or with different sizes)",
             p.rank, describeTag(header->tag), header->messageBytes, rank_, describeTag(op.tag), op.bytes);
       }
-      if (header->pieceBytes > 0) {
+      if (header->remote != 0) {
+        if (const int error = readRemote(p.pid, op.data + op.done, header->remote, header->pieceBytes); error != 0) {
+          fail(chorusSystemError, "shm: rank {} could not read {} bytes of {} from rank {} (pid {}): {}", rank_,
+               header->pieceBytes, describeTag(op.tag), p.rank, p.pid, std::strerror(error));
+        }
+        p.in->reads.fetch_add(1, std::memory_order_release);  // the sender may reuse its buffer
+      } else if (header->pieceBytes > 0) {
         std::memcpy(op.data + op.done, reinterpret_cast<const char*>(header + 1), header->pieceBytes);
       }
       op.done += header->pieceBytes;
@@ -307,12 +370,25 @@ class ShmTransport final : public Transport {
     return moved;
   }
 
+  // Completes the sends the peer has finished reading. Returns true if any completed.
+  bool completeReads(Peer& p) {
+    const uint64_t reads = p.out->reads.load(std::memory_order_acquire);
+    bool completed = false;
+    while (!p.beingRead.empty() && p.beingRead.front().first <= reads) {
+      p.beingRead.front().second->done = true;
+      p.beingRead.pop_front();
+      --pending_;
+      completed = true;
+    }
+    return completed;
+  }
+
   void checkPeersAlive() {
     const auto now = Clock::now();
     if (now - lastAliveCheck_ < std::chrono::milliseconds(500)) return;
     lastAliveCheck_ = now;
     for (const Peer& p : peers_.all()) {
-      if ((p.sends.empty() && p.recvs.empty()) || p.pid <= 0) continue;
+      if ((p.sends.empty() && p.recvs.empty() && p.beingRead.empty()) || p.pid <= 0) continue;
       if (kill(p.pid, 0) != 0 && errno == ESRCH) {
         fail(chorusRemoteError, "shm: rank {} (pid {} on this host) has exited while rank {} waits for it", p.rank,
              p.pid, rank_);
@@ -323,6 +399,7 @@ class ShmTransport final : public Transport {
   int rank_;
   uint64_t slots_;
   size_t slotBytes_;
+  size_t readBytes_;  // CHORUS_SHM_READ_BYTES
   size_t slotStride_ = 0;
   PeerTable<Peer> peers_;
   Segment bellSegment_;

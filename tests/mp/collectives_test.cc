@@ -3,6 +3,7 @@
 #include <chorus/chorus.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -60,6 +61,46 @@ TEST_P(CollectivesTest, BarrierWaitsForEveryRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesTest, ::testing::ValuesIn(transportRankMatrix()), transportRanksName);
+
+TEST(ShmReadTest, RanksCanReadEachOthersMemory) {
+  // The shm transport's one-copy path reads the sender's buffer with process_vm_readv; forked
+  // sibling ranks must be allowed to (else the transport falls back to two copies and the test
+  // below would not reach the path).
+  runRanks({}, [&](int rank, chorusComm_t comm) {
+    struct Where {
+      int64_t pid;
+      uint64_t address;
+    };
+    const uint64_t mine = 0x1234000 + static_cast<uint64_t>(rank);
+    const Where here{getpid(), reinterpret_cast<uint64_t>(&mine)};
+    Where both[2];
+    ASSERT_EQ(chorusAllGather(&here, both, sizeof(Where), chorusUint8, comm, nullptr), chorusSuccess);
+    const Where& peer = both[1 - rank];
+    uint64_t theirs = 0;
+    iovec to{&theirs, sizeof(theirs)};
+    iovec from{reinterpret_cast<void*>(peer.address), sizeof(theirs)};
+    EXPECT_EQ(process_vm_readv(static_cast<pid_t>(peer.pid), &to, 1, &from, 1, 0), 8) << std::strerror(errno);
+    EXPECT_EQ(theirs, 0x1234000u + static_cast<uint64_t>(1 - rank));
+    ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess);  // `mine` lives until both have read it
+  });
+}
+
+TEST(ShmReadTest, EveryCollectiveIsRightWhenEveryMessageIsReadFromTheSender) {
+  // CHORUS_SHM_READ_BYTES=1: every non-empty shm message is read from the sender's memory (empty
+  // ones still take a slot), so the by-address messages mix with slot messages in every FIFO.
+  ASSERT_EQ(setenv("CHORUS_SHM_READ_BYTES", "1", 1), 0);
+  for (int n : {2, 3, 4}) {
+    RanksOptions options;
+    options.nranks = n;
+    options.transport = "shm";
+    runRanks(options, [&](int rank, chorusComm_t comm) {
+      SCOPED_TRACE("shm reads, " + std::to_string(n) + " ranks");
+      checkEveryCollective(comm, rank, n, {0, 1, 1000, 300007}, {chorusInt32, chorusFloat32}, {chorusSum, chorusMax},
+                           /*withSendRecv=*/true);
+    });
+  }
+  unsetenv("CHORUS_SHM_READ_BYTES");
+}
 
 }  // namespace
 }  // namespace chorus
