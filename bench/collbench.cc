@@ -593,7 +593,8 @@ Result Bench::resultOf(Op op, chorusDataType_t type, size_t count, double second
 }
 
 double Bench::measureCopyGBps() {
-  // 64 MiB per rank: past the last-level cache of any machine collbench runs on, even alone.
+  // 64 MiB per rank: beyond the last-level cache of machines like ours (tens of MiB); on a
+  // machine with a larger cache C is a cache speed and %bound comes out low.
   constexpr size_t kBytes = size_t{64} << 20;
   constexpr int kBlocks = 5;
   constexpr int kCopies = 3;
@@ -619,10 +620,10 @@ nlohmann::json Bench::measurePeers(const OpInfo& info, chorusDataType_t type, ch
   nlohmann::json all = nlohmann::json::object();
   bestOfPeer->assign(peers_.size(), Result{});
   for (size_t p = 0; p < peers_.size(); ++p) {
-    const chorus::bench::Call probe{info.op, info.name, nullptr, nullptr, count, type, redop, o_.root};
-    // N/A where the peer lacks the op, type or reduction, and at sizes of no element per rank
-    // (Gloo divides by the count).
+    // N/A at sizes of no element per rank (Gloo divides by the count), and where the peer lacks
+    // the op, type or reduction.
     if (count == 0 && info.op != Op::kBarrier) continue;
+    const chorus::bench::Call probe{info.op, info.name, nullptr, nullptr, count, type, redop, o_.root};
     const std::vector<std::string> algorithms = peers_[p]->algorithms(probe);
     if (algorithms.empty()) continue;
     nlohmann::json byAlgorithm = nlohmann::json::object();
