@@ -3,7 +3,8 @@
 // written), beside memcpy's bytes per second (one read, one write) at the same size, measured in
 // the same run. `copy_ratio` is the kernel's bytes per second over memcpy's, each counting every
 // byte read and written: about 1 where both are bound by memory bandwidth (at 64 MiB), below 1
-// where the kernel's arithmetic is the bound.
+// where the kernel's arithmetic is the bound. `copy_streaming` is kernels::copyStreaming (non-temporal
+// stores, no read of the destination first), with the same copy_ratio.
 //
 //   build/release/bench/reduce_bench [--benchmark_filter=float32]
 #include <benchmark/benchmark.h>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/copy.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/reduce.h"
 
@@ -74,8 +76,24 @@ void copy(benchmark::State& state) {
       static_cast<int64_t>(2.0 * static_cast<double>(bytes) * static_cast<double>(state.iterations())));
 }
 
+void copyStreaming(benchmark::State& state) {
+  const size_t bytes = static_cast<size_t>(state.range(0));
+  std::vector<char> from(bytes, 1), to(bytes, 2);
+  for (auto _ : state) {
+    chorus::kernels::copyStreaming(to.data(), from.data(), bytes);
+    benchmark::ClobberMemory();
+  }
+  const double moved = 2.0 * static_cast<double>(bytes);
+  state.SetBytesProcessed(static_cast<int64_t>(moved * static_cast<double>(state.iterations())));
+  state.counters["copy_ratio"] =
+      benchmark::Counter(moved / copyBytesPerSecond(bytes), benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void registerAll() {
   for (size_t bytes : kSizes) benchmark::RegisterBenchmark("memcpy", copy)->Arg(static_cast<int64_t>(bytes));
+  for (size_t bytes : kSizes) {
+    benchmark::RegisterBenchmark("copy_streaming", copyStreaming)->Arg(static_cast<int64_t>(bytes));
+  }
   const std::pair<chorusDataType_t, chorusRedOp_t> cases[] = {
       {chorusFloat32, chorusSum},  {chorusFloat32, chorusMax}, {chorusFloat64, chorusSum}, {chorusFloat16, chorusSum},
       {chorusBfloat16, chorusSum}, {chorusInt32, chorusSum},   {chorusInt8, chorusProd},   {chorusInt64, chorusProd}};

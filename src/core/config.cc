@@ -25,7 +25,7 @@ constexpr KnobSpec kKnobs[] = {
     {"CHORUS_CHUNK_BYTES", "524288", "pipelining chunk of every call, bytes (unset: the tuner picks it per call)"},
     {"CHORUS_SHM_SLOT_BYTES", "262144", "bytes per shared-memory FIFO slot"},
     {"CHORUS_SHM_SLOTS", "8", "slots per shared-memory FIFO (one FIFO per ordered pair of ranks)"},
-    {"CHORUS_SHM_READ_BYTES", "4194304",
+    {"CHORUS_SHM_READ_BYTES", "0",
      "shm messages of at least this many bytes are read by the receiver straight from the sender's memory "
      "(process_vm_readv: one copy instead of two); 0: never"},
     {"CHORUS_SPIN_US", "20", "how long a wait spins before it blocks (ranks may outnumber cores)"},

@@ -119,6 +119,9 @@ void Executor::issue(Item& item) {
       transportOfPeer_[step.peer]->postRecv(step.peer, item.op->tag, item.dst, step.bytes, &item.request);
       break;
     case StepKind::kRecvReduce:
+      if (transportOfPeer_[step.peer]->postRecvToSink(step.peer, item.op->tag, &item, step.bytes, &item.request)) {
+        break;
+      }
       item.needsReduce = true;
       transportOfPeer_[step.peer]->postRecv(step.peer, item.op->tag, item.tmp, step.bytes, &item.request);
       break;
@@ -139,6 +142,10 @@ void Executor::issue(Item& item) {
       break;
     }
   }
+}
+
+void Executor::Item::consume(size_t offset, const void* piece, size_t bytes) {
+  kernels::reduce(dst + offset, src + offset, piece, bytes / kernels::typeSize(op->type), op->type, op->op);
 }
 
 // Completes the local part of a step whose transfer is done. True if the item is complete.

@@ -73,7 +73,10 @@ class Executor {
     bool write;
   };
   struct Batch;
-  struct Item {
+  // One step in the stream. A receive-reduce whose transport delivers pieces reduces each piece
+  // as it arrives (consume), so the received bytes are never stored.
+  struct Item final : PieceSink {
+    void consume(size_t offset, const void* piece, size_t bytes) override;
     const collectives::Step* step;
     PreparedOp* op;
     Batch* batch;

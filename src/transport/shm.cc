@@ -9,12 +9,17 @@
 // when they publish or free slots; a rank with nothing to do sleeps on it (ranks may outnumber
 // cores), so nobody spins for long.
 //
-// Large messages (CHORUS_SHM_READ_BYTES and up) take one copy instead of two: the sender
+// Large messages (CHORUS_SHM_READ_BYTES and up; off by default, as it measured slower than two
+// copies through the cached FIFO, see README) take one copy instead of two: the sender
 // publishes one slot that holds no bytes but the message's address in its own memory, the
 // receiver copies the message straight into its buffer with process_vm_readv (cross-memory
 // attach) and counts the read done in the FIFO, and only then does the send complete. Whether
 // the receiver may read the sender's memory (same PID namespace, ptrace permission) is probed
 // once at set-up; where it may not, that pair keeps the two-copy path.
+//
+// A receive posted with a sink (a receive fused with its reduction) stores nothing: each piece is
+// handed to the sink straight from its slot, and a message read from the sender's memory is read
+// in slot-sized pieces into one buffer that stays in the cache, each consumed before the next.
 //
 // Set-up is collective: each rank creates its outgoing FIFOs and its doorbell, all meet at a
 // bootstrap barrier, each maps its incoming FIFOs and its peers' doorbells, all meet again, and
@@ -28,12 +33,15 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstring>
 #include <deque>
+#include <vector>
 
+#include "kernels/cpu/copy.h"
 #include "src/core/config.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
@@ -46,6 +54,11 @@ struct Doorbell {
   std::atomic<uint32_t> sequence;
   std::atomic<uint32_t> waiters;
 };
+
+// Received messages this large are copied out of the slots with streaming stores: they would not
+// stay in a core's cache anyway (1 MiB is this class of machine's L2), and the stores skip reading
+// every destination line first. (Measured: all-gather of 64-256 MiB on 2 ranks 15-20% faster.)
+constexpr size_t kStreamBytes = 1 << 20;
 
 // What the receiver answers to the set-up probe of the sender's memory.
 enum ReadProbe : uint32_t { kNotProbed = 0, kCanRead = 1, kCannotRead = 2 };
@@ -165,6 +178,7 @@ struct PendingOp {
   size_t done;  // bytes copied so far
   bool started;
   Request* request;
+  PieceSink* sink = nullptr;  // receives only: where the pieces go instead of data
 };
 
 struct Peer {
@@ -191,10 +205,10 @@ class ShmTransport final : public Transport {
   ShmTransport(TransportContext& context, const std::vector<int>& peers)
       : rank_(context.rank),
         slots_(static_cast<uint64_t>(knobInt(Knob::kShmSlots))),
-        slotBytes_(static_cast<size_t>(knobInt(Knob::kShmSlotBytes))),
+        slotBytes_(static_cast<size_t>(knobInt(Knob::kShmSlotBytes)) / 64 * 64),
         readBytes_(static_cast<size_t>(std::max<int64_t>(knobInt(Knob::kShmReadBytes), 0))),
         peers_("shm", context.rank, context.nranks) {
-    if (slots_ < 2 || slotBytes_ < 64) {
+    if (slots_ < 2 || slotBytes_ < 64) {  // (slot sizes are rounded down to a multiple of 64)
       fail(chorusInvalidArgument,
            "shm transport: need CHORUS_SHM_SLOTS >= 2 and CHORUS_SHM_SLOT_BYTES >= 64 (got {}, {})", slots_,
            slotBytes_);
@@ -257,6 +271,14 @@ class ShmTransport final : public Transport {
     p.recvs.push_back({tag, static_cast<char*>(data), bytes, 0, false, request});
     ++pending_;
     pullRecvs(p);
+  }
+
+  bool postRecvToSink(int peer, uint64_t tag, PieceSink* sink, size_t bytes, Request* request) override {
+    Peer& p = peers_.at(peer);
+    p.recvs.push_back({tag, nullptr, bytes, 0, false, request, sink});
+    ++pending_;
+    pullRecvs(p);
+    return true;
   }
 
   bool progress() override {
@@ -348,11 +370,15 @@ class ShmTransport final : public Transport {
             p.rank, describeTag(header->tag), header->messageBytes, rank_, describeTag(op.tag), op.bytes);
       }
       if (header->remote != 0) {
-        if (const int error = readRemote(p.pid, op.data + op.done, header->remote, header->pieceBytes); error != 0) {
+        if (const int error = read(p, op, header->remote, header->pieceBytes); error != 0) {
           fail(chorusSystemError, "shm: rank {} could not read {} bytes of {} from rank {} (pid {}): {}", rank_,
                header->pieceBytes, describeTag(op.tag), p.rank, p.pid, std::strerror(error));
         }
         p.in->reads.fetch_add(1, std::memory_order_release);  // the sender may reuse its buffer
+      } else if (header->pieceBytes > 0 && op.sink != nullptr) {
+        op.sink->consume(op.done, header + 1, header->pieceBytes);
+      } else if (header->pieceBytes > 0 && op.bytes >= kStreamBytes) {
+        kernels::copyStreaming(op.data + op.done, header + 1, header->pieceBytes);
       } else if (header->pieceBytes > 0) {
         std::memcpy(op.data + op.done, reinterpret_cast<const char*>(header + 1), header->pieceBytes);
       }
@@ -368,6 +394,19 @@ class ShmTransport final : public Transport {
     }
     if (moved) ring(p.bell);
     return moved;
+  }
+
+  // Reads bytes at address remote of peer p into receive op: into its buffer, or for a sink in
+  // slot-sized pieces through readBuffer_. The errno of a failure, else 0.
+  int read(const Peer& p, const PendingOp& op, uint64_t remote, size_t bytes) {
+    if (op.sink == nullptr) return readRemote(p.pid, op.data + op.done, remote, bytes);
+    if (readBuffer_.size() < slotBytes_) readBuffer_.resize(slotBytes_);
+    for (size_t done = 0; done < bytes; done += slotBytes_) {
+      const size_t piece = std::min(slotBytes_, bytes - done);
+      if (const int error = readRemote(p.pid, readBuffer_.data(), remote + done, piece); error != 0) return error;
+      op.sink->consume(op.done + done, readBuffer_.data(), piece);
+    }
+    return 0;
   }
 
   // Completes the sends the peer has finished reading. Returns true if any completed.
@@ -401,6 +440,7 @@ class ShmTransport final : public Transport {
   size_t slotBytes_;
   size_t readBytes_;  // CHORUS_SHM_READ_BYTES
   size_t slotStride_ = 0;
+  std::vector<char> readBuffer_;  // pieces read for a sink
   PeerTable<Peer> peers_;
   Segment bellSegment_;
   Doorbell* bell_ = nullptr;

@@ -40,6 +40,18 @@ struct Request {
   bool done = false;
 };
 
+// Consumes a received message piece by piece as it arrives, so that its bytes need not be stored
+// first: a receive fused with the reduction that uses it.
+class PieceSink {
+ public:
+  // `piece` holds the message's bytes [offset, offset + bytes); it is valid only during the call.
+  // offset is a multiple of 64, and so is bytes except for the message's last piece.
+  virtual void consume(size_t offset, const void* piece, size_t bytes) = 0;
+
+ protected:
+  ~PieceSink() = default;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -51,6 +63,13 @@ class Transport {
   // Posts a receive of exactly bytes into data. The next message from peer must carry the same
   // tag and size, else progress() throws chorusRemoteError naming both.
   virtual void postRecv(int peer, uint64_t tag, void* data, size_t bytes, Request* request) = 0;
+  // Posts a receive as postRecv, whose bytes go to sink piece by piece instead of to a buffer.
+  // Returns false, posting nothing, where the transport cannot deliver pieces (the caller then
+  // receives into a buffer).
+  virtual bool postRecvToSink(int /*peer*/, uint64_t /*tag*/, PieceSink* /*sink*/, size_t /*bytes*/,
+                              Request* /*request*/) {
+    return false;
+  }
   // Moves whatever can move without blocking. Returns true if anything moved.
   virtual bool progress() = 0;
   // Blocks until something may be able to move, or timeoutMs passes. Throws chorusRemoteError if

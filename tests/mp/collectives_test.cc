@@ -102,5 +102,25 @@ TEST(ShmReadTest, EveryCollectiveIsRightWhenEveryMessageIsReadFromTheSender) {
   unsetenv("CHORUS_SHM_READ_BYTES");
 }
 
+TEST(ShmReadTest, ReductionsConsumeEveryPieceOnceAtItsPlace) {
+  // Receive-reduces take their bytes piece by piece (from the slot, or read from the sender's
+  // memory into a slot-sized buffer). 100-byte slots are rounded down to 64 bytes, so pieces
+  // never split an 8-byte element; messages of hundreds of pieces check every piece's offset.
+  ASSERT_EQ(setenv("CHORUS_SHM_SLOT_BYTES", "100", 1), 0);
+  for (const char* readBytes : {"0", "1"}) {
+    ASSERT_EQ(setenv("CHORUS_SHM_READ_BYTES", readBytes, 1), 0);
+    RanksOptions options;
+    options.nranks = 3;
+    options.transport = "shm";
+    runRanks(options, [&](int rank, chorusComm_t comm) {
+      SCOPED_TRACE(std::string("64-byte pieces, CHORUS_SHM_READ_BYTES=") + readBytes);
+      checkEveryCollective(comm, rank, 3, {1, 1000, 30007}, {chorusFloat64, chorusInt8, chorusBfloat16}, {chorusSum},
+                           /*withSendRecv=*/false);
+    });
+  }
+  unsetenv("CHORUS_SHM_READ_BYTES");
+  unsetenv("CHORUS_SHM_SLOT_BYTES");
+}
+
 }  // namespace
 }  // namespace chorus

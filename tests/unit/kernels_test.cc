@@ -1,5 +1,6 @@
 // kernels_test.cc: the CPU reference kernels: fp16 / bf16 conversions at known bit patterns,
-// and reductions of every type x op against values computed in double precision.
+// reductions of every type x op against values computed in double precision, and the streaming
+// copy.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "bench/pattern.h"
+#include "kernels/cpu/copy.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/reduce.h"
@@ -227,6 +229,26 @@ TEST(ReduceTest, ActiveIsaIsTheBestSupported) {
       if (better > active) {
         EXPECT_FALSE(isaSupported(better)) << isaName(better) << " is supported but not used";
       }
+    }
+  }
+}
+
+TEST(CopyTest, StreamingCopyWritesExactlyTheRange) {
+  // Every size around the 16-byte head and the 64-byte lines, at every destination alignment
+  // within a line, and a large one; the bytes either side of the destination stay as they were.
+  std::mt19937 random(7);
+  std::vector<unsigned char> src((1 << 20) + 200);
+  for (unsigned char& b : src) b = static_cast<unsigned char>(random());
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{63}, size_t{64}, size_t{65},
+                       size_t{127}, size_t{129}, size_t{1000}, size_t{(1 << 20) + 7}}) {
+    for (size_t dstShift : {0, 1, 8, 15, 16, 33, 63}) {
+      const size_t srcShift = (dstShift * 7 + 3) % 64;
+      std::vector<unsigned char> dst(bytes + 256, 0xa5);
+      copyStreaming(dst.data() + 64 + dstShift, src.data() + srcShift, bytes);
+      SCOPED_TRACE(testing::Message() << bytes << " bytes, destination +" << dstShift << ", source +" << srcShift);
+      EXPECT_EQ(std::memcmp(dst.data() + 64 + dstShift, src.data() + srcShift, bytes), 0);
+      for (size_t i = 0; i < 64 + dstShift; ++i) ASSERT_EQ(dst[i], 0xa5) << "byte " << i << " before the range";
+      for (size_t i = 64 + dstShift + bytes; i < dst.size(); ++i) ASSERT_EQ(dst[i], 0xa5) << "byte " << i;
     }
   }
 }
