@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "kernels/cpu/copy.h"
 #include "kernels/cpu/reduce.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
@@ -13,6 +14,10 @@ namespace chorus {
 
 using collectives::Access;
 using collectives::StepKind;
+
+// Copies into the output of at least this many bytes use streaming stores (the L2 size of this
+// class of machine: larger ones would not stay in the core's cache anyway).
+constexpr size_t kStreamCopyBytes = size_t{1} << 20;
 
 Executor::Executor(ExecutorOptions options, std::vector<Transport*> transportOfPeer, std::vector<Transport*> transports,
                    const std::atomic<bool>* aborted)
@@ -126,7 +131,15 @@ void Executor::issue(Item& item) {
       transportOfPeer_[step.peer]->postRecv(step.peer, item.op->tag, item.tmp, step.bytes, &item.request);
       break;
     case StepKind::kCopy:
-      if (item.src != item.dst && step.bytes > 0) std::memmove(item.dst, item.src, step.bytes);
+      if (item.src != item.dst && step.bytes > 0) {
+        // A large copy into the output is final: streamed, it skips reading the destination first.
+        const bool apart = item.dst + step.bytes <= item.src || item.src + step.bytes <= item.dst;
+        if (apart && step.dst.buffer == collectives::BufferId::kOutput && step.bytes >= kStreamCopyBytes) {
+          kernels::copyStreaming(item.dst, item.src, step.bytes);
+        } else {
+          std::memmove(item.dst, item.src, step.bytes);
+        }
+      }
       item.request.done = true;
       break;
     case StepKind::kReduce: {
