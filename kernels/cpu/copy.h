@@ -12,4 +12,8 @@ namespace chorus::kernels {
 // streaming stores.
 void copyStreaming(void* dst, const void* src, size_t bytes);
 
+// Final copies of at least this many bytes are worth streaming: a destination larger than a
+// core's L2 cache (1 MiB on the machines measured) would not stay in it anyway.
+inline constexpr size_t kStreamingCopyBytes = size_t{1} << 20;
+
 }  // namespace chorus::kernels

@@ -15,10 +15,6 @@ namespace chorus {
 using collectives::Access;
 using collectives::StepKind;
 
-// Copies into the output of at least this many bytes use streaming stores (the L2 size of this
-// class of machine: larger ones would not stay in the core's cache anyway).
-constexpr size_t kStreamCopyBytes = size_t{1} << 20;
-
 Executor::Executor(ExecutorOptions options, std::vector<Transport*> transportOfPeer, std::vector<Transport*> transports,
                    const std::atomic<bool>* aborted)
     : options_(options),
@@ -134,7 +130,7 @@ void Executor::issue(Item& item) {
       if (item.src != item.dst && step.bytes > 0) {
         // A large copy into the output is final: streamed, it skips reading the destination first.
         const bool apart = item.dst + step.bytes <= item.src || item.src + step.bytes <= item.dst;
-        if (apart && step.dst.buffer == collectives::BufferId::kOutput && step.bytes >= kStreamCopyBytes) {
+        if (apart && step.dst.buffer == collectives::BufferId::kOutput && step.bytes >= kernels::kStreamingCopyBytes) {
           kernels::copyStreaming(item.dst, item.src, step.bytes);
         } else {
           std::memmove(item.dst, item.src, step.bytes);
