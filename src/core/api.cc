@@ -150,7 +150,7 @@ void submit(chorusComm_t comm, PreparedOp op) {
   }
   if (group.depth > 0) {
     if (group.comm != nullptr && group.comm != comm) {
-      fail(chorusInvalidUsage, "{}: a group may use one communicator only (this call uses another)", op.what);
+      fail(chorusInvalidUsage, "{}: a group may use one communicator only (this call uses another)", op.what());
     }
     group.comm = comm;
     group.ops.push_back(std::move(op));

@@ -264,11 +264,13 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   }
 
   PreparedOp prepared;
-  prepared.schedule = collectives::buildSchedule(args);
+  prepared.schedule = scheduleFor(args);
   prepared.input = input;
   prepared.output = output;
   prepared.type = type;
   prepared.op = op;
+  prepared.collective = collective;
+  prepared.count = count;
   const bool reduces = collective == Collective::kAllReduce || collective == Collective::kReduceScatter ||
                        collective == Collective::kReduce;
   const bool rooted = collective == Collective::kBroadcast || collective == Collective::kReduce ||
@@ -276,10 +278,8 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   if (collective == Collective::kSend || collective == Collective::kRecv) {
     uint64_t& sequence = collective == Collective::kSend ? sendSequence_[rootOrPeer] : recvSequence_[rootOrPeer];
     prepared.tag = makeTag(TagKind::kPointToPoint, sequence, signatureOf(Collective::kSend, count, type, chorusSum, 0));
-    prepared.what =
-        fmt::format("{} #{} (count {} {}, {} rank {})", collectives::collectiveName(collective), sequence, count,
-                    chorusTypeName(type), collective == Collective::kSend ? "to" : "from", rootOrPeer);
-    ++sequence;
+    prepared.sequence = sequence++;
+    prepared.rootOrPeer = rootOrPeer;
     return prepared;
   }
   const uint64_t sequence = collectiveSequence_++;
@@ -288,22 +288,36 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
                          signatureOf(collective, count, type, reduces ? op : chorusSum,
                                      static_cast<uint64_t>(rooted ? rootOrPeer : 0) +
                                          65536 * static_cast<uint64_t>(args.algorithm) + (orderHash_ << 24)));
-  std::string detail = fmt::format("count {} {}", count, chorusTypeName(type));
-  if (reduces) detail += fmt::format(" {}", chorusOpName(op));
-  if (rooted) detail += fmt::format(" root {}", rootOrPeer);
-  prepared.what = fmt::format("{} #{} ({}, {})", collectives::collectiveName(collective), sequence, detail,
-                              prepared.schedule.algorithm);
+  prepared.sequence = sequence;
+  prepared.rootOrPeer = rooted ? rootOrPeer : -1;
   const std::pair<int, int> choice{static_cast<int>(collective), static_cast<int>(args.algorithm)};
   if (logEnabled(LogLevel::kInfo) &&
       std::find(loggedChoices_.begin(), loggedChoices_.end(), choice) == loggedChoices_.end()) {
     loggedChoices_.push_back(choice);
     logAt(LogLevel::kInfo,
           "rank {}: {} of {} bytes uses {} ({}) with {}-byte chunks ({}); logged once per collective and algorithm",
-          rank_, collectives::collectiveName(collective), count * args.typeSize, prepared.schedule.algorithm,
+          rank_, collectives::collectiveName(collective), count * args.typeSize, prepared.schedule->algorithm,
           forced ? "set by CHORUS_ALGO or the caller" : "the tuner's choice", args.chunkBytes,
           settings_.chunkForced ? "CHORUS_CHUNK_BYTES" : "the tuner's chunk");
   }
   return prepared;
+}
+
+// Schedules depend on the call's shape only (steps name buffers by role and offset), so a loop
+// of same-shaped calls builds its schedule once. All-to-allv's counts are not part of the key:
+// those are built every time.
+std::shared_ptr<const collectives::Schedule> Communicator::scheduleFor(const collectives::ScheduleArgs& args) {
+  if (args.sendCounts != nullptr)
+    return std::make_shared<const collectives::Schedule>(collectives::buildSchedule(args));
+  const ScheduleKey key{args.collective, args.algorithm, args.divide,    args.root,
+                        args.count,      args.typeSize,  args.chunkBytes};
+  for (auto& [cached, schedule] : schedules_) {
+    if (cached == key) return schedule;
+  }
+  auto schedule = std::make_shared<const collectives::Schedule>(collectives::buildSchedule(args));
+  if (schedules_.size() >= kCachedSchedules) schedules_.erase(schedules_.begin());
+  schedules_.emplace_back(key, schedule);
+  return schedule;
 }
 
 std::shared_ptr<Completion> Communicator::start(std::vector<PreparedOp> ops) {

@@ -88,6 +88,20 @@ class Communicator {
   std::unordered_map<uint64_t, collectives::TunerChoice> tunerChoices_;
   collectives::CostParams costs_;                   // the tuner's model of this communicator's slowest transport
   std::vector<std::pair<int, int>> loggedChoices_;  // (collective, algorithm) already logged
+  // The schedules of recent call shapes, oldest first.
+  struct ScheduleKey {
+    collectives::Collective collective;
+    collectives::Algorithm algorithm;
+    bool divide;
+    int root;
+    size_t count;
+    size_t typeSize;
+    size_t chunkBytes;
+    bool operator==(const ScheduleKey&) const = default;
+  };
+  static constexpr size_t kCachedSchedules = 16;
+  std::shared_ptr<const collectives::Schedule> scheduleFor(const collectives::ScheduleArgs& args);
+  std::vector<std::pair<ScheduleKey, std::shared_ptr<const collectives::Schedule>>> schedules_;
   std::atomic<bool> aborted_{false};
   std::string broken_;
 };

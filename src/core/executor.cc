@@ -11,9 +11,34 @@
 #include "src/core/log.h"
 
 namespace chorus {
+namespace {
+
+// Tells the core this thread is spinning (a hyperthread sibling runs faster meanwhile).
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
 
 using collectives::Access;
 using collectives::StepKind;
+
+std::string PreparedOp::what() const {
+  using collectives::Collective;
+  const char* name = collectives::collectiveName(collective);
+  if (collective == Collective::kSend || collective == Collective::kRecv) {
+    return fmt::format("{} #{} (count {} {}, {} rank {})", name, sequence, count, chorusTypeName(type),
+                       collective == Collective::kSend ? "to" : "from", rootOrPeer);
+  }
+  const bool reduces = collective == Collective::kAllReduce || collective == Collective::kReduceScatter ||
+                       collective == Collective::kReduce;
+  std::string detail = fmt::format("count {} {}", count, chorusTypeName(type));
+  if (reduces) detail += fmt::format(" {}", chorusOpName(op));
+  if (rootOrPeer >= 0) detail += fmt::format(" root {}", rootOrPeer);
+  return fmt::format("{} #{} ({}, {})", name, sequence, detail, schedule ? schedule->algorithm : "");
+}
 
 Executor::Executor(ExecutorOptions options, std::vector<Transport*> transportOfPeer, std::vector<Transport*> transports,
                    const std::atomic<bool>* aborted)
@@ -34,8 +59,8 @@ std::shared_ptr<Completion> Executor::submit(std::vector<PreparedOp> ops) {
   batch->ops = std::move(ops);
   size_t scratchBytes = 0;
   for (const PreparedOp& op : batch->ops) {
-    batch->count += op.schedule.steps.size();
-    scratchBytes += op.schedule.scratchBytes;
+    batch->count += op.schedule->steps.size();
+    scratchBytes += op.schedule->scratchBytes;
   }
   if (batch->count == 0) {
     batch->completion->done = true;
@@ -54,8 +79,8 @@ std::shared_ptr<Completion> Executor::submit(std::vector<PreparedOp> ops) {
   for (PreparedOp& op : batch->ops) {
     char* bases[collectives::kBufferCount] = {static_cast<char*>(const_cast<void*>(op.input)),
                                               static_cast<char*>(op.output), batch->scratch.data() + scratchOffset};
-    scratchOffset += op.schedule.scratchBytes;
-    for (const collectives::Step& step : op.schedule.steps) {
+    scratchOffset += op.schedule->scratchBytes;
+    for (const collectives::Step& step : op.schedule->steps) {
       Item& item = batch->items[index];
       item.step = &step;
       item.op = &op;
@@ -77,7 +102,7 @@ std::shared_ptr<Completion> Executor::submit(std::vector<PreparedOp> ops) {
   }
   std::shared_ptr<Completion> completion = batch->completion;
   reap();
-  if (batches_.empty()) lastProgress_ = Clock::now();
+  if (batches_.empty()) moved_ = true;  // the no-progress clock starts now
   batches_.push_back(std::move(batch));
   try {
     advance();
@@ -198,7 +223,7 @@ bool Executor::poll() {
       ++k;
     }
   }
-  if (moved) lastProgress_ = Clock::now();
+  moved_ |= moved;
   return moved;
 }
 
@@ -211,8 +236,13 @@ bool Executor::advance() {
 
 template <typename Done>
 void Executor::waitUntil(Done done) {
+  // Idle, a wait polls a few times at full speed (a small message arrives within a microsecond
+  // or so, and a system call costs as much), then yields the core until spinUs has passed, then
+  // blocks in the transports. Clocks are read only when idle.
+  constexpr int kBusyPolls = 32;
   const auto spin = std::chrono::microseconds(options_.spinUs);
-  auto spinUntil = Clock::now() + spin;
+  int idlePolls = 0;
+  Clock::time_point idleSince{};
   try {
     while (!done()) {
       if (aborted_ != nullptr && aborted_->load(std::memory_order_relaxed)) {
@@ -222,11 +252,20 @@ void Executor::waitUntil(Done done) {
              item ? item->step->peer : -1);
       }
       if (advance()) {
-        spinUntil = Clock::now() + spin;
+        idlePolls = 0;
+        continue;
+      }
+      if (++idlePolls <= kBusyPolls) {
+        cpuRelax();
         continue;
       }
       const auto now = Clock::now();
-      if (now < spinUntil) {
+      if (moved_) {
+        lastProgress_ = now;
+        moved_ = false;
+      }
+      if (idlePolls == kBusyPolls + 1) idleSince = now;
+      if (now - idleSince < spin) {
         sched_yield();
         continue;
       }
@@ -237,7 +276,7 @@ void Executor::waitUntil(Done done) {
       for (Transport* t : transports_) {
         if (t->busy()) t->wait(busy == 1 ? 50 : 1);
       }
-      spinUntil = Clock::now() + spin;
+      idlePolls = 0;
     }
   } catch (const Error& e) {
     failAll(e);
@@ -300,7 +339,7 @@ void Executor::failAll(const Error& error) {
     op = front.issued < front.count ? front.items[front.issued].op : &front.ops.back();
   }
   const std::string message =
-      fmt::format("rank {}: {}: {}", options_.rank, op != nullptr ? op->what : "operation", error.what());
+      fmt::format("rank {}: {}: {}", options_.rank, op != nullptr ? op->what() : "operation", error.what());
   for (Transport* t : transports_) t->cancelAll();
   abandon(error.code(), message);
   throw Error(error.code(), message);

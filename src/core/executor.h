@@ -21,15 +21,23 @@
 
 namespace chorus {
 
-// One operation ready to run: its schedule, its buffers and what to call it in messages.
+// One operation ready to run: its schedule (shared with later calls of the same shape), its
+// buffers, and what to call it in messages.
 struct PreparedOp {
-  collectives::Schedule schedule;
+  std::shared_ptr<const collectives::Schedule> schedule;
   const void* input = nullptr;
   void* output = nullptr;
   chorusDataType_t type = chorusFloat32;
   chorusRedOp_t op = chorusSum;
   uint64_t tag = 0;
-  std::string what;  // "allreduce #12 (count 1024 float32 sum, ring)"
+  // For messages only, formatted when one is written (a small call must not pay for it).
+  collectives::Collective collective = collectives::Collective::kAllReduce;
+  uint64_t sequence = 0;
+  size_t count = 0;
+  int rootOrPeer = -1;  // rooted collectives: the root; send and recv: the peer; else -1
+
+  // "allreduce #12 (count 1024 float32 sum, ring)", "send #3 (count 4 int32, to rank 1)".
+  std::string what() const;
 };
 
 // The outcome of one submission, shared with the request handle that waits for it.
@@ -120,7 +128,8 @@ class Executor {
   std::deque<std::unique_ptr<Batch>> batches_;  // in submission order; removed when complete
   std::vector<std::vector<char>> scratchPool_;  // scratch of completed batches, for reuse
   std::vector<Item*> inFlight_;
-  Clock::time_point lastProgress_;
+  Clock::time_point lastProgress_;  // when a wait last saw moved_ set
+  bool moved_ = false;              // something moved since a wait last read the clock
 };
 
 }  // namespace chorus

@@ -1,13 +1,17 @@
 // shm.cc: the shared-memory transport, for ranks on one host.
 //
 // Every ordered pair (src -> dst) owns a FIFO in a POSIX shared-memory segment: a ring of
-// CHORUS_SHM_SLOTS slots of CHORUS_SHM_SLOT_BYTES each, with a head (slots published by src) and
-// a tail (slots consumed by dst). A message is cut into slot-sized pieces; each piece carries the
-// message's tag, total size and offset, so the receiver checks that it matches what it posted.
-// No system call per message: the sender copies into the slot and publishes with a release
-// store; the receiver copies out. Each rank also owns a doorbell, a futex word that peers bump
-// when they publish or free slots; a rank with nothing to do sleeps on it (ranks may outnumber
-// cores), so nobody spins for long.
+// CHORUS_SHM_SLOTS slots of CHORUS_SHM_SLOT_BYTES each and a tail (slots consumed by dst). A
+// message is cut into slot-sized pieces; each piece carries the message's tag, total size and
+// offset, so the receiver checks that it matches what it posted. No system call per message: the
+// sender copies into the slot and publishes it by storing the piece's sequence number in the
+// slot's header last (release); the receiver watches the header of the next slot it expects, so
+// a small message (header and up to 16 bytes in one cache line) reaches the receiver as a single
+// cache-line transfer, with no separate counter to fetch first (the "flags in line with data" of
+// NCCL's LL protocol). Each rank also owns a doorbell, a futex word that peers bump when they
+// publish or free slots while it sleeps; a rank with nothing to do sleeps on it (ranks may
+// outnumber cores), so nobody spins for long. A rank about to sleep says so first (waiters), and
+// a peer rings only then, so a message between awake ranks costs no atomic read-modify-write.
 //
 // Large messages (CHORUS_SHM_READ_BYTES and up; off by default, as it measured slower than two
 // copies through the cached FIFO, see README) take one copy instead of two: the sender
@@ -60,7 +64,6 @@ enum ReadProbe : uint32_t { kNotProbed = 0, kCanRead = 1, kCannotRead = 2 };
 constexpr uint64_t kProbeMagic = 0x63686f7275732121ull;
 
 struct alignas(64) FifoControl {
-  alignas(64) std::atomic<uint64_t> head;   // pieces published by the sender
   alignas(64) std::atomic<uint64_t> tail;   // pieces consumed by the receiver
   alignas(64) std::atomic<uint64_t> reads;  // messages the receiver read from the sender's memory
   std::atomic<uint32_t> probe;              // ReadProbe, set by the receiver at set-up
@@ -68,13 +71,23 @@ struct alignas(64) FifoControl {
   uint64_t probeAddress;                    // where probeValue lies in the sender's address space
 };
 
-struct alignas(64) SlotHeader {
+// 48 bytes: a piece of up to kInlineBytes follows it in the same cache line (slots are
+// 64-aligned); a larger one starts at the next line, so vector loads of it do not straddle lines.
+struct SlotHeader {
+  std::atomic<uint64_t> sequence;  // n + 1 once the n-th piece of the FIFO is in this slot
   uint64_t tag;
   uint64_t messageBytes;
   uint64_t offset;
   uint64_t pieceBytes;
   uint64_t remote;  // 0: the piece follows the header; else its address in the sender's memory
 };
+static_assert(sizeof(SlotHeader) == 48);
+constexpr size_t kInlineBytes = 16;
+
+char* pieceOf(SlotHeader* header) {
+  return reinterpret_cast<char*>(header) + (header->pieceBytes <= kInlineBytes ? sizeof(SlotHeader) : 64);
+}
+const char* pieceOf(const SlotHeader* header) { return pieceOf(const_cast<SlotHeader*>(header)); }
 
 // Copies bytes from address `remote` of process pid into local; the errno of a failure, else 0.
 int readRemote(pid_t pid, void* local, uint64_t remote, size_t bytes) {
@@ -90,9 +103,13 @@ int readRemote(pid_t pid, void* local, uint64_t remote, size_t bytes) {
   return 0;
 }
 
+// Wakes the owner of the bell if it sleeps (or is about to). The caller has published (released)
+// what the owner waits for; the fence orders that before reading waiters, and the owner's wait
+// raises waiters before it looks for work, so one of the two sees the other.
 void ring(Doorbell* bell) {
-  bell->sequence.fetch_add(1, std::memory_order_seq_cst);
-  if (bell->waiters.load(std::memory_order_seq_cst) > 0) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (bell->waiters.load(std::memory_order_relaxed) > 0) {
+    bell->sequence.fetch_add(1, std::memory_order_seq_cst);
     syscall(SYS_futex, &bell->sequence, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
   }
 }
@@ -187,6 +204,8 @@ struct Peer {
   char* outSlots = nullptr;
   char* inSlots = nullptr;
   Doorbell* bell = nullptr;  // the peer's doorbell
+  uint64_t head = 0;         // pieces this rank has published to the peer
+  uint64_t tailSeen = 0;     // the peer's tail when last read (it only grows)
   std::deque<PendingOp> sends;
   std::deque<PendingOp> recvs;
   // Sends the peer reads from this rank's memory, each with the count of reads that completes it.
@@ -208,7 +227,7 @@ class ShmTransport final : public Transport {
            "shm transport: need CHORUS_SHM_SLOTS >= 2 and CHORUS_SHM_SLOT_BYTES >= 64 (got {}, {})", slots_,
            slotBytes_);
     }
-    slotStride_ = sizeof(SlotHeader) + ((slotBytes_ + 63) / 64) * 64;
+    slotStride_ = 64 + (slotBytes_ + 63) / 64 * 64;
     const size_t fifoBytes = sizeof(FifoControl) + slots_ * slotStride_;
     const std::string prefix = fmt::format("/chorus-{:016x}", context.commId);
 
@@ -288,11 +307,15 @@ class ShmTransport final : public Transport {
 
   void wait(int timeoutMs) override {
     if (bell_ == nullptr || pending_ == 0) return;
+    // Say "about to sleep" before the last look for work: a peer that publishes after that look
+    // sees waiters raised and bumps the sequence, so the futex wait returns at once.
     const uint32_t seen = bell_->sequence.load(std::memory_order_seq_cst);
-    if (progress()) return;
     bell_->waiters.fetch_add(1, std::memory_order_seq_cst);
-    timespec timeout{timeoutMs / 1000, (timeoutMs % 1000) * 1000000L};
-    syscall(SYS_futex, &bell_->sequence, FUTEX_WAIT, seen, &timeout, nullptr, 0);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (!progress()) {
+      timespec timeout{timeoutMs / 1000, (timeoutMs % 1000) * 1000000L};
+      syscall(SYS_futex, &bell_->sequence, FUTEX_WAIT, seen, &timeout, nullptr, 0);
+    }
     bell_->waiters.fetch_sub(1, std::memory_order_seq_cst);
     checkPeersAlive();
   }
@@ -313,25 +336,25 @@ class ShmTransport final : public Transport {
   // Copies pieces of the queued sends into free slots. Returns true if any piece moved.
   bool pushSends(Peer& p) {
     bool moved = false;
-    uint64_t head = p.out->head.load(std::memory_order_relaxed);
     while (!p.sends.empty()) {
       PendingOp& op = p.sends.front();
-      const uint64_t tail = p.out->tail.load(std::memory_order_acquire);
-      if (head - tail >= slots_) break;
+      if (p.head - p.tailSeen >= slots_) {
+        p.tailSeen = p.out->tail.load(std::memory_order_acquire);
+        if (p.head - p.tailSeen >= slots_) break;
+      }
       // A large message not yet started: its address only, for the receiver to read.
       const bool byAddress = p.peerReads && readBytes_ > 0 && op.bytes >= readBytes_ && op.done == 0;
       const size_t piece = byAddress ? op.bytes : std::min(slotBytes_, op.bytes - op.done);
-      SlotHeader* header = slot(p.outSlots, head);
+      SlotHeader* header = slot(p.outSlots, p.head);
       header->tag = op.tag;
       header->messageBytes = op.bytes;
       header->offset = op.done;
       header->pieceBytes = piece;
       header->remote = byAddress ? reinterpret_cast<uint64_t>(op.data) : 0;
-      if (piece > 0 && !byAddress) std::memcpy(reinterpret_cast<char*>(header + 1), op.data + op.done, piece);
+      if (piece > 0 && !byAddress) std::memcpy(pieceOf(header), op.data + op.done, piece);
       op.done += piece;
       op.started = true;
-      ++head;
-      p.out->head.store(head, std::memory_order_release);
+      header->sequence.store(++p.head, std::memory_order_release);
       moved = true;
       if (op.done == op.bytes) {
         if (byAddress) {
@@ -352,10 +375,9 @@ class ShmTransport final : public Transport {
     bool moved = false;
     uint64_t tail = p.in->tail.load(std::memory_order_relaxed);
     while (!p.recvs.empty()) {
-      const uint64_t head = p.in->head.load(std::memory_order_acquire);
-      if (tail == head) break;
-      PendingOp& op = p.recvs.front();
       const SlotHeader* header = slot(p.inSlots, tail);
+      if (header->sequence.load(std::memory_order_acquire) != tail + 1) break;
+      PendingOp& op = p.recvs.front();
       if (header->tag != op.tag || header->messageBytes != op.bytes || header->offset != op.done ||
           (header->remote == 0 && header->pieceBytes > slotBytes_) || header->offset + header->pieceBytes > op.bytes) {
         fail(
@@ -371,13 +393,13 @@ class ShmTransport final : public Transport {
         }
         p.in->reads.fetch_add(1, std::memory_order_release);  // the sender may reuse its buffer
       } else if (header->pieceBytes > 0 && op.sink != nullptr) {
-        op.sink->consume(op.done, header + 1, header->pieceBytes);
+        op.sink->consume(op.done, pieceOf(header), header->pieceBytes);
       } else if (header->pieceBytes > 0 && op.bytes >= kernels::kStreamingCopyBytes) {
         // Large messages are streamed out of the slots (all-gather of 16-256 MiB on 2 ranks
         // measured 11-25% faster).
-        kernels::copyStreaming(op.data + op.done, header + 1, header->pieceBytes);
+        kernels::copyStreaming(op.data + op.done, pieceOf(header), header->pieceBytes);
       } else if (header->pieceBytes > 0) {
-        std::memcpy(op.data + op.done, reinterpret_cast<const char*>(header + 1), header->pieceBytes);
+        std::memcpy(op.data + op.done, pieceOf(header), header->pieceBytes);
       }
       op.done += header->pieceBytes;
       ++tail;

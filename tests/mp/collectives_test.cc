@@ -122,5 +122,34 @@ TEST(ShmReadTest, ReductionsConsumeEveryPieceOnceAtItsPlace) {
   unsetenv("CHORUS_SHM_SLOT_BYTES");
 }
 
+TEST(ShmFifoTest, SmallPiecesInLineWithTheirHeaderArriveWhole) {
+  // A piece of up to 16 bytes shares its header's cache line, a larger one starts at the next
+  // line; the receiver watches each slot's sequence number. Every size from 0 to 80 bytes each
+  // way, then 3000 small all-reduces (each FIFO wraps hundreds of times) with distinct values.
+  RanksOptions options;
+  options.transport = "shm";
+  runRanks(options, [&](int rank, chorusComm_t comm) {
+    const int peer = 1 - rank;
+    for (size_t bytes = 0; bytes <= 80; ++bytes) {
+      std::vector<uint8_t> out(bytes), in(bytes, 0xee);
+      for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(i * 7 + bytes + 31 * rank);
+      ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+      ASSERT_EQ(chorusSend(out.data(), bytes, chorusUint8, peer, comm, nullptr), chorusSuccess);
+      ASSERT_EQ(chorusRecv(in.data(), bytes, chorusUint8, peer, comm, nullptr), chorusSuccess);
+      ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(comm);
+      for (size_t i = 0; i < bytes; ++i) {
+        ASSERT_EQ(in[i], static_cast<uint8_t>(i * 7 + bytes + 31 * peer)) << bytes << "-byte message, byte " << i;
+      }
+    }
+    for (int64_t round = 0; round < 3000; ++round) {
+      int64_t values[2] = {round * 3 + rank, -round - 10 * rank};
+      ASSERT_EQ(chorusAllReduce(values, values, 2, chorusInt64, chorusSum, comm, nullptr), chorusSuccess)
+          << chorusGetLastError(comm);
+      ASSERT_EQ(values[0], round * 6 + 1) << "round " << round;
+      ASSERT_EQ(values[1], -2 * round - 10) << "round " << round;
+    }
+  });
+}
+
 }  // namespace
 }  // namespace chorus
