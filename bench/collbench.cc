@@ -121,9 +121,10 @@ struct Options {
   bool simulate = false;
   int ranksPerHost = 0;
   bool injectWrong = false;
-  std::string compare;    // peers timed beside chorus: "gloo", "mpi", "gloo,mpi"
-  std::string glooStore;  // where Gloo's file store is made (a directory every rank sees)
-  bool bound = false;     // measure the copy bandwidth and print each row's share of the bound
+  std::string compare;       // peers timed beside chorus: "gloo", "mpi", "gloo,mpi"
+  std::string glooStore;     // where Gloo's file store is made (a directory every rank sees)
+  bool bound = false;        // measure the copy bandwidth and print each row's share of the bound
+  std::string mem = "host";  // where the buffers come from: host (the heap) or chorus (chorusMemAlloc)
 };
 
 // The peers --compare names, in order; empty (with the reason on stderr) when one is unknown.
@@ -347,10 +348,57 @@ struct CopyRates {
   double streamingGBps = 0;
 };
 
+// A buffer from the heap or from chorusMemAlloc (--mem chorus), kept across rows: assign grows it
+// when a row needs more and fills the bytes the row uses.
+class HostBuffer {
+ public:
+  explicit HostBuffer(bool shared) : shared_(shared) {}
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer() { release(); }
+
+  void assign(size_t bytes, char value) {
+    if (bytes > capacity_) {
+      release();
+      if (shared_) {
+        if (chorusMemAlloc(reinterpret_cast<void**>(&data_), bytes) != chorusSuccess) {
+          std::fprintf(stderr, "collbench: chorusMemAlloc of %zu bytes failed: %s\n", bytes,
+                       chorusGetLastError(nullptr));
+          std::exit(2);
+        }
+      } else {
+        data_ = static_cast<char*>(std::malloc(bytes));
+        if (data_ == nullptr) {
+          std::fprintf(stderr, "collbench: cannot allocate %zu bytes\n", bytes);
+          std::exit(2);
+        }
+      }
+      capacity_ = bytes;
+    }
+    std::memset(data_, value, bytes);
+  }
+  char* data() const { return data_; }
+
+ private:
+  void release() {
+    if (data_ == nullptr) return;
+    if (shared_) {
+      chorusMemFree(data_);
+    } else {
+      std::free(data_);
+    }
+    data_ = nullptr;
+    capacity_ = 0;
+  }
+  bool shared_;
+  char* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
 class Bench {
  public:
   Bench(const Options& options, chorusComm_t comm, std::vector<std::unique_ptr<chorus::bench::Peer>> peers = {})
-      : o_(options), comm_(comm), peers_(std::move(peers)) {
+      : o_(options), comm_(comm), peers_(std::move(peers)), send_(o_.mem == "chorus"), recv_(o_.mem == "chorus") {
     chorusCommUserRank(comm, &rank_);
     chorusCommCount(comm, &nranks_);
   }
@@ -406,8 +454,8 @@ class Bench {
   std::string peerAlgorithm_;
   int rank_ = 0;
   int nranks_ = 1;
-  std::vector<char> send_;
-  std::vector<char> recv_;
+  HostBuffer send_;
+  HostBuffer recv_;
   char* sendPtr_ = nullptr;  // where this call reads (may point into recv_ when in place)
   char* recvPtr_ = nullptr;
 };
@@ -779,6 +827,7 @@ int Bench::run() {
       std::printf("#  Rank %3d Pid %7d on %10s cpus %s transport %s\n", r, lines[r].pid, lines[r].host, lines[r].cpus,
                   transport ? transport : "auto");
     }
+    std::printf("#  Buffers: %s\n", o_.mem == "chorus" ? "chorusMemAlloc (--mem chorus)" : "the heap (--mem host)");
   }
   std::vector<std::string> peerNames;
   for (const auto& peer : peers_) peerNames.push_back(peer->name());
@@ -933,10 +982,10 @@ int Bench::run() {
     std::printf("#\n");
     std::fflush(stdout);
     if (!o_.json.empty()) {
-      nlohmann::json doc = {{"tool", "collbench"}, {"op", opInfo->name},        {"nranks", nranks_},
-                            {"iters", o_.iters},   {"turns", o_.turns},         {"warmup", o_.warmup},
-                            {"check", o_.check},   {"wrong_total", totalWrong}, {"avg_busbw_GBps", avgBusbw},
-                            {"rows", rows}};
+      nlohmann::json doc = {
+          {"tool", "collbench"},        {"op", opInfo->name},  {"nranks", nranks_}, {"iters", o_.iters},
+          {"turns", o_.turns},          {"warmup", o_.warmup}, {"check", o_.check}, {"wrong_total", totalWrong},
+          {"avg_busbw_GBps", avgBusbw}, {"mem", o_.mem},       {"rows", rows}};
       if (o_.bound) {
         doc["copy_GBps"] = copyGBps;
         doc["copy_memcpy_GBps"] = copyRates.memcpyGBps;
@@ -1613,6 +1662,11 @@ int main(int argc, char** argv) {
   app.add_option("--gloo-store", o.glooStore,
                  "--compare gloo: make Gloo's rendezvous file store under this directory (default TMPDIR or /tmp; "
                  "ranks on several hosts need a shared one)");
+  app.add_option("--mem", o.mem,
+                 "where the buffers come from: host (the heap) or chorus (chorusMemAlloc: shareable, so shm moves "
+                 "large messages with one copy; README)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"host", "chorus"}));
   app.add_flag("--bound", o.bound,
                "measure the copy bandwidth of all ranks at once first and print each row's share of the bound "
                "(least traffic over copy bandwidth; README)");

@@ -321,6 +321,15 @@ CHORUS_API chorusResult_t chorusWait(chorusRequest_t* request);
 /* chorusWait on each of count requests, all of them even after an error; returns the first error. */
 CHORUS_API chorusResult_t chorusWaitAll(int count, chorusRequest_t* requests);
 
+/* Host memory that the ranks on one host can map (as ncclMemAlloc): collectives on buffers inside
+ * such allocations move each shared-memory message with one copy, read by the receiver straight
+ * from the sender's pages (any buffer works everywhere; these are faster for large messages).
+ * *ptr is page-aligned and zeroed. chorusMemFree takes exactly a pointer chorusMemAlloc returned,
+ * after the operations using it have completed. Errors: chorusInvalidArgument (NULL ptr, size 0,
+ * a pointer not from chorusMemAlloc), chorusSystemError (no memory). */
+CHORUS_API chorusResult_t chorusMemAlloc(void** ptr, size_t size);
+CHORUS_API chorusResult_t chorusMemFree(void* ptr);
+
 /* Helpers: size in bytes of one element, and the name of a type or op ("float32", "sum"). */
 CHORUS_API size_t chorusTypeSize(chorusDataType_t datatype);
 CHORUS_API const char* chorusTypeName(chorusDataType_t datatype);

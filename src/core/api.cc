@@ -17,6 +17,7 @@
 #include "src/core/config.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
+#include "src/core/memory.h"
 #include "src/core/pmi.h"
 
 using chorus::Communicator;
@@ -309,6 +310,21 @@ const char* chorusGetErrorString(chorusResult_t result) {
 }
 
 const char* chorusGetLastError(chorusComm_t) { return lastError.c_str(); }
+
+chorusResult_t chorusMemAlloc(void** ptr, size_t size) {
+  return guarded([&] {
+    if (ptr == nullptr) fail(chorusInvalidArgument, "chorusMemAlloc: ptr (the output pointer) is NULL");
+    *ptr = nullptr;
+    *ptr = chorus::allocShared(size);
+  });
+}
+
+chorusResult_t chorusMemFree(void* ptr) {
+  return guarded([&] {
+    if (ptr == nullptr) fail(chorusInvalidArgument, "chorusMemFree: ptr is NULL");
+    chorus::freeShared(ptr);
+  });
+}
 
 chorusResult_t chorusGetUniqueId(chorusUniqueId* uniqueId) {
   return guarded([&] {

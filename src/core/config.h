@@ -16,6 +16,7 @@ enum class Knob {
   kShmSlotBytes,   // CHORUS_SHM_SLOT_BYTES: bytes per shared-memory FIFO slot
   kShmSlots,       // CHORUS_SHM_SLOTS: slots per shared-memory FIFO
   kShmReadBytes,   // CHORUS_SHM_READ_BYTES: messages this large are read from the sender's memory
+  kShmMapBytes,    // CHORUS_SHM_MAP_BYTES: messages this large in chorusMemAlloc buffers are mapped
   kSpinUs,         // CHORUS_SPIN_US: how long a wait spins before it blocks
   kBootstrapAddr,  // CHORUS_BOOTSTRAP_ADDR: address this process listens on
   kAlgo,           // CHORUS_ALGO: per-collective algorithm overrides

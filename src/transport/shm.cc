@@ -21,6 +21,13 @@
 // the receiver may read the sender's memory (same PID namespace, ptrace permission) is probed
 // once at set-up; where it may not, that pair keeps the two-copy path.
 //
+// Messages whose buffer lies in a chorusMemAlloc allocation (CHORUS_SHM_MAP_BYTES and up) take
+// one copy at memory speed: the sender publishes one slot naming the allocation (its memfd's
+// number in the sender, a serial, the offset), the receiver takes the descriptor with
+// pidfd_getfd once per allocation, maps it read-only, and copies or reduces straight out of the
+// sender's pages; as above, the send completes when the receiver has counted the message done.
+// Whether the receiver may take the sender's descriptors is probed at set-up with a small memfd.
+//
 // A receive posted with a sink (a receive fused with its reduction) stores nothing: each piece is
 // handed to the sink straight from its slot, and a message read from the sender's memory is read
 // in slot-sized pieces into one buffer that stays in the cache, each consumed before the next.
@@ -49,6 +56,7 @@
 #include "src/core/config.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
+#include "src/core/memory.h"
 #include "src/transport/transport.h"
 
 namespace chorus {
@@ -69,6 +77,8 @@ struct alignas(64) FifoControl {
   std::atomic<uint32_t> probe;              // ReadProbe, set by the receiver at set-up
   uint64_t probeValue;                      // kProbeMagic, written by the sender
   uint64_t probeAddress;                    // where probeValue lies in the sender's address space
+  std::atomic<uint32_t> mapProbe;           // ReadProbe for the sender's memfds, set by the receiver
+  int32_t probeFd;                          // the sender's probe memfd (holds kProbeMagic)
 };
 
 // 48 bytes: a piece of up to kInlineBytes follows it in the same cache line (slots are
@@ -83,6 +93,27 @@ struct SlotHeader {
 };
 static_assert(sizeof(SlotHeader) == 48);
 constexpr size_t kInlineBytes = 16;
+// SlotHeader::remote of a message in a shareable allocation; the slot's body holds a MappedRef.
+constexpr uint64_t kMappedMessage = 1;
+
+struct MappedRef {
+  int32_t fd;       // the allocation's memfd, as numbered in the sender
+  uint64_t serial;  // the sender's serial of the allocation
+  uint64_t bytes;   // its size
+  uint64_t offset;  // where the message starts in it
+};
+
+// A peer's allocation mapped read-only here.
+struct Mapping {
+  int32_t fd;
+  uint64_t serial;
+  char* base;
+  size_t bytes;
+};
+
+int pidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+// The descriptor fd of the process behind pidfd, duplicated into this one; -1 and errno on failure.
+int pidfdGetfd(int pidfd, int fd) { return static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0)); }
 
 char* pieceOf(SlotHeader* header) {
   return reinterpret_cast<char*>(header) + (header->pieceBytes <= kInlineBytes ? sizeof(SlotHeader) : 64);
@@ -212,6 +243,9 @@ struct Peer {
   std::deque<std::pair<uint64_t, Request*>> beingRead;
   uint64_t readsPublished = 0;
   bool peerReads = false;  // the peer may read this rank's memory (the probe succeeded)
+  bool peerMaps = false;   // the peer may map this rank's memfds (the probe succeeded)
+  int pidfd = -1;          // the peer's process, to take its memfds
+  std::vector<Mapping> mappings;
 };
 
 class ShmTransport final : public Transport {
@@ -221,6 +255,7 @@ class ShmTransport final : public Transport {
         slots_(static_cast<uint64_t>(knobInt(Knob::kShmSlots))),
         slotBytes_(static_cast<size_t>(knobInt(Knob::kShmSlotBytes)) / 64 * 64),
         readBytes_(static_cast<size_t>(std::max<int64_t>(knobInt(Knob::kShmReadBytes), 0))),
+        mapBytes_(static_cast<size_t>(std::max<int64_t>(knobInt(Knob::kShmMapBytes), 0))),
         peers_("shm", context.rank, context.nranks) {
     if (slots_ < 2 || slotBytes_ < 64) {  // (slot sizes are rounded down to a multiple of 64)
       fail(chorusInvalidArgument,
@@ -231,10 +266,18 @@ class ShmTransport final : public Transport {
     const size_t fifoBytes = sizeof(FifoControl) + slots_ * slotStride_;
     const std::string prefix = fmt::format("/chorus-{:016x}", context.commId);
 
-    // 1. Create this rank's doorbell and outgoing FIFOs.
+    // 1. Create this rank's doorbell and outgoing FIFOs (and the memfd its peers probe).
     if (!peers.empty()) {
       bellSegment_ = Segment::create(fmt::format("{}-bell-{}", prefix, rank_), sizeof(Doorbell));
       bell_ = new (bellSegment_.base()) Doorbell{};
+    }
+    int probeFd = -1;
+    if (!peers.empty() && mapBytes_ > 0) {
+      probeFd = memfd_create("chorus-probe", MFD_CLOEXEC);
+      if (probeFd >= 0 && pwrite(probeFd, &kProbeMagic, sizeof(kProbeMagic), 0) != sizeof(kProbeMagic)) {
+        ::close(probeFd);
+        probeFd = -1;
+      }
     }
     for (int rank : peers) {
       Peer& peer = peers_.add(rank);
@@ -244,6 +287,7 @@ class ShmTransport final : public Transport {
       peer.out = new (peer.outSegment.base()) FifoControl{};
       peer.out->probeValue = kProbeMagic;
       peer.out->probeAddress = reinterpret_cast<uint64_t>(&peer.out->probeValue);
+      peer.out->probeFd = probeFd;
       peer.outSlots = peer.outSegment.base() + sizeof(FifoControl);
     }
     // 2. Everyone has created; map the peers' segments.
@@ -263,12 +307,25 @@ class ShmTransport final : public Transport {
         logAt(LogLevel::kInfo, "shm: rank {} cannot read rank {}'s memory ({}); two copies per message from it", rank_,
               peer.rank, error != 0 ? std::strerror(error) : "probe value differs");
       }
+      const bool canMap = mapBytes_ > 0 && probeMapping(peer);
+      peer.in->mapProbe.store(canMap ? kCanRead : kCannotRead, std::memory_order_release);
     }
     // 3. Everyone has mapped and probed; remove the names.
     context.bootstrap->barrier(context.deadline);
-    for (Peer& peer : peers_.all()) peer.peerReads = peer.out->probe.load(std::memory_order_acquire) == kCanRead;
+    if (probeFd >= 0) ::close(probeFd);
+    for (Peer& peer : peers_.all()) {
+      peer.peerReads = peer.out->probe.load(std::memory_order_acquire) == kCanRead;
+      peer.peerMaps = peer.out->mapProbe.load(std::memory_order_acquire) == kCanRead;
+    }
     bellSegment_.unlink();
     for (Peer& peer : peers_.all()) peer.outSegment.unlink();
+  }
+
+  ~ShmTransport() override {
+    for (Peer& peer : peers_.all()) {
+      for (const Mapping& mapping : peer.mappings) munmap(mapping.base, mapping.bytes);
+      if (peer.pidfd >= 0) ::close(peer.pidfd);
+    }
   }
 
   const char* name() const override { return "shm"; }
@@ -342,16 +399,24 @@ class ShmTransport final : public Transport {
         p.tailSeen = p.out->tail.load(std::memory_order_acquire);
         if (p.head - p.tailSeen >= slots_) break;
       }
-      // A large message not yet started: its address only, for the receiver to read.
-      const bool byAddress = p.peerReads && readBytes_ > 0 && op.bytes >= readBytes_ && op.done == 0;
+      // A large message not yet started: where it lies only, for the receiver to copy from the
+      // mapped allocation, or to read from this process.
+      SharedRange shared;
+      const bool mapped = p.peerMaps && mapBytes_ > 0 && op.bytes >= mapBytes_ && op.done == 0 &&
+                          findShared(op.data, op.bytes, &shared);
+      const bool byAddress = mapped || (p.peerReads && readBytes_ > 0 && op.bytes >= readBytes_ && op.done == 0);
       const size_t piece = byAddress ? op.bytes : std::min(slotBytes_, op.bytes - op.done);
       SlotHeader* header = slot(p.outSlots, p.head);
       header->tag = op.tag;
       header->messageBytes = op.bytes;
       header->offset = op.done;
       header->pieceBytes = piece;
-      header->remote = byAddress ? reinterpret_cast<uint64_t>(op.data) : 0;
-      if (piece > 0 && !byAddress) std::memcpy(pieceOf(header), op.data + op.done, piece);
+      header->remote = mapped ? kMappedMessage : byAddress ? reinterpret_cast<uint64_t>(op.data) : 0;
+      if (mapped) {
+        new (reinterpret_cast<char*>(header) + 64) MappedRef{shared.fd, shared.serial, shared.bytes, shared.offset};
+      } else if (piece > 0 && !byAddress) {
+        std::memcpy(pieceOf(header), op.data + op.done, piece);
+      }
       op.done += piece;
       op.started = true;
       header->sequence.store(++p.head, std::memory_order_release);
@@ -386,20 +451,18 @@ class ShmTransport final : public Transport {
             "(the ranks called different operations, or with different sizes)",
             p.rank, describeTag(header->tag), header->messageBytes, rank_, describeTag(op.tag), op.bytes);
       }
-      if (header->remote != 0) {
+      if (header->remote == kMappedMessage) {
+        const auto* ref = reinterpret_cast<const MappedRef*>(reinterpret_cast<const char*>(header) + 64);
+        deliver(op, mappedBytes(p, *ref, header->pieceBytes, op), header->pieceBytes);
+        p.in->reads.fetch_add(1, std::memory_order_release);  // the sender may reuse its buffer
+      } else if (header->remote != 0) {
         if (const int error = read(p, op, header->remote, header->pieceBytes); error != 0) {
           fail(chorusSystemError, "shm: rank {} could not read {} bytes of {} from rank {} (pid {}): {}", rank_,
                header->pieceBytes, describeTag(op.tag), p.rank, p.pid, std::strerror(error));
         }
         p.in->reads.fetch_add(1, std::memory_order_release);  // the sender may reuse its buffer
-      } else if (header->pieceBytes > 0 && op.sink != nullptr) {
-        op.sink->consume(op.done, pieceOf(header), header->pieceBytes);
-      } else if (header->pieceBytes > 0 && op.bytes >= kernels::kStreamingCopyBytes) {
-        // Large messages are streamed out of the slots (all-gather of 16-256 MiB on 2 ranks
-        // measured 11-25% faster).
-        kernels::copyStreaming(op.data + op.done, pieceOf(header), header->pieceBytes);
-      } else if (header->pieceBytes > 0) {
-        std::memcpy(op.data + op.done, pieceOf(header), header->pieceBytes);
+      } else {
+        deliver(op, pieceOf(header), header->pieceBytes);
       }
       op.done += header->pieceBytes;
       ++tail;
@@ -413,6 +476,69 @@ class ShmTransport final : public Transport {
     }
     if (moved) ring(p.bell);
     return moved;
+  }
+
+  // Hands bytes that continue receive op to its sink, or copies them into its buffer.
+  static void deliver(PendingOp& op, const char* bytes, size_t count) {
+    if (count == 0) return;
+    if (op.sink != nullptr) {
+      op.sink->consume(op.done, bytes, count);
+    } else if (op.bytes >= kernels::kStreamingCopyBytes) {
+      // Large messages are streamed into place (all-gather of 16-256 MiB on 2 ranks measured
+      // 11-25% faster out of the slots).
+      kernels::copyStreaming(op.data + op.done, bytes, count);
+    } else {
+      std::memcpy(op.data + op.done, bytes, count);
+    }
+  }
+
+  // Set-up: can this rank take peer's memfds? Takes its probe memfd and checks what it holds.
+  bool probeMapping(Peer& peer) {
+    const int theirs = peer.in->probeFd;
+    if (theirs < 0 || peer.pid <= 0) return false;
+    peer.pidfd = pidfdOpen(peer.pid);
+    const int fd = peer.pidfd >= 0 ? pidfdGetfd(peer.pidfd, theirs) : -1;
+    uint64_t value = 0;
+    const bool ok = fd >= 0 && pread(fd, &value, sizeof(value), 0) == sizeof(value) && value == kProbeMagic;
+    if (!ok) {
+      logAt(LogLevel::kInfo,
+            "shm: rank {} cannot take rank {}'s memfds ({}); chorusMemAlloc buffers from it take two "
+            "copies",
+            rank_, peer.rank, fd < 0 ? std::strerror(errno) : "probe value differs");
+    }
+    if (fd >= 0) ::close(fd);
+    return ok;
+  }
+
+  // Where the message that ref names lies in this process: the peer's allocation, mapped once.
+  const char* mappedBytes(Peer& p, const MappedRef& ref, size_t bytes, const PendingOp& op) {
+    if (ref.offset > ref.bytes || bytes > ref.bytes - ref.offset) {
+      fail(chorusRemoteError, "shm: rank {} named bytes [{}, {}) of a {}-byte buffer for {}", p.rank, ref.offset,
+           ref.offset + bytes, ref.bytes, describeTag(op.tag));
+    }
+    auto found = std::find_if(p.mappings.begin(), p.mappings.end(), [&](const Mapping& m) { return m.fd == ref.fd; });
+    if (found != p.mappings.end() && (found->serial != ref.serial || found->bytes != ref.bytes)) {
+      munmap(found->base, found->bytes);  // that descriptor now holds another allocation
+      p.mappings.erase(found);
+      found = p.mappings.end();
+    }
+    if (found == p.mappings.end()) {
+      const int fd = pidfdGetfd(p.pidfd, ref.fd);
+      if (fd < 0) {
+        failErrno(fmt::format("shm: rank {} cannot take descriptor {} of rank {} (pid {}) for {}", rank_, ref.fd,
+                              p.rank, p.pid, describeTag(op.tag)));
+      }
+      void* base = mmap(nullptr, ref.bytes, PROT_READ, MAP_SHARED, fd, 0);
+      const int error = errno;
+      ::close(fd);
+      if (base == MAP_FAILED) {
+        fail(chorusSystemError, "shm: rank {} cannot map rank {}'s {}-byte buffer: {}", rank_, p.rank, ref.bytes,
+             std::strerror(error));
+      }
+      p.mappings.push_back({ref.fd, ref.serial, static_cast<char*>(base), ref.bytes});
+      found = p.mappings.end() - 1;
+    }
+    return found->base + ref.offset;
   }
 
   // Reads bytes at address remote of peer p into receive op: into its buffer, or for a sink in
@@ -458,6 +584,7 @@ class ShmTransport final : public Transport {
   uint64_t slots_;
   size_t slotBytes_;
   size_t readBytes_;  // CHORUS_SHM_READ_BYTES
+  size_t mapBytes_;   // CHORUS_SHM_MAP_BYTES
   size_t slotStride_ = 0;
   std::vector<char> readBuffer_;  // pieces read for a sink
   PeerTable<Peer> peers_;

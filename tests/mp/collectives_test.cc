@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -120,6 +121,71 @@ TEST(ShmReadTest, ReductionsConsumeEveryPieceOnceAtItsPlace) {
   }
   unsetenv("CHORUS_SHM_READ_BYTES");
   unsetenv("CHORUS_SHM_SLOT_BYTES");
+}
+
+TEST(ShmMapTest, EveryCollectiveIsRightOnChorusMemAllocBuffers) {
+  // CHORUS_SHM_MAP_BYTES=1: every non-empty shm message out of a chorusMemAlloc buffer is copied
+  // or reduced by the receiver straight from the sender's mapped pages; buffers are allocated
+  // and freed per call, so descriptor numbers are reused for new allocations and the receivers
+  // must map each anew (the serial tells them apart).
+  ASSERT_EQ(setenv("CHORUS_SHM_MAP_BYTES", "1", 1), 0);
+  for (int n : {2, 3, 4}) {
+    RanksOptions options;
+    options.nranks = n;
+    options.transport = "shm";
+    runRanks(options, [&](int rank, chorusComm_t comm) {
+      SCOPED_TRACE("shm maps, " + std::to_string(n) + " ranks");
+      useChorusMemAlloc(true);
+      checkEveryCollective(comm, rank, n, {0, 1, 1000, 300007}, {chorusInt32, chorusFloat32}, {chorusSum, chorusMax},
+                           /*withSendRecv=*/true);
+      useChorusMemAlloc(false);
+    });
+  }
+  unsetenv("CHORUS_SHM_MAP_BYTES");
+}
+
+TEST(ShmMapTest, ReceiversMapTheSendersAllocation) {
+  // The path above is taken, not the FIFO: after an all-gather out of chorusMemAlloc buffers,
+  // each rank maps its peer's send buffer beside its own two allocations.
+  auto allocationsMapped = [] {
+    std::ifstream maps("/proc/self/maps");
+    int count = 0;
+    for (std::string line; std::getline(maps, line);) count += line.find("memfd:chorus-buffer") != std::string::npos;
+    return count;
+  };
+  runRanks({}, [&](int rank, chorusComm_t comm) {
+    constexpr size_t kCount = 1 << 18;
+    int32_t* send = nullptr;
+    int32_t* recv = nullptr;
+    ASSERT_EQ(chorusMemAlloc(reinterpret_cast<void**>(&send), kCount * 4), chorusSuccess);
+    ASSERT_EQ(chorusMemAlloc(reinterpret_cast<void**>(&recv), 2 * kCount * 4), chorusSuccess);
+    for (size_t i = 0; i < kCount; ++i) send[i] = static_cast<int32_t>(i * 3 + rank);
+    const int before = allocationsMapped();
+    ASSERT_EQ(chorusAllGather(send, recv, kCount, chorusInt32, comm, nullptr), chorusSuccess)
+        << chorusGetLastError(comm);
+    EXPECT_EQ(allocationsMapped(), before + 1) << "rank " << rank << " did not map its peer's buffer";
+    for (size_t r = 0; r < 2; ++r) {
+      for (size_t i = 0; i < kCount; i += 997) ASSERT_EQ(recv[r * kCount + i], static_cast<int32_t>(i * 3 + r));
+    }
+    ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess);  // the peer has read `send`
+    EXPECT_EQ(chorusMemFree(send), chorusSuccess);
+    EXPECT_EQ(chorusMemFree(recv), chorusSuccess);
+  });
+}
+
+TEST(ShmMapTest, MemAllocRejectsWhatItDidNotAllocate) {
+  void* buffer = nullptr;
+  EXPECT_EQ(chorusMemAlloc(&buffer, 0), chorusInvalidArgument);
+  EXPECT_EQ(chorusMemAlloc(nullptr, 64), chorusInvalidArgument);
+  ASSERT_EQ(chorusMemAlloc(&buffer, 100000), chorusSuccess);
+  ASSERT_NE(buffer, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer) % 4096, 0u);
+  EXPECT_EQ(static_cast<char*>(buffer)[99999], 0);
+  EXPECT_EQ(chorusMemFree(static_cast<char*>(buffer) + 64), chorusInvalidArgument);
+  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("not returned by chorusMemAlloc"), std::string::npos)
+      << chorusGetLastError(nullptr);
+  EXPECT_EQ(chorusMemFree(buffer), chorusSuccess);
+  EXPECT_EQ(chorusMemFree(buffer), chorusInvalidArgument);  // freed already
 }
 
 TEST(ShmFifoTest, SmallPiecesInLineWithTheirHeaderArriveWhole) {

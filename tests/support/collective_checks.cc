@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -16,11 +18,33 @@ using pattern::expectedReduce;
 using pattern::moveInput;
 using pattern::reduceInput;
 
+bool sharedBuffers = false;  // useChorusMemAlloc
+
+// Zeroed bytes (plus 64 spare) from the heap, or from chorusMemAlloc.
 struct Buffer {
-  explicit Buffer(size_t bytes) : bytes_(bytes + 64) {}
+  explicit Buffer(size_t bytes) : size_(bytes + 64), shared_(sharedBuffers) {
+    if (shared_) {
+      EXPECT_EQ(chorusMemAlloc(reinterpret_cast<void**>(&base_), size_), chorusSuccess) << chorusGetLastError(nullptr);
+    } else {
+      base_ = static_cast<char*>(std::calloc(size_, 1));
+    }
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() {
+    if (shared_) {
+      EXPECT_EQ(chorusMemFree(base_), chorusSuccess) << chorusGetLastError(nullptr);
+    } else {
+      std::free(base_);
+    }
+  }
   // NULL when empty, to check that count 0 accepts NULL buffers.
-  char* data() { return bytes_.size() > 64 ? bytes_.data() : nullptr; }
-  std::vector<char> bytes_;
+  char* data() { return size_ > 64 ? base_ : nullptr; }
+  std::vector<char> bytes() const { return std::vector<char>(base_, base_ + size_); }
+  void clear() { std::memset(base_, 0, size_); }
+  char* base_ = nullptr;
+  size_t size_;
+  bool shared_;
 };
 
 std::string describe(const char* what, int nranks, size_t count, chorusDataType_t type, const char* op, bool inPlace) {
@@ -30,12 +54,14 @@ std::string describe(const char* what, int nranks, size_t count, chorusDataType_
 
 }  // namespace
 
+void useChorusMemAlloc(bool shared) { sharedBuffers = shared; }
+
 void checkAllReduce(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, chorusRedOp_t op,
                     bool inPlace) {
   const size_t size = chorusTypeSize(type);
   Buffer send(count * size), recv(count * size);
   for (size_t i = 0; i < count; ++i) pattern::store(send.data(), i, type, reduceInput(op, type, rank, i));
-  const std::vector<char> original = send.bytes_;
+  const std::vector<char> original = send.bytes();
   char* out = inPlace ? send.data() : recv.data();
   const std::string what = describe("allreduce", n, count, type, chorusOpName(op), inPlace);
   ASSERT_EQ(chorusAllReduce(send.data(), out, count, type, op, comm, nullptr), chorusSuccess)
@@ -43,7 +69,7 @@ void checkAllReduce(chorusComm_t comm, int rank, int n, size_t count, chorusData
   EXPECT_EQ(pattern::countWrong(out, count, type, [&](size_t i) { return expectedReduce(op, type, n, i); }), 0u)
       << what;
   if (!inPlace) {
-    EXPECT_TRUE(original == send.bytes_) << what << ": the input changed";
+    EXPECT_TRUE(original == send.bytes()) << what << ": the input changed";
   }
 }
 
@@ -128,7 +154,7 @@ void checkSendRecv(chorusComm_t comm, int rank, int n, size_t count, chorusDataT
       << what;
   // Outside a group: even positions send first, odd ones receive first (a blocking exchange).
   if (n > 1 && n % 2 == 0) {
-    std::fill(recv.bytes_.begin(), recv.bytes_.end(), 0);
+    recv.clear();
     if (rank % 2 == 0) {
       ASSERT_EQ(chorusSend(send.data(), count, type, next, comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
       ASSERT_EQ(chorusRecv(recv.data(), count, type, prev, comm, nullptr), chorusSuccess) << chorusGetLastError(comm);

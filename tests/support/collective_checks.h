@@ -26,6 +26,9 @@ void checkAllToAllv(chorusComm_t comm, int rank, int n, size_t count, chorusData
 void checkGather(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, bool inPlace, int root);
 void checkScatter(chorusComm_t comm, int rank, int n, size_t count, chorusDataType_t type, bool inPlace, int root);
 
+// The checks' buffers come from chorusMemAlloc (true) or the heap (false, the default).
+void useChorusMemAlloc(bool shared);
+
 // Every collective above over counts x types x (in place, out of place), the reductions for each
 // op, roots varying by case; the send/recv shift too when withSendRecv. Stops at a fatal failure.
 void checkEveryCollective(chorusComm_t comm, int rank, int n, std::initializer_list<size_t> counts,
