@@ -86,21 +86,28 @@ TEST(ShmReadTest, RanksCanReadEachOthersMemory) {
   });
 }
 
-TEST(ShmReadTest, EveryCollectiveIsRightWhenEveryMessageIsReadFromTheSender) {
-  // CHORUS_SHM_READ_BYTES=1: every non-empty shm message is read from the sender's memory (empty
-  // ones still take a slot), so the by-address messages mix with slot messages in every FIFO.
-  ASSERT_EQ(setenv("CHORUS_SHM_READ_BYTES", "1", 1), 0);
+// Every collective on 2, 3 and 4 shm ranks with knob=1, which sends every non-empty message
+// the way the knob names; buffers from chorusMemAlloc where shared.
+void checkEveryCollectiveOnShmWith(const char* knob, bool shared) {
+  ASSERT_EQ(setenv(knob, "1", 1), 0);
   for (int n : {2, 3, 4}) {
     RanksOptions options;
     options.nranks = n;
     options.transport = "shm";
     runRanks(options, [&](int rank, chorusComm_t comm) {
-      SCOPED_TRACE("shm reads, " + std::to_string(n) + " ranks");
+      SCOPED_TRACE(std::string(knob) + "=1, " + std::to_string(n) + " ranks");
+      useChorusMemAlloc(shared);
       checkEveryCollective(comm, rank, n, {0, 1, 1000, 300007}, {chorusInt32, chorusFloat32}, {chorusSum, chorusMax},
                            /*withSendRecv=*/true);
     });
   }
-  unsetenv("CHORUS_SHM_READ_BYTES");
+  unsetenv(knob);
+}
+
+TEST(ShmReadTest, EveryCollectiveIsRightWhenEveryMessageIsReadFromTheSender) {
+  // CHORUS_SHM_READ_BYTES=1: every non-empty shm message is read from the sender's memory (empty
+  // ones still take a slot), so the by-address messages mix with slot messages in every FIFO.
+  checkEveryCollectiveOnShmWith("CHORUS_SHM_READ_BYTES", /*shared=*/false);
 }
 
 TEST(ShmReadTest, ReductionsConsumeEveryPieceOnceAtItsPlace) {
@@ -128,20 +135,7 @@ TEST(ShmMapTest, EveryCollectiveIsRightOnChorusMemAllocBuffers) {
   // or reduced by the receiver straight from the sender's mapped pages; buffers are allocated
   // and freed per call, so descriptor numbers are reused for new allocations and the receivers
   // must map each anew (the serial tells them apart).
-  ASSERT_EQ(setenv("CHORUS_SHM_MAP_BYTES", "1", 1), 0);
-  for (int n : {2, 3, 4}) {
-    RanksOptions options;
-    options.nranks = n;
-    options.transport = "shm";
-    runRanks(options, [&](int rank, chorusComm_t comm) {
-      SCOPED_TRACE("shm maps, " + std::to_string(n) + " ranks");
-      useChorusMemAlloc(true);
-      checkEveryCollective(comm, rank, n, {0, 1, 1000, 300007}, {chorusInt32, chorusFloat32}, {chorusSum, chorusMax},
-                           /*withSendRecv=*/true);
-      useChorusMemAlloc(false);
-    });
-  }
-  unsetenv("CHORUS_SHM_MAP_BYTES");
+  checkEveryCollectiveOnShmWith("CHORUS_SHM_MAP_BYTES", /*shared=*/true);
 }
 
 TEST(ShmMapTest, ReceiversMapTheSendersAllocation) {
