@@ -323,7 +323,10 @@ CHORUS_API chorusResult_t chorusWaitAll(int count, chorusRequest_t* requests);
 
 /* Host memory that the ranks on one host can map (as ncclMemAlloc): collectives on buffers inside
  * such allocations move each shared-memory message with one copy, read by the receiver straight
- * from the sender's pages (any buffer works everywhere; these are faster for large messages).
+ * from the sender's pages (any buffer works everywhere; these are faster for large messages). A
+ * blocking all-reduce whose input and output lie in such allocations on every rank of a host goes
+ * direct: each rank reduces its share of the elements from every rank's input into every rank's
+ * output (CHORUS_SHM_DIRECT_BYTES).
  * *ptr is page-aligned and zeroed. chorusMemFree takes exactly a pointer chorusMemAlloc returned,
  * after the operations using it have completed. Errors: chorusInvalidArgument (NULL ptr, size 0,
  * a pointer not from chorusMemAlloc), chorusSystemError (no memory). */

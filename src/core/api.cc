@@ -452,6 +452,11 @@ chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t coun
     checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
     checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
     checkStream(stream, call, c.rank());
+    // Blocking calls outside a group may go direct between shareable buffers.
+    if (group.depth == 0 && nonBlockingTarget == nullptr &&
+        c.allReduceDirect(sendbuff, recvbuff, count, datatype, op)) {
+      return;
+    }
     submit(comm, c.prepare(Collective::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0));
   }));
 }

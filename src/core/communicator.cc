@@ -169,6 +169,12 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
         rank, network ? "tcp" : "shm", costs_.alphaUs, 1e-3 / costs_.betaUsPerByte, 1e-3 / costs_.gammaUsPerByte,
         1e-3 / costs_.copyUsPerByte, costs_.overheadUs, corrected, nranks);
 
+  bool allShm = nranks > 1;
+  for (int peer = 0; peer < nranks; ++peer) {
+    allShm = allShm && (peer == rank || std::string(transportOfPeer_[peer]->name()) == "shm");
+  }
+  directBytes_ = allShm ? static_cast<size_t>(std::max<int64_t>(knobInt(Knob::kShmDirectBytes), 0)) : 0;
+
   std::vector<Transport*> all;
   for (auto& t : transports_) all.push_back(t.get());
   executor_ = std::make_unique<Executor>(ExecutorOptions{rank, nranks, settings.timeoutMs, settings.spinUs},

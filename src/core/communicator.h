@@ -48,6 +48,13 @@ class Communicator {
   PreparedOp prepare(collectives::Collective collective, const void* input, void* output, size_t count,
                      chorusDataType_t type, chorusRedOp_t op, int rootOrPeer, const size_t* const* vector = nullptr);
 
+  // A blocking all-reduce outside a group (all ranks must call it alike): where every peer is on
+  // shm and the call has CHORUS_SHM_DIRECT_BYTES or more, the ranks first swap where their buffers
+  // lie; where every rank's input and output are chorusMemAlloc allocations, each rank reduces its
+  // 1/n of the elements straight from every input into every output, and returns true. False
+  // (after the swap, or without one) leaves the call to the scheduled all-reduce.
+  bool allReduceDirect(const void* input, void* output, size_t count, chorusDataType_t type, chorusRedOp_t op);
+
   // Applies overrides in CHORUS_ALGO syntax (throws chorusInvalidArgument; nothing changes then).
   void setAlgorithms(const std::string& text);
 
@@ -102,6 +109,9 @@ class Communicator {
   static constexpr size_t kCachedSchedules = 16;
   std::shared_ptr<const collectives::Schedule> scheduleFor(const collectives::ScheduleArgs& args);
   std::vector<std::pair<ScheduleKey, std::shared_ptr<const collectives::Schedule>>> schedules_;
+  size_t directBytes_ = 0;         // CHORUS_SHM_DIRECT_BYTES where every peer is on shm, else 0
+  std::vector<char> directBlock_;  // the direct all-reduce's block of results, reused
+  bool directLogged_ = false;
   std::atomic<bool> aborted_{false};
   std::string broken_;
 };

@@ -8,20 +8,21 @@
 namespace chorus {
 
 enum class Knob {
-  kDebug,          // CHORUS_DEBUG: log level
-  kTransport,      // CHORUS_TRANSPORT: auto | shm | tcp
-  kTimeoutMs,      // CHORUS_TIMEOUT_MS: per-operation wait limit
-  kInitTimeoutMs,  // CHORUS_INIT_TIMEOUT_MS: bootstrap wait limit
-  kChunkBytes,     // CHORUS_CHUNK_BYTES: pipelining chunk of ring and chain algorithms
-  kShmSlotBytes,   // CHORUS_SHM_SLOT_BYTES: bytes per shared-memory FIFO slot
-  kShmSlots,       // CHORUS_SHM_SLOTS: slots per shared-memory FIFO
-  kShmReadBytes,   // CHORUS_SHM_READ_BYTES: messages this large are read from the sender's memory
-  kShmMapBytes,    // CHORUS_SHM_MAP_BYTES: messages this large in chorusMemAlloc buffers are mapped
-  kSpinUs,         // CHORUS_SPIN_US: how long a wait spins before it blocks
-  kBootstrapAddr,  // CHORUS_BOOTSTRAP_ADDR: address this process listens on
-  kAlgo,           // CHORUS_ALGO: per-collective algorithm overrides
-  kTuningFile,     // CHORUS_TUNING_FILE: cost-model parameters for the tuner
-  kRankOrder,      // CHORUS_RANK_ORDER: the order rings, chains and trees visit the ranks
+  kDebug,           // CHORUS_DEBUG: log level
+  kTransport,       // CHORUS_TRANSPORT: auto | shm | tcp
+  kTimeoutMs,       // CHORUS_TIMEOUT_MS: per-operation wait limit
+  kInitTimeoutMs,   // CHORUS_INIT_TIMEOUT_MS: bootstrap wait limit
+  kChunkBytes,      // CHORUS_CHUNK_BYTES: pipelining chunk of ring and chain algorithms
+  kShmSlotBytes,    // CHORUS_SHM_SLOT_BYTES: bytes per shared-memory FIFO slot
+  kShmSlots,        // CHORUS_SHM_SLOTS: slots per shared-memory FIFO
+  kShmReadBytes,    // CHORUS_SHM_READ_BYTES: messages this large are read from the sender's memory
+  kShmMapBytes,     // CHORUS_SHM_MAP_BYTES: messages this large in chorusMemAlloc buffers are mapped
+  kShmDirectBytes,  // CHORUS_SHM_DIRECT_BYTES: all-reduces this large on chorusMemAlloc buffers go direct
+  kSpinUs,          // CHORUS_SPIN_US: how long a wait spins before it blocks
+  kBootstrapAddr,   // CHORUS_BOOTSTRAP_ADDR: address this process listens on
+  kAlgo,            // CHORUS_ALGO: per-collective algorithm overrides
+  kTuningFile,      // CHORUS_TUNING_FILE: cost-model parameters for the tuner
+  kRankOrder,       // CHORUS_RANK_ORDER: the order rings, chains and trees visit the ranks
   kCount
 };
 

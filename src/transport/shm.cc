@@ -24,9 +24,10 @@
 // Messages whose buffer lies in a chorusMemAlloc allocation (CHORUS_SHM_MAP_BYTES and up) take
 // one copy at memory speed: the sender publishes one slot naming the allocation (its memfd's
 // number in the sender, a serial, the offset), the receiver takes the descriptor with
-// pidfd_getfd once per allocation, maps it read-only, and copies or reduces straight out of the
-// sender's pages; as above, the send completes when the receiver has counted the message done.
-// Whether the receiver may take the sender's descriptors is probed at set-up with a small memfd.
+// pidfd_getfd once per allocation, maps it, and copies or reduces straight out of the sender's
+// pages; as above, the send completes when the receiver has counted the message done. Whether the
+// receiver may take the sender's descriptors is probed at set-up with a small memfd. The same
+// mappings serve the communicator's direct all-reduce (mapPeerMemory), which writes into them.
 //
 // A receive posted with a sink (a receive fused with its reduction) stores nothing: each piece is
 // handed to the sink straight from its slot, and a message read from the sender's memory is read
@@ -103,7 +104,7 @@ struct MappedRef {
   uint64_t offset;  // where the message starts in it
 };
 
-// A peer's allocation mapped read-only here.
+// A peer's allocation mapped here (read-write: the direct all-reduce writes into peers' outputs).
 struct Mapping {
   int32_t fd;
   uint64_t serial;
@@ -272,7 +273,7 @@ class ShmTransport final : public Transport {
       bell_ = new (bellSegment_.base()) Doorbell{};
     }
     int probeFd = -1;
-    if (!peers.empty() && mapBytes_ > 0) {
+    if (!peers.empty()) {  // (also for the direct all-reduce, whatever CHORUS_SHM_MAP_BYTES says)
       probeFd = memfd_create("chorus-probe", MFD_CLOEXEC);
       if (probeFd >= 0 && pwrite(probeFd, &kProbeMagic, sizeof(kProbeMagic), 0) != sizeof(kProbeMagic)) {
         ::close(probeFd);
@@ -307,7 +308,7 @@ class ShmTransport final : public Transport {
         logAt(LogLevel::kInfo, "shm: rank {} cannot read rank {}'s memory ({}); two copies per message from it", rank_,
               peer.rank, error != 0 ? std::strerror(error) : "probe value differs");
       }
-      const bool canMap = mapBytes_ > 0 && probeMapping(peer);
+      const bool canMap = probeMapping(peer);
       peer.in->mapProbe.store(canMap ? kCanRead : kCannotRead, std::memory_order_release);
     }
     // 3. Everyone has mapped and probed; remove the names.
@@ -378,6 +379,11 @@ class ShmTransport final : public Transport {
   }
 
   bool busy() const override { return pending_ > 0; }
+
+  bool peerMapsMemory(int peer) const override { return peers_.has(peer) && peers_.at(peer).peerMaps; }
+  char* mapPeerMemory(int peer, int fd, uint64_t serial, size_t bytes) override {
+    return mapAllocation(peers_.at(peer), fd, serial, bytes, "a direct all-reduce");
+  }
 
   void cancelAll() override {
     peers_.clearQueues();
@@ -516,29 +522,34 @@ class ShmTransport final : public Transport {
       fail(chorusRemoteError, "shm: rank {} named bytes [{}, {}) of a {}-byte buffer for {}", p.rank, ref.offset,
            ref.offset + bytes, ref.bytes, describeTag(op.tag));
     }
-    auto found = std::find_if(p.mappings.begin(), p.mappings.end(), [&](const Mapping& m) { return m.fd == ref.fd; });
-    if (found != p.mappings.end() && (found->serial != ref.serial || found->bytes != ref.bytes)) {
+    return mapAllocation(p, ref.fd, ref.serial, ref.bytes, describeTag(op.tag)) + ref.offset;
+  }
+
+  // The allocation in p's descriptor fd, mapped read-write; cached per descriptor and serial.
+  char* mapAllocation(Peer& p, int fd, uint64_t serial, size_t bytes, const std::string& what) {
+    auto found = std::find_if(p.mappings.begin(), p.mappings.end(), [&](const Mapping& m) { return m.fd == fd; });
+    if (found != p.mappings.end() && (found->serial != serial || found->bytes != bytes)) {
       munmap(found->base, found->bytes);  // that descriptor now holds another allocation
       p.mappings.erase(found);
       found = p.mappings.end();
     }
     if (found == p.mappings.end()) {
-      const int fd = pidfdGetfd(p.pidfd, ref.fd);
-      if (fd < 0) {
-        failErrno(fmt::format("shm: rank {} cannot take descriptor {} of rank {} (pid {}) for {}", rank_, ref.fd,
-                              p.rank, p.pid, describeTag(op.tag)));
+      const int mine = p.pidfd >= 0 ? pidfdGetfd(p.pidfd, fd) : -1;
+      if (mine < 0) {
+        failErrno(fmt::format("shm: rank {} cannot take descriptor {} of rank {} (pid {}) for {}", rank_, fd, p.rank,
+                              p.pid, what));
       }
-      void* base = mmap(nullptr, ref.bytes, PROT_READ, MAP_SHARED, fd, 0);
+      void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, mine, 0);
       const int error = errno;
-      ::close(fd);
+      ::close(mine);
       if (base == MAP_FAILED) {
-        fail(chorusSystemError, "shm: rank {} cannot map rank {}'s {}-byte buffer: {}", rank_, p.rank, ref.bytes,
-             std::strerror(error));
+        fail(chorusSystemError, "shm: rank {} cannot map rank {}'s {}-byte buffer for {}: {}", rank_, p.rank, bytes,
+             what, std::strerror(error));
       }
-      p.mappings.push_back({ref.fd, ref.serial, static_cast<char*>(base), ref.bytes});
+      p.mappings.push_back({fd, serial, static_cast<char*>(base), bytes});
       found = p.mappings.end() - 1;
     }
-    return found->base + ref.offset;
+    return found->base;
   }
 
   // Reads bytes at address remote of peer p into receive op: into its buffer, or for a sink in

@@ -70,6 +70,15 @@ class Transport {
                               Request* /*request*/) {
     return false;
   }
+  // Memory shared between ranks of one host (chorusMemAlloc allocations, whose descriptors a peer
+  // can take): whether peer can map this rank's allocations (found at set-up), and peer's
+  // allocation held in its descriptor fd (serial tells allocations apart), mapped read-write into
+  // this process. The mapping stays until that descriptor names another allocation. Transports
+  // that share no memory answer false, and fail to map.
+  virtual bool peerMapsMemory(int /*peer*/) const { return false; }
+  virtual char* mapPeerMemory(int peer, int fd, uint64_t /*serial*/, size_t bytes) {
+    fail(chorusInternalError, "{} transport cannot map descriptor {} ({} bytes) of rank {}", name(), fd, bytes, peer);
+  }
   // Moves whatever can move without blocking. Returns true if anything moved.
   virtual bool progress() = 0;
   // Blocks until something may be able to move, or timeoutMs passes. Throws chorusRemoteError if
@@ -101,6 +110,7 @@ class PeerTable {
     }
     return peers_[index_[peerRank]];
   }
+  const Peer& at(int peerRank) const { return const_cast<PeerTable*>(this)->at(peerRank); }
   std::vector<Peer>& all() { return peers_; }
   // Drops every queued send and receive.
   void clearQueues() {

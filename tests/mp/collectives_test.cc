@@ -88,13 +88,18 @@ TEST(ShmReadTest, RanksCanReadEachOthersMemory) {
 
 // Every collective on 2, 3 and 4 shm ranks with knob=1, which sends every non-empty message
 // the way the knob names; buffers from chorusMemAlloc where shared.
+// n ranks joined by the shm transport.
+RanksOptions onShm(int n) {
+  RanksOptions options;
+  options.nranks = n;
+  options.transport = "shm";
+  return options;
+}
+
 void checkEveryCollectiveOnShmWith(const char* knob, bool shared) {
   ASSERT_EQ(setenv(knob, "1", 1), 0);
   for (int n : {2, 3, 4}) {
-    RanksOptions options;
-    options.nranks = n;
-    options.transport = "shm";
-    runRanks(options, [&](int rank, chorusComm_t comm) {
+    runRanks(onShm(n), [&](int rank, chorusComm_t comm) {
       SCOPED_TRACE(std::string(knob) + "=1, " + std::to_string(n) + " ranks");
       useChorusMemAlloc(shared);
       checkEveryCollective(comm, rank, n, {0, 1, 1000, 300007}, {chorusInt32, chorusFloat32}, {chorusSum, chorusMax},
@@ -117,10 +122,7 @@ TEST(ShmReadTest, ReductionsConsumeEveryPieceOnceAtItsPlace) {
   ASSERT_EQ(setenv("CHORUS_SHM_SLOT_BYTES", "100", 1), 0);
   for (const char* readBytes : {"0", "1"}) {
     ASSERT_EQ(setenv("CHORUS_SHM_READ_BYTES", readBytes, 1), 0);
-    RanksOptions options;
-    options.nranks = 3;
-    options.transport = "shm";
-    runRanks(options, [&](int rank, chorusComm_t comm) {
+    runRanks(onShm(3), [&](int rank, chorusComm_t comm) {
       SCOPED_TRACE(std::string("64-byte pieces, CHORUS_SHM_READ_BYTES=") + readBytes);
       checkEveryCollective(comm, rank, 3, {1, 1000, 30007}, {chorusFloat64, chorusInt8, chorusBfloat16}, {chorusSum},
                            /*withSendRecv=*/false);
@@ -165,6 +167,115 @@ TEST(ShmMapTest, ReceiversMapTheSendersAllocation) {
     EXPECT_EQ(chorusMemFree(send), chorusSuccess);
     EXPECT_EQ(chorusMemFree(recv), chorusSuccess);
   });
+}
+
+TEST(ShmDirectTest, EveryCollectiveIsRightWhenAllReducesGoDirect) {
+  // CHORUS_SHM_DIRECT_BYTES=1: every non-empty all-reduce on chorusMemAlloc buffers is reduced
+  // by each rank over its slice of every rank's input, straight into every rank's output, among
+  // the other collectives' calls (which keep their messages): 1 element (one rank's slice holds
+  // it, the others' are empty), 1000 and 300007 (slices cut at cache lines, a partial last one).
+  checkEveryCollectiveOnShmWith("CHORUS_SHM_DIRECT_BYTES", /*shared=*/true);
+}
+
+TEST(ShmDirectTest, AllReducesAreRightForEveryTypeAndOp) {
+  // Avg divides once after the sum, integers wrap, fp16 and bf16 round once per element, as the
+  // scheduled all-reduce does; in place and out of place.
+  ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", "1", 1), 0);
+  for (int n : {2, 3}) {
+    runRanks(onShm(n), [&](int rank, chorusComm_t comm) {
+      useChorusMemAlloc(true);
+      for (chorusDataType_t type :
+           {chorusInt8, chorusUint8, chorusInt64, chorusFloat16, chorusBfloat16, chorusFloat64}) {
+        for (chorusRedOp_t op : {chorusSum, chorusProd, chorusMax, chorusMin, chorusAvg}) {
+          for (bool inPlace : {false, true}) {
+            SCOPED_TRACE(std::to_string(n) + " ranks, type " + std::to_string(type) + ", op " + std::to_string(op));
+            checkAllReduce(comm, rank, n, 40001, type, op, inPlace);
+            if (::testing::Test::HasFatalFailure()) return;
+          }
+        }
+      }
+    });
+  }
+  unsetenv("CHORUS_SHM_DIRECT_BYTES");
+}
+
+// Mappings of chorusMemAlloc allocations in this process, and how many of them are writable.
+std::pair<int, int> chorusBuffersMapped() {
+  std::ifstream maps("/proc/self/maps");
+  int count = 0, writable = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("memfd:chorus-buffer") == std::string::npos) continue;
+    ++count;
+    writable += line.find(" rw") != std::string::npos;
+  }
+  return {count, writable};
+}
+
+TEST(ShmDirectTest, EachRankWritesEveryRanksOutput) {
+  // With mapped messages off (CHORUS_SHM_MAP_BYTES=0), only the direct all-reduce maps peers'
+  // allocations: after one, each of 3 ranks has its peers' inputs and outputs mapped read-write
+  // beside its own two; with CHORUS_SHM_DIRECT_BYTES=0 it maps none. The results are checked
+  // against the closed form (values distinct per rank and index).
+  ASSERT_EQ(setenv("CHORUS_SHM_MAP_BYTES", "0", 1), 0);
+  for (const char* direct : {"65536", "0"}) {
+    ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", direct, 1), 0);
+    runRanks(onShm(3), [&](int rank, chorusComm_t comm) {
+      SCOPED_TRACE(std::string("CHORUS_SHM_DIRECT_BYTES=") + direct);
+      constexpr size_t kCount = 100003;
+      int64_t* send = nullptr;
+      int64_t* recv = nullptr;
+      ASSERT_EQ(chorusMemAlloc(reinterpret_cast<void**>(&send), kCount * 8), chorusSuccess);
+      ASSERT_EQ(chorusMemAlloc(reinterpret_cast<void**>(&recv), kCount * 8), chorusSuccess);
+      for (size_t i = 0; i < kCount; ++i) send[i] = static_cast<int64_t>(i * 1000 + rank * rank + 1);
+      const auto before = chorusBuffersMapped();
+      ASSERT_EQ(chorusAllReduce(send, recv, kCount, chorusInt64, chorusSum, comm, nullptr), chorusSuccess)
+          << chorusGetLastError(comm);
+      const auto after = chorusBuffersMapped();
+      const int peers = std::string(direct) == "0" ? 0 : 2 * (3 - 1);
+      EXPECT_EQ(after.first, before.first + peers) << "rank " << rank;
+      EXPECT_EQ(after.second, before.second + peers) << "rank " << rank;
+      for (size_t i = 0; i < kCount; ++i) {
+        ASSERT_EQ(recv[i], static_cast<int64_t>(3 * (i * 1000 + 1) + 0 + 1 + 4)) << "rank " << rank << " at " << i;
+      }
+      ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess);
+      EXPECT_EQ(chorusMemFree(send), chorusSuccess);
+      EXPECT_EQ(chorusMemFree(recv), chorusSuccess);
+    });
+  }
+  unsetenv("CHORUS_SHM_DIRECT_BYTES");
+  unsetenv("CHORUS_SHM_MAP_BYTES");
+}
+
+TEST(ShmDirectTest, RanksAgreeToGoTheScheduledWayWhenOneBufferIsNotShareable) {
+  // Rank 1's output is on the heap: every rank learns it from the swap of descriptors and all
+  // take the scheduled all-reduce (no peer allocation mapped), with the right sums; then a call
+  // on shareable buffers everywhere goes direct on the same communicator.
+  ASSERT_EQ(setenv("CHORUS_SHM_MAP_BYTES", "0", 1), 0);
+  ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", "4096", 1), 0);
+  runRanks(onShm(3), [&](int rank, chorusComm_t comm) {
+    constexpr size_t kCount = 30011;
+    float* send = nullptr;
+    float* shared = nullptr;
+    ASSERT_EQ(chorusMemAlloc(reinterpret_cast<void**>(&send), kCount * 4), chorusSuccess);
+    ASSERT_EQ(chorusMemAlloc(reinterpret_cast<void**>(&shared), kCount * 4), chorusSuccess);
+    std::vector<float> heap(kCount);
+    float* recv = rank == 1 ? heap.data() : shared;
+    for (size_t i = 0; i < kCount; ++i) send[i] = static_cast<float>(i % 1000 + rank);
+    const auto before = chorusBuffersMapped();
+    ASSERT_EQ(chorusAllReduce(send, recv, kCount, chorusFloat32, chorusSum, comm, nullptr), chorusSuccess)
+        << chorusGetLastError(comm);
+    EXPECT_EQ(chorusBuffersMapped().first, before.first) << "rank " << rank << " mapped a peer's buffer";
+    for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(recv[i], static_cast<float>(3 * (i % 1000) + 3)) << i;
+    ASSERT_EQ(chorusAllReduce(send, shared, kCount, chorusFloat32, chorusSum, comm, nullptr), chorusSuccess)
+        << chorusGetLastError(comm);
+    EXPECT_EQ(chorusBuffersMapped().first, before.first + 4) << "rank " << rank << " did not go direct";
+    for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(shared[i], static_cast<float>(3 * (i % 1000) + 3)) << i;
+    ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess);
+    EXPECT_EQ(chorusMemFree(send), chorusSuccess);
+    EXPECT_EQ(chorusMemFree(shared), chorusSuccess);
+  });
+  unsetenv("CHORUS_SHM_DIRECT_BYTES");
+  unsetenv("CHORUS_SHM_MAP_BYTES");
 }
 
 TEST(ShmMapTest, MemAllocRejectsWhatItDidNotAllocate) {
