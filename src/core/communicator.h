@@ -112,6 +112,7 @@ class Communicator {
   size_t directBytes_ = 0;         // CHORUS_SHM_DIRECT_BYTES where every peer is on shm, else 0
   std::vector<char> directBlock_;  // the direct all-reduce's block of results, reused
   bool directLogged_ = false;
+  int directSkips_ = 0;  // eligible all-reduces left that skip the swap (a heap buffer was found)
   std::atomic<bool> aborted_{false};
   std::string broken_;
 };

@@ -12,7 +12,8 @@
 // Each input byte is read once and each output byte written once, by one rank, in one pass: the
 // all-reduce's copy bound, where the ring through the FIFOs reads and writes each byte twice
 // (with mapped messages, reads the reduced half back once more). It costs two exchanges of
-// small messages, so it starts at CHORUS_SHM_DIRECT_BYTES.
+// small messages, so it starts at CHORUS_SHM_DIRECT_BYTES; where a swap finds a heap buffer,
+// the next 63 eligible calls skip it, so heap buffers pay one swap per 64 calls.
 #include <algorithm>
 #include <cstring>
 
@@ -41,6 +42,9 @@ static_assert(sizeof(DirectBuffers) == 64);
 // it (16 KiB to 256 KiB measured alike).
 constexpr size_t kBlockBytes = 64 * 1024;
 
+// Eligible calls that skip the swap after one that found a heap buffer.
+constexpr int kDirectBackoff = 63;
+
 }  // namespace
 
 bool Communicator::allReduceDirect(const void* input, void* output, size_t count, chorusDataType_t type,
@@ -48,6 +52,13 @@ bool Communicator::allReduceDirect(const void* input, void* output, size_t count
   const size_t size = kernels::typeSize(type);
   const size_t bytes = count * size;
   if (directBytes_ == 0 || bytes < directBytes_) return false;
+  // After a swap found a heap buffer, the next kDirectBackoff such calls skip the swap (with ranks
+  // sharing cores, a small all-gather costs a large all-reduce up to 10-20%): every rank saw the
+  // same descriptors, so all skip alike.
+  if (directSkips_ > 0) {
+    --directSkips_;
+    return false;
+  }
 
   DirectBuffers mine;
   SharedRange in, out;
@@ -64,7 +75,10 @@ bool Communicator::allReduceDirect(const void* input, void* output, size_t count
       prepare(collectives::Collective::kAllGather, &mine, all.data(), sizeof(mine), chorusUint8, chorusSum, 0));
   run(std::move(swap));
   for (const DirectBuffers& theirs : all) {
-    if (!theirs.shareable) return false;  // every rank sees the same descriptors and decides alike
+    if (!theirs.shareable) {  // every rank sees the same descriptors and decides alike
+      directSkips_ = kDirectBackoff;
+      return false;
+    }
   }
 
   try {
