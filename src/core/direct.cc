@@ -121,7 +121,7 @@ bool Communicator::allReduceDirect(const void* input, void* output, size_t count
     char* block = directBlock_.data();
     // Outputs of large calls are streamed past the cache, except where a rank's output is its
     // input: those lines were just read into the cache (2 ranks, 64 MiB in place: 7.7-7.9 ms with
-    // plain stores, 9.4-11.1 streamed; out of place, streamed 8.6-10.6 ms, plain 14.3-14.6).
+    // plain stores, 9.4-11.1 streamed; out of place, streamed 7.0-10.6 ms, plain 14.3-14.6).
     const bool large = bytes >= kernels::kStreamingCopyBytes;
     for (size_t first = begin; first < end; first += blockCount) {
       const size_t k = std::min(blockCount, end - first);

@@ -382,7 +382,7 @@ class ShmTransport final : public Transport {
 
   bool peerMapsMemory(int peer) const override { return peers_.has(peer) && peers_.at(peer).peerMaps; }
   char* mapPeerMemory(int peer, int fd, uint64_t serial, size_t bytes) override {
-    return mapAllocation(peers_.at(peer), fd, serial, bytes, "a direct all-reduce");
+    return mapAllocation(peers_.at(peer), fd, serial, bytes, "memory the communicator maps");
   }
 
   void cancelAll() override {
