@@ -89,6 +89,26 @@ TEST(ShmReadTest, RanksCanReadEachOthersMemory) {
 
 // Every collective on 2, 3 and 4 shm ranks with knob=1, which sends every non-empty message
 // the way the knob names; buffers from chorusMemAlloc where shared.
+// count elements of T from chorusMemAlloc (allocated() says whether it succeeded), freed when it
+// goes, the free checked; free it only after the peers are done with it (a barrier).
+template <typename T>
+class SharedArray {
+ public:
+  explicit SharedArray(size_t count) {
+    EXPECT_EQ(chorusMemAlloc(reinterpret_cast<void**>(&data_), count * sizeof(T)), chorusSuccess);
+  }
+  ~SharedArray() {
+    if (data_ != nullptr) EXPECT_EQ(chorusMemFree(data_), chorusSuccess);
+  }
+  SharedArray(const SharedArray&) = delete;
+  SharedArray& operator=(const SharedArray&) = delete;
+  bool allocated() const { return data_ != nullptr; }
+  T* get() const { return data_; }
+
+ private:
+  T* data_ = nullptr;
+};
+
 // n ranks joined by the shm transport.
 RanksOptions onShm(int n) {
   RanksOptions options;
@@ -152,10 +172,10 @@ TEST(ShmMapTest, ReceiversMapTheSendersAllocation) {
   };
   runRanks({}, [&](int rank, chorusComm_t comm) {
     constexpr size_t kCount = 1 << 18;
-    int32_t* send = nullptr;
-    int32_t* recv = nullptr;
-    ASSERT_EQ(chorusMemAlloc(reinterpret_cast<void**>(&send), kCount * 4), chorusSuccess);
-    ASSERT_EQ(chorusMemAlloc(reinterpret_cast<void**>(&recv), 2 * kCount * 4), chorusSuccess);
+    SharedArray<int32_t> sendArray(kCount), recvArray(2 * kCount);
+    ASSERT_TRUE(sendArray.allocated() && recvArray.allocated());
+    int32_t* send = sendArray.get();
+    int32_t* recv = recvArray.get();
     for (size_t i = 0; i < kCount; ++i) send[i] = static_cast<int32_t>(i * 3 + rank);
     const int before = allocationsMapped();
     ASSERT_EQ(chorusAllGather(send, recv, kCount, chorusInt32, comm, nullptr), chorusSuccess)
@@ -165,8 +185,6 @@ TEST(ShmMapTest, ReceiversMapTheSendersAllocation) {
       for (size_t i = 0; i < kCount; i += 997) ASSERT_EQ(recv[r * kCount + i], static_cast<int32_t>(i * 3 + r));
     }
     ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess);  // the peer has read `send`
-    EXPECT_EQ(chorusMemFree(send), chorusSuccess);
-    EXPECT_EQ(chorusMemFree(recv), chorusSuccess);
   });
 }
 
@@ -223,10 +241,10 @@ TEST(ShmDirectTest, EachRankWritesEveryRanksOutput) {
     runRanks(onShm(3), [&](int rank, chorusComm_t comm) {
       SCOPED_TRACE(std::string("CHORUS_SHM_DIRECT_BYTES=") + direct);
       constexpr size_t kCount = 100003;
-      int64_t* send = nullptr;
-      int64_t* recv = nullptr;
-      ASSERT_EQ(chorusMemAlloc(reinterpret_cast<void**>(&send), kCount * 8), chorusSuccess);
-      ASSERT_EQ(chorusMemAlloc(reinterpret_cast<void**>(&recv), kCount * 8), chorusSuccess);
+      SharedArray<int64_t> sendArray(kCount), recvArray(kCount);
+      ASSERT_TRUE(sendArray.allocated() && recvArray.allocated());
+      int64_t* send = sendArray.get();
+      int64_t* recv = recvArray.get();
       for (size_t i = 0; i < kCount; ++i) send[i] = static_cast<int64_t>(i * 1000 + rank * rank + 1);
       const auto before = chorusBuffersMapped();
       ASSERT_EQ(chorusAllReduce(send, recv, kCount, chorusInt64, chorusSum, comm, nullptr), chorusSuccess)
@@ -238,9 +256,7 @@ TEST(ShmDirectTest, EachRankWritesEveryRanksOutput) {
       for (size_t i = 0; i < kCount; ++i) {
         ASSERT_EQ(recv[i], static_cast<int64_t>(3 * (i * 1000 + 1) + 0 + 1 + 4)) << "rank " << rank << " at " << i;
       }
-      ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess);
-      EXPECT_EQ(chorusMemFree(send), chorusSuccess);
-      EXPECT_EQ(chorusMemFree(recv), chorusSuccess);
+      ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess);  // the peers are done with both
     });
   }
   unsetenv("CHORUS_SHM_DIRECT_BYTES");
@@ -255,10 +271,10 @@ TEST(ShmDirectTest, RanksAgreeToGoTheScheduledWayWhenOneBufferIsNotShareable) {
   ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", "4096", 1), 0);
   runRanks(onShm(3), [&](int rank, chorusComm_t comm) {
     constexpr size_t kCount = 30011;
-    float* send = nullptr;
-    float* shared = nullptr;
-    ASSERT_EQ(chorusMemAlloc(reinterpret_cast<void**>(&send), kCount * 4), chorusSuccess);
-    ASSERT_EQ(chorusMemAlloc(reinterpret_cast<void**>(&shared), kCount * 4), chorusSuccess);
+    SharedArray<float> sendArray(kCount), sharedArray(kCount);
+    ASSERT_TRUE(sendArray.allocated() && sharedArray.allocated());
+    float* send = sendArray.get();
+    float* shared = sharedArray.get();
     std::vector<float> heap(kCount);
     float* recv = rank == 1 ? heap.data() : shared;
     for (size_t i = 0; i < kCount; ++i) send[i] = static_cast<float>(i % 1000 + rank);
@@ -275,9 +291,7 @@ TEST(ShmDirectTest, RanksAgreeToGoTheScheduledWayWhenOneBufferIsNotShareable) {
           << "rank " << rank << " call " << call;
       for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(shared[i], static_cast<float>(3 * (i % 1000) + 3)) << i;
     }
-    ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess);
-    EXPECT_EQ(chorusMemFree(send), chorusSuccess);
-    EXPECT_EQ(chorusMemFree(shared), chorusSuccess);
+    ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess);  // the peers are done with both
   });
   unsetenv("CHORUS_SHM_DIRECT_BYTES");
   unsetenv("CHORUS_SHM_MAP_BYTES");
