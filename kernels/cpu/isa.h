@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "chorus/chorus.h"
 
@@ -17,20 +18,26 @@ bool isaSupported(Isa isa);
 // The best supported set, capped by CHORUS_CPU_ISA; decided once per process.
 Isa activeIsa();
 
-// reduce() and divide() with the given set (it must be supported): for tests and benchmarks.
+// reduce(), divide() and reduceMany() with the given set (it must be supported): for tests and benchmarks.
 void reduceWith(Isa isa, void* dst, const void* a, const void* b, size_t count, chorusDataType_t type,
                 chorusRedOp_t op);
 void divideWith(Isa isa, void* buf, size_t count, chorusDataType_t type, int divisor);
+void reduceManyWith(Isa isa, void* const* dsts, int ndst, const void* const* srcs, int nsrc, size_t count,
+                    chorusDataType_t type, chorusRedOp_t op, bool stream);
 
 // The vector kernels of one set (reduce_vector.h): each does a prefix of whole vectors and returns
 // its length in elements, 0 where it has no kernel; the caller does the rest with the reference.
 namespace avx2 {
 size_t reducePrefix(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, chorusRedOp_t op);
 size_t dividePrefix(void* buf, size_t count, chorusDataType_t type, int divisor);
+size_t reduceManyPrefix(void* const* dsts, const uint8_t* stream, int ndst, const void* const* srcs, int nsrc,
+                        size_t count, chorusDataType_t type, chorusRedOp_t op);
 }  // namespace avx2
 namespace avx512 {
 size_t reducePrefix(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, chorusRedOp_t op);
 size_t dividePrefix(void* buf, size_t count, chorusDataType_t type, int divisor);
+size_t reduceManyPrefix(void* const* dsts, const uint8_t* stream, int ndst, const void* const* srcs, int nsrc,
+                        size_t count, chorusDataType_t type, chorusRedOp_t op);
 }  // namespace avx512
 
 }  // namespace chorus::kernels

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/isa.h"
@@ -229,12 +230,50 @@ void divideWith(Isa isa, void* buf, size_t count, chorusDataType_t type, int div
   divideReference(static_cast<char*>(buf) + done * typeSize(type), count - done, type, divisor);
 }
 
+void reduceManyWith(Isa isa, void* const* dsts, int ndst, const void* const* srcs, int nsrc, size_t count,
+                    chorusDataType_t type, chorusRedOp_t op, bool stream) {
+  if (ndst <= 0 || nsrc <= 0 || count == 0) return;
+  std::vector<uint8_t> streamed(ndst);
+  for (int j = 0; j < ndst; ++j) {
+    const bool source = std::find(srcs, srcs + nsrc, dsts[j]) != srcs + nsrc;
+    streamed[j] = stream && !source && reinterpret_cast<uintptr_t>(dsts[j]) % 64 == 0;
+  }
+  size_t done = 0;
+#if CHORUS_X86_VECTOR_KERNELS
+  if (isa == Isa::kAvx512) done = avx512::reduceManyPrefix(dsts, streamed.data(), ndst, srcs, nsrc, count, type, op);
+  if (isa == Isa::kAvx2) done = avx2::reduceManyPrefix(dsts, streamed.data(), ndst, srcs, nsrc, count, type, op);
+#endif
+  // The rest (the tail, a scalar CPU, integer Avg) by reduce() and divide() through a buffer on the
+  // stack, a page at a time.
+  const size_t size = typeSize(type);
+  alignas(64) char folded[4096];
+  const size_t per = sizeof(folded) / size;
+  for (size_t first = done; first < count; first += per) {
+    const size_t k = std::min(per, count - first);
+    const size_t at = first * size;
+    if (nsrc == 1) {
+      std::memcpy(folded, static_cast<const char*>(srcs[0]) + at, k * size);
+    } else {
+      reduceWith(isa, folded, static_cast<const char*>(srcs[0]) + at, static_cast<const char*>(srcs[1]) + at, k, type,
+                 op);
+    }
+    for (int s = 2; s < nsrc; ++s) reduceWith(isa, folded, folded, static_cast<const char*>(srcs[s]) + at, k, type, op);
+    if (op == chorusAvg) divideWith(isa, folded, k, type, nsrc);
+    for (int j = 0; j < ndst; ++j) std::memcpy(static_cast<char*>(dsts[j]) + at, folded, k * size);
+  }
+}
+
 void reduce(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, chorusRedOp_t op) {
   reduceWith(activeIsa(), dst, a, b, count, type, op);
 }
 
 void divide(void* buf, size_t count, chorusDataType_t type, int divisor) {
   divideWith(activeIsa(), buf, count, type, divisor);
+}
+
+void reduceMany(void* const* dsts, int ndst, const void* const* srcs, int nsrc, size_t count, chorusDataType_t type,
+                chorusRedOp_t op, bool stream) {
+  reduceManyWith(activeIsa(), dsts, ndst, srcs, nsrc, count, type, op, stream);
 }
 
 size_t typeSize(chorusDataType_t type) {

@@ -13,6 +13,15 @@ namespace chorus::kernels {
 // 2^bits; fp16 and bf16 compute in fp32 and round once per element.
 void reduce(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, chorusRedOp_t op);
 
+// For every destination j and i < count: dsts[j][i] = srcs[0][i] (op) srcs[1][i] (op) ... (op)
+// srcs[nsrc - 1][i], and for Avg that sum divided by nsrc: the same values as folding reduce() over
+// the sources in order (then divide()), computed in one pass that reads each source once and
+// writes each destination once, with no buffer between. A destination may be one of the sources
+// (exactly, not partially); destinations must not overlap one another. With stream, destinations
+// that are not sources are written with non-temporal stores where they are aligned to 64 bytes
+// (see copyStreaming: for large results not read again soon); the others with plain stores.
+void reduceMany(void* const* dsts, int ndst, const void* const* srcs, int nsrc, size_t count, chorusDataType_t type,
+                chorusRedOp_t op, bool stream);
 // buf[i] = buf[i] / divisor: the last step of Avg. Integers truncate toward zero; fp16 / bf16
 // divide in fp32.
 void divide(void* buf, size_t count, chorusDataType_t type, int divisor);

@@ -48,6 +48,22 @@ inline void store(void* p, V v) {
   __builtin_memcpy(p, &v, sizeof(v));
 }
 
+// A non-temporal store of one vector (p aligned to its size): the line goes to memory without
+// being read into the cache first.
+template <typename V>
+inline void streamStore(void* p, V v) {
+  if constexpr (sizeof(V) == 64) {
+#if CHORUS_VECTOR_BYTES == 64
+    _mm512_stream_si512(static_cast<__m512i*>(p), reinterpret_cast<__m512i>(v));
+#endif
+  } else if constexpr (sizeof(V) == 32) {
+    _mm256_stream_si256(static_cast<__m256i*>(p), reinterpret_cast<__m256i>(v));
+  } else {
+    static_assert(sizeof(V) == 16);
+    _mm_stream_si128(static_cast<__m128i*>(p), reinterpret_cast<__m128i>(v));
+  }
+}
+
 struct Sum {
   template <typename V>
   static V apply(V a, V b) {
@@ -109,37 +125,37 @@ size_t native(void* dst, const void* a, const void* b, size_t count) {
 }
 
 // fp16 <-> fp32 by the F16C / AVX-512F conversion instructions (round to nearest even).
-inline Vec<float> widenHalf(const void* p) {
+inline Vec<float> fromHalf(HalfVec h) {
 #if CHORUS_VECTOR_BYTES == 64
-  return reinterpret_cast<Vec<float>>(_mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p))));
+  return reinterpret_cast<Vec<float>>(_mm512_cvtph_ps(reinterpret_cast<__m256i>(h)));
 #else
-  return reinterpret_cast<Vec<float>>(_mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(p))));
+  return reinterpret_cast<Vec<float>>(_mm256_cvtph_ps(reinterpret_cast<__m128i>(h)));
 #endif
 }
-inline void narrowHalf(void* p, Vec<float> v) {
+inline HalfVec toHalf(Vec<float> v) {
 #if CHORUS_VECTOR_BYTES == 64
-  _mm256_storeu_si256(static_cast<__m256i*>(p),
-                      _mm512_cvtps_ph(reinterpret_cast<__m512>(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  return reinterpret_cast<HalfVec>(
+      _mm512_cvtps_ph(reinterpret_cast<__m512>(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 #else
-  _mm_storeu_si128(static_cast<__m128i*>(p),
-                   _mm256_cvtps_ph(reinterpret_cast<__m256>(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  return reinterpret_cast<HalfVec>(
+      _mm256_cvtps_ph(reinterpret_cast<__m256>(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 #endif
 }
 
 // bf16 <-> fp32 in integer lanes, as floatToBfloat16 does: round to nearest even, NaN kept quiet.
-inline Vec<float> widenBfloat16(const void* p) {
-  const Vec<uint32_t> wide = __builtin_convertvector(load<HalfVec>(p), Vec<uint32_t>);
+inline Vec<float> fromBfloat16(HalfVec h) {
+  const Vec<uint32_t> wide = __builtin_convertvector(h, Vec<uint32_t>);
   return reinterpret_cast<Vec<float>>(wide << 16);
 }
-inline void narrowBfloat16(void* p, Vec<float> v) {
+inline HalfVec toBfloat16(Vec<float> v) {
   const Vec<uint32_t> x = reinterpret_cast<Vec<uint32_t>>(v);
   const Vec<uint32_t> rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
   const Vec<uint32_t> quiet = (x >> 16) | 0x40u;
   const Vec<uint32_t> out = (x & 0x7fffffffu) > 0x7f800000u ? quiet : rounded;
-  store(p, __builtin_convertvector(out, HalfVec));
+  return __builtin_convertvector(out, HalfVec);
 }
 
-template <Vec<float> (*Widen)(const void*), void (*Narrow)(void*, Vec<float>), typename Op>
+template <Vec<float> (*Widen)(HalfVec), HalfVec (*Narrow)(Vec<float>), typename Op>
 size_t half(void* dst, const void* a, const void* b, size_t count) {
   constexpr size_t lanes = kBytes / sizeof(float);
   char* d = static_cast<char*>(dst);
@@ -147,7 +163,7 @@ size_t half(void* dst, const void* a, const void* b, size_t count) {
   const char* y = static_cast<const char*>(b);
   size_t i = 0;
   for (; i + lanes <= count; i += lanes) {
-    Narrow(d + 2 * i, Op::apply(Widen(x + 2 * i), Widen(y + 2 * i)));
+    store(d + 2 * i, Narrow(Op::apply(Widen(load<HalfVec>(x + 2 * i)), Widen(load<HalfVec>(y + 2 * i)))));
   }
   return i;
 }
@@ -172,9 +188,9 @@ size_t typed(void* dst, const void* a, const void* b, size_t count, chorusDataTy
     case chorusFloat64:
       return native<double, Op>(dst, a, b, count);
     case chorusFloat16:
-      return half<widenHalf, narrowHalf, Op>(dst, a, b, count);
+      return half<fromHalf, toHalf, Op>(dst, a, b, count);
     case chorusBfloat16:
-      return half<widenBfloat16, narrowBfloat16, Op>(dst, a, b, count);
+      return half<fromBfloat16, toBfloat16, Op>(dst, a, b, count);
     default:
       return 0;
   }
@@ -191,14 +207,101 @@ size_t divideFloat(void* buf, size_t count, int divisor) {
   return i;
 }
 
-template <Vec<float> (*Widen)(const void*), void (*Narrow)(void*, Vec<float>)>
+template <Vec<float> (*Widen)(HalfVec), HalfVec (*Narrow)(Vec<float>)>
 size_t divideHalf(void* buf, size_t count, int divisor) {
   constexpr size_t lanes = kBytes / sizeof(float);
   char* p = static_cast<char*>(buf);
   const float by = static_cast<float>(divisor);
   size_t i = 0;
-  for (; i + lanes <= count; i += lanes) Narrow(p + 2 * i, Widen(p + 2 * i) / by);
+  for (; i + lanes <= count; i += lanes) store(p + 2 * i, Narrow(Widen(load<HalfVec>(p + 2 * i)) / by));
   return i;
+}
+
+// The fan-out reduction (reduceMany): vector by vector, every source folded in order, then the
+// result stored to every destination, non-temporally where stream[j] is set (the caller checked
+// the alignment). The same bits as reduce() folded over the sources: fp16 and bf16 round after
+// each fold, as a fold through memory does; Avg divides the final sum.
+struct Fan {
+  void* const* dsts;
+  const uint8_t* stream;
+  int ndst;
+  const void* const* srcs;
+  int nsrc;
+  bool average;
+};
+
+template <typename V>
+inline void fanOut(const Fan& f, size_t at, V v) {
+  for (int j = 0; j < f.ndst; ++j) {
+    char* p = static_cast<char*>(f.dsts[j]) + at;
+    if (f.stream[j]) {
+      streamStore(p, v);
+    } else {
+      store(p, v);
+    }
+  }
+}
+
+template <typename T, typename Op>
+size_t nativeMany(const Fan& f, size_t count) {
+  using V = Vec<Lane<T, Op>>;
+  constexpr size_t lanes = kBytes / sizeof(T);
+  if (f.average && !std::is_floating_point_v<T>) return 0;  // integer division: the reference does it
+  size_t i = 0;
+  for (; i + lanes <= count; i += lanes) {
+    const size_t at = i * sizeof(T);
+    V acc = load<V>(static_cast<const char*>(f.srcs[0]) + at);
+    for (int k = 1; k < f.nsrc; ++k) acc = Op::apply(acc, load<V>(static_cast<const char*>(f.srcs[k]) + at));
+    if constexpr (std::is_floating_point_v<T>) {
+      if (f.average) acc = acc / static_cast<T>(f.nsrc);
+    }
+    fanOut(f, at, acc);
+  }
+  return i;
+}
+
+template <Vec<float> (*Widen)(HalfVec), HalfVec (*Narrow)(Vec<float>), typename Op>
+size_t halfMany(const Fan& f, size_t count) {
+  constexpr size_t lanes = kBytes / sizeof(float);
+  size_t i = 0;
+  for (; i + lanes <= count; i += lanes) {
+    const size_t at = 2 * i;
+    HalfVec acc = load<HalfVec>(static_cast<const char*>(f.srcs[0]) + at);
+    for (int k = 1; k < f.nsrc; ++k) {
+      acc = Narrow(Op::apply(Widen(acc), Widen(load<HalfVec>(static_cast<const char*>(f.srcs[k]) + at))));
+    }
+    if (f.average) acc = Narrow(Widen(acc) / static_cast<float>(f.nsrc));
+    fanOut(f, at, acc);
+  }
+  return i;
+}
+
+template <typename Op>
+size_t typedMany(const Fan& f, size_t count, chorusDataType_t type) {
+  switch (type) {
+    case chorusInt8:
+      return nativeMany<int8_t, Op>(f, count);
+    case chorusUint8:
+      return nativeMany<uint8_t, Op>(f, count);
+    case chorusInt32:
+      return nativeMany<int32_t, Op>(f, count);
+    case chorusUint32:
+      return nativeMany<uint32_t, Op>(f, count);
+    case chorusInt64:
+      return nativeMany<int64_t, Op>(f, count);
+    case chorusUint64:
+      return nativeMany<uint64_t, Op>(f, count);
+    case chorusFloat32:
+      return nativeMany<float, Op>(f, count);
+    case chorusFloat64:
+      return nativeMany<double, Op>(f, count);
+    case chorusFloat16:
+      return halfMany<fromHalf, toHalf, Op>(f, count);
+    case chorusBfloat16:
+      return halfMany<fromBfloat16, toBfloat16, Op>(f, count);
+    default:
+      return 0;
+  }
 }
 
 }  // namespace
@@ -226,12 +329,37 @@ size_t dividePrefix(void* buf, size_t count, chorusDataType_t type, int divisor)
     case chorusFloat64:
       return divideFloat<double>(buf, count, divisor);
     case chorusFloat16:
-      return divideHalf<widenHalf, narrowHalf>(buf, count, divisor);
+      return divideHalf<fromHalf, toHalf>(buf, count, divisor);
     case chorusBfloat16:
-      return divideHalf<widenBfloat16, narrowBfloat16>(buf, count, divisor);
+      return divideHalf<fromBfloat16, toBfloat16>(buf, count, divisor);
     default:
       return 0;  // integer division has no vector instruction: the reference does it
   }
+}
+
+size_t reduceManyPrefix(void* const* dsts, const uint8_t* stream, int ndst, const void* const* srcs, int nsrc,
+                        size_t count, chorusDataType_t type, chorusRedOp_t op) {
+  const Fan f{dsts, stream, ndst, srcs, nsrc, op == chorusAvg};
+  size_t done = 0;
+  switch (op) {
+    case chorusSum:
+    case chorusAvg:
+      done = typedMany<Sum>(f, count, type);
+      break;
+    case chorusProd:
+      done = typedMany<Prod>(f, count, type);
+      break;
+    case chorusMax:
+      done = typedMany<Max>(f, count, type);
+      break;
+    case chorusMin:
+      done = typedMany<Min>(f, count, type);
+      break;
+    default:
+      break;
+  }
+  _mm_sfence();  // streamed lines are visible before whatever the caller publishes next
+  return done;
 }
 
 }  // namespace chorus::kernels::CHORUS_VECTOR_NAMESPACE

@@ -109,8 +109,7 @@ class Communicator {
   static constexpr size_t kCachedSchedules = 16;
   std::shared_ptr<const collectives::Schedule> scheduleFor(const collectives::ScheduleArgs& args);
   std::vector<std::pair<ScheduleKey, std::shared_ptr<const collectives::Schedule>>> schedules_;
-  size_t directBytes_ = 0;         // CHORUS_SHM_DIRECT_BYTES where every peer is on shm, else 0
-  std::vector<char> directBlock_;  // the direct all-reduce's block of results, reused
+  size_t directBytes_ = 0;  // CHORUS_SHM_DIRECT_BYTES where every peer is on shm, else 0
   bool directLogged_ = false;
   int directSkips_ = 0;  // eligible all-reduces left that skip the swap (a heap buffer was found)
   std::atomic<bool> aborted_{false};

@@ -4,10 +4,10 @@
 // The ranks first swap where their input and output lie (a 64-byte all-gather of descriptors:
 // memfd number, serial, size, offset). If every rank's buffers are shareable and every peer can
 // map them, each rank maps every peer's input and output (once per allocation: the shm
-// transport keeps the mappings) and takes its own 1/n of the elements, cut at cache lines: block
-// by block, it reduces that slice over every rank's input into a small block that stays cached,
-// then writes the block into every rank's output, streamed past the cache for large calls. A
-// barrier then tells every rank that its output is complete and its input no longer read.
+// transport keeps the mappings) and takes its own 1/n of the elements, cut at cache lines: it
+// reduces that slice over every rank's input and stores each result into every rank's output in
+// the same pass (kernels::reduceMany), streamed past the cache for large calls. A barrier then
+// tells every rank that its output is complete and its input no longer read.
 //
 // Each input byte is read once and each output byte written once, by one rank, in one pass: the
 // all-reduce's copy bound, where the ring through the FIFOs reads and writes each byte twice
@@ -15,7 +15,6 @@
 // small messages, so it starts at CHORUS_SHM_DIRECT_BYTES; where a swap finds a heap buffer,
 // the next 63 eligible calls skip it, so heap buffers pay one swap per 64 calls.
 #include <algorithm>
-#include <cstring>
 
 #include "kernels/cpu/copy.h"
 #include "kernels/cpu/reduce.h"
@@ -37,10 +36,6 @@ struct DirectBuffers {
   uint64_t outSerial = 0, outBytes = 0, outOffset = 0;
 };
 static_assert(sizeof(DirectBuffers) == 64);
-
-// Results per block: small enough to stay in the core's caches while every input is folded into
-// it (16 KiB to 256 KiB measured alike).
-constexpr size_t kBlockBytes = 64 * 1024;
 
 // Eligible calls that skip the swap after one that found a heap buffer.
 constexpr int kDirectBackoff = 63;
@@ -111,35 +106,21 @@ bool Communicator::allReduceDirect(const void* input, void* output, size_t count
             rank_, bytes, directBytes_);
     }
 
-    // This rank's slice, whole cache lines (elements are at most 8 bytes), and its blocks.
+    // This rank's slice, whole cache lines (elements are at most 8 bytes), reduced from every
+    // input into every output in one pass. Outputs of large calls are streamed past the cache,
+    // except where a rank's output is its input: those lines were just read into the cache.
     const size_t perLine = 64 / size;
     const size_t slice = ((count + nranks_ - 1) / nranks_ + perLine - 1) / perLine * perLine;
     const size_t begin = std::min(count, slice * static_cast<size_t>(rank_));
     const size_t end = std::min(count, begin + slice);
-    const size_t blockCount = kBlockBytes / size;
-    directBlock_.resize(kBlockBytes);
-    char* block = directBlock_.data();
-    // Outputs of large calls are streamed past the cache, except where a rank's output is its
-    // input: those lines were just read into the cache (2 ranks, 64 MiB in place: 7.7-7.9 ms with
-    // plain stores, 9.4-11.1 streamed; out of place, streamed 7.0-10.6 ms, plain 14.3-14.6).
-    const bool large = bytes >= kernels::kStreamingCopyBytes;
-    for (size_t first = begin; first < end; first += blockCount) {
-      const size_t k = std::min(blockCount, end - first);
-      const size_t at = first * size;
-      kernels::reduce(block, inputs[0] + at, inputs[1] + at, k, type, op);
-      for (int peer = 2; peer < nranks_; ++peer) kernels::reduce(block, block, inputs[peer] + at, k, type, op);
-      if (op == chorusAvg) kernels::divide(block, k, type, nranks_);
-      for (int peer = 0; peer < nranks_; ++peer) {
-        // Each rank's own output last, from its own rank's turn: every rank writes its peers first.
-        const int owner = (rank_ + 1 + peer) % nranks_;
-        char* to = outputs[owner] + at;
-        if (large && outputs[owner] != inputs[owner]) {
-          kernels::copyStreaming(to, block, k * size);
-        } else {
-          std::memcpy(to, block, k * size);
-        }
-      }
+    std::vector<const void*> from(nranks_);
+    std::vector<void*> to(nranks_);
+    for (int peer = 0; peer < nranks_; ++peer) {
+      from[peer] = inputs[peer] + begin * size;
+      to[peer] = outputs[peer] + begin * size;
     }
+    kernels::reduceMany(to.data(), nranks_, from.data(), nranks_, end - begin, type, op,
+                        bytes >= kernels::kStreamingCopyBytes);
   } catch (const Error& e) {
     if (broken_.empty()) broken_ = e.what();  // the peers fail at the barrier below, by timeout
     throw;

@@ -221,6 +221,71 @@ TEST(ReduceTest, VectorKernelsMatchTheScalarReference) {
   if (isasTried == 0) GTEST_SKIP() << "this CPU has no vector instruction set the kernels are built for";
 }
 
+// reduceMany gives, in every destination, what folding reduceWith over the sources in order gives
+// (then divideWith for Avg), for every instruction set, type and op: with 1 to 4 sources and 1 to
+// 3 destinations, streamed or not, destinations aligned (streamed) and not (plain stores), a
+// destination that is a source, and lengths that leave a tail; bytes around the destinations
+// stay as they were.
+TEST(ReduceTest, ReduceManyMatchesAFoldOfReduce) {
+  std::mt19937_64 rng(2024);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!isaSupported(isa)) continue;
+    for (chorusDataType_t type : kTypes) {
+      const size_t size = typeSize(type);
+      for (chorusRedOp_t op : {chorusSum, chorusProd, chorusMax, chorusMin, chorusAvg}) {
+        for (int nsrc : {1, 2, 3, 4}) {
+          for (size_t count : {size_t{1}, size_t{63}, size_t{64}, size_t{3000}}) {
+            for (bool stream : {false, true}) {
+              for (size_t shift : {size_t{0}, size_t{1}}) {  // elements past a 64-byte boundary
+                const size_t bytes = count * size;
+                std::vector<std::vector<char>> inputs;
+                for (int k = 0; k < nsrc; ++k) inputs.push_back(randomElements(count, type, rng));
+                std::vector<char> want = inputs[0];
+                for (int k = 1; k < nsrc; ++k) {
+                  reduceWith(Isa::kScalar, want.data(), want.data(), inputs[k].data(), count, type, op);
+                }
+                if (op == chorusAvg) divideWith(Isa::kScalar, want.data(), count, type, nsrc);
+
+                // Three destinations in one arena, each 64-byte aligned plus shift elements, with
+                // guard bytes around them; the last source doubles as a fourth destination.
+                const size_t stride = (bytes + 64 + shift * size + 63) / 64 * 64;
+                std::vector<char> arena(64 + 3 * stride + 64, 0x5a);
+                char* base = arena.data() + (64 - reinterpret_cast<uintptr_t>(arena.data()) % 64) % 64;
+                std::vector<char> last = inputs[nsrc - 1];
+                std::vector<void*> dsts;
+                for (int j = 0; j < 3; ++j) dsts.push_back(base + 64 + j * stride + shift * size);
+                dsts.push_back(last.data());
+                std::vector<const void*> srcs;
+                for (int k = 0; k + 1 < nsrc; ++k) srcs.push_back(inputs[k].data());
+                srcs.push_back(last.data());
+                reduceManyWith(isa, dsts.data(), static_cast<int>(dsts.size()), srcs.data(), nsrc, count, type, op,
+                               stream);
+                for (size_t j = 0; j < dsts.size(); ++j) {
+                  const char* got = static_cast<const char*>(dsts[j]);
+                  for (size_t i = 0; i < count; ++i) {
+                    ASSERT_TRUE(sameElement(want.data(), got, i, type))
+                        << isaName(isa) << " " << chorusTypeName(type) << " " << chorusOpName(op) << " " << nsrc
+                        << " sources, count " << count << (stream ? ", streamed" : "") << ", shift " << shift
+                        << ": destination " << j << " element " << i;
+                  }
+                }
+                for (int j = 0; j < 3; ++j) {
+                  const char* at = static_cast<const char*>(dsts[j]);
+                  const char* from = j == 0 ? arena.data() : static_cast<const char*>(dsts[j - 1]) + bytes;
+                  for (const char* p = from; p < at; ++p) ASSERT_EQ(*p, 0x5a) << "before destination " << j;
+                }
+                for (const char* p = static_cast<const char*>(dsts[2]) + bytes; p < arena.data() + arena.size(); ++p) {
+                  ASSERT_EQ(*p, 0x5a) << "after the last destination";
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(ReduceTest, ActiveIsaIsTheBestSupported) {
   const Isa active = activeIsa();
   EXPECT_TRUE(isaSupported(active)) << isaName(active);
