@@ -98,7 +98,9 @@ class SharedArray {
     EXPECT_EQ(chorusMemAlloc(reinterpret_cast<void**>(&data_), count * sizeof(T)), chorusSuccess);
   }
   ~SharedArray() {
-    if (data_ != nullptr) EXPECT_EQ(chorusMemFree(data_), chorusSuccess);
+    if (data_ != nullptr) {
+      EXPECT_EQ(chorusMemFree(data_), chorusSuccess);
+    }
   }
   SharedArray(const SharedArray&) = delete;
   SharedArray& operator=(const SharedArray&) = delete;
@@ -157,8 +159,11 @@ TEST(ShmMapTest, EveryCollectiveIsRightOnChorusMemAllocBuffers) {
   // CHORUS_SHM_MAP_BYTES=1: every non-empty shm message out of a chorusMemAlloc buffer is copied
   // or reduced by the receiver straight from the sender's mapped pages; buffers are allocated
   // and freed per call, so descriptor numbers are reused for new allocations and the receivers
-  // must map each anew (the serial tells them apart).
+  // must map each anew (the serial tells them apart). All-reduces take their messages too, not the
+  // direct path (ShmDirectTest).
+  ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", "0", 1), 0);
   checkEveryCollectiveOnShmWith("CHORUS_SHM_MAP_BYTES", /*shared=*/true);
+  unsetenv("CHORUS_SHM_DIRECT_BYTES");
 }
 
 TEST(ShmMapTest, ReceiversMapTheSendersAllocation) {
