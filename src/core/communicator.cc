@@ -277,6 +277,27 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   prepared.op = op;
   prepared.collective = collective;
   prepared.count = count;
+  {
+    // Every rank's input and output together, which decides streaming stores.
+    const size_t n = static_cast<size_t>(nranks_);
+    size_t in = count * args.typeSize, out = in;
+    if (vector != nullptr) {
+      in = out = 0;
+      for (size_t r = 0; r < n; ++r) {
+        in += vector[0][r] * args.typeSize;
+        out += vector[2][r] * args.typeSize;
+      }
+    } else if (collective == Collective::kAllGather || collective == Collective::kGather) {
+      out *= n;
+    } else if (collective == Collective::kReduceScatter || collective == Collective::kScatter) {
+      in *= n;
+    } else if (collective == Collective::kAllToAll) {
+      in *= n;
+      out *= n;
+    }
+    const bool pair = collective == Collective::kSend || collective == Collective::kRecv;
+    prepared.footprint = pair ? in + out : n * (in + out);
+  }
   const bool reduces = collective == Collective::kAllReduce || collective == Collective::kReduceScatter ||
                        collective == Collective::kReduce;
   const bool rooted = collective == Collective::kBroadcast || collective == Collective::kReduce ||

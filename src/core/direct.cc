@@ -16,6 +16,7 @@
 // the next 63 eligible calls skip it, so heap buffers pay one swap per 64 calls.
 #include <algorithm>
 
+#include "kernels/cpu/copy.h"
 #include "kernels/cpu/reduce.h"
 #include "src/core/communicator.h"
 #include "src/core/error.h"
@@ -35,14 +36,6 @@ struct DirectBuffers {
   uint64_t outSerial = 0, outBytes = 0, outOffset = 0;
 };
 static_assert(sizeof(DirectBuffers) == 64);
-
-// Results go past the cache (streaming stores) where every rank's input and output together, the
-// call's footprint on the host, reach this many bytes; smaller ones stay in the last-level cache
-// (32 MiB on the machines measured), where plain stores win. Out of place: 2 ranks 1 MiB 37-39 us
-// plain vs 94-104 streamed, 4 MiB alike (340-400 us), 16 MiB 2.4-2.7 ms plain vs 1.3-1.5; 4 ranks
-// 1 MiB 115-171 us plain vs 190-242, 4 MiB 801-1047 vs 690-692; 8 ranks 1 MiB alike (429-467 us),
-// 4 MiB 2629-2778 vs 1697-1757.
-constexpr size_t kDirectStreamFootprint = size_t{16} << 20;
 
 // Eligible calls that skip the swap after one that found a heap buffer.
 constexpr int kDirectBackoff = 63;
@@ -115,9 +108,12 @@ bool Communicator::allReduceDirect(const void* input, void* output, size_t count
     }
 
     // This rank's slice, whole cache lines (elements are at most 8 bytes), reduced from every
-    // input into every output in one pass. Outputs of large calls are streamed past the cache
-    // (kDirectStreamFootprint), except where a rank's output is its input: those lines were just
-    // read into the cache.
+    // input into every output in one pass. Outputs of large calls are streamed past the cache,
+    // except where a rank's output is its input: those lines were just read into the cache. The
+    // call's footprint decides (out of place: 2 ranks 1 MiB 37-39 us plain vs 94-104 streamed,
+    // 4 MiB alike, 340-400 us, 16 MiB 2.4-2.7 ms plain vs 1.3-1.5; 4 ranks 1 MiB 115-171 us plain
+    // vs 190-242, 4 MiB 801-1047 vs 690-692; 8 ranks 1 MiB alike, 429-467 us, 4 MiB 2629-2778 vs
+    // 1697-1757).
     const size_t perLine = 64 / size;
     const size_t slice = ((count + nranks_ - 1) / nranks_ + perLine - 1) / perLine * perLine;
     const size_t begin = std::min(count, slice * static_cast<size_t>(rank_));
@@ -129,7 +125,7 @@ bool Communicator::allReduceDirect(const void* input, void* output, size_t count
       to[peer] = outputs[peer] + begin * size;
     }
     kernels::reduceMany(to.data(), nranks_, from.data(), nranks_, end - begin, type, op,
-                        2 * bytes * static_cast<size_t>(nranks_) >= kDirectStreamFootprint);
+                        kernels::streamingPays(2 * bytes * static_cast<size_t>(nranks_), bytes));
   } catch (const Error& e) {
     if (broken_.empty()) broken_ = e.what();  // the peers fail at the barrier below, by timeout
     throw;

@@ -142,6 +142,8 @@ void Executor::issue(Item& item) {
       transportOfPeer_[step.peer]->postSend(step.peer, item.op->tag, item.src, step.bytes, &item.request);
       break;
     case StepKind::kRecv:
+      item.request.streamed =
+          step.dst.buffer == collectives::BufferId::kOutput && kernels::streamingPays(item.op->footprint, step.bytes);
       transportOfPeer_[step.peer]->postRecv(step.peer, item.op->tag, item.dst, step.bytes, &item.request);
       break;
     case StepKind::kRecvReduce:
@@ -155,7 +157,8 @@ void Executor::issue(Item& item) {
       if (item.src != item.dst && step.bytes > 0) {
         // A large copy into the output is final: streamed, it skips reading the destination first.
         const bool apart = item.dst + step.bytes <= item.src || item.src + step.bytes <= item.dst;
-        if (apart && step.dst.buffer == collectives::BufferId::kOutput && step.bytes >= kernels::kStreamingCopyBytes) {
+        if (apart && step.dst.buffer == collectives::BufferId::kOutput &&
+            kernels::streamingPays(item.op->footprint, step.bytes)) {
           kernels::copyStreaming(item.dst, item.src, step.bytes);
         } else {
           std::memmove(item.dst, item.src, step.bytes);

@@ -34,7 +34,8 @@ struct PreparedOp {
   collectives::Collective collective = collectives::Collective::kAllReduce;
   uint64_t sequence = 0;
   size_t count = 0;
-  int rootOrPeer = -1;  // rooted collectives: the root; send and recv: the peer; else -1
+  size_t footprint = 0;  // bytes of every rank's input and output together (kernels::streamingPays)
+  int rootOrPeer = -1;   // rooted collectives: the root; send and recv: the peer; else -1
 
   // "allreduce #12 (count 1024 float32 sum, ring)", "send #3 (count 4 int32, to rank 1)".
   std::string what() const;

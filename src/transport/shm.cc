@@ -489,7 +489,7 @@ class ShmTransport final : public Transport {
     if (count == 0) return;
     if (op.sink != nullptr) {
       op.sink->consume(op.done, bytes, count);
-    } else if (op.bytes >= kernels::kStreamingCopyBytes) {
+    } else if (op.request->streamed) {
       // Large messages are streamed into place (all-gather of 16-256 MiB on 2 ranks measured
       // 11-25% faster out of the slots).
       kernels::copyStreaming(op.data + op.done, bytes, count);

@@ -38,6 +38,9 @@ std::string describeTag(uint64_t tag);
 // Completion flag of one posted send or receive, set by the transport.
 struct Request {
   bool done = false;
+  // Receives: the caller's hint that the message lands in a large final destination, so the
+  // transport may write it with streaming stores (kernels::streamingPays).
+  bool streamed = false;
 };
 
 // Consumes a received message piece by piece as it arrives, so that its bytes need not be stored
