@@ -168,29 +168,49 @@ size_t half(void* dst, const void* a, const void* b, size_t count) {
   return i;
 }
 
-template <typename Op>
-size_t typed(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type) {
+// The kernel of one type and op, for every kernel family: native(T) names a kernel over lanes of
+// T, half(Widen, Narrow) one that works on fp16 or bf16 in fp32 lanes; byOp(op) the Op.
+// Returns 0 for a type or op without a vector kernel.
+template <typename Native, typename Half>
+size_t byType(chorusDataType_t type, Native native, Half half) {
   switch (type) {
     case chorusInt8:
-      return native<int8_t, Op>(dst, a, b, count);
+      return native.template operator()<int8_t>();
     case chorusUint8:
-      return native<uint8_t, Op>(dst, a, b, count);
+      return native.template operator()<uint8_t>();
     case chorusInt32:
-      return native<int32_t, Op>(dst, a, b, count);
+      return native.template operator()<int32_t>();
     case chorusUint32:
-      return native<uint32_t, Op>(dst, a, b, count);
+      return native.template operator()<uint32_t>();
     case chorusInt64:
-      return native<int64_t, Op>(dst, a, b, count);
+      return native.template operator()<int64_t>();
     case chorusUint64:
-      return native<uint64_t, Op>(dst, a, b, count);
+      return native.template operator()<uint64_t>();
     case chorusFloat32:
-      return native<float, Op>(dst, a, b, count);
+      return native.template operator()<float>();
     case chorusFloat64:
-      return native<double, Op>(dst, a, b, count);
+      return native.template operator()<double>();
     case chorusFloat16:
-      return half<fromHalf, toHalf, Op>(dst, a, b, count);
+      return half.template operator()<fromHalf, toHalf>();
     case chorusBfloat16:
-      return half<fromBfloat16, toBfloat16, Op>(dst, a, b, count);
+      return half.template operator()<fromBfloat16, toBfloat16>();
+    default:
+      return 0;
+  }
+}
+
+template <typename Kernel>
+size_t byOp(chorusRedOp_t op, Kernel kernel) {
+  switch (op) {
+    case chorusSum:
+    case chorusAvg:  // sums; the caller divides
+      return kernel.template operator()<Sum>();
+    case chorusProd:
+      return kernel.template operator()<Prod>();
+    case chorusMax:
+      return kernel.template operator()<Max>();
+    case chorusMin:
+      return kernel.template operator()<Min>();
     default:
       return 0;
   }
@@ -276,50 +296,16 @@ size_t halfMany(const Fan& f, size_t count) {
   return i;
 }
 
-template <typename Op>
-size_t typedMany(const Fan& f, size_t count, chorusDataType_t type) {
-  switch (type) {
-    case chorusInt8:
-      return nativeMany<int8_t, Op>(f, count);
-    case chorusUint8:
-      return nativeMany<uint8_t, Op>(f, count);
-    case chorusInt32:
-      return nativeMany<int32_t, Op>(f, count);
-    case chorusUint32:
-      return nativeMany<uint32_t, Op>(f, count);
-    case chorusInt64:
-      return nativeMany<int64_t, Op>(f, count);
-    case chorusUint64:
-      return nativeMany<uint64_t, Op>(f, count);
-    case chorusFloat32:
-      return nativeMany<float, Op>(f, count);
-    case chorusFloat64:
-      return nativeMany<double, Op>(f, count);
-    case chorusFloat16:
-      return halfMany<fromHalf, toHalf, Op>(f, count);
-    case chorusBfloat16:
-      return halfMany<fromBfloat16, toBfloat16, Op>(f, count);
-    default:
-      return 0;
-  }
-}
-
 }  // namespace
 
 size_t reducePrefix(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, chorusRedOp_t op) {
-  switch (op) {
-    case chorusSum:
-    case chorusAvg:
-      return typed<Sum>(dst, a, b, count, type);
-    case chorusProd:
-      return typed<Prod>(dst, a, b, count, type);
-    case chorusMax:
-      return typed<Max>(dst, a, b, count, type);
-    case chorusMin:
-      return typed<Min>(dst, a, b, count, type);
-    default:
-      return 0;
-  }
+  return byOp(op, [&]<typename Op>() {
+    return byType(
+        type, [&]<typename T>() { return native<T, Op>(dst, a, b, count); },
+        [&]<Vec<float> (*Widen)(HalfVec), HalfVec (*Narrow)(Vec<float>)>() {
+          return half<Widen, Narrow, Op>(dst, a, b, count);
+        });
+  });
 }
 
 size_t dividePrefix(void* buf, size_t count, chorusDataType_t type, int divisor) {
@@ -340,24 +326,13 @@ size_t dividePrefix(void* buf, size_t count, chorusDataType_t type, int divisor)
 size_t reduceManyPrefix(void* const* dsts, const uint8_t* stream, int ndst, const void* const* srcs, int nsrc,
                         size_t count, chorusDataType_t type, chorusRedOp_t op) {
   const Fan f{dsts, stream, ndst, srcs, nsrc, op == chorusAvg};
-  size_t done = 0;
-  switch (op) {
-    case chorusSum:
-    case chorusAvg:
-      done = typedMany<Sum>(f, count, type);
-      break;
-    case chorusProd:
-      done = typedMany<Prod>(f, count, type);
-      break;
-    case chorusMax:
-      done = typedMany<Max>(f, count, type);
-      break;
-    case chorusMin:
-      done = typedMany<Min>(f, count, type);
-      break;
-    default:
-      break;
-  }
+  const size_t done = byOp(op, [&]<typename Op>() {
+    return byType(
+        type, [&]<typename T>() { return nativeMany<T, Op>(f, count); },
+        [&]<Vec<float> (*Widen)(HalfVec), HalfVec (*Narrow)(Vec<float>)>() {
+          return halfMany<Widen, Narrow, Op>(f, count);
+        });
+  });
   _mm_sfence();  // streamed lines are visible before whatever the caller publishes next
   return done;
 }
