@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -88,8 +89,10 @@ void reduceMany(benchmark::State& state, Isa isa, chorusDataType_t type, chorusR
   const int n = static_cast<int>(state.range(1));
   Fan fan(bytes, n);
   const size_t count = bytes / chorus::kernels::typeSize(type);
+  const std::unique_ptr<bool[]> stream(new bool[n]);
+  std::fill_n(stream.get(), n, true);
   for (auto _ : state) {
-    chorus::kernels::reduceManyWith(isa, fan.dsts.data(), n, fan.srcs.data(), n, count, type, op, true);
+    chorus::kernels::reduceManyWith(isa, fan.dsts.data(), n, fan.srcs.data(), n, count, type, op, stream.get());
     benchmark::ClobberMemory();
   }
   const double moved = 2.0 * n * static_cast<double>(bytes);

@@ -23,7 +23,7 @@ void reduceWith(Isa isa, void* dst, const void* a, const void* b, size_t count, 
                 chorusRedOp_t op);
 void divideWith(Isa isa, void* buf, size_t count, chorusDataType_t type, int divisor);
 void reduceManyWith(Isa isa, void* const* dsts, int ndst, const void* const* srcs, int nsrc, size_t count,
-                    chorusDataType_t type, chorusRedOp_t op, bool stream);
+                    chorusDataType_t type, chorusRedOp_t op, const bool* stream);
 
 // The vector kernels of one set (reduce_vector.h): each does a prefix of whole vectors and returns
 // its length in elements, 0 where it has no kernel; the caller does the rest with the reference.

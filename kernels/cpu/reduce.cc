@@ -231,17 +231,20 @@ void divideWith(Isa isa, void* buf, size_t count, chorusDataType_t type, int div
 }
 
 void reduceManyWith(Isa isa, void* const* dsts, int ndst, const void* const* srcs, int nsrc, size_t count,
-                    chorusDataType_t type, chorusRedOp_t op, bool stream) {
+                    chorusDataType_t type, chorusRedOp_t op, const bool* stream) {
   if (ndst <= 0 || nsrc <= 0 || count == 0) return;
-  std::vector<uint8_t> streamed(ndst);
+  // Per destination (on the stack for the few of a fused receive; the heap for many ranks).
+  uint8_t few[8] = {};
+  std::vector<uint8_t> many(ndst > 8 ? ndst : 0);
+  uint8_t* streamed = ndst > 8 ? many.data() : few;
   for (int j = 0; j < ndst; ++j) {
     const bool source = std::find(srcs, srcs + nsrc, dsts[j]) != srcs + nsrc;
-    streamed[j] = stream && !source && reinterpret_cast<uintptr_t>(dsts[j]) % 64 == 0;
+    streamed[j] = stream != nullptr && stream[j] && !source && reinterpret_cast<uintptr_t>(dsts[j]) % 64 == 0;
   }
   size_t done = 0;
 #if CHORUS_X86_VECTOR_KERNELS
-  if (isa == Isa::kAvx512) done = avx512::reduceManyPrefix(dsts, streamed.data(), ndst, srcs, nsrc, count, type, op);
-  if (isa == Isa::kAvx2) done = avx2::reduceManyPrefix(dsts, streamed.data(), ndst, srcs, nsrc, count, type, op);
+  if (isa == Isa::kAvx512) done = avx512::reduceManyPrefix(dsts, streamed, ndst, srcs, nsrc, count, type, op);
+  if (isa == Isa::kAvx2) done = avx2::reduceManyPrefix(dsts, streamed, ndst, srcs, nsrc, count, type, op);
 #endif
   // The rest (the tail, a scalar CPU, integer Avg) by reduce() and divide() through a buffer on the
   // stack, a page at a time.
@@ -272,7 +275,7 @@ void divide(void* buf, size_t count, chorusDataType_t type, int divisor) {
 }
 
 void reduceMany(void* const* dsts, int ndst, const void* const* srcs, int nsrc, size_t count, chorusDataType_t type,
-                chorusRedOp_t op, bool stream) {
+                chorusRedOp_t op, const bool* stream) {
   reduceManyWith(activeIsa(), dsts, ndst, srcs, nsrc, count, type, op, stream);
 }
 

@@ -17,11 +17,12 @@ void reduce(void* dst, const void* a, const void* b, size_t count, chorusDataTyp
 // srcs[nsrc - 1][i], and for Avg that sum divided by nsrc: the same values as folding reduce() over
 // the sources in order (then divide()), computed in one pass that reads each source once and
 // writes each destination once, with no buffer between. A destination may be one of the sources
-// (exactly, not partially); destinations must not overlap one another. With stream, destinations
-// that are not sources are written with non-temporal stores where they are aligned to 64 bytes
+// (exactly, not partially); destinations must not overlap one another. Destination j is written
+// with non-temporal stores where stream[j] is set, it is not a source and it is aligned to 64 bytes
 // (see copyStreaming: for large results not read again soon); the others with plain stores.
+// stream may be null: nothing streamed.
 void reduceMany(void* const* dsts, int ndst, const void* const* srcs, int nsrc, size_t count, chorusDataType_t type,
-                chorusRedOp_t op, bool stream);
+                chorusRedOp_t op, const bool* stream);
 // buf[i] = buf[i] / divisor: the last step of Avg. Integers truncate toward zero; fp16 / bf16
 // divide in fp32.
 void divide(void* buf, size_t count, chorusDataType_t type, int divisor);

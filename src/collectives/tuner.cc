@@ -301,9 +301,9 @@ namespace chorus::collectives {
 
 size_t chooseChunkBytes(Collective collective, Algorithm algorithm, int nranks, size_t bytes,
                         const CostParams& params) {
-  size_t best = kMaxChunkBytes;
+  size_t best = std::clamp(params.maxChunkBytes, kMinChunkBytes, kMaxChunkBytes);
   double bestUs = predictUs(collective, algorithm, nranks, bytes, best, params);
-  for (size_t chunk = kMaxChunkBytes / 2; chunk >= kMinChunkBytes; chunk /= 2) {
+  for (size_t chunk = best / 2; chunk >= kMinChunkBytes; chunk /= 2) {
     const double us = predictUs(collective, algorithm, nranks, bytes, chunk, params);
     if (us < bestUs * (1 - 1e-9)) {
       bestUs = us;

@@ -31,6 +31,10 @@ struct CostParams {
   double gammaUsPerByte = 2.5e-4;  // per byte reduced (4 GB/s)
   double copyUsPerByte = 1e-4;     // per byte copied locally (10 GB/s)
   double overheadUs = 1.5;         // per extra message a rank has in flight at once (LogP's o)
+  // The largest pipelining chunk chooseChunkBytes offers (a power of two, kMinChunkBytes to
+  // kMaxChunkBytes): on shared memory half a FIFO, so that a rank's send of a ring chunk is out
+  // before its peer's arrives and the receive-reduce can forward its result in the same pass.
+  size_t maxChunkBytes = size_t{4} << 20;
   std::array<std::array<Correction, static_cast<int>(Algorithm::kCount)>, kCollectiveCount> corrections;
   Correction& correction(Collective c, Algorithm a) { return corrections[static_cast<int>(c)][static_cast<int>(a)]; }
   const Correction& correction(Collective c, Algorithm a) const {
@@ -61,7 +65,8 @@ double formulaUs(Collective collective, Algorithm algorithm, int nranks, size_t 
 Algorithm chooseAlgorithm(Collective collective, int nranks, size_t bytes, size_t chunkBytes, const CostParams& params);
 
 // The pipelining chunk with the least predicted time for an algorithm, among the powers of two
-// from kMinChunkBytes to kMaxChunkBytes (the larger on a tie: fewer messages).
+// from kMinChunkBytes to kMaxChunkBytes, capped by params.maxChunkBytes (the larger on a tie:
+// fewer messages).
 inline constexpr size_t kMinChunkBytes = size_t{64} << 10;
 inline constexpr size_t kMaxChunkBytes = size_t{4} << 20;
 size_t chooseChunkBytes(Collective collective, Algorithm algorithm, int nranks, size_t bytes, const CostParams& params);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -152,6 +153,11 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
   bool network = false;
   for (int peer = 0; peer < nranks; ++peer) network = network || std::string(transportOfPeer_[peer]->name()) == "tcp";
   costs_ = collectives::defaultCostParams(network);
+  if (!network) {
+    const size_t fifoBytes = static_cast<size_t>(std::max<int64_t>(knobInt(Knob::kShmSlots), 1)) *
+                             static_cast<size_t>(std::max<int64_t>(knobInt(Knob::kShmSlotBytes), 1));
+    costs_.maxChunkBytes = std::bit_floor(fifoBytes / 2);
+  }
   if (const std::string file = knobString(Knob::kTuningFile); !file.empty()) {
     try {
       costs_ = collectives::loadCostParams(file, network, costs_);

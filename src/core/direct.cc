@@ -15,6 +15,7 @@
 // small messages, so it starts at CHORUS_SHM_DIRECT_BYTES; where a swap finds a heap buffer,
 // the next 63 eligible calls skip it, so heap buffers pay one swap per 64 calls.
 #include <algorithm>
+#include <memory>
 
 #include "kernels/cpu/copy.h"
 #include "kernels/cpu/reduce.h"
@@ -124,8 +125,9 @@ bool Communicator::allReduceDirect(const void* input, void* output, size_t count
       from[peer] = inputs[peer] + begin * size;
       to[peer] = outputs[peer] + begin * size;
     }
-    kernels::reduceMany(to.data(), nranks_, from.data(), nranks_, end - begin, type, op,
-                        kernels::streamingPays(2 * bytes * static_cast<size_t>(nranks_), bytes));
+    const std::unique_ptr<bool[]> stream(new bool[nranks_]);
+    std::fill_n(stream.get(), nranks_, kernels::streamingPays(2 * bytes * static_cast<size_t>(nranks_), bytes));
+    kernels::reduceMany(to.data(), nranks_, from.data(), nranks_, end - begin, type, op, stream.get());
   } catch (const Error& e) {
     if (broken_.empty()) broken_ = e.what();  // the peers fail at the barrier below, by timeout
     throw;

@@ -90,6 +90,7 @@ std::shared_ptr<Completion> Executor::submit(std::vector<PreparedOp> ops) {
       item.tmp = bases[static_cast<int>(step.tmp.buffer)] + step.tmp.offset;
       item.request.done = false;
       item.needsReduce = false;
+      item.forwardsNext = false;
       item.index = index;
       Access accesses[4];
       item.rangeCount = collectives::stepAccesses(step, accesses);
@@ -124,10 +125,14 @@ bool Executor::issueReady() {
       ++batch.issued;
       issue(item);
       moved = true;
-      if (finish(item)) {
-        complete(item);
-      } else {
-        inFlight_.push_back(&item);
+      Item* forward = item.forwardsNext ? &batch.items[batch.issued++] : nullptr;  // posted with it
+      for (Item* posted : {&item, forward}) {
+        if (posted == nullptr) continue;
+        if (finish(*posted)) {
+          complete(*posted);
+        } else {
+          inFlight_.push_back(posted);
+        }
       }
       poll();  // keeps FIFOs moving while a long schedule is posted
     }
@@ -147,6 +152,13 @@ void Executor::issue(Item& item) {
       transportOfPeer_[step.peer]->postRecv(step.peer, item.op->tag, item.dst, step.bytes, &item.request);
       break;
     case StepKind::kRecvReduce:
+      if (Item* next = forwardOf(item);
+          next != nullptr && transportOfPeer_[step.peer]->postRecvToSinkAndForward(
+                                 step.peer, item.op->tag, &item, step.bytes, &item.request, next->step->peer,
+                                 next->op->tag, next->src, &next->request)) {
+        item.forwardsNext = true;
+        break;
+      }
       if (transportOfPeer_[step.peer]->postRecvToSink(step.peer, item.op->tag, &item, step.bytes, &item.request)) {
         break;
       }
@@ -181,8 +193,37 @@ void Executor::issue(Item& item) {
   }
 }
 
-void Executor::Item::consume(size_t offset, const void* piece, size_t bytes) {
-  kernels::reduce(dst + offset, src + offset, piece, bytes / kernels::typeSize(op->type), op->type, op->op);
+Executor::Item* Executor::forwardOf(Item& item) {
+  Batch& batch = *item.batch;
+  const size_t at = static_cast<size_t>(&item - batch.items.get()) + 1;
+  if (at >= batch.count) return nullptr;
+  Item& next = batch.items[at];
+  const collectives::Step& step = *next.step;
+  if (next.op != item.op || step.kind != StepKind::kSend || next.src != item.dst || step.bytes != item.step->bytes ||
+      transportOfPeer_[step.peer] != transportOfPeer_[item.step->peer]) {
+    return nullptr;
+  }
+  for (const Item* earlier : inFlight_) {
+    if (conflicts(*earlier, next)) return nullptr;
+  }
+  return &next;
+}
+
+void Executor::Item::consume(size_t offset, const void* piece, size_t bytes, void* also) {
+  const size_t count = bytes / kernels::typeSize(op->type);
+  if (also == nullptr) {
+    kernels::reduce(dst + offset, src + offset, piece, count, op->type, op->op);
+    return;
+  }
+  // The result into its place and into the message that forwards it, in one pass. Its place is
+  // not read again (the message carries it on), so a large output is written past the cache.
+  void* dsts[2] = {dst + offset, also};
+  const void* srcs[2] = {src + offset, piece};
+  const bool stream[2] = {
+      step->dst.buffer == collectives::BufferId::kOutput && kernels::streamingPays(op->footprint, step->bytes), false};
+  // Avg folds as Sum here (reduce()'s rule; the divide is a step of its own), where reduceMany
+  // would divide by its two sources.
+  kernels::reduceMany(dsts, 2, srcs, 2, count, op->type, op->op == chorusAvg ? chorusSum : op->op, stream);
 }
 
 // Completes the local part of a step whose transfer is done. True if the item is complete.

@@ -83,9 +83,11 @@ class Executor {
   };
   struct Batch;
   // One step in the stream. A receive-reduce whose transport delivers pieces reduces each piece
-  // as it arrives (consume), so the received bytes are never stored.
+  // as it arrives (consume), so the received bytes are never stored; where the next step sends
+  // its result on, the two are posted together, and the result goes into the outgoing message in
+  // the same pass (forwardsNext).
   struct Item final : PieceSink {
-    void consume(size_t offset, const void* piece, size_t bytes) override;
+    void consume(size_t offset, const void* piece, size_t bytes, void* also) override;
     const collectives::Step* step;
     PreparedOp* op;
     Batch* batch;
@@ -96,7 +98,8 @@ class Executor {
     int rangeCount;
     Request request;
     bool needsReduce;
-    size_t index;  // position in its batch, for messages
+    bool forwardsNext;  // a receive-reduce posted with the next item, the send of its result
+    size_t index;       // position in its batch, for messages
   };
   struct Batch {
     std::vector<PreparedOp> ops;
@@ -112,6 +115,9 @@ class Executor {
   bool issueReady();  // posts steps in stream order until one conflicts with an in-flight step
   bool poll();        // progresses transports, completes finished items
   void issue(Item& item);
+  // The item after `item` in its batch when it sends exactly what `item` (a receive-reduce) writes,
+  // through the same transport, and may be posted now; else null.
+  Item* forwardOf(Item& item);
   bool finish(Item& item);
   void complete(Item& item);
   void reap();  // removes done batches from the stream

@@ -32,6 +32,12 @@
 // A receive posted with a sink (a receive fused with its reduction) stores nothing: each piece is
 // handed to the sink straight from its slot, and a message read from the sender's memory is read
 // in slot-sized pieces into one buffer that stays in the cache, each consumed before the next.
+// Where the reduced result goes on to another rank (a ring's receive-reduce-send), the send is
+// queued with the receive and gated on it: when a piece arrives and the forward is first in its
+// queue with a slot free, the sink writes its result into that outgoing slot in the same pass as
+// into the result's place (never read back), and the slot is published at once; otherwise the
+// result goes to its place only and the forward copies it from there when it can. Either way the
+// forward never sends a byte before the receive has produced it.
 //
 // Set-up is collective: each rank creates its outgoing FIFOs and its doorbell, all meet at a
 // bootstrap barrier, each maps its incoming FIFOs and its peers' doorbells, all meet again, and
@@ -51,6 +57,7 @@
 #include <climits>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/copy.h"
@@ -223,6 +230,10 @@ struct PendingOp {
   bool started;
   Request* request;
   PieceSink* sink = nullptr;  // receives only: where the pieces go instead of data
+  // Receives to a sink whose result is forwarded: the send's peer and completion (the send is
+  // queued to that peer, gated on forward->ready).
+  int forwardPeer = -1;
+  Request* forward = nullptr;
 };
 
 struct Peer {
@@ -353,6 +364,21 @@ class ShmTransport final : public Transport {
     return true;
   }
 
+  bool postRecvToSinkAndForward(int peer, uint64_t tag, PieceSink* sink, size_t bytes, Request* request,
+                                int forwardPeer, uint64_t forwardTag, const void* forwardData,
+                                Request* forwardRequest) override {
+    Peer& p = peers_.at(peer);
+    Peer& q = peers_.at(forwardPeer);
+    forwardRequest->ready = 0;
+    q.sends.push_back(
+        {forwardTag, static_cast<char*>(const_cast<void*>(forwardData)), bytes, 0, false, forwardRequest});
+    p.recvs.push_back({tag, nullptr, bytes, 0, false, request, sink, forwardPeer, forwardRequest});
+    pending_ += 2;
+    pushSends(q);  // the sends queued before it may go; it waits for its bytes
+    pullRecvs(p);
+    return true;
+  }
+
   bool progress() override {
     bool moved = false;
     for (Peer& p : peers_.all()) {
@@ -401,17 +427,19 @@ class ShmTransport final : public Transport {
     bool moved = false;
     while (!p.sends.empty()) {
       PendingOp& op = p.sends.front();
-      if (p.head - p.tailSeen >= slots_) {
-        p.tailSeen = p.out->tail.load(std::memory_order_acquire);
-        if (p.head - p.tailSeen >= slots_) break;
-      }
+      // A forward goes as far as its receive has produced (the rest of its pieces, where there
+      // was room, the receive published itself).
+      const size_t ready = op.request->ready;
+      if (op.done < op.bytes && ready <= op.done) break;
+      if (!slotFree(p)) break;
       // A large message not yet started: where it lies only, for the receiver to copy from the
-      // mapped allocation, or to read from this process.
+      // mapped allocation, or to read from this process. Never a forward, which has no bytes yet.
+      const bool whole = op.done == 0 && ready == std::numeric_limits<size_t>::max();
       SharedRange shared;
-      const bool mapped = p.peerMaps && mapBytes_ > 0 && op.bytes >= mapBytes_ && op.done == 0 &&
-                          findShared(op.data, op.bytes, &shared);
-      const bool byAddress = mapped || (p.peerReads && readBytes_ > 0 && op.bytes >= readBytes_ && op.done == 0);
-      const size_t piece = byAddress ? op.bytes : std::min(slotBytes_, op.bytes - op.done);
+      const bool mapped =
+          whole && p.peerMaps && mapBytes_ > 0 && op.bytes >= mapBytes_ && findShared(op.data, op.bytes, &shared);
+      const bool byAddress = mapped || (whole && p.peerReads && readBytes_ > 0 && op.bytes >= readBytes_);
+      const size_t piece = byAddress ? op.bytes : std::min({slotBytes_, op.bytes - op.done, ready - op.done});
       SlotHeader* header = slot(p.outSlots, p.head);
       header->tag = op.tag;
       header->messageBytes = op.bytes;
@@ -423,22 +451,75 @@ class ShmTransport final : public Transport {
       } else if (piece > 0 && !byAddress) {
         std::memcpy(pieceOf(header), op.data + op.done, piece);
       }
-      op.done += piece;
-      op.started = true;
-      header->sequence.store(++p.head, std::memory_order_release);
       moved = true;
-      if (op.done == op.bytes) {
-        if (byAddress) {
-          p.beingRead.emplace_back(++p.readsPublished, op.request);  // done when the peer has read it
-        } else {
-          op.request->done = true;
-          --pending_;
-        }
+      if (byAddress) {
+        header->sequence.store(++p.head, std::memory_order_release);
+        p.beingRead.emplace_back(++p.readsPublished, op.request);  // done when the peer has read it
         p.sends.pop_front();
+      } else {
+        publish(p, piece);
       }
     }
     if (moved) ring(p.bell);
     return moved;
+  }
+
+  // Whether the FIFO to p has a free slot (re-reading the peer's tail only when it looked full).
+  bool slotFree(Peer& p) {
+    if (p.head - p.tailSeen < slots_) return true;
+    p.tailSeen = p.out->tail.load(std::memory_order_acquire);
+    return p.head - p.tailSeen < slots_;
+  }
+
+  // Publishes the next slot to p, which holds `piece` bytes of the send at the front of p's
+  // queue (its header written), and completes that send with its last piece.
+  void publish(Peer& p, size_t piece) {
+    PendingOp& op = p.sends.front();
+    op.done += piece;
+    op.started = true;
+    slot(p.outSlots, p.head)->sequence.store(p.head + 1, std::memory_order_release);
+    ++p.head;
+    if (op.done == op.bytes) {
+      op.request->done = true;
+      --pending_;
+      p.sends.pop_front();
+    }
+  }
+
+  // Where the result of bytes [offset, offset + count) of receive op may go as well: the next
+  // slot to the peer it forwards to, when the forward is first in that peer's queue with every
+  // byte before offset sent (what is queued before it is pushed first) and a slot is free (its
+  // header is then written); else null.
+  void* forwardSlot(const PendingOp& op, size_t offset, size_t count) {
+    if (op.forward == nullptr || count > slotBytes_) return nullptr;
+    Peer& q = peers_.at(op.forwardPeer);
+    auto caughtUp = [&] {
+      return !q.sends.empty() && q.sends.front().request == op.forward && q.sends.front().done == offset;
+    };
+    if (!caughtUp()) pushSends(q);
+    if (!caughtUp() || !slotFree(q)) return nullptr;
+    const PendingOp& send = q.sends.front();
+    SlotHeader* header = slot(q.outSlots, q.head);
+    header->tag = send.tag;
+    header->messageBytes = send.bytes;
+    header->offset = offset;
+    header->pieceBytes = count;
+    header->remote = 0;
+    return pieceOf(header);
+  }
+
+  // Hands bytes [offset, offset + count) of receive op to its sink; where its result is forwarded,
+  // the sink writes it into the forward's next slot as well when there is one (published here),
+  // and the forward may send those bytes.
+  void feed(PendingOp& op, size_t offset, const char* bytes, size_t count) {
+    void* also = forwardSlot(op, offset, count);
+    op.sink->consume(offset, bytes, count, also);
+    if (op.forward == nullptr) return;
+    op.forward->ready = offset + count;
+    Peer& q = peers_.at(op.forwardPeer);
+    if (also != nullptr) publish(q, count);
+    pushSends(q);  // the rest of the forward, and what follows it, as far as they can go
+    if (also != nullptr) ring(q.bell);
   }
 
   // Copies published pieces into the posted receives. Returns true if any piece moved.
@@ -485,10 +566,10 @@ class ShmTransport final : public Transport {
   }
 
   // Hands bytes that continue receive op to its sink, or copies them into its buffer.
-  static void deliver(PendingOp& op, const char* bytes, size_t count) {
+  void deliver(PendingOp& op, const char* bytes, size_t count) {
     if (count == 0) return;
     if (op.sink != nullptr) {
-      op.sink->consume(op.done, bytes, count);
+      feed(op, op.done, bytes, count);
     } else if (op.request->streamed) {
       // Where the caller asks (a large final destination), streamed into place: all-gather of
       // 16-256 MiB on 2 ranks measured 11-25% faster out of the slots.
@@ -554,13 +635,13 @@ class ShmTransport final : public Transport {
 
   // Reads bytes at address remote of peer p into receive op: into its buffer, or for a sink in
   // slot-sized pieces through readBuffer_. The errno of a failure, else 0.
-  int read(const Peer& p, const PendingOp& op, uint64_t remote, size_t bytes) {
+  int read(const Peer& p, PendingOp& op, uint64_t remote, size_t bytes) {
     if (op.sink == nullptr) return readRemote(p.pid, op.data + op.done, remote, bytes);
     if (readBuffer_.size() < slotBytes_) readBuffer_.resize(slotBytes_);
     for (size_t done = 0; done < bytes; done += slotBytes_) {
       const size_t piece = std::min(slotBytes_, bytes - done);
       if (const int error = readRemote(p.pid, readBuffer_.data(), remote + done, piece); error != 0) return error;
-      op.sink->consume(op.done + done, readBuffer_.data(), piece);
+      feed(op, op.done + done, readBuffer_.data(), piece);
     }
     return 0;
   }

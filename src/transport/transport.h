@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,9 @@ struct Request {
   // Receives: the caller's hint that the message lands in a large final destination, so the
   // transport may write it with streaming stores (kernels::streamingPays).
   bool streamed = false;
+  // Sends that forward a receive's result (postRecvToSinkAndForward): bytes of the message that
+  // exist so far, set by the transport; the others may send everything at once.
+  size_t ready = std::numeric_limits<size_t>::max();
 };
 
 // Consumes a received message piece by piece as it arrives, so that its bytes need not be stored
@@ -48,8 +52,10 @@ struct Request {
 class PieceSink {
  public:
   // `piece` holds the message's bytes [offset, offset + bytes); it is valid only during the call.
-  // offset is a multiple of 64, and so is bytes except for the message's last piece.
-  virtual void consume(size_t offset, const void* piece, size_t bytes) = 0;
+  // offset is a multiple of 64, and so is bytes except for the message's last piece. `also`, when
+  // not null, is where the result of these bytes goes as well (a piece of the message that
+  // forwards it, being sent): writing both in one pass spares reading the result back.
+  virtual void consume(size_t offset, const void* piece, size_t bytes, void* also) = 0;
 
  protected:
   ~PieceSink() = default;
@@ -71,6 +77,17 @@ class Transport {
   // receives into a buffer).
   virtual bool postRecvToSink(int /*peer*/, uint64_t /*tag*/, PieceSink* /*sink*/, size_t /*bytes*/,
                               Request* /*request*/) {
+    return false;
+  }
+  // A receive to a sink fused with the send that forwards its result: as postRecvToSink, plus a
+  // send to forwardPeer of the bytes the sink writes to forwardData (the same count, under
+  // forwardTag), posted now and in order with this rank's other sends to forwardPeer. Each piece
+  // of it leaves once the sink has produced it, written by the sink straight into the outgoing
+  // message where there is room (consume's `also`), else copied from forwardData later. Returns
+  // false, posting nothing, where the transport cannot (the caller then posts them apart).
+  virtual bool postRecvToSinkAndForward(int /*peer*/, uint64_t /*tag*/, PieceSink* /*sink*/, size_t /*bytes*/,
+                                        Request* /*request*/, int /*forwardPeer*/, uint64_t /*forwardTag*/,
+                                        const void* /*forwardData*/, Request* /*forwardRequest*/) {
     return false;
   }
   // Memory shared between ranks of one host (chorusMemAlloc allocations, whose descriptors a peer

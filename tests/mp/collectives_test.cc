@@ -155,6 +155,46 @@ TEST(ShmReadTest, ReductionsConsumeEveryPieceOnceAtItsPlace) {
   unsetenv("CHORUS_SHM_SLOT_BYTES");
 }
 
+TEST(ShmForwardTest, RingReductionsAreRightWhetherTheForwardFusesOrNot) {
+  // The rings' receive-reduce-send: each reduced piece goes into the outgoing slot in the same
+  // pass where the forward is first in its queue and a slot is free, else it is copied from the
+  // output later. Chunks of half a FIFO (the tuner's) fuse nearly every piece; 64 KiB chunks over
+  // a FIFO of two 4 KiB slots leave the forward behind its chunk's send for most pieces, so the
+  // two ways mix within one message; 64-byte slots give messages of thousands of pieces. Heap
+  // and chorusMemAlloc buffers (whose other messages go mapped); 2 ranks (prev = next) to 4.
+  struct Setting {
+    const char* slots;
+    const char* slotBytes;
+    const char* chunkBytes;  // null: the tuner's
+  };
+  ASSERT_EQ(setenv("CHORUS_ALGO", "allreduce:ring,reducescatter:ring,allgather:ring", 1), 0);
+  for (const Setting& setting :
+       {Setting{"8", "262144", nullptr}, Setting{"2", "4096", "65536"}, Setting{"4", "64", "4096"}}) {
+    ASSERT_EQ(setenv("CHORUS_SHM_SLOTS", setting.slots, 1), 0);
+    ASSERT_EQ(setenv("CHORUS_SHM_SLOT_BYTES", setting.slotBytes, 1), 0);
+    if (setting.chunkBytes != nullptr) {
+      ASSERT_EQ(setenv("CHORUS_CHUNK_BYTES", setting.chunkBytes, 1), 0);
+    } else {
+      unsetenv("CHORUS_CHUNK_BYTES");
+    }
+    for (bool shared : {false, true}) {
+      for (int n : {2, 3, 4}) {
+        runRanks(onShm(n), [&](int rank, chorusComm_t comm) {
+          SCOPED_TRACE(std::string(setting.slots) + " slots of " + setting.slotBytes + " bytes, chunk " +
+                       (setting.chunkBytes ? setting.chunkBytes : "the tuner's") + ", " +
+                       (shared ? "chorusMemAlloc, " : "heap, ") + std::to_string(n) + " ranks");
+          useChorusMemAlloc(shared);
+          checkEveryCollective(comm, rank, n, {1, 1000, 300007}, {chorusFloat32, chorusBfloat16, chorusInt32},
+                               {chorusSum, chorusAvg}, /*withSendRecv=*/false);
+        });
+      }
+    }
+  }
+  for (const char* knob : {"CHORUS_ALGO", "CHORUS_SHM_SLOTS", "CHORUS_SHM_SLOT_BYTES", "CHORUS_CHUNK_BYTES"}) {
+    unsetenv(knob);
+  }
+}
+
 TEST(ShmMapTest, EveryCollectiveIsRightOnChorusMemAllocBuffers) {
   // CHORUS_SHM_MAP_BYTES=1: every non-empty shm message out of a chorusMemAlloc buffer is copied
   // or reduced by the receiver straight from the sender's mapped pages; buffers are allocated

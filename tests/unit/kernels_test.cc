@@ -258,8 +258,10 @@ TEST(ReduceTest, ReduceManyMatchesAFoldOfReduce) {
                 std::vector<const void*> srcs;
                 for (int k = 0; k + 1 < nsrc; ++k) srcs.push_back(inputs[k].data());
                 srcs.push_back(last.data());
+                // Streamed: every destination but the second, which keeps plain stores beside them.
+                const bool streams[4] = {stream, false, stream, stream};
                 reduceManyWith(isa, dsts.data(), static_cast<int>(dsts.size()), srcs.data(), nsrc, count, type, op,
-                               stream);
+                               streams);
                 for (size_t j = 0; j < dsts.size(); ++j) {
                   const char* got = static_cast<const char*>(dsts[j]);
                   for (size_t i = 0; i < count; ++i) {
