@@ -421,18 +421,27 @@ class Bench {
   // Runs the op once on the buffers fillInputs or selectBuffers last chose.
   void once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count);
   Result measure(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
-  // Several algorithms timed turn by turn (--turns, and the calibration): algorithm a's iters[a]
-  // calls split over the turns, each turn taking every algorithm in order after all are warmed up.
+  // What a turn times: one of chorus's algorithms ("" for the tuner's), or a peer's.
+  struct Contestant {
+    int peer = -1;  // index into peers_, or -1 for chorus
+    std::string algorithm;
+  };
+  // Several contestants timed turn by turn (--turns, and the calibration): contestant a's
+  // iters[a] calls split over the turns, each turn taking every contestant in order after all are
+  // warmed up, so the machine's drift falls on all alike. Peers are timed out of place only.
   struct TurnPlan {
-    std::vector<int> iters;  // per algorithm, over all turns
+    std::vector<int> iters;  // per contestant, over all turns
     int turns = 1;
     int warmup = 0;
-    bool inPlace = true;  // also time the in-place form (else the second results stay empty)
+    bool inPlace = true;  // also time chorus's in-place form (else the second results stay empty)
     bool check = false;
   };
   std::vector<std::pair<Result, Result>> measureInTurns(const char* opName, Op op,
-                                                        const std::vector<std::string>& algos, chorusDataType_t type,
-                                                        chorusRedOp_t redop, size_t count, const TurnPlan& plan);
+                                                        const std::vector<Contestant>& contestants,
+                                                        chorusDataType_t type, chorusRedOp_t redop, size_t count,
+                                                        const TurnPlan& plan);
+  // Selects who once() calls: a peer and its algorithm, or chorus with an algorithm.
+  void use(const char* opName, const Contestant& contestant);
   // The row's columns from this rank's seconds over iters (averaged over the ranks, as nccl-tests).
   Result resultOf(Op op, chorusDataType_t type, size_t count, double seconds, int iters);
   uint64_t checkOnce(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
@@ -442,10 +451,16 @@ class Bench {
   double busFactor(Op op) const { return ::busFactor(op, nranks_); }
   // Every rank copies a buffer larger than the caches at once: the sum of their rates, GB/s.
   CopyRates measureCopyGBps();
+  // The algorithms peer p runs at this row (none where it lacks the op, type or reduction, or at
+  // sizes of no element per rank: Gloo divides by the count).
+  std::vector<std::string> peerAlgorithms(size_t p, const OpInfo& info, chorusDataType_t type, chorusRedOp_t redop,
+                                          size_t count);
   // Each peer's fastest algorithm at this row (out of place), checked as chorus is: the JSON
   // object of every peer's numbers, and (*best)[i] (time 0 where peer i cannot make the call).
+  // timed (from measureInTurns) holds each peer algorithm's result in peerAlgorithms' order, peer
+  // by peer; where it is null each is measured here, one after the other.
   nlohmann::json measurePeers(const OpInfo& info, chorusDataType_t type, chorusRedOp_t redop, size_t count,
-                              std::vector<Result>* best, uint64_t* wrong);
+                              std::vector<Result>* best, uint64_t* wrong, const std::vector<Result>* timed = nullptr);
 
   const Options& o_;
   chorusComm_t comm_;
@@ -686,25 +701,28 @@ CopyRates Bench::measureCopyGBps() {
   return result;
 }
 
+std::vector<std::string> Bench::peerAlgorithms(size_t p, const OpInfo& info, chorusDataType_t type, chorusRedOp_t redop,
+                                               size_t count) {
+  if (count == 0 && info.op != Op::kBarrier) return {};
+  const chorus::bench::Call probe{info.op, info.name, nullptr, nullptr, count, type, redop, o_.root};
+  return peers_[p]->algorithms(probe);
+}
+
 nlohmann::json Bench::measurePeers(const OpInfo& info, chorusDataType_t type, chorusRedOp_t redop, size_t count,
-                                   std::vector<Result>* bestOfPeer, uint64_t* wrong) {
+                                   std::vector<Result>* bestOfPeer, uint64_t* wrong, const std::vector<Result>* timed) {
   nlohmann::json all = nlohmann::json::object();
   bestOfPeer->assign(peers_.size(), Result{});
+  size_t next = 0;  // into *timed
   for (size_t p = 0; p < peers_.size(); ++p) {
-    // N/A at sizes of no element per rank (Gloo divides by the count), and where the peer lacks
-    // the op, type or reduction.
-    if (count == 0 && info.op != Op::kBarrier) continue;
-    const chorus::bench::Call probe{info.op, info.name, nullptr, nullptr, count, type, redop, o_.root};
-    const std::vector<std::string> algorithms = peers_[p]->algorithms(probe);
+    const std::vector<std::string> algorithms = peerAlgorithms(p, info, type, redop, count);
     if (algorithms.empty()) continue;
     nlohmann::json byAlgorithm = nlohmann::json::object();
     Result best;
     std::string bestName;
     uint64_t peerWrong = 0;
-    peer_ = peers_[p].get();
     for (const std::string& algorithm : algorithms) {
-      peerAlgorithm_ = algorithm;
-      const Result r = measure(info.op, type, redop, count, false);
+      use(info.name, {static_cast<int>(p), algorithm});
+      const Result r = timed != nullptr ? (*timed)[next++] : measure(info.op, type, redop, count, false);
       peerWrong += r.wrong;
       byAlgorithm[algorithm.empty() ? "default" : algorithm] = r.busbw;
       if (bestName.empty() || r.busbw > best.busbw) {
@@ -712,7 +730,7 @@ nlohmann::json Bench::measurePeers(const OpInfo& info, chorusDataType_t type, ch
         bestName = algorithm.empty() ? "default" : algorithm;
       }
     }
-    peer_ = nullptr;
+    use(info.name, {});
     (*bestOfPeer)[p] = best;
     *wrong += peerWrong;
     if (peerWrong > 0 && rank_ == 0) {
@@ -722,32 +740,45 @@ nlohmann::json Bench::measurePeers(const OpInfo& info, chorusDataType_t type, ch
     all[peers_[p]->name()] = {{"time_us", best.timeUs},   {"algbw_GBps", best.algbw},
                               {"busbw_GBps", best.busbw}, {"algo", bestName},
                               {"wrong", peerWrong},       {"algorithms_busbw_GBps", byAlgorithm}};
+    if (!best.turnUs.empty()) all[peers_[p]->name()]["turn_time_us"] = best.turnUs;
   }
   return all;
 }
 
+void Bench::use(const char* opName, const Contestant& contestant) {
+  if (contestant.peer >= 0) {
+    peer_ = peers_[contestant.peer].get();
+    peerAlgorithm_ = contestant.algorithm;
+    return;
+  }
+  peer_ = nullptr;
+  if (!contestant.algorithm.empty()) {
+    call("chorusCommSetAlgorithms",
+         chorusCommSetAlgorithms(comm_, (std::string(opName) + ":" + contestant.algorithm).c_str()));
+  }
+}
+
 std::vector<std::pair<Result, Result>> Bench::measureInTurns(const char* opName, Op op,
-                                                             const std::vector<std::string>& algos,
+                                                             const std::vector<Contestant>& contestants,
                                                              chorusDataType_t type, chorusRedOp_t redop, size_t count,
                                                              const TurnPlan& plan) {
-  auto use = [&](const std::string& algo) {
-    call("chorusCommSetAlgorithms", chorusCommSetAlgorithms(comm_, (std::string(opName) + ":" + algo).c_str()));
-  };
-  const int sides = plan.inPlace ? 2 : 1;
-  for (const std::string& algo : algos) {  // every one warmed up before any is timed
-    use(algo);
+  auto sidesOf = [&](const Contestant& c) { return plan.inPlace && c.peer < 0 ? 2 : 1; };
+  for (const Contestant& contestant : contestants) {  // every one warmed up before any is timed
+    use(opName, contestant);
+    const int sides = sidesOf(contestant);
     for (int side = 0; side < sides; ++side) {
       fillInputs(op, type, redop, count, side == 1);
       for (int i = 0; i < plan.warmup; ++i) once(op, type, redop, count);
     }
   }
-  std::vector<double> seconds(2 * algos.size(), 0);  // [2a]: out of place, [2a + 1]: in place
-  std::vector<std::vector<double>> turnUs(2 * algos.size());
+  std::vector<double> seconds(2 * contestants.size(), 0);  // [2a]: out of place, [2a + 1]: in place
+  std::vector<std::vector<double>> turnUs(2 * contestants.size());
   const int turns = std::min(plan.turns, *std::min_element(plan.iters.begin(), plan.iters.end()));
   for (int t = 0; t < turns; ++t) {
-    for (size_t a = 0; a < algos.size(); ++a) {
+    for (size_t a = 0; a < contestants.size(); ++a) {
       const int iters = plan.iters[a] * (t + 1) / turns - plan.iters[a] * t / turns;
-      use(algos[a]);
+      use(opName, contestants[a]);
+      const int sides = sidesOf(contestants[a]);
       for (int side = 0; side < sides; ++side) {
         // Both forms were filled above; the warm-up left the pointers at the last one.
         selectBuffers(op, count, chorusTypeSize(type), side == 1);
@@ -760,9 +791,9 @@ std::vector<std::pair<Result, Result>> Bench::measureInTurns(const char* opName,
       }
     }
   }
-  std::vector<std::pair<Result, Result>> results(algos.size());
-  for (size_t a = 0; a < algos.size(); ++a) {
-    for (int side = 0; side < sides; ++side) {
+  std::vector<std::pair<Result, Result>> results(contestants.size());
+  for (size_t a = 0; a < contestants.size(); ++a) {
+    for (int side = 0; side < sidesOf(contestants[a]); ++side) {
       Result& result = side == 0 ? results[a].first : results[a].second;
       result = resultOf(op, type, count, seconds[2 * a + side], plan.iters[a]);
       // Each turn's time, averaged over the ranks as the row's time is.
@@ -773,11 +804,12 @@ std::vector<std::pair<Result, Result>> Bench::measureInTurns(const char* opName,
       for (double& us : result.turnUs) us /= nranks_;
     }
     if (plan.check) {
-      use(algos[a]);
+      use(opName, contestants[a]);
       results[a].first.wrong = checkOnce(op, type, redop, count, false);
-      if (plan.inPlace) results[a].second.wrong = checkOnce(op, type, redop, count, true);
+      if (sidesOf(contestants[a]) == 2) results[a].second.wrong = checkOnce(op, type, redop, count, true);
     }
   }
+  peer_ = nullptr;
   return results;
 }
 
@@ -834,9 +866,9 @@ int Bench::run() {
   for (const auto& peer : peers_) peerNames.push_back(peer->name());
   if (!peers_.empty() && print) {
     std::printf(
-        "#  Peers: %s, each timed out of place on the same buffers after chorus; x PEER is chorus's\n"
+        "#  Peers: %s, each timed out of place on the same buffers %s; x PEER is chorus's\n"
         "#  out-of-place busbw over the peer's (its fastest algorithm)\n",
-        o_.compare.c_str());
+        o_.compare.c_str(), o_.turns > 1 ? "in turns with chorus (--turns)" : "before chorus");
   }
   double copyGBps = 0;
   CopyRates copyRates;
@@ -890,14 +922,28 @@ int Bench::run() {
         size_t count = opInfo->op == Op::kBarrier ? 0 : bytes / size;
         if (spreads(opInfo->op)) count /= n;
         const size_t shownBytes = spreads(opInfo->op) ? count * n * size : count * size;
+        // --turns: chorus's algorithms and every peer's, timed round robin.
         std::vector<std::pair<Result, Result>> inTurns;
-        if (o_.turns > 1 && algos.size() > 1) {
-          const TurnPlan plan{std::vector<int>(algos.size(), o_.iters), o_.turns, o_.warmup, true, o_.check != 0};
-          inTurns = measureInTurns(opInfo->name, opInfo->op, algos, type, redop, count, plan);
+        std::vector<Result> peersInTurns;
+        if (o_.turns > 1 && (algos.size() > 1 || !peers_.empty())) {
+          std::vector<Contestant> contestants;
+          for (const std::string& algo : algos) contestants.push_back({-1, algo});
+          for (size_t p = 0; p < peers_.size(); ++p) {
+            for (const std::string& algorithm : peerAlgorithms(p, *opInfo, type, redop, count)) {
+              contestants.push_back({static_cast<int>(p), algorithm});
+            }
+          }
+          const TurnPlan plan{std::vector<int>(contestants.size(), o_.iters), o_.turns, o_.warmup, true, o_.check != 0};
+          inTurns = measureInTurns(opInfo->name, opInfo->op, contestants, type, redop, count, plan);
+          for (size_t k = algos.size(); k < inTurns.size(); ++k) peersInTurns.push_back(inTurns[k].first);
+          inTurns.resize(algos.size());
         }
         std::vector<Result> peerBest;
         nlohmann::json peerJson;
-        if (!peers_.empty()) peerJson = measurePeers(*opInfo, type, redop, count, &peerBest, &totalWrong);
+        if (!peers_.empty()) {
+          peerJson = measurePeers(*opInfo, type, redop, count, &peerBest, &totalWrong,
+                                  inTurns.empty() ? nullptr : &peersInTurns);
+        }
         for (size_t a = 0; a < algos.size(); ++a) {
           const std::string& algo = algos[a];
           if (!algo.empty() && inTurns.empty()) {
@@ -1218,7 +1264,9 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
     call("broadcast", chorusBroadcast(calls.data(), calls.data(), calls.size(), chorusInt32, 0, comm_, nullptr));
     TurnPlan plan{{}, calls.back(), 0, false, false};
     for (size_t k = 0; k < which.size(); ++k) plan.iters.push_back(calls[k] * plan.turns);
-    const auto results = measureInTurns(name, info->op, names, chorusFloat32, chorusSum, count, plan);
+    std::vector<Contestant> contestants;
+    for (const std::string& algorithm : names) contestants.push_back({-1, algorithm});
+    const auto results = measureInTurns(name, info->op, contestants, chorusFloat32, chorusSum, count, plan);
     for (size_t k = 0; k < which.size(); ++k) {
       const std::vector<double>& turns = results[k].first.turnUs;
       // Each turn ran calls[k] calls, so the pass's mean per call is the mean of its turns.
@@ -1614,8 +1662,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("-n,--iters", o.iters, "timed iterations per row")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--turns", o.turns,
-                 "with several --algo: split each one's -n iterations into this many blocks, timed round robin, "
-                 "so the machine's drift falls on all of them alike")
+                 "with several --algo or with --compare: split each one's -n iterations (chorus's algorithms', "
+                 "each peer's) into this many blocks, timed round robin, so the machine's drift falls on all of "
+                 "them alike")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("-w,--warmup_iters", o.warmup, "untimed iterations first")

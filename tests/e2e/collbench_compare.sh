@@ -7,9 +7,10 @@ run_clean "$collbench" -g 2 --op allreduce -b 1K -e 256K -f 16 -n 3 -w 1 --compa
   --json "$work/allreduce.json"
 grep -q "x gloo" "$work/out.txt" || fail "no x gloo column"
 grep -q "%bound" "$work/out.txt" || fail "no %bound column"
-# Gloo's halving-doubling reduce-scatter at a rank count that is not a power of two.
-run_clean "$collbench" -g 3 --op reducescatter -b 3K -e 48K -f 16 -n 2 -w 1 -d int32 -o max --compare gloo,mpi \
-  --json "$work/reducescatter.json"
+# Gloo's halving-doubling reduce-scatter at a rank count that is not a power of two; chorus and
+# the peers timed in turns.
+run_clean "$collbench" -g 3 --op reducescatter -b 3K -e 48K -f 16 -n 3 -w 1 -d int32 -o max --compare gloo,mpi \
+  --turns 3 --json "$work/reducescatter.json"
 # bfloat16: Gloo has no such type, so its columns say N/A and the run still passes.
 run_clean "$collbench" -g 2 --op alltoall -b 1K -e 1K -n 2 -w 1 -d bfloat16 --compare gloo --json "$work/bf16.json"
 grep -q "N/A" "$work/out.txt" || fail "no N/A for gloo bfloat16"
@@ -34,9 +35,13 @@ for r in doc["rows"]:
     assert sorted(algos) == ["bcube", "halving_doubling", "ring"], algos
     assert r["peers"]["gloo"]["busbw_GBps"] == max(algos.values()), algos
 doc = json.load(open(work + "/reducescatter.json"))
-assert doc["nranks"] == 3 and len(doc["rows"]) == 2
+assert doc["nranks"] == 3 and len(doc["rows"]) == 2 and doc["turns"] == 3
 for r in doc["rows"]:
-    assert r["out_of_place"]["wrong"] == 0
+    assert r["out_of_place"]["wrong"] == 0 and r["in_place"]["wrong"] == 0
+    # Three turns each, one call per turn: the row's time is the mean of its turns.
+    for side in (r["out_of_place"], r["peers"]["gloo"], r["peers"]["mpi"]):
+        turns = side["turn_time_us"]
+        assert len(turns) == 3 and abs(sum(turns) / 3 - side["time_us"]) < 1e-6 * side["time_us"], (side, r)
     for name in ("gloo", "mpi"):
         assert r["peers"][name]["wrong"] == 0 and r["peers"][name]["algo"], (name, r)
 doc = json.load(open(work + "/bf16.json"))
