@@ -442,6 +442,8 @@ class Bench {
                                                         const TurnPlan& plan);
   // Selects who once() calls: a peer and its algorithm, or chorus with an algorithm.
   void use(const char* opName, const Contestant& contestant);
+  // Untimed calls of the selected contestant for about 2 ms (at least one), before its block.
+  void settle(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count);
   // The row's columns from this rank's seconds over iters (averaged over the ranks, as nccl-tests).
   Result resultOf(Op op, chorusDataType_t type, size_t count, double seconds, int iters);
   uint64_t checkOnce(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
@@ -758,6 +760,21 @@ void Bench::use(const char* opName, const Contestant& contestant) {
   }
 }
 
+void Bench::settle(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count) {
+  // The first calls after a switch pay for what the one before left behind: after MPICH's block
+  // (its ranks spin), chorus's next 8-byte all-reduces on 4 ranks over 2 cores took 20-30 us
+  // where the block after took 5; 100 untimed calls (about half a millisecond) brought them to
+  // 5-6. Rank 0's clock decides, so every rank makes the same calls.
+  constexpr double kSettleUs = 2000;
+  const auto start = std::chrono::steady_clock::now();
+  int more = 0;
+  do {
+    once(op, type, redop, count);
+    more = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() < kSettleUs;
+    call("broadcast", chorusBroadcast(&more, &more, 1, chorusInt32, 0, comm_, nullptr));
+  } while (more != 0);
+}
+
 std::vector<std::pair<Result, Result>> Bench::measureInTurns(const char* opName, Op op,
                                                              const std::vector<Contestant>& contestants,
                                                              chorusDataType_t type, chorusRedOp_t redop, size_t count,
@@ -782,6 +799,7 @@ std::vector<std::pair<Result, Result>> Bench::measureInTurns(const char* opName,
       for (int side = 0; side < sides; ++side) {
         // Both forms were filled above; the warm-up left the pointers at the last one.
         selectBuffers(op, count, chorusTypeSize(type), side == 1);
+        settle(op, type, redop, count);
         call("barrier", chorusBarrier(comm_, nullptr));
         const auto start = std::chrono::steady_clock::now();
         for (int i = 0; i < iters; ++i) once(op, type, redop, count);
