@@ -179,9 +179,15 @@ Schedule recursiveDoublingAllGather(const ScheduleArgs& args) {
   const size_t blockBytes = args.count * args.typeSize;
   if (args.count == 0) return s;
   auto block = [&](int b) { return at(BufferId::kOutput, static_cast<size_t>(b) * blockBytes); };
-  s.steps.push_back(copyStep(at(BufferId::kInput, 0), block(r), blockBytes));
-  if (n == 1) return s;
   const Fold f(n);
+  // A rank outside the fold sends its own block in the first round straight from its input and
+  // copies each piece into its output after posting that piece's exchange, so the copy overlaps
+  // the transfers instead of preceding them (2 ranks, 16 MiB out of place took 1.6 ms where in
+  // place, with no copy, took 0.9). Ranks in the fold copy first: their first message is their
+  // own block or its partner's.
+  const bool copyAlong = n > 1 && r >= 2 * f.rem;
+  if (!copyAlong) s.steps.push_back(copyStep(at(BufferId::kInput, 0), block(r), blockBytes));
+  if (n == 1) return s;
   if (r < 2 * f.rem) {  // fold: the even rank's block joins the odd rank's
     if (f.sitsOut(r)) {
       s.steps.push_back(sendStep(r + 1, block(r), blockBytes));
@@ -213,10 +219,19 @@ Schedule recursiveDoublingAllGather(const ScheduleArgs& args) {
       const auto mine = pieces(v, d);
       const auto theirs = pieces(v ^ d, d);
       for (size_t i = 0; i < std::max(mine.size(), theirs.size()); ++i) {
-        if (i < mine.size()) s.steps.push_back(sendStep(partner, at(BufferId::kOutput, mine[i].first), mine[i].second));
+        // In the first round, mine is this rank's own block (copyAlong): its bytes at the same
+        // offset within the input.
+        const bool fromInput = copyAlong && d == 1 && i < mine.size();
+        const Span input =
+            fromInput ? at(BufferId::kInput, mine[i].first - static_cast<size_t>(r) * blockBytes) : Span{};
+        if (i < mine.size()) {
+          s.steps.push_back(
+              sendStep(partner, fromInput ? input : at(BufferId::kOutput, mine[i].first), mine[i].second));
+        }
         if (i < theirs.size()) {
           s.steps.push_back(recvStep(partner, at(BufferId::kOutput, theirs[i].first), theirs[i].second));
         }
+        if (fromInput) s.steps.push_back(copyStep(input, at(BufferId::kOutput, mine[i].first), mine[i].second));
       }
     }
   }

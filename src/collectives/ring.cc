@@ -105,10 +105,15 @@ Schedule ringAllGather(const ScheduleArgs& args) {
   const size_t size = args.typeSize;
   const size_t blockBytes = args.count * size;
   if (args.count == 0) return schedule;
-  // The executor skips this copy when the call is in place (same address).
-  schedule.steps.push_back(
-      copyStep(at(BufferId::kInput, 0), at(BufferId::kOutput, args.rank * blockBytes), blockBytes));
-  if (n == 1) return schedule;
+  // The executor skips the copies of the input into the output when the call is in place (same
+  // address). With more than one rank, the first step sends each chunk of this rank's block
+  // straight from the input and the chunk is copied after the chunk's steps are posted, so the
+  // copy overlaps the transfers instead of preceding them.
+  if (n == 1) {
+    schedule.steps.push_back(
+        copyStep(at(BufferId::kInput, 0), at(BufferId::kOutput, args.rank * blockBytes), blockBytes));
+    return schedule;
+  }
   const int next = rankAt(args, r + 1);
   const int prev = rankAt(args, r - 1);
   // Block b of the ring (the one position b started with) is rank rankAt(b)'s.
@@ -120,11 +125,15 @@ Schedule ringAllGather(const ScheduleArgs& args) {
     for (int s = 0; s < n - 1; ++s) {
       const int sendBlock = mod(r - s, n);
       const int recvBlock = mod(r - s - 1, n);
-      schedule.steps.push_back(
-          sendStep(next, at(BufferId::kOutput, blockStart(sendBlock) + piece.offset), piece.bytes));
+      const Span from =
+          s == 0 ? at(BufferId::kInput, piece.offset) : at(BufferId::kOutput, blockStart(sendBlock) + piece.offset);
+      schedule.steps.push_back(sendStep(next, from, piece.bytes));
       schedule.steps.push_back(
           recvStep(prev, at(BufferId::kOutput, blockStart(recvBlock) + piece.offset), piece.bytes));
     }
+    schedule.steps.push_back(copyStep(at(BufferId::kInput, piece.offset),
+                                      at(BufferId::kOutput, static_cast<size_t>(args.rank) * blockBytes + piece.offset),
+                                      piece.bytes));
   }
   return schedule;
 }
