@@ -723,8 +723,13 @@ nlohmann::json Bench::measurePeers(const OpInfo& info, chorusDataType_t type, ch
     std::string bestName;
     uint64_t peerWrong = 0;
     for (const std::string& algorithm : algorithms) {
-      use(info.name, {static_cast<int>(p), algorithm});
-      const Result r = timed != nullptr ? (*timed)[next++] : measure(info.op, type, redop, count, false);
+      Result r;
+      if (timed != nullptr) {
+        r = (*timed)[next++];
+      } else {
+        use(info.name, {static_cast<int>(p), algorithm});
+        r = measure(info.op, type, redop, count, false);
+      }
       peerWrong += r.wrong;
       byAlgorithm[algorithm.empty() ? "default" : algorithm] = r.busbw;
       if (bestName.empty() || r.busbw > best.busbw) {
@@ -764,7 +769,9 @@ void Bench::settle(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t cou
   // The first calls after a switch pay for what the one before left behind: after MPICH's block
   // (its ranks spin), chorus's next 8-byte all-reduces on 4 ranks over 2 cores took 20-30 us
   // where the block after took 5; 100 untimed calls (about half a millisecond) brought them to
-  // 5-6. Rank 0's clock decides, so every rank makes the same calls.
+  // 5-6 in one run. It narrows the effect, not more: with 2 ms of them, single blocks of 20-30 us
+  // still came in later runs, as bursts of the machine's noise do. Rank 0's clock decides, so
+  // every rank makes the same calls.
   constexpr double kSettleUs = 2000;
   const auto start = std::chrono::steady_clock::now();
   int more = 0;

@@ -227,7 +227,6 @@ struct PendingOp {
   char* data;
   size_t bytes;
   size_t done;  // bytes copied so far
-  bool started;
   Request* request;
   PieceSink* sink = nullptr;  // receives only: where the pieces go instead of data
   // Receives to a sink whose result is forwarded: the send's peer and completion (the send is
@@ -344,21 +343,21 @@ class ShmTransport final : public Transport {
 
   void postSend(int peer, uint64_t tag, const void* data, size_t bytes, Request* request) override {
     Peer& p = peers_.at(peer);
-    p.sends.push_back({tag, static_cast<char*>(const_cast<void*>(data)), bytes, 0, false, request});
+    p.sends.push_back({tag, static_cast<char*>(const_cast<void*>(data)), bytes, 0, request});
     ++pending_;
     pushSends(p);
   }
 
   void postRecv(int peer, uint64_t tag, void* data, size_t bytes, Request* request) override {
     Peer& p = peers_.at(peer);
-    p.recvs.push_back({tag, static_cast<char*>(data), bytes, 0, false, request});
+    p.recvs.push_back({tag, static_cast<char*>(data), bytes, 0, request});
     ++pending_;
     pullRecvs(p);
   }
 
   bool postRecvToSink(int peer, uint64_t tag, PieceSink* sink, size_t bytes, Request* request) override {
     Peer& p = peers_.at(peer);
-    p.recvs.push_back({tag, nullptr, bytes, 0, false, request, sink});
+    p.recvs.push_back({tag, nullptr, bytes, 0, request, sink});
     ++pending_;
     pullRecvs(p);
     return true;
@@ -370,9 +369,8 @@ class ShmTransport final : public Transport {
     Peer& p = peers_.at(peer);
     Peer& q = peers_.at(forwardPeer);
     forwardRequest->ready = 0;
-    q.sends.push_back(
-        {forwardTag, static_cast<char*>(const_cast<void*>(forwardData)), bytes, 0, false, forwardRequest});
-    p.recvs.push_back({tag, nullptr, bytes, 0, false, request, sink, forwardPeer, forwardRequest});
+    q.sends.push_back({forwardTag, static_cast<char*>(const_cast<void*>(forwardData)), bytes, 0, forwardRequest});
+    p.recvs.push_back({tag, nullptr, bytes, 0, request, sink, forwardPeer, forwardRequest});
     pending_ += 2;
     pushSends(q);  // the sends queued before it may go; it waits for its bytes
     pullRecvs(p);
@@ -476,7 +474,6 @@ class ShmTransport final : public Transport {
   void publish(Peer& p, size_t piece) {
     PendingOp& op = p.sends.front();
     op.done += piece;
-    op.started = true;
     slot(p.outSlots, p.head)->sequence.store(p.head + 1, std::memory_order_release);
     ++p.head;
     if (op.done == op.bytes) {
