@@ -289,10 +289,13 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
     size_t in = count * args.typeSize, out = in;
     if (vector != nullptr) {
       in = out = 0;
+      size_t inExtent = 0;
       for (size_t r = 0; r < n; ++r) {
         in += vector[0][r] * args.typeSize;
         out += vector[2][r] * args.typeSize;
+        inExtent = std::max(inExtent, (vector[1][r] + vector[0][r]) * args.typeSize);
       }
+      prepared.inputBytes = inExtent;
     } else if (collective == Collective::kAllGather || collective == Collective::kGather) {
       out *= n;
     } else if (collective == Collective::kReduceScatter || collective == Collective::kScatter) {
@@ -303,6 +306,7 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
     }
     const bool pair = collective == Collective::kSend || collective == Collective::kRecv;
     prepared.footprint = pair ? in + out : n * (in + out);
+    if (vector == nullptr) prepared.inputBytes = in;
   }
   const bool reduces = collective == Collective::kAllReduce || collective == Collective::kReduceScatter ||
                        collective == Collective::kReduce;

@@ -147,8 +147,7 @@ void Executor::issue(Item& item) {
       transportOfPeer_[step.peer]->postSend(step.peer, item.op->tag, item.src, step.bytes, &item.request);
       break;
     case StepKind::kRecv:
-      item.request.streamed =
-          step.dst.buffer == collectives::BufferId::kOutput && kernels::streamingPays(item.op->footprint, step.bytes);
+      item.request.streamed = item.streams();
       transportOfPeer_[step.peer]->postRecv(step.peer, item.op->tag, item.dst, step.bytes, &item.request);
       break;
     case StepKind::kRecvReduce:
@@ -169,8 +168,7 @@ void Executor::issue(Item& item) {
       if (item.src != item.dst && step.bytes > 0) {
         // A large copy into the output is final: streamed, it skips reading the destination first.
         const bool apart = item.dst + step.bytes <= item.src || item.src + step.bytes <= item.dst;
-        if (apart && step.dst.buffer == collectives::BufferId::kOutput &&
-            kernels::streamingPays(item.op->footprint, step.bytes)) {
+        if (apart && item.streams()) {
           kernels::copyStreaming(item.dst, item.src, step.bytes);
         } else {
           std::memmove(item.dst, item.src, step.bytes);
@@ -219,11 +217,19 @@ void Executor::Item::consume(size_t offset, const void* piece, size_t bytes, voi
   // not read again (the message carries it on), so a large output is written past the cache.
   void* dsts[2] = {dst + offset, also};
   const void* srcs[2] = {src + offset, piece};
-  const bool stream[2] = {
-      step->dst.buffer == collectives::BufferId::kOutput && kernels::streamingPays(op->footprint, step->bytes), false};
+  const bool stream[2] = {streams(), false};
   // Avg folds as Sum here (reduce()'s rule; the divide is a step of its own), where reduceMany
   // would divide by its two sources.
   kernels::reduceMany(dsts, 2, srcs, 2, count, op->type, op->op == chorusAvg ? chorusSum : op->op, stream);
+}
+
+bool Executor::Item::streams() const {
+  if (step->dst.buffer != collectives::BufferId::kOutput || !kernels::streamingPays(op->footprint, step->bytes)) {
+    return false;
+  }
+  // In place, 2 ranks, all-reduce of 64 MiB: 6.8-7.8 ms with plain stores, 7.6-10.5 streamed.
+  const char* input = static_cast<const char*>(op->input);
+  return dst + step->bytes <= input || input + op->inputBytes <= dst;
 }
 
 // Completes the local part of a step whose transfer is done. True if the item is complete.

@@ -34,8 +34,9 @@ struct PreparedOp {
   collectives::Collective collective = collectives::Collective::kAllReduce;
   uint64_t sequence = 0;
   size_t count = 0;
-  size_t footprint = 0;  // bytes of every rank's input and output together (kernels::streamingPays)
-  int rootOrPeer = -1;   // rooted collectives: the root; send and recv: the peer; else -1
+  size_t footprint = 0;   // bytes of every rank's input and output together (kernels::streamingPays)
+  size_t inputBytes = 0;  // this rank's input spans [input, input + inputBytes)
+  int rootOrPeer = -1;    // rooted collectives: the root; send and recv: the peer; else -1
 
   // "allreduce #12 (count 1024 float32 sum, ring)", "send #3 (count 4 int32, to rank 1)".
   std::string what() const;
@@ -88,6 +89,9 @@ class Executor {
   // the same pass (forwardsNext).
   struct Item final : PieceSink {
     void consume(size_t offset, const void* piece, size_t bytes, void* also) override;
+    // Whether the step's bytes go into the output with streaming stores: a large call's final
+    // bytes, unless they land on the input, whose lines the call has read into the cache.
+    bool streams() const;
     const collectives::Step* step;
     PreparedOp* op;
     Batch* batch;
