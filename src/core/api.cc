@@ -454,7 +454,7 @@ chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t coun
     checkStream(stream, call, c.rank());
     // Blocking calls outside a group may go direct between shareable buffers.
     if (group.depth == 0 && nonBlockingTarget == nullptr &&
-        c.allReduceDirect(sendbuff, recvbuff, count, datatype, op)) {
+        c.reduceDirect(Collective::kAllReduce, sendbuff, recvbuff, count, datatype, op)) {
       return;
     }
     submit(comm, c.prepare(Collective::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0));
@@ -486,6 +486,10 @@ chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t 
     checkBuffer(sendbuff, recvcount, "sendbuff", call, c.rank());
     checkBuffer(recvbuff, recvcount, "recvbuff", call, c.rank());
     checkStream(stream, call, c.rank());
+    if (group.depth == 0 && nonBlockingTarget == nullptr &&
+        c.reduceDirect(Collective::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op)) {
+      return;
+    }
     submit(comm, c.prepare(Collective::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0));
   }));
 }

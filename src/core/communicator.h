@@ -48,12 +48,15 @@ class Communicator {
   PreparedOp prepare(collectives::Collective collective, const void* input, void* output, size_t count,
                      chorusDataType_t type, chorusRedOp_t op, int rootOrPeer, const size_t* const* vector = nullptr);
 
-  // A blocking all-reduce outside a group (all ranks must call it alike): where every peer is on
-  // shm and the call has CHORUS_SHM_DIRECT_BYTES or more, the ranks first swap where their buffers
-  // lie; where every rank's input and output are chorusMemAlloc allocations, each rank reduces its
-  // 1/n of the elements straight from every input into every output, and returns true. False
-  // (after the swap, or without one) leaves the call to the scheduled all-reduce.
-  bool allReduceDirect(const void* input, void* output, size_t count, chorusDataType_t type, chorusRedOp_t op);
+  // A blocking all-reduce or reduce-scatter outside a group (all ranks must call it alike): where
+  // every peer is on shm and the call's input has CHORUS_SHM_DIRECT_BYTES or more, the ranks first
+  // swap where their buffers lie; where every rank's input and output are chorusMemAlloc
+  // allocations, each rank reduces its part straight from every rank's input (all-reduce: its 1/n
+  // of the elements, into every rank's output; reduce-scatter: its own block, into its output)
+  // and returns true. False (after the swap, or without one) leaves the call to the schedule.
+  // count is the output's, as in the C calls.
+  bool reduceDirect(collectives::Collective collective, const void* input, void* output, size_t count,
+                    chorusDataType_t type, chorusRedOp_t op);
 
   // Applies overrides in CHORUS_ALGO syntax (throws chorusInvalidArgument; nothing changes then).
   void setAlgorithms(const std::string& text);
@@ -111,7 +114,7 @@ class Communicator {
   std::vector<std::pair<ScheduleKey, std::shared_ptr<const collectives::Schedule>>> schedules_;
   size_t directBytes_ = 0;  // CHORUS_SHM_DIRECT_BYTES where every peer is on shm, else 0
   bool directLogged_ = false;
-  int directSkips_ = 0;  // eligible all-reduces left that skip the swap (a heap buffer was found)
+  int directSkips_ = 0;  // eligible calls left that skip the swap (a heap buffer was found)
   std::atomic<bool> aborted_{false};
   std::string broken_;
 };

@@ -32,8 +32,9 @@ constexpr KnobSpec kKnobs[] = {
      "shm messages of at least this many bytes whose buffer lies in a chorusMemAlloc allocation are copied by the "
      "receiver straight from the sender's pages, mapped (one copy at memory speed); 0: never"},
     {"CHORUS_SHM_DIRECT_BYTES", "65536",
-     "blocking all-reduces of at least this many bytes among ranks all on shm, whose buffers on every rank lie in "
-     "chorusMemAlloc allocations, reduce straight from every rank's input into every rank's output; 0: never"},
+     "blocking all-reduces and reduce-scatters with at least this many input bytes among ranks all on shm, whose "
+     "buffers on every rank lie in chorusMemAlloc allocations, reduce straight from every rank's input into the "
+     "outputs; 0: never"},
     {"CHORUS_SPIN_US", "20", "how long a wait spins before it blocks (ranks may outnumber cores)"},
     {"CHORUS_BOOTSTRAP_ADDR", "", "IP address to listen on (default: first non-loopback IPv4)"},
     {"CHORUS_ALGO", "", "algorithm per collective, e.g. allreduce:ring,allgather:bruck (default: chosen per call)"},

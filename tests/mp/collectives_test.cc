@@ -233,17 +233,18 @@ TEST(ShmMapTest, ReceiversMapTheSendersAllocation) {
   });
 }
 
-TEST(ShmDirectTest, EveryCollectiveIsRightWhenAllReducesGoDirect) {
+TEST(ShmDirectTest, EveryCollectiveIsRightWhenReductionsGoDirect) {
   // CHORUS_SHM_DIRECT_BYTES=1: every non-empty all-reduce on chorusMemAlloc buffers is reduced
-  // by each rank over its slice of every rank's input, straight into every rank's output, among
-  // the other collectives' calls (which keep their messages): 1 element (one rank's slice holds
-  // it, the others' are empty), 1000 and 300007 (slices cut at cache lines, a partial last one).
+  // by each rank over its slice of every rank's input, straight into every rank's output, and
+  // every reduce-scatter by each rank over its block of every input into its output, among the
+  // other collectives' calls (which keep their messages): 1 element (one rank's slice holds it,
+  // the others' are empty), 1000 and 300007 (slices cut at cache lines, a partial last one).
   checkEveryCollectiveOnShmWith("CHORUS_SHM_DIRECT_BYTES", /*shared=*/true);
 }
 
-TEST(ShmDirectTest, AllReducesAreRightForEveryTypeAndOp) {
-  // Avg divides once after the sum, integers wrap, fp16 and bf16 round once per element, as the
-  // scheduled all-reduce does; in place and out of place.
+TEST(ShmDirectTest, ReductionsAreRightForEveryTypeAndOp) {
+  // All-reduce and reduce-scatter: Avg divides once after the sum, integers wrap, fp16 and bf16
+  // round once per element, as the scheduled ones do; in place and out of place.
   ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", "1", 1), 0);
   for (int n : {2, 3}) {
     runRanks(onShm(n), [&](int rank, chorusComm_t comm) {
@@ -254,6 +255,7 @@ TEST(ShmDirectTest, AllReducesAreRightForEveryTypeAndOp) {
           for (bool inPlace : {false, true}) {
             SCOPED_TRACE(std::to_string(n) + " ranks, type " + std::to_string(type) + ", op " + std::to_string(op));
             checkAllReduce(comm, rank, n, 40001, type, op, inPlace);
+            checkReduceScatter(comm, rank, n, 20001, type, op, inPlace);
             if (::testing::Test::HasFatalFailure()) return;
           }
         }
@@ -302,6 +304,41 @@ TEST(ShmDirectTest, EachRankWritesEveryRanksOutput) {
         ASSERT_EQ(recv[i], static_cast<int64_t>(3 * (i * 1000 + 1) + 0 + 1 + 4)) << "rank " << rank << " at " << i;
       }
       ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess);  // the peers are done with both
+    });
+  }
+  unsetenv("CHORUS_SHM_DIRECT_BYTES");
+  unsetenv("CHORUS_SHM_MAP_BYTES");
+}
+
+TEST(ShmDirectTest, EachRankReducesItsBlockFromThePeersInputs) {
+  // A direct reduce-scatter maps each peer's input only (2 mappings for 3 ranks, none with
+  // CHORUS_SHM_DIRECT_BYTES=0; mapped messages off) and each rank writes its own output, checked
+  // against the closed form, out of place and in place (the output is the rank's block of its
+  // input, which its peers read while it writes).
+  ASSERT_EQ(setenv("CHORUS_SHM_MAP_BYTES", "0", 1), 0);
+  for (const char* direct : {"65536", "0"}) {
+    ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", direct, 1), 0);
+    runRanks(onShm(3), [&](int rank, chorusComm_t comm) {
+      SCOPED_TRACE(std::string("CHORUS_SHM_DIRECT_BYTES=") + direct);
+      constexpr size_t kCount = 50021;
+      SharedArray<int64_t> sendArray(3 * kCount), recvArray(kCount);
+      ASSERT_TRUE(sendArray.allocated() && recvArray.allocated());
+      int64_t* send = sendArray.get();
+      auto value = [](size_t j, int r) { return static_cast<int64_t>(j * 1000 + r * r + 1); };
+      auto expected = [&](size_t j) { return value(j, 0) + value(j, 1) + value(j, 2); };
+      for (bool inPlace : {false, true}) {
+        for (size_t j = 0; j < 3 * kCount; ++j) send[j] = value(j, rank);
+        int64_t* recv = inPlace ? send + rank * kCount : recvArray.get();
+        const auto before = chorusBuffersMapped();
+        ASSERT_EQ(chorusReduceScatter(send, recv, kCount, chorusInt64, chorusSum, comm, nullptr), chorusSuccess)
+            << chorusGetLastError(comm);
+        const int peers = std::string(direct) == "0" || inPlace ? 0 : 2;  // in place: mapped by the first call
+        EXPECT_EQ(chorusBuffersMapped().first, before.first + peers) << "rank " << rank << " in place " << inPlace;
+        for (size_t i = 0; i < kCount; ++i) {
+          ASSERT_EQ(recv[i], expected(rank * kCount + i)) << "rank " << rank << " at " << i << " in place " << inPlace;
+        }
+        ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess);  // the peers are done with both
+      }
     });
   }
   unsetenv("CHORUS_SHM_DIRECT_BYTES");
