@@ -47,6 +47,7 @@ constexpr int kDirectBackoff = 63;
 bool Communicator::reduceDirect(collectives::Collective collective, const void* input, void* output, size_t count,
                                 chorusDataType_t type, chorusRedOp_t op) {
   const bool allReduce = collective == collectives::Collective::kAllReduce;
+  if (!allReduce && collective != collectives::Collective::kReduceScatter) return false;
   const char* name = allReduce ? "all-reduce" : "reduce-scatter";
   const size_t size = kernels::typeSize(type);
   const size_t outBytes = count * size;
