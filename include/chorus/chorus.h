@@ -159,6 +159,14 @@ CHORUS_API chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm, const chorus
  * afterwards; a later call with it returns chorusInvalidUsage. Not collective. */
 CHORUS_API chorusResult_t chorusCommDestroy(chorusComm_t comm);
 
+/* Progresses the communicator's operations in flight without blocking, then sets *asyncError to
+ * chorusSuccess, or to the result of the failure that ended the communicator (an earlier call's,
+ * or one found now in a non-blocking operation: a peer that disagreed or disconnected, ...), whose
+ * message chorusGetLastError then gives; chorusAborted after chorusCommAbort began. The way to
+ * watch for a failure while non-blocking operations run. Not collective. Errors:
+ * chorusInvalidArgument when asyncError is NULL. */
+CHORUS_API chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncError);
+
 /* Marks the communicator aborted, then destroys it without waiting for peers: the way out after
  * an error or a timeout. Peers blocked on this rank see a remote error (or their timeout). Not
  * collective. Call it from the thread that uses the communicator, never while another thread is

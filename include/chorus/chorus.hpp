@@ -256,6 +256,14 @@ class Communicator {
     return Request(r, comm_);
   }
 
+  // Progresses the operations in flight without blocking; throws chorus::Error with the failure
+  // that ended the communicator, if one has (chorusCommGetAsyncError).
+  void checkAsyncError() {
+    chorusResult_t async = chorusSuccess;
+    detail::check(chorusCommGetAsyncError(comm_, &async), comm_);
+    detail::check(async, comm_);
+  }
+
   // Aborts and releases the communicator; the object is empty afterwards.
   void abort() {
     if (comm_ != nullptr) chorusCommAbort(std::exchange(comm_, nullptr));

@@ -425,6 +425,17 @@ chorusResult_t chorusCommAbort(chorusComm_t comm) {
   });
 }
 
+chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncError) {
+  return guarded([&] {
+    Communicator& c = live(comm, "chorusCommGetAsyncError");
+    if (asyncError == nullptr) fail(chorusInvalidArgument, "chorusCommGetAsyncError: asyncError is NULL");
+    *asyncError = c.asyncError();
+    if (*asyncError != chorusSuccess) {
+      lastError = c.aborted() ? fmt::format("rank {}: the communicator was aborted", c.rank()) : c.brokenReason();
+    }
+  });
+}
+
 chorusResult_t chorusCommCount(const chorusComm_t comm, int* count) {
   return guarded([&] {
     Communicator& c = live(comm, "chorusCommCount");

@@ -365,7 +365,7 @@ std::shared_ptr<Completion> Communicator::start(std::vector<PreparedOp> ops) {
   try {
     return executor_->submit(std::move(ops));
   } catch (const Error& e) {
-    broken_ = e.what();
+    breakWith(e);
     throw;
   }
 }
@@ -374,7 +374,7 @@ void Communicator::wait(const Completion& completion) {
   try {
     executor_->wait(completion);
   } catch (const Error& e) {
-    if (broken_.empty()) broken_ = e.what();
+    breakWith(e);
     throw;
   }
 }
@@ -383,9 +383,27 @@ bool Communicator::test(const Completion& completion) {
   try {
     return executor_->test(completion);
   } catch (const Error& e) {
-    if (broken_.empty()) broken_ = e.what();
+    breakWith(e);
     throw;
   }
+}
+
+void Communicator::breakWith(const Error& e) {
+  if (!broken_.empty()) return;
+  broken_ = e.what();
+  brokenResult_ = e.code();
+}
+
+chorusResult_t Communicator::asyncError() {
+  if (aborted()) return chorusAborted;
+  if (broken_.empty()) {
+    try {
+      executor_->progress();
+    } catch (const Error& e) {
+      breakWith(e);
+    }
+  }
+  return broken_.empty() ? chorusSuccess : brokenResult_;
 }
 
 }  // namespace chorus

@@ -76,6 +76,10 @@ class Communicator {
   bool aborted() const { return aborted_.load(); }
   // After a failed operation the message streams may be out of step: later calls fail at once.
   const std::string& brokenReason() const { return broken_; }
+  // Progresses the operations in flight without blocking, then says whether the communicator has
+  // failed: chorusSuccess, or the failure's result (chorusAborted once aborted). The failure's
+  // message is brokenReason().
+  chorusResult_t asyncError();
   // Name of the transport used for each peer, for logs and tests.
   std::string transportName(int peer) const;
 
@@ -117,6 +121,8 @@ class Communicator {
   int directSkips_ = 0;  // eligible calls left that skip the swap (a heap buffer was found)
   std::atomic<bool> aborted_{false};
   std::string broken_;
+  chorusResult_t brokenResult_ = chorusSuccess;  // the result of the failure broken_ describes
+  void breakWith(const Error& e);                // records the first failure
 };
 
 }  // namespace chorus

@@ -140,7 +140,7 @@ bool Communicator::reduceDirect(collectives::Collective collective, const void* 
     kernels::reduceMany(to.data(), static_cast<int>(to.size()), from.data(), nranks_, end - begin, type, op,
                         stream.get());
   } catch (const Error& e) {
-    if (broken_.empty()) broken_ = e.what();  // the peers fail at the barrier below, by timeout
+    breakWith(e);  // the peers fail at the barrier below, by timeout
     throw;
   }
   // Every output complete, every input read (the barrier's messages order the stores before).

@@ -350,6 +350,16 @@ bool Executor::test(const Completion& completion) {
   return completion.done;
 }
 
+void Executor::progress() {
+  if (batches_.empty()) return;
+  try {
+    advance();
+  } catch (const Error& e) {
+    failAll(e);
+    throw;
+  }
+}
+
 void Executor::waitAll() {
   waitUntil([&] { return batches_.empty(); });
 }

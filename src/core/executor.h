@@ -70,6 +70,9 @@ class Executor {
   void wait(const Completion& completion);
   // Progresses without blocking; true when `completion` is done (errors as wait).
   bool test(const Completion& completion);
+  // Progresses without blocking, with no completion to watch; a failure ends every submission in
+  // the stream and is thrown (as wait).
+  void progress();
   // Waits for every submission.
   void waitAll();
   // Ends every unfinished submission with this result, without waiting (abort, destroy).

@@ -93,6 +93,49 @@ TEST_P(FailureTest, ADeadPeerIsReportedLongBeforeTheTimeout) {
       120));
 }
 
+TEST_P(FailureTest, AsyncErrorReportsAMismatchFoundWhileNonBlockingOperationsRun) {
+  // chorusCommGetAsyncError progresses what is in flight: matching non-blocking all-reduces
+  // leave it at chorusSuccess; mismatched ones (10 vs 20 elements) turn it to chorusRemoteError
+  // on both ranks with the call named (on rank 0 found by the polling alone, no chorusTest or
+  // chorusWait made), and it stays so.
+  const char* transport = GetParam();
+  expectAllZero(runProcesses(2, [&](int rank, const chorusUniqueId& id) {
+    chorusComm_t comm = initOrDie(id, 2, rank, transport);
+    chorusResult_t async = chorusInternalError;
+    EXPECT_EQ(chorusCommGetAsyncError(comm, nullptr), chorusInvalidArgument);
+    ASSERT_EQ(chorusCommGetAsyncError(comm, &async), chorusSuccess);
+    EXPECT_EQ(async, chorusSuccess);
+
+    std::vector<float> buffer(64, 1.0f);
+    chorusRequest_t request = nullptr;
+    ASSERT_EQ(chorusIAllReduce(buffer.data(), buffer.data(), 64, chorusFloat32, chorusSum, comm, &request),
+              chorusSuccess);
+    ASSERT_EQ(chorusCommGetAsyncError(comm, &async), chorusSuccess);
+    EXPECT_EQ(async, chorusSuccess);
+    ASSERT_EQ(chorusWait(&request), chorusSuccess) << chorusGetLastError(comm);
+    EXPECT_EQ(buffer[63], 2.0f);
+
+    // Rank 1 posts late, so rank 0's call is in flight when the mismatch comes (rank 1 may find it
+    // at once, while posting).
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const chorusResult_t posted =
+        chorusIAllReduce(buffer.data(), buffer.data(), rank == 0 ? 10 : 20, chorusFloat32, chorusSum, comm, &request);
+    if (rank == 0) ASSERT_EQ(posted, chorusSuccess) << chorusGetLastError(comm);
+    if (posted != chorusSuccess) EXPECT_EQ(posted, chorusRemoteError) << chorusGetLastError(comm);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    do {
+      ASSERT_EQ(chorusCommGetAsyncError(comm, &async), chorusSuccess);
+    } while (async == chorusSuccess && std::chrono::steady_clock::now() < deadline);
+    EXPECT_EQ(async, chorusRemoteError) << "rank " << rank;
+    const std::string message = chorusGetLastError(comm);
+    EXPECT_NE(message.find("allreduce #1"), std::string::npos) << message;
+    ASSERT_EQ(chorusCommGetAsyncError(comm, &async), chorusSuccess);
+    EXPECT_EQ(async, chorusRemoteError);
+    if (posted == chorusSuccess) EXPECT_EQ(chorusWait(&request), chorusRemoteError);
+    chorusCommDestroy(comm);
+  }));
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, FailureTest, ::testing::Values("shm", "tcp"));
 
 TEST(BootstrapFailureTest, MissingRanksAreNamedAtTheInitTimeout) {
