@@ -162,8 +162,8 @@ CHORUS_API chorusResult_t chorusCommDestroy(chorusComm_t comm);
 /* Progresses the communicator's operations in flight without blocking, then sets *asyncError to
  * chorusSuccess, or to the result of the failure that ended the communicator (an earlier call's,
  * or one found now in a non-blocking operation: a peer that disagreed or disconnected, ...), whose
- * message chorusGetLastError then gives; chorusAborted after chorusCommAbort began. The way to
- * watch for a failure while non-blocking operations run. Not collective. Errors:
+ * message chorusGetLastError then gives. The way to watch for a failure while non-blocking
+ * operations run. Not collective. Errors:
  * chorusInvalidArgument when asyncError is NULL. */
 CHORUS_API chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncError);
 

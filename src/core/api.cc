@@ -430,9 +430,7 @@ chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncE
     Communicator& c = live(comm, "chorusCommGetAsyncError");
     if (asyncError == nullptr) fail(chorusInvalidArgument, "chorusCommGetAsyncError: asyncError is NULL");
     *asyncError = c.asyncError();
-    if (*asyncError != chorusSuccess) {
-      lastError = c.aborted() ? fmt::format("rank {}: the communicator was aborted", c.rank()) : c.brokenReason();
-    }
+    if (*asyncError != chorusSuccess) lastError = c.brokenReason();
   });
 }
 

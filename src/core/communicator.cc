@@ -395,7 +395,6 @@ void Communicator::breakWith(const Error& e) {
 }
 
 chorusResult_t Communicator::asyncError() {
-  if (aborted()) return chorusAborted;
   if (broken_.empty()) {
     try {
       executor_->progress();

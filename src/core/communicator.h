@@ -77,8 +77,7 @@ class Communicator {
   // After a failed operation the message streams may be out of step: later calls fail at once.
   const std::string& brokenReason() const { return broken_; }
   // Progresses the operations in flight without blocking, then says whether the communicator has
-  // failed: chorusSuccess, or the failure's result (chorusAborted once aborted). The failure's
-  // message is brokenReason().
+  // failed: chorusSuccess, or the failure's result. The failure's message is brokenReason().
   chorusResult_t asyncError();
   // Name of the transport used for each peer, for logs and tests.
   std::string transportName(int peer) const;

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -277,37 +278,45 @@ std::pair<int, int> chorusBuffersMapped() {
   return {count, writable};
 }
 
+// Runs body on 3 shm ranks with mapped messages off (CHORUS_SHM_MAP_BYTES=0), so that only the
+// direct path maps peers' allocations: once with it on (CHORUS_SHM_DIRECT_BYTES=65536), once off.
+void onThreeRanksDirectOnAndOff(const std::function<void(bool direct, int rank, chorusComm_t comm)>& body) {
+  ASSERT_EQ(setenv("CHORUS_SHM_MAP_BYTES", "0", 1), 0);
+  for (const bool direct : {true, false}) {
+    ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", direct ? "65536" : "0", 1), 0);
+    runRanks(onShm(3), [&](int rank, chorusComm_t comm) {
+      SCOPED_TRACE(std::string("CHORUS_SHM_DIRECT_BYTES=") + (direct ? "65536" : "0"));
+      body(direct, rank, comm);
+    });
+  }
+  unsetenv("CHORUS_SHM_DIRECT_BYTES");
+  unsetenv("CHORUS_SHM_MAP_BYTES");
+}
+
 TEST(ShmDirectTest, EachRankWritesEveryRanksOutput) {
   // With mapped messages off (CHORUS_SHM_MAP_BYTES=0), only the direct all-reduce maps peers'
   // allocations: after one, each of 3 ranks has its peers' inputs and outputs mapped read-write
   // beside its own two; with CHORUS_SHM_DIRECT_BYTES=0 it maps none. The results are checked
   // against the closed form (values distinct per rank and index).
-  ASSERT_EQ(setenv("CHORUS_SHM_MAP_BYTES", "0", 1), 0);
-  for (const char* direct : {"65536", "0"}) {
-    ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", direct, 1), 0);
-    runRanks(onShm(3), [&](int rank, chorusComm_t comm) {
-      SCOPED_TRACE(std::string("CHORUS_SHM_DIRECT_BYTES=") + direct);
-      constexpr size_t kCount = 100003;
-      SharedArray<int64_t> sendArray(kCount), recvArray(kCount);
-      ASSERT_TRUE(sendArray.allocated() && recvArray.allocated());
-      int64_t* send = sendArray.get();
-      int64_t* recv = recvArray.get();
-      for (size_t i = 0; i < kCount; ++i) send[i] = static_cast<int64_t>(i * 1000 + rank * rank + 1);
-      const auto before = chorusBuffersMapped();
-      ASSERT_EQ(chorusAllReduce(send, recv, kCount, chorusInt64, chorusSum, comm, nullptr), chorusSuccess)
-          << chorusGetLastError(comm);
-      const auto after = chorusBuffersMapped();
-      const int peers = std::string(direct) == "0" ? 0 : 2 * (3 - 1);
-      EXPECT_EQ(after.first, before.first + peers) << "rank " << rank;
-      EXPECT_EQ(after.second, before.second + peers) << "rank " << rank;
-      for (size_t i = 0; i < kCount; ++i) {
-        ASSERT_EQ(recv[i], static_cast<int64_t>(3 * (i * 1000 + 1) + 0 + 1 + 4)) << "rank " << rank << " at " << i;
-      }
-      ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess);  // the peers are done with both
-    });
-  }
-  unsetenv("CHORUS_SHM_DIRECT_BYTES");
-  unsetenv("CHORUS_SHM_MAP_BYTES");
+  onThreeRanksDirectOnAndOff([](bool direct, int rank, chorusComm_t comm) {
+    constexpr size_t kCount = 100003;
+    SharedArray<int64_t> sendArray(kCount), recvArray(kCount);
+    ASSERT_TRUE(sendArray.allocated() && recvArray.allocated());
+    int64_t* send = sendArray.get();
+    int64_t* recv = recvArray.get();
+    for (size_t i = 0; i < kCount; ++i) send[i] = static_cast<int64_t>(i * 1000 + rank * rank + 1);
+    const auto before = chorusBuffersMapped();
+    ASSERT_EQ(chorusAllReduce(send, recv, kCount, chorusInt64, chorusSum, comm, nullptr), chorusSuccess)
+        << chorusGetLastError(comm);
+    const auto after = chorusBuffersMapped();
+    const int peers = direct ? 2 * (3 - 1) : 0;
+    EXPECT_EQ(after.first, before.first + peers) << "rank " << rank;
+    EXPECT_EQ(after.second, before.second + peers) << "rank " << rank;
+    for (size_t i = 0; i < kCount; ++i) {
+      ASSERT_EQ(recv[i], static_cast<int64_t>(3 * (i * 1000 + 1) + 0 + 1 + 4)) << "rank " << rank << " at " << i;
+    }
+    ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess);  // the peers are done with both
+  });
 }
 
 TEST(ShmDirectTest, EachRankReducesItsBlockFromThePeersInputs) {
@@ -315,34 +324,27 @@ TEST(ShmDirectTest, EachRankReducesItsBlockFromThePeersInputs) {
   // CHORUS_SHM_DIRECT_BYTES=0; mapped messages off) and each rank writes its own output, checked
   // against the closed form, out of place and in place (the output is the rank's block of its
   // input, which its peers read while it writes).
-  ASSERT_EQ(setenv("CHORUS_SHM_MAP_BYTES", "0", 1), 0);
-  for (const char* direct : {"65536", "0"}) {
-    ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", direct, 1), 0);
-    runRanks(onShm(3), [&](int rank, chorusComm_t comm) {
-      SCOPED_TRACE(std::string("CHORUS_SHM_DIRECT_BYTES=") + direct);
-      constexpr size_t kCount = 50021;
-      SharedArray<int64_t> sendArray(3 * kCount), recvArray(kCount);
-      ASSERT_TRUE(sendArray.allocated() && recvArray.allocated());
-      int64_t* send = sendArray.get();
-      auto value = [](size_t j, int r) { return static_cast<int64_t>(j * 1000 + r * r + 1); };
-      auto expected = [&](size_t j) { return value(j, 0) + value(j, 1) + value(j, 2); };
-      for (bool inPlace : {false, true}) {
-        for (size_t j = 0; j < 3 * kCount; ++j) send[j] = value(j, rank);
-        int64_t* recv = inPlace ? send + rank * kCount : recvArray.get();
-        const auto before = chorusBuffersMapped();
-        ASSERT_EQ(chorusReduceScatter(send, recv, kCount, chorusInt64, chorusSum, comm, nullptr), chorusSuccess)
-            << chorusGetLastError(comm);
-        const int peers = std::string(direct) == "0" || inPlace ? 0 : 2;  // in place: mapped by the first call
-        EXPECT_EQ(chorusBuffersMapped().first, before.first + peers) << "rank " << rank << " in place " << inPlace;
-        for (size_t i = 0; i < kCount; ++i) {
-          ASSERT_EQ(recv[i], expected(rank * kCount + i)) << "rank " << rank << " at " << i << " in place " << inPlace;
-        }
-        ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess);  // the peers are done with both
+  onThreeRanksDirectOnAndOff([](bool direct, int rank, chorusComm_t comm) {
+    constexpr size_t kCount = 50021;
+    SharedArray<int64_t> sendArray(3 * kCount), recvArray(kCount);
+    ASSERT_TRUE(sendArray.allocated() && recvArray.allocated());
+    int64_t* send = sendArray.get();
+    auto value = [](size_t j, int r) { return static_cast<int64_t>(j * 1000 + r * r + 1); };
+    auto expected = [&](size_t j) { return value(j, 0) + value(j, 1) + value(j, 2); };
+    for (bool inPlace : {false, true}) {
+      for (size_t j = 0; j < 3 * kCount; ++j) send[j] = value(j, rank);
+      int64_t* recv = inPlace ? send + rank * kCount : recvArray.get();
+      const auto before = chorusBuffersMapped();
+      ASSERT_EQ(chorusReduceScatter(send, recv, kCount, chorusInt64, chorusSum, comm, nullptr), chorusSuccess)
+          << chorusGetLastError(comm);
+      const int peers = direct && !inPlace ? 2 : 0;  // in place: mapped by the first call
+      EXPECT_EQ(chorusBuffersMapped().first, before.first + peers) << "rank " << rank << " in place " << inPlace;
+      for (size_t i = 0; i < kCount; ++i) {
+        ASSERT_EQ(recv[i], expected(rank * kCount + i)) << "rank " << rank << " at " << i << " in place " << inPlace;
       }
-    });
-  }
-  unsetenv("CHORUS_SHM_DIRECT_BYTES");
-  unsetenv("CHORUS_SHM_MAP_BYTES");
+      ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess);  // the peers are done with both
+    }
+  });
 }
 
 TEST(ShmDirectTest, RanksAgreeToGoTheScheduledWayWhenOneBufferIsNotShareable) {

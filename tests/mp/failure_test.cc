@@ -99,6 +99,8 @@ TEST_P(FailureTest, AsyncErrorReportsAMismatchFoundWhileNonBlockingOperationsRun
   // on both ranks with the call named (on rank 0 found by the polling alone, no chorusTest or
   // chorusWait made), and it stays so.
   const char* transport = GetParam();
+  int posted0[2];  // rank 0 writes a byte here once its mismatched call is posted
+  ASSERT_EQ(pipe(posted0), 0);
   expectAllZero(runProcesses(2, [&](int rank, const chorusUniqueId& id) {
     chorusComm_t comm = initOrDie(id, 2, rank, transport);
     chorusResult_t async = chorusInternalError;
@@ -115,12 +117,16 @@ TEST_P(FailureTest, AsyncErrorReportsAMismatchFoundWhileNonBlockingOperationsRun
     ASSERT_EQ(chorusWait(&request), chorusSuccess) << chorusGetLastError(comm);
     EXPECT_EQ(buffer[63], 2.0f);
 
-    // Rank 1 posts late, so rank 0's call is in flight when the mismatch comes (rank 1 may find it
-    // at once, while posting).
-    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // Rank 1 posts after rank 0 has, so rank 0's call is in flight when the mismatch comes (rank 1
+    // may find it at once, while posting).
+    char byte = 0;
+    if (rank == 1) ASSERT_EQ(read(posted0[0], &byte, 1), 1);
     const chorusResult_t posted =
         chorusIAllReduce(buffer.data(), buffer.data(), rank == 0 ? 10 : 20, chorusFloat32, chorusSum, comm, &request);
-    if (rank == 0) ASSERT_EQ(posted, chorusSuccess) << chorusGetLastError(comm);
+    if (rank == 0) {
+      ASSERT_EQ(write(posted0[1], &byte, 1), 1);
+      ASSERT_EQ(posted, chorusSuccess) << chorusGetLastError(comm);
+    }
     if (posted != chorusSuccess) EXPECT_EQ(posted, chorusRemoteError) << chorusGetLastError(comm);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     do {
@@ -134,6 +140,8 @@ TEST_P(FailureTest, AsyncErrorReportsAMismatchFoundWhileNonBlockingOperationsRun
     if (posted == chorusSuccess) EXPECT_EQ(chorusWait(&request), chorusRemoteError);
     chorusCommDestroy(comm);
   }));
+  close(posted0[0]);
+  close(posted0[1]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, FailureTest, ::testing::Values("shm", "tcp"));
