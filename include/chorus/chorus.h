@@ -167,10 +167,12 @@ CHORUS_API chorusResult_t chorusCommDestroy(chorusComm_t comm);
  * chorusInvalidArgument when asyncError is NULL. */
 CHORUS_API chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncError);
 
-/* Marks the communicator aborted, then destroys it without waiting for peers: the way out after
- * an error or a timeout. Peers blocked on this rank see a remote error (or their timeout). Not
- * collective. Call it from the thread that uses the communicator, never while another thread is
- * inside a call on it (the handle is freed). */
+/* Marks the communicator aborted and frees the handle without waiting for peers: the way out
+ * after an error, a timeout or a hang. Safe from any thread: a call blocked on this communicator
+ * in another thread (and every non-blocking operation in flight) returns chorusAborted within a
+ * second, and the communicator's resources go when the last such call has returned. The peers are
+ * told, and their calls on the communicator fail at once with chorusRemoteError naming this rank.
+ * Not collective. The handle is invalid afterwards (later calls: chorusInvalidUsage). */
 CHORUS_API chorusResult_t chorusCommAbort(chorusComm_t comm);
 
 /* Sets which algorithm later calls of each named collective use on this communicator, in

@@ -26,8 +26,11 @@ using chorus::fail;
 using chorus::PreparedOp;
 using chorus::collectives::Collective;
 
+// The handle's hold on its communicator; every call holds it too while it runs (Lease), so an
+// abort from another thread frees the handle at once and the communicator when the last call
+// holding it has returned.
 struct chorusComm {
-  std::unique_ptr<Communicator> impl;
+  std::shared_ptr<Communicator> impl;
 };
 
 // A non-blocking operation: its communicator and its outcome (which outlives the communicator).
@@ -76,13 +79,15 @@ chorusResult_t guarded(F&& body) {
   }
 }
 
-Communicator& live(const chorusComm* comm, const char* call) {
+using Lease = std::shared_ptr<Communicator>;
+
+Lease live(const chorusComm* comm, const char* call) {
   if (comm == nullptr) fail(chorusInvalidUsage, "{}: the communicator is NULL", call);
   std::lock_guard<std::mutex> lock(liveMutex);
   if (liveComms.count(comm) == 0) {
     fail(chorusInvalidUsage, "{}: the communicator handle is not live (destroyed, aborted or never initialized)", call);
   }
-  return *comm->impl;
+  return comm->impl;
 }
 
 void checkType(chorusDataType_t type, const char* call, int rank) {
@@ -137,13 +142,13 @@ void checkSelfOutsideGroup(int peer, int rank, const char* call) {
 }
 
 // Runs the op now, starts it for a non-blocking call, or adds it to the open group.
-void submit(chorusComm_t comm, PreparedOp op) {
+void submit(Communicator& c, chorusComm_t comm, PreparedOp op) {
   if (nonBlockingTarget != nullptr) {
     auto request = std::make_unique<chorusRequest>();
     request->comm = comm;
     std::vector<PreparedOp> ops;
     ops.push_back(std::move(op));
-    request->completion = comm->impl->start(std::move(ops));
+    request->completion = c.start(std::move(ops));
     std::lock_guard<std::mutex> lock(liveMutex);
     liveRequests.insert(request.get());
     *nonBlockingTarget = request.release();
@@ -159,7 +164,7 @@ void submit(chorusComm_t comm, PreparedOp op) {
   }
   std::vector<PreparedOp> ops;
   ops.push_back(std::move(op));
-  comm->impl->run(std::move(ops));
+  c.run(std::move(ops));
 }
 
 // In a group, an argument error is reported again at chorusGroupEnd and drops the group.
@@ -194,7 +199,7 @@ void initCommunicator(chorusComm_t* out, int nranks, const chorus::UniqueIdData&
   }
   const chorus::CommSettings settings = chorus::CommSettings::resolve(config);
   auto comm = std::make_unique<chorusComm>();
-  comm->impl = std::make_unique<Communicator>(id, nranks, rank, settings);
+  comm->impl = std::make_shared<Communicator>(id, nranks, rank, settings);
   std::lock_guard<std::mutex> lock(liveMutex);
   liveComms.insert(comm.get());
   *out = comm.release();
@@ -408,7 +413,7 @@ chorusResult_t chorusCommDestroy(chorusComm_t comm) {
     live(comm, "chorusCommDestroy");
     {
       std::lock_guard<std::mutex> lock(liveMutex);
-      liveComms.erase(comm);
+      if (liveComms.erase(comm) == 0) return;  // another thread destroyed or aborted it meanwhile
     }
     delete comm;
   });
@@ -416,10 +421,10 @@ chorusResult_t chorusCommDestroy(chorusComm_t comm) {
 
 chorusResult_t chorusCommAbort(chorusComm_t comm) {
   return guarded([&] {
-    live(comm, "chorusCommAbort").abort();
+    live(comm, "chorusCommAbort")->abort();  // calls in flight on other threads return chorusAborted
     {
       std::lock_guard<std::mutex> lock(liveMutex);
-      liveComms.erase(comm);
+      if (liveComms.erase(comm) == 0) return;  // another thread destroyed or aborted it meanwhile
     }
     delete comm;
   });
@@ -427,7 +432,8 @@ chorusResult_t chorusCommAbort(chorusComm_t comm) {
 
 chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncError) {
   return guarded([&] {
-    Communicator& c = live(comm, "chorusCommGetAsyncError");
+    const Lease held = live(comm, "chorusCommGetAsyncError");
+    Communicator& c = *held;
     if (asyncError == nullptr) fail(chorusInvalidArgument, "chorusCommGetAsyncError: asyncError is NULL");
     *asyncError = c.asyncError();
     if (*asyncError != chorusSuccess) lastError = c.brokenReason();
@@ -436,7 +442,8 @@ chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncE
 
 chorusResult_t chorusCommCount(const chorusComm_t comm, int* count) {
   return guarded([&] {
-    Communicator& c = live(comm, "chorusCommCount");
+    const Lease held = live(comm, "chorusCommCount");
+    Communicator& c = *held;
     if (count == nullptr) fail(chorusInvalidArgument, "chorusCommCount: count is NULL");
     *count = c.nranks();
   });
@@ -444,7 +451,8 @@ chorusResult_t chorusCommCount(const chorusComm_t comm, int* count) {
 
 chorusResult_t chorusCommUserRank(const chorusComm_t comm, int* rank) {
   return guarded([&] {
-    Communicator& c = live(comm, "chorusCommUserRank");
+    const Lease held = live(comm, "chorusCommUserRank");
+    Communicator& c = *held;
     if (rank == nullptr) fail(chorusInvalidArgument, "chorusCommUserRank: rank is NULL");
     *rank = c.rank();
   });
@@ -453,7 +461,8 @@ chorusResult_t chorusCommUserRank(const chorusComm_t comm, int* rank) {
 chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                                chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
-    Communicator& c = live(comm, "chorusAllReduce");
+    const Lease held = live(comm, "chorusAllReduce");
+    Communicator& c = *held;
     const char* call = "chorusAllReduce";
     checkType(datatype, call, c.rank());
     checkOp(op, call, c.rank());
@@ -466,28 +475,30 @@ chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t coun
         c.reduceDirect(Collective::kAllReduce, sendbuff, recvbuff, count, datatype, op)) {
       return;
     }
-    submit(comm, c.prepare(Collective::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0));
+    submit(c, comm, c.prepare(Collective::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0));
   }));
 }
 
 chorusResult_t chorusAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
                                chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
-    Communicator& c = live(comm, "chorusAllGather");
+    const Lease held = live(comm, "chorusAllGather");
+    Communicator& c = *held;
     const char* call = "chorusAllGather";
     checkType(datatype, call, c.rank());
     checkCount(sendcount, static_cast<size_t>(c.nranks()), datatype, call, c.rank());
     checkBuffer(sendbuff, sendcount, "sendbuff", call, c.rank());
     checkBuffer(recvbuff, sendcount, "recvbuff", call, c.rank());
     checkStream(stream, call, c.rank());
-    submit(comm, c.prepare(Collective::kAllGather, sendbuff, recvbuff, sendcount, datatype, chorusSum, 0));
+    submit(c, comm, c.prepare(Collective::kAllGather, sendbuff, recvbuff, sendcount, datatype, chorusSum, 0));
   }));
 }
 
 chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
                                    chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
-    Communicator& c = live(comm, "chorusReduceScatter");
+    const Lease held = live(comm, "chorusReduceScatter");
+    Communicator& c = *held;
     const char* call = "chorusReduceScatter";
     checkType(datatype, call, c.rank());
     checkOp(op, call, c.rank());
@@ -499,14 +510,15 @@ chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t 
         c.reduceDirect(Collective::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op)) {
       return;
     }
-    submit(comm, c.prepare(Collective::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0));
+    submit(c, comm, c.prepare(Collective::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0));
   }));
 }
 
 chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype, int root,
                                chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
-    Communicator& c = live(comm, "chorusBroadcast");
+    const Lease held = live(comm, "chorusBroadcast");
+    Communicator& c = *held;
     const char* call = "chorusBroadcast";
     checkType(datatype, call, c.rank());
     checkRank(root, c.nranks(), "root", call, c.rank());
@@ -514,14 +526,15 @@ chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t coun
     if (c.rank() == root) checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
     checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
     checkStream(stream, call, c.rank());
-    submit(comm, c.prepare(Collective::kBroadcast, sendbuff, recvbuff, count, datatype, chorusSum, root));
+    submit(c, comm, c.prepare(Collective::kBroadcast, sendbuff, recvbuff, count, datatype, chorusSum, root));
   }));
 }
 
 chorusResult_t chorusReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                             chorusRedOp_t op, int root, chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
-    Communicator& c = live(comm, "chorusReduce");
+    const Lease held = live(comm, "chorusReduce");
+    Communicator& c = *held;
     const char* call = "chorusReduce";
     checkType(datatype, call, c.rank());
     checkOp(op, call, c.rank());
@@ -530,14 +543,15 @@ chorusResult_t chorusReduce(const void* sendbuff, void* recvbuff, size_t count, 
     checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
     if (c.rank() == root) checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
     checkStream(stream, call, c.rank());
-    submit(comm, c.prepare(Collective::kReduce, sendbuff, recvbuff, count, datatype, op, root));
+    submit(c, comm, c.prepare(Collective::kReduce, sendbuff, recvbuff, count, datatype, op, root));
   }));
 }
 
 chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                               chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
-    Communicator& c = live(comm, "chorusAllToAll");
+    const Lease held = live(comm, "chorusAllToAll");
+    Communicator& c = *held;
     const char* call = "chorusAllToAll";
     checkType(datatype, call, c.rank());
     checkCount(count, static_cast<size_t>(c.nranks()), datatype, call, c.rank());
@@ -548,7 +562,7 @@ chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count
       fail(chorusInvalidArgument, "rank {}: {}: sendbuff and recvbuff are the same buffer (no in-place all-to-all)",
            c.rank(), call);
     }
-    submit(comm, c.prepare(Collective::kAllToAll, sendbuff, recvbuff, count, datatype, chorusSum, 0));
+    submit(c, comm, c.prepare(Collective::kAllToAll, sendbuff, recvbuff, count, datatype, chorusSum, 0));
   }));
 }
 
@@ -556,7 +570,8 @@ chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, c
                                const size_t* recvcounts, const size_t* rdispls, chorusDataType_t datatype,
                                chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
-    Communicator& c = live(comm, "chorusAllToAllv");
+    const Lease held = live(comm, "chorusAllToAllv");
+    Communicator& c = *held;
     const char* call = "chorusAllToAllv";
     checkType(datatype, call, c.rank());
     checkStream(stream, call, c.rank());
@@ -575,14 +590,15 @@ chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, c
     checkBuffer(sendbuff, sendTotal, "sendbuff", call, c.rank());
     checkBuffer(recvbuff, recvTotal, "recvbuff", call, c.rank());
     const size_t* vector[4] = {sendcounts, sdispls, recvcounts, rdispls};
-    submit(comm, c.prepare(Collective::kAllToAllv, sendbuff, recvbuff, 0, datatype, chorusSum, 0, vector));
+    submit(c, comm, c.prepare(Collective::kAllToAllv, sendbuff, recvbuff, 0, datatype, chorusSum, 0, vector));
   }));
 }
 
 chorusResult_t chorusGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype, int root,
                             chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
-    Communicator& c = live(comm, "chorusGather");
+    const Lease held = live(comm, "chorusGather");
+    Communicator& c = *held;
     const char* call = "chorusGather";
     checkType(datatype, call, c.rank());
     checkRank(root, c.nranks(), "root", call, c.rank());
@@ -590,14 +606,15 @@ chorusResult_t chorusGather(const void* sendbuff, void* recvbuff, size_t sendcou
     checkBuffer(sendbuff, sendcount, "sendbuff", call, c.rank());
     if (c.rank() == root) checkBuffer(recvbuff, sendcount, "recvbuff", call, c.rank());
     checkStream(stream, call, c.rank());
-    submit(comm, c.prepare(Collective::kGather, sendbuff, recvbuff, sendcount, datatype, chorusSum, root));
+    submit(c, comm, c.prepare(Collective::kGather, sendbuff, recvbuff, sendcount, datatype, chorusSum, root));
   }));
 }
 
 chorusResult_t chorusScatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
                              int root, chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
-    Communicator& c = live(comm, "chorusScatter");
+    const Lease held = live(comm, "chorusScatter");
+    Communicator& c = *held;
     const char* call = "chorusScatter";
     checkType(datatype, call, c.rank());
     checkRank(root, c.nranks(), "root", call, c.rank());
@@ -605,13 +622,14 @@ chorusResult_t chorusScatter(const void* sendbuff, void* recvbuff, size_t recvco
     if (c.rank() == root) checkBuffer(sendbuff, recvcount, "sendbuff", call, c.rank());
     checkBuffer(recvbuff, recvcount, "recvbuff", call, c.rank());
     checkStream(stream, call, c.rank());
-    submit(comm, c.prepare(Collective::kScatter, sendbuff, recvbuff, recvcount, datatype, chorusSum, root));
+    submit(c, comm, c.prepare(Collective::kScatter, sendbuff, recvbuff, recvcount, datatype, chorusSum, root));
   }));
 }
 
 chorusResult_t chorusCommSetAlgorithms(chorusComm_t comm, const char* algorithms) {
   return guarded([&] {
-    Communicator& c = live(comm, "chorusCommSetAlgorithms");
+    const Lease held = live(comm, "chorusCommSetAlgorithms");
+    Communicator& c = *held;
     if (algorithms == nullptr) fail(chorusInvalidArgument, "chorusCommSetAlgorithms: algorithms is NULL");
     c.setAlgorithms(algorithms);
   });
@@ -620,7 +638,8 @@ chorusResult_t chorusCommSetAlgorithms(chorusComm_t comm, const char* algorithms
 chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
                           chorusStream_t stream) {
   return record(guarded([&] {
-    Communicator& c = live(comm, "chorusSend");
+    const Lease held = live(comm, "chorusSend");
+    Communicator& c = *held;
     const char* call = "chorusSend";
     checkType(datatype, call, c.rank());
     checkRank(peer, c.nranks(), "peer", call, c.rank());
@@ -628,14 +647,15 @@ chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t d
     checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
     checkStream(stream, call, c.rank());
     checkSelfOutsideGroup(peer, c.rank(), call);
-    submit(comm, c.prepare(Collective::kSend, sendbuff, nullptr, count, datatype, chorusSum, peer));
+    submit(c, comm, c.prepare(Collective::kSend, sendbuff, nullptr, count, datatype, chorusSum, peer));
   }));
 }
 
 chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
                           chorusStream_t stream) {
   return record(guarded([&] {
-    Communicator& c = live(comm, "chorusRecv");
+    const Lease held = live(comm, "chorusRecv");
+    Communicator& c = *held;
     const char* call = "chorusRecv";
     checkType(datatype, call, c.rank());
     checkRank(peer, c.nranks(), "peer", call, c.rank());
@@ -643,15 +663,16 @@ chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatyp
     checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
     checkStream(stream, call, c.rank());
     checkSelfOutsideGroup(peer, c.rank(), call);
-    submit(comm, c.prepare(Collective::kRecv, nullptr, recvbuff, count, datatype, chorusSum, peer));
+    submit(c, comm, c.prepare(Collective::kRecv, nullptr, recvbuff, count, datatype, chorusSum, peer));
   }));
 }
 
 chorusResult_t chorusBarrier(chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
-    Communicator& c = live(comm, "chorusBarrier");
+    const Lease held = live(comm, "chorusBarrier");
+    Communicator& c = *held;
     checkStream(stream, "chorusBarrier", c.rank());
-    submit(comm, c.prepare(Collective::kBarrier, nullptr, nullptr, 0, chorusUint8, chorusSum, 0));
+    submit(c, comm, c.prepare(Collective::kBarrier, nullptr, nullptr, 0, chorusUint8, chorusSum, 0));
   }));
 }
 
@@ -734,7 +755,7 @@ chorusResult_t chorusTest(chorusRequest_t* request, int* done) {
     chorusRequest* r = liveRequest(request, "chorusTest");
     if (r != nullptr && !r->completion->done) {
       try {
-        live(r->comm, "chorusTest").test(*r->completion);
+        live(r->comm, "chorusTest")->test(*r->completion);
       } catch (const Error&) {
         if (!r->completion->done) throw;
       }
@@ -751,7 +772,7 @@ chorusResult_t chorusWait(chorusRequest_t* request) {
     if (r == nullptr) return;
     if (!r->completion->done) {
       try {
-        live(r->comm, "chorusWait").wait(*r->completion);
+        live(r->comm, "chorusWait")->wait(*r->completion);
       } catch (const Error&) {
         if (!r->completion->done) throw;
       }
@@ -798,7 +819,7 @@ chorusResult_t chorusGroupEnd(void) {
       fail(deferred, "a call in the group failed, so none of the group's calls ran: {}", message);
     }
     if (ops.empty()) return;
-    live(comm, "chorusGroupEnd").run(std::move(ops));
+    live(comm, "chorusGroupEnd")->run(std::move(ops));
   });
 }
 

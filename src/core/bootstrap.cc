@@ -3,11 +3,14 @@
 
 #include <poll.h>
 #include <sys/random.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "src/core/error.h"
 #include "src/core/log.h"
@@ -40,6 +43,19 @@ struct RingHello {
   uint64_t commId;
   int32_t rank;
   int32_t pad;
+};
+
+// What a rank says on the failure line after set-up: a header, then textBytes of text.
+constexpr uint32_t kNoteMagic = 0x63686f4e;  // "choN"
+enum NoteKind : uint32_t { kGoodbye = 1, kFailure = 2 };
+constexpr uint32_t kMaxNoteText = 8192;
+// How long a failure found here waits for the word of the peer that failed first.
+constexpr int kCauseWaitMs = 200;
+struct RingNote {
+  uint32_t magic;
+  uint32_t kind;
+  int32_t origin;  // the rank that wrote the text
+  uint32_t textBytes;
 };
 
 void sendReplyError(int fd, chorusResult_t code, const std::string& text) {
@@ -278,6 +294,105 @@ void Bootstrap::allGather(void* data, size_t bytesPerRank, Deadline deadline) {
 void Bootstrap::barrier(Deadline deadline) {
   std::vector<char> slots(static_cast<size_t>(nranks_), 1);
   allGather(slots.data(), 1, deadline);
+}
+
+void Bootstrap::sendNote(uint32_t kind, const std::string& text, int origin) {
+  if (nranks_ < 2) return;
+  const std::string body = text.substr(0, kMaxNoteText);
+  const RingNote note{kNoteMagic, kind, origin, static_cast<uint32_t>(body.size())};
+  for (Socket* socket : {&next_, &prev_}) {
+    if (!socket->valid()) continue;
+    // A neighbour that has gone, or has stopped reading, is not waited for.
+    iovec parts[2] = {{const_cast<RingNote*>(&note), sizeof(note)}, {const_cast<char*>(body.data()), body.size()}};
+    msghdr message{};
+    message.msg_iov = parts;
+    message.msg_iovlen = 2;
+    (void)::sendmsg(socket->fd(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+}
+
+void Bootstrap::tellFailure(const std::string& text) {
+  if (std::exchange(told_, true)) return;
+  sendNote(kFailure, text, rank_);
+}
+
+std::string Bootstrap::failed(const Error& error, std::string message) {
+  const bool theirs = error.code() == chorusRemoteError;
+  const bool closed = dynamic_cast<const LinkLost*>(&error) != nullptr;
+  try {
+    if (closed) watch(kCauseWaitMs);
+    tellFailure(message);
+    if (theirs && !closed) watch(kCauseWaitMs);
+  } catch (const Error& cause) {
+    message += fmt::format("; {}", cause.what());
+  }
+  return message;
+}
+
+void Bootstrap::sayGoodbye() {
+  if (std::exchange(told_, true)) return;
+  sendNote(kGoodbye, "", rank_);
+}
+
+void Bootstrap::watch(int waitMs) {
+  if (nranks_ < 2 || heard_) return;
+  const Deadline until = deadlineAfterMs(waitMs);
+  for (bool first = true; first || Clock::now() < until; first = false) {
+    if (!watchOnce(msLeft(until))) return;
+  }
+}
+
+bool Bootstrap::watchOnce(int waitMs) {
+  const int neighbours[2] = {(rank_ + nranks_ - 1) % nranks_, (rank_ + 1) % nranks_};
+  Socket* sockets[2] = {&prev_, &next_};
+  pollfd entries[2];
+  int watched[2];
+  int count = 0;
+  for (int i = 0; i < 2; ++i) {
+    if (!sockets[i]->valid()) continue;
+    entries[count] = {sockets[i]->fd(), POLLIN, 0};
+    watched[count++] = i;
+  }
+  if (count == 0 || ::poll(entries, static_cast<nfds_t>(count), waitMs) <= 0) return false;
+  for (int k = 0; k < count; ++k) {
+    if (entries[k].revents == 0) continue;
+    const int i = watched[k];
+    const int neighbour = neighbours[i];
+    RingNote note{};
+    const ssize_t got = ::recv(sockets[i]->fd(), &note, sizeof(note), MSG_DONTWAIT);
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+    if (got <= 0) {
+      sockets[i]->close();
+      heard_ = true;
+      fail(chorusRemoteError, "rank {} has exited: its bootstrap connection to rank {} closed without a goodbye",
+           neighbour, rank_);
+    }
+    const std::string what = fmt::format("rank {}: the failure line from rank {}", rank_, neighbour);
+    // A note is sent in one piece; the rest of a short read follows at once.
+    const Deadline deadline = deadlineAfterMs(1000);
+    if (static_cast<size_t>(got) < sizeof(note)) {
+      recvAll(sockets[i]->fd(), reinterpret_cast<char*>(&note) + got, sizeof(note) - static_cast<size_t>(got), deadline,
+              what);
+    }
+    if (note.magic != kNoteMagic || (note.kind != kGoodbye && note.kind != kFailure) || note.textBytes > kMaxNoteText ||
+        note.origin < 0 || note.origin >= nranks_) {
+      sockets[i]->close();
+      heard_ = true;
+      fail(chorusRemoteError,
+           "rank {} sent rank {} a malformed note on the failure line (magic {:#x}, kind {}, origin {}, {} bytes)",
+           neighbour, rank_, note.magic, note.kind, note.origin, note.textBytes);
+    }
+    std::string text(note.textBytes, '\0');
+    recvAll(sockets[i]->fd(), text.data(), text.size(), deadline, what);
+    if (note.kind == kGoodbye) {
+      sockets[i]->close();  // left normally; nothing more will come
+      continue;
+    }
+    sendNote(kFailure, text, note.origin);  // on around the ring, as it was written
+    heard_ = true;
+    fail(chorusRemoteError, "rank {} failed, and said: {}", note.origin, text);
+  }
+  return true;
 }
 
 }  // namespace chorus

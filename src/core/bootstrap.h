@@ -1,13 +1,16 @@
 // bootstrap.h: how the ranks of a new communicator find each other. A root (a thread in the
 // process that made the unique id, or in rank 0 for torchrun-style init) collects one info blob
 // per rank and hands all of them to everyone; then the ranks form a TCP ring used for small
-// out-of-band collectives during set-up (all-gather, barrier). One thread per Bootstrap.
+// out-of-band collectives during set-up (all-gather, barrier). Afterwards the ring is the
+// communicator's failure line: a rank that fails says so to both neighbours, which pass it on, and
+// a neighbour whose connection closes without a goodbye has died. One thread per Bootstrap.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "src/core/error.h"
 #include "src/core/socket.h"
 
 namespace chorus {
@@ -51,7 +54,26 @@ class Bootstrap {
 
   uint64_t commId() const { return commId_; }
 
+  // The failure line (after join). Tells both neighbours that this rank failed, with the text
+  // that says why; they pass it on around the ring. Best effort, never blocks; once only (a word
+  // heard from a peer is passed on besides).
+  void tellFailure(const std::string& text);
+  // This rank failed with error, described in full by message. Tells the peers, and returns
+  // message with what a peer that saw more said added: a failure that is a peer's (it disagreed,
+  // or died) may have been told by one. A closed link (LinkLost) says least, as its peer may
+  // have left after a failure of its own: then this rank listens a moment first, and tells only
+  // if no word came.
+  std::string failed(const Error& error, std::string message);
+  // Tells both neighbours that this rank leaves normally (the communicator is destroyed).
+  void sayGoodbye();
+  // Reads what the neighbours have said, waiting up to waitMs for a word. Throws
+  // chorusRemoteError with the text of a failure notice (passing it on first), or naming a
+  // neighbour whose connection closed without a goodbye; once only.
+  void watch(int waitMs = 0);
+
  private:
+  void sendNote(uint32_t kind, const std::string& text, int origin);
+  bool watchOnce(int waitMs);  // false when nothing came
   int rank_;
   int nranks_;
   uint64_t commId_ = 0;
@@ -59,6 +81,8 @@ class Bootstrap {
   PackedAddress ringAddress_;
   Socket next_;
   Socket prev_;
+  bool told_ = false;   // a failure notice or goodbye went out
+  bool heard_ = false;  // a failure was heard (and thrown) once: later watches do nothing
 };
 
 }  // namespace chorus

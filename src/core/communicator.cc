@@ -183,8 +183,13 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
 
   std::vector<Transport*> all;
   for (auto& t : transports_) all.push_back(t.get());
-  executor_ = std::make_unique<Executor>(ExecutorOptions{rank, nranks, settings.timeoutMs, settings.spinUs},
-                                         transportOfPeer_, all, &aborted_);
+  ExecutorOptions options;
+  options.rank = rank;
+  options.nranks = nranks;
+  options.timeoutMs = settings.timeoutMs;
+  options.spinUs = settings.spinUs;
+  options.failureLine = bootstrap_.get();
+  executor_ = std::make_unique<Executor>(std::move(options), transportOfPeer_, all, &aborted_);
   bootstrap_->barrier(deadlineAfterMs(settings.initTimeoutMs));
   if (logEnabled(LogLevel::kInfo)) {
     std::string peers;
@@ -208,6 +213,9 @@ Communicator::~Communicator() {
   executor_->abandon(aborted() ? chorusAborted : chorusInvalidUsage,
                      fmt::format("rank {}: the communicator was {} before the operation completed", rank_,
                                  aborted() ? "aborted" : "destroyed"));
+  // The peers hear why this rank leaves (a failure was told when it happened).
+  if (aborted()) bootstrap_->tellFailure(fmt::format("rank {}: the communicator was aborted", rank_));
+  bootstrap_->sayGoodbye();
 }
 
 std::string Communicator::transportName(int peer) const {
@@ -392,12 +400,14 @@ void Communicator::breakWith(const Error& e) {
   if (!broken_.empty()) return;
   broken_ = e.what();
   brokenResult_ = e.code();
+  bootstrap_->tellFailure(broken_);  // the peers fail now instead of at their timeout
 }
 
 chorusResult_t Communicator::asyncError() {
   if (broken_.empty()) {
     try {
       executor_->progress();
+      bootstrap_->watch();
     } catch (const Error& e) {
       breakWith(e);
     }

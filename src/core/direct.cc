@@ -140,8 +140,12 @@ bool Communicator::reduceDirect(collectives::Collective collective, const void* 
     kernels::reduceMany(to.data(), static_cast<int>(to.size()), from.data(), nranks_, end - begin, type, op,
                         stream.get());
   } catch (const Error& e) {
-    breakWith(e);  // the peers fail at the barrier below, by timeout
-    throw;
+    // The peers hear of it at the barrier below.
+    const Error told(e.code(), bootstrap_->failed(e, fmt::format("rank {}: {} of {} input bytes between "
+                                                                 "chorusMemAlloc buffers: {}",
+                                                                 rank_, name, inBytes, e.what())));
+    breakWith(told);
+    throw told;
   }
   // Every output complete, every input read (the barrier's messages order the stores before).
   std::vector<PreparedOp> barrier;

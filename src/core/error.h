@@ -17,6 +17,13 @@ template <typename... Args>
   throw Error(code, fmt::format(format, std::forward<Args>(args)...));
 }
 
+// A connection to a peer that closed (chorusRemoteError): the peer died, or left after a failure
+// of its own, whose cause it tells on the failure line (bootstrap.h).
+class LinkLost : public Error {
+ public:
+  using Error::Error;
+};
+
 // Throws chorusSystemError with the text of errno appended: "<what>: <strerror(errno)>".
 [[noreturn]] void failErrno(const std::string& what);
 

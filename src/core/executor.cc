@@ -320,6 +320,7 @@ void Executor::waitUntil(Done done) {
         continue;
       }
       if (now - lastProgress_ > std::chrono::milliseconds(options_.timeoutMs)) timeout();
+      if (options_.failureLine != nullptr) options_.failureLine->watch(0);
       // Block in the transports that have work: one alone may sleep long; several take turns.
       int busy = 0;
       for (Transport* t : transports_) busy += t->busy() ? 1 : 0;
@@ -398,8 +399,9 @@ void Executor::failAll(const Error& error) {
     Batch& front = *batches_.front();
     op = front.issued < front.count ? front.items[front.issued].op : &front.ops.back();
   }
-  const std::string message =
+  std::string message =
       fmt::format("rank {}: {}: {}", options_.rank, op != nullptr ? op->what() : "operation", error.what());
+  if (options_.failureLine != nullptr) message = options_.failureLine->failed(error, std::move(message));
   for (Transport* t : transports_) t->cancelAll();
   abandon(error.code(), message);
   throw Error(error.code(), message);

@@ -54,6 +54,10 @@ struct ExecutorOptions {
   int nranks = 1;
   int timeoutMs = 300000;  // fail when nothing moved for this long
   int spinUs = 20;
+  // The communicator's failure line (null: none). Watched before each block in the transports
+  // (not while spinning): a failure a peer tells of ends the stream; a failure found here is
+  // told to the peers (Bootstrap::failed).
+  Bootstrap* failureLine = nullptr;
 };
 
 class Executor {
@@ -131,7 +135,7 @@ class Executor {
   template <typename Done>
   void waitUntil(Done done);
   [[noreturn]] void timeout();
-  [[noreturn]] void failAll(const Error& error);
+  [[noreturn]] void failAll(const Error& failure);
   const Item* oldestPending() const;
   bool conflicts(const Item& earlier, const Item& later) const;
 

@@ -44,6 +44,7 @@
 // each creator unlinks its names, so nothing outlives the processes.
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -255,7 +256,7 @@ struct Peer {
   uint64_t readsPublished = 0;
   bool peerReads = false;  // the peer may read this rank's memory (the probe succeeded)
   bool peerMaps = false;   // the peer may map this rank's memfds (the probe succeeded)
-  int pidfd = -1;          // the peer's process, to take its memfds
+  int pidfd = -1;          // the peer's process: to take its memfds, to see it exit
   std::vector<Mapping> mappings;
 };
 
@@ -294,6 +295,7 @@ class ShmTransport final : public Transport {
       Peer& peer = peers_.add(rank);
       peer.rank = rank;
       peer.pid = context.peers[rank].pid;
+      peer.pidfd = pidfdOpen(peer.pid);  // readable once the peer has exited (zombie or not)
       peer.outSegment = Segment::create(fmt::format("{}-{}-{}", prefix, rank_, peer.rank), fifoBytes);
       peer.out = new (peer.outSegment.base()) FifoControl{};
       peer.out->probeValue = kProbeMagic;
@@ -540,7 +542,11 @@ class ShmTransport final : public Transport {
         deliver(op, mappedBytes(p, *ref, header->pieceBytes, op), header->pieceBytes);
         p.in->reads.fetch_add(1, std::memory_order_release);  // the sender may reuse its buffer
       } else if (header->remote != 0) {
-        if (const int error = read(p, op, header->remote, header->pieceBytes); error != 0) {
+        if (const int error = read(p, op, header->remote, header->pieceBytes); error == ESRCH) {
+          throw LinkLost(chorusRemoteError, fmt::format("shm: rank {} has exited (pid {} on this host) while rank {} "
+                                                        "reads {} from it",
+                                                        p.rank, p.pid, rank_, describeTag(op.tag)));
+        } else if (error != 0) {
           fail(chorusSystemError, "shm: rank {} could not read {} bytes of {} from rank {} (pid {}): {}", rank_,
                header->pieceBytes, describeTag(op.tag), p.rank, p.pid, std::strerror(error));
         }
@@ -580,7 +586,6 @@ class ShmTransport final : public Transport {
   bool probeMapping(Peer& peer) {
     const int theirs = peer.in->probeFd;
     if (theirs < 0 || peer.pid <= 0) return false;
-    peer.pidfd = pidfdOpen(peer.pid);
     const int fd = peer.pidfd >= 0 ? pidfdGetfd(peer.pidfd, theirs) : -1;
     uint64_t value = 0;
     const bool ok = fd >= 0 && pread(fd, &value, sizeof(value), 0) == sizeof(value) && value == kProbeMagic;
@@ -613,6 +618,11 @@ class ShmTransport final : public Transport {
     }
     if (found == p.mappings.end()) {
       const int mine = p.pidfd >= 0 ? pidfdGetfd(p.pidfd, fd) : -1;
+      if (mine < 0 && errno == ESRCH) {
+        throw LinkLost(chorusRemoteError, fmt::format("shm: rank {} has exited (pid {} on this host) before rank {} "
+                                                      "could map its buffer for {}",
+                                                      p.rank, p.pid, rank_, what));
+      }
       if (mine < 0) {
         failErrno(fmt::format("shm: rank {} cannot take descriptor {} of rank {} (pid {}) for {}", rank_, fd, p.rank,
                               p.pid, what));
@@ -658,13 +668,16 @@ class ShmTransport final : public Transport {
 
   void checkPeersAlive() {
     const auto now = Clock::now();
-    if (now - lastAliveCheck_ < std::chrono::milliseconds(500)) return;
+    if (now - lastAliveCheck_ < std::chrono::milliseconds(100)) return;
     lastAliveCheck_ = now;
     for (const Peer& p : peers_.all()) {
       if ((p.sends.empty() && p.recvs.empty() && p.beingRead.empty()) || p.pid <= 0) continue;
-      if (kill(p.pid, 0) != 0 && errno == ESRCH) {
-        fail(chorusRemoteError, "shm: rank {} (pid {} on this host) has exited while rank {} waits for it", p.rank,
-             p.pid, rank_);
+      pollfd exited{p.pidfd, POLLIN, 0};
+      const bool gone = p.pidfd >= 0 ? ::poll(&exited, 1, 0) > 0 : kill(p.pid, 0) != 0 && errno == ESRCH;
+      if (gone) {
+        throw LinkLost(chorusRemoteError, fmt::format("shm: rank {} has exited (pid {} on this host) while rank {} "
+                                                      "waits for it",
+                                                      p.rank, p.pid, rank_));
       }
     }
   }

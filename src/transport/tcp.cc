@@ -133,8 +133,11 @@ class TcpTransport final : public Transport {
 
  private:
   [[noreturn]] void connectionLost(const Peer& p, const char* during, int error) {
-    fail(chorusRemoteError, "tcp: the connection from rank {} to rank {} broke while {} ({}); did rank {} exit?", rank_,
-         p.rank, during, error == 0 ? "closed by the peer" : std::strerror(error), p.rank);
+    throw LinkLost(
+        chorusRemoteError,
+        fmt::format("tcp: the connection from rank {} to rank {} broke while {} ({}): rank {} has exited, "
+                    "or has left the communicator",
+                    rank_, p.rank, during, error == 0 ? "closed by the peer" : std::strerror(error), p.rank));
   }
 
   bool pushSends(Peer& p) {

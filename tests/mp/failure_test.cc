@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -120,14 +123,18 @@ TEST_P(FailureTest, AsyncErrorReportsAMismatchFoundWhileNonBlockingOperationsRun
     // Rank 1 posts after rank 0 has, so rank 0's call is in flight when the mismatch comes (rank 1
     // may find it at once, while posting).
     char byte = 0;
-    if (rank == 1) ASSERT_EQ(read(posted0[0], &byte, 1), 1);
+    if (rank == 1) {
+      ASSERT_EQ(read(posted0[0], &byte, 1), 1);
+    }
     const chorusResult_t posted =
         chorusIAllReduce(buffer.data(), buffer.data(), rank == 0 ? 10 : 20, chorusFloat32, chorusSum, comm, &request);
     if (rank == 0) {
       ASSERT_EQ(write(posted0[1], &byte, 1), 1);
       ASSERT_EQ(posted, chorusSuccess) << chorusGetLastError(comm);
     }
-    if (posted != chorusSuccess) EXPECT_EQ(posted, chorusRemoteError) << chorusGetLastError(comm);
+    if (posted != chorusSuccess) {
+      EXPECT_EQ(posted, chorusRemoteError) << chorusGetLastError(comm);
+    }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     do {
       ASSERT_EQ(chorusCommGetAsyncError(comm, &async), chorusSuccess);
@@ -137,7 +144,9 @@ TEST_P(FailureTest, AsyncErrorReportsAMismatchFoundWhileNonBlockingOperationsRun
     EXPECT_NE(message.find("allreduce #1"), std::string::npos) << message;
     ASSERT_EQ(chorusCommGetAsyncError(comm, &async), chorusSuccess);
     EXPECT_EQ(async, chorusRemoteError);
-    if (posted == chorusSuccess) EXPECT_EQ(chorusWait(&request), chorusRemoteError);
+    if (posted == chorusSuccess) {
+      EXPECT_EQ(chorusWait(&request), chorusRemoteError);
+    }
     chorusCommDestroy(comm);
   }));
   close(posted0[0]);
@@ -255,6 +264,77 @@ TEST(AbortTest, AbortEndsTheCommunicator) {
       },
       60));
 }
+
+// Memory every forked rank shares with the test: the instants and results the ranks report.
+template <typename T>
+T* sharedWithRanks() {
+  void* memory = mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (memory == MAP_FAILED) return nullptr;
+  return new (memory) T();
+}
+
+class AbortFromAnotherThreadTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(AbortFromAnotherThreadTest, ReleasesTheBlockedCallsAndTellsThePeers) {
+  // Four ranks each block in a receive no one will send (10-minute timeout). On rank 0 a second
+  // thread aborts the communicator: rank 0's blocked call and its non-blocking all-reduce end with
+  // chorusAborted, and ranks 1-3 (rank 2 is no ring neighbour of rank 0: the word is passed on)
+  // end with chorusRemoteError naming rank 0's abort, all long before the timeout.
+  const char* transport = GetParam();
+  struct Shared {
+    std::atomic<int64_t> abortNs{0};
+    std::atomic<int64_t> returnNs[4];
+  };
+  Shared* shared = sharedWithRanks<Shared>();
+  ASSERT_NE(shared, nullptr);
+  expectAllZero(runProcesses(
+      4,
+      [&](int rank, const chorusUniqueId& id) {
+        chorusComm_t comm = initOrDie(id, 4, rank, transport, 600000);
+        std::vector<float> values(256, 1.0f);
+        chorusRequest_t request = nullptr;
+        std::thread aborter;
+        if (rank == 0) {
+          // Its peers never post the matching all-reduce.
+          ASSERT_EQ(
+              chorusIAllReduce(values.data(), values.data(), values.size(), chorusFloat32, chorusSum, comm, &request),
+              chorusSuccess);
+          aborter = std::thread([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            shared->abortNs = testing::monotonicNs();
+            EXPECT_EQ(chorusCommAbort(comm), chorusSuccess) << chorusGetLastError(nullptr);
+          });
+        }
+        float value = 0;
+        const chorusResult_t result = chorusRecv(&value, 1, chorusFloat32, (rank + 1) % 4, comm, nullptr);
+        shared->returnNs[rank] = testing::monotonicNs();
+        const std::string message = chorusGetLastError(nullptr);
+        if (rank == 0) {
+          aborter.join();
+          EXPECT_EQ(result, chorusAborted) << message;
+          EXPECT_EQ(chorusWait(&request), chorusAborted) << chorusGetLastError(nullptr);
+          int count = 0;
+          EXPECT_EQ(chorusCommCount(comm, &count), chorusInvalidUsage);
+          return;
+        }
+        EXPECT_EQ(result, chorusRemoteError) << "rank " << rank << ": " << message;
+        EXPECT_NE(message.find("rank 0 failed"), std::string::npos) << message;
+        EXPECT_NE(message.find("the communicator was aborted"), std::string::npos) << message;
+        chorusCommDestroy(comm);
+      },
+      120));
+  const int64_t abortNs = shared->abortNs.load();
+  ASSERT_GT(abortNs, 0);
+  for (int rank = 0; rank < 4; ++rank) {
+    const double seconds = static_cast<double>(shared->returnNs[rank].load() - abortNs) * 1e-9;
+    std::printf("rank %d returned %.3f s after the abort\n", rank, seconds);
+    // Far inside the 600 s timeout: only the abort, or the word of it, can have ended the call.
+    EXPECT_LT(seconds, 30.0) << "rank " << rank;
+  }
+  munmap(shared, sizeof(Shared));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, AbortFromAnotherThreadTest, ::testing::Values("shm", "tcp"));
 
 }  // namespace
 }  // namespace chorus

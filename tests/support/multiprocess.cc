@@ -26,6 +26,11 @@ bool readAll(int fd, void* data, size_t bytes) {
 
 }  // namespace
 
+int64_t monotonicNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 std::vector<int> runProcesses(int nranks, const RankBody& body, int deadlineSeconds) {
   // chorusGetUniqueId starts the bootstrap root as a thread of its caller. Forking the ranks from
   // a process with that thread running could copy a lock it holds at that instant (an

@@ -6,6 +6,7 @@
 #include <chorus/chorus.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <functional>
 #include <ostream>
 #include <string>
@@ -20,6 +21,10 @@ struct RanksOptions {
   int initTimeoutMs = 30000;
   int deadlineSeconds = 600;  // the whole run, enforced by the parent
 };
+
+// Nanoseconds on CLOCK_MONOTONIC (steady_clock), one clock for every process of the host: what
+// ranks report of when things happened is compared across processes.
+int64_t monotonicNs();
 
 // Exit status of each rank: 0 when it passed; 124 when the parent killed it at the deadline.
 using RankBody = std::function<void(int rank, const chorusUniqueId& id)>;
