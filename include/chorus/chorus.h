@@ -175,6 +175,18 @@ CHORUS_API chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResul
  * Not collective. The handle is invalid afterwards (later calls: chorusInvalidUsage). */
 CHORUS_API chorusResult_t chorusCommAbort(chorusComm_t comm);
 
+/* Makes a communicator of comm's ranks less the excludeCount ranks in excludeRanks, numbered in
+ * comm's order (the new rank is the number of remaining ranks before it). Collective over the
+ * remaining ranks only: the excluded do not call it. It works on a communicator that has failed,
+ * so a job goes on without a dead rank (elastic continuation): every survivor calls it with the
+ * dead rank(s) excluded, then uses *newcomm; comm itself stays failed (abort or destroy it). config
+ * as for chorusCommInitRankConfig (NULL: comm's settings). Blocking, bounded by the init timeout.
+ * Errors: chorusInvalidArgument (a rank out of range, this rank excluded, NULL pointers),
+ * chorusInvalidUsage (the remaining ranks excluded different ranks), chorusTimeout (a remaining
+ * rank did not come). */
+CHORUS_API chorusResult_t chorusCommShrink(chorusComm_t comm, const int* excludeRanks, int excludeCount,
+                                           chorusComm_t* newcomm, const chorusConfig_t* config);
+
 /* Sets which algorithm later calls of each named collective use on this communicator, in
  * CHORUS_ALGO's syntax: "allreduce:rabenseifner,allgather:bruck"; a collective not named keeps
  * its setting, and "allreduce:default" returns it to the library's choice. Every rank must set

@@ -176,14 +176,7 @@ chorusResult_t record(chorusResult_t result) {
   return result;
 }
 
-void initCommunicator(chorusComm_t* out, int nranks, const chorus::UniqueIdData& id, int rank,
-                      const chorusConfig_t* config) {
-  if (out == nullptr) fail(chorusInvalidArgument, "chorusCommInitRank: comm (the output pointer) is NULL");
-  *out = nullptr;
-  if (nranks < 1) fail(chorusInvalidArgument, "chorusCommInitRank: nranks {} is less than 1", nranks);
-  if (rank < 0 || rank >= nranks) {
-    fail(chorusInvalidArgument, "chorusCommInitRank: rank {} is out of range [0, {})", rank, nranks);
-  }
+void checkConfig(const chorusConfig_t* config, int rank) {
   if (config != nullptr) {
     if (config->size != sizeof(chorusConfig_t) || config->magic != CHORUS_CONFIG_MAGIC ||
         config->version > CHORUS_VERSION_CODE) {
@@ -197,12 +190,27 @@ void initCommunicator(chorusComm_t* out, int nranks, const chorus::UniqueIdData&
            config->blocking);
     }
   }
-  const chorus::CommSettings settings = chorus::CommSettings::resolve(config);
+}
+
+// Hands out a handle for a communicator just made.
+void publish(chorusComm_t* out, std::shared_ptr<Communicator> impl) {
   auto comm = std::make_unique<chorusComm>();
-  comm->impl = std::make_shared<Communicator>(id, nranks, rank, settings);
+  comm->impl = std::move(impl);
   std::lock_guard<std::mutex> lock(liveMutex);
   liveComms.insert(comm.get());
   *out = comm.release();
+}
+
+void initCommunicator(chorusComm_t* out, int nranks, const chorus::UniqueIdData& id, int rank,
+                      const chorusConfig_t* config) {
+  if (out == nullptr) fail(chorusInvalidArgument, "chorusCommInitRank: comm (the output pointer) is NULL");
+  *out = nullptr;
+  if (nranks < 1) fail(chorusInvalidArgument, "chorusCommInitRank: nranks {} is less than 1", nranks);
+  if (rank < 0 || rank >= nranks) {
+    fail(chorusInvalidArgument, "chorusCommInitRank: rank {} is out of range [0, {})", rank, nranks);
+  }
+  checkConfig(config, rank);
+  publish(out, std::make_shared<Communicator>(id, nranks, rank, chorus::CommSettings::resolve(config)));
 }
 
 int envInt(const char* name, const std::string& text) {
@@ -427,6 +435,23 @@ chorusResult_t chorusCommAbort(chorusComm_t comm) {
       if (liveComms.erase(comm) == 0) return;  // another thread destroyed or aborted it meanwhile
     }
     delete comm;
+  });
+}
+
+chorusResult_t chorusCommShrink(chorusComm_t comm, const int* excludeRanks, int excludeCount, chorusComm_t* newcomm,
+                                const chorusConfig_t* config) {
+  return guarded([&] {
+    const Lease held = live(comm, "chorusCommShrink");
+    Communicator& c = *held;
+    if (newcomm == nullptr) fail(chorusInvalidArgument, "rank {}: chorusCommShrink: newcomm is NULL", c.rank());
+    *newcomm = nullptr;
+    if (excludeCount < 0 || (excludeCount > 0 && excludeRanks == nullptr)) {
+      fail(chorusInvalidArgument, "rank {}: chorusCommShrink: {} excluded ranks at {}", c.rank(), excludeCount,
+           static_cast<const void*>(excludeRanks));
+    }
+    checkConfig(config, c.rank());
+    const chorus::CommSettings settings = config != nullptr ? chorus::CommSettings::resolve(config) : c.settings();
+    publish(newcomm, c.shrink(std::vector<int>(excludeRanks, excludeRanks + excludeCount), settings));
   });
 }
 

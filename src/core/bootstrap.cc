@@ -45,6 +45,18 @@ struct RingHello {
   int32_t pad;
 };
 
+// What the lowest remaining rank of a shrink sends each other remaining rank.
+constexpr uint32_t kShrinkMagic = 0x63686f53;  // "choS"
+struct ShrinkOffer {
+  uint32_t magic;
+  uint32_t generation;  // which shrink of this communicator
+  uint64_t secret;      // this communicator's
+  uint64_t commId;
+  int32_t from;
+  int32_t remaining;  // how many ranks the new communicator has
+  UniqueIdData id;
+};
+
 // What a rank says on the failure line after set-up: a header, then textBytes of text.
 constexpr uint32_t kNoteMagic = 0x63686f4e;  // "choN"
 enum NoteKind : uint32_t { kGoodbye = 1, kFailure = 2 };
@@ -242,6 +254,7 @@ std::vector<std::vector<char>> Bootstrap::join(const UniqueIdData& id, const std
          static_cast<uint64_t>(nranks_) * info.size());
   }
   commId_ = reply.commId;
+  secret_ = id.secret;
   std::vector<char> all(reply.payloadBytes);
   recvAll(socket.fd(), all.data(), all.size(), deadline, what);
   std::vector<std::vector<char>> infos(nranks_);
@@ -249,6 +262,9 @@ std::vector<std::vector<char>> Bootstrap::join(const UniqueIdData& id, const std
     infos[r].assign(all.begin() + static_cast<ptrdiff_t>(r * info.size()),
                     all.begin() + static_cast<ptrdiff_t>((r + 1) * info.size()));
   }
+
+  ringAddresses_.resize(nranks_);
+  for (int r = 0; r < nranks_; ++r) std::memcpy(&ringAddresses_[r], infos[r].data(), sizeof(PackedAddress));
 
   if (nranks_ > 1) {
     // Ring: connect to the next rank's listener, accept the previous rank. Every info blob
@@ -274,7 +290,6 @@ std::vector<std::vector<char>> Bootstrap::join(const UniqueIdData& id, const std
         break;
       }
     }
-    ringListen_.close();
   }
   return infos;
 }
@@ -294,6 +309,46 @@ void Bootstrap::allGather(void* data, size_t bytesPerRank, Deadline deadline) {
 void Bootstrap::barrier(Deadline deadline) {
   std::vector<char> slots(static_cast<size_t>(nranks_), 1);
   allGather(slots.data(), 1, deadline);
+}
+
+UniqueIdData Bootstrap::agreeOnNewId(const std::vector<int>& remaining, Deadline deadline) {
+  const uint32_t generation = ++shrinks_;
+  const int lowest = remaining.front();
+  const std::string what = fmt::format("rank {}: shrink #{} of communicator {:016x}", rank_, generation, commId_);
+  if (rank_ == lowest) {
+    ShrinkOffer offer{kShrinkMagic,    generation, secret_, commId_, rank_, static_cast<int32_t>(remaining.size()),
+                      createUniqueId()};
+    for (size_t i = 1; i < remaining.size(); ++i) {
+      const int r = remaining[i];
+      const std::string to = fmt::format("{}: handing the new id to rank {}", what, r);
+      Socket socket = connectTo(unpack(ringAddresses_[r]), deadline, to);
+      sendAll(socket.fd(), &offer, sizeof(offer), deadline, to);
+    }
+    return offer.id;
+  }
+  const std::string from = fmt::format("{}: waiting for rank {} to hand over the new id", what, lowest);
+  for (;;) {
+    Socket socket = acceptFrom(ringListen_.fd(), deadline, from);
+    ShrinkOffer offer{};
+    try {
+      recvAll(socket.fd(), &offer, sizeof(offer), std::min(deadline, deadlineAfterMs(5000)), from);
+    } catch (const Error& e) {
+      logAt(LogLevel::kWarn, "{}: a connection closed without an offer: {}", what, e.what());
+      continue;
+    }
+    if (offer.magic != kShrinkMagic || offer.secret != secret_ || offer.commId != commId_) {
+      logAt(LogLevel::kWarn, "{}: turned away a connection that does not know this communicator's secret", what);
+      continue;
+    }
+    if (offer.generation != generation || offer.from != lowest ||
+        offer.remaining != static_cast<int32_t>(remaining.size())) {
+      fail(chorusInvalidUsage,
+           "{}: rank {} offers shrink #{} to {} ranks, but this rank expects shrink #{} to {} ranks from rank {} (the "
+           "remaining ranks must exclude the same ranks)",
+           what, offer.from, offer.generation, offer.remaining, generation, remaining.size(), lowest);
+    }
+    return offer.id;
+  }
 }
 
 void Bootstrap::sendNote(uint32_t kind, const std::string& text, int origin) {

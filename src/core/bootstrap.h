@@ -54,6 +54,12 @@ class Bootstrap {
 
   uint64_t commId() const { return commId_; }
 
+  // For a shrink (after join), collective over the ranks in `remaining` (ascending; this rank is
+  // one): the lowest makes a new unique id (its root runs in this process) and hands it to the
+  // others, who wait for it on their ring listeners until the deadline. Connections that do not
+  // prove they know this communicator's secret are closed and logged. Returns the id.
+  UniqueIdData agreeOnNewId(const std::vector<int>& remaining, Deadline deadline);
+
   // The failure line (after join). Tells both neighbours that this rank failed, with the text
   // that says why; they pass it on around the ring. Best effort, never blocks; once only (a word
   // heard from a peer is passed on besides).
@@ -81,8 +87,11 @@ class Bootstrap {
   PackedAddress ringAddress_;
   Socket next_;
   Socket prev_;
-  bool told_ = false;   // a failure notice or goodbye went out
-  bool heard_ = false;  // a failure was heard (and thrown) once: later watches do nothing
+  uint64_t secret_ = 0;
+  std::vector<PackedAddress> ringAddresses_;  // every rank's ring listener (open for shrinks)
+  uint32_t shrinks_ = 0;                      // ids agreed on so far
+  bool told_ = false;                         // a failure notice or goodbye went out
+  bool heard_ = false;                        // a failure was heard (and thrown) once: later watches do nothing
 };
 
 }  // namespace chorus

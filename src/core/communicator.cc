@@ -396,6 +396,29 @@ bool Communicator::test(const Completion& completion) {
   }
 }
 
+std::unique_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclude, const CommSettings& settings) {
+  std::vector<bool> excluded(nranks_, false);
+  for (int r : exclude) {
+    if (r < 0 || r >= nranks_) {
+      fail(chorusInvalidArgument, "rank {}: chorusCommShrink: excluded rank {} is out of range [0, {})", rank_, r,
+           nranks_);
+    }
+    excluded[r] = true;
+  }
+  if (excluded[rank_]) {
+    fail(chorusInvalidArgument,
+         "rank {}: chorusCommShrink: this rank is among the excluded (excluded ranks do not call)", rank_);
+  }
+  std::vector<int> remaining;
+  for (int r = 0; r < nranks_; ++r) {
+    if (!excluded[r]) remaining.push_back(r);
+  }
+  const int newRank = static_cast<int>(std::find(remaining.begin(), remaining.end(), rank_) - remaining.begin());
+  const UniqueIdData id = bootstrap_->agreeOnNewId(remaining, deadlineAfterMs(settings.initTimeoutMs));
+  logAt(LogLevel::kInfo, "rank {}: shrinking to {} of {} ranks, as rank {}", rank_, remaining.size(), nranks_, newRank);
+  return std::make_unique<Communicator>(id, static_cast<int>(remaining.size()), newRank, settings);
+}
+
 void Communicator::breakWith(const Error& e) {
   if (!broken_.empty()) return;
   broken_ = e.what();

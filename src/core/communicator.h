@@ -58,6 +58,12 @@ class Communicator {
   bool reduceDirect(collectives::Collective collective, const void* input, void* output, size_t count,
                     chorusDataType_t type, chorusRedOp_t op);
 
+  // Collective over the ranks not in `exclude` (they do not call it): a new communicator of those
+  // ranks, in their order here, with `settings`. Works on a communicator that has failed (a dead
+  // rank excluded), which is how a job goes on without it. Throws chorusInvalidArgument for a
+  // rank out of range or this rank in `exclude`.
+  std::unique_ptr<Communicator> shrink(const std::vector<int>& exclude, const CommSettings& settings);
+
   // Applies overrides in CHORUS_ALGO syntax (throws chorusInvalidArgument; nothing changes then).
   void setAlgorithms(const std::string& text);
 

@@ -336,5 +336,42 @@ TEST_P(AbortFromAnotherThreadTest, ReleasesTheBlockedCallsAndTellsThePeers) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, AbortFromAnotherThreadTest, ::testing::Values("shm", "tcp"));
 
+TEST(ShrinkTest, TheRemainingRanksGoOnWithoutTheExcludedOnes) {
+  // Five ranks; ranks 0 and 2 are excluded (they do not call): ranks 1, 3 and 4 become ranks 0, 1
+  // and 2 of a new communicator that works, and bad calls are refused with what is wrong.
+  expectAllZero(runProcesses(
+      5,
+      [&](int rank, const chorusUniqueId& id) {
+        chorusComm_t comm = initOrDie(id, 5, rank, "auto");
+        if (rank == 0 || rank == 2) {
+          chorusCommDestroy(comm);
+          return;
+        }
+        const int exclude[] = {0, 2};
+        chorusComm_t shrunk = nullptr;
+        const int self[] = {rank};
+        EXPECT_EQ(chorusCommShrink(comm, self, 1, &shrunk, nullptr), chorusInvalidArgument);
+        EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("this rank is among the excluded"), std::string::npos);
+        const int outside[] = {5};
+        EXPECT_EQ(chorusCommShrink(comm, outside, 1, &shrunk, nullptr), chorusInvalidArgument);
+        EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("excluded rank 5 is out of range"), std::string::npos);
+        ASSERT_EQ(chorusCommShrink(comm, exclude, 2, &shrunk, nullptr), chorusSuccess) << chorusGetLastError(nullptr);
+        int newRank = -1, count = 0;
+        ASSERT_EQ(chorusCommUserRank(shrunk, &newRank), chorusSuccess);
+        ASSERT_EQ(chorusCommCount(shrunk, &count), chorusSuccess);
+        EXPECT_EQ(count, 3);
+        EXPECT_EQ(newRank, rank == 1 ? 0 : rank == 3 ? 1 : 2);
+        std::vector<int32_t> values(1000, rank), sums(1000, -1);
+        ASSERT_EQ(chorusAllReduce(values.data(), sums.data(), values.size(), chorusInt32, chorusSum, shrunk, nullptr),
+                  chorusSuccess)
+            << chorusGetLastError(shrunk);
+        EXPECT_EQ(sums.front(), 1 + 3 + 4);
+        EXPECT_EQ(sums.back(), 1 + 3 + 4);
+        EXPECT_EQ(chorusCommDestroy(shrunk), chorusSuccess);
+        EXPECT_EQ(chorusCommDestroy(comm), chorusSuccess);
+      },
+      120));
+}
+
 }  // namespace
 }  // namespace chorus

@@ -1,7 +1,8 @@
 // kill_test.cc: kill -9 of a random rank at a random moment of a run of random collectives, on
 // real forked ranks, over and over (CHORUS_KILL_TRIALS, default 100; CHORUS_KILL_SEED repeats a
 // run). Every survivor's call must end with chorusRemoteError naming the dead rank within twice
-// the timeout, and nothing may hang (the harness kills what is left at its deadline).
+// the timeout, and nothing may hang (the harness kills what is left at its deadline); then the
+// survivors shrink the communicator to themselves and all-reduce over the new one.
 #include <chorus/chorus.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -34,6 +35,7 @@ struct Outcome {
   std::atomic<int64_t> errorNs{0};
   std::atomic<int> result{-1};
   int callsDone = 0;
+  int64_t shrunkSum = -1;  // an all-reduce of the old ranks over the survivors' new communicator
   char message[1024] = {};
 };
 struct Trial {
@@ -159,6 +161,15 @@ TEST(RankFailureTest, KillNineOfARandomRankAtARandomMomentOfRandomCollectives) {
           outcome.errorNs = testing::monotonicNs();
           std::snprintf(outcome.message, sizeof(outcome.message), "%s", chorusGetLastError(nullptr));
           outcome.result = result;
+          // The survivors go on without the dead rank: a communicator of their own that works.
+          chorusComm_t shrunk = nullptr;
+          ASSERT_EQ(chorusCommShrink(comm, &plan.victim, 1, &shrunk, nullptr), chorusSuccess)
+              << chorusGetLastError(nullptr);
+          int64_t value = rank, sum = -1;
+          ASSERT_EQ(chorusAllReduce(&value, &sum, 1, chorusInt64, chorusSum, shrunk, nullptr), chorusSuccess)
+              << chorusGetLastError(shrunk);
+          outcome.shrunkSum = sum;
+          chorusCommDestroy(shrunk);
           chorusCommAbort(comm);
         },
         120);
@@ -173,6 +184,7 @@ TEST(RankFailureTest, KillNineOfARandomRankAtARandomMomentOfRandomCollectives) {
       const std::string named = "rank " + std::to_string(plan.victim) + " has exited";
       EXPECT_NE(std::string(outcome.message).find(named), std::string::npos)
           << what << ": rank " << rank << " does not name the dead rank: " << outcome.message;
+      EXPECT_EQ(outcome.shrunkSum, plan.nranks * (plan.nranks - 1) / 2 - plan.victim) << what << ": rank " << rank;
       const double took = static_cast<double>(outcome.errorNs.load() - trial->killNs.load()) * 1e-9;
       EXPECT_LE(took, 2 * kTimeoutMs * 1e-3) << what << ": rank " << rank << ": " << outcome.message;
       seconds[t % 2].push_back(took);
@@ -188,7 +200,7 @@ TEST(RankFailureTest, KillNineOfARandomRankAtARandomMomentOfRandomCollectives) {
     std::printf("%s: %zu survivors: time from the kill to their error: median %.3f s, max %.3f s (timeout %.1f s)\n",
                 k == 0 ? "shm" : "tcp", s.size(), s[s.size() / 2], s.back(), kTimeoutMs * 1e-3);
   }
-  std::printf("%d kills, %d survivors, every one told\n", trials, survivors);
+  std::printf("%d kills, %d survivors, every one told and on a shrunk communicator\n", trials, survivors);
 }
 
 }  // namespace
