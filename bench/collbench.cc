@@ -10,7 +10,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -27,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/options.h"
 #include "bench/pattern.h"
 #include "bench/peers.h"
 #include "kernels/cpu/copy.h"
@@ -46,6 +46,8 @@ double median(std::vector<double> values) {
 }
 
 using chorus::bench::Op;
+using chorus::bench::Options;
+using chorus::bench::parseOptions;
 
 struct OpInfo {
   const char* name;
@@ -93,40 +95,6 @@ struct RedOpInfo {
 constexpr RedOpInfo kRedOps[] = {
     {"sum", chorusSum}, {"prod", chorusProd}, {"max", chorusMax}, {"min", chorusMin}, {"avg", chorusAvg}};
 
-struct Options {
-  std::string minBytesText = "32M";
-  std::string maxBytesText = "32M";
-  size_t minBytes = 0;
-  size_t maxBytes = 0;
-  double stepFactor = 1;
-  std::string stepBytesText = "1M";
-  size_t stepBytes = 0;
-  bool factorGiven = false;
-  int iters = 20;
-  int warmup = 5;
-  int turns = 1;  // with several algorithms: blocks each one's iterations are split into, taken round robin
-  int check = 1;
-  std::string type = "float";
-  std::string redop = "sum";
-  int root = 0;
-  int blocking = 1;
-  std::string op = "allreduce";
-  int localRanks = 1;
-  std::string bind = "none";  // forked ranks: "core" pins rank r to the r-th allowed CPU, round robin
-  std::string json;
-  std::string algo;
-  std::string calibrate;
-  std::string calibrateUpToText = "64M";
-  size_t calibrateUpTo = 0;  // the calibration's largest size, parsed from calibrateUpToText
-  bool simulate = false;
-  int ranksPerHost = 0;
-  bool injectWrong = false;
-  std::string compare;       // peers timed beside chorus: "gloo", "mpi", "gloo,mpi"
-  std::string glooStore;     // where Gloo's file store is made (a directory every rank sees)
-  bool bound = false;        // measure the copy bandwidth and print each row's share of the bound
-  std::string mem = "host";  // where the buffers come from: host (the heap) or chorus (chorusMemAlloc)
-};
-
 // The peers --compare names, in order; empty (with the reason on stderr) when one is unknown.
 std::vector<std::string> comparedPeers(const Options& o, bool* ok) {
   std::vector<std::string> peers;
@@ -172,7 +140,9 @@ std::string allowedCpus() {
   for (size_t i = 0; i < cpus.size();) {
     size_t j = i;
     while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
-    text += (text.empty() ? "" : ",") + std::to_string(cpus[i]) + (j > i ? "-" + std::to_string(cpus[j]) : "");
+    if (!text.empty()) text += ',';
+    text += std::to_string(cpus[i]);
+    if (j > i) text += '-' + std::to_string(cpus[j]);
     i = j + 1;
   }
   return text.empty() ? "?" : text;
@@ -194,34 +164,6 @@ bool bindToCore(int rank) {
     return false;
   }
   return true;
-}
-
-size_t parseBytes(const std::string& text) {
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  double scale = 1;
-  switch (*end) {
-    case 'K':
-    case 'k':
-      scale = 1024.0;
-      ++end;
-      break;
-    case 'M':
-    case 'm':
-      scale = 1024.0 * 1024;
-      ++end;
-      break;
-    case 'G':
-    case 'g':
-      scale = 1024.0 * 1024 * 1024;
-      ++end;
-      break;
-    default:
-      break;
-  }
-  if (*end == 'B' || *end == 'b') ++end;
-  if (end == text.c_str() || *end != '\0' || value < 0) throw CLI::ValidationError("size", "bad size '" + text + "'");
-  return static_cast<size_t>(value * scale);
 }
 
 // The row after `bytes` in the -b/-e/-f/-i sweep, or 0 after the last.
@@ -1679,90 +1621,7 @@ int runRank(const Options& options, chorusComm_t comm) {
 
 int main(int argc, char** argv) {
   Options o;
-  CLI::App app{"collbench: measure chorus collectives (nccl-tests flags and columns)"};
-  app.add_option("-b,--minbytes", o.minBytesText, "smallest size in bytes (K, M, G suffixes)")->capture_default_str();
-  app.add_option("-e,--maxbytes", o.maxBytesText, "largest size in bytes")->capture_default_str();
-  auto* factor = app.add_option("-f,--stepfactor", o.stepFactor, "multiply the size by this between rows");
-  app.add_option("-i,--stepbytes", o.stepBytesText, "add this many bytes between rows (when -f is not given)")
-      ->capture_default_str();
-  app.add_option("-n,--iters", o.iters, "timed iterations per row")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--turns", o.turns,
-                 "with several --algo or with --compare: split each one's -n iterations (chorus's algorithms', "
-                 "each peer's) into this many blocks, timed round robin, so the machine's drift falls on all of "
-                 "them alike")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("-w,--warmup_iters", o.warmup, "untimed iterations first")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("-c,--check", o.check, "check results against closed-form values (0/1)")->capture_default_str();
-  app.add_option("-d,--datatype", o.type, "int8 uint8 int32 uint32 int64 uint64 half float double bfloat16, or all")
-      ->capture_default_str();
-  app.add_option("-o,--redop", o.redop, "reduction: sum prod max min avg, or all")->capture_default_str();
-  app.add_option("-r,--root", o.root, "root rank of broadcast and reduce")->capture_default_str();
-  app.add_option("-z,--blocking", o.blocking, "blocking collectives (0/1); chorus host calls always block")
-      ->capture_default_str();
-  app.add_option("--coll,--collective", o.op, "allreduce allgather reducescatter broadcast reduce sendrecv")
-      ->capture_default_str();
-  app.add_option("-g,--nranks", o.localRanks,
-                 "ranks to start on this machine (forked); ignored under mpiexec or chorusrun")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--bind", o.bind,
-                 "forked ranks: none, or core (rank r runs only on the r-th CPU this process may use, round robin, "
-                 "as mpiexec -bind-to core places them)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"none", "core"}));
-  app.add_option("--json", o.json, "write every row to this JSON file");
-  app.add_option("--calibrate", o.calibrate,
-                 "measure the tuner's cost parameters (ring shifts and local reduce and copy, all ranks at once) and "
-                 "append them to this tuning file, for CHORUS_TUNING_FILE");
-  app.add_option("--calibrate-up-to", o.calibrateUpToText,
-                 "the largest size --calibrate times each algorithm at (beyond it the tuner holds the last "
-                 "correction)")
-      ->capture_default_str();
-  app.add_option(
-      "--algo", o.algo,
-      "force an algorithm (see chorusAlgorithmNames), a comma-separated list, or all: one row each per size");
-  // --op selects the collective, as the chorus docs say; -o stays nccl-tests' reduction op.
-  app.add_option("--op", o.op, "same as --coll");
-  app.add_flag("--simulate", o.simulate,
-               "start no ranks: print each row's time as predicted by the timing simulator for -g ranks (up to "
-               "tens of thousands) on the model in CHORUS_TUNING_FILE");
-  app.add_option("--ranks-per-host", o.ranksPerHost,
-                 "--simulate: consecutive ranks per host (the rest talk over the network model); default all on one")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--compare", o.compare,
-                 "also time these peers on the same calls and buffers: gloo (its tcp transport), mpi (the MPI "
-                 "collective of the same name; with -g N the ranks are started under mpiexec), or gloo,mpi");
-  app.add_option("--gloo-store", o.glooStore,
-                 "--compare gloo: make Gloo's rendezvous file store under this directory (default TMPDIR or /tmp; "
-                 "ranks on several hosts need a shared one)");
-  app.add_option("--mem", o.mem,
-                 "where the buffers come from: host (the heap) or chorus (chorusMemAlloc: shareable, so shm moves "
-                 "large messages with one copy; README)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"host", "chorus"}));
-  app.add_flag("--bound", o.bound,
-               "measure the copy bandwidth of all ranks at once first and print each row's share of the bound "
-               "(least traffic over copy bandwidth; README)");
-  app.add_flag("--inject-wrong", o.injectWrong, "test hook: spoil one received element before the check")->group("");
-  CLI11_PARSE(app, argc, argv);
-  try {
-    o.minBytes = parseBytes(o.minBytesText);
-    o.maxBytes = parseBytes(o.maxBytesText);
-    o.stepBytes = parseBytes(o.stepBytesText);
-    o.calibrateUpTo = parseBytes(o.calibrateUpToText);
-  } catch (const CLI::Error& e) {
-    std::fprintf(stderr, "collbench: %s\n", e.what());
-    return 2;
-  }
-  o.factorGiven = factor->count() > 0;
-  if (o.factorGiven && o.stepFactor <= 1) {
-    std::fprintf(stderr, "collbench: -f must be greater than 1\n");
-    return 2;
-  }
-  if (o.maxBytes < o.minBytes) o.maxBytes = o.minBytes;
+  if (const int code = parseOptions(argc, argv, &o); code >= 0) return code;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (o.simulate) return simulateSweep(o);
   bool peersKnown = true;

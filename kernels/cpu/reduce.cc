@@ -3,6 +3,10 @@
 // vectors and leave the tail to the reference.
 #include "kernels/cpu/reduce.h"
 
+#if CHORUS_X86_VECTOR_KERNELS
+#include <cpuid.h>
+#endif
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -186,11 +190,19 @@ const char* isaName(Isa isa) {
   }
 }
 
+#if CHORUS_X86_VECTOR_KERNELS
+// F16C from CPUID itself: clang's __builtin_cpu_supports does not know the name.
+bool cpuHasF16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+#endif
+
 bool isaSupported(Isa isa) {
 #if CHORUS_X86_VECTOR_KERNELS
   switch (isa) {
     case Isa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && cpuHasF16c();
     case Isa::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");

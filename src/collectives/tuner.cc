@@ -88,6 +88,10 @@ void readCorrection(const std::string& name, std::istringstream& words, const st
 CostParams loadCostParams(const std::string& path, bool network, CostParams base) {
   std::ifstream in(path);
   if (!in) throw std::invalid_argument("cannot open tuning file '" + path + "'");
+  return parseCostParams(in, path, network, base);
+}
+
+CostParams parseCostParams(std::istream& in, const std::string& path, bool network, CostParams base) {
   auto where = [&](int line) { return path + ":" + std::to_string(line); };
   std::string line;
   int number = 0;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <istream>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,8 @@ CostParams defaultCostParams(bool network);
 // later line wins over an earlier one. Throws std::invalid_argument naming the file and line on a
 // malformed line.
 CostParams loadCostParams(const std::string& path, bool network, CostParams base);
+// The same, from text read from `in`; path names it in errors.
+CostParams parseCostParams(std::istream& in, const std::string& path, bool network, CostParams base);
 
 // Predicted time of one call, in microseconds: the algorithm's formula times its correction.
 // bytes as the collective's user sees it: the buffer for all-reduce, broadcast and reduce; the

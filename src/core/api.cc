@@ -382,17 +382,25 @@ chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm, const chorusConfig_t* c
       if (port < 1 || port > 65535)
         fail(chorusInvalidArgument, "chorusCommInitFromEnv: {}={} is not a port", portName, port);
       chorus::UniqueIdData id;
-      id.magic = chorus::kUniqueIdMagic;
-      id.version = 1;
+      id.magic = chorus::wire::kUniqueIdMagic;
+      id.version = chorus::wire::kVersion;
       const std::string secretText = firstEnv({"CHORUS_SECRET"});
       id.secret = secretText.empty() ? 0 : std::hash<std::string>{}(secretText);
       const chorus::SocketAddress root = chorus::SocketAddress::parse(addr, static_cast<uint16_t>(port));
       id.root = chorus::pack(root);
       if (rank == 0) {
-        // Listen on every address of the master's family, on the agreed port.
-        chorus::SocketAddress any = chorus::SocketAddress::parse(root.storage.ss_family == AF_INET6 ? "::" : "0.0.0.0",
-                                                                 static_cast<uint16_t>(port));
-        chorus::startBootstrapRoot(chorus::listenOn(any), id.secret);
+        // Listen where the others knock: MASTER_ADDR on the agreed port; every address of its
+        // family only where MASTER_ADDR is none of this host's (a name behind NAT, say).
+        chorus::Socket listener;
+        try {
+          listener = chorus::listenOn(root);
+        } catch (const Error& e) {
+          chorus::logAt(chorus::LogLevel::kInfo, "chorusCommInitFromEnv: {}; listening on every address instead",
+                        e.what());
+          listener = chorus::listenOn(chorus::SocketAddress::parse(
+              root.storage.ss_family == AF_INET6 ? "::" : "0.0.0.0", static_cast<uint16_t>(port)));
+        }
+        chorus::startBootstrapRoot(std::move(listener), id.secret);
       }
       initCommunicator(comm, nranks, id, rank, config);
       return;

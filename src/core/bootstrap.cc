@@ -18,60 +18,18 @@
 namespace chorus {
 namespace {
 
-constexpr uint32_t kHelloMagic = 0x63686f31;  // "cho1"
-constexpr uint32_t kProtocolVersion = 1;
+using wire::Hello;
+using wire::PeerHello;
+using wire::Purpose;
+using wire::Reply;
+using wire::RingNote;
+using wire::ShrinkOffer;
 
-struct Hello {
-  uint32_t magic;
-  uint32_t version;
-  uint64_t secret;
-  int32_t nranks;
-  int32_t rank;
-  uint32_t infoBytes;
-  int32_t initTimeoutMs;  // how long the root waits for the rest once this rank is the first
-};
-
-enum class ReplyStatus : uint32_t { kOk = 0, kError = 1 };
-struct Reply {
-  uint32_t status;
-  uint32_t errorCode;  // chorusResult_t when status is kError
-  uint64_t commId;
-  uint64_t payloadBytes;  // error text, or nranks * infoBytes
-};
-
-struct RingHello {
-  uint64_t commId;
-  int32_t rank;
-  int32_t pad;
-};
-
-// What the lowest remaining rank of a shrink sends each other remaining rank.
-constexpr uint32_t kShrinkMagic = 0x63686f53;  // "choS"
-struct ShrinkOffer {
-  uint32_t magic;
-  uint32_t generation;  // which shrink of this communicator
-  uint64_t secret;      // this communicator's
-  uint64_t commId;
-  int32_t from;
-  int32_t remaining;  // how many ranks the new communicator has
-  UniqueIdData id;
-};
-
-// What a rank says on the failure line after set-up: a header, then textBytes of text.
-constexpr uint32_t kNoteMagic = 0x63686f4e;  // "choN"
-enum NoteKind : uint32_t { kGoodbye = 1, kFailure = 2 };
-constexpr uint32_t kMaxNoteText = 8192;
 // How long a failure found here waits for the word of the peer that failed first.
-constexpr int kCauseWaitMs = 200;
-struct RingNote {
-  uint32_t magic;
-  uint32_t kind;
-  int32_t origin;  // the rank that wrote the text
-  uint32_t textBytes;
-};
+constexpr int kCauseWaitMs = 100;
 
 void sendReplyError(int fd, chorusResult_t code, const std::string& text) {
-  Reply reply{static_cast<uint32_t>(ReplyStatus::kError), static_cast<uint32_t>(code), 0, text.size()};
+  Reply reply{wire::kError, static_cast<uint32_t>(code), 0, text.size()};
   try {
     const Deadline deadline = deadlineAfterMs(2000);
     sendAll(fd, &reply, sizeof(reply), deadline, "bootstrap root reply");
@@ -119,11 +77,11 @@ void runRoot(Socket listener, uint64_t secret) {
     } catch (const Error&) {
       continue;  // not one of ours, or gone
     }
-    if (hello.magic != kHelloMagic || hello.version != kProtocolVersion || hello.secret != secret) {
-      sendReplyError(peer.fd(), chorusRemoteError,
-                     fmt::format("bootstrap root at {}: rank {} presented a wrong secret or protocol version; "
-                                 "is it using this communicator's unique id?",
-                                 where, hello.rank));
+    if (const std::string why = wire::checkHello(hello, secret); !why.empty()) {
+      const std::string text =
+          fmt::format("bootstrap root at {}: a process calling itself rank {} presented {}", where, hello.rank, why);
+      logAt(LogLevel::kWarn, "{}; turned away", text);
+      sendReplyError(peer.fd(), chorusRemoteError, text);
       continue;
     }
     std::vector<char> info(hello.infoBytes);
@@ -145,11 +103,6 @@ void runRoot(Socket listener, uint64_t secret) {
       sendReplyError(peer.fd(), chorusRemoteError,
                      fmt::format("bootstrap: rank {} was created with nranks={} but rank {} with nranks={}", hello.rank,
                                  hello.nranks, firstRank, nranks));
-      continue;
-    }
-    if (hello.rank < 0 || hello.rank >= nranks) {
-      sendReplyError(peer.fd(), chorusInvalidArgument,
-                     fmt::format("bootstrap: rank {} is out of range [0, {})", hello.rank, nranks));
       continue;
     }
     Arrival& slot = arrivals[hello.rank];
@@ -181,7 +134,7 @@ void runRoot(Socket listener, uint64_t secret) {
   std::vector<char> all(static_cast<size_t>(nranks) * infoBytes);
   for (int r = 0; r < nranks; ++r)
     std::memcpy(all.data() + static_cast<size_t>(r) * infoBytes, arrivals[r].info.data(), infoBytes);
-  Reply reply{static_cast<uint32_t>(ReplyStatus::kOk), 0, randomU64(), all.size()};
+  Reply reply{wire::kOk, 0, randomU64(), all.size()};
   for (Arrival& a : arrivals) {
     try {
       const Deadline sendDeadline = deadlineAfterMs(initTimeoutMs);
@@ -194,6 +147,23 @@ void runRoot(Socket listener, uint64_t secret) {
 }
 
 }  // namespace
+
+Socket acceptPeer(int listenFd, Deadline deadline, const std::string& what, uint64_t secret, uint64_t commId,
+                  int nranks, Purpose purpose, PeerHello* hello) {
+  for (;;) {
+    Socket candidate = acceptFrom(listenFd, deadline, what);
+    // The hello comes at once from a rank; a stranger that sends nothing is not waited for long.
+    try {
+      recvAll(candidate.fd(), hello, sizeof(*hello), std::min(deadline, deadlineAfterMs(5000)), what);
+    } catch (const Error& e) {
+      logAt(LogLevel::kWarn, "{}: a connection closed before its hello ({}); turned away", what, e.what());
+      continue;
+    }
+    const std::string why = wire::checkPeerHello(*hello, secret, commId, nranks, purpose);
+    if (why.empty()) return candidate;
+    logAt(LogLevel::kWarn, "{}: a connection presented {}; turned away", what, why);
+  }
+}
 
 uint64_t randomU64() {
   uint64_t value = 0;
@@ -214,8 +184,8 @@ void startBootstrapRoot(Socket listener, uint64_t secret) {
 UniqueIdData createUniqueId() {
   Socket listener = listenOn(defaultLocalAddress());
   UniqueIdData id;
-  id.magic = kUniqueIdMagic;
-  id.version = kProtocolVersion;
+  id.magic = wire::kUniqueIdMagic;
+  id.version = wire::kVersion;
   id.secret = randomU64();
   id.root = pack(boundAddress(listener.fd()));
   startBootstrapRoot(std::move(listener), id.secret);
@@ -230,28 +200,27 @@ Bootstrap::Bootstrap(int rank, int nranks) : rank_(rank), nranks_(nranks) {
 
 std::vector<std::vector<char>> Bootstrap::join(const UniqueIdData& id, const std::vector<char>& info,
                                                int initTimeoutMs) {
-  if (id.magic != kUniqueIdMagic) {
-    fail(chorusInvalidArgument, "rank {}: the unique id is not one made by chorusGetUniqueId (bad magic)", rank_);
+  if (const std::string why = wire::checkUniqueId(id); !why.empty()) {
+    fail(chorusInvalidArgument, "rank {}: the unique id is unusable: {}", rank_, why);
   }
   const SocketAddress root = unpack(id.root);
   // Ranks wait a little longer than the root, so the root's word on missing ranks arrives first.
   const Deadline deadline = deadlineAfterMs(static_cast<int64_t>(initTimeoutMs) + 5000);
   const std::string what = fmt::format("rank {}: bootstrap with root {}", rank_, root.toString());
   Socket socket = connectTo(root, deadline, what);
-  Hello hello{kHelloMagic,  kProtocolVersion, id.secret, nranks_, rank_, static_cast<uint32_t>(info.size()),
+  Hello hello{wire::kHelloMagic, wire::kVersion, id.secret, nranks_, rank_, static_cast<uint32_t>(info.size()),
               initTimeoutMs};
   sendAll(socket.fd(), &hello, sizeof(hello), deadline, what);
   sendAll(socket.fd(), info.data(), info.size(), deadline, what);
   Reply reply{};
   recvAll(socket.fd(), &reply, sizeof(reply), deadline, what + " (waiting for all ranks)");
-  if (reply.status != static_cast<uint32_t>(ReplyStatus::kOk)) {
-    std::string text(std::min<uint64_t>(reply.payloadBytes, 1 << 16), '\0');
+  if (const std::string why = wire::checkReply(reply, nranks_, info.size()); !why.empty()) {
+    fail(chorusRemoteError, "{}: the root sent {}", what, why);
+  }
+  if (reply.status == wire::kError) {
+    std::string text(reply.payloadBytes, '\0');
     recvAll(socket.fd(), text.data(), text.size(), deadline, what);
     fail(static_cast<chorusResult_t>(reply.errorCode), "rank {}: {}", rank_, text);
-  }
-  if (reply.payloadBytes != static_cast<uint64_t>(nranks_) * info.size()) {
-    fail(chorusInternalError, "rank {}: bootstrap reply has {} bytes, expected {}", rank_, reply.payloadBytes,
-         static_cast<uint64_t>(nranks_) * info.size());
   }
   commId_ = reply.commId;
   secret_ = id.secret;
@@ -274,21 +243,19 @@ std::vector<std::vector<char>> Bootstrap::join(const UniqueIdData& id, const std
     std::memcpy(&nextAddress, infos[next].data(), sizeof(nextAddress));
     const std::string ringWhat = fmt::format("rank {}: bootstrap ring", rank_);
     next_ = connectTo(unpack(nextAddress), deadline, ringWhat + fmt::format(" to rank {}", next));
-    RingHello mine{commId_, rank_, 0};
+    const PeerHello mine = peerHello(Purpose::kRing);
     sendAll(next_.fd(), &mine, sizeof(mine), deadline, ringWhat);
     const int prev = (rank_ + nranks_ - 1) % nranks_;
     for (;;) {
-      Socket candidate = acceptFrom(ringListen_.fd(), deadline, ringWhat + fmt::format(" from rank {}", prev));
-      RingHello theirs{};
-      try {
-        recvAll(candidate.fd(), &theirs, sizeof(theirs), deadline, ringWhat);
-      } catch (const Error&) {
-        continue;
-      }
-      if (theirs.commId == commId_ && theirs.rank == prev) {
+      const std::string from = ringWhat + fmt::format(" from rank {}", prev);
+      PeerHello theirs{};
+      Socket candidate =
+          acceptPeer(ringListen_.fd(), deadline, from, secret_, commId_, nranks_, Purpose::kRing, &theirs);
+      if (theirs.rank == prev) {
         prev_ = std::move(candidate);
         break;
       }
+      logAt(LogLevel::kWarn, "{}: rank {} connected instead; turned away", from, theirs.rank);
     }
   }
   return infos;
@@ -314,47 +281,53 @@ void Bootstrap::barrier(Deadline deadline) {
 UniqueIdData Bootstrap::agreeOnNewId(const std::vector<int>& remaining, Deadline deadline) {
   const uint32_t generation = ++shrinks_;
   const int lowest = remaining.front();
+  const int count = static_cast<int>(remaining.size());
   const std::string what = fmt::format("rank {}: shrink #{} of communicator {:016x}", rank_, generation, commId_);
   if (rank_ == lowest) {
-    ShrinkOffer offer{kShrinkMagic,    generation, secret_, commId_, rank_, static_cast<int32_t>(remaining.size()),
-                      createUniqueId()};
-    for (size_t i = 1; i < remaining.size(); ++i) {
+    const PeerHello hello = peerHello(Purpose::kShrink);
+    const ShrinkOffer offer{generation, count, createUniqueId()};
+    for (int i = 1; i < count; ++i) {
       const int r = remaining[i];
       const std::string to = fmt::format("{}: handing the new id to rank {}", what, r);
       Socket socket = connectTo(unpack(ringAddresses_[r]), deadline, to);
+      sendAll(socket.fd(), &hello, sizeof(hello), deadline, to);
       sendAll(socket.fd(), &offer, sizeof(offer), deadline, to);
     }
     return offer.id;
   }
   const std::string from = fmt::format("{}: waiting for rank {} to hand over the new id", what, lowest);
   for (;;) {
-    Socket socket = acceptFrom(ringListen_.fd(), deadline, from);
+    PeerHello hello{};
+    Socket socket = acceptPeer(ringListen_.fd(), deadline, from, secret_, commId_, nranks_, Purpose::kShrink, &hello);
     ShrinkOffer offer{};
     try {
       recvAll(socket.fd(), &offer, sizeof(offer), std::min(deadline, deadlineAfterMs(5000)), from);
     } catch (const Error& e) {
-      logAt(LogLevel::kWarn, "{}: a connection closed without an offer: {}", what, e.what());
+      logAt(LogLevel::kWarn, "{}: rank {} closed the connection without an offer: {}", what, hello.rank, e.what());
       continue;
     }
-    if (offer.magic != kShrinkMagic || offer.secret != secret_ || offer.commId != commId_) {
-      logAt(LogLevel::kWarn, "{}: turned away a connection that does not know this communicator's secret", what);
-      continue;
-    }
-    if (offer.generation != generation || offer.from != lowest ||
-        offer.remaining != static_cast<int32_t>(remaining.size())) {
+    if (hello.rank != lowest) {
       fail(chorusInvalidUsage,
-           "{}: rank {} offers shrink #{} to {} ranks, but this rank expects shrink #{} to {} ranks from rank {} (the "
+           "{}: rank {} offers a new id, but this rank expects rank {}, the lowest of the {} remaining ranks (the "
            "remaining ranks must exclude the same ranks)",
-           what, offer.from, offer.generation, offer.remaining, generation, remaining.size(), lowest);
+           what, hello.rank, lowest, count);
+    }
+    if (const std::string why = wire::checkShrinkOffer(offer, generation, count); !why.empty()) {
+      fail(chorusInvalidUsage, "{}: rank {} offers {} (the remaining ranks must exclude the same ranks)", what,
+           hello.rank, why);
     }
     return offer.id;
   }
 }
 
+PeerHello Bootstrap::peerHello(Purpose purpose) const {
+  return PeerHello{wire::kPeerHelloMagic, wire::kVersion, secret_, commId_, rank_, static_cast<int32_t>(purpose)};
+}
+
 void Bootstrap::sendNote(uint32_t kind, const std::string& text, int origin) {
   if (nranks_ < 2) return;
-  const std::string body = text.substr(0, kMaxNoteText);
-  const RingNote note{kNoteMagic, kind, origin, static_cast<uint32_t>(body.size())};
+  const std::string body = text.substr(0, wire::kMaxNoteText);
+  const RingNote note{wire::kNoteMagic, kind, origin, static_cast<uint32_t>(body.size())};
   for (Socket* socket : {&next_, &prev_}) {
     if (!socket->valid()) continue;
     // A neighbour that has gone, or has stopped reading, is not waited for.
@@ -368,7 +341,7 @@ void Bootstrap::sendNote(uint32_t kind, const std::string& text, int origin) {
 
 void Bootstrap::tellFailure(const std::string& text) {
   if (std::exchange(told_, true)) return;
-  sendNote(kFailure, text, rank_);
+  sendNote(wire::kFailure, text, rank_);
 }
 
 std::string Bootstrap::failed(const Error& error, std::string message) {
@@ -386,7 +359,7 @@ std::string Bootstrap::failed(const Error& error, std::string message) {
 
 void Bootstrap::sayGoodbye() {
   if (std::exchange(told_, true)) return;
-  sendNote(kGoodbye, "", rank_);
+  sendNote(wire::kGoodbye, "", rank_);
 }
 
 void Bootstrap::watch(int waitMs) {
@@ -417,10 +390,13 @@ bool Bootstrap::watchOnce(int waitMs) {
     const ssize_t got = ::recv(sockets[i]->fd(), &note, sizeof(note), MSG_DONTWAIT);
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
     if (got <= 0) {
+      // Gone without a goodbye: dead, or exited without destroying the communicator after its
+      // last call. Which it was shows where this rank still waits for it (the transports see its
+      // exit), and a rank that does tells the others.
+      logAt(LogLevel::kInfo, "rank {}: rank {} has closed its bootstrap connection without a goodbye", rank_,
+            neighbour);
       sockets[i]->close();
-      heard_ = true;
-      fail(chorusRemoteError, "rank {} has exited: its bootstrap connection to rank {} closed without a goodbye",
-           neighbour, rank_);
+      continue;
     }
     const std::string what = fmt::format("rank {}: the failure line from rank {}", rank_, neighbour);
     // A note is sent in one piece; the rest of a short read follows at once.
@@ -429,21 +405,18 @@ bool Bootstrap::watchOnce(int waitMs) {
       recvAll(sockets[i]->fd(), reinterpret_cast<char*>(&note) + got, sizeof(note) - static_cast<size_t>(got), deadline,
               what);
     }
-    if (note.magic != kNoteMagic || (note.kind != kGoodbye && note.kind != kFailure) || note.textBytes > kMaxNoteText ||
-        note.origin < 0 || note.origin >= nranks_) {
+    if (const std::string why = wire::checkRingNote(note, nranks_); !why.empty()) {
       sockets[i]->close();
       heard_ = true;
-      fail(chorusRemoteError,
-           "rank {} sent rank {} a malformed note on the failure line (magic {:#x}, kind {}, origin {}, {} bytes)",
-           neighbour, rank_, note.magic, note.kind, note.origin, note.textBytes);
+      fail(chorusRemoteError, "rank {} sent rank {} a malformed note on the failure line: {}", neighbour, rank_, why);
     }
     std::string text(note.textBytes, '\0');
     recvAll(sockets[i]->fd(), text.data(), text.size(), deadline, what);
-    if (note.kind == kGoodbye) {
+    if (note.kind == wire::kGoodbye) {
       sockets[i]->close();  // left normally; nothing more will come
       continue;
     }
-    sendNote(kFailure, text, note.origin);  // on around the ring, as it was written
+    sendNote(wire::kFailure, text, note.origin);  // on around the ring, as it was written
     heard_ = true;
     fail(chorusRemoteError, "rank {} failed, and said: {}", note.origin, text);
   }

@@ -2,8 +2,8 @@
 // process that made the unique id, or in rank 0 for torchrun-style init) collects one info blob
 // per rank and hands all of them to everyone; then the ranks form a TCP ring used for small
 // out-of-band collectives during set-up (all-gather, barrier). Afterwards the ring is the
-// communicator's failure line: a rank that fails says so to both neighbours, which pass it on, and
-// a neighbour whose connection closes without a goodbye has died. One thread per Bootstrap.
+// communicator's failure line: a rank that fails says so to both neighbours, which pass it on.
+// One thread per Bootstrap.
 #pragma once
 
 #include <cstdint>
@@ -12,17 +12,18 @@
 
 #include "src/core/error.h"
 #include "src/core/socket.h"
+#include "src/core/wire.h"
 
 namespace chorus {
 
 // What a chorusUniqueId holds.
-struct UniqueIdData {
-  uint32_t magic = 0;
-  uint32_t version = 0;
-  uint64_t secret = 0;
-  PackedAddress root;
-};
-inline constexpr uint32_t kUniqueIdMagic = 0x63686f72;  // "chor"
+using UniqueIdData = wire::UniqueId;
+
+// Accepts connections on listenFd until one opens with a hello that proves it belongs (a
+// wire::PeerHello for this communicator and purpose), which it stores in *hello; the others are
+// closed and logged. Throws chorusTimeout at the deadline.
+Socket acceptPeer(int listenFd, Deadline deadline, const std::string& what, uint64_t secret, uint64_t commId,
+                  int nranks, wire::Purpose purpose, wire::PeerHello* hello);
 
 // Random 64 bits from the kernel.
 uint64_t randomU64();
@@ -53,6 +54,9 @@ class Bootstrap {
   void barrier(Deadline deadline);
 
   uint64_t commId() const { return commId_; }
+  uint64_t secret() const { return secret_; }
+  // The hello that opens this rank's connections to the other ranks.
+  wire::PeerHello peerHello(wire::Purpose purpose) const;
 
   // For a shrink (after join), collective over the ranks in `remaining` (ascending; this rank is
   // one): the lowest makes a new unique id (its root runs in this process) and hands it to the
@@ -73,8 +77,7 @@ class Bootstrap {
   // Tells both neighbours that this rank leaves normally (the communicator is destroyed).
   void sayGoodbye();
   // Reads what the neighbours have said, waiting up to waitMs for a word. Throws
-  // chorusRemoteError with the text of a failure notice (passing it on first), or naming a
-  // neighbour whose connection closed without a goodbye; once only.
+  // chorusRemoteError with the text of a failure notice (passing it on first); once only.
   void watch(int waitMs = 0);
 
  private:

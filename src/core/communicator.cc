@@ -113,6 +113,7 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
   context.rank = rank;
   context.nranks = nranks;
   context.commId = bootstrap_->commId();
+  context.secret = bootstrap_->secret();
   context.bootstrap = bootstrap_.get();
   context.dataListener = &dataListener_;
   context.deadline = deadlineAfterMs(settings.initTimeoutMs);

@@ -36,7 +36,10 @@ constexpr KnobSpec kKnobs[] = {
      "buffers on every rank lie in chorusMemAlloc allocations, reduce straight from every rank's input into the "
      "outputs; 0: never"},
     {"CHORUS_SPIN_US", "20", "how long a wait spins before it blocks (ranks may outnumber cores)"},
-    {"CHORUS_BOOTSTRAP_ADDR", "", "IP address to listen on (default: first non-loopback IPv4)"},
+    {"CHORUS_BOOTSTRAP_ADDR", "", "IP address to listen on (default: chosen by CHORUS_SOCKET_IFNAME)"},
+    {"CHORUS_SOCKET_IFNAME", "",
+     "interfaces to listen on: name prefixes, comma-separated; ^ excludes them, = matches whole names (default: the "
+     "first interface that is up and not loopback, else loopback)"},
     {"CHORUS_ALGO", "", "algorithm per collective, e.g. allreduce:ring,allgather:bruck (default: chosen per call)"},
     {"CHORUS_TUNING_FILE", "", "tuner cost parameters per transport (lines: shm alpha_us=5 beta_GBps=5 ...)"},
     {"CHORUS_RANK_ORDER", "",

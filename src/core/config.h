@@ -20,6 +20,7 @@ enum class Knob {
   kShmDirectBytes,  // CHORUS_SHM_DIRECT_BYTES: all-reduces this large on chorusMemAlloc buffers go direct
   kSpinUs,          // CHORUS_SPIN_US: how long a wait spins before it blocks
   kBootstrapAddr,   // CHORUS_BOOTSTRAP_ADDR: address this process listens on
+  kSocketIfname,    // CHORUS_SOCKET_IFNAME: interfaces to listen on
   kAlgo,            // CHORUS_ALGO: per-collective algorithm overrides
   kTuningFile,      // CHORUS_TUNING_FILE: cost-model parameters for the tuner
   kRankOrder,       // CHORUS_RANK_ORDER: the order rings, chains and trees visit the ranks

@@ -57,10 +57,13 @@ std::shared_ptr<Completion> Executor::submit(std::vector<PreparedOp> ops) {
   auto batch = std::make_unique<Batch>();
   batch->completion = std::make_shared<Completion>();
   batch->ops = std::move(ops);
+  // Each op's scratch starts on a cache line: a group's ops have scratch of any size, and the
+  // reductions load whole elements (a 7-element bfloat16 scratch would misalign the next op's).
+  auto lineUp = [](size_t bytes) { return (bytes + 63) / 64 * 64; };
   size_t scratchBytes = 0;
   for (const PreparedOp& op : batch->ops) {
     batch->count += op.schedule->steps.size();
-    scratchBytes += op.schedule->scratchBytes;
+    scratchBytes += lineUp(op.schedule->scratchBytes);
   }
   if (batch->count == 0) {
     batch->completion->done = true;
@@ -79,7 +82,7 @@ std::shared_ptr<Completion> Executor::submit(std::vector<PreparedOp> ops) {
   for (PreparedOp& op : batch->ops) {
     char* bases[collectives::kBufferCount] = {static_cast<char*>(const_cast<void*>(op.input)),
                                               static_cast<char*>(op.output), batch->scratch.data() + scratchOffset};
-    scratchOffset += op.schedule->scratchBytes;
+    scratchOffset += lineUp(op.schedule->scratchBytes);
     for (const collectives::Step& step : op.schedule->steps) {
       Item& item = batch->items[index];
       item.step = &step;

@@ -12,10 +12,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <stdexcept>
 #include <thread>
 
 #include "src/core/config.h"
 #include "src/core/error.h"
+#include "src/core/interfaces.h"
 
 namespace chorus {
 
@@ -104,19 +106,42 @@ void Socket::close() {
 SocketAddress defaultLocalAddress() {
   const std::string chosen = knobString(Knob::kBootstrapAddr);
   if (!chosen.empty()) return SocketAddress::parse(chosen, 0);
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) == 0) {
-    for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
-      if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET) continue;
-      if ((it->ifa_flags & IFF_UP) == 0 || (it->ifa_flags & IFF_LOOPBACK) != 0) continue;
-      SocketAddress address;
-      std::memcpy(&address.storage, it->ifa_addr, sizeof(sockaddr_in));
-      address.length = sizeof(sockaddr_in);
-      address.setPort(0);
-      freeifaddrs(list);
-      return address;
+  const std::string wanted = knobString(Knob::kSocketIfname);
+  InterfaceFilter filter;
+  if (!wanted.empty()) {
+    try {
+      filter = parseInterfaceFilter(wanted);
+    } catch (const std::invalid_argument& e) {
+      fail(chorusInvalidArgument, "CHORUS_SOCKET_IFNAME='{}': {}", wanted, e.what());
     }
-    freeifaddrs(list);
+  }
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) failErrno("getifaddrs()");
+  std::string seen;  // every interface that is up with an address, for the error
+  SocketAddress found;
+  // IPv4 first; IPv6 link-local addresses need a scope, so they are skipped.
+  for (const int family : {AF_INET, AF_INET6}) {
+    for (ifaddrs* it = list; it != nullptr && found.length == 0; it = it->ifa_next) {
+      if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != family || (it->ifa_flags & IFF_UP) == 0) continue;
+      SocketAddress address;
+      const size_t bytes = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+      std::memcpy(&address.storage, it->ifa_addr, bytes);
+      address.length = static_cast<socklen_t>(bytes);
+      if (family == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<sockaddr_in6*>(&address.storage)->sin6_addr)) {
+        continue;
+      }
+      address.setPort(0);
+      seen += fmt::format("{}{} ({})", seen.empty() ? "" : ", ", it->ifa_name, address.toString());
+      const bool loopback = (it->ifa_flags & IFF_LOOPBACK) != 0;
+      if (wanted.empty() ? !loopback : filter.matches(it->ifa_name)) found = address;
+    }
+  }
+  freeifaddrs(list);
+  if (found.length != 0) return found;
+  if (!wanted.empty()) {
+    fail(chorusInvalidArgument,
+         "CHORUS_SOCKET_IFNAME='{}' matches no interface that is up with an address; there are: {}", wanted,
+         seen.empty() ? "none" : seen);
   }
   return SocketAddress::parse("127.0.0.1", 0);
 }

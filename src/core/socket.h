@@ -67,8 +67,10 @@ class Socket {
   int fd_ = -1;
 };
 
-// The address this process advertises: CHORUS_BOOTSTRAP_ADDR, else the first non-loopback IPv4
-// address of an interface that is up, else 127.0.0.1. Port 0.
+// The address this process listens on and advertises: CHORUS_BOOTSTRAP_ADDR; else the first
+// address (IPv4 before IPv6) of an interface that is up and CHORUS_SOCKET_IFNAME chooses
+// (interfaces.h; chorusInvalidArgument naming the interfaces there are when none is); else, with
+// the knob unset, of the first such interface that is not loopback; else 127.0.0.1. Port 0.
 SocketAddress defaultLocalAddress();
 
 // Listens on address (port 0: any free port). The socket is blocking; accept with a deadline.

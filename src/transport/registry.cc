@@ -4,15 +4,6 @@
 
 namespace chorus {
 
-std::string describeTag(uint64_t tag) {
-  const auto kind = static_cast<TagKind>(tag >> 56);
-  const uint64_t sequence = (tag >> 16) & 0xffffffffffull;
-  const char* name = kind == TagKind::kCollective     ? "collective"
-                     : kind == TagKind::kPointToPoint ? "point-to-point"
-                                                      : "unknown";
-  return fmt::format("{} #{} (signature 0x{:04x})", name, sequence, tag & 0xffff);
-}
-
 const std::vector<TransportKind>& transportRegistry() {
   static const std::vector<TransportKind> kinds = {
       {"self", [](const TransportContext& c, int peer) { return peer == c.rank; }, createSelfTransport},

@@ -529,13 +529,10 @@ class ShmTransport final : public Transport {
       const SlotHeader* header = slot(p.inSlots, tail);
       if (header->sequence.load(std::memory_order_acquire) != tail + 1) break;
       PendingOp& op = p.recvs.front();
-      if (header->tag != op.tag || header->messageBytes != op.bytes || header->offset != op.done ||
-          (header->remote == 0 && header->pieceBytes > slotBytes_) || header->offset + header->pieceBytes > op.bytes) {
-        fail(
-            chorusRemoteError,
-            "shm: the next message from rank {} is {} with {} bytes, but rank {} posted a receive for {} with {} bytes "
-            "(the ranks called different operations, or with different sizes)",
-            p.rank, describeTag(header->tag), header->messageBytes, rank_, describeTag(op.tag), op.bytes);
+      const wire::SlotPiece piece{header->tag, header->messageBytes, header->offset, header->pieceBytes,
+                                  header->remote == 0};
+      if (const std::string why = wire::checkSlotPiece(piece, op.tag, op.bytes, op.done, slotBytes_); !why.empty()) {
+        fail(chorusRemoteError, "shm: the next message from rank {} to rank {} is {}", p.rank, rank_, why);
       }
       if (header->remote == kMappedMessage) {
         const auto* ref = reinterpret_cast<const MappedRef*>(reinterpret_cast<const char*>(header) + 64);
@@ -670,15 +667,17 @@ class ShmTransport final : public Transport {
     const auto now = Clock::now();
     if (now - lastAliveCheck_ < std::chrono::milliseconds(100)) return;
     lastAliveCheck_ = now;
-    for (const Peer& p : peers_.all()) {
+    for (Peer& p : peers_.all()) {
       if ((p.sends.empty() && p.recvs.empty() && p.beingRead.empty()) || p.pid <= 0) continue;
       pollfd exited{p.pidfd, POLLIN, 0};
       const bool gone = p.pidfd >= 0 ? ::poll(&exited, 1, 0) > 0 : kill(p.pid, 0) != 0 && errno == ESRCH;
-      if (gone) {
-        throw LinkLost(chorusRemoteError, fmt::format("shm: rank {} has exited (pid {} on this host) while rank {} "
-                                                      "waits for it",
-                                                      p.rank, p.pid, rank_));
-      }
+      if (!gone) continue;
+      // A peer that sent its last messages and left normally: what it published is all here.
+      pullRecvs(p);
+      if (p.sends.empty() && p.recvs.empty() && p.beingRead.empty()) continue;
+      throw LinkLost(chorusRemoteError,
+                     fmt::format("shm: rank {} has exited (pid {} on this host) while rank {} waits for it", p.rank,
+                                 p.pid, rank_));
     }
   }
 

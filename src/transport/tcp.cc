@@ -1,10 +1,10 @@
 // tcp.cc: the TCP transport, for any two ranks that can reach each other.
 //
 // One socket per pair of ranks, opened at init: the lower rank connects to the higher rank's
-// data listener and introduces itself with the communicator id and its rank. A message is a
-// 16-byte header (tag, size) followed by the payload. Sockets are non-blocking; progress() moves
-// as much as the kernel takes, and a header is read only once a receive is posted for that
-// peer, so unmatched data waits in the kernel (back-pressure, no unbounded buffering here).
+// data listener and introduces itself with a wire::PeerHello (the communicator's secret and id,
+// its rank). A message is a wire::TcpHeader (magic, sender, tag, size) followed by the payload. Sockets are
+// non-blocking; progress() moves as much as the kernel takes, and a header is read only once a receive is posted for
+// that peer, so unmatched data waits in the kernel (back-pressure, no unbounded buffering here).
 #include <poll.h>
 #include <sys/uio.h>
 
@@ -13,21 +13,13 @@
 #include <deque>
 
 #include "src/core/error.h"
+#include "src/core/log.h"
 #include "src/transport/transport.h"
 
 namespace chorus {
 namespace {
 
-struct WireHeader {
-  uint64_t tag;
-  uint64_t bytes;
-};
-
-struct ConnectHello {
-  uint64_t commId;
-  int32_t rank;
-  int32_t pad;
-};
+using wire::TcpHeader;
 
 struct PendingOp {
   uint64_t tag;
@@ -42,7 +34,7 @@ struct Peer {
   Socket socket;
   std::deque<PendingOp> sends;
   std::deque<PendingOp> recvs;
-  WireHeader incoming{};
+  TcpHeader incoming{};
   size_t incomingHeaderBytes = 0;  // bytes of `incoming` read so far
 };
 
@@ -60,22 +52,18 @@ class TcpTransport final : public Transport {
       if (peer.rank < rank_) continue;
       const std::string what = fmt::format("tcp transport: rank {} connecting to rank {}", rank_, peer.rank);
       peer.socket = connectTo(unpack(context.peers[peer.rank].dataAddress), context.deadline, what);
-      ConnectHello hello{context.commId, rank_, 0};
+      const wire::PeerHello hello = context.bootstrap->peerHello(wire::Purpose::kTcpData);
       sendAll(peer.socket.fd(), &hello, sizeof(hello), context.deadline, what);
     }
     // Accept lower ranks; strangers and other communicators are turned away.
     while (expectedAccepts > 0) {
       const std::string what =
           fmt::format("tcp transport: rank {} waiting for {} lower rank(s)", rank_, expectedAccepts);
-      Socket socket = acceptFrom(context.dataListener->fd(), context.deadline, what);
-      ConnectHello hello{};
-      try {
-        recvAll(socket.fd(), &hello, sizeof(hello), context.deadline, what);
-      } catch (const Error&) {
-        continue;
-      }
-      if (hello.commId != context.commId || hello.rank >= rank_ || !peers_.has(hello.rank) ||
-          peers_.at(hello.rank).socket.valid()) {
+      wire::PeerHello hello{};
+      Socket socket = acceptPeer(context.dataListener->fd(), context.deadline, what, context.secret, context.commId,
+                                 context.nranks, wire::Purpose::kTcpData, &hello);
+      if (hello.rank >= rank_ || !peers_.has(hello.rank) || peers_.at(hello.rank).socket.valid()) {
+        logAt(LogLevel::kWarn, "{}: rank {} connected, which this rank does not accept; turned away", what, hello.rank);
         continue;
       }
       peers_.at(hello.rank).socket = std::move(socket);
@@ -144,7 +132,7 @@ class TcpTransport final : public Transport {
     bool moved = false;
     while (!p.sends.empty()) {
       PendingOp& op = p.sends.front();
-      WireHeader header{op.tag, op.bytes};
+      TcpHeader header{wire::kTcpMagic, rank_, op.tag, op.bytes};
       iovec parts[2];
       int count = 0;
       if (op.done < sizeof(header)) {
@@ -175,9 +163,9 @@ class TcpTransport final : public Transport {
     bool moved = false;
     while (!p.recvs.empty()) {
       PendingOp& op = p.recvs.front();
-      if (p.incomingHeaderBytes < sizeof(WireHeader)) {
+      if (p.incomingHeaderBytes < sizeof(TcpHeader)) {
         const ssize_t n = ::recv(p.socket.fd(), reinterpret_cast<char*>(&p.incoming) + p.incomingHeaderBytes,
-                                 sizeof(WireHeader) - p.incomingHeaderBytes, MSG_DONTWAIT);
+                                 sizeof(TcpHeader) - p.incomingHeaderBytes, MSG_DONTWAIT);
         if (n == 0) connectionLost(p, "receiving", 0);
         if (n < 0) {
           if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
@@ -185,12 +173,9 @@ class TcpTransport final : public Transport {
         }
         p.incomingHeaderBytes += static_cast<size_t>(n);
         moved = true;
-        if (p.incomingHeaderBytes < sizeof(WireHeader)) break;
-        if (p.incoming.tag != op.tag || p.incoming.bytes != op.bytes) {
-          fail(chorusRemoteError,
-               "tcp: the next message from rank {} is {} with {} bytes, but rank {} posted a receive for {} with {} "
-               "bytes (the ranks called different operations, or with different sizes)",
-               p.rank, describeTag(p.incoming.tag), p.incoming.bytes, rank_, describeTag(op.tag), op.bytes);
+        if (p.incomingHeaderBytes < sizeof(TcpHeader)) break;
+        if (const std::string why = wire::checkTcpHeader(p.incoming, p.rank, op.tag, op.bytes); !why.empty()) {
+          fail(chorusRemoteError, "tcp: the next message from rank {} to rank {} is {}", p.rank, rank_, why);
         }
       }
       if (op.done < op.bytes) {

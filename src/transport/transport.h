@@ -12,6 +12,7 @@
 #include "src/core/bootstrap.h"
 #include "src/core/error.h"
 #include "src/core/socket.h"
+#include "src/core/wire.h"
 
 namespace chorus {
 
@@ -27,14 +28,9 @@ struct PeerInfo {
   char hostname[48] = {};
 };
 
-// Message tags: a kind, a sequence number and a signature of the operation. Messages between two
-// ranks are matched in post order; the tag only checks that both sides agree.
-enum class TagKind : uint8_t { kCollective = 1, kPointToPoint = 2 };
-inline uint64_t makeTag(TagKind kind, uint64_t sequence, uint16_t signature) {
-  return (static_cast<uint64_t>(kind) << 56) | ((sequence & 0xffffffffffull) << 16) | signature;
-}
-// "collective #12 (signature 0x1a2b)" or "point-to-point #3 (signature ...)".
-std::string describeTag(uint64_t tag);
+using wire::describeTag;
+using wire::makeTag;
+using wire::TagKind;
 
 // Completion flag of one posted send or receive, set by the transport.
 struct Request {
@@ -151,6 +147,7 @@ struct TransportContext {
   int rank = 0;
   int nranks = 0;
   uint64_t commId = 0;
+  uint64_t secret = 0;  // connections between the ranks prove they know it (wire::PeerHello)
   std::vector<PeerInfo> peers;
   Bootstrap* bootstrap = nullptr;
   Socket* dataListener = nullptr;

@@ -2,6 +2,7 @@
 // different operations or sizes fail with a remote error instead of hanging or corrupting; a
 // dead peer is noticed long before the timeout; missing ranks at init are named; a process with
 // the wrong secret is turned away; and init from the torchrun-style environment works.
+#include <arpa/inet.h>
 #include <chorus/chorus.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -14,6 +15,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -371,6 +376,116 @@ TEST(ShrinkTest, TheRemainingRanksGoOnWithoutTheExcludedOnes) {
         EXPECT_EQ(chorusCommDestroy(comm), chorusSuccess);
       },
       120));
+}
+
+// The addresses this process listens on, from /proc: its socket inodes, looked up among the
+// kernel's TCP sockets in state LISTEN ("1.2.3.4:5678").
+std::vector<std::string> listeningAddresses() {
+  std::set<std::string> inodes;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::string target = std::filesystem::read_symlink(entry.path(), error).string();
+    if (!error && target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
+  }
+  std::vector<std::string> found;
+  std::ifstream table("/proc/self/net/tcp");
+  std::string line;
+  std::getline(table, line);  // the header
+  while (std::getline(table, line)) {
+    std::istringstream fields(line);
+    std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+    fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode;
+    if (state != "0A" || inodes.count(inode) == 0) continue;
+    const uint32_t address = static_cast<uint32_t>(std::stoul(local.substr(0, 8), nullptr, 16));  // host order
+    const unsigned port = static_cast<unsigned>(std::stoul(local.substr(9), nullptr, 16));
+    found.push_back(std::to_string(address & 0xff) + "." + std::to_string((address >> 8) & 0xff) + "." +
+                    std::to_string((address >> 16) & 0xff) + "." + std::to_string(address >> 24) + ":" +
+                    std::to_string(port));
+  }
+  return found;
+}
+
+TEST(InterfaceTest, ListenersBindToTheInterfaceChorusSocketIfnameNames) {
+  // "=lo": every listener of every rank (its ring listener, which stays open) is on 127.0.0.1,
+  // and the communicator works over tcp; a name that matches nothing fails init, naming the
+  // interfaces there are.
+  expectAllZero(runProcesses(
+      2,
+      [&](int rank, const chorusUniqueId& id) {
+        setenv("CHORUS_SOCKET_IFNAME", "=nosuch0", 1);
+        chorusComm_t comm = nullptr;
+        chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
+        config.initTimeoutMs = 2000;
+        EXPECT_EQ(chorusCommInitRankConfig(&comm, 2, id, rank, &config), chorusInvalidArgument);
+        const std::string message = chorusGetLastError(nullptr);
+        EXPECT_NE(message.find("CHORUS_SOCKET_IFNAME='=nosuch0' matches no interface"), std::string::npos) << message;
+        EXPECT_NE(message.find("lo (127.0.0.1:0)"), std::string::npos) << message;
+      },
+      60));
+  expectAllZero(runProcesses(
+      2,
+      [&](int rank, const chorusUniqueId& id) {
+        setenv("CHORUS_SOCKET_IFNAME", "=lo", 1);
+        chorusComm_t comm = initOrDie(id, 2, rank, "tcp");
+        const std::vector<std::string> listening = listeningAddresses();
+        EXPECT_FALSE(listening.empty());
+        for (const std::string& address : listening) EXPECT_EQ(address.rfind("127.0.0.1:", 0), 0u) << address;
+        int64_t value = rank + 1, sum = 0;
+        EXPECT_EQ(chorusAllReduce(&value, &sum, 1, chorusInt64, chorusSum, comm, nullptr), chorusSuccess);
+        EXPECT_EQ(sum, 3);
+        chorusCommDestroy(comm);
+      },
+      60));
+}
+
+TEST(ShrinkTest, AStrangerAtARanksListenerIsTurnedAwayAndTheShrinkGoesOn) {
+  // Rank 2 connects to rank 1's open ring listener (found in /proc), with the right purpose but a
+  // wrong secret, while rank 1 waits for the shrink's new id; rank 1 turns it away and takes
+  // rank 0's offer, and the two go on.
+  int portPipe[2];
+  ASSERT_EQ(pipe(portPipe), 0);
+  expectAllZero(runProcesses(
+      3,
+      [&](int rank, const chorusUniqueId& id) {
+        chorusComm_t comm = initOrDie(id, 3, rank, "auto");
+        if (rank == 2) {
+          char text[64] = {};
+          ASSERT_GT(read(portPipe[0], text, sizeof(text) - 1), 0);
+          const int port = std::atoi(std::strchr(text, ':') + 1);
+          const int fd = socket(AF_INET, SOCK_STREAM, 0);
+          sockaddr_in address{};
+          address.sin_family = AF_INET;
+          address.sin_port = htons(static_cast<uint16_t>(port));
+          address.sin_addr.s_addr = inet_addr(std::string(text, std::strchr(text, ':')).c_str());
+          ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+          // A connection hello (wire.h): magic, version 2, a made-up secret and communicator, rank 2,
+          // purpose shrink.
+          const uint64_t forged[4] = {0x0000000263686f50ull, 12345, 0, (3ull << 32) | 2};
+          ASSERT_EQ(write(fd, forged, sizeof(forged)), static_cast<ssize_t>(sizeof(forged)));
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          close(fd);
+          chorusCommDestroy(comm);
+          return;
+        }
+        if (rank == 1) {
+          const std::vector<std::string> listening = listeningAddresses();
+          ASSERT_EQ(listening.size(), 1u);
+          ASSERT_GT(write(portPipe[1], listening[0].c_str(), listening[0].size()), 0);
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(150));  // the stranger comes first
+        }
+        const int exclude[] = {2};
+        chorusComm_t shrunk = nullptr;
+        ASSERT_EQ(chorusCommShrink(comm, exclude, 1, &shrunk, nullptr), chorusSuccess) << chorusGetLastError(nullptr);
+        int64_t value = rank + 1, sum = 0;
+        EXPECT_EQ(chorusAllReduce(&value, &sum, 1, chorusInt64, chorusSum, shrunk, nullptr), chorusSuccess);
+        EXPECT_EQ(sum, 3);
+        chorusCommDestroy(shrunk);
+        chorusCommDestroy(comm);
+      },
+      60));
+  close(portPipe[0]);
+  close(portPipe[1]);
 }
 
 }  // namespace

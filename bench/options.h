@@ -1,0 +1,52 @@
+// options.h: collbench's command line (nccl-tests' flags and ours), parsed apart from the
+// benchmark so the fuzz target (tests/fuzz) drives the very parser users do.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace chorus::bench {
+
+struct Options {
+  std::string minBytesText = "32M";
+  std::string maxBytesText = "32M";
+  size_t minBytes = 0;
+  size_t maxBytes = 0;
+  double stepFactor = 1;
+  std::string stepBytesText = "1M";
+  size_t stepBytes = 0;
+  bool factorGiven = false;
+  int iters = 20;
+  int warmup = 5;
+  int turns = 1;  // with several algorithms: blocks each one's iterations are split into, taken round robin
+  int check = 1;
+  std::string type = "float";
+  std::string redop = "sum";
+  int root = 0;
+  int blocking = 1;
+  std::string op = "allreduce";
+  int localRanks = 1;
+  std::string bind = "none";  // forked ranks: "core" pins rank r to the r-th allowed CPU, round robin
+  std::string json;
+  std::string algo;
+  std::string calibrate;
+  std::string calibrateUpToText = "64M";
+  size_t calibrateUpTo = 0;  // the calibration's largest size, parsed from calibrateUpToText
+  bool simulate = false;
+  int ranksPerHost = 0;
+  bool injectWrong = false;
+  std::string compare;       // peers timed beside chorus: "gloo", "mpi", "gloo,mpi"
+  std::string glooStore;     // where Gloo's file store is made (a directory every rank sees)
+  bool bound = false;        // measure the copy bandwidth and print each row's share of the bound
+  std::string mem = "host";  // where the buffers come from: host (the heap) or chorus (chorusMemAlloc)
+};
+
+// Parses the command line into *o. Returns -1 to go on, else the exit code for main: 0 after
+// --help, 2 after a bad flag or value (the message is on stderr).
+int parseOptions(int argc, const char* const* argv, Options* o);
+
+// "32M", "1.5K", "4096", "1GB" -> bytes. Throws std::invalid_argument for anything else,
+// negative or at least 2^63 bytes.
+size_t parseBytes(const std::string& text);
+
+}  // namespace chorus::bench
