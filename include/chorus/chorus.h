@@ -167,6 +167,13 @@ CHORUS_API chorusResult_t chorusCommDestroy(chorusComm_t comm);
  * chorusInvalidArgument when asyncError is NULL. */
 CHORUS_API chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncError);
 
+/* Prints this rank's state of the communicator to stderr, each line prefixed "chorus rank R: ":
+ * whether it has failed (and why), every pending operation with how far it has come and the step
+ * it waits on (a send or receive with which rank, and whether that rank has reached the
+ * operation), and what each peer link has moved. For hangs: with CHORUS_DUMP_SIGNAL=1, SIGUSR1
+ * makes a waiting call print the same. Not collective; from the thread that uses comm. */
+CHORUS_API chorusResult_t chorusCommDumpState(chorusComm_t comm);
+
 /* Marks the communicator aborted and frees the handle without waiting for peers: the way out
  * after an error, a timeout or a hang. Safe from any thread: a call blocked on this communicator
  * in another thread (and every non-blocking operation in flight) returns chorusAborted within a

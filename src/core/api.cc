@@ -463,6 +463,10 @@ chorusResult_t chorusCommShrink(chorusComm_t comm, const int* excludeRanks, int 
   });
 }
 
+chorusResult_t chorusCommDumpState(chorusComm_t comm) {
+  return guarded([&] { live(comm, "chorusCommDumpState")->printState(); });
+}
+
 chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncError) {
   return guarded([&] {
     const Lease held = live(comm, "chorusCommGetAsyncError");

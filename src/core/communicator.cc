@@ -2,14 +2,17 @@
 // a call to a running schedule.
 #include "src/core/communicator.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <mutex>
 
 #include "kernels/cpu/reduce.h"
 #include "src/core/config.h"
@@ -34,6 +37,21 @@ uint64_t hostHash() {
     if (stat(ns, &info) == 0) key += fmt::format("|{}", static_cast<uint64_t>(info.st_ino));
   }
   return std::hash<std::string>{}(key);
+}
+
+// SIGUSR1 asks every communicator of the process to print its state the next time a call of
+// it waits (the waiting thread prints: the state is only ever touched by it).
+std::atomic<uint64_t> dumpRequests{0};
+void onDumpSignal(int) { dumpRequests.fetch_add(1, std::memory_order_relaxed); }
+void installDumpSignal() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction action {};
+    action.sa_handler = onDumpSignal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &action, nullptr);
+  });
 }
 
 uint16_t signatureOf(collectives::Collective collective, size_t count, chorusDataType_t type, chorusRedOp_t op,
@@ -190,6 +208,16 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
   options.timeoutMs = settings.timeoutMs;
   options.spinUs = settings.spinUs;
   options.failureLine = bootstrap_.get();
+  if (knobInt(Knob::kDumpSignal) != 0) {
+    installDumpSignal();
+    dumpsSeen_ = dumpRequests.load();
+    options.whileBlocked = [this] {
+      if (const uint64_t asked = dumpRequests.load(std::memory_order_relaxed); asked != dumpsSeen_) {
+        dumpsSeen_ = asked;
+        printState();
+      }
+    };
+  }
   executor_ = std::make_unique<Executor>(std::move(options), transportOfPeer_, all, &aborted_);
   bootstrap_->barrier(deadlineAfterMs(settings.initTimeoutMs));
   if (logEnabled(LogLevel::kInfo)) {
@@ -217,6 +245,28 @@ Communicator::~Communicator() {
   // The peers hear why this rank leaves (a failure was told when it happened).
   if (aborted()) bootstrap_->tellFailure(fmt::format("rank {}: the communicator was aborted", rank_));
   bootstrap_->sayGoodbye();
+}
+
+std::string Communicator::dumpState() const {
+  std::string transports;
+  for (int peer = 0; peer < nranks_; ++peer) transports += fmt::format(" {}:{}", peer, transportName(peer));
+  std::string text = fmt::format("rank {} of {} (comm {:016x}); transports by peer:{}\n", rank_, nranks_,
+                                 bootstrap_->commId(), transports);
+  if (aborted()) text += "aborted\n";
+  if (!broken_.empty()) text += fmt::format("failed: {}\n", broken_);
+  return text + executor_->describeState();
+}
+
+void Communicator::printState() const {
+  std::string out;
+  const std::string text = dumpState();
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = text.find('\n', at);
+    out += fmt::format("chorus rank {}: {}\n", rank_, text.substr(at, end - at));
+    at = end == std::string::npos ? text.size() : end + 1;
+  }
+  std::fputs(out.c_str(), stderr);
+  std::fflush(stderr);
 }
 
 std::string Communicator::transportName(int peer) const {

@@ -85,6 +85,12 @@ class Communicator {
   // Progresses the operations in flight without blocking, then says whether the communicator has
   // failed: chorusSuccess, or the failure's result. The failure's message is brokenReason().
   chorusResult_t asyncError();
+  // This rank's state, for chorusCommDumpState and CHORUS_DUMP_SIGNAL: the communicator, whether
+  // it has failed, every pending operation and the step it waits on, what each link has moved.
+  std::string dumpState() const;
+  // Writes dumpState() to stderr, each line prefixed with "chorus rank R: ".
+  void printState() const;
+
   // Name of the transport used for each peer, for logs and tests.
   std::string transportName(int peer) const;
 
@@ -125,6 +131,7 @@ class Communicator {
   bool directLogged_ = false;
   int directSkips_ = 0;  // eligible calls left that skip the swap (a heap buffer was found)
   std::atomic<bool> aborted_{false};
+  uint64_t dumpsSeen_ = 0;  // signal dump requests already answered
   std::string broken_;
   chorusResult_t brokenResult_ = chorusSuccess;  // the result of the failure broken_ describes
   void breakWith(const Error& e);                // records the first failure

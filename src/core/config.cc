@@ -45,6 +45,9 @@ constexpr KnobSpec kKnobs[] = {
     {"CHORUS_RANK_ORDER", "",
      "order in which rings, chains and trees visit the ranks, e.g. 0,2,1,3 (default 0..n-1; used by "
      "communicators of that many ranks)"},
+    {"CHORUS_DUMP_SIGNAL", "0",
+     "1: SIGUSR1 makes every communicator of the process print its pending operations, the step each waits on "
+     "and what each link has moved (as chorusCommDumpState), the next time a call of it waits"},
 };
 static_assert(sizeof(kKnobs) / sizeof(kKnobs[0]) == static_cast<size_t>(Knob::kCount));
 

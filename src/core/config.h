@@ -24,6 +24,7 @@ enum class Knob {
   kAlgo,            // CHORUS_ALGO: per-collective algorithm overrides
   kTuningFile,      // CHORUS_TUNING_FILE: cost-model parameters for the tuner
   kRankOrder,       // CHORUS_RANK_ORDER: the order rings, chains and trees visit the ranks
+  kDumpSignal,      // CHORUS_DUMP_SIGNAL: SIGUSR1 prints every pending operation
   kCount
 };
 

@@ -3,6 +3,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/cpu/copy.h"
@@ -43,6 +44,7 @@ std::string PreparedOp::what() const {
 Executor::Executor(ExecutorOptions options, std::vector<Transport*> transportOfPeer, std::vector<Transport*> transports,
                    const std::atomic<bool>* aborted)
     : options_(options),
+      links_(static_cast<size_t>(std::max(options.nranks, 1))),
       transportOfPeer_(std::move(transportOfPeer)),
       transports_(std::move(transports)),
       aborted_(aborted) {}
@@ -248,6 +250,19 @@ bool Executor::finish(Item& item) {
 
 // Counts a finished item; a batch whose every item is finished is done (reap() removes it).
 void Executor::complete(Item& item) {
+  const collectives::Step& step = *item.step;
+  if (step.kind == StepKind::kSend) {
+    Link& link = links_[step.peer];
+    ++link.sentMessages;
+    link.sentBytes += step.bytes;
+  } else if (step.kind == StepKind::kRecv || step.kind == StepKind::kRecvReduce) {
+    Link& link = links_[step.peer];
+    ++link.receivedMessages;
+    link.receivedBytes += step.bytes;
+    link.lastCollective = item.op->collective;
+    link.lastSequence = item.op->sequence;
+    link.receivedAny = true;
+  }
   Batch& batch = *item.batch;
   if (++batch.completed == batch.count) batch.completion->done = true;
 }
@@ -324,6 +339,7 @@ void Executor::waitUntil(Done done) {
       }
       if (now - lastProgress_ > std::chrono::milliseconds(options_.timeoutMs)) timeout();
       if (options_.failureLine != nullptr) options_.failureLine->watch(0);
+      if (options_.whileBlocked) options_.whileBlocked();
       // Block in the transports that have work: one alone may sleep long; several take turns.
       int busy = 0;
       for (Transport* t : transports_) busy += t->busy() ? 1 : 0;
@@ -386,12 +402,73 @@ const Executor::Item* Executor::oldestPending() const {
 void Executor::timeout() {
   const Item* item = oldestPending();
   if (item == nullptr) fail(chorusTimeout, "nothing moved for {} ms (CHORUS_TIMEOUT_MS)", options_.timeoutMs);
-  const collectives::Step& step = *item->step;
-  fail(chorusTimeout,
-       "nothing moved for {} ms (CHORUS_TIMEOUT_MS); step {} of {} is a {} of {} bytes with rank {}, which has not "
-       "completed: rank {} is stalled, dead, or in a different operation",
-       options_.timeoutMs, item->index, item->batch->count, collectives::stepKindName(step.kind), step.bytes, step.peer,
-       step.peer);
+  std::string links;
+  for (int peer = 0; peer < options_.nranks; ++peer) {
+    if (peer != options_.rank) links += fmt::format("{}{}", links.empty() ? "" : "; ", describeLink(peer));
+  }
+  fail(chorusTimeout, "nothing moved for {} ms (CHORUS_TIMEOUT_MS): {}; links: {}", options_.timeoutMs,
+       describeWait(*item), links.empty() ? "none" : links);
+}
+
+std::string Executor::describeWait(const Item& item) const {
+  const collectives::Step& step = *item.step;
+  const PreparedOp& op = *item.op;
+  std::string text = fmt::format("step {} of {}, a {} of {} bytes with rank {}, has not completed", item.index,
+                                 item.batch->count, collectives::stepKindName(step.kind), step.bytes, step.peer);
+  if (step.kind != StepKind::kRecv && step.kind != StepKind::kRecvReduce) {
+    return text + fmt::format(" (rank {} has not taken it: stalled, dead, or in another operation)", step.peer);
+  }
+  // Messages from a peer come in call order: the call its last message belonged to says whether
+  // it has reached this one.
+  const Link& link = links_[step.peer];
+  const bool pointToPoint =
+      op.collective == collectives::Collective::kSend || op.collective == collectives::Collective::kRecv;
+  const bool sameKind = link.receivedAny && (link.lastCollective == collectives::Collective::kSend ||
+                                             link.lastCollective == collectives::Collective::kRecv) == pointToPoint;
+  if (!link.receivedAny) {
+    return text + fmt::format(": rank {} has not arrived at {} (no message from it yet)", step.peer, op.what());
+  }
+  const std::string last = fmt::format("{} #{}", collectives::collectiveName(link.lastCollective), link.lastSequence);
+  if (sameKind && link.lastSequence < op.sequence) {
+    return text + fmt::format(": rank {} has not arrived at {} (its last message here belonged to {})", step.peer,
+                              op.what(), last);
+  }
+  if (!sameKind) {
+    return text + fmt::format(": rank {} has not sent it (its last message here belonged to {})", step.peer, last);
+  }
+  return text +
+         fmt::format(": rank {} is inside it, or stalled (its last message here belonged to {})", step.peer, last);
+}
+
+std::string Executor::describeLink(int peer) const {
+  const Link& link = links_[peer];
+  std::string text = fmt::format("rank {}: sent {} messages ({} bytes), received {} messages ({} bytes)", peer,
+                                 link.sentMessages, link.sentBytes, link.receivedMessages, link.receivedBytes);
+  if (link.receivedAny) {
+    text += fmt::format(", the last of {} #{}", collectives::collectiveName(link.lastCollective), link.lastSequence);
+  }
+  return text;
+}
+
+std::string Executor::describeState() const {
+  std::string text;
+  if (batches_.empty()) text += "no operation pending\n";
+  for (const auto& batch : batches_) {
+    std::string ops;
+    for (const PreparedOp& op : batch->ops) ops += fmt::format("{}{}", ops.empty() ? "" : ", ", op.what());
+    text += fmt::format("pending: {} ({} of {} steps posted, {} completed)\n", ops, batch->issued, batch->count,
+                        batch->completed);
+    // The earliest unfinished posted step of this submission is what it waits for.
+    const Item* oldest = nullptr;
+    for (const Item* item : inFlight_) {
+      if (item->batch == batch.get() && (oldest == nullptr || item->index < oldest->index)) oldest = item;
+    }
+    if (oldest != nullptr) text += fmt::format("  waiting: {}\n", describeWait(*oldest));
+  }
+  for (int peer = 0; peer < options_.nranks; ++peer) {
+    if (peer != options_.rank) text += fmt::format("link to {}\n", describeLink(peer));
+  }
+  return text;
 }
 
 // Ends the whole stream with the error: messages between the pairs are out of step afterwards.

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +59,8 @@ struct ExecutorOptions {
   // (not while spinning): a failure a peer tells of ends the stream; a failure found here is
   // told to the peers (Bootstrap::failed).
   Bootstrap* failureLine = nullptr;
+  // Called there too (a dump of the state a signal asked for).
+  std::function<void()> whileBlocked;
 };
 
 class Executor {
@@ -82,6 +85,9 @@ class Executor {
   // Ends every unfinished submission with this result, without waiting (abort, destroy).
   void abandon(chorusResult_t result, const std::string& message);
   size_t pending() const { return batches_.size(); }
+  // Every unfinished submission (its operations, how far each has come, the step it waits on)
+  // and what each peer link has moved, one line each, for chorusCommDumpState.
+  std::string describeState() const;
 
  private:
   struct Range {
@@ -139,7 +145,23 @@ class Executor {
   const Item* oldestPending() const;
   bool conflicts(const Item& earlier, const Item& later) const;
 
+  // What one peer link has moved: completed sends and receives, and the operation the last
+  // received message belonged to (which says whether a silent peer has reached a given call).
+  struct Link {
+    uint64_t sentMessages = 0;
+    uint64_t sentBytes = 0;
+    uint64_t receivedMessages = 0;
+    uint64_t receivedBytes = 0;
+    collectives::Collective lastCollective = collectives::Collective::kAllReduce;
+    uint64_t lastSequence = 0;
+    bool receivedAny = false;
+  };
+  std::string describeLink(int peer) const;
+  // What the step waits for, and whether its peer has reached its operation.
+  std::string describeWait(const Item& item) const;
+
   ExecutorOptions options_;
+  std::vector<Link> links_;  // by peer rank
   std::vector<Transport*> transportOfPeer_;
   std::vector<Transport*> transports_;
   const std::atomic<bool>* aborted_;

@@ -6,6 +6,7 @@
 #include <chorus/chorus.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -156,6 +158,87 @@ TEST_P(FailureTest, AsyncErrorReportsAMismatchFoundWhileNonBlockingOperationsRun
   }));
   close(posted0[0]);
   close(posted0[1]);
+}
+
+// One disagreement between the calls of rank 1 and those of ranks 0 and 2.
+struct Mismatch {
+  const char* name;
+  // The call each rank makes; `odd` is true on rank 1.
+  chorusResult_t (*call)(chorusComm_t comm, std::vector<float>& buffer, bool odd);
+  const char* ours;    // how rank 0's error names its own call
+  const char* theirs;  // and rank 1's; null where ranks 0 and 1 only send (they hear of it after)
+};
+
+const Mismatch kMismatches[] = {
+    {"count",
+     [](chorusComm_t comm, std::vector<float>& b, bool odd) {
+       return chorusAllReduce(b.data(), b.data(), odd ? 20 : 10, chorusFloat32, chorusSum, comm, nullptr);
+     },
+     "allreduce #0 (count 10 float32 sum", "allreduce #0 (count 20 float32 sum"},
+    {"collective",
+     [](chorusComm_t comm, std::vector<float>& b, bool odd) {
+       return odd ? chorusBroadcast(b.data(), b.data(), 10, chorusFloat32, 0, comm, nullptr)
+                  : chorusAllReduce(b.data(), b.data(), 10, chorusFloat32, chorusSum, comm, nullptr);
+     },
+     "allreduce #0 (count 10 float32 sum", "broadcast #0 (count 10 float32 root 0"},
+    {"type",
+     [](chorusComm_t comm, std::vector<float>& b, bool odd) {
+       return chorusAllReduce(b.data(), b.data(), 10, odd ? chorusInt32 : chorusFloat32, chorusSum, comm, nullptr);
+     },
+     "allreduce #0 (count 10 float32 sum", "allreduce #0 (count 10 int32 sum"},
+    {"op",
+     [](chorusComm_t comm, std::vector<float>& b, bool odd) {
+       return chorusAllReduce(b.data(), b.data(), 10, chorusFloat32, odd ? chorusMax : chorusSum, comm, nullptr);
+     },
+     "allreduce #0 (count 10 float32 sum", "allreduce #0 (count 10 float32 max"},
+    {"root",
+     [](chorusComm_t comm, std::vector<float>& b, bool odd) {
+       return chorusBroadcast(b.data(), b.data(), 10, chorusFloat32, odd ? 1 : 0, comm, nullptr);
+     },
+     "broadcast #0 (count 10 float32 root 0", nullptr},
+    {"skipped call",
+     [](chorusComm_t comm, std::vector<float>& b, bool odd) {
+       // Rank 1 skips all-reduce #0 (of 10): its all-reduce of 30 is #0 to it, #1 to the others.
+       if (!odd) {
+         const chorusResult_t first = chorusAllReduce(b.data(), b.data(), 10, chorusFloat32, chorusSum, comm, nullptr);
+         if (first != chorusSuccess) return first;
+       }
+       return chorusAllReduce(b.data(), b.data(), 30, chorusFloat32, chorusSum, comm, nullptr);
+     },
+     "allreduce #0 (count 10 float32 sum", "allreduce #0 (count 30 float32 sum"},
+};
+
+TEST_P(FailureTest, EveryKindOfDisagreementFailsOnEveryRankNamingBothCalls) {
+  // Three ranks; rank 1's call differs in count, collective, type, op or root, or rank 1 skips a
+  // call. Every rank fails with chorusRemoteError (no hang: a 10-minute timeout would outlast the
+  // test's deadline); rank 0's message names its own call and rank 1's. Where ranks 0 and 1 only
+  // send (two roots of one broadcast), rank 2 fails in the call and they in their next.
+  const char* transport = GetParam();
+  for (const Mismatch& mismatch : kMismatches) {
+    SCOPED_TRACE(mismatch.name);
+    expectAllZero(runProcesses(
+        3,
+        [&](int rank, const chorusUniqueId& id) {
+          chorusComm_t comm = initOrDie(id, 3, rank, transport, 600000);
+          std::vector<float> buffer(64, 1.0f);
+          chorusResult_t result = mismatch.call(comm, buffer, rank == 1);
+          std::string message = chorusGetLastError(comm);
+          if (mismatch.theirs == nullptr && result == chorusSuccess) {
+            // A rank that only sends in the call (both "roots" here) cannot see the disagreement;
+            // the word of the rank that did ends its next call.
+            result = chorusBarrier(comm, nullptr);
+            message = chorusGetLastError(comm);
+            EXPECT_NE(message.find("failed, and said"), std::string::npos) << message;
+          }
+          EXPECT_EQ(result, chorusRemoteError) << mismatch.name << ", rank " << rank << ": " << message;
+          if (rank == 0 && mismatch.theirs != nullptr) {
+            EXPECT_NE(message.find(mismatch.ours), std::string::npos) << mismatch.name << ": " << message;
+            EXPECT_NE(message.find(mismatch.theirs), std::string::npos) << mismatch.name << ": " << message;
+          }
+          chorusCommDestroy(comm);
+        },
+        120));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, FailureTest, ::testing::Values("shm", "tcp"));
@@ -376,6 +459,118 @@ TEST(ShrinkTest, TheRemainingRanksGoOnWithoutTheExcludedOnes) {
         EXPECT_EQ(chorusCommDestroy(comm), chorusSuccess);
       },
       120));
+}
+
+// Runs body with stderr going to a temporary file; returns what was written.
+std::string capturedStderr(const std::function<void()>& body) {
+  std::fflush(stderr);
+  char path[] = "/tmp/chorus-stderr-XXXXXX";
+  const int file = mkstemp(path);
+  const int saved = dup(2);
+  dup2(file, 2);
+  body();
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  close(file);
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  unlink(path);
+  return text.str();
+}
+
+TEST(TimeoutTest, TheErrorNamesTheRankThatHasNotArrivedAndWhatEachLinkMoved) {
+  // Three ranks finish ring all-reduce #0; rank 2 never calls #1. Rank 0, which receives from
+  // rank 2 on the ring, times out saying so, with what each of its links has moved.
+  expectAllZero(runProcesses(
+      3,
+      [&](int rank, const chorusUniqueId& id) {
+        chorusComm_t comm = initOrDie(id, 3, rank, "shm", 500);
+        ASSERT_EQ(chorusCommSetAlgorithms(comm, "allreduce:ring"), chorusSuccess);
+        std::vector<float> values(3000, 1.0f);
+        ASSERT_EQ(chorusAllReduce(values.data(), values.data(), values.size(), chorusFloat32, chorusSum, comm, nullptr),
+                  chorusSuccess);
+        if (rank == 2) {
+          std::this_thread::sleep_for(std::chrono::seconds(2));
+          chorusCommDestroy(comm);
+          return;
+        }
+        const chorusResult_t result =
+            chorusAllReduce(values.data(), values.data(), values.size(), chorusFloat32, chorusSum, comm, nullptr);
+        const std::string message = chorusGetLastError(comm);
+        if (rank == 0) {
+          EXPECT_EQ(result, chorusTimeout) << message;
+          EXPECT_NE(message.find("nothing moved for 500 ms"), std::string::npos) << message;
+          EXPECT_NE(message.find("rank 2 has not arrived at allreduce #1"), std::string::npos) << message;
+          EXPECT_NE(message.find("its last message here belonged to allreduce #0"), std::string::npos) << message;
+          // A ring all-reduce of 12000 bytes on 3 ranks moves 4 blocks of 4000 bytes each way per
+          // rank; #1 has sent its first.
+          EXPECT_NE(message.find("links: rank 1: sent 5 messages (20000 bytes), received 0 messages (0 bytes); "
+                                 "rank 2: sent 0 messages (0 bytes), received 4 messages (16000 bytes), the last "
+                                 "of allreduce #0"),
+                    std::string::npos)
+              << message;
+        } else {
+          // Rank 1 waits for rank 0: its own timeout, or rank 0's word of it, whichever comes first.
+          EXPECT_TRUE(result == chorusTimeout || result == chorusRemoteError) << message;
+        }
+        chorusCommDestroy(comm);
+      },
+      60));
+}
+
+TEST(DumpStateTest, ListsPendingOperationsAndWhatTheyWait) {
+  // chorusCommDumpState on rank 0 with an all-reduce rank 1 has not posted; then, with
+  // CHORUS_DUMP_SIGNAL=1, SIGUSR1 while rank 0 waits in a receive: the waiting call prints.
+  expectAllZero(runProcesses(
+      2,
+      [&](int rank, const chorusUniqueId& id) {
+        setenv("CHORUS_DUMP_SIGNAL", "1", 1);
+        chorusComm_t comm = initOrDie(id, 2, rank, "auto");
+        std::vector<float> values(256, 1.0f);
+        float one = 0;
+        if (rank == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          ASSERT_EQ(chorusAllReduce(values.data(), values.data(), 256, chorusFloat32, chorusSum, comm, nullptr),
+                    chorusSuccess);
+          std::this_thread::sleep_for(std::chrono::milliseconds(700));  // rank 0 waits in its receive meanwhile
+          one = 1.0f;
+          ASSERT_EQ(chorusSend(&one, 1, chorusFloat32, 0, comm, nullptr), chorusSuccess);
+          chorusCommDestroy(comm);
+          return;
+        }
+        chorusRequest_t request = nullptr;
+        ASSERT_EQ(chorusIAllReduce(values.data(), values.data(), 256, chorusFloat32, chorusSum, comm, &request),
+                  chorusSuccess);
+        const std::string dump = capturedStderr([&] { EXPECT_EQ(chorusCommDumpState(comm), chorusSuccess); });
+        EXPECT_NE(dump.find("chorus rank 0: rank 0 of 2"), std::string::npos) << dump;
+        EXPECT_NE(dump.find("chorus rank 0: pending: allreduce #0 (count 256 float32 sum"), std::string::npos) << dump;
+        EXPECT_NE(dump.find("rank 1 has not arrived at allreduce #0 (count 256 float32 sum"), std::string::npos)
+            << dump;
+        EXPECT_NE(dump.find("(no message from it yet)"), std::string::npos) << dump;
+        EXPECT_NE(dump.find("chorus rank 0: link to rank 1: sent"), std::string::npos) << dump;
+        ASSERT_EQ(chorusWait(&request), chorusSuccess) << chorusGetLastError(comm);
+
+        const std::string signalled = capturedStderr([&] {
+          std::thread signaller([] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            kill(getpid(), SIGUSR1);
+          });
+          EXPECT_EQ(chorusRecv(&one, 1, chorusFloat32, 1, comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
+          signaller.join();
+        });
+        EXPECT_EQ(one, 1.0f);
+        EXPECT_NE(signalled.find("chorus rank 0: pending: recv #0 (count 1 float32, from rank 1)"), std::string::npos)
+            << signalled;
+        EXPECT_NE(signalled.find("rank 1 has not sent it (its last message here belonged to allreduce #0)"),
+                  std::string::npos)
+            << signalled;
+        EXPECT_NE(signalled.find("received 1 messages (1024 bytes), the last of allreduce #0"), std::string::npos)
+            << signalled;
+        chorusCommDestroy(comm);
+      },
+      60));
 }
 
 // The addresses this process listens on, from /proc: its socket inodes, looked up among the
