@@ -345,6 +345,10 @@ void Bootstrap::tellFailure(const std::string& text) {
 }
 
 std::string Bootstrap::failed(const Error& error, std::string message) {
+  if (heard_) {
+    told_ = true;  // the failure is one heard on the line, which has passed it on already
+    return message;
+  }
   const bool theirs = error.code() == chorusRemoteError;
   const bool closed = dynamic_cast<const LinkLost*>(&error) != nullptr;
   try {
@@ -416,6 +420,7 @@ bool Bootstrap::watchOnce(int waitMs) {
       sockets[i]->close();  // left normally; nothing more will come
       continue;
     }
+    if (note.origin == rank_) continue;           // this rank's own word, passed back around
     sendNote(wire::kFailure, text, note.origin);  // on around the ring, as it was written
     heard_ = true;
     fail(chorusRemoteError, "rank {} failed, and said: {}", note.origin, text);
