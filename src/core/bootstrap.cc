@@ -344,9 +344,10 @@ void Bootstrap::tellFailure(const std::string& text) {
   sendNote(wire::kFailure, text, rank_);
 }
 
-std::string Bootstrap::failed(const Error& error, std::string message) {
+std::string Bootstrap::failed(const Error& error, const std::string& where) {
+  std::string message = fmt::format("{}: {}", where, error.what());
   if (heard_) {
-    told_ = true;  // the failure is one heard on the line, which has passed it on already
+    tellFailure(where + ": stopped on hearing of the failure");
     return message;
   }
   const bool theirs = error.code() == chorusRemoteError;

@@ -68,12 +68,14 @@ class Bootstrap {
   // that says why; they pass it on around the ring. Best effort, never blocks; once only (a word
   // heard from a peer is passed on besides).
   void tellFailure(const std::string& text);
-  // This rank failed with error, described in full by message. Tells the peers, and returns
-  // message with what a peer that saw more said added: a failure that is a peer's (it disagreed,
-  // or died) may have been told by one. A closed link (LinkLost) says least, as its peer may
-  // have left after a failure of its own: then this rank listens a moment first, and tells only
-  // if no word came.
-  std::string failed(const Error& error, std::string message);
+  // This rank failed with error in the call `where` names ("rank 0: allreduce #3 (...)").
+  // Tells the peers, and returns "where: error" with what a peer that saw more said added: a
+  // failure that is a peer's (it disagreed, or died) may have been told by one. A closed link
+  // (LinkLost) says least, as its peer may have left after a failure of its own: then this rank
+  // listens a moment first, and tells only if no word came. A rank that failed on a word it heard
+  // (passed on already) tells only which call it was in, which names the other side of a
+  // disagreement to the rank that found it.
+  std::string failed(const Error& error, const std::string& where);
   // Tells both neighbours that this rank leaves normally (the communicator is destroyed).
   void sayGoodbye();
   // Reads what the neighbours have said, waiting up to waitMs for a word. Throws

@@ -142,8 +142,8 @@ bool Communicator::reduceDirect(collectives::Collective collective, const void* 
   } catch (const Error& e) {
     // The peers hear of it at the barrier below.
     const Error told(e.code(), bootstrap_->failed(e, fmt::format("rank {}: {} of {} input bytes between "
-                                                                 "chorusMemAlloc buffers: {}",
-                                                                 rank_, name, inBytes, e.what())));
+                                                                 "chorusMemAlloc buffers",
+                                                                 rank_, name, inBytes)));
     breakWith(told);
     throw told;
   }

@@ -479,9 +479,9 @@ void Executor::failAll(const Error& error) {
     Batch& front = *batches_.front();
     op = front.issued < front.count ? front.items[front.issued].op : &front.ops.back();
   }
-  std::string message =
-      fmt::format("rank {}: {}: {}", options_.rank, op != nullptr ? op->what() : "operation", error.what());
-  if (options_.failureLine != nullptr) message = options_.failureLine->failed(error, std::move(message));
+  const std::string where = fmt::format("rank {}: {}", options_.rank, op != nullptr ? op->what() : "operation");
+  const std::string message = options_.failureLine != nullptr ? options_.failureLine->failed(error, where)
+                                                              : fmt::format("{}: {}", where, error.what());
   for (Transport* t : transports_) t->cancelAll();
   abandon(error.code(), message);
   throw Error(error.code(), message);
