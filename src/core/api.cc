@@ -214,10 +214,8 @@ void initCommunicator(chorusComm_t* out, int nranks, const chorus::UniqueIdData&
 }
 
 int envInt(const char* name, const std::string& text) {
-  char* end = nullptr;
-  errno = 0;
-  const long value = std::strtol(text.c_str(), &end, 10);
-  if (errno != 0 || end == text.c_str() || *end != '\0' || value < 0 || value > std::numeric_limits<int>::max()) {
+  int64_t value = 0;
+  if (!chorus::parseNonNegative(text, std::numeric_limits<int>::max(), &value)) {
     fail(chorusInvalidArgument, "chorusCommInitFromEnv: {}='{}' is not a valid non-negative integer", name, text);
   }
   return static_cast<int>(value);

@@ -3,6 +3,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <limits>
 
 #include "src/core/error.h"
 #include "src/core/log.h"
@@ -64,12 +65,19 @@ bool knobSet(Knob knob) {
 
 std::string knobString(Knob knob) { return knobSet(knob) ? std::getenv(spec(knob).name) : spec(knob).defaultValue; }
 
-int64_t knobInt(Knob knob) {
-  const std::string text = knobString(knob);
+bool parseNonNegative(const std::string& text, int64_t max, int64_t* value) {
   char* end = nullptr;
   errno = 0;
-  const long long value = std::strtoll(text.c_str(), &end, 10);
-  if (errno != 0 || end == text.c_str() || *end != '\0' || value < 0) {
+  const long long parsed = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || end == text.c_str() || *end != '\0' || parsed < 0 || parsed > max) return false;
+  *value = parsed;
+  return true;
+}
+
+int64_t knobInt(Knob knob) {
+  const std::string text = knobString(knob);
+  int64_t value = 0;
+  if (!parseNonNegative(text, std::numeric_limits<int64_t>::max(), &value)) {
     fail(chorusInvalidArgument, "{}='{}' is not a non-negative integer", spec(knob).name, text);
   }
   return value;

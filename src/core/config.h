@@ -32,6 +32,8 @@ enum class Knob {
 bool knobSet(Knob knob);
 // The knob's value: the environment's if set (non-empty), else its default.
 std::string knobString(Knob knob);
+// Parses a whole decimal integer in [0, max] (knobs, launcher variables); false for anything else.
+bool parseNonNegative(const std::string& text, int64_t max, int64_t* value);
 // The knob as an integer; a malformed value throws chorusInvalidArgument naming the variable.
 int64_t knobInt(Knob knob);
 // The environment variable's name.

@@ -1,5 +1,6 @@
 // env_fuzz.cc: the parsers of environment knobs: every integer knob (through the environment,
-// as a user sets it), CHORUS_SOCKET_IFNAME, CHORUS_RANK_ORDER and CHORUS_ALGO. Bad text must give
+// as a user sets it) and the launcher variables (RANK, WORLD_SIZE, MASTER_PORT), CHORUS_SOCKET_IFNAME,
+// CHORUS_RANK_ORDER and CHORUS_ALGO. Bad text must give
 // chorusInvalidArgument or std::invalid_argument with a message, never a crash.
 #include <fuzzer/FuzzedDataProvider.h>
 #include <stdlib.h>
@@ -17,14 +18,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text = in.ConsumeRemainingBytesAsString();
   try {
     switch (which) {
-      case 0:
+      case 0: {
+        // RANK, WORLD_SIZE, MASTER_PORT: the launcher variables' parser, with an int's range.
+        int64_t value = 0;
+        if (chorus::parseNonNegative(text, 2147483647, &value) && (value < 0 || value > 2147483647)) __builtin_trap();
         for (const chorus::Knob knob : {chorus::Knob::kTimeoutMs, chorus::Knob::kChunkBytes, chorus::Knob::kShmSlots}) {
           if (text.find('\0') != std::string::npos) break;  // no environment value holds one
           setenv(chorus::knobName(knob), text.c_str(), 1);
-          const int64_t value = chorus::knobInt(knob);
-          if (value < 0) __builtin_trap();
+          if (chorus::knobInt(knob) < 0) __builtin_trap();
         }
         break;
+      }
       case 1: {
         const chorus::InterfaceFilter filter = chorus::parseInterfaceFilter(text);
         if (filter.names.empty()) __builtin_trap();
