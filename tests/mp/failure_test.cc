@@ -8,7 +8,6 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -353,14 +352,6 @@ TEST(AbortTest, AbortEndsTheCommunicator) {
       60));
 }
 
-// Memory every forked rank shares with the test: the instants and results the ranks report.
-template <typename T>
-T* sharedWithRanks() {
-  void* memory = mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (memory == MAP_FAILED) return nullptr;
-  return new (memory) T();
-}
-
 class AbortFromAnotherThreadTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(AbortFromAnotherThreadTest, ReleasesTheBlockedCallsAndTellsThePeers) {
@@ -373,8 +364,7 @@ TEST_P(AbortFromAnotherThreadTest, ReleasesTheBlockedCallsAndTellsThePeers) {
     std::atomic<int64_t> abortNs{0};
     std::atomic<int64_t> returnNs[4];
   };
-  Shared* shared = sharedWithRanks<Shared>();
-  ASSERT_NE(shared, nullptr);
+  testing::SharedWithRanks<Shared> shared;
   expectAllZero(runProcesses(
       4,
       [&](int rank, const chorusUniqueId& id) {
@@ -419,7 +409,6 @@ TEST_P(AbortFromAnotherThreadTest, ReleasesTheBlockedCallsAndTellsThePeers) {
     // Far inside the 600 s timeout: only the abort, or the word of it, can have ended the call.
     EXPECT_LT(seconds, 30.0) << "rank " << rank;
   }
-  munmap(shared, sizeof(Shared));
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, AbortFromAnotherThreadTest, ::testing::Values("shm", "tcp"));

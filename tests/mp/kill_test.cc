@@ -6,7 +6,6 @@
 #include <chorus/chorus.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -121,8 +120,7 @@ TEST(RankFailureTest, KillNineOfARandomRankAtARandomMomentOfRandomCollectives) {
       seedText != nullptr ? static_cast<uint32_t>(std::strtoul(seedText, nullptr, 10)) : std::random_device{}();
   std::printf("%d trials, CHORUS_KILL_SEED=%u\n", trials, seed);
   std::mt19937 pick(seed);
-  void* memory = mmap(nullptr, sizeof(Trial), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ASSERT_NE(memory, MAP_FAILED);
+  testing::SharedWithRanks<Trial> shared;
 
   std::vector<double> seconds[2];  // survivors' time from the kill to their error: shm, tcp
   int survivors = 0;
@@ -134,7 +132,8 @@ TEST(RankFailureTest, KillNineOfARandomRankAtARandomMomentOfRandomCollectives) {
     plan.delayUs = static_cast<int>(pick() % 100000);
     plan.shareable = pick() % 2 == 0;
     plan.callSeed = static_cast<uint32_t>(pick());
-    Trial* trial = new (memory) Trial();
+    shared.reset();
+    Trial* trial = &*shared;
     const std::string what = "trial " + std::to_string(t) + " (" + plan.transport + ", " + std::to_string(plan.nranks) +
                              " ranks, rank " + std::to_string(plan.victim) + " killed " + std::to_string(plan.delayUs) +
                              " us in, " + (plan.shareable ? "chorusMemAlloc" : "heap") + " buffers)";
@@ -190,9 +189,7 @@ TEST(RankFailureTest, KillNineOfARandomRankAtARandomMomentOfRandomCollectives) {
       seconds[t % 2].push_back(took);
       ++survivors;
     }
-    trial->~Trial();
   }
-  munmap(memory, sizeof(Trial));
   for (int k = 0; k < 2; ++k) {
     std::vector<double>& s = seconds[k];
     if (s.empty()) continue;

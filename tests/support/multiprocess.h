@@ -5,10 +5,13 @@
 
 #include <chorus/chorus.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <cstdint>
 #include <functional>
+#include <new>
 #include <ostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -25,6 +28,34 @@ struct RanksOptions {
 // Nanoseconds on CLOCK_MONOTONIC (steady_clock), one clock for every process of the host: what
 // ranks report of when things happened is compared across processes.
 int64_t monotonicNs();
+
+// A T in memory the test shares with the ranks it forks (MAP_SHARED): what they report of
+// themselves. Unmapped when this goes.
+template <typename T>
+class SharedWithRanks {
+ public:
+  SharedWithRanks() {
+    void* memory = mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (memory == MAP_FAILED) throw std::runtime_error("mmap of memory shared with the ranks failed");
+    value_ = new (memory) T();
+  }
+  ~SharedWithRanks() {
+    value_->~T();
+    munmap(value_, sizeof(T));
+  }
+  SharedWithRanks(const SharedWithRanks&) = delete;
+  SharedWithRanks& operator=(const SharedWithRanks&) = delete;
+  // Starts over with a fresh T.
+  void reset() {
+    value_->~T();
+    new (value_) T();
+  }
+  T* operator->() const { return value_; }
+  T& operator*() const { return *value_; }
+
+ private:
+  T* value_;
+};
 
 // Exit status of each rank: 0 when it passed; 124 when the parent killed it at the deadline.
 using RankBody = std::function<void(int rank, const chorusUniqueId& id)>;
