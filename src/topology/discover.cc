@@ -1,0 +1,362 @@
+// discover.cc: this host through hwloc (and NVML when its library loads), and hwloc's XML files
+// through the same conversion.
+//
+// Conversion: one CPU node per NUMA node (its package, processors, cores, memory, L3); the CPU
+// nodes of one package joined pairwise (package links), the packages joined through their first
+// NUMA nodes (inter-socket links). Each host bridge's children hang off the CPU node it is local
+// to (host-bridge links); each PCI-PCI bridge is a PCIe switch node, joined to its parent by a
+// PCIe link of the bridge's link speed; GPUs (class 03xx) and NICs (02xx) are nodes under their
+// bridge, each NIC joined to the network at its port speed. Other PCI devices are left out. NVML
+// adds NVLinks: GPU to GPU, or to the NVSwitches, taken together as one switch.
+#include "src/topology/discover.h"
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+#include <hwloc.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <stdexcept>
+
+namespace chorus::topology {
+namespace {
+
+std::string busIdOf(const hwloc_obj_attr_u::hwloc_pcidev_attr_s& pci) {
+  return fmt::format("{:04x}:{:02x}:{:02x}.{:x}", pci.domain, pci.bus, pci.dev, pci.func);
+}
+
+std::string listOf(hwloc_const_bitmap_t set) {
+  char* text = nullptr;
+  if (hwloc_bitmap_list_asprintf(&text, set) < 0 || text == nullptr) return "";
+  std::string out(text);
+  std::free(text);
+  return out;
+}
+
+// NIC port speed in GB/s from sysfs, 0 when unknown (virtual NICs say -1).
+double portSpeed(const std::string& netName, const std::string& fabricName) {
+  if (!fabricName.empty()) {
+    std::ifstream rate("/sys/class/infiniband/" + fabricName + "/ports/1/rate");
+    double gbits = 0;
+    if (rate >> gbits && gbits > 0) return gbits / 8;
+  }
+  if (!netName.empty()) {
+    std::ifstream speed("/sys/class/net/" + netName + "/speed");
+    double mbits = 0;
+    if (speed >> mbits && mbits > 0) return mbits / 8000;
+  }
+  return 0;
+}
+
+class Converter {
+ public:
+  Converter(hwloc_topology_t hw, Topology& t, int host, bool live) : hw_(hw), t_(t), host_(host), live_(live) {}
+
+  void run() {
+    addCpus();
+    for (hwloc_obj_t b = hwloc_get_next_bridge(hw_, nullptr); b != nullptr; b = hwloc_get_next_bridge(hw_, b)) {
+      if (b->attr->bridge.upstream_type != HWLOC_OBJ_BRIDGE_HOST) continue;
+      const int cpu = cpuNear(hwloc_get_non_io_ancestor_obj(hw_, b));
+      for (hwloc_obj_t child = b->io_first_child; child != nullptr; child = child->next_sibling) {
+        walk(child, cpu, LinkKind::kHostBridge);
+      }
+    }
+  }
+
+ private:
+  void addCpus() {
+    const int numas = hwloc_get_nbobjs_by_type(hw_, HWLOC_OBJ_NUMANODE);
+    std::map<int, int> firstOfPackage;
+    for (int i = 0; i < numas; ++i) {
+      const hwloc_obj_t numa = hwloc_get_obj_by_type(hw_, HWLOC_OBJ_NUMANODE, i);
+      Node node;
+      node.kind = NodeKind::kCpu;
+      node.host = host_;
+      node.index = static_cast<int>(numa->os_index);
+      node.id = fmt::format("cpu{}", node.index);
+      const hwloc_obj_t package = hwloc_get_ancestor_obj_by_type(hw_, HWLOC_OBJ_PACKAGE, numa);
+      node.package = package != nullptr ? static_cast<int>(package->logical_index) : 0;
+      node.cpus = listOf(numa->cpuset);
+      node.cores = hwloc_get_nbobjs_inside_cpuset_by_type(hw_, numa->cpuset, HWLOC_OBJ_CORE);
+      node.memoryBytes = numa->attr->numanode.local_memory;
+      const int l3s = hwloc_get_nbobjs_by_type(hw_, HWLOC_OBJ_L3CACHE);
+      for (int c = 0; c < l3s && node.l3Bytes == 0; ++c) {
+        const hwloc_obj_t l3 = hwloc_get_obj_by_type(hw_, HWLOC_OBJ_L3CACHE, c);
+        if (hwloc_bitmap_intersects(l3->cpuset, numa->cpuset)) node.l3Bytes = l3->attr->cache.size;
+      }
+      const int id = t_.addNode(node);
+      cpuByNuma_[node.index] = id;
+      // Package links within a package; one inter-socket link between packages' first nodes.
+      for (int other : t_.nodesOf(host_, NodeKind::kCpu)) {
+        if (other != id && t_.nodes[other].package == node.package) t_.addLink(other, id, LinkKind::kPackage);
+      }
+      if (firstOfPackage.count(node.package) == 0) {
+        for (const auto& [pkg, first] : firstOfPackage) t_.addLink(first, id, LinkKind::kInterSocket);
+        firstOfPackage[node.package] = id;
+      }
+    }
+  }
+
+  // The CPU node of the first NUMA node in an object's nodeset (the first CPU when it has none).
+  int cpuNear(hwloc_obj_t obj) {
+    if (obj != nullptr && obj->nodeset != nullptr) {
+      const int first = hwloc_bitmap_first(obj->nodeset);
+      if (first >= 0 && cpuByNuma_.count(first) > 0) return cpuByNuma_[first];
+    }
+    return cpuByNuma_.begin()->second;
+  }
+
+  void walk(hwloc_obj_t obj, int parent, LinkKind kind) {
+    if (obj->type == HWLOC_OBJ_BRIDGE) {
+      Node node;
+      node.kind = NodeKind::kPciSwitch;
+      node.host = host_;
+      node.id = fmt::format("pci{}", switches_++);
+      if (obj->attr->bridge.upstream_type == HWLOC_OBJ_BRIDGE_PCI) node.busId = busIdOf(obj->attr->bridge.upstream.pci);
+      const int id = t_.addNode(node);
+      link(parent, id, kind,
+           obj->attr->bridge.upstream_type == HWLOC_OBJ_BRIDGE_PCI ? obj->attr->bridge.upstream.pci.linkspeed : 0);
+      for (hwloc_obj_t child = obj->io_first_child; child != nullptr; child = child->next_sibling) {
+        walk(child, id, LinkKind::kPcie);
+      }
+      return;
+    }
+    if (obj->type != HWLOC_OBJ_PCI_DEVICE) return;
+    const unsigned cls = obj->attr->pcidev.class_id;
+    Node node;
+    node.host = host_;
+    node.busId = busIdOf(obj->attr->pcidev);
+    std::string netName, fabricName;
+    int cudaIndex = -1;
+    for (hwloc_obj_t os = obj->io_first_child; os != nullptr; os = os->next_sibling) {
+      if (os->type != HWLOC_OBJ_OS_DEVICE || os->name == nullptr) continue;
+      const std::string name = os->name;
+      if (os->attr->osdev.type == HWLOC_OBJ_OSDEV_NETWORK) netName = name;
+      if (os->attr->osdev.type == HWLOC_OBJ_OSDEV_OPENFABRICS) fabricName = name;
+      if (name.rfind("cuda", 0) == 0) cudaIndex = std::atoi(name.c_str() + 4);
+    }
+    if ((cls >> 8) == 0x03) {
+      node.kind = NodeKind::kGpu;
+      node.index = cudaIndex >= 0 ? cudaIndex : static_cast<int>(t_.nodesOf(host_, NodeKind::kGpu).size());
+      node.id = fmt::format("gpu{}", node.index);
+      if (const char* model = hwloc_obj_get_info_by_name(obj, "PCIDevice")) node.device = model;
+    } else if ((cls >> 8) == 0x02) {
+      node.kind = NodeKind::kNic;
+      node.index = static_cast<int>(t_.nodesOf(host_, NodeKind::kNic).size());
+      node.id = fmt::format("nic{}", node.index);
+      node.device = !fabricName.empty() ? fabricName : netName;
+    } else {  // NVSwitches' PCI functions carry no data: NVML joins GPUs to them (addNvml)
+      return;
+    }
+    const int id = t_.addNode(node);
+    link(parent, id, kind, obj->attr->pcidev.linkspeed);
+    if (node.kind == NodeKind::kNic) {
+      const double speed = live_ ? portSpeed(netName, fabricName) : 0;
+      t_.addLink(id, network(), LinkKind::kNic, speed > 0 ? speed : defaultBandwidth(LinkKind::kNic),
+                 defaultLatencyUs(LinkKind::kNic));
+    }
+  }
+
+  void link(int a, int b, LinkKind kind, float speed) {
+    t_.addLink(a, b, kind, speed > 0 ? speed : defaultBandwidth(kind), defaultLatencyUs(kind));
+  }
+
+  int network() {
+    int id = t_.find(-1, "net");
+    if (id < 0) {
+      Node node;
+      node.kind = NodeKind::kNetwork;
+      node.id = "net";
+      id = t_.addNode(node);
+    }
+    return id;
+  }
+
+  hwloc_topology_t hw_;
+  Topology& t_;
+  int host_;
+  bool live_;
+  std::map<int, int> cpuByNuma_;
+  int switches_ = 0;
+};
+
+struct HwlocDeleter {
+  void operator()(hwloc_topology* t) const { hwloc_topology_destroy(t); }
+};
+using HwlocTopology = std::unique_ptr<hwloc_topology, HwlocDeleter>;
+
+HwlocTopology loadHwloc(const char* xmlPath) {
+  hwloc_topology_t raw = nullptr;
+  if (hwloc_topology_init(&raw) != 0) throw std::runtime_error("hwloc_topology_init failed");
+  HwlocTopology hw(raw);
+  hwloc_topology_set_io_types_filter(raw, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+  if (xmlPath != nullptr && hwloc_topology_set_xml(raw, xmlPath) != 0) {
+    throw std::invalid_argument(fmt::format("{}: hwloc cannot read it as hwloc XML", xmlPath));
+  }
+  if (hwloc_topology_load(raw) != 0) {
+    throw std::invalid_argument(
+        fmt::format("{}: hwloc failed to load the topology", xmlPath != nullptr ? xmlPath : "this machine"));
+  }
+  return hw;
+}
+
+// ---- NVML, loaded at run time: the few calls we use, declared as NVML's ABI has them ----
+struct NvmlPciInfo {
+  char busIdLegacy[16];
+  unsigned domain, bus, device, pciDeviceId, pciSubSystemId;
+  char busId[32];
+};
+using NvmlDevice = void*;
+
+struct Nvml {
+  void* library = nullptr;
+  int (*init)() = nullptr;
+  int (*shutdown)() = nullptr;
+  int (*count)(unsigned*) = nullptr;
+  int (*handle)(unsigned, NvmlDevice*) = nullptr;
+  int (*pciInfo)(NvmlDevice, NvmlPciInfo*) = nullptr;
+  int (*name)(NvmlDevice, char*, unsigned) = nullptr;
+  int (*linkState)(NvmlDevice, unsigned, int*) = nullptr;
+  int (*linkRemote)(NvmlDevice, unsigned, NvmlPciInfo*) = nullptr;
+  int (*linkVersion)(NvmlDevice, unsigned, unsigned*) = nullptr;
+
+  template <typename F>
+  bool bind(F& f, const char* symbol) {
+    f = reinterpret_cast<F>(dlsym(library, symbol));
+    return f != nullptr;
+  }
+  bool open() {
+    library = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) return false;
+    return bind(init, "nvmlInit_v2") && bind(shutdown, "nvmlShutdown") && bind(count, "nvmlDeviceGetCount_v2") &&
+           bind(handle, "nvmlDeviceGetHandleByIndex_v2") && bind(pciInfo, "nvmlDeviceGetPciInfo_v3") &&
+           bind(name, "nvmlDeviceGetName") && bind(linkState, "nvmlDeviceGetNvLinkState") &&
+           bind(linkRemote, "nvmlDeviceGetNvLinkRemotePciInfo_v2") && bind(linkVersion, "nvmlDeviceGetNvLinkVersion") &&
+           init() == 0;
+  }
+  ~Nvml() {
+    if (library != nullptr) {
+      if (shutdown != nullptr) shutdown();
+      dlclose(library);
+    }
+  }
+};
+
+// NVML's "00000000:17:00.0" as hwloc's "0000:17:00.0".
+std::string shortBusId(const char* busId) {
+  std::string id(busId);
+  for (char& c : id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return id.size() > 12 ? id.substr(id.size() - 12) : id;
+}
+
+// GPUs and NVLinks from NVML; no library, no GPUs (not an error).
+void addNvml(Topology& t, int host) {
+  Nvml nvml;
+  if (!nvml.open()) return;
+  unsigned count = 0;
+  if (nvml.count(&count) != 0) return;
+  std::map<std::string, int> gpuByBus;
+  std::vector<NvmlDevice> devices(count);
+  for (unsigned i = 0; i < count; ++i) {
+    NvmlPciInfo pci{};
+    if (nvml.handle(i, &devices[i]) != 0 || nvml.pciInfo(devices[i], &pci) != 0) continue;
+    const std::string bus = shortBusId(pci.busId);
+    int id = -1;
+    for (int g : t.nodesOf(host, NodeKind::kGpu)) {
+      if (t.nodes[g].busId == bus) id = g;
+    }
+    if (id < 0) {  // hwloc saw no PCI tree: the GPU hangs off the first CPU
+      Node node;
+      node.kind = NodeKind::kGpu;
+      node.host = host;
+      node.busId = bus;
+      id = t.addNode(node);
+      t.addLink(t.nodesOf(host, NodeKind::kCpu).front(), id, LinkKind::kHostBridge);
+    }
+    t.nodes[id].index = static_cast<int>(i);
+    t.nodes[id].id = fmt::format("gpu{}", i);
+    char model[96] = {};
+    if (nvml.name(devices[i], model, sizeof model) == 0) t.nodes[id].device = model;
+    gpuByBus[bus] = id;
+  }
+  constexpr unsigned kMaxLinks = 18;
+  for (const auto& [bus, gpu] : gpuByBus) {
+    const NvmlDevice device = devices[t.nodes[gpu].index];
+    std::map<std::string, int> linksTo;
+    double perLink = 25;
+    for (unsigned l = 0; l < kMaxLinks; ++l) {
+      int active = 0;
+      NvmlPciInfo remote{};
+      if (nvml.linkState(device, l, &active) != 0 || active == 0) continue;
+      if (nvml.linkRemote(device, l, &remote) != 0) continue;
+      unsigned version = 0;
+      if (nvml.linkVersion(device, l, &version) == 0 && version == 1) perLink = 20;
+      ++linksTo[shortBusId(remote.busId)];
+    }
+    // NVSwitches are taken as one switch (every GPU reaches each alike): a GPU's links to them add up.
+    int toSwitches = 0;
+    for (const auto& [remoteBus, links] : linksTo) {
+      auto peer = gpuByBus.find(remoteBus);
+      if (peer == gpuByBus.end()) {
+        toSwitches += links;
+      } else if (peer->second > gpu) {  // each pair once
+        t.addLink(gpu, peer->second, LinkKind::kNvLink, perLink * links, defaultLatencyUs(LinkKind::kNvLink));
+      }
+    }
+    if (toSwitches > 0) {
+      int fabric = t.find(host, "nvswitch");
+      if (fabric < 0) {
+        Node node;
+        node.kind = NodeKind::kNvSwitch;
+        node.host = host;
+        node.index = 0;
+        node.id = "nvswitch";
+        fabric = t.addNode(node);
+      }
+      t.addLink(gpu, fabric, LinkKind::kNvLink, perLink * toSwitches, defaultLatencyUs(LinkKind::kNvLink));
+    }
+  }
+}
+
+std::string hostName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+}  // namespace
+
+Topology discover() {
+  HwlocTopology hw = loadHwloc(nullptr);
+  Topology t;
+  const int host = t.addHost(hostName());
+  Converter(hw.get(), t, host, true).run();
+  addNvml(t, host);
+  t.validate();
+  return t;
+}
+
+Topology readHwlocXml(const std::string& path) {
+  HwlocTopology hw = loadHwloc(path.c_str());
+  Topology t;
+  const char* name = hwloc_obj_get_info_by_name(hwloc_get_root_obj(hw.get()), "HostName");
+  const int host = t.addHost(name != nullptr ? name : "host0");
+  Converter(hw.get(), t, host, false).run();
+  try {
+    t.validate();
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("{}: {}", path, e.what()));
+  }
+  return t;
+}
+
+Topology localTopology() {
+  const char* file = std::getenv("CHORUS_TOPO_FILE");
+  if (file != nullptr && file[0] != '\0') return readTopologyFile(file);
+  return discover();
+}
+
+}  // namespace chorus::topology

@@ -1,0 +1,453 @@
+// topology_test: the topology readers on described machines (an 8-GPU NVSwitch server in NCCL's
+// XML, a two-socket PCIe server with 4 GPUs per socket and a two-socket CPU-only server in hwloc's
+// XML, a cluster of four NVSwitch servers on a rail fabric in chorus's XML), the rings and trees
+// searched over them, discovery of this machine, and the errors bad files get.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "src/topology/discover.h"
+#include "src/topology/search.h"
+
+namespace chorus::topology {
+namespace {
+
+// "gpu" and 3 as "gpu3".
+std::string named(const char* prefix, int i) { return fmt::format("{}{}", prefix, i); }
+
+std::string data(const std::string& name) { return std::string(CHORUS_TOPOLOGY_DATA) + "/" + name; }
+
+// The node of a host by id, failing the test when absent.
+int node(const Topology& t, int host, const std::string& id) {
+  const int n = t.find(host, id);
+  EXPECT_GE(n, 0) << id;
+  return n;
+}
+
+const Link* linkBetween(const Topology& t, int a, int b) {
+  for (const Link& l : t.links) {
+    if ((l.a == a && l.b == b) || (l.a == b && l.b == a)) return &l;
+  }
+  return nullptr;
+}
+
+// Ranks placed on nodes by id, on host 0.
+std::vector<int> place(const Topology& t, const std::vector<std::string>& ids) {
+  std::vector<int> out;
+  for (const auto& id : ids) out.push_back(node(t, 0, id));
+  return out;
+}
+
+// How often consecutive ranks of a ring (cyclically) sit on different values of key(rank).
+template <typename Key>
+int changes(const std::vector<int>& ring, Key key) {
+  int n = 0;
+  for (size_t i = 0; i < ring.size(); ++i) n += key(ring[i]) != key(ring[(i + 1) % ring.size()]) ? 1 : 0;
+  return n;
+}
+
+std::string writeTemp(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string errorOf(const std::string& path) {
+  try {
+    readTopologyFile(path);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+constexpr double kPcieGen5x16 = 32.0 * 128 / 130 / 8 * 16;  // GB/s per direction after encoding
+
+TEST(TopologyFiles, NcclXmlOfAnNvSwitchServerGivesItsDevicesAndLinks) {
+  const Topology t = readTopologyFile(data("dgx-h100.nccl.xml"));
+  ASSERT_EQ(t.hosts.size(), 1u);
+  EXPECT_EQ(t.nodesOf(0, NodeKind::kCpu).size(), 2u);
+  EXPECT_EQ(t.nodesOf(0, NodeKind::kGpu).size(), 8u);
+  EXPECT_EQ(t.nodesOf(0, NodeKind::kNic).size(), 8u);
+  EXPECT_EQ(t.nodesOf(0, NodeKind::kPciSwitch).size(), 8u);
+  ASSERT_EQ(t.nodesOf(0, NodeKind::kNvSwitch).size(), 1u);
+  const int fabric = t.nodesOf(0, NodeKind::kNvSwitch).front();
+  for (int g = 0; g < 8; ++g) {
+    const int gpu = node(t, 0, named("gpu", g));
+    const Link* nv = linkBetween(t, gpu, fabric);
+    ASSERT_NE(nv, nullptr) << g;
+    EXPECT_EQ(nv->kind, LinkKind::kNvLink);
+    EXPECT_DOUBLE_EQ(nv->bandwidth, 18 * 25.0);  // 5 + 4 + 4 + 5 links of 25 GB/s
+    // GPU g and NIC g share a PCIe switch under CPU g / 4.
+    const int nic = node(t, 0, named("nic", g));
+    EXPECT_EQ(t.nodes[nic].device, named("mlx5_", g));
+    const Path p = widestPath(t, gpu, nic);
+    EXPECT_EQ(p.links.size(), 2u);
+    EXPECT_NEAR(p.bandwidth, kPcieGen5x16, 1e-9);
+    EXPECT_EQ(p.crossings[static_cast<int>(LinkKind::kHostBridge)], 0);
+    const Path toCpu = widestPath(t, nic, node(t, 0, g < 4 ? "cpu0" : "cpu1"));
+    EXPECT_EQ(toCpu.crossings[static_cast<int>(LinkKind::kInterSocket)], 0);
+  }
+  const int net = t.find(-1, "net");
+  ASSERT_GE(net, 0);
+  EXPECT_DOUBLE_EQ(linkBetween(t, node(t, 0, "nic3"), net)->bandwidth, 400000 / 8000.0);
+  EXPECT_EQ(t.nodes[node(t, 0, "cpu1")].cpus, "48-95");
+}
+
+TEST(TopologyFiles, HwlocXmlOfAPcieServerGivesSocketsSwitchesAndGpus) {
+  const Topology t = readTopologyFile(data("pcie-2socket-8gpu.hwloc.xml"));
+  ASSERT_EQ(t.hosts.size(), 1u);
+  EXPECT_EQ(t.hosts[0], "pcie-8gpu");
+  ASSERT_EQ(t.nodesOf(0, NodeKind::kCpu).size(), 2u);
+  EXPECT_EQ(t.nodesOf(0, NodeKind::kGpu).size(), 8u);
+  EXPECT_EQ(t.nodesOf(0, NodeKind::kNic).size(), 2u);
+  const Node& cpu1 = t.nodes[node(t, 0, "cpu1")];
+  EXPECT_EQ(cpu1.package, 1);
+  EXPECT_EQ(cpu1.cores, 8);
+  EXPECT_EQ(cpu1.cpus, "8-15");
+  EXPECT_EQ(cpu1.memoryBytes, uint64_t{256} << 30);
+  EXPECT_EQ(cpu1.l3Bytes, uint64_t{32} << 20);
+  // gpu0 and gpu1 share a switch; gpu0 and gpu2 meet at the host bridge; gpu0 and gpu4 cross sockets.
+  const int g0 = node(t, 0, "gpu0");
+  const Path same = widestPath(t, g0, node(t, 0, "gpu1"));
+  EXPECT_EQ(same.links.size(), 2u);
+  EXPECT_EQ(same.crossings[static_cast<int>(LinkKind::kHostBridge)], 0);
+  const Path bridge = widestPath(t, g0, node(t, 0, "gpu2"));
+  EXPECT_EQ(bridge.crossings[static_cast<int>(LinkKind::kHostBridge)], 2);
+  EXPECT_EQ(bridge.crossings[static_cast<int>(LinkKind::kInterSocket)], 0);
+  const Path far = widestPath(t, g0, node(t, 0, "gpu4"));
+  EXPECT_EQ(far.crossings[static_cast<int>(LinkKind::kInterSocket)], 1);
+  EXPECT_DOUBLE_EQ(far.bandwidth, defaultBandwidth(LinkKind::kInterSocket));
+  EXPECT_EQ(t.nodes[node(t, 0, "gpu5")].device, "GH100 [H100 SXM5 80GB]");
+}
+
+TEST(TopologyFiles, ChorusXmlRoundTripsEveryNodeAndLink) {
+  for (const char* file :
+       {"dgx-h100.nccl.xml", "pcie-2socket-8gpu.hwloc.xml", "cpu-2socket.hwloc.xml", "dgx-h100-cluster4.chorus.xml"}) {
+    const Topology t = readTopologyFile(data(file));
+    const std::string path = writeTemp("roundtrip.xml", toChorusXml(t));
+    const Topology back = readTopologyFile(path);
+    EXPECT_EQ(describe(back), describe(t)) << file;
+    EXPECT_EQ(back.links.size(), t.links.size()) << file;
+  }
+}
+
+TEST(TopologyFiles, ClusterFileCopiesHostsAndJoinsEachNicToItsRail) {
+  const Topology t = readTopologyFile(data("dgx-h100-cluster4.chorus.xml"));
+  ASSERT_EQ(t.hosts.size(), 4u);
+  for (int h = 0; h < 4; ++h) {
+    EXPECT_EQ(t.nodesOf(h, NodeKind::kGpu).size(), 8u);
+    for (int i = 0; i < 8; ++i) {
+      const int nic = node(t, h, named("nic", i));
+      const Link* rail = linkBetween(t, nic, t.find(-1, named("rail", i)));
+      ASSERT_NE(rail, nullptr) << h << " " << i;
+      EXPECT_EQ(rail->kind, LinkKind::kNic);
+      EXPECT_DOUBLE_EQ(rail->bandwidth, 50);
+    }
+  }
+  EXPECT_EQ(t.nodesOf(-1, NodeKind::kNetwork).size(), 8u);
+}
+
+TEST(RingSearch, NvSwitchServerGetsOneRingAtTheGpusNvLinkBandwidth) {
+  const Topology t = readTopologyFile(data("dgx-h100.nccl.xml"));
+  const std::vector<int> ranks = place(t, {"gpu0", "gpu1", "gpu2", "gpu3", "gpu4", "gpu5", "gpu6", "gpu7"});
+  const Plan plan = search(t, ranks);
+  ASSERT_EQ(plan.rings.size(), 1u);  // the ring takes every GPU's whole NVLink bandwidth
+  EXPECT_DOUBLE_EQ(plan.rings[0].bandwidth, 450);
+  std::vector<int> sorted = plan.rings[0].order;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  ASSERT_EQ(plan.trees[0].chains.size(), 1u);
+  EXPECT_EQ(plan.trees[0].chains[0], plan.rings[0].order);
+}
+
+TEST(RingSearch, PcieServerRingCrossesTheSocketsOnceEachWayAndKeepsSwitchesTogether) {
+  const Topology t = readTopologyFile(data("pcie-2socket-8gpu.hwloc.xml"));
+  // Ranks given the GPUs in a scattered order: the ring must still follow the machine.
+  const std::vector<std::string> ids = {"gpu0", "gpu4", "gpu2", "gpu6", "gpu1", "gpu5", "gpu3", "gpu7"};
+  const std::vector<int> ranks = place(t, ids);
+  const Plan plan = search(t, ranks);
+  ASSERT_EQ(plan.rings.size(), 1u);  // a second ring would find the inter-socket link used up
+  const std::vector<int>& ring = plan.rings[0].order;
+  ASSERT_EQ(ring.size(), 8u);
+  auto gpuOf = [&](int rank) { return t.nodes[ranks[rank]].index; };
+  EXPECT_EQ(changes(ring, [&](int r) { return gpuOf(r) / 4; }), 2);  // sockets
+  EXPECT_EQ(changes(ring, [&](int r) { return gpuOf(r) / 2; }), 4);  // PCIe switches
+  // Ranks 0 (gpu0) onward: gpu0 gpu1 gpu2 gpu3 gpu4 gpu5 gpu6 gpu7 is the machine's order.
+  std::vector<int> gpus;
+  for (int r : ring) gpus.push_back(gpuOf(r));
+  EXPECT_EQ(gpus, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_DOUBLE_EQ(plan.rings[0].bandwidth, defaultBandwidth(LinkKind::kInterSocket));
+  // The order the ranks were given would cross the sockets 8 times: 5 GB/s each way.
+  topology::SearchOptions oneByOne;
+  oneByOne.exactDevices = 0;  // tree order instead of search: the same grouping
+  const Plan ordered = search(t, ranks, oneByOne);
+  EXPECT_EQ(changes(ordered.rings[0].order, [&](int r) { return gpuOf(r) / 4; }), 2);
+}
+
+TEST(RingSearch, CpuServerRingGroupsRanksByNumaNodeAndSocket) {
+  const Topology t = readTopologyFile(data("cpu-2socket.hwloc.xml"));
+  ASSERT_EQ(t.nodesOf(0, NodeKind::kCpu).size(), 4u);
+  // Two ranks per NUMA node, given round-robin over the nodes.
+  const std::vector<int> ranks = place(t, {"cpu0", "cpu2", "cpu1", "cpu3", "cpu0", "cpu2", "cpu1", "cpu3"});
+  const Plan plan = search(t, ranks);
+  ASSERT_EQ(plan.rings.size(), 1u);
+  const std::vector<int>& ring = plan.rings[0].order;
+  EXPECT_EQ(ring, (std::vector<int>{0, 4, 2, 6, 1, 5, 3, 7}));
+  auto numaOf = [&](int r) { return t.nodes[ranks[r]].index; };
+  EXPECT_EQ(changes(ring, numaOf), 4);
+  EXPECT_EQ(changes(ring, [&](int r) { return t.nodes[ranks[r]].package; }), 2);
+  EXPECT_DOUBLE_EQ(plan.rings[0].bandwidth, defaultBandwidth(LinkKind::kInterSocket));
+  EXPECT_EQ(plan.trees[0].chains.at(0), ring);
+}
+
+TEST(RingSearch, ClusterRingsAreRailAlignedOnePerNic) {
+  const Topology t = readTopologyFile(data("dgx-h100-cluster4.chorus.xml"));
+  std::vector<int> ranks;  // rank 8h + g on GPU g of host h
+  for (int h = 0; h < 4; ++h) {
+    for (int g = 0; g < 8; ++g) ranks.push_back(node(t, h, named("gpu", g)));
+  }
+  const Plan plan = search(t, ranks);
+  ASSERT_EQ(plan.rings.size(), 8u);  // one per rail; a ninth would find NIC 0's port used up
+  for (int c = 0; c < 8; ++c) {
+    const Ring& ring = plan.rings[c];
+    EXPECT_DOUBLE_EQ(ring.bandwidth, 50) << c;
+    ASSERT_EQ(ring.order.size(), 32u);
+    ASSERT_EQ(ring.nics.size(), 4u);
+    const Tree& tree = plan.trees[c];
+    ASSERT_EQ(tree.chains.size(), 4u);
+    for (int h = 0; h < 4; ++h) {
+      EXPECT_EQ(t.nodes[ring.nics[h]].id, named("nic", c)) << c;
+      EXPECT_EQ(t.nodes[ring.nics[h]].host, h);
+      // Host h's part of the ring: its 8 ranks, entered at GPU c (beside NIC c) and left from a
+      // GPU of NIC c's socket.
+      const std::vector<int> part(ring.order.begin() + 8 * h, ring.order.begin() + 8 * h + 8);
+      EXPECT_EQ(part, tree.chains[h]);
+      EXPECT_EQ(part.front(), 8 * h + c) << "ring " << c << " host " << h;
+      EXPECT_EQ((part.back() % 8) / 4, c / 4) << "ring " << c << " host " << h;
+      EXPECT_NE(part.back(), part.front());
+      for (int r : part) EXPECT_EQ(r / 8, h);
+    }
+    // Two complementary binary trees of the hosts.
+    EXPECT_EQ(tree.parentA, (std::vector<int>{-1, 0, 0, 1}));
+    EXPECT_EQ(tree.parentB, (std::vector<int>{2, 3, 3, -1}));
+  }
+  // Each ring leaves its hosts from a different GPU than any other ring of its socket (each
+  // switch's uplink carries one ring).
+  std::set<int> exits;
+  for (const Ring& ring : plan.rings) exits.insert(ring.order[7] % 8);
+  EXPECT_EQ(exits.size(), 8u);
+}
+
+TEST(RingSearch, TreesOverManyHostsMakeEveryInteriorHostALeafOfTheOtherTree) {
+  Topology t = readTopologyFile(data("cpu-2socket.hwloc.xml"));
+  for (int h = 1; h < 7; ++h) t.cloneHost(0, named("h", h));
+  std::vector<int> ranks;
+  for (int h = 0; h < 7; ++h) ranks.push_back(node(t, h, named("cpu", h % 4)));
+  const Plan plan = search(t, ranks);
+  ASSERT_FALSE(plan.trees.empty());
+  const Tree& tree = plan.trees[0];
+  ASSERT_EQ(tree.parentA.size(), 7u);
+  std::vector<int> childrenA(7, 0), childrenB(7, 0);
+  for (int p = 0; p < 7; ++p) {
+    if (tree.parentA[p] >= 0) ++childrenA[tree.parentA[p]];
+    if (tree.parentB[p] >= 0) ++childrenB[tree.parentB[p]];
+  }
+  for (int p = 0; p < 7; ++p) EXPECT_FALSE(childrenA[p] > 0 && childrenB[p] > 0) << "host position " << p;
+  EXPECT_EQ(std::count(tree.parentA.begin(), tree.parentA.end(), -1), 1);
+  EXPECT_EQ(std::count(tree.parentB.begin(), tree.parentB.end(), -1), 1);
+}
+
+TEST(RingSearch, ALinkCrossedTwiceInOneDirectionGivesEachCrossingHalf) {
+  // Two switches of two GPUs each under one CPU; the switches' uplinks (10 GB/s) are the narrow part.
+  Topology t;
+  t.addHost("h");
+  auto add = [&](NodeKind kind, const std::string& id) {
+    Node n;
+    n.kind = kind;
+    n.host = 0;
+    n.id = id;
+    return t.addNode(n);
+  };
+  const int cpu = add(NodeKind::kCpu, "cpu0");
+  const int swA = add(NodeKind::kPciSwitch, "swA");
+  const int swB = add(NodeKind::kPciSwitch, "swB");
+  t.addLink(cpu, swA, LinkKind::kHostBridge, 10, 1);
+  t.addLink(cpu, swB, LinkKind::kHostBridge, 10, 1);
+  // Nodes added interleaved, so that node order alternates between the switches.
+  std::vector<int> gpus;
+  for (const char* id : {"a1", "b1", "a2", "b2"}) {
+    gpus.push_back(add(NodeKind::kGpu, id));
+    t.addLink(id[0] == 'a' ? swA : swB, gpus.back(), LinkKind::kPcie, 100, 1);
+  }
+  const Plan best = search(t, gpus);
+  EXPECT_DOUBLE_EQ(best.rings[0].bandwidth, 10);
+  EXPECT_EQ(changes(best.rings[0].order, [&](int r) { return t.nodes[gpus[r]].id[0]; }), 2);
+  SearchOptions nodeOrder;
+  nodeOrder.exactDevices = 0;  // a1 b1 a2 b2: each uplink crossed twice each way
+  const Plan interleaved = search(t, gpus, nodeOrder);
+  EXPECT_EQ(interleaved.rings[0].order, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_DOUBLE_EQ(interleaved.rings[0].bandwidth, 5);
+}
+
+TEST(RingSearch, RejectsRanksOffDevicesAndHostsWithoutNic) {
+  Topology t = readTopologyFile(data("pcie-2socket-8gpu.hwloc.xml"));
+  try {
+    search(t, {node(t, 0, "gpu0"), node(t, 0, "nic0")});
+    FAIL() << "a rank on a NIC was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 sits on nic 'nic0'"), std::string::npos) << e.what();
+  }
+  Topology bare;
+  for (int h = 0; h < 2; ++h) {
+    bare.addHost(named("bare", h));
+    Node cpu;
+    cpu.host = h;
+    cpu.id = "cpu0";
+    bare.addNode(cpu);
+  }
+  try {
+    search(bare, {0, 1});
+    FAIL() << "ranks across hosts without NICs were accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("host 'bare0' (rank 0) has no NIC"), std::string::npos) << e.what();
+  }
+}
+
+TEST(WidestPath, PrefersTheWiderWayAndNeverPassesThroughAGpu) {
+  Topology t;
+  t.addHost("h");
+  auto add = [&](NodeKind kind, const char* id) {
+    Node n;
+    n.kind = kind;
+    n.host = 0;
+    n.id = id;
+    return t.addNode(n);
+  };
+  const int cpu = add(NodeKind::kCpu, "cpu0");
+  const int a = add(NodeKind::kGpu, "a");
+  const int b = add(NodeKind::kGpu, "b");
+  const int c = add(NodeKind::kGpu, "c");
+  const int sw = add(NodeKind::kPciSwitch, "sw");
+  t.addLink(a, b, LinkKind::kNvLink, 100, 1);
+  t.addLink(b, c, LinkKind::kNvLink, 100, 1);  // a-b-c would pass through GPU b
+  t.addLink(a, sw, LinkKind::kPcie, 30, 1);
+  t.addLink(sw, c, LinkKind::kPcie, 30, 1);
+  t.addLink(a, cpu, LinkKind::kHostBridge, 10, 1);
+  t.addLink(cpu, c, LinkKind::kHostBridge, 10, 1);
+  const Path ac = widestPath(t, a, c);
+  EXPECT_DOUBLE_EQ(ac.bandwidth, 30);
+  EXPECT_EQ(ac.links.size(), 2u);
+  EXPECT_EQ(ac.crossings[static_cast<int>(LinkKind::kPcie)], 2);
+  EXPECT_TRUE(ac.forward[0]);
+  EXPECT_TRUE(ac.forward[1]);
+  const Path ca = widestPath(t, c, a);
+  EXPECT_FALSE(ca.forward[0]);
+  EXPECT_DOUBLE_EQ(widestPath(t, a, b).bandwidth, 100);
+  t.addLink(sw, add(NodeKind::kGpu, "d"), LinkKind::kPcie, 5, 1);
+  EXPECT_DOUBLE_EQ(widestPath(t, a, t.find(0, "d")).bandwidth, 5);
+  const int isolated = add(NodeKind::kGpu, "lone");
+  EXPECT_DOUBLE_EQ(widestPath(t, a, isolated).bandwidth, 0);
+}
+
+TEST(Discovery, FindsThisMachinesProcessorsMemoryAndNics) {
+  const Topology t = discover();
+  ASSERT_EQ(t.hosts.size(), 1u);
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  EXPECT_EQ(t.hosts[0], name);
+  const std::vector<int> cpus = t.nodesOf(0, NodeKind::kCpu);
+  ASSERT_FALSE(cpus.empty());
+  int cores = 0;
+  for (int c : cpus) {
+    cores += t.nodes[c].cores;
+    EXPECT_GT(t.nodes[c].memoryBytes, 0u);
+    EXPECT_FALSE(t.nodes[c].cpus.empty());
+  }
+  EXPECT_GE(cores, 1);
+  EXPECT_LE(cores, static_cast<int>(sysconf(_SC_NPROCESSORS_CONF)));
+  // Every PCI network device sysfs shows is a NIC of the graph, joined to the network.
+  std::set<std::string> nics;
+  for (int n : t.nodesOf(0, NodeKind::kNic)) {
+    nics.insert(t.nodes[n].device);
+    EXPECT_FALSE(t.nodes[n].busId.empty());
+  }
+  for (const auto& entry : std::filesystem::directory_iterator("/sys/class/net")) {
+    std::ifstream cls(entry.path() / "device" / "class");
+    std::string value;
+    if (!(cls >> value) || value.rfind("0x02", 0) != 0) continue;  // virtual, or not a network controller
+    EXPECT_EQ(nics.count(entry.path().filename().string()), 1u) << entry.path();
+  }
+  EXPECT_NO_THROW(t.validate());
+}
+
+TEST(TopologyFiles, BadFilesAreRejectedNamingFileLineAndProblem) {
+  const std::string dangling = writeTemp("dangling.xml",
+                                         "<chorus-topology version=\"1\">\n"
+                                         "  <host name=\"a\">\n"
+                                         "    <node id=\"cpu0\" kind=\"cpu\"/>\n"
+                                         "    <link a=\"cpu0\" b=\"gpu9\" kind=\"pcie\"/>\n"
+                                         "  </host>\n"
+                                         "</chorus-topology>\n");
+  std::string e = errorOf(dangling);
+  EXPECT_NE(e.find("dangling.xml:4: <link>: b=\"gpu9\" names no node"), std::string::npos) << e;
+
+  const std::string kind =
+      writeTemp("kind.xml",
+                "<chorus-topology version=\"1\">\n"
+                "  <host name=\"a\"><node id=\"cpu0\" kind=\"cpu\"/><node id=\"x\" kind=\"tpu\"/></host>\n"
+                "</chorus-topology>\n");
+  e = errorOf(kind);
+  EXPECT_NE(e.find("kind 'tpu' is not"), std::string::npos) << e;
+
+  const std::string bandwidth =
+      writeTemp("bandwidth.xml",
+                "<chorus-topology version=\"1\">\n"
+                "  <host name=\"a\"><node id=\"cpu0\" kind=\"cpu\"/><node id=\"g\" kind=\"gpu\"/>\n"
+                "  <link a=\"cpu0\" b=\"g\" kind=\"pcie\" bandwidth=\"fast\"/></host>\n"
+                "</chorus-topology>\n");
+  e = errorOf(bandwidth);
+  EXPECT_NE(e.find("bandwidth=\"fast\" is not a non-negative number"), std::string::npos) << e;
+
+  const std::string noCpu =
+      writeTemp("nocpu.xml", "<chorus-topology version=\"1\"><host name=\"a\"/></chorus-topology>\n");
+  e = errorOf(noCpu);
+  EXPECT_NE(e.find("host 'a' has no CPU"), std::string::npos) << e;
+
+  const std::string like =
+      writeTemp("like.xml", "<chorus-topology version=\"1\">\n<host name=\"b\" like=\"z\"/>\n</chorus-topology>\n");
+  e = errorOf(like);
+  EXPECT_NE(e.find("like.xml:2: <host>: like=\"z\" names no host described in full"), std::string::npos) << e;
+
+  const std::string nvlink =
+      writeTemp("nvlink.xml",
+                "<system version=\"1\">\n"
+                " <cpu numaid=\"0\">\n"
+                "  <pci busid=\"0000:01:00.0\" class=\"0x030200\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\">\n"
+                "   <gpu dev=\"0\" sm=\"80\"><nvlink target=\"0000:02:00.0\" count=\"4\" tclass=\"0x030200\"/></gpu>\n"
+                "  </pci>\n"
+                " </cpu>\n"
+                "</system>\n");
+  e = errorOf(nvlink);
+  EXPECT_NE(e.find("nvlink.xml:4: <nvlink>: its target 0000:02:00.0 is no device of this file"), std::string::npos)
+      << e;
+
+  e = errorOf(writeTemp("root.xml", "<machine/>\n"));
+  EXPECT_NE(e.find("the root element <machine> is none of"), std::string::npos) << e;
+  e = errorOf(writeTemp("broken.xml", "<chorus-topology version=\"1\"><host name=\"a\">\n"));
+  EXPECT_NE(e.find("broken.xml: not readable XML"), std::string::npos) << e;
+  e = errorOf(writeTemp("hwloc.xml", "<topology version=\"2.0\"><object type=\"Banana\"/></topology>\n"));
+  EXPECT_NE(e.find("hwloc.xml: hwloc"), std::string::npos) << e;
+  e = errorOf(::testing::TempDir() + "absent.xml");
+  EXPECT_NE(e.find("absent.xml: not readable XML"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace chorus::topology
