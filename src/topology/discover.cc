@@ -188,17 +188,18 @@ struct HwlocDeleter {
 };
 using HwlocTopology = std::unique_ptr<hwloc_topology, HwlocDeleter>;
 
-HwlocTopology loadHwloc(const char* xmlPath) {
+// This machine (text null), or hwloc XML text.
+HwlocTopology loadHwloc(const std::string* text, const std::string& name) {
   hwloc_topology_t raw = nullptr;
   if (hwloc_topology_init(&raw) != 0) throw std::runtime_error("hwloc_topology_init failed");
   HwlocTopology hw(raw);
   hwloc_topology_set_io_types_filter(raw, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
-  if (xmlPath != nullptr && hwloc_topology_set_xml(raw, xmlPath) != 0) {
-    throw std::invalid_argument(fmt::format("{}: hwloc cannot read it as hwloc XML", xmlPath));
+  // hwloc wants the buffer's length with its terminating NUL.
+  if (text != nullptr && hwloc_topology_set_xmlbuffer(raw, text->c_str(), static_cast<int>(text->size() + 1)) != 0) {
+    throw std::invalid_argument(fmt::format("{}: hwloc cannot read it as hwloc XML", name));
   }
   if (hwloc_topology_load(raw) != 0) {
-    throw std::invalid_argument(
-        fmt::format("{}: hwloc failed to load the topology", xmlPath != nullptr ? xmlPath : "this machine"));
+    throw std::invalid_argument(fmt::format("{}: hwloc failed to load the topology", name));
   }
   return hw;
 }
@@ -330,7 +331,7 @@ std::string hostName() {
 }  // namespace
 
 Topology discover() {
-  HwlocTopology hw = loadHwloc(nullptr);
+  HwlocTopology hw = loadHwloc(nullptr, "this machine");
   Topology t;
   const int host = t.addHost(hostName());
   Converter(hw.get(), t, host, true).run();
@@ -339,16 +340,16 @@ Topology discover() {
   return t;
 }
 
-Topology readHwlocXml(const std::string& path) {
-  HwlocTopology hw = loadHwloc(path.c_str());
+Topology parseHwlocXml(const std::string& text, const std::string& name) {
+  HwlocTopology hw = loadHwloc(&text, name);
   Topology t;
-  const char* name = hwloc_obj_get_info_by_name(hwloc_get_root_obj(hw.get()), "HostName");
-  const int host = t.addHost(name != nullptr ? name : "host0");
+  const char* recorded = hwloc_obj_get_info_by_name(hwloc_get_root_obj(hw.get()), "HostName");
+  const int host = t.addHost(recorded != nullptr ? recorded : "host0");
   Converter(hw.get(), t, host, false).run();
   try {
     t.validate();
   } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(fmt::format("{}: {}", path, e.what()));
+    throw std::invalid_argument(fmt::format("{}: {}", name, e.what()));
   }
   return t;
 }

@@ -13,17 +13,20 @@ namespace chorus::topology {
 // where it tells them. The host is named by hostname.
 Topology discover();
 
-// Files. Each reader throws std::invalid_argument naming the file and what is wrong with it.
+// Files. Each reader throws std::invalid_argument naming the file (`name`), and where the format
+// allows the line, and what is wrong.
 // hwloc's XML (lstopo --of xml), converted as discovery converts the live machine; one host.
-Topology readHwlocXml(const std::string& path);
+Topology parseHwlocXml(const std::string& text, const std::string& name);
 // NCCL's topology XML (as NCCL_TOPO_DUMP_FILE writes it: <system> of <cpu>, nested <pci>,
 // <gpu> with <nvlink>, <nic> with <net>); one host.
-Topology readNcclXml(const std::string& path);
+Topology parseNcclXml(const std::string& text, const std::string& name);
 // chorus's own format (see xml.cc), the only one that describes several hosts and the network.
-Topology readChorusXml(const std::string& path);
+Topology parseChorusXml(const std::string& text, const std::string& name);
 // Any of the three, told apart by the root element (<topology>, <system>, <chorus-topology>).
+Topology parseTopology(const std::string& text, const std::string& name);
+// The file's contents, by parseTopology.
 Topology readTopologyFile(const std::string& path);
-// chorus's format, which readChorusXml reads back to the same graph.
+// chorus's format, which parseChorusXml reads back to the same graph.
 std::string toChorusXml(const Topology& topology);
 
 // CHORUS_TOPO_FILE's topology when it is set, else discover().

@@ -19,12 +19,16 @@
 #include <libxml/parser.h>
 #include <libxml/tree.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 
 #include "src/topology/discover.h"
@@ -37,16 +41,17 @@ struct DocDeleter {
 };
 using Document = std::unique_ptr<xmlDoc, DocDeleter>;
 
-Document parse(const std::string& path) {
-  xmlDoc* doc = xmlReadFile(path.c_str(), nullptr, XML_PARSE_NONET | XML_PARSE_NOERROR | XML_PARSE_NOWARNING);
+Document parse(const std::string& text, const std::string& name) {
+  xmlDoc* doc = xmlReadMemory(text.data(), static_cast<int>(text.size()), name.c_str(), nullptr,
+                              XML_PARSE_NONET | XML_PARSE_NOERROR | XML_PARSE_NOWARNING);
   if (doc == nullptr) {
     const xmlError* error = xmlGetLastError();
-    throw std::invalid_argument(fmt::format("{}: not readable XML{}{}", path, error != nullptr ? ": " : "",
+    throw std::invalid_argument(fmt::format("{}: not readable XML{}{}", name, error != nullptr ? ": " : "",
                                             error != nullptr && error->message != nullptr ? error->message : ""));
   }
   if (xmlDocGetRootElement(doc) == nullptr) {
     xmlFreeDoc(doc);
-    throw std::invalid_argument(fmt::format("{}: the document is empty", path));
+    throw std::invalid_argument(fmt::format("{}: the document is empty", name));
   }
   return Document(doc);
 }
@@ -491,34 +496,43 @@ std::string nodeXml(const Node& node) {
 
 }  // namespace
 
-Topology readNcclXml(const std::string& path) {
-  Document doc = parse(path);
+Topology parseNcclXml(const std::string& text, const std::string& name) {
+  Document doc = parse(text, name);
   const xmlNode* root = xmlDocGetRootElement(doc.get());
-  NcclReader reader(path);
+  NcclReader reader(name);
   if (!named(root, "system")) reader.fail(root, "the root of NCCL's topology XML is <system>");
   return reader.read(root);
 }
 
-Topology readChorusXml(const std::string& path) {
-  Document doc = parse(path);
+Topology parseChorusXml(const std::string& text, const std::string& name) {
+  Document doc = parse(text, name);
   const xmlNode* root = xmlDocGetRootElement(doc.get());
-  ChorusReader reader(path);
+  ChorusReader reader(name);
   if (!named(root, "chorus-topology")) reader.fail(root, "the root of chorus's topology XML is <chorus-topology>");
   return reader.read(root);
 }
 
-Topology readTopologyFile(const std::string& path) {
+Topology parseTopology(const std::string& text, const std::string& name) {
   std::string root;
   {
-    Document doc = parse(path);
+    Document doc = parse(text, name);
     root = reinterpret_cast<const char*>(xmlDocGetRootElement(doc.get())->name);
   }
-  if (root == "chorus-topology") return readChorusXml(path);
-  if (root == "system") return readNcclXml(path);
-  if (root == "topology") return readHwlocXml(path);
+  if (root == "chorus-topology") return parseChorusXml(text, name);
+  if (root == "system") return parseNcclXml(text, name);
+  if (root == "topology") return parseHwlocXml(text, name);
   throw std::invalid_argument(fmt::format(
-      "{}: the root element <{}> is none of <chorus-topology> (chorus), <system> (NCCL), <topology> (hwloc)", path,
+      "{}: the root element <{}> is none of <chorus-topology> (chorus), <system> (NCCL), <topology> (hwloc)", name,
       root));
+}
+
+Topology readTopologyFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  if (!in || !(text << in.rdbuf())) {
+    throw std::invalid_argument(fmt::format("{}: cannot read the file: {}", path, std::strerror(errno)));
+  }
+  return parseTopology(text.str(), path);
 }
 
 std::string toChorusXml(const Topology& t) {
