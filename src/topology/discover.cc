@@ -69,6 +69,7 @@ class Converter {
  private:
   void addCpus() {
     const int numas = hwloc_get_nbobjs_by_type(hw_, HWLOC_OBJ_NUMANODE);
+    if (numas <= 0) throw std::invalid_argument("hwloc found no NUMA node");
     std::map<int, int> firstOfPackage;
     for (int i = 0; i < numas; ++i) {
       const hwloc_obj_t numa = hwloc_get_obj_by_type(hw_, HWLOC_OBJ_NUMANODE, i);
@@ -155,24 +156,13 @@ class Converter {
     link(parent, id, kind, obj->attr->pcidev.linkspeed);
     if (node.kind == NodeKind::kNic) {
       const double speed = live_ ? portSpeed(netName, fabricName) : 0;
-      t_.addLink(id, network(), LinkKind::kNic, speed > 0 ? speed : defaultBandwidth(LinkKind::kNic),
+      t_.addLink(id, t_.network(), LinkKind::kNic, speed > 0 ? speed : defaultBandwidth(LinkKind::kNic),
                  defaultLatencyUs(LinkKind::kNic));
     }
   }
 
   void link(int a, int b, LinkKind kind, float speed) {
     t_.addLink(a, b, kind, speed > 0 ? speed : defaultBandwidth(kind), defaultLatencyUs(kind));
-  }
-
-  int network() {
-    int id = t_.find(-1, "net");
-    if (id < 0) {
-      Node node;
-      node.kind = NodeKind::kNetwork;
-      node.id = "net";
-      id = t_.addNode(node);
-    }
-    return id;
   }
 
   hwloc_topology_t hw_;
@@ -308,16 +298,7 @@ void addNvml(Topology& t, int host) {
       }
     }
     if (toSwitches > 0) {
-      int fabric = t.find(host, "nvswitch");
-      if (fabric < 0) {
-        Node node;
-        node.kind = NodeKind::kNvSwitch;
-        node.host = host;
-        node.index = 0;
-        node.id = "nvswitch";
-        fabric = t.addNode(node);
-      }
-      t.addLink(gpu, fabric, LinkKind::kNvLink, perLink * toSwitches, defaultLatencyUs(LinkKind::kNvLink));
+      t.addLink(gpu, t.nvSwitch(host), LinkKind::kNvLink, perLink * toSwitches, defaultLatencyUs(LinkKind::kNvLink));
     }
   }
 }

@@ -99,6 +99,30 @@ int Topology::find(int host, const std::string& id) const {
   return -1;
 }
 
+int Topology::nvSwitch(int host) {
+  int id = find(host, "nvswitch");
+  if (id < 0) {
+    Node node;
+    node.kind = NodeKind::kNvSwitch;
+    node.host = host;
+    node.index = 0;
+    node.id = "nvswitch";
+    id = addNode(std::move(node));
+  }
+  return id;
+}
+
+int Topology::network() {
+  int id = find(-1, "net");
+  if (id < 0) {
+    Node node;
+    node.kind = NodeKind::kNetwork;
+    node.id = "net";
+    id = addNode(std::move(node));
+  }
+  return id;
+}
+
 int Topology::cloneHost(int from, std::string name) {
   const int host = addHost(std::move(name));
   std::map<int, int> copyOf;

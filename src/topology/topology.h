@@ -67,6 +67,10 @@ struct Topology {
   std::vector<int> nodesOf(int host, NodeKind kind) const;
   // The node with this id on the host (-1 for network nodes), or -1.
   int find(int host, const std::string& id) const;
+  // Made on first use: the host's NVSwitch node (a host's NVSwitches are taken as one switch:
+  // every GPU reaches each alike) and the network node "net" of sources that describe one host.
+  int nvSwitch(int host);
+  int network();
   // Appends a copy of host `from`'s nodes and links under a new host name (a cluster of alike
   // hosts); links from those nodes to network nodes are copied too. Returns the new host.
   int cloneHost(int from, std::string name);

@@ -184,7 +184,7 @@ class NcclReader : public Reader {
       auto bus = busToNode_.find(link.target);
       int target = -1;
       if (link.nvswitch || (bus != busToNode_.end() && t_.nodes[bus->second].kind == NodeKind::kNvSwitch)) {
-        target = nvswitch();
+        target = t_.nvSwitch(host_);
       } else if (bus != busToNode_.end()) {
         target = bus->second;
       } else {
@@ -233,7 +233,7 @@ class NcclReader : public Reader {
       node.kind = NodeKind::kPciSwitch;
       node.id = fmt::format("pci{}", switches_++);
     } else if (top == 0x06 && ((cls >> 8) & 0xff) == 0x80) {
-      busToNode_[bus] = nvswitch();  // reached by NVLink; its PCI link carries no data
+      busToNode_[bus] = t_.nvSwitch(host_);  // reached by NVLink; its PCI link carries no data
       return;
     } else if (top == 0x03) {
       const xmlNode* gpu = child(element, "gpu");
@@ -281,33 +281,9 @@ class NcclReader : public Reader {
       const int id = t_.addNode(node);
       t_.addLink(parent, id, kind, bandwidth, defaultLatencyUs(kind));
       const double speed = number(n, "speed", 0) / 8000;
-      t_.addLink(id, network(), LinkKind::kNic, speed > 0 ? speed : defaultBandwidth(LinkKind::kNic),
+      t_.addLink(id, t_.network(), LinkKind::kNic, speed > 0 ? speed : defaultBandwidth(LinkKind::kNic),
                  defaultLatencyUs(LinkKind::kNic));
     }
-  }
-
-  int nvswitch() {
-    int id = t_.find(host_, "nvswitch");
-    if (id < 0) {
-      Node node;
-      node.kind = NodeKind::kNvSwitch;
-      node.host = host_;
-      node.index = 0;
-      node.id = "nvswitch";
-      id = t_.addNode(node);
-    }
-    return id;
-  }
-
-  int network() {
-    int id = t_.find(-1, "net");
-    if (id < 0) {
-      Node node;
-      node.kind = NodeKind::kNetwork;
-      node.id = "net";
-      id = t_.addNode(node);
-    }
-    return id;
   }
 
   static const xmlNode* child(const xmlNode* element, const char* name) {
