@@ -327,11 +327,7 @@ Topology parseHwlocXml(const std::string& text, const std::string& name) {
   const char* recorded = hwloc_obj_get_info_by_name(hwloc_get_root_obj(hw.get()), "HostName");
   const int host = t.addHost(recorded != nullptr ? recorded : "host0");
   Converter(hw.get(), t, host, false).run();
-  try {
-    t.validate();
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(fmt::format("{}: {}", name, e.what()));
-  }
+  t.validate(name);
   return t;
 }
 

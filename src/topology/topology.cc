@@ -147,7 +147,15 @@ int Topology::cloneHost(int from, std::string name) {
   return host;
 }
 
-void Topology::validate() const {
+void Topology::validate(const std::string& source) const {
+  if (!source.empty()) {
+    try {
+      validate();
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("{}: {}", source, e.what()));
+    }
+    return;
+  }
   const int n = static_cast<int>(nodes.size());
   std::set<std::pair<int, std::string>> ids;
   for (const Node& node : nodes) {

@@ -196,11 +196,7 @@ class NcclReader : public Reader {
     for (const auto& [pair, gbps] : bandwidth) {
       t_.addLink(pair.first, pair.second, LinkKind::kNvLink, gbps, defaultLatencyUs(LinkKind::kNvLink));
     }
-    try {
-      t_.validate();
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(fmt::format("{}: {}", path(), e.what()));
-    }
+    t_.validate(path());
     return std::move(t_);
   }
 
@@ -358,11 +354,7 @@ class ChorusReader : public Reader {
       hostIndex_[name] = t_.cloneHost(from->second, name);
     }
     for (const xmlNode* element : later) addLink(element, -1);
-    try {
-      t_.validate();
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(fmt::format("{}: {}", path(), e.what()));
-    }
+    t_.validate(path());
     return std::move(t_);
   }
 

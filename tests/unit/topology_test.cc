@@ -31,6 +31,14 @@ int node(const Topology& t, int host, const std::string& id) {
   return n;
 }
 
+int addNode(Topology& t, int host, NodeKind kind, const std::string& id) {
+  Node n;
+  n.kind = kind;
+  n.host = host;
+  n.id = id;
+  return t.addNode(n);
+}
+
 const Link* linkBetween(const Topology& t, int a, int b) {
   for (const Link& l : t.links) {
     if ((l.a == a && l.b == b) || (l.a == b && l.b == a)) return &l;
@@ -269,13 +277,7 @@ TEST(RingSearch, ALinkCrossedTwiceInOneDirectionGivesEachCrossingHalf) {
   // Two switches of two GPUs each under one CPU; the switches' uplinks (10 GB/s) are the narrow part.
   Topology t;
   t.addHost("h");
-  auto add = [&](NodeKind kind, const std::string& id) {
-    Node n;
-    n.kind = kind;
-    n.host = 0;
-    n.id = id;
-    return t.addNode(n);
-  };
+  auto add = [&](NodeKind kind, const std::string& id) { return addNode(t, 0, kind, id); };
   const int cpu = add(NodeKind::kCpu, "cpu0");
   const int swA = add(NodeKind::kPciSwitch, "swA");
   const int swB = add(NodeKind::kPciSwitch, "swB");
@@ -306,13 +308,7 @@ TEST(RingSearch, RejectsRanksOffDevicesAndHostsWithoutNic) {
     EXPECT_NE(std::string(e.what()).find("rank 1 sits on nic 'nic0'"), std::string::npos) << e.what();
   }
   Topology bare;
-  for (int h = 0; h < 2; ++h) {
-    bare.addHost(named("bare", h));
-    Node cpu;
-    cpu.host = h;
-    cpu.id = "cpu0";
-    bare.addNode(cpu);
-  }
+  for (int h = 0; h < 2; ++h) addNode(bare, bare.addHost(named("bare", h)), NodeKind::kCpu, "cpu0");
   try {
     search(bare, {0, 1});
     FAIL() << "ranks across hosts without NICs were accepted";
@@ -324,13 +320,7 @@ TEST(RingSearch, RejectsRanksOffDevicesAndHostsWithoutNic) {
 TEST(WidestPath, PrefersTheWiderWayAndNeverPassesThroughAGpu) {
   Topology t;
   t.addHost("h");
-  auto add = [&](NodeKind kind, const char* id) {
-    Node n;
-    n.kind = kind;
-    n.host = 0;
-    n.id = id;
-    return t.addNode(n);
-  };
+  auto add = [&](NodeKind kind, const std::string& id) { return addNode(t, 0, kind, id); };
   const int cpu = add(NodeKind::kCpu, "cpu0");
   const int a = add(NodeKind::kGpu, "a");
   const int b = add(NodeKind::kGpu, "b");
