@@ -464,34 +464,41 @@ std::string nodeXml(const Node& node) {
 
 }  // namespace
 
+namespace {
+
+// A parsed document read by one of the readers, once its root is the one the format has.
+template <typename FormatReader>
+Topology readAs(const xmlNode* root, const std::string& name, const char* rootName, const char* format) {
+  FormatReader reader(name);
+  if (!named(root, rootName)) reader.fail(root, fmt::format("the root of {} is <{}>", format, rootName));
+  return reader.read(root);
+}
+
+constexpr const char* kNcclFormat = "NCCL's topology XML";
+constexpr const char* kChorusFormat = "chorus's topology XML";
+
+}  // namespace
+
 Topology parseNcclXml(const std::string& text, const std::string& name) {
   Document doc = parse(text, name);
-  const xmlNode* root = xmlDocGetRootElement(doc.get());
-  NcclReader reader(name);
-  if (!named(root, "system")) reader.fail(root, "the root of NCCL's topology XML is <system>");
-  return reader.read(root);
+  return readAs<NcclReader>(xmlDocGetRootElement(doc.get()), name, "system", kNcclFormat);
 }
 
 Topology parseChorusXml(const std::string& text, const std::string& name) {
   Document doc = parse(text, name);
-  const xmlNode* root = xmlDocGetRootElement(doc.get());
-  ChorusReader reader(name);
-  if (!named(root, "chorus-topology")) reader.fail(root, "the root of chorus's topology XML is <chorus-topology>");
-  return reader.read(root);
+  return readAs<ChorusReader>(xmlDocGetRootElement(doc.get()), name, "chorus-topology", kChorusFormat);
 }
 
 Topology parseTopology(const std::string& text, const std::string& name) {
-  std::string root;
-  {
-    Document doc = parse(text, name);
-    root = reinterpret_cast<const char*>(xmlDocGetRootElement(doc.get())->name);
-  }
-  if (root == "chorus-topology") return parseChorusXml(text, name);
-  if (root == "system") return parseNcclXml(text, name);
-  if (root == "topology") return parseHwlocXml(text, name);
+  Document doc = parse(text, name);
+  const xmlNode* root = xmlDocGetRootElement(doc.get());
+  const std::string rootName = reinterpret_cast<const char*>(root->name);
+  if (rootName == "chorus-topology") return readAs<ChorusReader>(root, name, "chorus-topology", kChorusFormat);
+  if (rootName == "system") return readAs<NcclReader>(root, name, "system", kNcclFormat);
+  if (rootName == "topology") return parseHwlocXml(text, name);  // hwloc reads its own format
   throw std::invalid_argument(fmt::format(
       "{}: the root element <{}> is none of <chorus-topology> (chorus), <system> (NCCL), <topology> (hwloc)", name,
-      root));
+      rootName));
 }
 
 Topology readTopologyFile(const std::string& path) {
