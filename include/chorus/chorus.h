@@ -106,7 +106,7 @@ typedef struct {
   int blocking;           /* 1: every call returns when done (the only mode in this version) */
   int timeoutMs;          /* per-operation wait limit in ms; -1: CHORUS_TIMEOUT_MS or default */
   int initTimeoutMs;      /* bootstrap wait limit in ms; -1: CHORUS_INIT_TIMEOUT_MS or default */
-  const char* transport;  /* "auto", "shm" or "tcp"; NULL: CHORUS_TRANSPORT or "auto" */
+  const char* transport;  /* "auto", "shm", "tcp" or "ucx"; NULL: CHORUS_TRANSPORT or "auto" */
   const char* algorithms; /* overrides as CHORUS_ALGO ("allreduce:ring,allgather:bruck"); NULL: CHORUS_ALGO */
 } chorusConfig_t;
 

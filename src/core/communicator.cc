@@ -82,8 +82,8 @@ CommSettings CommSettings::resolve(const chorusConfig_t* config) {
     if (config->transport != nullptr) s.transport = config->transport;
     if (config->algorithms != nullptr) s.algorithms = config->algorithms;
   }
-  if (s.transport != "auto" && s.transport != "shm" && s.transport != "tcp") {
-    fail(chorusInvalidArgument, "transport '{}' (CHORUS_TRANSPORT or config) is not one of auto, shm, tcp",
+  if (s.transport != "auto" && s.transport != "shm" && s.transport != "tcp" && s.transport != "ucx") {
+    fail(chorusInvalidArgument, "transport '{}' (CHORUS_TRANSPORT or config) is not one of auto, shm, tcp, ucx",
          s.transport);
   }
   if (s.chunkBytes == 0) fail(chorusInvalidArgument, "CHORUS_CHUNK_BYTES must be positive");
@@ -167,10 +167,14 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
   for (int peer = 0; peer < nranks; ++peer) transportOfPeer_[peer] = transports_[kindOfPeer[peer]].get();
   dataListener_.close();
 
-  // The tuner models the slowest transport in use; every rank sees the same answer (with more
-  // than one host, every rank has a peer on another host).
+  // The tuner models the slowest link in use: a network where any peer is on another host or is
+  // reached over tcp. Every rank sees the same answer (with more than one host, every rank has a
+  // peer on another host).
   bool network = false;
-  for (int peer = 0; peer < nranks; ++peer) network = network || std::string(transportOfPeer_[peer]->name()) == "tcp";
+  for (int peer = 0; peer < nranks; ++peer) {
+    network = network || std::string(transportOfPeer_[peer]->name()) == "tcp" ||
+              context.peers[peer].hostHash != self.hostHash;
+  }
   costs_ = collectives::defaultCostParams(network);
   if (!network) {
     const size_t fifoBytes = static_cast<size_t>(std::max<int64_t>(knobInt(Knob::kShmSlots), 1)) *

@@ -20,7 +20,7 @@ struct KnobSpec {
 // One line per knob: environment name, default, meaning.
 constexpr KnobSpec kKnobs[] = {
     {"CHORUS_DEBUG", "WARN", "log level: WARN, INFO or TRACE"},
-    {"CHORUS_TRANSPORT", "auto", "auto (shm within a host, tcp across), shm, or tcp for every peer"},
+    {"CHORUS_TRANSPORT", "auto", "auto (shm within a host, ucx across), or shm, tcp or ucx for every peer"},
     {"CHORUS_TIMEOUT_MS", "300000", "how long one operation waits for a peer before failing"},
     {"CHORUS_INIT_TIMEOUT_MS", "120000", "how long init waits for every rank to arrive"},
     {"CHORUS_CHUNK_BYTES", "524288", "pipelining chunk of every call, bytes (unset: the tuner picks it per call)"},

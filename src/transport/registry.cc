@@ -9,10 +9,16 @@ const std::vector<TransportKind>& transportRegistry() {
       {"self", [](const TransportContext& c, int peer) { return peer == c.rank; }, createSelfTransport},
       {"shm",
        [](const TransportContext& c, int peer) {
-         return c.mode != "tcp" && c.peers[peer].hostHash == c.peers[c.rank].hostHash;
+         return (c.mode == "auto" || c.mode == "shm") && c.peers[peer].hostHash == c.peers[c.rank].hostHash;
        },
        createShmTransport},
-      {"tcp", [](const TransportContext& c, int) { return c.mode != "shm"; }, createTcpTransport},
+      // auto: peers on other hosts. Every rank then has a UCX peer (ucx.cc relies on it).
+      {"ucx",
+       [](const TransportContext& c, int peer) {
+         return c.mode == "ucx" || (c.mode == "auto" && c.peers[peer].hostHash != c.peers[c.rank].hostHash);
+       },
+       createUcxTransport},
+      {"tcp", [](const TransportContext& c, int) { return c.mode == "tcp"; }, createTcpTransport},
   };
   return kinds;
 }

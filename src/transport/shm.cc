@@ -120,7 +120,6 @@ struct Mapping {
   size_t bytes;
 };
 
-int pidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
 // The descriptor fd of the process behind pidfd, duplicated into this one; -1 and errno on failure.
 int pidfdGetfd(int pidfd, int fd) { return static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0)); }
 
@@ -669,9 +668,7 @@ class ShmTransport final : public Transport {
     lastAliveCheck_ = now;
     for (Peer& p : peers_.all()) {
       if ((p.sends.empty() && p.recvs.empty() && p.beingRead.empty()) || p.pid <= 0) continue;
-      pollfd exited{p.pidfd, POLLIN, 0};
-      const bool gone = p.pidfd >= 0 ? ::poll(&exited, 1, 0) > 0 : kill(p.pid, 0) != 0 && errno == ESRCH;
-      if (!gone) continue;
+      if (!processExited(p.pidfd, p.pid)) continue;
       // A peer that sent its last messages and left normally: what it published is all here.
       pullRecvs(p);
       if (p.sends.empty() && p.recvs.empty() && p.beingRead.empty()) continue;

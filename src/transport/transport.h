@@ -1,8 +1,14 @@
 // transport.h: moves bytes between two ranks. One interface; one file per transport (self, shm,
-// tcp), listed in priority order in registry.cc. A transport knows tags and byte ranges, never
+// ucx, tcp), listed in priority order in registry.cc. A transport knows tags and byte ranges, never
 // collectives. Every transport object is used by one thread at a time (its communicator's).
 #pragma once
 
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -106,6 +112,15 @@ class Transport {
   virtual void cancelAll() = 0;
 };
 
+// A peer process on this host: a pidfd for it (-1 where the kernel has none), readable once the
+// process has exited, zombie or not.
+inline int pidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+inline bool processExited(int pidfd, pid_t pid) {
+  if (pidfd < 0) return kill(pid, 0) != 0 && errno == ESRCH;
+  pollfd exited{pidfd, POLLIN, 0};
+  return ::poll(&exited, 1, 0) > 0;
+}
+
 // A transport's per-peer state, looked up by rank. Peer has `sends` and `recvs` queues.
 template <typename Peer>
 class PeerTable {
@@ -152,7 +167,7 @@ struct TransportContext {
   Bootstrap* bootstrap = nullptr;
   Socket* dataListener = nullptr;
   Deadline deadline;
-  std::string mode;  // auto | shm | tcp
+  std::string mode;  // auto | shm | tcp | ucx
 };
 
 // One line per transport in registry.cc.
@@ -171,5 +186,6 @@ const std::vector<TransportKind>& transportRegistry();
 std::unique_ptr<Transport> createSelfTransport(TransportContext& context, const std::vector<int>& peers);
 std::unique_ptr<Transport> createShmTransport(TransportContext& context, const std::vector<int>& peers);
 std::unique_ptr<Transport> createTcpTransport(TransportContext& context, const std::vector<int>& peers);
+std::unique_ptr<Transport> createUcxTransport(TransportContext& context, const std::vector<int>& peers);
 
 }  // namespace chorus

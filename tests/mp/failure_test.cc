@@ -240,7 +240,7 @@ TEST_P(FailureTest, EveryKindOfDisagreementFailsOnEveryRankNamingBothCalls) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, FailureTest, ::testing::Values("shm", "tcp"));
+INSTANTIATE_TEST_SUITE_P(Transports, FailureTest, ::testing::Values("shm", "tcp", "ucx"), testing::transportName);
 
 TEST(BootstrapFailureTest, MissingRanksAreNamedAtTheInitTimeout) {
   const auto codes = runProcesses(
@@ -411,7 +411,8 @@ TEST_P(AbortFromAnotherThreadTest, ReleasesTheBlockedCallsAndTellsThePeers) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, AbortFromAnotherThreadTest, ::testing::Values("shm", "tcp"));
+INSTANTIATE_TEST_SUITE_P(Transports, AbortFromAnotherThreadTest, ::testing::Values("shm", "tcp", "ucx"),
+                         testing::transportName);
 
 TEST(ShrinkTest, TheRemainingRanksGoOnWithoutTheExcludedOnes) {
   // Five ranks; ranks 0 and 2 are excluded (they do not call): ranks 1, 3 and 4 become ranks 0, 1

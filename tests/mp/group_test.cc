@@ -67,7 +67,7 @@ TEST_P(GroupTest, NestedGroupsRunAtTheOutermostEnd) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, GroupTest, ::testing::Values("shm", "tcp"));
+INSTANTIATE_TEST_SUITE_P(Transports, GroupTest, ::testing::Values("shm", "tcp", "ucx"), testing::transportName);
 
 }  // namespace
 }  // namespace chorus

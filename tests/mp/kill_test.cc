@@ -122,11 +122,12 @@ TEST(RankFailureTest, KillNineOfARandomRankAtARandomMomentOfRandomCollectives) {
   std::mt19937 pick(seed);
   testing::SharedWithRanks<Trial> shared;
 
-  std::vector<double> seconds[2];  // survivors' time from the kill to their error: shm, tcp
+  constexpr const char* kTransports[] = {"shm", "tcp", "ucx"};
+  std::vector<double> seconds[3];  // survivors' time from the kill to their error, by transport
   int survivors = 0;
   for (int t = 0; t < trials && !HasFailure(); ++t) {
     Plan plan;
-    plan.transport = t % 2 == 0 ? "shm" : "tcp";
+    plan.transport = kTransports[t % 3];
     plan.nranks = 2 + static_cast<int>(pick() % (kMaxRanks - 1));
     plan.victim = static_cast<int>(pick() % static_cast<uint32_t>(plan.nranks));
     plan.delayUs = static_cast<int>(pick() % 100000);
@@ -186,16 +187,16 @@ TEST(RankFailureTest, KillNineOfARandomRankAtARandomMomentOfRandomCollectives) {
       EXPECT_EQ(outcome.shrunkSum, plan.nranks * (plan.nranks - 1) / 2 - plan.victim) << what << ": rank " << rank;
       const double took = static_cast<double>(outcome.errorNs.load() - trial->killNs.load()) * 1e-9;
       EXPECT_LE(took, 2 * kTimeoutMs * 1e-3) << what << ": rank " << rank << ": " << outcome.message;
-      seconds[t % 2].push_back(took);
+      seconds[t % 3].push_back(took);
       ++survivors;
     }
   }
-  for (int k = 0; k < 2; ++k) {
+  for (int k = 0; k < 3; ++k) {
     std::vector<double>& s = seconds[k];
     if (s.empty()) continue;
     std::sort(s.begin(), s.end());
     std::printf("%s: %zu survivors: time from the kill to their error: median %.3f s, max %.3f s (timeout %.1f s)\n",
-                k == 0 ? "shm" : "tcp", s.size(), s[s.size() / 2], s.back(), kTimeoutMs * 1e-3);
+                kTransports[k], s.size(), s[s.size() / 2], s.back(), kTimeoutMs * 1e-3);
   }
   std::printf("%d kills, %d survivors, every one told and on a shrunk communicator\n", trials, survivors);
 }

@@ -131,11 +131,13 @@ void PrintTo(const TransportRanks& param, std::ostream* os) {
 
 std::vector<TransportRanks> transportRankMatrix() {
   std::vector<TransportRanks> all;
-  for (const char* transport : {"shm", "tcp"}) {
+  for (const char* transport : {"shm", "tcp", "ucx"}) {
     for (int n : {1, 2, 3, 4, 5, 8}) all.push_back({transport, n});
   }
   return all;
 }
+
+std::string transportName(const ::testing::TestParamInfo<const char*>& info) { return info.param; }
 
 std::string transportRanksName(const ::testing::TestParamInfo<TransportRanks>& info) {
   return std::string(info.param.transport) + "_" + std::to_string(info.param.nranks);

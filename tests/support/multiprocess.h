@@ -19,7 +19,7 @@ namespace chorus::testing {
 
 struct RanksOptions {
   int nranks = 2;
-  const char* transport = "auto";  // auto | shm | tcp
+  const char* transport = "auto";  // auto | shm | tcp | ucx
   int timeoutMs = 60000;           // per-operation timeout inside the ranks
   int initTimeoutMs = 30000;
   int deadlineSeconds = 600;  // the whole run, enforced by the parent
@@ -61,14 +61,15 @@ class SharedWithRanks {
 using RankBody = std::function<void(int rank, const chorusUniqueId& id)>;
 std::vector<int> runProcesses(int nranks, const RankBody& body, int deadlineSeconds = 600);
 
-// The transport x rank-count matrix of the multi-process tests: shm and tcp, 1, 2, 3, 4, 5, 8.
+// The transport x rank-count matrix of the multi-process tests: shm, tcp and ucx; 1, 2, 3, 4, 5, 8.
 struct TransportRanks {
   const char* transport;
   int nranks;
 };
 void PrintTo(const TransportRanks& param, std::ostream* os);
 std::vector<TransportRanks> transportRankMatrix();
-// Test-name suffix, e.g. "shm_4".
+// Test-name suffix, e.g. "shm_4"; for tests parameterised by the transport alone, e.g. "ucx".
+std::string transportName(const ::testing::TestParamInfo<const char*>& info);
 std::string transportRanksName(const ::testing::TestParamInfo<TransportRanks>& info);
 
 // Runs body(rank, comm) on nranks ranks sharing one communicator. Fails (gtest) if any rank's

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Ranks on separate hosts, made on this machine by tools/netns-hosts (2 network namespaces x 2
+# ranks): every collective checked over tcp and over ucx, ranks on the other host reached by the
+# transport named and ranks on the same host by shm (auto) or the forced transport; then collbench
+# across the hosts. Skips (exit 77) where namespaces cannot be made (no root, no `ip`).
+source "$(dirname "$0")/lib.sh"
+hosts="$source_dir/tools/netns-hosts"
+export CHORUS_NETNS_NAME="chorus-e2e-$$"
+if ! "$hosts" check; then echo "SKIP: namespace hosts cannot be made here (see above)"; exit 77; fi
+trap '"$hosts" down; rm -rf "$work"' EXIT
+"$hosts" up 2
+export CHORUS_SECRET=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+port=$((20000 + $$ % 20000))
+
+# Runs "$@" as 2 ranks on each of the 2 hosts; each host's output goes to $work/$tag.hN.
+across() {
+  local tag=$1; shift
+  port=$((port + 1))
+  local pids=()
+  for h in 0 1; do
+    "$hosts" exec $h "$source_dir/tools/chorusrun" -n 2 --nnodes 2 --node-rank $h --master-addr 10.77.0.1 \
+      --master-port $port "$@" >"$work/$tag.h$h" 2>&1 &
+    pids+=($!)
+  done
+  local status=0
+  for p in "${pids[@]}"; do wait "$p" || status=$?; done
+  if [ "$status" != 0 ]; then cat "$work/$tag.h0" "$work/$tag.h1"; fail "$tag: exit status $status"; fi
+}
+
+for transport in auto tcp ucx; do
+  CHORUS_TRANSPORT=$transport CHORUS_DEBUG=info across "check-$transport" "$build/tests/launched_collectives"
+  for h in 0 1; do
+    out="$work/check-$transport.h$h"
+    [ "$(grep -c "every collective right" "$out")" = 2 ] || { cat "$out"; fail "$transport: host $h's ranks"; }
+    # Host 0 has ranks 0 and 1, host 1 ranks 2 and 3: rank 0's peers 1 (same host), 2 and 3.
+    line=$(grep -m1 "rank 0 of 4 ready" "$work/check-$transport.h0") || fail "$transport: no transport line"
+    case $transport in
+      auto) want=" 0:self 1:shm 2:ucx 3:ucx" ;;
+      *) want=" 0:self 1:$transport 2:$transport 3:$transport" ;;
+    esac
+    [[ $line == *"peer:$want" ]] || fail "$transport: rank 0's transports: '$line', expected '$want'"
+  done
+  echo "every collective right across 2 namespace hosts x 2 ranks, CHORUS_TRANSPORT=$transport"
+done
+
+for transport in tcp ucx; do
+  CHORUS_TRANSPORT=$transport across "bench-$transport" "$collbench" --op allreduce -b 4K -e 4M -f 32 -n 3 -w 1
+  cat "$work/bench-$transport.h0"
+  grep -q "Out of bounds values : 0 OK" "$work/bench-$transport.h0" || fail "collbench over $transport"
+done

@@ -1,0 +1,35 @@
+// launched_collectives.cc: every collective checked on ranks started by a launcher (chorusrun,
+// mpiexec, one per namespace host), not forked by the test: the end-to-end tests across hosts
+// run it. Each rank prints one line and exits 0 when every check passed.
+#include <chorus/chorus.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "tests/support/collective_checks.h"
+
+namespace chorus {
+namespace {
+
+TEST(LaunchedRanksTest, EveryCollectiveTypeOpCountAndPlacement) {
+  chorusComm_t comm = nullptr;
+  ASSERT_EQ(chorusCommInitFromEnv(&comm, nullptr), chorusSuccess) << chorusGetLastError(nullptr);
+  int rank = -1, nranks = 0;
+  ASSERT_EQ(chorusCommUserRank(comm, &rank), chorusSuccess);
+  ASSERT_EQ(chorusCommCount(comm, &nranks), chorusSuccess);
+  testing::checkEveryCollective(comm, rank, nranks, {0, 1, 7, 1023, (1u << 20) + 3},
+                                {chorusInt8, chorusInt32, chorusFloat16, chorusFloat32, chorusFloat64, chorusBfloat16},
+                                {chorusSum, chorusProd, chorusMax, chorusMin, chorusAvg}, /*withSendRecv=*/true);
+  ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
+  if (!HasFailure()) {
+    const char* transport = std::getenv("CHORUS_TRANSPORT");
+    std::printf("rank %d of %d: every collective right (transport %s)\n", rank, nranks,
+                transport != nullptr ? transport : "auto");
+  }
+  chorusCommDestroy(comm);
+}
+
+}  // namespace
+}  // namespace chorus
