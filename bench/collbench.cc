@@ -1382,8 +1382,11 @@ int simulateSweep(const Options& o) {
   model.interHost = {tcp.alphaUs, tcp.betaUsPerByte};
   model.gammaUsPerByte = inside.gammaUsPerByte;
   model.copyUsPerByte = inside.copyUsPerByte;
-  // The tuner models the slowest transport in use, as a communicator does.
-  const cc::CostParams& tunerModel = network || tcpInside ? tcp : shm;
+  // The tuner models the slowest transport in use, as a communicator does, and the hosts.
+  cc::CostParams tunerModel = network || tcpInside ? tcp : shm;
+  tunerModel.hosts = n % perHost == 0 ? n / perHost : 1;
+  tunerModel.localAlphaUs = inside.alphaUs;
+  tunerModel.localBetaUsPerByte = inside.betaUsPerByte;
   // CHORUS_CHUNK_BYTES fixes the chunk; otherwise the tuner picks it, as a communicator does.
   const char* chunkText = std::getenv("CHORUS_CHUNK_BYTES");
   const size_t fixedChunk = chunkText != nullptr && std::atoll(chunkText) > 0 ? std::atoll(chunkText) : 0;

@@ -27,6 +27,7 @@ const Entry kEntries[] = {
     {Collective::kAllReduce, Algorithm::kTree, doubleTreeAllReduce, Follows::kPositions},
     {Collective::kAllReduce, Algorithm::kRecursiveDoubling, recursiveDoublingAllReduce, Follows::kPositions},
     {Collective::kAllReduce, Algorithm::kRabenseifner, rabenseifnerAllReduce, Follows::kPositions},
+    {Collective::kAllReduce, Algorithm::kHierarchical, hierarchicalAllReduce, Follows::kNumbers},
     {Collective::kAllGather, Algorithm::kRing, ringAllGather, Follows::kItself},
     {Collective::kAllGather, Algorithm::kRecursiveDoubling, recursiveDoublingAllGather, Follows::kNumbers},
     {Collective::kAllGather, Algorithm::kBruck, bruckAllGather, Follows::kNumbers},
@@ -66,11 +67,13 @@ const Name kNames[] = {
     {Algorithm::kScatterAllGather, "scatter_allgather"},
     {Algorithm::kReduceScatterGather, "reducescatter_gather"},
     {Algorithm::kDissemination, "dissemination"},
+    {Algorithm::kHierarchical, "hierarchical"},
 };
 const Name kAliases[] = {{Algorithm::kRecursiveDoubling, "rd"},
                          {Algorithm::kRecursiveHalving, "rh"},
                          {Algorithm::kTree, "dbt"},
-                         {Algorithm::kTree, "double_binary_tree"}};
+                         {Algorithm::kTree, "double_binary_tree"},
+                         {Algorithm::kHierarchical, "hier"}};
 
 const Entry* find(Collective collective, Algorithm algorithm) {
   for (const Entry& e : kEntries) {

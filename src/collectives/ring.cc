@@ -47,22 +47,35 @@ Piece pieceOf(size_t blockElements, size_t chunkElements, size_t c, size_t typeS
 }  // namespace
 
 Schedule ringAllReduce(const ScheduleArgs& args) {
+  std::vector<int> ring(static_cast<size_t>(args.nranks));
+  for (int position = 0; position < args.nranks; ++position) ring[position] = position;
   Schedule schedule;
-  const int n = args.nranks;
-  const int r = args.rank;
+  appendRingAllReduce(schedule, args, ring, args.rank, nullptr);
+  return schedule;
+}
+
+void appendRingAllReduce(Schedule& schedule, const ScheduleArgs& args, const std::vector<int>& ring, int r,
+                         const OwnedChunkSteps& owned) {
+  const int n = static_cast<int>(ring.size());
   const size_t size = args.typeSize;
-  if (args.count == 0) return schedule;
-  if (n == 1) {
-    schedule.steps.push_back(copyStep(at(BufferId::kInput, 0), at(BufferId::kOutput, 0), args.count * size));
-    return schedule;
-  }
-  const int next = mod(r + 1, n);
-  const int prev = mod(r - 1, n);
+  if (args.count == 0) return;
   const Blocks blocks{args.count, static_cast<size_t>(n)};
   const size_t chunkElements = std::min(chunkElementsFor(args.chunkBytes, size), blocks.size(0));
   const size_t pieces = piecesOf(blocks.size(0), chunkElements);
+  if (n == 1) {
+    schedule.steps.push_back(copyStep(at(BufferId::kInput, 0), at(BufferId::kOutput, 0), args.count * size));
+    if (!owned) return;
+    for (size_t c = 0; c < pieces; ++c) {
+      const Piece piece = pieceOf(args.count, chunkElements, c, size);
+      owned(schedule, piece.offset, piece.bytes, c);
+      if (args.divide) schedule.steps.push_back(divideStep(at(BufferId::kOutput, piece.offset), piece.bytes));
+    }
+    return;
+  }
+  const int next = ring[mod(r + 1, n)];
+  const int prev = ring[mod(r - 1, n)];
   SlotRing tmp{0, chunkElements * size, kTmpSlots};
-  schedule.scratchBytes = tmp.end();
+  schedule.scratchBytes = std::max(schedule.scratchBytes, tmp.end());
 
   for (size_t c = 0; c < pieces; ++c) {
     auto piece = [&](int block) { return pieceOf(blocks.size(block), chunkElements, c, size); };
@@ -80,9 +93,12 @@ Schedule ringAllReduce(const ScheduleArgs& args) {
                                                 piece(recvBlock).bytes));
       }
     }
-    const int owned = mod(r + 1, n);
-    if (args.divide && piece(owned).bytes > 0) {
-      schedule.steps.push_back(divideStep(at(BufferId::kOutput, offset(owned)), piece(owned).bytes));
+    const int ownedBlock = mod(r + 1, n);
+    if (piece(ownedBlock).bytes > 0) {
+      if (owned) owned(schedule, offset(ownedBlock), piece(ownedBlock).bytes, c);
+      if (args.divide) {
+        schedule.steps.push_back(divideStep(at(BufferId::kOutput, offset(ownedBlock)), piece(ownedBlock).bytes));
+      }
     }
     for (int s = 0; s < n - 1; ++s) {
       const int sendBlock = mod(r + 1 - s, n);
@@ -95,7 +111,6 @@ Schedule ringAllReduce(const ScheduleArgs& args) {
       }
     }
   }
-  return schedule;
 }
 
 Schedule ringAllGather(const ScheduleArgs& args) {

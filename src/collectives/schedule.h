@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,7 @@ enum class Algorithm : uint8_t {
   kScatterAllGather,     // broadcast
   kReduceScatterGather,  // reduce
   kDissemination,        // barrier
+  kHierarchical,         // all-reduce across hosts: within hosts reduce-scatter, across all-reduce, within all-gather
   kCount
 };
 
@@ -109,6 +111,9 @@ struct ScheduleArgs {
   // over positions and their peers mapped to ranks; the ring all-gather and reduce-scatter follow
   // it too, keeping each rank's block at its rank's offset; the others pair ranks by number.
   const int* order = nullptr;
+  // Host of each rank (nranks entries, hosts numbered 0, 1, ... by their lowest rank); null: one
+  // host. Hierarchical algorithms split their work by it.
+  const int* hosts = nullptr;
 };
 
 // The rank at a position (mod nranks) of args.order, and a rank's position in it.
@@ -191,6 +196,16 @@ Schedule scatterAllGatherBroadcast(const ScheduleArgs& args);
 Schedule reduceScatterGatherReduce(const ScheduleArgs& args);
 Schedule disseminationBarrier(const ScheduleArgs& args);
 Schedule doubleTreeAllReduce(const ScheduleArgs& args);
+Schedule hierarchicalAllReduce(const ScheduleArgs& args);
+
+// The ring all-reduce of ring.cc over `ring` (ring position -> rank; this rank at position r).
+// `owned`, when set, appends steps for each chunk this rank owns after the reduce-scatter phase
+// (offset and bytes in the output; the chunk's index), before the divide and the all-gather phase:
+// the hierarchical all-reduce's step across hosts. Returns the scratch it used; steps go to
+// schedule.
+using OwnedChunkSteps = std::function<void(Schedule& schedule, size_t offset, size_t bytes, size_t chunk)>;
+void appendRingAllReduce(Schedule& schedule, const ScheduleArgs& args, const std::vector<int>& ring, int r,
+                         const OwnedChunkSteps& owned);
 
 // The schedule for args: args.algorithm, or the default for the collective when kDefault.
 // Throws std::invalid_argument when the algorithm does not apply to the collective.

@@ -594,6 +594,11 @@ ScheduleSet buildAllSchedules(ScheduleArgs args, int ranksPerHost, size_t maxSte
   const int n = args.nranks;
   set.nranks = n;
   args.rank = 0;
+  std::vector<int> hosts;  // consecutive ranks per host, for the hierarchical algorithms
+  if (ranksPerHost > 0 && ranksPerHost < n && args.hosts == nullptr) {
+    for (int r = 0; r < n; ++r) hosts.push_back(r / ranksPerHost);
+    args.hosts = hosts.data();
+  }
   const Schedule first = buildSchedule(args);
   const std::string what =
       std::string(first.algorithm) + " " + collectiveName(args.collective) + " at " + std::to_string(n) + " ranks";

@@ -203,6 +203,18 @@ double formulaUs(Collective collective, Algorithm algorithm, int nranks, size_t 
           const double k = std::ceil(m / 2 / chunk);
           return 2 * L * k * a + m / 2 * (5 * b + 2 * g);
         }
+        // A ring within each host of l ranks (local costs), and for each chunk a rank owns, a ring
+        // of one rank per host over it. A host's l ranks cross the network at once, sharing its
+        // link: 2(h-1)/h of the buffer goes through it. Only across hosts of equal rank counts.
+        case Algorithm::kHierarchical: {
+          const int hosts = c.hosts;
+          if (hosts <= 1 || nranks % hosts != 0) break;
+          const double h = hosts, l = n / h;
+          const double k = std::ceil(m / l / chunk);
+          const double local = 2 * (l - 1) * (k * c.localAlphaUs + m / l * c.localBetaUsPerByte);
+          const double across = h > 1 ? 2 * (h - 1) * k * a + 2 * (h - 1) / h * m * b : 0;
+          return local + across + ((l - 1) / l * m + (h - 1) / h * m / l) * g;
+        }
         default:
           break;
       }

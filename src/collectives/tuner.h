@@ -36,6 +36,11 @@ struct CostParams {
   // kMaxChunkBytes): on shared memory half a FIFO, so that a rank's send of a ring chunk is out
   // before its peer's arrives and the receive-reduce can forward its result in the same pass.
   size_t maxChunkBytes = size_t{4} << 20;
+  // Ranks spread over `hosts` hosts (1: all on one), and what a message costs within a host: the
+  // hierarchical algorithms' local level (the fields above are then the network's).
+  int hosts = 1;
+  double localAlphaUs = 5;
+  double localBetaUsPerByte = 2e-4;
   std::array<std::array<Correction, static_cast<int>(Algorithm::kCount)>, kCollectiveCount> corrections;
   Correction& correction(Collective c, Algorithm a) { return corrections[static_cast<int>(c)][static_cast<int>(a)]; }
   const Correction& correction(Collective c, Algorithm a) const {

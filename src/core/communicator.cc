@@ -188,6 +188,25 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
       fail(chorusInvalidArgument, "rank {}: CHORUS_TUNING_FILE: {}", rank, e.what());
     }
   }
+  // Hosts numbered by their lowest rank; the hierarchical algorithms and their costs use them.
+  std::vector<uint64_t> hostHashes;
+  for (int peer = 0; peer < nranks; ++peer) {
+    const uint64_t hash = context.peers[peer].hostHash;
+    const auto found = std::find(hostHashes.begin(), hostHashes.end(), hash);
+    hosts_.push_back(static_cast<int>(found - hostHashes.begin()));
+    if (found == hostHashes.end()) hostHashes.push_back(hash);
+  }
+  if (hostHashes.size() > 1) {
+    costs_.hosts = static_cast<int>(hostHashes.size());
+    collectives::CostParams local = collectives::defaultCostParams(settings.transport == "tcp");
+    if (const std::string file = knobString(Knob::kTuningFile); !file.empty()) {
+      local = collectives::loadCostParams(file, settings.transport == "tcp", local);
+    }
+    costs_.localAlphaUs = local.alphaUs;
+    costs_.localBetaUsPerByte = local.betaUsPerByte;
+  } else {
+    hosts_.clear();
+  }
   int corrected = 0;
   for (const auto& byAlgorithm : costs_.corrections) {
     for (const auto& correction : byAlgorithm) corrected += correction.nranks == nranks ? 1 : 0;
@@ -303,6 +322,7 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   args.chunkBytes = settings_.chunkBytes;
   args.algorithm = algorithms_[static_cast<int>(collective)];
   args.order = order_.empty() ? nullptr : order_.data();
+  args.hosts = hosts_.empty() ? nullptr : hosts_.data();
   const bool forced = args.algorithm != collectives::Algorithm::kDefault;
   if (collective != Collective::kSend && collective != Collective::kRecv) {
     // The tuner picks the algorithm unless it is forced, and the chunk unless CHORUS_CHUNK_BYTES is set.
@@ -326,6 +346,12 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
           choice = {args.algorithm, collectives::chooseChunkBytes(collective, args.algorithm, nranks_, bytes, costs_)};
         }
         found = tunerChoices_.emplace(key, choice).first;
+        if (rank_ == 0 && !forced) {
+          logAt(LogLevel::kInfo,
+                "rank 0: tuner: {} of {} bytes on {} ranks ({} host(s)): {}, chunk {} (predicted {:.1f} us)",
+                collectives::collectiveName(collective), bytes, nranks_, costs_.hosts,
+                collectives::algorithmName(choice.algorithm), choice.chunkBytes, choice.predictedUs);
+        }
       }
       args.algorithm = found->second.algorithm;
       args.chunkBytes = found->second.chunkBytes;

@@ -109,6 +109,7 @@ class Communicator {
   std::array<collectives::Algorithm, collectives::kCollectiveCount> algorithms_{};  // kDefault: the tuner's
   std::vector<int> order_;  // rank order (position -> rank), empty for 0..n-1
   uint64_t orderHash_ = 0;  // folded into every collective's signature
+  std::vector<int> hosts_;  // host of each rank (numbered by lowest rank), empty on one host
   // The tuner's answers by (collective, forced algorithm, bytes).
   std::unordered_map<uint64_t, collectives::TunerChoice> tunerChoices_;
   collectives::CostParams costs_;                   // the tuner's model of this communicator's slowest transport

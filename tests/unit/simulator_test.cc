@@ -34,6 +34,7 @@ struct Case {
   int root;
   size_t chunkBytes;
   const int* order = nullptr;  // rank order (position -> rank), or null
+  const int* hosts = nullptr;  // host of each rank, or null (one host)
 };
 
 std::string describe(const Case& c) {
@@ -61,6 +62,7 @@ void run(const Case& c) {
     SimulatedRank& rank = ranks[r];
     ScheduleArgs args{c.collective, n, r, count, size, c.root, c.op == chorusAvg, c.chunkBytes, c.algorithm};
     args.order = c.order;
+    args.hosts = c.hosts;
     size_t inCount = count, outCount = count;
     switch (c.collective) {
       case Collective::kAllGather:
@@ -281,6 +283,55 @@ TEST(SimulatorTest, RankOrderIsFollowedAndBlocksStayAtTheirRanks) {
         }
       }
     }
+  }
+}
+
+TEST(SimulatorTest, HierarchicalAllReduceIsRightOnEveryHostLayout) {
+  // Hosts of equal rank counts (the two-level schedule), interleaved hosts, and unequal hosts (the
+  // flat ring), with counts that leave blocks uneven and chunks that cut them into pieces.
+  const std::vector<std::vector<int>> layouts = {
+      {0, 0, 1, 1},    {0, 1, 0, 1}, {0, 0, 0, 1, 1, 1, 2, 2, 2}, {0, 1, 2, 3}, {0, 0, 0, 0, 1, 1, 1, 1},
+      {0, 0, 0, 1, 1}, {0, 0, 0, 0}};
+  for (const std::vector<int>& hosts : layouts) {
+    const int n = static_cast<int>(hosts.size());
+    for (size_t count : {size_t{1}, size_t{7}, 2 * static_cast<size_t>(n) + 1, size_t{1000}}) {
+      for (const auto& [type, op] : {std::pair{chorusInt32, chorusSum}, std::pair{chorusFloat32, chorusAvg},
+                                     std::pair{chorusFloat16, chorusMax}}) {
+        for (bool inPlace : {false, true}) {
+          Case c{Collective::kAllReduce, Algorithm::kHierarchical, n, count, type, op, inPlace, 0, 12};
+          c.hosts = hosts.data();
+          run(c);
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST(ScheduleShapeTest, HierarchicalAllReduceCrossesHostsOnlyOnRails) {
+  // 3 hosts x 4 ranks: a rank talks to its host ring's neighbours and to the ranks with its place
+  // on the other hosts, and sends 2(H-1)/(HL) of the buffer to other hosts (up to block rounding).
+  const int hostsCount = 3, perHost = 4, n = hostsCount * perHost;
+  std::vector<int> hosts(n);
+  for (int r = 0; r < n; ++r) hosts[r] = r / perHost;
+  const size_t count = 12000;
+  for (int r = 0; r < n; ++r) {
+    ScheduleArgs args{Collective::kAllReduce, n, r, count, 4, 0, false, 1 << 20, Algorithm::kHierarchical};
+    args.hosts = hosts.data();
+    const Schedule s = buildSchedule(args);
+    size_t across = 0;
+    for (const Step& step : s.steps) {
+      if (step.peer < 0) continue;
+      const bool sameHost = hosts[step.peer] == hosts[r];
+      if (sameHost) {
+        const int d = (step.peer - r + perHost) % perHost;
+        EXPECT_TRUE(d == 1 || d == perHost - 1) << "rank " << r << " talks to " << step.peer;
+      } else {
+        EXPECT_EQ(step.peer % perHost, r % perHost) << "rank " << r << " talks to " << step.peer;
+        if (step.kind == StepKind::kSend) across += step.bytes;
+      }
+    }
+    EXPECT_EQ(across, 2 * (hostsCount - 1) * (count / n) * 4) << "rank " << r;
   }
 }
 

@@ -52,6 +52,28 @@ TEST(TunerTest, LatencyBoundSizesPickLogDepthAndLargeSizesBandwidthOptimal) {
   EXPECT_EQ(chooseAlgorithm(Collective::kAllToAll, 256, 256 * 8, kChunk, params), Algorithm::kBruck);
 }
 
+TEST(TunerTest, HierarchicalAllReduceIsWeighedOnlyAcrossHostsOfEqualSize) {
+  const CostParams oneHost = defaultCostParams(true);
+  CostParams twoHosts = oneHost;
+  twoHosts.hosts = 2;
+  const CostParams shm = defaultCostParams(false);
+  twoHosts.localAlphaUs = shm.alphaUs;
+  twoHosts.localBetaUsPerByte = shm.betaUsPerByte;
+  CostParams threeHosts = twoHosts;
+  threeHosts.hosts = 3;
+  for (size_t bytes : {size_t{8}, size_t{1} << 16, size_t{1} << 20, size_t{64} << 20}) {
+    EXPECT_TRUE(std::isinf(predictUs(Collective::kAllReduce, Algorithm::kHierarchical, 4, bytes, kChunk, oneHost)));
+    EXPECT_TRUE(std::isinf(predictUs(Collective::kAllReduce, Algorithm::kHierarchical, 4, bytes, kChunk, threeHosts)));
+    EXPECT_NE(choose(Collective::kAllReduce, 4, bytes, oneHost, 0).algorithm, Algorithm::kHierarchical);
+  }
+  // Across 2 hosts of 4 ranks, a large buffer crosses a host's link 2(H-1)/H = once instead of
+  // the flat ring's 2(n-1)/n = 1.75 times; the rings within hosts cost shared-memory prices.
+  const size_t large = size_t{64} << 20;
+  EXPECT_EQ(choose(Collective::kAllReduce, 8, large, twoHosts, 0).algorithm, Algorithm::kHierarchical);
+  EXPECT_LT(predictUs(Collective::kAllReduce, Algorithm::kHierarchical, 8, large, kChunk, twoHosts),
+            predictUs(Collective::kAllReduce, Algorithm::kRing, 8, large, kChunk, twoHosts));
+}
+
 TEST(TunerTest, EveryChoiceAppliesToItsCollective) {
   for (bool network : {false, true}) {
     const CostParams params = defaultCostParams(network);
