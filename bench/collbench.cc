@@ -1199,6 +1199,11 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
   std::vector<std::vector<std::vector<double>>> timed(collectives.size());
   // What the tuner takes: the median over the passes (two, five or nine of them).
   auto typical = [&](size_t c, size_t cell) { return median(timed[c][cell]); };
+  // Algorithms the model rules out on these ranks (hierarchical ones on one host) are not timed.
+  auto applies = [&](size_t c, size_t a) {
+    const cc::Algorithm algorithm = cc::algorithmsFor(collectives[c])[a];
+    return !std::isinf(cc::formulaUs(collectives[c], algorithm, nranks_, size_t{1} << 20, size_t{1} << 19, inUse));
+  };
   for (size_t c = 0; c < collectives.size(); ++c) {
     timed[c].resize(countsOf(collectives[c]).size() * cc::algorithmsFor(collectives[c]).size());
   }
@@ -1258,8 +1263,10 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
   };
   Cells all(collectives.size());
   for (size_t c = 0; c < collectives.size(); ++c) {
-    std::vector<size_t> every(cc::algorithmsFor(collectives[c]).size());
-    std::iota(every.begin(), every.end(), size_t{0});
+    std::vector<size_t> every;
+    for (size_t a = 0; a < cc::algorithmsFor(collectives[c]).size(); ++a) {
+      if (applies(c, a)) every.push_back(a);
+    }
     all[c].assign(countsOf(collectives[c]).size(), every);
   }
   runPasses(kPasses, all, kSampleUs, kMinTurns);
@@ -1270,12 +1277,15 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
     const size_t sizesOfC = countsOf(collectives[c]).size();
     std::vector<int32_t> chosen(sizesOfC * algos, 0);
     for (size_t s = 0; s < sizesOfC; ++s) {
-      double fastest = typical(c, s * algos);
-      for (size_t a = 1; a < algos; ++a) fastest = std::min(fastest, typical(c, s * algos + a));
+      double fastest = std::numeric_limits<double>::infinity();
+      for (size_t a = 0; a < algos; ++a) {
+        if (applies(c, a)) fastest = std::min(fastest, typical(c, s * algos + a));
+      }
       // A contender is judged by its best pass: one pass in a slow spell doubled recursive
       // doubling's mean at a 32 KiB all-reduce (48 us against collbench's 24) and left it out.
       std::vector<size_t> contenders;
       for (size_t a = 0; a < algos; ++a) {
+        if (!applies(c, a)) continue;
         const auto& passes = timed[c][s * algos + a];
         if (*std::min_element(passes.begin(), passes.end()) <= fastest * kClose) contenders.push_back(a);
       }
@@ -1302,6 +1312,7 @@ std::string Bench::calibrateCorrections(const chorus::collectives::CostParams& f
     const auto& algorithms = cc::algorithmsFor(collectives[c]);
     const std::vector<size_t> counts = countsOf(collectives[c]);
     for (size_t a = 0; a < algorithms.size(); ++a) {
+      if (!applies(c, a)) continue;
       std::vector<double> factors(counts.size());
       for (size_t s = 0; s < counts.size(); ++s) {
         const size_t bytes = counts[s] * sizeof(float) * (spread ? n : 1);

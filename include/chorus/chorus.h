@@ -198,7 +198,7 @@ CHORUS_API chorusResult_t chorusCommShrink(chorusComm_t comm, const int* exclude
  * CHORUS_ALGO's syntax: "allreduce:rabenseifner,allgather:bruck"; a collective not named keeps
  * its setting, and "allreduce:default" returns it to the library's choice. Every rank must set
  * the same, between the same calls. Algorithms: allreduce ring tree recursive_doubling
- * rabenseifner; allgather ring recursive_doubling bruck; reducescatter ring recursive_halving;
+ * rabenseifner hierarchical (ranks on several hosts); allgather ring recursive_doubling bruck; reducescatter ring recursive_halving;
  * broadcast chain binomial scatter_allgather; reduce chain binomial reducescatter_gather;
  * alltoall pairwise bruck; alltoallv pairwise; gather binomial; scatter binomial; barrier
  * dissemination. Errors: chorusInvalidArgument naming an entry that is malformed or names an
@@ -206,7 +206,7 @@ CHORUS_API chorusResult_t chorusCommShrink(chorusComm_t comm, const int* exclude
 CHORUS_API chorusResult_t chorusCommSetAlgorithms(chorusComm_t comm, const char* algorithms);
 
 /* The algorithms of a collective ("allreduce", "alltoall", ...), comma-separated, default first,
- * e.g. "ring,tree,recursive_doubling,rabenseifner"; NULL for an unknown collective. Static
+ * e.g. "ring,tree,recursive_doubling,rabenseifner,hierarchical"; NULL for an unknown collective. Static
  * string; any thread. */
 CHORUS_API const char* chorusAlgorithmNames(const char* collective);
 

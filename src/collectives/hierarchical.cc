@@ -45,7 +45,10 @@ Schedule hierarchicalAllReduce(const ScheduleArgs& args) {
   for (const auto& ranks : hosts) rail.push_back(ranks[localPlace]);
 
   Schedule schedule;
-  size_t ringScratch = 0;  // the host ring's scratch: all the schedule has when the first chunk comes
+  // Scratch: the host ring's (all the schedule has when the first chunk comes), then two regions
+  // the size of the first (largest) chunk's rail scratch.
+  size_t ringScratch = 0;
+  size_t region = 0;
   bool first = true;
   // The rail's all-reduce of each owned chunk, in place in the output, with its scratch past the
   // host ring's (two regions, alternating by chunk, so one chunk's need not wait for the last's).
@@ -58,8 +61,11 @@ Schedule hierarchicalAllReduce(const ScheduleArgs& args) {
     railArgs.order = nullptr;
     railArgs.hosts = nullptr;
     const Schedule sub = ringAllReduce(railArgs);
-    if (first) ringScratch = out.scratchBytes, first = false;
-    const size_t region = sub.scratchBytes;
+    if (first) {
+      ringScratch = out.scratchBytes;
+      region = sub.scratchBytes;
+      first = false;
+    }
     const size_t regionStart = ringScratch + (chunk % 2) * region;
     for (Step step : sub.steps) {
       if (step.peer >= 0) step.peer = rail[step.peer];
