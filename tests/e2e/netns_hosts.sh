@@ -33,14 +33,14 @@ for transport in auto tcp ucx; do
   for h in 0 1; do
     out="$work/check-$transport.h$h"
     [ "$(grep -c "every collective right" "$out")" = 2 ] || { cat "$out"; fail "$transport: host $h's ranks"; }
-    # Host 0 has ranks 0 and 1, host 1 ranks 2 and 3: rank 0's peers 1 (same host), 2 and 3.
-    line=$(grep -m1 "rank 0 of 4 ready" "$work/check-$transport.h0") || fail "$transport: no transport line"
-    case $transport in
-      auto) want=" 0:self 1:shm 2:ucx 3:ucx" ;;
-      *) want=" 0:self 1:$transport 2:$transport 3:$transport" ;;
-    esac
-    [[ $line == *"peer:$want" ]] || fail "$transport: rank 0's transports: '$line', expected '$want'"
   done
+  # Host 0 has ranks 0 and 1, host 1 ranks 2 and 3: rank 0's peers 1 (same host), 2 and 3.
+  line=$(grep -m1 "rank 0 of 4 ready" "$work/check-$transport.h0") || fail "$transport: no transport line"
+  case $transport in
+    auto) want=" 0:self 1:shm 2:ucx 3:ucx" ;;
+    *) want=" 0:self 1:$transport 2:$transport 3:$transport" ;;
+  esac
+  [[ $line == *"peer:$want" ]] || fail "$transport: rank 0's transports: '$line', expected '$want'"
   echo "every collective right across 2 namespace hosts x 2 ranks, CHORUS_TRANSPORT=$transport"
 done
 
