@@ -167,27 +167,6 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
   for (int peer = 0; peer < nranks; ++peer) transportOfPeer_[peer] = transports_[kindOfPeer[peer]].get();
   dataListener_.close();
 
-  // The tuner models the slowest link in use: a network where any peer is on another host or is
-  // reached over tcp. Every rank sees the same answer (with more than one host, every rank has a
-  // peer on another host).
-  bool network = false;
-  for (int peer = 0; peer < nranks; ++peer) {
-    network = network || std::string(transportOfPeer_[peer]->name()) == "tcp" ||
-              context.peers[peer].hostHash != self.hostHash;
-  }
-  costs_ = collectives::defaultCostParams(network);
-  if (!network) {
-    const size_t fifoBytes = static_cast<size_t>(std::max<int64_t>(knobInt(Knob::kShmSlots), 1)) *
-                             static_cast<size_t>(std::max<int64_t>(knobInt(Knob::kShmSlotBytes), 1));
-    costs_.maxChunkBytes = std::bit_floor(fifoBytes / 2);
-  }
-  if (const std::string file = knobString(Knob::kTuningFile); !file.empty()) {
-    try {
-      costs_ = collectives::loadCostParams(file, network, costs_);
-    } catch (const std::invalid_argument& e) {
-      fail(chorusInvalidArgument, "rank {}: CHORUS_TUNING_FILE: {}", rank, e.what());
-    }
-  }
   // Hosts numbered by their lowest rank; the hierarchical algorithms and their costs use them.
   std::vector<uint64_t> hostHashes;
   for (int peer = 0; peer < nranks; ++peer) {
@@ -196,16 +175,36 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
     hosts_.push_back(static_cast<int>(found - hostHashes.begin()));
     if (found == hostHashes.end()) hostHashes.push_back(hash);
   }
-  if (hostHashes.size() > 1) {
-    costs_.hosts = static_cast<int>(hostHashes.size());
-    collectives::CostParams local = collectives::defaultCostParams(settings.transport == "tcp");
+  const bool severalHosts = hostHashes.size() > 1;
+  if (!severalHosts) hosts_.clear();
+
+  // The tuner models the slowest link in use: a network where ranks span hosts or any peer is
+  // reached over tcp. Every rank sees the same answer. Built-in costs, then the tuning file's.
+  auto costsOf = [&](bool network) {
+    collectives::CostParams costs = collectives::defaultCostParams(network);
     if (const std::string file = knobString(Knob::kTuningFile); !file.empty()) {
-      local = collectives::loadCostParams(file, settings.transport == "tcp", local);
+      try {
+        costs = collectives::loadCostParams(file, network, costs);
+      } catch (const std::invalid_argument& e) {
+        fail(chorusInvalidArgument, "rank {}: CHORUS_TUNING_FILE: {}", rank, e.what());
+      }
     }
+    return costs;
+  };
+  bool network = severalHosts;
+  for (int peer = 0; peer < nranks; ++peer) network = network || std::string(transportOfPeer_[peer]->name()) == "tcp";
+  costs_ = costsOf(network);
+  if (!network) {
+    const size_t fifoBytes = static_cast<size_t>(std::max<int64_t>(knobInt(Knob::kShmSlots), 1)) *
+                             static_cast<size_t>(std::max<int64_t>(knobInt(Knob::kShmSlotBytes), 1));
+    costs_.maxChunkBytes = std::bit_floor(fifoBytes / 2);
+  }
+  if (severalHosts) {
+    // Within a host: the local transport's costs (shm, or tcp when it is forced).
+    const collectives::CostParams local = costsOf(settings.transport == "tcp");
+    costs_.hosts = static_cast<int>(hostHashes.size());
     costs_.localAlphaUs = local.alphaUs;
     costs_.localBetaUsPerByte = local.betaUsPerByte;
-  } else {
-    hosts_.clear();
   }
   int corrected = 0;
   for (const auto& byAlgorithm : costs_.corrections) {

@@ -269,8 +269,7 @@ class UcxTransport final : public Transport {
       finish(op, UCS_OK);
     } else if (UCS_PTR_IS_ERR(handle)) {
       const ucs_status_t status = UCS_PTR_STATUS(handle);
-      finish(op, status);
-      if (p.broken == UCS_OK) p.broken = status;
+      finish(op, status);  // marks p broken
       connectionLost(p, doing, status);
     }
   }
