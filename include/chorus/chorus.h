@@ -198,8 +198,9 @@ CHORUS_API chorusResult_t chorusCommShrink(chorusComm_t comm, const int* exclude
  * CHORUS_ALGO's syntax: "allreduce:rabenseifner,allgather:bruck"; a collective not named keeps
  * its setting, and "allreduce:default" returns it to the library's choice. Every rank must set
  * the same, between the same calls. Algorithms: allreduce ring tree recursive_doubling
- * rabenseifner hierarchical (ranks on several hosts); allgather ring recursive_doubling bruck; reducescatter ring recursive_halving;
- * broadcast chain binomial scatter_allgather; reduce chain binomial reducescatter_gather;
+ * rabenseifner hierarchical; allgather ring recursive_doubling bruck hierarchical; reducescatter
+ * ring recursive_halving hierarchical; broadcast chain binomial scatter_allgather hierarchical;
+ * reduce chain binomial reducescatter_gather hierarchical (hierarchical: for ranks on several hosts);
  * alltoall pairwise bruck; alltoallv pairwise; gather binomial; scatter binomial; barrier
  * dissemination. Errors: chorusInvalidArgument naming an entry that is malformed or names an
  * algorithm the collective does not have (nothing is changed then); chorusInvalidUsage. */

@@ -84,7 +84,8 @@ enum class Algorithm : uint8_t {
   kScatterAllGather,     // broadcast
   kReduceScatterGather,  // reduce
   kDissemination,        // barrier
-  kHierarchical,         // all-reduce across hosts: within hosts reduce-scatter, across all-reduce, within all-gather
+  kHierarchical,         // across hosts: within hosts, along rails across them (all-reduce, all-gather,
+                         // reduce-scatter, broadcast, reduce)
   kCount
 };
 
@@ -197,6 +198,10 @@ Schedule reduceScatterGatherReduce(const ScheduleArgs& args);
 Schedule disseminationBarrier(const ScheduleArgs& args);
 Schedule doubleTreeAllReduce(const ScheduleArgs& args);
 Schedule hierarchicalAllReduce(const ScheduleArgs& args);
+Schedule hierarchicalAllGather(const ScheduleArgs& args);
+Schedule hierarchicalReduceScatter(const ScheduleArgs& args);
+Schedule hierarchicalBroadcast(const ScheduleArgs& args);
+Schedule hierarchicalReduce(const ScheduleArgs& args);
 
 // The ring all-reduce of ring.cc over `ring` (ring position -> rank; this rank at position r).
 // `owned`, when set, appends steps for each chunk this rank owns after the reduce-scatter phase

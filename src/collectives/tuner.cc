@@ -184,6 +184,17 @@ double formulaUs(Collective collective, Algorithm algorithm, int nranks, size_t 
     return steps * (k * a + bytesPerStep * perByte);
   };
   const double o = c.overheadUs;
+  // Two levels (the hierarchical algorithms): h hosts of l ranks, local messages cost la + lb per
+  // byte. A host's l ranks cross the network at once, sharing its link.
+  const bool twoLevels = c.hosts > 1 && nranks % c.hosts == 0;
+  const double h = c.hosts, l = n / h, la = c.localAlphaUs, lb = c.localBetaUsPerByte;
+  // A chain through `hops` network hops, then `localHops` local ones (broadcast, reduce), with
+  // `reduce` per byte at each hop: chunks move one hop per step, paced by the slower level.
+  auto twoLevelChain = [&](double hops, double localHops, double reduce) {
+    const double k = std::ceil(m / chunk);
+    const double network = a + m / k * (b + reduce), within = la + m / k * (lb + reduce);
+    return hops * network + localHops * within + (k - 1) * std::max(network, within);
+  };
   const double fold = folds ? 2 * a + 2 * m * b + m * g : 0;
   switch (collective) {
     case Collective::kAllReduce:
@@ -207,12 +218,10 @@ double formulaUs(Collective collective, Algorithm algorithm, int nranks, size_t 
         // of one rank per host over it. A host's l ranks cross the network at once, sharing its
         // link: 2(h-1)/h of the buffer goes through it. Only across hosts of equal rank counts.
         case Algorithm::kHierarchical: {
-          const int hosts = c.hosts;
-          if (hosts <= 1 || nranks % hosts != 0) break;
-          const double h = hosts, l = n / h;
+          if (!twoLevels) break;
           const double k = std::ceil(m / l / chunk);
-          const double local = 2 * (l - 1) * (k * c.localAlphaUs + m / l * c.localBetaUsPerByte);
-          const double across = h > 1 ? 2 * (h - 1) * k * a + 2 * (h - 1) / h * m * b : 0;
+          const double local = 2 * (l - 1) * (k * la + m / l * lb);
+          const double across = 2 * (h - 1) * k * a + 2 * (h - 1) / h * m * b;
           return local + across + ((l - 1) / l * m + (h - 1) / h * m / l) * g;
         }
         default:
@@ -240,6 +249,12 @@ double formulaUs(Collective collective, Algorithm algorithm, int nranks, size_t 
         }
         case Algorithm::kBruck:
           return L * a + (n - 1) / n * m * b + 2 * m * cp;
+        // The rail's ring (h-1 steps of a block), then h ring all-gathers within the host.
+        case Algorithm::kHierarchical: {
+          if (!twoLevels) break;
+          const double k = std::ceil(m / n / chunk);
+          return (h - 1) * k * a + (h - 1) / h * m * b + (l - 1) * h * k * la + (l - 1) / l * m * lb + m / n * cp;
+        }
         default:
           break;
       }
@@ -250,6 +265,13 @@ double formulaUs(Collective collective, Algorithm algorithm, int nranks, size_t 
           return ringSteps(n - 1, m / n, b + g);
         case Algorithm::kRecursiveHalving:
           return lg * a + (p - 1) / p * m * (b + g) + fold + 2 * m * cp;
+        // h ring reduce-scatters within the host, then the rail's ring over the partial sums.
+        case Algorithm::kHierarchical: {
+          if (!twoLevels) break;
+          const double k = std::ceil(m / n / chunk);
+          return (l - 1) * h * k * la + (l - 1) / l * m * (lb + g) + (h - 1) * k * a + (h - 1) / h * m * b +
+                 (h - 1) / h * m / l * g;
+        }
         default:
           break;
       }
@@ -262,6 +284,9 @@ double formulaUs(Collective collective, Algorithm algorithm, int nranks, size_t 
           return L * (std::ceil(m / chunk) * a + m * b) + m * cp;
         case Algorithm::kScatterAllGather:
           return (L + n - 1) * a + 2 * (n - 1) / n * m * b + m * cp;
+        case Algorithm::kHierarchical:
+          if (!twoLevels) break;
+          return twoLevelChain(h - 1, l - 1, 0) + m * cp;
         default:
           break;
       }
@@ -274,6 +299,9 @@ double formulaUs(Collective collective, Algorithm algorithm, int nranks, size_t 
           return L * (std::ceil(m / chunk) * a + m * (b + g));
         case Algorithm::kReduceScatterGather:
           return 2 * (n - 1) * a + (n - 1) / n * m * (2 * b + g) + m * cp;
+        case Algorithm::kHierarchical:
+          if (!twoLevels) break;
+          return twoLevelChain(h - 1, l - 1, g);
         default:
           break;
       }

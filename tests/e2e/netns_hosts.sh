@@ -2,8 +2,9 @@
 # Ranks on separate hosts, made on this machine by tools/netns-hosts (2 network namespaces x 2
 # ranks): every collective checked over auto, tcp and ucx, ranks on the other host reached by the
 # transport named and ranks on the same host by shm (auto) or the forced transport; the
-# hierarchical all-reduce checked over tcp and ucx; then collbench across the hosts, flat ring,
-# hierarchical and the tuner's choice. Skips (exit 77) where namespaces cannot be made (no root, no `ip`).
+# hierarchical all-reduce, all-gather, reduce-scatter, broadcast and reduce checked over tcp and
+# ucx; then collbench across the hosts, flat, hierarchical and the tuner's choice. Skips (exit 77)
+# where namespaces cannot be made (no root, no `ip`).
 source "$(dirname "$0")/lib.sh"
 hosts="$source_dir/tools/netns-hosts"
 export CHORUS_NETNS_NAME="chorus-e2e-$$"
@@ -44,15 +45,16 @@ for transport in auto tcp ucx; do
   echo "every collective right across 2 namespace hosts x 2 ranks, CHORUS_TRANSPORT=$transport"
 done
 
-# The hierarchical all-reduce on real ranks: within each host, across, within again.
+# The hierarchical collectives on real ranks: within each host and along rails across hosts.
+hierarchical=allreduce:hierarchical,allgather:hierarchical,reducescatter:hierarchical,broadcast:hierarchical
+hierarchical+=,reduce:hierarchical
 for transport in tcp ucx; do
-  CHORUS_TRANSPORT=$transport CHORUS_ALGO=allreduce:hierarchical across "hier-$transport" \
-    "$build/tests/launched_collectives"
+  CHORUS_TRANSPORT=$transport CHORUS_ALGO=$hierarchical across "hier-$transport" "$build/tests/launched_collectives"
   for h in 0 1; do
     [ "$(grep -c "every collective right" "$work/hier-$transport.h$h")" = 2 ] ||
       { cat "$work/hier-$transport.h$h"; fail "hierarchical over $transport: host $h's ranks"; }
   done
-  echo "every collective right with the hierarchical all-reduce, CHORUS_TRANSPORT=$transport"
+  echo "every collective right with the hierarchical algorithms, CHORUS_TRANSPORT=$transport"
 done
 
 for transport in tcp ucx; do
@@ -62,4 +64,11 @@ for transport in tcp ucx; do
   grep "tuner: allreduce" "$work/bench-$transport.h0" || fail "no tuner line from rank 0 over $transport"
   grep -q "(2 host(s))" "$work/bench-$transport.h0" || fail "the tuner did not see 2 hosts over $transport"
   grep -q "Out of bounds values : 0 OK" "$work/bench-$transport.h0" || fail "collbench over $transport"
+done
+for collective in allgather reducescatter broadcast reduce; do
+  CHORUS_TRANSPORT=ucx CHORUS_DEBUG=info across "bench-$collective" "$collbench" --op $collective -b 64K -e 4M \
+    -f 64 -n 3 -w 1 --algo hierarchical,default
+  grep -v "^chorus" "$work/bench-$collective.h0"
+  grep -q "(2 host(s))" "$work/bench-$collective.h0" || fail "the tuner did not see 2 hosts for $collective"
+  grep -q "Out of bounds values : 0 OK" "$work/bench-$collective.h0" || fail "collbench $collective over ucx"
 done

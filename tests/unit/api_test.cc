@@ -168,6 +168,7 @@ TEST_F(OneRankTest, AllToAllMisuseIsRejected) {
 
 TEST(ApiTest, AlgorithmNamesListEachCollectivesAlgorithms) {
   EXPECT_STREQ(chorusAlgorithmNames("allreduce"), "ring,tree,recursive_doubling,rabenseifner,hierarchical");
+  EXPECT_STREQ(chorusAlgorithmNames("broadcast"), "chain,binomial,scatter_allgather,hierarchical");
   EXPECT_STREQ(chorusAlgorithmNames("alltoall"), "pairwise,bruck");
   EXPECT_EQ(chorusAlgorithmNames("nosuch"), nullptr);
   EXPECT_EQ(chorusAlgorithmNames(nullptr), nullptr);

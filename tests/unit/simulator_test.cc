@@ -286,52 +286,85 @@ TEST(SimulatorTest, RankOrderIsFollowedAndBlocksStayAtTheirRanks) {
   }
 }
 
-TEST(SimulatorTest, HierarchicalAllReduceIsRightOnEveryHostLayout) {
-  // Hosts of equal rank counts (the two-level schedule), interleaved hosts, and unequal hosts (the
-  // flat ring), with counts that leave blocks uneven and chunks that cut them into pieces.
+TEST(SimulatorTest, HierarchicalCollectivesAreRightOnEveryHostLayout) {
+  // Hosts of equal rank counts (the two-level schedules), interleaved hosts, and unequal hosts (the
+  // flat forms), with counts that leave blocks uneven and chunks that cut them into pieces, and
+  // roots on the first, a middle and the last host.
   const std::vector<std::vector<int>> layouts = {
       {0, 0, 1, 1},    {0, 1, 0, 1}, {0, 0, 0, 1, 1, 1, 2, 2, 2}, {0, 1, 2, 3}, {0, 0, 0, 0, 1, 1, 1, 1},
       {0, 0, 0, 1, 1}, {0, 0, 0, 0}};
-  for (const std::vector<int>& hosts : layouts) {
-    const int n = static_cast<int>(hosts.size());
-    for (size_t count : {size_t{1}, size_t{7}, 2 * static_cast<size_t>(n) + 1, size_t{1000}}) {
-      for (const auto& [type, op] : {std::pair{chorusInt32, chorusSum}, std::pair{chorusFloat32, chorusAvg},
-                                     std::pair{chorusFloat16, chorusMax}}) {
-        for (bool inPlace : {false, true}) {
-          Case c{Collective::kAllReduce, Algorithm::kHierarchical, n, count, type, op, inPlace, 0, 12};
-          c.hosts = hosts.data();
-          run(c);
-          if (HasFatalFailure()) return;
+  for (Collective collective : {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter,
+                                Collective::kBroadcast, Collective::kReduce}) {
+    const bool rooted = collective == Collective::kBroadcast || collective == Collective::kReduce;
+    for (const std::vector<int>& hosts : layouts) {
+      const int n = static_cast<int>(hosts.size());
+      for (size_t count : {size_t{1}, size_t{7}, 2 * static_cast<size_t>(n) + 1, size_t{1000}}) {
+        for (const auto& [type, op] : {std::pair{chorusInt32, chorusSum}, std::pair{chorusFloat32, chorusAvg},
+                                       std::pair{chorusFloat16, chorusMax}}) {
+          for (int root : rooted ? std::vector<int>{0, n / 2 + 1, n - 1} : std::vector<int>{0}) {
+            for (bool inPlace : {false, true}) {
+              Case c{collective, Algorithm::kHierarchical, n, count, type, op, inPlace, root % n, 12};
+              c.hosts = hosts.data();
+              run(c);
+              if (HasFatalFailure()) return;
+            }
+          }
         }
       }
     }
   }
 }
 
-TEST(ScheduleShapeTest, HierarchicalAllReduceCrossesHostsOnlyOnRails) {
+TEST(ScheduleShapeTest, HierarchicalCollectivesCrossHostsOnlyOnRails) {
   // 3 hosts x 4 ranks: a rank talks to its host ring's neighbours and to the ranks with its place
-  // on the other hosts, and sends 2(H-1)/(HL) of the buffer to other hosts (up to block rounding).
-  const int hostsCount = 3, perHost = 4, n = hostsCount * perHost;
+  // on the other hosts, and sends to other hosts: all-reduce 2(H-1)/(HL) of the buffer (up to
+  // block rounding); all-gather and reduce-scatter (H-1) blocks; broadcast and reduce (root 5,
+  // host 1, place 1) the buffer once per rail hop, from every rail member but the chain's end.
+  const int hostsCount = 3, perHost = 4, n = hostsCount * perHost, root = 5;
   std::vector<int> hosts(n);
   for (int r = 0; r < n; ++r) hosts[r] = r / perHost;
   const size_t count = 12000;
-  for (int r = 0; r < n; ++r) {
-    ScheduleArgs args{Collective::kAllReduce, n, r, count, 4, 0, false, 1 << 20, Algorithm::kHierarchical};
-    args.hosts = hosts.data();
-    const Schedule s = buildSchedule(args);
-    size_t across = 0;
-    for (const Step& step : s.steps) {
-      if (step.peer < 0) continue;
-      const bool sameHost = hosts[step.peer] == hosts[r];
-      if (sameHost) {
-        const int d = (step.peer - r + perHost) % perHost;
-        EXPECT_TRUE(d == 1 || d == perHost - 1) << "rank " << r << " talks to " << step.peer;
-      } else {
-        EXPECT_EQ(step.peer % perHost, r % perHost) << "rank " << r << " talks to " << step.peer;
-        if (step.kind == StepKind::kSend) across += step.bytes;
+  const size_t bytes = count * 4;
+  for (Collective collective : {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter,
+                                Collective::kBroadcast, Collective::kReduce}) {
+    for (int r = 0; r < n; ++r) {
+      ScheduleArgs args{collective, n, r, count, 4, root, false, 1 << 14, Algorithm::kHierarchical};
+      args.hosts = hosts.data();
+      const Schedule s = buildSchedule(args);
+      size_t across = 0;
+      for (const Step& step : s.steps) {
+        if (step.peer < 0) continue;
+        const bool sameHost = hosts[step.peer] == hosts[r];
+        if (sameHost) {
+          const int d = (step.peer - r + perHost) % perHost;
+          EXPECT_TRUE(d == 1 || d == perHost - 1)
+              << collectiveName(collective) << " rank " << r << " talks to " << step.peer;
+        } else {
+          EXPECT_EQ(step.peer % perHost, r % perHost)
+              << collectiveName(collective) << " rank " << r << " talks to " << step.peer;
+          if (step.kind == StepKind::kSend) across += step.bytes;
+        }
       }
+      // Broadcast: the chain runs from the root's host (1) to 2, then 0; reduce the other way.
+      const bool railOfRoot = r % perHost == root % perHost;
+      size_t expected = 0;
+      switch (collective) {
+        case Collective::kAllReduce:
+          expected = 2 * (hostsCount - 1) * (count / n) * 4;
+          break;
+        case Collective::kAllGather:
+        case Collective::kReduceScatter:
+          expected = (hostsCount - 1) * bytes;
+          break;
+        case Collective::kBroadcast:
+          expected = railOfRoot && hosts[r] != 0 ? bytes : 0;
+          break;
+        default:
+          expected = railOfRoot && hosts[r] != 1 ? bytes : 0;
+          break;
+      }
+      EXPECT_EQ(across, expected) << collectiveName(collective) << " rank " << r;
     }
-    EXPECT_EQ(across, 2 * (hostsCount - 1) * (count / n) * 4) << "rank " << r;
   }
 }
 

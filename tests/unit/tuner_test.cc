@@ -52,7 +52,7 @@ TEST(TunerTest, LatencyBoundSizesPickLogDepthAndLargeSizesBandwidthOptimal) {
   EXPECT_EQ(chooseAlgorithm(Collective::kAllToAll, 256, 256 * 8, kChunk, params), Algorithm::kBruck);
 }
 
-TEST(TunerTest, HierarchicalAllReduceIsWeighedOnlyAcrossHostsOfEqualSize) {
+TEST(TunerTest, HierarchicalAlgorithmsAreWeighedOnlyAcrossHostsOfEqualSize) {
   const CostParams oneHost = defaultCostParams(true);
   CostParams twoHosts = oneHost;
   twoHosts.hosts = 2;
@@ -61,17 +61,27 @@ TEST(TunerTest, HierarchicalAllReduceIsWeighedOnlyAcrossHostsOfEqualSize) {
   twoHosts.localBetaUsPerByte = shm.betaUsPerByte;
   CostParams threeHosts = twoHosts;
   threeHosts.hosts = 3;
-  for (size_t bytes : {size_t{8}, size_t{1} << 16, size_t{1} << 20, size_t{64} << 20}) {
-    EXPECT_TRUE(std::isinf(predictUs(Collective::kAllReduce, Algorithm::kHierarchical, 4, bytes, kChunk, oneHost)));
-    EXPECT_TRUE(std::isinf(predictUs(Collective::kAllReduce, Algorithm::kHierarchical, 4, bytes, kChunk, threeHosts)));
-    EXPECT_NE(choose(Collective::kAllReduce, 4, bytes, oneHost, 0).algorithm, Algorithm::kHierarchical);
+  // Each hierarchical algorithm against the flat one it splits in two levels.
+  const std::pair<Collective, Algorithm> flat[] = {{Collective::kAllReduce, Algorithm::kRing},
+                                                   {Collective::kAllGather, Algorithm::kRing},
+                                                   {Collective::kReduceScatter, Algorithm::kRing},
+                                                   {Collective::kBroadcast, Algorithm::kChain},
+                                                   {Collective::kReduce, Algorithm::kChain}};
+  for (const auto& [collective, flatAlgorithm] : flat) {
+    SCOPED_TRACE(collectiveName(collective));
+    for (size_t bytes : {size_t{8}, size_t{1} << 16, size_t{1} << 20, size_t{64} << 20}) {
+      EXPECT_TRUE(std::isinf(predictUs(collective, Algorithm::kHierarchical, 4, bytes, kChunk, oneHost)));
+      EXPECT_TRUE(std::isinf(predictUs(collective, Algorithm::kHierarchical, 4, bytes, kChunk, threeHosts)));
+      EXPECT_NE(choose(collective, 4, bytes, oneHost, 0).algorithm, Algorithm::kHierarchical);
+    }
+    // Across 2 hosts of 4 ranks a large buffer crosses the network less often (all-reduce: a
+    // host's link carries 2(H-1)/H = 1 buffer instead of the flat ring's 1.75) or over fewer
+    // network hops (broadcast, reduce: 1 instead of 7), the rest at shared-memory prices.
+    const size_t large = size_t{64} << 20;
+    EXPECT_LT(predictUs(collective, Algorithm::kHierarchical, 8, large, kChunk, twoHosts),
+              predictUs(collective, flatAlgorithm, 8, large, kChunk, twoHosts));
   }
-  // Across 2 hosts of 4 ranks, a large buffer crosses a host's link 2(H-1)/H = once instead of
-  // the flat ring's 2(n-1)/n = 1.75 times; the rings within hosts cost shared-memory prices.
-  const size_t large = size_t{64} << 20;
-  EXPECT_EQ(choose(Collective::kAllReduce, 8, large, twoHosts, 0).algorithm, Algorithm::kHierarchical);
-  EXPECT_LT(predictUs(Collective::kAllReduce, Algorithm::kHierarchical, 8, large, kChunk, twoHosts),
-            predictUs(Collective::kAllReduce, Algorithm::kRing, 8, large, kChunk, twoHosts));
+  EXPECT_EQ(choose(Collective::kAllReduce, 8, size_t{64} << 20, twoHosts, 0).algorithm, Algorithm::kHierarchical);
 }
 
 TEST(TunerTest, EveryChoiceAppliesToItsCollective) {
