@@ -273,6 +273,23 @@ void Bootstrap::allGather(void* data, size_t bytesPerRank, Deadline deadline) {
   }
 }
 
+std::vector<std::vector<char>> Bootstrap::allGatherBlobs(const std::vector<char>& mine, Deadline deadline) {
+  std::vector<uint64_t> lengths(static_cast<size_t>(nranks_));
+  lengths[rank_] = mine.size();
+  allGather(lengths.data(), sizeof(uint64_t), deadline);
+  const size_t longest = *std::max_element(lengths.begin(), lengths.end());
+  std::vector<std::vector<char>> blobs(static_cast<size_t>(nranks_));
+  if (longest == 0) return blobs;
+  std::vector<char> slots(longest * static_cast<size_t>(nranks_));
+  std::copy(mine.begin(), mine.end(), slots.begin() + static_cast<std::ptrdiff_t>(longest * rank_));
+  allGather(slots.data(), longest, deadline);
+  for (int r = 0; r < nranks_; ++r) {
+    const auto start = slots.begin() + static_cast<std::ptrdiff_t>(longest * r);
+    blobs[r].assign(start, start + static_cast<std::ptrdiff_t>(lengths[r]));
+  }
+  return blobs;
+}
+
 void Bootstrap::barrier(Deadline deadline) {
   std::vector<char> slots(static_cast<size_t>(nranks_), 1);
   allGather(slots.data(), 1, deadline);

@@ -51,6 +51,8 @@ class Bootstrap {
 
   // data holds nranks slots of bytesPerRank; this rank's slot is filled. Fills the others.
   void allGather(void* data, size_t bytesPerRank, Deadline deadline);
+  // Every rank's blob, whatever its length (lengths first, then the blobs padded to the longest).
+  std::vector<std::vector<char>> allGatherBlobs(const std::vector<char>& mine, Deadline deadline);
   void barrier(Deadline deadline);
 
   uint64_t commId() const { return commId_; }

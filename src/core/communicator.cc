@@ -18,6 +18,7 @@
 #include "src/core/config.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
+#include "src/core/placement.h"
 
 namespace chorus {
 namespace {
@@ -90,6 +91,14 @@ CommSettings CommSettings::resolve(const chorusConfig_t* config) {
   return s;
 }
 
+void Communicator::followOrder(std::vector<int> order) {
+  order_ = std::move(order);
+  // Ranks that follow different orders fail on the signature instead of mixing data.
+  orderHash_ = 0;
+  for (int r : order_) orderHash_ = (orderHash_ ^ static_cast<uint64_t>(r + 1)) * 1099511628211ull;
+  orderHash_ &= 0xffffffffull;
+}
+
 Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const CommSettings& settings)
     : rank_(rank), nranks_(nranks), settings_(settings), sendSequence_(nranks), recvSequence_(nranks) {
   logKnobs(rank);
@@ -103,10 +112,7 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
       fail(chorusInvalidArgument, "rank {}: CHORUS_RANK_ORDER '{}': {}", rank, settings.rankOrder, e.what());
     }
     if (static_cast<int>(order.size()) == nranks) {
-      order_ = std::move(order);
-      // Ranks that follow different orders fail on the signature instead of mixing data.
-      for (int r : order_) orderHash_ = (orderHash_ ^ static_cast<uint64_t>(r + 1)) * 1099511628211ull;
-      orderHash_ &= 0xffffffffull;
+      followOrder(std::move(order));
     } else {
       logAt(LogLevel::kInfo, "rank {}: CHORUS_RANK_ORDER names {} ranks; this communicator of {} keeps 0..{}", rank,
             order.size(), nranks, nranks - 1);
@@ -176,6 +182,15 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
     if (found == hostHashes.end()) hostHashes.push_back(hash);
   }
   const bool severalHosts = hostHashes.size() > 1;
+  // Binding, and the rank order the topology search lays (unless CHORUS_RANK_ORDER gave one).
+  if (nranks > 1) {
+    std::vector<int> searched = placeRanks(*bootstrap_, rank, context.peers, hosts_, context.deadline);
+    if (order_.empty() && !searched.empty()) {
+      if (rank == 0)
+        logAt(LogLevel::kInfo, "rank 0: rank order from the topology search: {}", fmt::join(searched, ","));
+      followOrder(std::move(searched));
+    }
+  }
   if (!severalHosts) hosts_.clear();
 
   // The tuner models the slowest link in use: a network where ranks span hosts or any peer is

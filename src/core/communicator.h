@@ -95,6 +95,9 @@ class Communicator {
   std::string transportName(int peer) const;
 
  private:
+  // Follows `order` (position -> rank) in rings, chains and trees from now on.
+  void followOrder(std::vector<int> order);
+
   int rank_;
   int nranks_;
   CommSettings settings_;

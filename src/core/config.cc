@@ -49,6 +49,12 @@ constexpr KnobSpec kKnobs[] = {
     {"CHORUS_DUMP_SIGNAL", "0",
      "1: SIGUSR1 makes every communicator of the process print its pending operations, the step each waits on "
      "and what each link has moved (as chorusCommDumpState), the next time a call of it waits"},
+    {"CHORUS_BIND", "auto",
+     "auto: bind each process to a CPU node of its host (local ranks in blocks over the NUMA nodes) unless a "
+     "launcher bound it; none: leave it"},
+    {"CHORUS_TOPO_FILE", "",
+     "topology file (chorus, hwloc or NCCL XML) read instead of discovering the machine, for binding and the "
+     "rank order"},
 };
 static_assert(sizeof(kKnobs) / sizeof(kKnobs[0]) == static_cast<size_t>(Knob::kCount));
 

@@ -300,3 +300,29 @@ std::string describe(const Topology& t, const std::vector<int>& rankNode, const 
 }
 
 }  // namespace chorus::topology
+
+namespace chorus::topology {
+
+std::vector<int> searchRankOrder(const std::vector<Topology>& hostTopologies, const std::vector<int>& hostOfRank,
+                                 const std::vector<std::string>& nodeOfRank) {
+  Topology cluster;
+  for (size_t h = 0; h < hostTopologies.size(); ++h) {
+    const Topology& one = hostTopologies[h];
+    if (one.hosts.empty()) throw std::invalid_argument(fmt::format("host {}'s topology has no host", h));
+    cluster.addHostFrom(one, 0, fmt::format("{}:{}", h, one.hosts[0]));
+  }
+  std::vector<int> rankNode;
+  for (size_t r = 0; r < hostOfRank.size(); ++r) {
+    const int node = cluster.find(hostOfRank[r], nodeOfRank[r]);
+    if (node < 0) {
+      throw std::invalid_argument(fmt::format("rank {} runs on '{}', which host {} ({}) does not have", r,
+                                              nodeOfRank[r], hostOfRank[r], cluster.hosts.at(hostOfRank[r])));
+    }
+    rankNode.push_back(node);
+  }
+  const Plan plan = search(cluster, rankNode);
+  if (plan.rings.empty()) throw std::invalid_argument("the search found no ring");
+  return plan.rings[0].order;
+}
+
+}  // namespace chorus::topology

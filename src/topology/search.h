@@ -52,3 +52,14 @@ Plan search(const Topology& topology, const std::vector<int>& rankNode, const Se
 std::string describe(const Topology& topology, const std::vector<int>& rankNode, const Plan& plan);
 
 }  // namespace chorus::topology
+
+namespace chorus::topology {
+
+// The rank order for a communicator: hostTopologies[h] describes its host h (host 0 of each; the
+// hosts are joined through their network nodes), rank r runs on host hostOfRank[r] at the node of
+// id nodeOfRank[r] ("cpu1", "gpu3"). Returns the first ring's order. Throws std::invalid_argument
+// as search() does, and naming a rank whose node its host does not have.
+std::vector<int> searchRankOrder(const std::vector<Topology>& hostTopologies, const std::vector<int>& hostOfRank,
+                                 const std::vector<std::string>& nodeOfRank);
+
+}  // namespace chorus::topology

@@ -123,26 +123,31 @@ int Topology::network() {
   return id;
 }
 
-int Topology::cloneHost(int from, std::string name) {
+int Topology::cloneHost(int from, std::string name) { return addHostFrom(Topology(*this), from, std::move(name)); }
+
+int Topology::addHostFrom(const Topology& source, int from, std::string name) {
   const int host = addHost(std::move(name));
-  std::map<int, int> copyOf;
-  const int count = static_cast<int>(nodes.size());
-  for (int i = 0; i < count; ++i) {
-    if (nodes[i].host != from) continue;
-    Node copy = nodes[i];
+  std::map<int, int> copyOf;  // source node -> node here
+  for (int i = 0; i < static_cast<int>(source.nodes.size()); ++i) {
+    if (source.nodes[i].host != from) continue;
+    Node copy = source.nodes[i];
     copy.host = host;
     copyOf[i] = addNode(std::move(copy));
   }
-  const int linkCount = static_cast<int>(links.size());
-  for (int l = 0; l < linkCount; ++l) {
-    const Link link = links[l];
+  // Links inside the host, and links to the network (to the network node of the same id here,
+  // added when missing); links to other hosts are left out.
+  for (const Link& link : source.links) {
     const bool aIn = copyOf.count(link.a) > 0, bIn = copyOf.count(link.b) > 0;
     if (!aIn && !bIn) continue;
-    const int a = aIn ? copyOf[link.a] : link.a;
-    const int b = bIn ? copyOf[link.b] : link.b;
-    // Only links inside the host and links to the network are copied.
-    if ((!aIn && nodes[a].host != -1) || (!bIn && nodes[b].host != -1)) continue;
-    addLink(a, b, link.kind, link.bandwidth, link.latencyUs);
+    auto here = [&](int node, bool in) {
+      if (in) return copyOf[node];
+      const Node& outside = source.nodes[node];
+      if (outside.host != -1) return -1;
+      const int found = find(-1, outside.id);
+      return found >= 0 ? found : addNode(outside);
+    };
+    const int a = here(link.a, aIn), b = here(link.b, bIn);
+    if (a >= 0 && b >= 0) addLink(a, b, link.kind, link.bandwidth, link.latencyUs);
   }
   return host;
 }

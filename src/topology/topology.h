@@ -74,6 +74,9 @@ struct Topology {
   // Appends a copy of host `from`'s nodes and links under a new host name (a cluster of alike
   // hosts); links from those nodes to network nodes are copied too. Returns the new host.
   int cloneHost(int from, std::string name);
+  // Appends host `from` of `source` (nodes, links within it, links to its network nodes, which
+  // join this topology's network nodes of the same id) under the name given. Returns the new host.
+  int addHostFrom(const Topology& source, int from, std::string name);
   // Throws std::invalid_argument naming the problem (after "source: " when a source is given):
   // links to missing nodes, duplicate ids, non-positive bandwidths, a host without CPUs.
   void validate(const std::string& source = "") const;

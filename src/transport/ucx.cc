@@ -174,28 +174,22 @@ class UcxTransport final : public Transport {
     check(ucp_worker_create(context_, &workerParams, &worker_), fmt::format("rank {}: creating a worker", rank_));
     check(ucp_worker_get_efd(worker_, &eventFd_), fmt::format("rank {}: the worker's event fd", rank_));
 
-    // Addresses vary in length: agree on the longest, then exchange them padded to it.
     ucp_address_t* address = nullptr;
     size_t length = 0;
     check(ucp_worker_get_address(worker_, &address, &length), fmt::format("rank {}: the worker's address", rank_));
-    std::vector<uint64_t> lengths(context.nranks);
-    lengths[rank_] = length;
-    context.bootstrap->allGather(lengths.data(), sizeof(uint64_t), context.deadline);
-    size_t longest = 0;
-    for (uint64_t l : lengths) longest = std::max<size_t>(longest, l);
-    std::vector<char> addresses(longest * context.nranks);
-    std::memcpy(addresses.data() + longest * rank_, address, length);
+    const char* bytes = reinterpret_cast<const char*>(address);
+    const std::vector<char> mine(bytes, bytes + length);
     ucp_worker_release_address(worker_, address);
-    context.bootstrap->allGather(addresses.data(), longest, context.deadline);
+    const std::vector<std::vector<char>> addresses = context.bootstrap->allGatherBlobs(mine, context.deadline);
 
     for (Peer& peer : peers_.all()) {
-      if (lengths[peer.rank] == 0) {
+      if (addresses[peer.rank].empty()) {
         fail(chorusRemoteError, "ucx transport: rank {} has no UCX worker but rank {} expects one", peer.rank, rank_);
       }
       ucp_ep_params_t ep{};
       ep.field_mask =
           UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      ep.address = reinterpret_cast<const ucp_address_t*>(addresses.data() + longest * peer.rank);
+      ep.address = reinterpret_cast<const ucp_address_t*>(addresses[peer.rank].data());
       // UCX's shared-memory transports offer no peer failure handling, and asking for it rules
       // them out: peers on this host go without (a dead one is reported by the failure line).
       const bool sameHost = context.peers[peer.rank].hostHash == context.peers[rank_].hostHash;

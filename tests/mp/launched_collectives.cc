@@ -1,8 +1,10 @@
 // launched_collectives.cc: every collective checked on ranks started by a launcher (chorusrun,
 // mpiexec, one per namespace host), not forked by the test: the end-to-end tests across hosts
-// run it. Each rank prints one line and exits 0 when every check passed.
+// run it. Each rank prints one line (with the processors it may run on) and exits 0 when every
+// check passed.
 #include <chorus/chorus.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -25,8 +27,19 @@ TEST(LaunchedRanksTest, EveryCollectiveTypeOpCountAndPlacement) {
   ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
   if (!HasFailure()) {
     const char* transport = std::getenv("CHORUS_TRANSPORT");
-    std::printf("rank %d of %d: every collective right (transport %s)\n", rank, nranks,
-                transport != nullptr ? transport : "auto");
+    // The processors it may run on, as CHORUS_BIND left them.
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    std::string cpus;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+      for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (!CPU_ISSET(cpu, &set)) continue;
+        if (!cpus.empty()) cpus += ',';
+        cpus += std::to_string(cpu);
+      }
+    }
+    std::printf("rank %d of %d: every collective right (transport %s, processors %s)\n", rank, nranks,
+                transport != nullptr ? transport : "auto", cpus.c_str());
   }
   chorusCommDestroy(comm);
 }

@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 
+#include "src/topology/bind.h"
 #include "src/topology/discover.h"
 #include "src/topology/search.h"
 
@@ -314,6 +315,104 @@ TEST(RingSearch, RejectsRanksOffDevicesAndHostsWithoutNic) {
     FAIL() << "ranks across hosts without NICs were accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("host 'bare0' (rank 0) has no NIC"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Binding, ProcessorListsParseAndPrintBack) {
+  EXPECT_EQ(parseCpuList("0-3,8,10-11"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(parseCpuList("5,1-2,2"), (std::vector<int>{1, 2, 5}));
+  EXPECT_TRUE(parseCpuList("").empty());
+  EXPECT_EQ(formatCpuList({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+  EXPECT_EQ(formatCpuList(parseCpuList("16-31,48-63")), "16-31,48-63");
+  for (const char* bad : {"3-1", "a", "1-2-3", "1,,2", "-4", "1 2"}) {
+    EXPECT_THROW(parseCpuList(bad), std::invalid_argument) << bad;
+  }
+}
+
+TEST(Binding, LocalRanksGoInBlocksOverTheNumaNodesOfATwoSocketServer) {
+  // 4 NUMA nodes (processors 0-3, 4-7 on socket 0; 8-11, 12-15 on socket 1).
+  const Topology t = readTopologyFile(data("cpu-2socket.hwloc.xml"));
+  std::vector<std::vector<int>> nodeCpus;
+  for (int node : t.nodesOf(0, NodeKind::kCpu)) nodeCpus.push_back(parseCpuList(t.nodes[node].cpus));
+  ASSERT_EQ(nodeCpus.size(), 4u);
+  const std::vector<int> all = parseCpuList("0-15");
+  auto nodesFor = [&](int localSize) {
+    std::vector<int> nodes;
+    for (int local = 0; local < localSize; ++local) {
+      const BindChoice choice = chooseBinding(nodeCpus, all, all, local, localSize, "auto", false);
+      EXPECT_EQ(choice.cpus, nodeCpus.at(choice.node)) << local << " of " << localSize;
+      nodes.push_back(choice.node);
+    }
+    return nodes;
+  };
+  EXPECT_EQ(nodesFor(8), (std::vector<int>{0, 0, 1, 1, 2, 2, 3, 3}));
+  EXPECT_EQ(nodesFor(6), (std::vector<int>{0, 0, 1, 2, 2, 3}));
+  EXPECT_EQ(nodesFor(2), (std::vector<int>{0, 2}));  // one per socket
+  EXPECT_EQ(nodesFor(1), (std::vector<int>{0}));
+  // Processors not online are left out; a node with none online is not bound to.
+  const std::vector<int> half = parseCpuList("0-5");
+  BindChoice partly = chooseBinding(nodeCpus, half, half, 1, 4, "auto", false);
+  EXPECT_EQ(partly.node, 1);
+  EXPECT_EQ(partly.cpus, (std::vector<int>{4, 5}));
+  BindChoice offline = chooseBinding(nodeCpus, half, half, 2, 4, "auto", false);
+  EXPECT_EQ(offline.node, 2);
+  EXPECT_TRUE(offline.cpus.empty());
+  EXPECT_NE(offline.reason.find("not online"), std::string::npos) << offline.reason;
+}
+
+TEST(Binding, ALaunchersBindingIsKeptAndNoneOrASharedProcessBindsNothing) {
+  const Topology t = readTopologyFile(data("cpu-2socket.hwloc.xml"));
+  std::vector<std::vector<int>> nodeCpus;
+  for (int node : t.nodesOf(0, NodeKind::kCpu)) nodeCpus.push_back(parseCpuList(t.nodes[node].cpus));
+  const std::vector<int> all = parseCpuList("0-15");
+  // Bound by a launcher: kept, and the node is the one holding most of it (ties: the lowest).
+  for (const auto& [current, node] :
+       {std::pair{"5", 1}, std::pair{"3-5", 1}, std::pair{"3-4", 0}, std::pair{"12-13,15", 3}, std::pair{"2-13", 1}}) {
+    const BindChoice choice = chooseBinding(nodeCpus, all, parseCpuList(current), 0, 4, "auto", false);
+    EXPECT_TRUE(choice.cpus.empty()) << current;
+    EXPECT_EQ(choice.node, node) << current;
+    EXPECT_NE(choice.reason.find("launcher"), std::string::npos) << choice.reason;
+  }
+  const BindChoice none = chooseBinding(nodeCpus, all, all, 3, 4, "none", false);
+  EXPECT_TRUE(none.cpus.empty());
+  EXPECT_EQ(none.node, 0);
+  const BindChoice shared = chooseBinding(nodeCpus, all, all, 3, 4, "auto", true);
+  EXPECT_TRUE(shared.cpus.empty());
+  EXPECT_NE(shared.reason.find("several ranks"), std::string::npos) << shared.reason;
+  EXPECT_EQ(nodeHolding(nodeCpus, parseCpuList("20-30")), -1);
+}
+
+TEST(RingSearch, RankOrderOverHostsJoinsTheirTopologiesAndGroupsRanksByHostAndSocket) {
+  // Two two-socket CPU servers; ranks alternate between the hosts (hosts numbered by their lowest
+  // rank: rank 0 on host 0, rank 1 on host 1) and, on each host, over its four NUMA nodes.
+  const Topology server = readTopologyFile(data("cpu-2socket.hwloc.xml"));  // one NIC, on socket 0
+  const std::vector<Topology> hosts = {server, server};
+  const std::vector<int> hostOfRank = {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1};
+  std::vector<std::string> nodeOfRank;
+  for (int r = 0; r < 16; ++r) nodeOfRank.push_back(named("cpu", (r / 2) % 4));
+  const std::vector<int> order = searchRankOrder(hosts, hostOfRank, nodeOfRank);
+  ASSERT_EQ(order.size(), 16u);
+  EXPECT_EQ(std::set<int>(order.begin(), order.end()).size(), 16u);
+  EXPECT_EQ(changes(order, [&](int r) { return hostOfRank[r]; }), 2);
+  // Each host's eight ranks cross its sockets once each way, and change NUMA node 4 times.
+  auto socketOf = [&](int r) { return server.nodes[server.find(0, nodeOfRank[r])].package; };
+  auto numaOf = [&](int r) { return nodeOfRank[r]; };
+  for (int h = 0; h < 2; ++h) {
+    std::vector<int> part;
+    for (int r : order) {
+      if (hostOfRank[r] == h) part.push_back(r);
+    }
+    EXPECT_EQ(changes(part, socketOf), 2) << "host " << h;
+    EXPECT_EQ(changes(part, numaOf), 4) << "host " << h;
+  }
+  // A rank on a node its host lacks is named.
+  std::vector<std::string> wrong = nodeOfRank;
+  wrong[5] = "gpu7";
+  try {
+    searchRankOrder(hosts, hostOfRank, wrong);
+    ADD_FAILURE() << "no error for a rank on a node its host lacks";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 5 runs on 'gpu7'"), std::string::npos) << e.what();
   }
 }
 
