@@ -151,6 +151,27 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
     }
   }
 
+  // Hosts numbered by their lowest rank; the hierarchical algorithms and their costs use them.
+  std::vector<uint64_t> hostHashes;
+  for (int peer = 0; peer < nranks; ++peer) {
+    const uint64_t hash = context.peers[peer].hostHash;
+    const auto found = std::find(hostHashes.begin(), hostHashes.end(), hash);
+    hosts_.push_back(static_cast<int>(found - hostHashes.begin()));
+    if (found == hostHashes.end()) hostHashes.push_back(hash);
+  }
+  const bool severalHosts = hostHashes.size() > 1;
+  // Binding (before the transports allocate their buffers, so they land on this rank's node), and
+  // the rank order the topology search lays (unless CHORUS_RANK_ORDER gave one).
+  if (nranks > 1) {
+    std::vector<int> searched = placeRanks(*bootstrap_, rank, context.peers, hosts_, context.deadline);
+    if (order_.empty() && !searched.empty()) {
+      if (rank == 0)
+        logAt(LogLevel::kInfo, "rank 0: rank order from the topology search: {}", fmt::join(searched, ","));
+      followOrder(std::move(searched));
+    }
+  }
+  if (!severalHosts) hosts_.clear();
+
   // Ask the transports in priority order; every rank creates every kind (set-up is collective).
   const auto& registry = transportRegistry();
   std::vector<std::vector<int>> chosen(registry.size());
@@ -172,26 +193,6 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
   for (size_t k = 0; k < registry.size(); ++k) transports_.push_back(registry[k].create(context, chosen[k]));
   for (int peer = 0; peer < nranks; ++peer) transportOfPeer_[peer] = transports_[kindOfPeer[peer]].get();
   dataListener_.close();
-
-  // Hosts numbered by their lowest rank; the hierarchical algorithms and their costs use them.
-  std::vector<uint64_t> hostHashes;
-  for (int peer = 0; peer < nranks; ++peer) {
-    const uint64_t hash = context.peers[peer].hostHash;
-    const auto found = std::find(hostHashes.begin(), hostHashes.end(), hash);
-    hosts_.push_back(static_cast<int>(found - hostHashes.begin()));
-    if (found == hostHashes.end()) hostHashes.push_back(hash);
-  }
-  const bool severalHosts = hostHashes.size() > 1;
-  // Binding, and the rank order the topology search lays (unless CHORUS_RANK_ORDER gave one).
-  if (nranks > 1) {
-    std::vector<int> searched = placeRanks(*bootstrap_, rank, context.peers, hosts_, context.deadline);
-    if (order_.empty() && !searched.empty()) {
-      if (rank == 0)
-        logAt(LogLevel::kInfo, "rank 0: rank order from the topology search: {}", fmt::join(searched, ","));
-      followOrder(std::move(searched));
-    }
-  }
-  if (!severalHosts) hosts_.clear();
 
   // The tuner models the slowest link in use: a network where ranks span hosts or any peer is
   // reached over tcp. Every rank sees the same answer. Built-in costs, then the tuning file's.
