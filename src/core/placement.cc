@@ -128,7 +128,13 @@ std::vector<int> placeRanks(Bootstrap& bootstrap, int rank, const std::vector<Pe
   }
   const Topology host = hostTopology(machine(), hostOfRank[rank]);
   const std::string node = bindOnce(host, rank, localRank, localSize, sharedProcess);
-  const std::string xml = host.hosts.empty() ? "" : topology::toChorusXml(host);
+  // Sent and compared without its host name, so alike hosts of different names agree.
+  std::string xml;
+  if (!host.hosts.empty()) {
+    Topology unnamed;
+    unnamed.addHostFrom(host, 0, "host");
+    xml = topology::toChorusXml(unnamed);
+  }
 
   std::vector<Place> places(static_cast<size_t>(nranks));
   std::strncpy(places[rank].node, node.c_str(), sizeof(places[rank].node) - 1);

@@ -3,8 +3,9 @@
 # ranks): every collective checked over auto, tcp and ucx, ranks on the other host reached by the
 # transport named and ranks on the same host by shm (auto) or the forced transport; the
 # hierarchical all-reduce, all-gather, reduce-scatter, broadcast and reduce checked over tcp and
-# ucx; then collbench across the hosts, flat, hierarchical and the tuner's choice. Skips (exit 77)
-# where namespaces cannot be made (no root, no `ip`).
+# ucx; the rank order searched over unlike hosts' topologies; then collbench across the hosts, flat,
+# hierarchical and the tuner's choice. Skips (exit 77) where namespaces cannot be made (no root, no
+# `ip`).
 source "$(dirname "$0")/lib.sh"
 hosts="$source_dir/tools/netns-hosts"
 export CHORUS_NETNS_NAME="chorus-e2e-$$"
@@ -56,6 +57,17 @@ for transport in tcp ucx; do
   done
   echo "every collective right with the hierarchical algorithms, CHORUS_TRANSPORT=$transport"
 done
+
+# Unlike hosts: with a file of two (host i of the communicator takes the file's host i), ranks
+# must send each other their host's topology. Host 1 has two sockets, and its launcher binds its
+# ranks in reverse (rank 2 to processor 1, rank 3 to 0): the ring enters host 1 beside its NIC, at
+# rank 3's socket, so rank 0 can only find the order 0,1,3,2 from host 1's topology.
+CHORUS_TOPO_FILE="$source_dir/tests/data/topology/unlike-pair.chorus.xml" CHORUS_DEBUG=info across unlike \
+  sh -c 'exec taskset -c $((1 - LOCAL_RANK)) "$0" "$@"' "$collbench" -b 64K -e 64K -n 2 -w 1
+grep -q "rank 0: rank order from the topology search: 0,1,3,2" "$work/unlike.h0" ||
+  { cat "$work/unlike.h0"; fail "unlike hosts: rank 0 did not search the order 0,1,3,2"; }
+grep -q "Out of bounds values : 0 OK" "$work/unlike.h0" || fail "collbench over the searched order"
+echo "unlike hosts sent their topologies: order 0,1,3,2"
 
 for transport in tcp ucx; do
   CHORUS_TRANSPORT=$transport CHORUS_DEBUG=info across "bench-$transport" "$collbench" --op allreduce -b 4K -e 4M \
