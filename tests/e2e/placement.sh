@@ -9,7 +9,9 @@
 # - CHORUS_RANK_ORDER overrides the search; CHORUS_BIND=none binds nothing; a bad CHORUS_BIND
 #   fails init naming it.
 source "$(dirname "$0")/lib.sh"
-[ "$(nproc)" -ge 2 ] || { echo "SKIP: needs 2 processors"; exit 77; }
+# The processors this test may use, as the program prints them: unbound ranks keep these.
+all=$(python3 -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0)))))')
+[[ ",$all," == *",0,1,"* ]] || { echo "SKIP: needs processors 0 and 1 (has $all)"; exit 77; }
 export CHORUS_TOPO_FILE="$source_dir/tests/data/topology/two-node-vm.chorus.xml"
 export CHORUS_DEBUG=info
 export CHORUS_SECRET=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
@@ -49,7 +51,7 @@ if grep -q "rank order from the topology search" "$work/given"; then fail "CHORU
 echo "CHORUS_RANK_ORDER wins over the search"
 
 CHORUS_BIND=none ranks none "exec $launched"
-processors none 0,1 0,1 0,1 0,1
+processors none "$all" "$all" "$all" "$all"
 grep -q "not bound (CHORUS_BIND=none)" "$work/none" || fail "none: no line saying so"
 echo "CHORUS_BIND=none binds nothing"
 
