@@ -36,26 +36,19 @@ uint64_t fnv1a(const std::string& text) {
   return hash;
 }
 
-// The machine (or CHORUS_TOPO_FILE's), read once per process.
+// The machine (or CHORUS_TOPO_FILE's: topology::localTopology), read once per process.
 const Topology& machine() {
   static std::mutex mutex;
   static std::optional<Topology> topology;
   std::lock_guard<std::mutex> lock(mutex);
   if (!topology) {
-    const std::string file = knobString(Knob::kTopoFile);
-    if (!file.empty()) {
-      try {
-        topology = topology::readTopologyFile(file);
-      } catch (const std::invalid_argument& e) {
-        fail(chorusInvalidArgument, "CHORUS_TOPO_FILE: {}", e.what());
-      }
-    } else {
-      try {
-        topology = topology::discover();
-      } catch (const std::exception& e) {
-        logAt(LogLevel::kWarn, "topology discovery failed ({}); ranks keep their numbers' order", e.what());
-        topology = Topology{};
-      }
+    try {
+      topology = topology::localTopology();
+    } catch (const std::exception& e) {
+      // A bad file is the user's to fix; a machine hwloc cannot read only costs the search.
+      if (knobSet(Knob::kTopoFile)) fail(chorusInvalidArgument, "CHORUS_TOPO_FILE: {}", e.what());
+      logAt(LogLevel::kWarn, "topology discovery failed ({}); ranks keep their numbers' order", e.what());
+      topology = Topology{};
     }
   }
   return *topology;
