@@ -1,0 +1,245 @@
+// nn.cc: the transformer layers on host memory. Loops are written for the compiler to vectorise;
+// the attention's products go to BLAS (kernels/cpu/matmul.h).
+#include "kernels/cpu/nn.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/matmul.h"
+
+namespace chorus::kernels {
+
+void embeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      float* o = out + (static_cast<size_t>(b) * T + t) * C;
+      const float* te = wte + static_cast<size_t>(tokens[b * T + t]) * C;
+      const float* pe = wpe + static_cast<size_t>(t) * C;
+      for (int i = 0; i < C; ++i) o[i] = te[i] + pe[i];
+    }
+  }
+}
+
+void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C) {
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      const float* d = dout + (static_cast<size_t>(b) * T + t) * C;
+      float* te = dwte + static_cast<size_t>(tokens[b * T + t]) * C;
+      float* pe = dwpe + static_cast<size_t>(t) * C;
+      for (int i = 0; i < C; ++i) {
+        te[i] += d[i];
+        pe[i] += d[i];
+      }
+    }
+  }
+}
+
+void layernormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                      int n, int c) {
+  for (int row = 0; row < n; ++row) {
+    const float* x = inp + static_cast<size_t>(row) * c;
+    float sum = 0.0f;
+    for (int i = 0; i < c; ++i) sum += x[i];
+    const float m = sum / c;
+    float var = 0.0f;
+    for (int i = 0; i < c; ++i) var += (x[i] - m) * (x[i] - m);
+    const float r = 1.0f / std::sqrt(var / c + kLayernormEps);
+    float* o = out + static_cast<size_t>(row) * c;
+    for (int i = 0; i < c; ++i) o[i] = (x[i] - m) * r * weight[i] + bias[i];
+    mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+void layernormBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                       const float* weight, const float* mean, const float* rstd, int n, int c) {
+  // With xhat = (x - mean) * rstd and g = dout * weight:
+  //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
+  for (int row = 0; row < n; ++row) {
+    const float* x = inp + static_cast<size_t>(row) * c;
+    const float* d = dout + static_cast<size_t>(row) * c;
+    const float m = mean[row];
+    const float r = rstd[row];
+    float gMean = 0.0f;
+    float gxMean = 0.0f;
+    for (int i = 0; i < c; ++i) {
+      const float xhat = (x[i] - m) * r;
+      const float g = d[i] * weight[i];
+      gMean += g;
+      gxMean += g * xhat;
+    }
+    gMean /= c;
+    gxMean /= c;
+    float* dx = dinp + static_cast<size_t>(row) * c;
+    for (int i = 0; i < c; ++i) {
+      const float xhat = (x[i] - m) * r;
+      const float g = d[i] * weight[i];
+      dbias[i] += d[i];
+      dweight[i] += xhat * d[i];
+      dx[i] += (g - gMean - xhat * gxMean) * r;
+    }
+  }
+}
+
+// Per batch row b and head h, with hs = C / NH and q, k, v the head's (T, hs) slices of qkv (row
+// stride 3C):
+//   S = q k^T / sqrt(hs)            (T, T), computed whole; the part above the diagonal is unused
+//   P = softmax of each row i over columns j <= i, zero for j > i  -> att[b, h]
+//   out[b, :, h] = P v              (T, hs) into out's row stride C
+void attentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const int row3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for (int b = 0; b < B; ++b) {
+    const float* base = qkv + static_cast<size_t>(b) * T * row3;
+    for (int h = 0; h < NH; ++h) {
+      const float* q = base + h * hs;
+      const float* k = base + C + h * hs;
+      const float* v = base + 2 * C + h * hs;
+      float* p = att + (static_cast<size_t>(b) * NH + h) * T * T;
+      gemm(false, true, T, T, hs, scale, q, row3, k, row3, 0.0f, p, T);
+      for (int i = 0; i < T; ++i) {
+        float* row = p + static_cast<size_t>(i) * T;
+        float maxv = row[0];
+        for (int j = 1; j <= i; ++j) maxv = std::max(maxv, row[j]);
+        float sum = 0.0f;
+        for (int j = 0; j <= i; ++j) {
+          row[j] = std::exp(row[j] - maxv);
+          sum += row[j];
+        }
+        const float inv = 1.0f / sum;
+        for (int j = 0; j <= i; ++j) row[j] *= inv;
+        for (int j = i + 1; j < T; ++j) row[j] = 0.0f;
+      }
+      gemm(false, false, T, hs, T, 1.0f, p, T, v, row3, 0.0f, out + static_cast<size_t>(b) * T * C + h * hs, C);
+    }
+  }
+}
+
+// Backward of the above for each (b, h), with dO the head's slice of dout:
+//   dP = dO v^T;  dv += P^T dO;  dS[i, j] = P[i, j] (dP[i, j] - sum_k P[i, k] dP[i, k]) / sqrt(hs)
+//   dq += dS k;   dk += dS^T q.
+void attentionBackward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att, int B, int T,
+                       int C, int NH) {
+  const int hs = C / NH;
+  const int row3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  float* ds = scratch;
+  for (int b = 0; b < B; ++b) {
+    const float* base = qkv + static_cast<size_t>(b) * T * row3;
+    float* dbase = dqkv + static_cast<size_t>(b) * T * row3;
+    const float* dO = dout + static_cast<size_t>(b) * T * C;
+    for (int h = 0; h < NH; ++h) {
+      const float* q = base + h * hs;
+      const float* k = base + C + h * hs;
+      const float* v = base + 2 * C + h * hs;
+      const float* p = att + (static_cast<size_t>(b) * NH + h) * T * T;
+      gemm(false, true, T, T, hs, 1.0f, dO + h * hs, C, v, row3, 0.0f, ds, T);
+      gemm(true, false, T, hs, T, 1.0f, p, T, dO + h * hs, C, 1.0f, dbase + 2 * C + h * hs, row3);
+      for (int i = 0; i < T; ++i) {
+        const float* prow = p + static_cast<size_t>(i) * T;
+        float* drow = ds + static_cast<size_t>(i) * T;
+        float dot = 0.0f;
+        for (int j = 0; j <= i; ++j) dot += prow[j] * drow[j];
+        for (int j = 0; j <= i; ++j) drow[j] = prow[j] * (drow[j] - dot) * scale;
+        for (int j = i + 1; j < T; ++j) drow[j] = 0.0f;
+      }
+      gemm(false, false, T, hs, T, 1.0f, ds, T, k, row3, 1.0f, dbase + h * hs, row3);
+      gemm(true, false, T, hs, T, 1.0f, ds, T, q, row3, 1.0f, dbase + C + h * hs, row3);
+    }
+  }
+}
+
+namespace {
+constexpr float kGeluBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluKappa = 0.044715f;
+}  // namespace
+
+void geluForward(float* out, const float* inp, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + std::tanh(kGeluBeta * (x + kGeluKappa * x * x * x)));
+  }
+}
+
+void geluBackward(float* dinp, const float* inp, const float* dout, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float th = std::tanh(kGeluBeta * (x + kGeluKappa * x * x * x));
+    const float dinner = kGeluBeta * (1.0f + 3.0f * kGeluKappa * x * x);
+    dinp[i] += dout[i] * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * dinner);
+  }
+}
+
+void residualForward(float* out, const float* a, const float* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void residualBackward(float* da, float* db, const float* dout, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    da[i] += dout[i];
+    db[i] += dout[i];
+  }
+}
+
+float crossEntropyForward(float* probs, float* losses, const float* logits, const int* targets, int n, int v) {
+  double total = 0.0;
+  for (int row = 0; row < n; ++row) {
+    const float* x = logits + static_cast<size_t>(row) * v;
+    float* p = probs + static_cast<size_t>(row) * v;
+    float maxv = x[0];
+    for (int j = 1; j < v; ++j) maxv = std::max(maxv, x[j]);
+    float sum = 0.0f;
+    for (int j = 0; j < v; ++j) {
+      p[j] = std::exp(x[j] - maxv);
+      sum += p[j];
+    }
+    const float inv = 1.0f / sum;
+    for (int j = 0; j < v; ++j) p[j] *= inv;
+    // -log softmax[target] = log(sum) + max - logit[target]: exact where the probability underflows.
+    losses[row] = std::log(sum) + maxv - x[targets[row]];
+    total += losses[row];
+  }
+  return n > 0 ? static_cast<float>(total / n) : 0.0f;
+}
+
+void crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale) {
+  for (int row = 0; row < n; ++row) {
+    const float* p = probs + static_cast<size_t>(row) * v;
+    float* d = dlogits + static_cast<size_t>(row) * v;
+    for (int j = 0; j < v; ++j) d[j] = p[j] * scale;
+    d[targets[row]] -= scale;
+  }
+}
+
+void adamwStep(float* param, const float* grad, float* m, float* v, size_t n, long step, const AdamWSettings& s) {
+  // The scalars in double, as PyTorch computes them in Python, then used in float.
+  const double bc1 = 1.0 - std::pow(static_cast<double>(s.beta1), static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(s.beta2), static_cast<double>(step));
+  const float stepSize = static_cast<float>(s.lr / bc1);
+  const float bc2Sqrt = static_cast<float>(std::sqrt(bc2));
+  const float decay = static_cast<float>(1.0 - static_cast<double>(s.lr) * s.weightDecay);
+  const float b1 = s.beta1;
+  const float b2 = s.beta2;
+  for (size_t i = 0; i < n; ++i) {
+    const float g = grad[i];
+    param[i] *= decay;
+    m[i] = m[i] * b1 + g * (1.0f - b1);
+    v[i] = v[i] * b2 + g * g * (1.0f - b2);
+    const float denom = std::sqrt(v[i]) / bc2Sqrt + s.eps;
+    param[i] -= stepSize * (m[i] / denom);
+  }
+}
+
+double sumOfSquares(const float* x, size_t n) {
+  double total = 0.0;
+  for (size_t i = 0; i < n; ++i) total += static_cast<double>(x[i]) * x[i];
+  return total;
+}
+
+void scale(float* x, size_t n, float factor) {
+  for (size_t i = 0; i < n; ++i) x[i] *= factor;
+}
+
+}  // namespace chorus::kernels

@@ -1,0 +1,70 @@
+// nn.h: the transformer's layers on host memory, forward and backward (GPT-2: embeddings,
+// layernorm, causal multi-head attention, GELU, residual, softmax cross-entropy). The CPU reference
+// the CUDA kernels must match. Shapes are stated as (B, T, C) etc. and are row-major, the last index
+// fastest. Backward functions accumulate (+=) into parameter gradients and input gradients unless
+// they say otherwise, so several micro-batches (or several uses of a tied weight) add up. Pure
+// functions; safe from any thread.
+#pragma once
+
+#include <cstddef>
+
+namespace chorus::kernels {
+
+// out(B, T, C) = wte[tokens(B, T)] + wpe[t]: token and position embeddings. Every token must be in
+// [0, V) and T no more than wpe's rows; the caller checks.
+void embeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C);
+// dwte[tokens[b, t]] += dout[b, t], dwpe[t] += dout[b, t].
+void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C);
+
+// Layernorm over the last dimension of inp(n, c): out = (inp - mean) * rstd * weight + bias, with the
+// biased variance and eps = 1e-5 as GPT-2; saves mean(n) and rstd(n) for backward.
+constexpr float kLayernormEps = 1e-5f;
+void layernormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                      int n, int c);
+void layernormBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                       const float* weight, const float* mean, const float* rstd, int n, int c);
+
+// Causal multi-head self-attention. qkv(B, T, 3C) holds q, k, v side by side, each (NH heads x
+// C/NH); out(B, T, C) gets the heads side by side; att(B, NH, T, T) saves the softmax
+// probabilities (zero above the diagonal) for backward. Scores are scaled by 1/sqrt(C/NH).
+void attentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+// dqkv(B, T, 3C) += the gradient through attention; scratch holds T*T floats.
+void attentionBackward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att, int B, int T,
+                       int C, int NH);
+
+// GELU, GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+void geluForward(float* out, const float* inp, size_t n);
+void geluBackward(float* dinp, const float* inp, const float* dout, size_t n);
+
+// out = a + b; out may alias a or b.
+void residualForward(float* out, const float* a, const float* b, size_t n);
+// da += dout, db += dout.
+void residualBackward(float* da, float* db, const float* dout, size_t n);
+
+// Softmax cross-entropy over logits(n, v): probs(n, v) = softmax by row, losses(n) = -log
+// probs[target], and returns the mean loss. Targets must be in [0, v).
+float crossEntropyForward(float* probs, float* losses, const float* logits, const int* targets, int n, int v);
+// dlogits(n, v) = (probs - onehot(target)) * scale, written (not accumulated); dlogits may be
+// probs itself. For the mean loss, scale = 1/n.
+void crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale);
+
+// AdamW as PyTorch's torch.optim.AdamW (decoupled weight decay), one step over n elements:
+//   param *= 1 - lr * weightDecay; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+//   param -= lr / (1 - b1^step) * m / (sqrt(v) / sqrt(1 - b2^step) + eps).
+// step counts from 1. The caller passes weightDecay 0 for tensors not decayed (biases, layernorm)
+// and the learning rate of this step in lr.
+struct AdamWSettings {
+  float lr = 3e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weightDecay = 0.1f;
+};
+void adamwStep(float* param, const float* grad, float* m, float* v, size_t n, long step, const AdamWSettings& s);
+
+// Sum of squares of x(n), accumulated in double: for the global gradient norm.
+double sumOfSquares(const float* x, size_t n);
+// x *= factor.
+void scale(float* x, size_t n, float factor);
+
+}  // namespace chorus::kernels

@@ -1,0 +1,349 @@
+// gpt.cc: the GPT-2 model's layout, initialisation, forward and backward (shapes after llm.c's
+// train_gpt2.c: N = B * T rows of C channels).
+#include "src/training/gpt.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "chorus/error.hpp"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/nn.h"
+
+namespace chorus::training {
+
+namespace kn = chorus::kernels;
+
+void GptConfig::validate() const {
+  auto bad = [](const std::string& what) { throw Error(chorusInvalidArgument, "GPT config: " + what); };
+  if (layers < 1) bad(fmt::format("layers = {} (at least 1)", layers));
+  if (heads < 1) bad(fmt::format("heads = {} (at least 1)", heads));
+  if (width < 1 || width % heads != 0)
+    bad(fmt::format("width = {} is not a positive multiple of heads = {}", width, heads));
+  if (context < 1) bad(fmt::format("context = {} (at least 1)", context));
+  if (vocab < 1) bad(fmt::format("vocab = {} (at least 1)", vocab));
+}
+
+std::string GptConfig::describe() const {
+  return fmt::format("GPT-2 layers={} heads={} width={} context={} vocab={}", layers, heads, width, context, vocab);
+}
+
+// ---- layout ----
+
+ParamLayout::ParamLayout(const GptConfig& c) {
+  c.validate();
+  int unit = 0;
+  auto add = [&](std::string name, std::vector<int> shape, Init init) {
+    ParamTensor t;
+    t.name = std::move(name);
+    t.count = 1;
+    for (int d : shape) t.count *= static_cast<size_t>(d);
+    t.shape = std::move(shape);
+    t.offset = total_;
+    t.unit = unit;
+    t.init = init;
+    t.decay = t.shape.size() >= 2;
+    total_ += t.count;
+    unitCount_[unit] += t.count;
+    tensors_.push_back(std::move(t));
+  };
+  auto beginUnit = [&](int u) {
+    unit = u;
+    unitOffset_.push_back(total_);
+    unitCount_.push_back(0);
+  };
+  const int C = c.width;
+  beginUnit(0);
+  add("wte.weight", {c.vocab, C}, Init::kNormal);
+  add("wpe.weight", {c.context, C}, Init::kNormal);
+  for (int l = 0; l < c.layers; ++l) {
+    beginUnit(1 + l);
+    const std::string p = fmt::format("h.{}.", l);
+    add(p + "ln_1.weight", {C}, Init::kOnes);
+    add(p + "ln_1.bias", {C}, Init::kZeros);
+    add(p + "attn.c_attn.weight", {3 * C, C}, Init::kNormal);
+    add(p + "attn.c_attn.bias", {3 * C}, Init::kZeros);
+    add(p + "attn.c_proj.weight", {C, C}, Init::kResidualNormal);
+    add(p + "attn.c_proj.bias", {C}, Init::kZeros);
+    add(p + "ln_2.weight", {C}, Init::kOnes);
+    add(p + "ln_2.bias", {C}, Init::kZeros);
+    add(p + "mlp.c_fc.weight", {4 * C, C}, Init::kNormal);
+    add(p + "mlp.c_fc.bias", {4 * C}, Init::kZeros);
+    add(p + "mlp.c_proj.weight", {C, 4 * C}, Init::kResidualNormal);
+    add(p + "mlp.c_proj.bias", {C}, Init::kZeros);
+  }
+  beginUnit(c.layers + 1);
+  add("ln_f.weight", {C}, Init::kOnes);
+  add("ln_f.bias", {C}, Init::kZeros);
+  layers_ = c.layers;
+}
+
+const ParamTensor& ParamLayout::tensor(const std::string& name) const {
+  for (const auto& t : tensors_) {
+    if (t.name == name) return t;
+  }
+  throw Error(chorusInvalidArgument, "GPT layout: no parameter named '" + name + "'");
+}
+
+namespace {
+
+// A normal sample that depends only on (seed, index): splitmix64 of both, then Box-Muller on two
+// 24-bit uniforms from its halves.
+float normalAt(uint64_t seed, uint64_t index) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  const double u1 = (static_cast<double>(z >> 40) + 0.5) / 16777216.0;
+  const double u2 = (static_cast<double>(z & 0xFFFFFFull) + 0.5) / 16777216.0;
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+}  // namespace
+
+void ParamLayout::initialize(uint64_t seed, float* dst, size_t begin, size_t end) const {
+  const float residualStd = 0.02f / std::sqrt(2.0f * static_cast<float>(layers_));
+  for (const auto& t : tensors_) {
+    const size_t lo = std::max(begin, t.offset);
+    const size_t hi = std::min(end, t.offset + t.count);
+    for (size_t i = lo; i < hi; ++i) {
+      float value = 0.0f;
+      switch (t.init) {
+        case Init::kNormal:
+          value = 0.02f * normalAt(seed, i);
+          break;
+        case Init::kResidualNormal:
+          value = residualStd * normalAt(seed, i);
+          break;
+        case Init::kZeros:
+          value = 0.0f;
+          break;
+        case Init::kOnes:
+          value = 1.0f;
+          break;
+      }
+      dst[i - begin] = value;
+    }
+  }
+}
+
+// ---- the model ----
+
+namespace {
+
+// A block's tensors within its unit, in the order ParamLayout adds them.
+template <typename P>
+struct BlockPtrs {
+  P ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+};
+template <typename P>
+BlockPtrs<P> blockPtrs(P base, int C) {
+  BlockPtrs<P> b;
+  const size_t c = static_cast<size_t>(C);
+  P p = base;
+  auto take = [&](size_t n) {
+    P at = p;
+    p += n;
+    return at;
+  };
+  b.ln1w = take(c);
+  b.ln1b = take(c);
+  b.qkvw = take(3 * c * c);
+  b.qkvb = take(3 * c);
+  b.projw = take(c * c);
+  b.projb = take(c);
+  b.ln2w = take(c);
+  b.ln2b = take(c);
+  b.fcw = take(4 * c * c);
+  b.fcb = take(4 * c);
+  b.fcprojw = take(4 * c * c);
+  b.fcprojb = take(c);
+  return b;
+}
+
+}  // namespace
+
+Gpt::Gpt(const GptConfig& config, int batch, int seq) : config_(config), layout_(config), B_(batch), T_(seq) {
+  if (batch < 1) throw Error(chorusInvalidArgument, fmt::format("GPT: batch = {} (at least 1)", batch));
+  if (seq < 1 || seq > config.context) {
+    throw Error(chorusInvalidArgument,
+                fmt::format("GPT: sequence length {} is not in [1, context = {}]", seq, config.context));
+  }
+  const size_t N = static_cast<size_t>(B_) * T_;
+  const size_t C = config.width;
+  const size_t V = config.vocab;
+  const size_t NH = config.heads;
+  tokens_.resize(N);
+  targets_.resize(N);
+  residual_.assign(config.layers + 1, std::vector<float>(N * C));
+  layers_.resize(config.layers);
+  for (auto& L : layers_) {
+    L.ln1.resize(N * C);
+    L.ln1Mean.resize(N);
+    L.ln1Rstd.resize(N);
+    L.qkv.resize(N * 3 * C);
+    L.atty.resize(N * C);
+    L.att.resize(static_cast<size_t>(B_) * NH * T_ * T_);
+    L.res2.resize(N * C);
+    L.ln2.resize(N * C);
+    L.ln2Mean.resize(N);
+    L.ln2Rstd.resize(N);
+    L.fch.resize(N * 4 * C);
+    L.fchGelu.resize(N * 4 * C);
+  }
+  lnf_.resize(N * C);
+  lnfMean_.resize(N);
+  lnfRstd_.resize(N);
+  logits_.resize(N * V);
+  probs_.resize(N * V);
+  losses_.resize(N);
+  dres_.resize(N * C);
+  dln_.resize(N * C);
+  datty_.resize(N * C);
+  dqkv_.resize(N * 3 * C);
+  dfch_.resize(N * 4 * C);
+  dfchGelu_.resize(N * 4 * C);
+  dattScratch_.resize(static_cast<size_t>(T_) * T_);
+}
+
+size_t Gpt::activationBytes() const {
+  size_t floats = 0;
+  for (const auto& r : residual_) floats += r.size();
+  for (const auto& L : layers_) {
+    floats += L.ln1.size() + L.ln1Mean.size() + L.ln1Rstd.size() + L.qkv.size() + L.atty.size() + L.att.size() +
+              L.res2.size() + L.ln2.size() + L.ln2Mean.size() + L.ln2Rstd.size() + L.fch.size() + L.fchGelu.size();
+  }
+  floats += lnf_.size() + lnfMean_.size() + lnfRstd_.size() + logits_.size() + probs_.size() + losses_.size();
+  floats +=
+      dres_.size() + dln_.size() + datty_.size() + dqkv_.size() + dfch_.size() + dfchGelu_.size() + dattScratch_.size();
+  return floats * sizeof(float) + (tokens_.size() + targets_.size()) * sizeof(int);
+}
+
+double Gpt::flopsPerStep() const {
+  // Matmuls: 2 flops per multiply-add, 3x for forward + backward (the input and weight gradients).
+  // Parameters used in matmuls: the blocks' weights and the tied head (not wpe, biases, norms).
+  const double N = static_cast<double>(B_) * T_;
+  const double C = config_.width;
+  const double matmulParams = config_.layers * 12.0 * C * C + static_cast<double>(config_.vocab) * C;
+  // Attention: q k^T and P v, each 2 T C per token per layer, also 3x.
+  const double attention = config_.layers * 2.0 * 2.0 * T_ * C;
+  return 6.0 * N * matmulParams + 3.0 * N * attention;
+}
+
+float Gpt::forward(const int* tokens, const int* targets, UnitAccess& access) {
+  const int B = B_, T = T_, C = config_.width, NH = config_.heads, V = config_.vocab;
+  const int N = B * T;
+  for (int i = 0; i < N; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= V) {
+      throw Error(chorusInvalidArgument,
+                  fmt::format("GPT forward: token {} at batch row {}, position {} is not in [0, vocab = {})", tokens[i],
+                              i / T, i % T, V));
+    }
+    if (targets != nullptr && (targets[i] < 0 || targets[i] >= V)) {
+      throw Error(chorusInvalidArgument,
+                  fmt::format("GPT forward: target {} at batch row {}, position {} is not in [0, vocab = {})",
+                              targets[i], i / T, i % T, V));
+    }
+  }
+  std::memcpy(tokens_.data(), tokens, tokens_.size() * sizeof(int));
+  haveTargets_ = targets != nullptr;
+  if (haveTargets_) std::memcpy(targets_.data(), targets, targets_.size() * sizeof(int));
+
+  const float* embed = access.acquire(0, Pass::kForward);
+  kn::embeddingForward(residual_[0].data(), tokens_.data(), embed, embed + static_cast<size_t>(V) * C, B, T, C);
+  access.release(0, Pass::kForward);
+
+  for (int l = 0; l < config_.layers; ++l) {
+    const auto w = blockPtrs<const float*>(access.acquire(1 + l, Pass::kForward), C);
+    Layer& L = layers_[l];
+    const float* in = residual_[l].data();
+    float* out = residual_[l + 1].data();
+    kn::layernormForward(L.ln1.data(), L.ln1Mean.data(), L.ln1Rstd.data(), in, w.ln1w, w.ln1b, N, C);
+    kn::matmulForward(L.qkv.data(), L.ln1.data(), w.qkvw, w.qkvb, N, C, 3 * C);
+    kn::attentionForward(L.atty.data(), L.att.data(), L.qkv.data(), B, T, C, NH);
+    // The projection's output goes to `out` for a moment, then the residual sum into res2.
+    kn::matmulForward(out, L.atty.data(), w.projw, w.projb, N, C, C);
+    kn::residualForward(L.res2.data(), in, out, static_cast<size_t>(N) * C);
+    kn::layernormForward(L.ln2.data(), L.ln2Mean.data(), L.ln2Rstd.data(), L.res2.data(), w.ln2w, w.ln2b, N, C);
+    kn::matmulForward(L.fch.data(), L.ln2.data(), w.fcw, w.fcb, N, C, 4 * C);
+    kn::geluForward(L.fchGelu.data(), L.fch.data(), static_cast<size_t>(N) * 4 * C);
+    kn::matmulForward(out, L.fchGelu.data(), w.fcprojw, w.fcprojb, N, 4 * C, C);
+    kn::residualForward(out, L.res2.data(), out, static_cast<size_t>(N) * C);
+    access.release(1 + l, Pass::kForward);
+  }
+
+  const float* lnf = access.acquire(config_.layers + 1, Pass::kForward);
+  kn::layernormForward(lnf_.data(), lnfMean_.data(), lnfRstd_.data(), residual_[config_.layers].data(), lnf, lnf + C, N,
+                       C);
+  access.release(config_.layers + 1, Pass::kForward);
+
+  const float* wte = access.acquire(0, Pass::kForward);
+  kn::matmulForward(logits_.data(), lnf_.data(), wte, nullptr, N, C, V);
+  access.release(0, Pass::kForward);
+  if (!haveTargets_) return 0.0f;
+  return kn::crossEntropyForward(probs_.data(), losses_.data(), logits_.data(), targets_.data(), N, V);
+}
+
+void Gpt::backward(UnitAccess& access, float lossScale) {
+  if (!haveTargets_) throw Error(chorusInvalidUsage, "GPT backward: the last forward had no targets");
+  const int B = B_, T = T_, C = config_.width, NH = config_.heads, V = config_.vocab;
+  const int N = B * T;
+  auto zero = [](std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); };
+
+  // The loss and the head: probs becomes dlogits in place, then dlnf (into dln_) and dwte.
+  kn::crossEntropyBackward(probs_.data(), probs_.data(), targets_.data(), N, V, lossScale / static_cast<float>(N));
+  haveTargets_ = false;  // probs_ now holds the gradient: a second backward needs a new forward
+  {
+    const float* wte = access.acquire(0, Pass::kBackward);
+    zero(dln_);
+    kn::matmulBackward(dln_.data(), access.gradients(0), nullptr, probs_.data(), lnf_.data(), wte, N, C, V);
+    access.release(0, Pass::kBackward);
+  }
+  {
+    const int u = config_.layers + 1;
+    const float* lnf = access.acquire(u, Pass::kBackward);
+    float* g = access.gradients(u);
+    zero(dres_);
+    kn::layernormBackward(dres_.data(), g, g + C, dln_.data(), residual_[config_.layers].data(), lnf, lnfMean_.data(),
+                          lnfRstd_.data(), N, C);
+    access.release(u, Pass::kBackward);
+    access.gradientsDone(u);
+  }
+
+  // dres_ holds d(residual[l + 1]); each block turns it into d(residual[l]).
+  for (int l = config_.layers - 1; l >= 0; --l) {
+    const int u = 1 + l;
+    const auto w = blockPtrs<const float*>(access.acquire(u, Pass::kBackward), C);
+    const auto g = blockPtrs<float*>(access.gradients(u), C);
+    Layer& L = layers_[l];
+    // out = res2 + fcproj(gelu(fc(ln2(res2)))): d(fcproj output) = dres.
+    zero(dfchGelu_);
+    kn::matmulBackward(dfchGelu_.data(), g.fcprojw, g.fcprojb, dres_.data(), L.fchGelu.data(), w.fcprojw, N, 4 * C, C);
+    zero(dfch_);
+    kn::geluBackward(dfch_.data(), L.fch.data(), dfchGelu_.data(), static_cast<size_t>(N) * 4 * C);
+    zero(dln_);
+    kn::matmulBackward(dln_.data(), g.fcw, g.fcb, dfch_.data(), L.ln2.data(), w.fcw, N, C, 4 * C);
+    // dres becomes d(res2): the residual path plus the path through ln2.
+    kn::layernormBackward(dres_.data(), g.ln2w, g.ln2b, dln_.data(), L.res2.data(), w.ln2w, L.ln2Mean.data(),
+                          L.ln2Rstd.data(), N, C);
+    // res2 = in + proj(attention(qkv(ln1(in)))): d(proj output) = d(res2).
+    zero(datty_);
+    kn::matmulBackward(datty_.data(), g.projw, g.projb, dres_.data(), L.atty.data(), w.projw, N, C, C);
+    zero(dqkv_);
+    kn::attentionBackward(dqkv_.data(), dattScratch_.data(), datty_.data(), L.qkv.data(), L.att.data(), B, T, C, NH);
+    zero(dln_);
+    kn::matmulBackward(dln_.data(), g.qkvw, g.qkvb, dqkv_.data(), L.ln1.data(), w.qkvw, N, C, 3 * C);
+    kn::layernormBackward(dres_.data(), g.ln1w, g.ln1b, dln_.data(), residual_[l].data(), w.ln1w, L.ln1Mean.data(),
+                          L.ln1Rstd.data(), N, C);
+    access.release(u, Pass::kBackward);
+    access.gradientsDone(u);
+  }
+
+  float* gEmbed = access.gradients(0);
+  kn::embeddingBackward(gEmbed, gEmbed + static_cast<size_t>(V) * C, dres_.data(), tokens_.data(), B, T, C);
+  access.gradientsDone(0);
+}
+
+}  // namespace chorus::training

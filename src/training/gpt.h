@@ -1,0 +1,140 @@
+// gpt.h: the GPT-2 model (learned positions, pre-LN blocks, tied token embedding and output head)
+// for any (layers, heads, width, context, vocab), forward and backward on host memory in fp32.
+// Parameters live in one flat buffer split into units (the embeddings, each block, the final
+// layernorm); the model reaches them, and the gradient buffers, only through a UnitAccess, so that
+// data parallelism can all-reduce a unit's gradients as soon as backward is done with it and ZeRO-3
+// can gather a unit's parameters just before it is used. A Gpt is used by one thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace chorus::training {
+
+struct GptConfig {
+  int layers = 12;
+  int heads = 12;
+  int width = 768;     // C, the channels; a multiple of heads
+  int context = 1024;  // the longest sequence (rows of the position embedding)
+  int vocab = 50257;
+
+  static GptConfig gpt2_124m() { return GptConfig{}; }
+  // Throws chorus::Error (kInvalidArgument) naming the field when the shape cannot work.
+  void validate() const;
+  std::string describe() const;
+};
+
+// How a tensor is initialised (GPT-2's scheme): normal(0, 0.02), normal(0, 0.02 / sqrt(2 layers))
+// for the projections into the residual stream, zeros, ones.
+enum class Init { kNormal, kResidualNormal, kZeros, kOnes };
+
+struct ParamTensor {
+  std::string name;  // PyTorch-style, e.g. "h.3.attn.c_attn.weight"
+  std::vector<int> shape;
+  size_t offset = 0;  // in the flat buffer, in elements
+  size_t count = 0;
+  int unit = 0;
+  Init init = Init::kNormal;
+  bool decay = false;  // weight decay applies (matrices and embeddings), not to biases and norms
+};
+
+// The flat layout: unit 0 = wte (V, C), wpe (context, C); unit 1 + l = block l; unit layers + 1 =
+// ln_f. A unit's tensors are contiguous, units in that order.
+class ParamLayout {
+ public:
+  explicit ParamLayout(const GptConfig& config);
+  size_t total() const { return total_; }
+  int units() const { return static_cast<int>(unitOffset_.size()); }
+  size_t unitOffset(int unit) const { return unitOffset_[unit]; }
+  size_t unitCount(int unit) const { return unitCount_[unit]; }
+  const std::vector<ParamTensor>& tensors() const { return tensors_; }
+  const ParamTensor& tensor(const std::string& name) const;
+  // Fills elements [begin, end) of the flat buffer (dst[0] is element begin) with the initial
+  // values of a model seeded with seed. Each element depends only on (seed, its index), so any
+  // shard can be initialised on its own and equals the same range of a whole initialisation.
+  void initialize(uint64_t seed, float* dst, size_t begin, size_t end) const;
+
+ private:
+  std::vector<ParamTensor> tensors_;
+  std::vector<size_t> unitOffset_, unitCount_;
+  size_t total_ = 0;
+  int layers_ = 0;
+};
+
+enum class Pass { kForward, kBackward };
+
+// How the model reaches parameters and gradients, unit by unit. The model calls, in order:
+// forward: acquire/release for 0 (embeddings), 1..layers, layers+1, then 0 again (the output head);
+// backward: acquire/release 0 (head), then layers+1 down to 1, each followed by gradientsDone; then
+// the embeddings' gradient (no parameters needed) and gradientsDone(0).
+class UnitAccess {
+ public:
+  virtual ~UnitAccess() = default;
+  // The unit's parameters, valid until release(unit, pass).
+  virtual const float* acquire(int unit, Pass pass) = 0;
+  virtual void release(int /*unit*/, Pass /*pass*/) {}
+  // The unit's gradient buffer; backward adds into it.
+  virtual float* gradients(int unit) = 0;
+  // Backward will not touch the unit's gradients again.
+  virtual void gradientsDone(int /*unit*/) {}
+};
+
+// Parameters and gradients in two whole flat buffers (one process, or plain data parallel).
+class FlatAccess : public UnitAccess {
+ public:
+  FlatAccess(const ParamLayout& layout, float* params, float* grads)
+      : layout_(layout), params_(params), grads_(grads) {}
+  const float* acquire(int unit, Pass) override { return params_ + layout_.unitOffset(unit); }
+  float* gradients(int unit) override { return grads_ + layout_.unitOffset(unit); }
+
+ private:
+  const ParamLayout& layout_;
+  float* params_;
+  float* grads_;
+};
+
+class Gpt {
+ public:
+  // A model for batches of `batch` sequences of `seq` tokens (seq <= context).
+  Gpt(const GptConfig& config, int batch, int seq);
+  const GptConfig& config() const { return config_; }
+  const ParamLayout& layout() const { return layout_; }
+  int batch() const { return B_; }
+  int seq() const { return T_; }
+
+  // Runs the model on tokens(B, T). With targets(B, T), returns the mean cross-entropy loss and keeps
+  // what backward needs; without (nullptr), only the logits are computed and the result is 0.
+  // Tokens and targets must lie in [0, vocab): checked, chorus::Error names the position.
+  float forward(const int* tokens, const int* targets, UnitAccess& access);
+  // The gradient of lossScale x (the mean loss of the last forward with targets), added into the
+  // gradient buffers. For micro-batches of one step, lossScale = 1 / micro-batches.
+  void backward(UnitAccess& access, float lossScale = 1.0f);
+
+  // (B, T, vocab) of the last forward.
+  std::span<const float> logits() const { return logits_; }
+  // Bytes of activations and scratch held for this batch shape.
+  size_t activationBytes() const;
+  // Floating-point operations of one forward + backward over a batch (matmuls and attention,
+  // as the 6N + 12 L T C rule of thumb counts them): for MFU.
+  double flopsPerStep() const;
+
+ private:
+  struct Layer {
+    std::vector<float> ln1, ln1Mean, ln1Rstd, qkv, atty, att, res2, ln2, ln2Mean, ln2Rstd, fch, fchGelu;
+  };
+  GptConfig config_;
+  ParamLayout layout_;
+  int B_, T_;
+  std::vector<int> tokens_, targets_;
+  std::vector<std::vector<float>> residual_;  // layers + 1 of (B, T, C): the input of each block and the last output
+  std::vector<Layer> layers_;
+  std::vector<float> lnf_, lnfMean_, lnfRstd_, logits_, probs_, losses_;
+  // Backward scratch, reused by every block.
+  std::vector<float> dres_, dln_, datty_, dqkv_, dfch_, dfchGelu_, dattScratch_;
+  bool haveTargets_ = false;
+};
+
+}  // namespace chorus::training

@@ -1,0 +1,138 @@
+// gpt_test.cc: the GPT model's layout (GPT-2 124M's exact parameter count), its initialisation (any
+// shard equals the same range of the whole), input checks, and its gradient against central
+// differences of its own loss. The comparison with PyTorch is tests/e2e/torch_reference.sh.
+#include "src/training/gpt.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "chorus/error.hpp"
+
+namespace chorus::training {
+namespace {
+
+TEST(GptTest, Gpt2SmallHasGpt2sParameterCount) {
+  const ParamLayout layout(GptConfig::gpt2_124m());
+  EXPECT_EQ(layout.total(), 124439808u);  // GPT-2 "124M" with the tied head
+  EXPECT_EQ(layout.units(), 14);
+  EXPECT_EQ(layout.unitCount(0), 50257u * 768 + 1024u * 768);
+  EXPECT_EQ(layout.unitCount(1), 12u * 768 * 768 + 13u * 768);
+  EXPECT_EQ(layout.unitCount(13), 2u * 768);
+  size_t sum = 0;
+  for (int u = 0; u < layout.units(); ++u) {
+    EXPECT_EQ(layout.unitOffset(u), sum);
+    sum += layout.unitCount(u);
+  }
+  EXPECT_EQ(sum, layout.total());
+  EXPECT_EQ(layout.tensor("h.11.mlp.c_proj.weight").shape, (std::vector<int>{768, 3072}));
+  EXPECT_TRUE(layout.tensor("wte.weight").decay);
+  EXPECT_FALSE(layout.tensor("h.0.ln_1.bias").decay);
+  EXPECT_THROW(layout.tensor("lm_head.weight"), Error);
+}
+
+TEST(GptTest, ConfigurationsThatCannotWorkAreRefused) {
+  GptConfig c;
+  c.width = 100;
+  c.heads = 12;
+  try {
+    ParamLayout layout(c);
+    FAIL() << "width not a multiple of heads was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), chorusInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("width = 100"), std::string::npos) << e.what();
+  }
+  GptConfig small{1, 1, 8, 4, 10};
+  EXPECT_THROW(Gpt(small, 1, 5), Error);  // sequence longer than the context
+}
+
+TEST(GptTest, ShardsInitialiseAsTheWhole) {
+  const GptConfig c{2, 2, 16, 8, 11};
+  const ParamLayout layout(c);
+  std::vector<float> whole(layout.total());
+  layout.initialize(7, whole.data(), 0, whole.size());
+  const size_t cuts[] = {0, 13, 500, layout.total() / 2, layout.total() - 1, layout.total()};
+  for (size_t i = 0; i + 1 < std::size(cuts); ++i) {
+    std::vector<float> part(cuts[i + 1] - cuts[i]);
+    layout.initialize(7, part.data(), cuts[i], cuts[i + 1]);
+    for (size_t k = 0; k < part.size(); ++k) ASSERT_EQ(part[k], whole[cuts[i] + k]) << "element " << cuts[i] + k;
+  }
+  // GPT-2's scheme: norms one, biases zero, weights of standard deviation 0.02 (0.02/sqrt(2L) for
+  // the residual projections).
+  EXPECT_EQ(whole[layout.tensor("h.1.ln_2.weight").offset], 1.0f);
+  EXPECT_EQ(whole[layout.tensor("h.1.mlp.c_fc.bias").offset + 3], 0.0f);
+  auto stddev = [&](const std::string& name) {
+    const auto& t = layout.tensor(name);
+    double s = 0.0;
+    for (size_t i = 0; i < t.count; ++i) s += whole[t.offset + i] * whole[t.offset + i];
+    return std::sqrt(s / t.count);
+  };
+  EXPECT_NEAR(stddev("wte.weight"), 0.02, 0.002);
+  EXPECT_NEAR(stddev("h.0.mlp.c_proj.weight"), 0.01, 0.001);
+  std::vector<float> other(layout.total());
+  layout.initialize(8, other.data(), 0, other.size());
+  EXPECT_NE(other, whole) << "another seed gives other values";
+}
+
+TEST(GptTest, BadTokensAreRefusedNamingThePosition) {
+  const GptConfig c{1, 1, 8, 4, 10};
+  Gpt model(c, 2, 4);
+  std::vector<float> params(model.layout().total()), grads(params.size());
+  model.layout().initialize(1, params.data(), 0, params.size());
+  FlatAccess access(model.layout(), params.data(), grads.data());
+  std::vector<int> tokens(8, 1), targets(8, 2);
+  tokens[6] = 10;
+  try {
+    model.forward(tokens.data(), targets.data(), access);
+    FAIL() << "token 10 with vocab 10 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token 10 at batch row 1, position 2"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(model.backward(access), Error) << "backward without a forward with targets";
+}
+
+// The loss's gradient against central differences of the loss itself, on the parameters with the
+// largest gradients of every tensor (in fp32 the differences resolve those to about 1%).
+TEST(GptTest, GradientMatchesDifferencesOfTheLoss) {
+  const GptConfig c{2, 2, 8, 6, 13};
+  const int B = 2, T = 5;
+  Gpt model(c, B, T);
+  const ParamLayout& layout = model.layout();
+  std::vector<float> params(layout.total()), grads(params.size(), 0.0f), none(params.size());
+  layout.initialize(3, params.data(), 0, params.size());
+  std::mt19937 gen(5);
+  std::normal_distribution<float> jitter(0.0f, 0.3f);
+  for (auto& p : params) p += jitter(gen);
+  std::vector<int> tokens(B * T), targets(B * T);
+  for (int i = 0; i < B * T; ++i) {
+    tokens[i] = (7 * i + 3) % c.vocab;
+    targets[i] = (5 * i + 1) % c.vocab;
+  }
+  FlatAccess access(layout, params.data(), grads.data());
+  model.forward(tokens.data(), targets.data(), access);
+  model.backward(access);
+  FlatAccess probe(layout, params.data(), none.data());
+  for (const auto& t : layout.tensors()) {
+    if (t.name == "wpe.weight") continue;  // rows past T get no gradient; checked with the others below
+    size_t best = t.offset;
+    for (size_t i = t.offset; i < t.offset + t.count; ++i) {
+      if (std::fabs(grads[i]) > std::fabs(grads[best])) best = i;
+    }
+    const float keep = params[best];
+    const float h = 1e-2f;
+    params[best] = keep + h;
+    const double up = model.forward(tokens.data(), targets.data(), probe);
+    params[best] = keep - h;
+    const double down = model.forward(tokens.data(), targets.data(), probe);
+    params[best] = keep;
+    const double numeric = (up - down) / (2 * h);
+    EXPECT_NEAR(grads[best], numeric, 0.02 * std::fabs(numeric) + 1e-4) << t.name << " element " << best - t.offset;
+  }
+  const auto& wpe = layout.tensor("wpe.weight");
+  for (size_t i = static_cast<size_t>(T) * c.width; i < wpe.count; ++i) EXPECT_EQ(grads[wpe.offset + i], 0.0f);
+}
+
+}  // namespace
+}  // namespace chorus::training

@@ -1,0 +1,321 @@
+// nn_kernels_test.cc: the transformer layers of kernels/cpu/nn.h and the linear layer of
+// kernels/cpu/matmul.h. Each forward is checked against a plain double-precision loop written
+// here from the definition, and each backward against central differences of that double loop
+// (the gradient of L = sum(w * out) for random w), so neither side borrows from the other.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/nn.h"
+
+namespace chorus::kernels {
+namespace {
+
+using Vec = std::vector<double>;
+
+std::vector<float> randomFloats(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+Vec toDouble(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
+
+// ||a - b|| / ||b||, the relative error of a whole tensor.
+double relativeError(const std::vector<float>& a, const Vec& b) {
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    diff += (a[i] - b[i]) * (a[i] - b[i]);
+    norm += b[i] * b[i];
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
+}
+
+// d/dx of sum(w * f(x)) by central differences in double.
+Vec numericGradient(Vec x, const Vec& w, const std::function<Vec(const Vec&)>& f, double h = 1e-5) {
+  Vec g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double keep = x[i];
+    x[i] = keep + h;
+    const Vec up = f(x);
+    x[i] = keep - h;
+    const Vec down = f(x);
+    x[i] = keep;
+    double s = 0.0;
+    for (size_t k = 0; k < w.size(); ++k) s += w[k] * (up[k] - down[k]);
+    g[i] = s / (2 * h);
+  }
+  return g;
+}
+
+// ---- double-precision definitions ----
+
+Vec linearRef(const Vec& x, const Vec& w, const Vec& b, int n, int c, int oc) {
+  Vec out(static_cast<size_t>(n) * oc);
+  for (int r = 0; r < n; ++r) {
+    for (int o = 0; o < oc; ++o) {
+      double s = b.empty() ? 0.0 : b[o];
+      for (int i = 0; i < c; ++i) s += x[r * c + i] * w[o * c + i];
+      out[r * oc + o] = s;
+    }
+  }
+  return out;
+}
+
+Vec layernormRef(const Vec& x, const Vec& w, const Vec& b, int n, int c) {
+  Vec out(x.size());
+  for (int r = 0; r < n; ++r) {
+    double mean = 0.0, var = 0.0;
+    for (int i = 0; i < c; ++i) mean += x[r * c + i];
+    mean /= c;
+    for (int i = 0; i < c; ++i) var += (x[r * c + i] - mean) * (x[r * c + i] - mean);
+    var /= c;
+    for (int i = 0; i < c; ++i) out[r * c + i] = (x[r * c + i] - mean) / std::sqrt(var + 1e-5) * w[i] + b[i];
+  }
+  return out;
+}
+
+// For each (b, t, head): softmax over s <= t of q_t . k_s / sqrt(hs), then the weighted sum of v_s.
+Vec attentionRef(const Vec& qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  Vec out(static_cast<size_t>(B) * T * C, 0.0);
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      for (int t = 0; t < T; ++t) {
+        auto at = [&](int pos, int part, int i) { return qkv[((b * T + pos) * 3 + part) * C + h * hs + i]; };
+        Vec score(t + 1);
+        double maxv = -1e300;
+        for (int s = 0; s <= t; ++s) {
+          double dot = 0.0;
+          for (int i = 0; i < hs; ++i) dot += at(t, 0, i) * at(s, 1, i);
+          score[s] = dot / std::sqrt(static_cast<double>(hs));
+          maxv = std::max(maxv, score[s]);
+        }
+        double sum = 0.0;
+        for (auto& s : score) sum += (s = std::exp(s - maxv));
+        for (int s = 0; s <= t; ++s) {
+          for (int i = 0; i < hs; ++i) out[(b * T + t) * C + h * hs + i] += score[s] / sum * at(s, 2, i);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+double geluRef(double x) { return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))); }
+
+// Per row: log(sum exp(x)) - x[target].
+Vec crossEntropyRef(const Vec& logits, const std::vector<int>& targets, int n, int v) {
+  Vec losses(n);
+  for (int r = 0; r < n; ++r) {
+    double maxv = -1e300;
+    for (int j = 0; j < v; ++j) maxv = std::max(maxv, logits[r * v + j]);
+    double sum = 0.0;
+    for (int j = 0; j < v; ++j) sum += std::exp(logits[r * v + j] - maxv);
+    losses[r] = std::log(sum) + maxv - logits[r * v + targets[r]];
+  }
+  return losses;
+}
+
+// ---- tests ----
+
+TEST(NnKernelsTest, LinearForwardAndBackward) {
+  const int n = 5, c = 7, oc = 6;
+  const auto x = randomFloats(n * c, 1), w = randomFloats(oc * c, 2), b = randomFloats(oc, 3);
+  std::vector<float> out(n * oc);
+  matmulForward(out.data(), x.data(), w.data(), b.data(), n, c, oc);
+  EXPECT_LT(relativeError(out, linearRef(toDouble(x), toDouble(w), toDouble(b), n, c, oc)), 1e-6);
+  std::vector<float> noBias(n * oc);
+  matmulForward(noBias.data(), x.data(), w.data(), nullptr, n, c, oc);
+  EXPECT_LT(relativeError(noBias, linearRef(toDouble(x), toDouble(w), {}, n, c, oc)), 1e-6);
+
+  const auto dout = randomFloats(n * oc, 4);
+  const Vec wd = toDouble(dout);
+  // Gradients accumulate: start from a known value and subtract it afterwards.
+  std::vector<float> dx(n * c, 1.0f), dw(oc * c, 1.0f), db(oc, 1.0f);
+  matmulBackward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), n, c, oc);
+  for (auto* g : {&dx, &dw, &db}) {
+    for (auto& v : *g) v -= 1.0f;
+  }
+  const Vec X = toDouble(x), W = toDouble(w), Bv = toDouble(b);
+  EXPECT_LT(relativeError(dx, numericGradient(X, wd, [&](const Vec& v) { return linearRef(v, W, Bv, n, c, oc); })),
+            1e-5);
+  EXPECT_LT(relativeError(dw, numericGradient(W, wd, [&](const Vec& v) { return linearRef(X, v, Bv, n, c, oc); })),
+            1e-5);
+  EXPECT_LT(relativeError(db, numericGradient(Bv, wd, [&](const Vec& v) { return linearRef(X, W, v, n, c, oc); })),
+            1e-5);
+}
+
+TEST(NnKernelsTest, EmbeddingForwardAndBackward) {
+  const int B = 2, T = 3, C = 4, V = 5;
+  const std::vector<int> tokens = {4, 0, 4, 1, 2, 4};  // token 4 three times: its gradient sums three rows
+  const auto wte = randomFloats(V * C, 5), wpe = randomFloats(T * C, 6);
+  std::vector<float> out(B * T * C);
+  embeddingForward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      for (int i = 0; i < C; ++i) {
+        EXPECT_EQ(out[(b * T + t) * C + i], wte[tokens[b * T + t] * C + i] + wpe[t * C + i]);
+      }
+    }
+  }
+  const auto dout = randomFloats(B * T * C, 7);
+  std::vector<float> dwte(V * C, 0.0f), dwpe(T * C, 0.0f);
+  embeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+  const Vec WTE = toDouble(wte), WPE = toDouble(wpe);
+  auto fwd = [&](const Vec& te, const Vec& pe) {
+    Vec o(B * T * C);
+    for (int r = 0; r < B * T; ++r) {
+      for (int i = 0; i < C; ++i) o[r * C + i] = te[tokens[r] * C + i] + pe[(r % T) * C + i];
+    }
+    return o;
+  };
+  EXPECT_LT(relativeError(dwte, numericGradient(WTE, toDouble(dout), [&](const Vec& v) { return fwd(v, WPE); })), 1e-6);
+  EXPECT_LT(relativeError(dwpe, numericGradient(WPE, toDouble(dout), [&](const Vec& v) { return fwd(WTE, v); })), 1e-6);
+  for (int i = 0; i < C; ++i) EXPECT_EQ(dwte[3 * C + i], 0.0f) << "token 3 does not occur";
+}
+
+TEST(NnKernelsTest, LayernormForwardAndBackward) {
+  const int n = 4, c = 16;
+  auto x = randomFloats(n * c, 8, 2.0f);
+  for (int i = 0; i < c; ++i) x[i] += 10.0f;  // a row far from zero mean
+  const auto w = randomFloats(c, 9), b = randomFloats(c, 10);
+  std::vector<float> out(n * c), mean(n), rstd(n);
+  layernormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, c);
+  const Vec X = toDouble(x), W = toDouble(w), Bv = toDouble(b);
+  EXPECT_LT(relativeError(out, layernormRef(X, W, Bv, n, c)), 1e-6);
+
+  const auto dout = randomFloats(n * c, 11);
+  std::vector<float> dx(n * c, 0.0f), dw(c, 0.0f), db(c, 0.0f);
+  layernormBackward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(), n, c);
+  const Vec wd = toDouble(dout);
+  EXPECT_LT(relativeError(dx, numericGradient(X, wd, [&](const Vec& v) { return layernormRef(v, W, Bv, n, c); })),
+            1e-4);
+  EXPECT_LT(relativeError(dw, numericGradient(W, wd, [&](const Vec& v) { return layernormRef(X, v, Bv, n, c); })),
+            1e-5);
+  EXPECT_LT(relativeError(db, numericGradient(Bv, wd, [&](const Vec& v) { return layernormRef(X, W, v, n, c); })),
+            1e-5);
+}
+
+TEST(NnKernelsTest, CausalAttentionForwardAndBackward) {
+  for (const auto& [B, T, C, NH] : std::vector<std::array<int, 4>>{{2, 5, 8, 2}, {1, 7, 12, 3}, {1, 1, 4, 1}}) {
+    SCOPED_TRACE(testing::Message() << "B=" << B << " T=" << T << " C=" << C << " NH=" << NH);
+    const auto qkv = randomFloats(static_cast<size_t>(B) * T * 3 * C, 12 + T);
+    std::vector<float> out(B * T * C), att(B * NH * T * T);
+    attentionForward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    const Vec QKV = toDouble(qkv);
+    EXPECT_LT(relativeError(out, attentionRef(QKV, B, T, C, NH)), 1e-6);
+    for (int r = 0; r < B * NH * T; ++r) {  // each row of probabilities sums to 1, nothing above the diagonal
+      const int i = r % T;
+      double sum = 0.0;
+      for (int j = 0; j < T; ++j) {
+        if (j > i) {
+          EXPECT_EQ(att[r * T + j], 0.0f);
+        }
+        sum += att[r * T + j];
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-6);
+    }
+    const auto dout = randomFloats(B * T * C, 13);
+    std::vector<float> dqkv(qkv.size(), 0.0f), scratch(T * T);
+    attentionBackward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+    const Vec expect = numericGradient(QKV, toDouble(dout), [&](const Vec& v) { return attentionRef(v, B, T, C, NH); });
+    EXPECT_LT(relativeError(dqkv, expect), 1e-5);
+  }
+}
+
+TEST(NnKernelsTest, GeluForwardAndBackward) {
+  auto x = randomFloats(64, 14, 3.0f);
+  x[0] = 0.0f;
+  std::vector<float> out(x.size()), dx(x.size(), 0.0f);
+  geluForward(out.data(), x.data(), x.size());
+  Vec expect(x.size()), slope(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    expect[i] = geluRef(x[i]);
+    slope[i] = (geluRef(x[i] + 1e-6) - geluRef(x[i] - 1e-6)) / 2e-6;
+  }
+  EXPECT_LT(relativeError(out, expect), 1e-6);
+  EXPECT_EQ(out[0], 0.0f);
+  const std::vector<float> ones(x.size(), 1.0f);
+  geluBackward(dx.data(), x.data(), ones.data(), x.size());
+  EXPECT_LT(relativeError(dx, slope), 1e-5);
+  EXPECT_FLOAT_EQ(dx[0], 0.5f);  // GELU'(0) = 1/2
+}
+
+TEST(NnKernelsTest, ResidualForwardAndBackward) {
+  const std::vector<float> a = {1, 2, 3}, b = {10, 20, 30}, dout = {0.5f, -1, 2};
+  std::vector<float> out(3), da(3, 1.0f), db(3, 0.0f);
+  residualForward(out.data(), a.data(), b.data(), 3);
+  EXPECT_EQ(out, (std::vector<float>{11, 22, 33}));
+  residualBackward(da.data(), db.data(), dout.data(), 3);
+  EXPECT_EQ(da, (std::vector<float>{1.5f, 0, 3}));
+  EXPECT_EQ(db, dout);
+}
+
+TEST(NnKernelsTest, CrossEntropyForwardAndBackward) {
+  const int n = 3, v = 11;
+  auto logits = randomFloats(n * v, 15, 3.0f);
+  logits[2 * v + 4] = 80.0f;  // one row where every other probability underflows
+  const std::vector<int> targets = {3, 10, 0};
+  std::vector<float> probs(n * v), losses(n);
+  const float mean = crossEntropyForward(probs.data(), losses.data(), logits.data(), targets.data(), n, v);
+  const Vec L = toDouble(logits);
+  const Vec expect = crossEntropyRef(L, targets, n, v);
+  EXPECT_LT(relativeError(losses, expect), 1e-6);
+  EXPECT_NEAR(mean, (expect[0] + expect[1] + expect[2]) / 3, 1e-5);
+  EXPECT_GT(losses[2], 70.0f) << "the loss of an underflowed target stays finite and large";
+
+  std::vector<float> dlogits = probs;  // in place, as the model does
+  crossEntropyBackward(dlogits.data(), dlogits.data(), targets.data(), n, v, 1.0f / n);
+  const Vec w(n, 1.0 / n);
+  EXPECT_LT(
+      relativeError(dlogits, numericGradient(L, w, [&](const Vec& x) { return crossEntropyRef(x, targets, n, v); })),
+      1e-5);
+}
+
+TEST(NnKernelsTest, AdamWMatchesItsDefinition) {
+  AdamWSettings s;
+  s.lr = 0.01f;
+  s.weightDecay = 0.1f;
+  const size_t n = 33;
+  auto p = randomFloats(n, 16);
+  std::vector<float> m(n, 0.0f), v(n, 0.0f);
+  Vec P = toDouble(p), M(n, 0.0), V(n, 0.0);
+  for (long step = 1; step <= 5; ++step) {
+    const auto g = randomFloats(n, 100 + step);
+    adamwStep(p.data(), g.data(), m.data(), v.data(), n, step, s);
+    for (size_t i = 0; i < n; ++i) {
+      P[i] -= s.lr * s.weightDecay * P[i];
+      M[i] = s.beta1 * M[i] + (1 - s.beta1) * g[i];
+      V[i] = s.beta2 * V[i] + (1 - s.beta2) * g[i] * g[i];
+      const double mhat = M[i] / (1 - std::pow(s.beta1, step));
+      const double vhat = V[i] / (1 - std::pow(s.beta2, step));
+      P[i] -= s.lr * mhat / (std::sqrt(vhat) + s.eps);
+    }
+  }
+  EXPECT_LT(relativeError(p, P), 1e-6);
+
+  // Closed form: the first step without decay moves every parameter by lr against its gradient's sign.
+  s.weightDecay = 0.0f;
+  std::vector<float> q = {1.0f, 1.0f, 1.0f}, mq(3, 0.0f), vq(3, 0.0f);
+  const std::vector<float> g = {0.5f, -3.0f, 1e-3f};
+  adamwStep(q.data(), g.data(), mq.data(), vq.data(), 3, 1, s);
+  EXPECT_NEAR(q[0], 1.0f - s.lr, 1e-6);
+  EXPECT_NEAR(q[1], 1.0f + s.lr, 1e-6);
+  EXPECT_NEAR(q[2], 1.0f - s.lr, 1e-4);  // eps = 1e-8 against |g| = 1e-3
+}
+
+TEST(NnKernelsTest, SumOfSquaresAndScale) {
+  std::vector<float> x = {3.0f, -4.0f, 12.0f};
+  EXPECT_EQ(sumOfSquares(x.data(), x.size()), 169.0);
+  scale(x.data(), x.size(), 0.5f);
+  EXPECT_EQ(x, (std::vector<float>{1.5f, -2.0f, 6.0f}));
+}
+
+}  // namespace
+}  // namespace chorus::kernels
