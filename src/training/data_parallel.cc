@@ -1,0 +1,440 @@
+// data_parallel.cc: buckets, the communication thread, and the four ZeRO stages.
+//
+// Layout. Units (embeddings, blocks, final norm) are grouped into buckets in the order backward
+// finishes them (the final norm first, the embeddings last). A bucket is a contiguous flat range of
+// `count` elements, padded to `padded` (a multiple of N ranks) so that rank r owns the slice
+// [r * shard, (r + 1) * shard) of it. Arrays are either "full" (every bucket's padded range side by
+// side) or "shard" (every bucket's own slice side by side):
+//   stage 0 (DDP):  parameters full, gradients full, AdamW m and v full; all-reduce per bucket
+//   stage 1:        parameters full, gradients full, m and v shard; reduce-scatter per bucket, the
+//                   owner updates its slice, all-gather the parameters
+//   stage 2:        parameters full, gradients shard (a bucket's whole gradient exists only while
+//                   backward fills it and it is reduce-scattered), m and v shard
+//   stage 3 (FSDP): everything shard; a unit's parameters are all-gathered before it is used,
+//                   freed after, the next unit's gather started meanwhile.
+#include "src/training/data_parallel.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "chorus/error.hpp"
+
+namespace chorus::training {
+
+// ---- the communication thread ----
+
+CommWorker::CommWorker(Communicator& comm) : comm_(comm), thread_([this] { loop(); }) {}
+
+CommWorker::~CommWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::future<void> CommWorker::submit(Task task, std::function<void()> then) {
+  Item item{std::move(task), std::move(then), {}};
+  auto future = item.done.get_future();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(std::move(item));
+  }
+  cv_.notify_all();
+  return future;
+}
+
+void CommWorker::run(const std::function<void(Communicator&)>& fn) {
+  submit([&fn](Communicator& c) -> std::optional<Request> {
+    fn(c);
+    return std::nullopt;
+  }).get();
+}
+
+void CommWorker::loop() {
+  struct InFlight {
+    Request request;
+    Item item;
+  };
+  std::deque<InFlight> inflight;
+  auto finish = [](Item& item, Request* request) {
+    try {
+      if (request != nullptr) request->wait();
+      if (item.then) item.then();
+      item.done.set_value();
+    } catch (...) {
+      item.done.set_exception(std::current_exception());
+    }
+  };
+  for (;;) {
+    std::deque<Item> started;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty() || !inflight.empty(); });
+      if (queue_.empty() && inflight.empty() && stop_) return;
+      started.swap(queue_);
+    }
+    // Start every queued collective at once (in order), then complete the oldest in flight.
+    for (auto& item : started) {
+      try {
+        auto request = item.task(comm_);
+        if (request) {
+          inflight.push_back(InFlight{std::move(*request), std::move(item)});
+        } else {
+          finish(item, nullptr);
+        }
+      } catch (...) {
+        item.done.set_exception(std::current_exception());
+      }
+    }
+    if (!inflight.empty()) {
+      InFlight oldest = std::move(inflight.front());
+      inflight.pop_front();
+      finish(oldest.item, &oldest.request);
+    }
+  }
+}
+
+// ---- the engine ----
+
+DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, int zeroStage, size_t bucketBytes,
+                           uint64_t seed)
+    : layout_(layout), stage_(zeroStage), N_(comm ? comm->size() : 1), rank_(comm ? comm->rank() : 0) {
+  if (zeroStage < 0 || zeroStage > 3) {
+    throw Error(chorusInvalidArgument, fmt::format("data parallel: ZeRO stage {} is not 0, 1, 2 or 3", zeroStage));
+  }
+  if (comm != nullptr && N_ > 1) worker_ = std::make_unique<CommWorker>(*comm);
+  const int units = layout.units();
+  unitBucket_.assign(units, -1);
+  // Backward finishes units in the order layers+1 (final norm), layers, ..., 1, then 0.
+  std::vector<int> finishOrder;
+  for (int u = units - 1; u >= 0; --u) finishOrder.push_back(u);
+  for (size_t i = 0; i < finishOrder.size();) {
+    Bucket b;
+    b.lastUnit = b.firstUnit = finishOrder[i];
+    size_t bytes = layout.unitCount(finishOrder[i]) * sizeof(float);
+    ++i;
+    while (stage_ != 3 && i < finishOrder.size() &&
+           bytes + layout.unitCount(finishOrder[i]) * sizeof(float) <= bucketBytes) {
+      b.firstUnit = finishOrder[i];
+      bytes += layout.unitCount(finishOrder[i]) * sizeof(float);
+      ++i;
+    }
+    b.lo = layout.unitOffset(b.firstUnit);
+    b.count = layout.unitOffset(b.lastUnit) + layout.unitCount(b.lastUnit) - b.lo;
+    b.padded = (b.count + N_ - 1) / N_ * N_;
+    b.shard = b.padded / N_;
+    b.fullOffset = fullTotal_;
+    b.shardOffset = shardTotal_;
+    fullTotal_ += b.padded;
+    shardTotal_ += b.shard;
+    for (int u = b.firstUnit; u <= b.lastUnit; ++u) unitBucket_[u] = static_cast<int>(buckets_.size());
+    buckets_.push_back(std::move(b));
+  }
+
+  params_.assign(stage_ == 3 ? shardTotal_ : fullTotal_, 0.0f);
+  grads_.assign(stage_ >= 2 ? shardTotal_ : fullTotal_, 0.0f);
+  m_.assign(stage_ >= 1 ? shardTotal_ : fullTotal_, 0.0f);
+  v_.assign(m_.size(), 0.0f);
+  for (auto& b : buckets_) {
+    if (stage_ == 3) {
+      const size_t lo = b.lo + std::min(b.count, rank_ * b.shard);
+      const size_t hi = b.lo + std::min(b.count, (rank_ + 1) * b.shard);
+      layout.initialize(seed, params_.data() + b.shardOffset, lo, hi);
+    } else {
+      layout.initialize(seed, params_.data() + b.fullOffset, b.lo, b.lo + b.count);
+    }
+  }
+  // ZeRO-3's order of acquire calls in one training micro-batch (see UnitAccess).
+  const int L = units - 2;
+  order_.push_back(0);
+  for (int u = 1; u <= L + 1; ++u) order_.push_back(u);
+  order_.push_back(0);
+  order_.push_back(0);
+  for (int u = L + 1; u >= 1; --u) order_.push_back(u);
+}
+
+DataParallel::~DataParallel() {
+  // Outstanding collectives finish before their buffers go.
+  for (auto& b : buckets_) {
+    if (b.reduction.valid()) b.reduction.wait();
+    if (b.gather.valid()) b.gather.wait();
+  }
+  worker_.reset();
+}
+
+void DataParallel::trackTransient(long delta) {
+  std::lock_guard<std::mutex> lock(transientMutex_);
+  transientNow_ = static_cast<size_t>(static_cast<long>(transientNow_) + delta);
+  transientPeak_ = std::max(transientPeak_, transientNow_);
+}
+
+void DataParallel::beginMicro(bool last, bool eval) {
+  lastMicro_ = last;
+  eval_ = eval;
+  orderAt_ = 0;
+  for (auto& b : buckets_) b.unitsLeft = b.lastUnit - b.firstUnit + 1;
+}
+
+int DataParallel::nextInOrder() const {
+  const size_t forwardLength = static_cast<size_t>(layout_.units()) + 1;
+  const size_t end = eval_ ? forwardLength : order_.size();
+  return orderAt_ < end ? order_[orderAt_] : -1;
+}
+
+void DataParallel::startGather(Bucket& b) {
+  if (!b.gathered.empty() || b.gather.valid()) return;
+  b.gathered.assign(b.padded, 0.0f);
+  trackTransient(static_cast<long>(b.padded * sizeof(float)));
+  float* shard = params_.data() + b.shardOffset;
+  if (!worker_) {
+    std::memcpy(b.gathered.data(), shard, b.shard * sizeof(float));
+    return;
+  }
+  float* out = b.gathered.data();
+  const size_t count = b.shard;
+  b.gather = worker_->submit([shard, out, count](Communicator& c) -> std::optional<Request> {
+    return c.iallGather(std::span<const float>(shard, count), std::span<float>(out, count * c.size()));
+  });
+}
+
+void DataParallel::waitGather(Bucket& b) {
+  startGather(b);
+  if (b.gather.valid()) b.gather.get();
+}
+
+const float* DataParallel::acquire(int unit, Pass /*pass*/) {
+  Bucket& b = bucketOf(unit);
+  const size_t within = layout_.unitOffset(unit) - b.lo;
+  if (stage_ != 3) return params_.data() + b.fullOffset + within;
+  waitGather(b);
+  ++orderAt_;
+  // Prefetch: the next unit in the order that differs from this one.
+  for (size_t k = orderAt_; k < order_.size(); ++k) {
+    if (eval_ && k >= static_cast<size_t>(layout_.units()) + 1) break;
+    if (order_[k] != unit) {
+      startGather(bucketOf(order_[k]));
+      break;
+    }
+  }
+  return b.gathered.data() + within;
+}
+
+void DataParallel::release(int unit, Pass /*pass*/) {
+  if (stage_ != 3) return;
+  if (nextInOrder() == unit) return;  // used again right away (the head, forward then backward)
+  Bucket& b = bucketOf(unit);
+  trackTransient(-static_cast<long>(b.gathered.size() * sizeof(float)));
+  std::vector<float>().swap(b.gathered);
+}
+
+float* DataParallel::gradients(int unit) {
+  Bucket& b = bucketOf(unit);
+  const size_t within = layout_.unitOffset(unit) - b.lo;
+  if (stage_ < 2) return grads_.data() + b.fullOffset + within;
+  if (b.transientGrad.empty()) {
+    if (b.reduction.valid()) b.reduction.get();  // the previous micro-batch's reduction of this bucket
+    b.transientGrad.assign(b.padded, 0.0f);
+    trackTransient(static_cast<long>(b.padded * sizeof(float)));
+  }
+  return b.transientGrad.data() + within;
+}
+
+void DataParallel::gradientsDone(int unit) {
+  Bucket& b = bucketOf(unit);
+  if (--b.unitsLeft > 0) return;
+  if (stage_ >= 2 || lastMicro_) reduceBucket(b);
+}
+
+void DataParallel::reduceBucket(Bucket& b) {
+  if (stage_ < 2) {
+    if (!worker_) return;
+    float* g = grads_.data() + b.fullOffset;
+    const size_t padded = b.padded, shard = b.shard;
+    const bool scatter = stage_ == 1;
+    b.reduction = worker_->submit([g, padded, shard, scatter](Communicator& c) -> std::optional<Request> {
+      if (!scatter) return c.iallReduce(std::span<float>(g, padded), ReduceOp::kAvg);
+      // In place: this rank's slice of the bucket receives the average of everyone's.
+      return c.ireduceScatter(std::span<const float>(g, padded), std::span<float>(g + c.rank() * shard, shard),
+                              ReduceOp::kAvg);
+    });
+    return;
+  }
+  // ZeRO-2/3: reduce-scatter the bucket's whole gradient, add this rank's slice into the shard
+  // gradient (micro-batches accumulate there), free the whole.
+  float* whole = b.transientGrad.data();
+  float* own = whole + static_cast<size_t>(rank_) * b.shard;
+  float* acc = grads_.data() + b.shardOffset;
+  const size_t shard = b.shard;
+  Bucket* bucket = &b;
+  auto accumulate = [this, own, acc, shard, bucket] {
+    for (size_t i = 0; i < shard; ++i) acc[i] += own[i];
+    trackTransient(-static_cast<long>(bucket->transientGrad.size() * sizeof(float)));
+    std::vector<float>().swap(bucket->transientGrad);
+  };
+  if (!worker_) {
+    accumulate();
+    return;
+  }
+  const size_t padded = b.padded;
+  b.reduction = worker_->submit(
+      [whole, own, padded, shard](Communicator& c) -> std::optional<Request> {
+        return c.ireduceScatter(std::span<const float>(whole, padded), std::span<float>(own, shard), ReduceOp::kAvg);
+      },
+      accumulate);
+}
+
+void DataParallel::waitReductions() {
+  for (auto& b : buckets_) {
+    if (b.reduction.valid()) b.reduction.get();
+  }
+}
+
+double DataParallel::average(double value) {
+  if (!worker_) return value;
+  worker_->run([&value](Communicator& c) { c.allReduce(std::span<double>(&value, 1), ReduceOp::kAvg); });
+  return value;
+}
+
+void DataParallel::sumOverRanks(std::vector<double>& values) {
+  if (!worker_) return;
+  worker_->run([&values](Communicator& c) { c.allReduce(std::span<double>(values), ReduceOp::kSum); });
+}
+
+double DataParallel::step(const kernels::AdamWSettings& adam, long stepNumber, float clipNorm) {
+  waitReductions();
+  // Where this rank's elements of bucket b are, in each array: [ownLo, ownHi) of the flat range,
+  // and the position of ownLo in params, grads and m/v.
+  struct Own {
+    size_t lo, hi, p, g, mv;
+  };
+  auto own = [&](const Bucket& b) {
+    Own o;
+    if (stage_ == 0) {
+      o.lo = b.lo;
+      o.hi = b.lo + b.count;
+      o.p = o.g = o.mv = b.fullOffset;
+      return o;
+    }
+    const size_t start = std::min(b.count, rank_ * b.shard);
+    o.lo = b.lo + start;
+    o.hi = b.lo + std::min(b.count, (rank_ + 1) * b.shard);
+    const size_t inFull = b.fullOffset + start;
+    o.p = stage_ == 3 ? b.shardOffset : inFull;
+    o.g = stage_ >= 2 ? b.shardOffset : inFull;
+    o.mv = b.shardOffset;
+    return o;
+  };
+
+  // The global gradient norm: each rank's own elements, summed over ranks when sharded.
+  double squares = 0.0;
+  for (const auto& b : buckets_) {
+    const Own o = own(b);
+    squares += kernels::sumOfSquares(grads_.data() + o.g, o.hi - o.lo);
+  }
+  if (stage_ >= 1 && worker_) squares = average(squares) * N_;
+  const double norm = std::sqrt(squares);
+  if (clipNorm > 0.0f && norm > clipNorm) {
+    const float factor = static_cast<float>(clipNorm / (norm + 1e-6));
+    for (const auto& b : buckets_) {
+      const Own o = own(b);
+      kernels::scale(grads_.data() + o.g, o.hi - o.lo, factor);
+    }
+  }
+
+  for (const auto& b : buckets_) {
+    const Own o = own(b);
+    for (const auto& t : layout_.tensors()) {
+      const size_t lo = std::max(o.lo, t.offset), hi = std::min(o.hi, t.offset + t.count);
+      if (lo >= hi) continue;
+      auto s = adam;
+      if (!t.decay) s.weightDecay = 0.0f;
+      const size_t d = lo - o.lo;
+      kernels::adamwStep(params_.data() + o.p + d, grads_.data() + o.g + d, m_.data() + o.mv + d, v_.data() + o.mv + d,
+                         hi - lo, stepNumber, s);
+    }
+  }
+
+  // ZeRO-1/2: every rank's updated slice to everyone.
+  if ((stage_ == 1 || stage_ == 2) && worker_) {
+    std::vector<std::future<void>> gathers;
+    for (auto& b : buckets_) {
+      float* whole = params_.data() + b.fullOffset;
+      const size_t shard = b.shard, padded = b.padded;
+      gathers.push_back(worker_->submit([whole, shard, padded](Communicator& c) -> std::optional<Request> {
+        return c.iallGather(std::span<const float>(whole + c.rank() * shard, shard), std::span<float>(whole, padded));
+      }));
+    }
+    for (auto& f : gathers) f.get();
+  }
+  std::fill(grads_.begin(), grads_.end(), 0.0f);
+  return norm;
+}
+
+void DataParallel::gatherState(std::vector<float>& params, std::vector<float>& m, std::vector<float>& v) {
+  params.assign(layout_.total(), 0.0f);
+  m.assign(layout_.total(), 0.0f);
+  v.assign(layout_.total(), 0.0f);
+  std::vector<float> whole;
+  // Copies bucket b's padded whole (or gathers it from shards first) into the flat array.
+  auto collect = [&](const Bucket& b, const std::vector<float>& src, bool sharded, std::vector<float>& dst) {
+    const float* from = src.data() + (sharded ? b.shardOffset : b.fullOffset);
+    if (sharded) {
+      whole.assign(b.padded, 0.0f);
+      if (worker_) {
+        const size_t shard = b.shard;
+        float* out = whole.data();
+        worker_->run([from, out, shard](Communicator& c) {
+          c.allGather(std::span<const float>(from, shard), std::span<float>(out, shard * c.size()));
+        });
+      } else {
+        std::memcpy(whole.data(), from, b.padded * sizeof(float));
+      }
+      from = whole.data();
+    }
+    std::memcpy(dst.data() + b.lo, from, b.count * sizeof(float));
+  };
+  for (const auto& b : buckets_) {
+    collect(b, params_, stage_ == 3, params);
+    collect(b, m_, stage_ >= 1, m);
+    collect(b, v_, stage_ >= 1, v);
+  }
+}
+
+void DataParallel::loadState(const std::vector<float>& params, const std::vector<float>& m,
+                             const std::vector<float>& v) {
+  if (params.size() != layout_.total() || m.size() != layout_.total() || v.size() != layout_.total()) {
+    throw Error(chorusInvalidArgument, fmt::format("data parallel: state of {} / {} / {} elements for a model of {}",
+                                                   params.size(), m.size(), v.size(), layout_.total()));
+  }
+  auto place = [&](const Bucket& b, const std::vector<float>& src, bool sharded, std::vector<float>& dst) {
+    if (!sharded) {
+      std::memcpy(dst.data() + b.fullOffset, src.data() + b.lo, b.count * sizeof(float));
+      return;
+    }
+    const size_t start = std::min(b.count, rank_ * b.shard);
+    const size_t end = std::min(b.count, (rank_ + 1) * b.shard);
+    std::fill_n(dst.data() + b.shardOffset, b.shard, 0.0f);
+    std::memcpy(dst.data() + b.shardOffset, src.data() + b.lo + start, (end - start) * sizeof(float));
+  };
+  for (const auto& b : buckets_) {
+    place(b, params, stage_ == 3, params_);
+    place(b, m, stage_ >= 1, m_);
+    place(b, v, stage_ >= 1, v_);
+  }
+}
+
+StateBytes DataParallel::bytes() const {
+  StateBytes s;
+  s.params = params_.size() * sizeof(float);
+  s.grads = grads_.size() * sizeof(float);
+  s.optimizer = (m_.size() + v_.size()) * sizeof(float);
+  s.transientPeak = transientPeak_;
+  return s;
+}
+
+}  // namespace chorus::training

@@ -1,0 +1,141 @@
+// data_parallel.h: data parallelism over chorus for the GPT model: gradients reduced in buckets as
+// soon as backward has produced them (non-blocking collectives on a communication thread, so they
+// overlap the rest of backward), gradient accumulation, and ZeRO stages 1 (optimizer state
+// sharded), 2 (gradients too) and 3 (parameters too, gathered unit by unit before use, freed after,
+// the next unit prefetched). Used by one training thread; the communicator belongs to the engine's
+// communication thread from construction to destruction.
+#pragma once
+
+#include <chorus/chorus.hpp>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "kernels/cpu/nn.h"
+#include "src/training/gpt.h"
+
+namespace chorus::training {
+
+// One thread that owns a communicator: tasks run in submission order; a task may start a
+// non-blocking collective and return its Request, which the thread completes (Request::wait) while
+// later tasks are started as they come. A task's future reports its completion or its error.
+class CommWorker {
+ public:
+  using Task = std::function<std::optional<Request>(Communicator&)>;
+  explicit CommWorker(Communicator& comm);
+  ~CommWorker();
+  CommWorker(const CommWorker&) = delete;
+  CommWorker& operator=(const CommWorker&) = delete;
+  // Queues task; `then` (may be empty) runs on the worker once its collective is complete.
+  std::future<void> submit(Task task, std::function<void()> then = {});
+  // Runs fn on the worker and waits for it.
+  void run(const std::function<void(Communicator&)>& fn);
+
+ private:
+  struct Item {
+    Task task;
+    std::function<void()> then;
+    std::promise<void> done;
+  };
+  void loop();
+  Communicator& comm_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// Bytes a rank holds for the training state. params/grads/optimizer are the persistent buffers
+// (padding included); transient is the peak of buffers that live only within a step (ZeRO-2/3
+// gradient buckets, ZeRO-3 gathered units).
+struct StateBytes {
+  size_t params = 0, grads = 0, optimizer = 0, transientPeak = 0;
+  size_t persistent() const { return params + grads + optimizer; }
+};
+
+class DataParallel : public UnitAccess {
+ public:
+  // comm null: one rank, nothing communicated. zeroStage 0..3. bucketBytes: gradient bucket cap
+  // (units are whole: a bucket holds at least one unit; ZeRO-3 uses one unit per bucket).
+  // Parameters are initialised from seed (ParamLayout::initialize), each rank its own part.
+  DataParallel(const ParamLayout& layout, Communicator* comm, int zeroStage, size_t bucketBytes, uint64_t seed);
+  ~DataParallel() override;
+
+  int zeroStage() const { return stage_; }
+  int ranks() const { return N_; }
+  int rank() const { return rank_; }
+  int buckets() const { return static_cast<int>(buckets_.size()); }
+
+  // Before each micro-batch's forward: `last` marks the step's last micro-batch (stages 0 and 1
+  // reduce gradients only after it; 2 and 3 after every micro-batch). eval: forward only (ZeRO-3
+  // then frees every unit after use).
+  void beginMicro(bool last, bool eval = false);
+  // After the last micro-batch's backward: waits for the reductions, clips the gradient to
+  // clipNorm (global L2 norm; 0: no clipping), takes one AdamW step (step counts from 1) and makes
+  // parameters current everywhere (ZeRO-1/2 all-gather them). Returns the gradient's norm before
+  // clipping. Gradients are then zeroed for the next step.
+  double step(const kernels::AdamWSettings& adam, long step, float clipNorm);
+
+  // UnitAccess, for Gpt::forward and backward.
+  const float* acquire(int unit, Pass pass) override;
+  void release(int unit, Pass pass) override;
+  float* gradients(int unit) override;
+  void gradientsDone(int unit) override;
+
+  // Mean of value over ranks, and the element-wise sum of values over ranks in place (on the
+  // communication thread; collective).
+  double average(double value);
+  void sumOverRanks(std::vector<double>& values);
+  // Collective: the whole state in the model's flat layout (no padding), for checkpoints: the
+  // parameters and AdamW's m and v. Every rank gets them.
+  void gatherState(std::vector<float>& params, std::vector<float>& m, std::vector<float>& v);
+  // Sets the state from whole flat arrays (each rank keeps its part). Not collective.
+  void loadState(const std::vector<float>& params, const std::vector<float>& m, const std::vector<float>& v);
+
+  StateBytes bytes() const;
+
+ private:
+  struct Bucket {
+    int firstUnit = 0, lastUnit = 0;   // units [firstUnit, lastUnit], contiguous in the flat layout
+    size_t lo = 0, count = 0;          // flat range [lo, lo + count)
+    size_t padded = 0, shard = 0;      // count rounded up to a multiple of N; padded / N
+    size_t fullOffset = 0;             // in the padded full arrays
+    size_t shardOffset = 0;            // in the shard arrays
+    int unitsLeft = 0;                 // units whose gradients backward has not finished this micro-batch
+    std::vector<float> transientGrad;  // ZeRO-2/3: the bucket's whole gradient during backward
+    std::vector<float> gathered;       // ZeRO-3: the bucket's whole parameters while in use
+    std::future<void> reduction, gather;
+  };
+  Bucket& bucketOf(int unit) { return buckets_[unitBucket_[unit]]; }
+  void reduceBucket(Bucket& b);
+  void startGather(Bucket& b);
+  void waitGather(Bucket& b);
+  void waitReductions();
+  void trackTransient(long delta);
+  int nextInOrder() const;
+
+  const ParamLayout& layout_;
+  std::unique_ptr<CommWorker> worker_;
+  int stage_, N_, rank_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> unitBucket_;
+  size_t fullTotal_ = 0, shardTotal_ = 0;
+  // Persistent state: full padded arrays or shard arrays, by stage.
+  std::vector<float> params_, grads_, m_, v_;
+  bool lastMicro_ = true, eval_ = false;
+  // ZeRO-3 access order within a micro-batch and where we are in it.
+  std::vector<int> order_;
+  size_t orderAt_ = 0;
+  size_t transientNow_ = 0, transientPeak_ = 0;
+  std::mutex transientMutex_;
+};
+
+}  // namespace chorus::training

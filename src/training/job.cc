@@ -1,0 +1,170 @@
+// job.cc: job files through toml++.
+#include "src/training/job.h"
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "chorus/error.hpp"
+
+namespace chorus::training {
+
+float Job::learningRate(long step) const {
+  if (warmup > 0 && step <= warmup) return adam.lr * static_cast<float>(step) / static_cast<float>(warmup);
+  if (steps <= warmup) return adam.lr;
+  const double progress = static_cast<double>(step - warmup) / static_cast<double>(steps - warmup);
+  const double cosine = 0.5 * (1.0 + std::cos(M_PI * std::min(1.0, progress)));
+  return static_cast<float>(minLr + (adam.lr - minLr) * cosine);
+}
+
+namespace {
+
+// The keys a job file may hold, per section.
+const std::map<std::string, std::set<std::string>> kKeys = {
+    {"", {"name"}},
+    {"model", {"layers", "heads", "width", "context", "vocab", "preset"}},
+    {"data", {"corpus", "tokenizer", "bpe_vocab", "val_every", "shard_tokens", "dir"}},
+    {"batch", {"micro", "seq", "accumulate"}},
+    {"optimizer", {"lr", "min_lr", "warmup", "beta1", "beta2", "eps", "weight_decay", "clip"}},
+    {"parallel", {"ranks", "zero", "bucket_mb"}},
+    {"run",
+     {"steps", "seed", "eval_every", "eval_batches", "log_every", "checkpoint_every", "resume", "out",
+      "blas_coretype"}},
+};
+
+}  // namespace
+
+Job loadJob(const std::string& path, const std::vector<std::string>& overrides) {
+  auto fail = [&](const std::string& what) -> Error {
+    return Error(chorusInvalidArgument, "job " + path + ": " + what);
+  };
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    throw fail(fmt::format("{} (line {}, column {})", e.description(), e.source().begin.line, e.source().begin.column));
+  }
+  for (const auto& o : overrides) {
+    const auto eq = o.find('=');
+    const auto dot = o.find('.');
+    if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
+      throw fail("override '" + o + "' is not section.key=value");
+    }
+    const std::string section = o.substr(0, dot), key = o.substr(dot + 1, eq - dot - 1);
+    toml::table parsed;
+    try {
+      parsed = toml::parse("v = " + o.substr(eq + 1));
+    } catch (const toml::parse_error& e) {
+      throw fail("override '" + o + "': " + std::string(e.description()));
+    }
+    if (!root.contains(section)) root.insert(section, toml::table{});
+    auto* table = root[section].as_table();
+    if (table == nullptr) throw fail("override '" + o + "': " + section + " is not a table");
+    table->insert_or_assign(key, *parsed["v"].node());
+  }
+  for (const auto& [k, node] : root) {
+    const std::string key(k.str());
+    if (node.is_table()) {
+      auto it = kKeys.find(key);
+      if (it == kKeys.end()) throw fail("unknown section [" + key + "]");
+      for (const auto& [inner, value] : *node.as_table()) {
+        if (!it->second.count(std::string(inner.str()))) {
+          throw fail(fmt::format("unknown key '{}' in [{}]", inner.str(), key));
+        }
+      }
+    } else if (!kKeys.at("").count(key)) {
+      throw fail("unknown key '" + key + "'");
+    }
+  }
+  auto get = [&]<typename T>(const char* section, const char* key, T& into) {
+    auto node = root[section][key];
+    if (!node) return;
+    if constexpr (std::is_same_v<T, std::string>) {
+      auto v = node.template value<std::string>();
+      if (!v) throw fail(fmt::format("[{}] {} must be a string", section, key));
+      into = *v;
+    } else if constexpr (std::is_same_v<T, bool>) {
+      auto v = node.template value<bool>();
+      if (!v) throw fail(fmt::format("[{}] {} must be true or false", section, key));
+      into = *v;
+    } else if constexpr (std::is_floating_point_v<T>) {
+      auto v = node.template value<double>();
+      if (!v) throw fail(fmt::format("[{}] {} must be a number", section, key));
+      into = static_cast<T>(*v);
+    } else {
+      auto v = node.template value<int64_t>();
+      if (!v) throw fail(fmt::format("[{}] {} must be an integer", section, key));
+      into = static_cast<T>(*v);
+    }
+  };
+
+  Job job;
+  job.path = path;
+  if (auto n = root["name"].value<std::string>()) job.name = *n;
+  std::string preset;
+  get("model", "preset", preset);
+  if (preset == "gpt2-124m") {
+    job.model = GptConfig::gpt2_124m();
+  } else if (!preset.empty()) {
+    throw fail("[model] preset '" + preset + "' is not gpt2-124m");
+  }
+  job.model.vocab = preset.empty() ? 0 : job.model.vocab;
+  get("model", "layers", job.model.layers);
+  get("model", "heads", job.model.heads);
+  get("model", "width", job.model.width);
+  get("model", "context", job.model.context);
+  get("model", "vocab", job.model.vocab);
+  get("data", "corpus", job.data.corpus);
+  get("data", "tokenizer", job.data.tokenizer);
+  get("data", "bpe_vocab", job.data.bpeVocab);
+  get("data", "val_every", job.data.valEvery);
+  get("data", "shard_tokens", job.data.shardTokens);
+  get("data", "dir", job.dataDir);
+  get("batch", "micro", job.micro);
+  get("batch", "seq", job.seq);
+  get("batch", "accumulate", job.accumulate);
+  get("optimizer", "lr", job.adam.lr);
+  get("optimizer", "min_lr", job.minLr);
+  get("optimizer", "warmup", job.warmup);
+  get("optimizer", "beta1", job.adam.beta1);
+  get("optimizer", "beta2", job.adam.beta2);
+  get("optimizer", "eps", job.adam.eps);
+  get("optimizer", "weight_decay", job.adam.weightDecay);
+  get("optimizer", "clip", job.clip);
+  get("parallel", "ranks", job.ranks);
+  get("parallel", "zero", job.zero);
+  get("parallel", "bucket_mb", job.bucketMb);
+  get("run", "steps", job.steps);
+  get("run", "seed", job.seed);
+  get("run", "eval_every", job.evalEvery);
+  get("run", "eval_batches", job.evalBatches);
+  get("run", "log_every", job.logEvery);
+  get("run", "checkpoint_every", job.checkpointEvery);
+  get("run", "resume", job.resume);
+  get("run", "out", job.out);
+  get("run", "blas_coretype", job.blasCoretype);
+  if (job.dataDir.empty()) job.dataDir = job.out + "/data";
+
+  auto atLeast = [&](const char* what, double value, double least) {
+    if (value < least) throw fail(fmt::format("{} = {} (at least {})", what, value, least));
+  };
+  atLeast("[batch] micro", job.micro, 1);
+  atLeast("[batch] seq", job.seq, 1);
+  atLeast("[batch] accumulate", job.accumulate, 1);
+  atLeast("[parallel] ranks", job.ranks, 1);
+  atLeast("[run] steps", static_cast<double>(job.steps), 1);
+  atLeast("[run] log_every", job.logEvery, 1);
+  atLeast("[run] eval_batches", job.evalBatches, 1);
+  atLeast("[parallel] bucket_mb", job.bucketMb, 0);
+  if (job.zero < 0 || job.zero > 3) throw fail(fmt::format("[parallel] zero = {} is not 0, 1, 2 or 3", job.zero));
+  if (job.model.context < job.seq) {
+    throw fail(fmt::format("[batch] seq = {} exceeds [model] context = {}", job.seq, job.model.context));
+  }
+  if (!(job.adam.lr > 0)) throw fail("[optimizer] lr must be positive");
+  return job;
+}
+
+}  // namespace chorus::training

@@ -1,0 +1,50 @@
+// job.h: a training job as its TOML file describes it (model, data, batch, optimiser, parallel
+// layout, run length, output), with defaults, command-line overrides and checks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/nn.h"
+#include "src/training/data.h"
+#include "src/training/gpt.h"
+
+namespace chorus::training {
+
+struct Job {
+  std::string name = "job";
+  std::string path;  // the file it was read from
+  GptConfig model;   // model.vocab = 0 in the file: the tokenizer's vocabulary
+  DataSettings data;
+  std::string dataDir;  // prepared shards; default <out>/data
+  int micro = 8;        // sequences per rank per micro-batch
+  int seq = 64;
+  int accumulate = 1;  // micro-batches per step
+  kernels::AdamWSettings adam;
+  float minLr = 0.0f;  // cosine decay from adam.lr to minLr after warmup
+  int warmup = 0;      // linear warmup steps
+  float clip = 1.0f;   // global gradient norm clip; 0 = none
+  int ranks = 1;
+  int zero = 0;
+  double bucketMb = 25.0;
+  long steps = 100;
+  uint64_t seed = 1;
+  int evalEvery = 0;    // 0: only at the end
+  int evalBatches = 4;  // validation batches, each of global-batch size
+  int logEvery = 10;
+  int checkpointEvery = 0;  // 0: none
+  bool resume = false;      // continue from <out>/checkpoint.bin when it exists
+  std::string out = "runs/job";
+  std::string blasCoretype;  // OPENBLAS_CORETYPE for the ranks ("" = as the environment has it)
+
+  long globalBatch() const { return static_cast<long>(micro) * ranks * accumulate; }
+  // The learning rate of step (from 1): warmup, then cosine to minLr at the last step.
+  float learningRate(long step) const;
+};
+
+// Reads a job file; overrides are "section.key=value" (value in TOML syntax, e.g.
+// parallel.zero=2, run.out="x"). Throws chorus::Error naming the file and key on any problem.
+Job loadJob(const std::string& path, const std::vector<std::string>& overrides = {});
+
+}  // namespace chorus::training

@@ -1,0 +1,326 @@
+// trainer.cc: the training loop.
+#include "src/training/trainer.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "chorus/error.hpp"
+#include "kernels/cpu/matmul.h"
+
+namespace chorus::training {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double measureGemmGflops(int threads, int n, double seconds) {
+  const int before = kernels::blasThreads();
+  kernels::setBlasThreads(threads);
+  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size(), 0.0f);
+  kernels::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm-up
+  long calls = 0;
+  const auto start = Clock::now();
+  double elapsed = 0.0;
+  do {
+    kernels::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    ++calls;
+    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  } while (elapsed < seconds);
+  kernels::setBlasThreads(before);
+  return 2.0 * n * static_cast<double>(n) * n * calls / elapsed / 1e9;
+}
+
+namespace {
+
+size_t residentPeakBytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<size_t>(u.ru_maxrss) * 1024;
+}
+
+int usableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
+std::string human(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 3) {
+    bytes /= 1024;
+    ++u;
+  }
+  return fmt::format("{:.1f} {}", bytes, units[u]);
+}
+
+// ---- checkpoints: "CHCK", uint32 header length, the JSON header, then params, m, v (fp32) ----
+
+void writeAll(int fd, const void* data, size_t bytes, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, p, bytes);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw Error(chorusSystemError, "checkpoint: writing " + path + ": " + std::strerror(errno));
+    }
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+// Written to path.tmp, flushed to disk, then renamed over path (and the directory flushed): a
+// crash at any moment leaves either the old checkpoint or the new one, whole.
+void saveCheckpoint(const std::string& path, const nlohmann::json& header, const std::vector<float>& params,
+                    const std::vector<float>& m, const std::vector<float>& v, bool crashHalfway) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(chorusSystemError, "checkpoint: cannot create " + tmp + ": " + std::strerror(errno));
+  const std::string text = header.dump();
+  const uint32_t length = static_cast<uint32_t>(text.size());
+  writeAll(fd, "CHCK", 4, tmp);
+  writeAll(fd, &length, 4, tmp);
+  writeAll(fd, text.data(), text.size(), tmp);
+  writeAll(fd, params.data(), params.size() * sizeof(float), tmp);
+  if (crashHalfway) {
+    ::fsync(fd);
+    ::kill(::getpid(), SIGKILL);
+  }
+  writeAll(fd, m.data(), m.size() * sizeof(float), tmp);
+  writeAll(fd, v.data(), v.size() * sizeof(float), tmp);
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    throw Error(chorusSystemError, "checkpoint: flushing " + tmp + ": " + std::strerror(errno));
+  }
+  fs::rename(tmp, path);
+  const int dir = ::open(fs::path(path).parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+nlohmann::json loadCheckpoint(const std::string& path, size_t total, std::vector<float>& params, std::vector<float>& m,
+                              std::vector<float>& v) {
+  std::ifstream f(path, std::ios::binary);
+  char magic[4];
+  uint32_t length = 0;
+  if (!f.read(magic, 4) || std::memcmp(magic, "CHCK", 4) != 0 || !f.read(reinterpret_cast<char*>(&length), 4)) {
+    throw Error(chorusInvalidArgument, "checkpoint " + path + " is not a chorus checkpoint");
+  }
+  std::string text(length, '\0');
+  f.read(text.data(), length);
+  nlohmann::json header = nlohmann::json::parse(text, nullptr, false);
+  if (header.is_discarded() || header.value("parameters", size_t{0}) != total) {
+    throw Error(chorusInvalidArgument,
+                fmt::format("checkpoint {} holds {} parameters; this model has {}", path,
+                            header.is_discarded() ? 0 : header.value("parameters", size_t{0}), total));
+  }
+  for (auto* a : {&params, &m, &v}) {
+    a->resize(total);
+    if (!f.read(reinterpret_cast<char*>(a->data()), static_cast<std::streamsize>(total * sizeof(float)))) {
+      throw Error(chorusInvalidArgument, "checkpoint " + path + " is truncated");
+    }
+  }
+  return header;
+}
+
+}  // namespace
+
+TrainResult train(const Job& job, Communicator* comm, double peakGflops) {
+  const int ranks = comm ? comm->size() : 1;
+  const int rank = comm ? comm->rank() : 0;
+  if (ranks != job.ranks) {
+    throw Error(chorusInvalidArgument,
+                fmt::format("train: the job asks for {} ranks, the communicator has {}", job.ranks, ranks));
+  }
+  const bool leader = rank == 0;
+  const char* localRanks = std::getenv("LOCAL_WORLD_SIZE");
+  const int perHost = localRanks ? std::max(1, std::atoi(localRanks)) : ranks;
+  const int blasThreads = std::max(1, usableCpus() / perHost);
+
+  // Data (prepared already) and the model.
+  const auto trainTokens = loadSplit(job.dataDir, "train");
+  const auto valTokens = loadSplit(job.dataDir, "val");
+  const Tokenizer tokenizer = Tokenizer::load(job.dataDir + "/tokenizer.json");
+  GptConfig config = job.model;
+  if (config.vocab == 0) config.vocab = tokenizer.vocab();
+  if (config.vocab < tokenizer.vocab()) {
+    throw Error(chorusInvalidArgument, fmt::format("job {}: [model] vocab = {} is below the tokenizer's {}", job.path,
+                                                   config.vocab, tokenizer.vocab()));
+  }
+  Gpt model(config, job.micro, job.seq);
+  const Sampler sampler(&trainTokens, job.seq, job.seed);
+  const Sampler valWindows(&valTokens, job.seq, 0);
+  DataParallel dp(model.layout(), comm, job.zero, static_cast<size_t>(job.bucketMb * 1024 * 1024), job.seed);
+  kernels::setBlasThreads(blasThreads);
+
+  TrainResult result;
+  result.peakGflops = peakGflops;
+  const std::string ckptPath = job.out + "/checkpoint.bin";
+  if (leader) fs::create_directories(job.out);
+  long start = 1;
+  if (job.resume && fs::exists(ckptPath)) {
+    std::vector<float> p, m, v;
+    const auto header = loadCheckpoint(ckptPath, model.layout().total(), p, m, v);
+    dp.loadState(p, m, v);
+    result.resumedFrom = header.at("step");
+    start = result.resumedFrom + 1;
+    if (header.at("global_batch") != job.globalBatch() || header.at("seed") != job.seed) {
+      throw Error(chorusInvalidArgument,
+                  fmt::format("checkpoint {}: global batch {} and seed {} differ from the job's {} and {}; its data "
+                              "position would not continue",
+                              ckptPath, header.at("global_batch").dump(), header.at("seed").dump(), job.globalBatch(),
+                              job.seed));
+    }
+    if (leader) std::printf("resumed from %s at step %ld\n", ckptPath.c_str(), result.resumedFrom);
+  }
+
+  if (leader) {
+    std::printf(
+        "%s: %s, %zu parameters; %d rank(s), ZeRO-%d, %d bucket(s); batch %d x %d rank(s) x %d micro-batch(es) "
+        "= %ld sequences of %d; %zu train / %zu val tokens (%s tokenizer, vocab %d); BLAS %s, %d thread(s) per rank\n",
+        job.name.c_str(), config.describe().c_str(), model.layout().total(), ranks, job.zero, dp.buckets(), job.micro,
+        ranks, job.accumulate, job.globalBatch(), job.seq, trainTokens.size(), valTokens.size(),
+        tokenizer.kind().c_str(), tokenizer.vocab(), kernels::blasDescription().c_str(), blasThreads);
+    std::fflush(stdout);
+  }
+
+  // metrics.csv, a row per step as it ends (a resumed run keeps the rows up to its checkpoint).
+  std::ofstream csv;
+  if (leader) {
+    const std::string csvPath = job.out + "/metrics.csv";
+    std::vector<std::string> kept;
+    if (result.resumedFrom > 0) {
+      std::ifstream in(csvPath);
+      std::string line;
+      std::getline(in, line);
+      while (std::getline(in, line)) {
+        if (!line.empty() && std::stol(line.substr(0, line.find(','))) <= result.resumedFrom) kept.push_back(line);
+      }
+    }
+    csv.open(csvPath, std::ios::trunc);
+    csv << "step,loss,val_loss,lr,grad_norm,seconds,tokens_per_s,mfu\n";
+    for (const auto& line : kept) csv << line << "\n";
+    csv.flush();
+  }
+
+  std::vector<int> inputs(static_cast<size_t>(job.micro) * job.seq), targets(inputs.size());
+  // Validation: the first evalBatches x (global batch) windows of the validation stream, in
+  // micro-batch chunks dealt round-robin to the ranks, so the set does not depend on the layout.
+  auto evaluate = [&]() {
+    const long chunks = static_cast<long>(job.evalBatches) * ranks * job.accumulate;
+    std::vector<double> sum = {0.0};
+    for (long c = rank; c < chunks; c += ranks) {
+      for (int j = 0; j < job.micro; ++j) {
+        const uint64_t k = static_cast<uint64_t>(c) * job.micro + j;
+        const size_t at = (k % valWindows.windows()) * job.seq;
+        std::memcpy(inputs.data() + static_cast<size_t>(j) * job.seq, valTokens.data() + at, job.seq * sizeof(int));
+        std::memcpy(targets.data() + static_cast<size_t>(j) * job.seq, valTokens.data() + at + 1,
+                    job.seq * sizeof(int));
+      }
+      dp.beginMicro(true, true);
+      sum[0] += model.forward(inputs.data(), targets.data(), dp);
+    }
+    dp.sumOverRanks(sum);
+    return sum[0] / static_cast<double>(chunks);
+  };
+
+  const double flopsPerStep = model.flopsPerStep() * job.accumulate * ranks;
+  const int crashAt =
+      std::getenv("CHORUS_TRAIN_CRASH_IN_SAVE") ? std::atoi(std::getenv("CHORUS_TRAIN_CRASH_IN_SAVE")) : -1;
+  for (long step = start; step <= job.steps; ++step) {
+    const auto t0 = Clock::now();
+    double lossSum = 0.0;
+    for (int micro = 0; micro < job.accumulate; ++micro) {
+      sampler.fill(step - 1, micro, rank, ranks, job.micro, job.accumulate, inputs.data(), targets.data());
+      dp.beginMicro(micro == job.accumulate - 1);
+      lossSum += model.forward(inputs.data(), targets.data(), dp);
+      model.backward(dp, 1.0f / static_cast<float>(job.accumulate));
+    }
+    auto adam = job.adam;
+    adam.lr = job.learningRate(step);
+    StepRecord r;
+    r.step = step;
+    r.lr = adam.lr;
+    r.gradNorm = dp.step(adam, step, job.clip);
+    r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    r.loss = dp.average(lossSum / job.accumulate);
+    r.seconds = ranks > 1 ? dp.average(r.seconds) : r.seconds;
+    r.tokensPerSecond = static_cast<double>(job.globalBatch()) * job.seq / r.seconds;
+    r.mfu = peakGflops > 0 ? flopsPerStep / r.seconds / (peakGflops * 1e9) : 0.0;
+    if ((job.evalEvery > 0 && step % job.evalEvery == 0) || step == job.steps) r.valLoss = evaluate();
+    result.steps.push_back(r);
+    if (leader) {
+      csv << fmt::format("{},{:.7f},{},{:.6g},{:.6g},{:.6f},{:.1f},{:.5f}\n", r.step, r.loss,
+                         r.valLoss >= 0 ? fmt::format("{:.7f}", r.valLoss) : "", r.lr, r.gradNorm, r.seconds,
+                         r.tokensPerSecond, r.mfu);
+      csv.flush();
+    }
+
+    if (job.checkpointEvery > 0 && (step % job.checkpointEvery == 0 || step == job.steps)) {
+      std::vector<float> p, m, v;
+      dp.gatherState(p, m, v);
+      if (leader) {
+        nlohmann::json header = {{"step", step},
+                                 {"parameters", model.layout().total()},
+                                 {"config", config.describe()},
+                                 {"global_batch", job.globalBatch()},
+                                 {"seed", job.seed},
+                                 {"samples_consumed", step * job.globalBatch()},
+                                 {"sampler_epoch", step * job.globalBatch() / static_cast<long>(sampler.windows())}};
+        saveCheckpoint(ckptPath, header, p, m, v, step == crashAt);
+      }
+    }
+    if (leader && (step % job.logEvery == 0 || step == start || step == job.steps)) {
+      const auto b = dp.bytes();
+      std::printf(
+          "step %5ld/%ld | loss %.4f%s | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%% | %.0f ms | state/rank %s "
+          "(params %s, grads %s, optimizer %s) | RSS %s\n",
+          step, job.steps, r.loss, r.valLoss >= 0 ? fmt::format(" val {:.4f}", r.valLoss).c_str() : "", r.lr,
+          r.gradNorm, r.tokensPerSecond, 100 * r.mfu, 1000 * r.seconds, human(b.persistent()).c_str(),
+          human(b.params).c_str(), human(b.grads).c_str(), human(b.optimizer).c_str(),
+          human(residentPeakBytes()).c_str());
+      std::fflush(stdout);
+    }
+  }
+
+  // Memory of every rank, gathered to all.
+  const auto b = dp.bytes();
+  std::vector<double> mine = {double(b.params),
+                              double(b.grads),
+                              double(b.optimizer),
+                              double(b.transientPeak),
+                              double(model.activationBytes()),
+                              double(residentPeakBytes())};
+  std::vector<double> all(mine.size() * ranks);
+  if (comm && ranks > 1) {
+    all.assign(mine.size() * ranks, 0.0);
+    std::copy(mine.begin(), mine.end(), all.begin() + static_cast<long>(rank * mine.size()));
+    dp.sumOverRanks(all);
+  } else {
+    all = mine;
+  }
+  for (int r = 0; r < ranks; ++r) {
+    RankMemory mem;
+    const double* x = all.data() + r * mine.size();
+    mem.state = StateBytes{size_t(x[0]), size_t(x[1]), size_t(x[2]), size_t(x[3])};
+    mem.activations = size_t(x[4]);
+    mem.residentPeak = size_t(x[5]);
+    result.memory.push_back(mem);
+  }
+  return result;
+}
+
+}  // namespace chorus::training

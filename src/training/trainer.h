@@ -1,0 +1,51 @@
+// trainer.h: runs a training job on this rank: data, model, data parallelism, the optimiser and
+// learning-rate schedule, validation, checkpoints, the progress line and the metrics files.
+// Rank 0 writes <out>/metrics.csv (a row per step as it ends) and <out>/checkpoint.bin.
+#pragma once
+
+#include <chorus/chorus.hpp>
+#include <string>
+#include <vector>
+
+#include "src/training/data_parallel.h"
+#include "src/training/job.h"
+
+namespace chorus::training {
+
+struct StepRecord {
+  long step = 0;
+  double loss = 0.0;    // mean training loss over the global batch
+  double valLoss = -1;  // validation loss when evaluated at this step, else -1
+  double lr = 0.0;
+  double gradNorm = 0.0;
+  double seconds = 0.0;  // wall time of the step (forward, backward, reduction, update)
+  double tokensPerSecond = 0.0;
+  double mfu = 0.0;  // model flops per second over the measured GEMM peak of the machine
+};
+
+// One rank's memory: the training state (StateBytes), activations and the process's resident set.
+struct RankMemory {
+  StateBytes state;
+  size_t activations = 0;
+  size_t residentPeak = 0;
+};
+
+struct TrainResult {
+  std::vector<StepRecord> steps;   // this run's steps (after a resume: from the resumed step on)
+  std::vector<RankMemory> memory;  // per rank
+  double peakGflops = 0.0;
+  long resumedFrom = 0;  // the checkpoint's step, 0 when started fresh
+};
+
+// Measures single-precision GEMM throughput with `threads` BLAS threads (square products of n,
+// about `seconds` long), in GFLOP/s.
+double measureGemmGflops(int threads, int n = 1024, double seconds = 0.5);
+
+// Runs the job. comm: the data-parallel communicator (its size must equal job.ranks), or null for
+// one rank. peakGflops: the machine's GEMM peak for MFU (0: rank 0 measures it). The data must have
+// been prepared in job.dataDir (prepareData). Fault injection for tests: environment variable
+// CHORUS_TRAIN_CRASH_IN_SAVE=N makes rank 0 die (SIGKILL) halfway through writing the checkpoint
+// of step N.
+TrainResult train(const Job& job, Communicator* comm, double peakGflops);
+
+}  // namespace chorus::training

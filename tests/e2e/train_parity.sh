@@ -1,0 +1,61 @@
+# train_parity.sh: data parallelism and every ZeRO stage compute what one rank computes. The same
+# global batch of 8 sequences is split over 2 and 4 ranks (and over micro-batches): the loss of each
+# of 20 steps must equal the one-rank run's within 1e-5 relative. The runs' memory reports must
+# follow the ZeRO formulas (fp32: 16P, 8P + 8P/N, 4P + 12P/N, 16P/N bytes) within the padding.
+source "$(dirname "$0")/lib.sh"
+train="$build/chorus-train"
+job="$source_dir/tests/data/jobs/parity.toml"
+run() {  # name, then chorus-train options
+  local name=$1
+  shift
+  "$train" "$job" --out "$work/$name" --set data.dir="\"$work/data\"" "$@" >"$work/$name.log" 2>&1 ||
+    { cat "$work/$name.log"; fail "chorus-train $*"; }
+  tail -n 2 "$work/$name.log"
+}
+run one --ranks 1 --set batch.micro=8
+run one_accum --ranks 1 --set batch.micro=2 --set batch.accumulate=4
+run dp2 --ranks 2 --set batch.micro=4
+run dp4 --ranks 4 --set batch.micro=2
+run dp2_accum --ranks 2 --set batch.micro=2 --set batch.accumulate=2
+run zero1 --ranks 4 --zero 1 --set batch.micro=2
+run zero2 --ranks 4 --zero 2 --set batch.micro=2
+run zero3 --ranks 4 --zero 3 --set batch.micro=2
+run zero3_dp2_accum --ranks 2 --zero 3 --set batch.micro=2 --set batch.accumulate=2
+/usr/bin/python3 - "$work" <<'PY'
+import csv, json, sys
+work = sys.argv[1]
+def losses(name):
+    return [float(r["loss"]) for r in csv.DictReader(open(f"{work}/{name}/metrics.csv"))]
+ref = losses("one")
+bad = []
+assert len(ref) == 20, ref
+for name in ["one_accum", "dp2", "dp4", "dp2_accum", "zero1", "zero2", "zero3", "zero3_dp2_accum"]:
+    got = losses(name)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
+    print(f"{name:16s} 20 steps, largest relative loss difference from one rank {worst:.2e}")
+    if len(got) != 20 or worst > 1e-5:
+        bad.append(name)
+if ref[-1] >= ref[0]:
+    bad.append("the loss did not fall")
+# Memory: P parameters, N ranks, padding of at most N - 1 elements per bucket per array.
+for name, stage in [("dp4", 0), ("zero1", 1), ("zero2", 2), ("zero3", 3)]:
+    m = json.load(open(f"{work}/{name}/metrics.json"))
+    P, N = m["model"]["parameters"], m["ranks"]
+    full, shard = 4 * P, 4 * P / N
+    expect = {0: (full, full, 2 * full), 1: (full, full, 2 * shard), 2: (full, shard, 2 * shard),
+              3: (shard, shard, 2 * shard)}[stage]
+    slack = 4 * (N - 1) * (m["model"]["layers"] + 2) * 2  # per bucket (at most units) per array, m and v
+    for r, mem in enumerate(m["memory_per_rank"]):
+        got = (mem["params_bytes"], mem["grads_bytes"], mem["optimizer_bytes"])
+        total_formula = sum(expect)
+        print(f"{name} rank {r}: params {got[0]} grads {got[1]} optimizer {got[2]} = {sum(got)} bytes; formula "
+              f"{total_formula:.0f} ({total_formula / P:.2f} bytes/parameter); transient peak {mem['transient_peak_bytes']}")
+        for g, e, what in zip(got, expect, ("params", "grads", "optimizer")):
+            if not (e <= g <= e + slack):
+                bad.append(f"{name} rank {r} {what}: {g} bytes, formula {e:.0f}")
+        if (stage >= 2) != (mem["transient_peak_bytes"] > 0):
+            bad.append(f"{name} rank {r}: transient buffers {mem['transient_peak_bytes']} for stage {stage}")
+if bad:
+    sys.exit("FAIL: " + "; ".join(bad))
+print("train_parity: every layout matches one rank; memory follows the ZeRO formulas")
+PY

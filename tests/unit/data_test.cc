@@ -1,0 +1,215 @@
+// data_test.cc: the training data and job files: corpus splitting, the byte and BPE tokenizers
+// (round trips, merges learnt from counts worked out by hand), shards, preparation into train and
+// validation splits, the sampler's determinism and its split over ranks, and job-file checks.
+#include "src/training/data.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "chorus/error.hpp"
+#include "src/training/job.h"
+
+namespace chorus::training {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("chorus_data_test_" + std::to_string(::getpid()));
+  TempDir() { fs::create_directories(path); }
+  ~TempDir() { fs::remove_all(path); }
+  std::string file(const std::string& name, const std::string& text) const {
+    std::ofstream(path / name) << text;
+    return (path / name).string();
+  }
+};
+
+TEST(DataTest, CorpusSplitsFortunesAndParagraphs) {
+  TempDir dir;
+  const auto fortunes = readCorpus(dir.file("f", "first one\n%\nsecond\n\nstill second\n%\n%\nthird\n"));
+  EXPECT_EQ(fortunes, (std::vector<std::string>{"first one\n", "second\n\nstill second\n", "third\n"}));
+  const auto paragraphs = readCorpus(dir.file("p", "a b\nc\n\n\nd\n"));
+  EXPECT_EQ(paragraphs, (std::vector<std::string>{"a b\nc\n", "d\n"}));
+  EXPECT_THROW(readCorpus((dir.path / "missing").string()), Error);
+}
+
+TEST(DataTest, BytesRoundTrip) {
+  const auto tok = Tokenizer::bytes();
+  const std::string text = "caf\xc3\xa9 \x01\xff";
+  const auto t = tok.encode(text);
+  EXPECT_EQ(t.size(), text.size());
+  EXPECT_EQ(t[3], 0xc3);
+  EXPECT_EQ(tok.decode(t), text);
+  EXPECT_EQ(tok.vocab(), 256);
+}
+
+TEST(DataTest, BpeLearnsTheMostFrequentPairsFirst) {
+  // Words: "aaab" x3 and " ab" x2. Pair counts: (a,a) 6, (a,b) 5, (' ',a) 2. First merge a+a
+  // -> 256; then words are [256 a b] x3 and [' ' a b] x2: (a,b) 5 wins -> 257.
+  const std::vector<std::string> docs = {"aaab aaab\n", "aaab ab ab\n"};
+  const auto tok = Tokenizer::trainBpe(docs, 258);
+  ASSERT_EQ(tok.vocab(), 258);
+  EXPECT_EQ(tok.encode("aaab"), (std::vector<int>{256, 257}));
+  EXPECT_EQ(tok.encode(" ab"), (std::vector<int>{' ', 257}));
+  for (const std::string s : {"aaab ab\n", "b a aa \xff", ""}) EXPECT_EQ(tok.decode(tok.encode(s)), s);
+  TempDir dir;
+  const std::string path = (dir.path / "tok.json").string();
+  tok.save(path);
+  const auto back = Tokenizer::load(path);
+  EXPECT_EQ(back.encode("aaab ab"), tok.encode("aaab ab"));
+  EXPECT_EQ(back.kind(), "bpe");
+}
+
+TEST(DataTest, BpeOnFortunesCompressesAndRoundTrips) {
+  const auto docs = readCorpus("/usr/share/games/fortunes/computers");
+  const std::vector<std::string> some(docs.begin(), docs.begin() + std::min<size_t>(docs.size(), 300));
+  const auto tok = Tokenizer::trainBpe(some, 512);
+  EXPECT_EQ(tok.vocab(), 512);
+  size_t bytes = 0, tokens = 0;
+  for (const auto& d : some) {
+    const auto t = tok.encode(d);
+    ASSERT_EQ(tok.decode(t), d);
+    bytes += d.size();
+    tokens += t.size();
+  }
+  EXPECT_LT(static_cast<double>(tokens), 0.6 * bytes) << "512 merges-worth of vocabulary should shorten text";
+}
+
+TEST(DataTest, ShardsRoundTripAndRefuseDamage) {
+  TempDir dir;
+  const std::vector<int> small = {0, 1, 255, 65535}, wide = {70000, 3};
+  writeShard((dir.path / "a.bin").string(), small, 65536);
+  writeShard((dir.path / "b.bin").string(), wide, 70001);
+  EXPECT_EQ(readShard((dir.path / "a.bin").string()), small);
+  EXPECT_EQ(readShard((dir.path / "b.bin").string()), wide);
+  EXPECT_EQ(fs::file_size(dir.path / "a.bin"), 16u + 2 * small.size());
+  fs::resize_file(dir.path / "a.bin", 18);
+  EXPECT_THROW(readShard((dir.path / "a.bin").string()), Error);
+}
+
+TEST(DataTest, PrepareSplitsDocumentsAndReusesItsWork) {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 10; ++i) text += "doc " + std::to_string(i) + "\n%\n";
+  DataSettings s;
+  s.corpus = dir.file("corpus", text);
+  s.valEvery = 5;  // documents 4 and 9 are held out
+  s.shardTokens = 16;
+  const std::string out = (dir.path / "prepared").string();
+  const auto p = prepareData(s, out);
+  EXPECT_FALSE(p.reused);
+  EXPECT_EQ(p.vocab, 256);
+  const auto val = loadSplit(out, "val");
+  const auto train = loadSplit(out, "train");
+  const auto tok = Tokenizer::bytes();
+  EXPECT_EQ(tok.decode(val), "doc 4\n\ndoc 9\n\n");
+  EXPECT_EQ(train.size(), p.trainTokens);
+  EXPECT_EQ(p.trainShards, static_cast<int>((train.size() + 15) / 16));
+  EXPECT_EQ(tok.decode(train).find("doc 4"), std::string::npos);
+  EXPECT_TRUE(prepareData(s, out).reused);
+  s.valEvery = 3;
+  EXPECT_FALSE(prepareData(s, out).reused) << "other settings prepare again";
+}
+
+TEST(DataTest, SamplerIsDeterministicAndSplitsTheGlobalBatch) {
+  std::vector<int> stream(1000);
+  for (int i = 0; i < 1000; ++i) stream[i] = i;
+  const int seq = 8;
+  const Sampler sampler(&stream, seq, 42);
+  EXPECT_EQ(sampler.windows(), 124u);  // (1000 - 1) / 8
+  // One rank with 8 sequences equals 4 ranks x 2 and 2 ranks x 2 micro-batches x 2.
+  std::vector<int> one(8 * seq), oneT(8 * seq);
+  sampler.fill(3, 0, 0, 1, 8, 1, one.data(), oneT.data());
+  std::vector<int> parts, partsAccum;
+  for (int r = 0; r < 4; ++r) {
+    std::vector<int> in(2 * seq), tg(2 * seq);
+    sampler.fill(3, 0, r, 4, 2, 1, in.data(), tg.data());
+    parts.insert(parts.end(), in.begin(), in.end());
+  }
+  for (int m = 0; m < 2; ++m) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<int> in(2 * seq), tg(2 * seq);
+      sampler.fill(3, m, r, 2, 2, 2, in.data(), tg.data());
+      partsAccum.insert(partsAccum.end(), in.begin(), in.end());
+    }
+  }
+  EXPECT_EQ(parts, one);
+  EXPECT_EQ(partsAccum, one);
+  for (int i = 0; i < 8 * seq; ++i) EXPECT_EQ(oneT[i], one[i] + 1) << "targets are inputs shifted by one";
+  // An epoch visits every window once; another seed, another order.
+  std::set<int> starts;
+  std::vector<int> in(seq), tg(seq);
+  for (uint64_t g = 0; g < sampler.windows(); ++g) {
+    sampler.sample(g, in.data(), tg.data());
+    EXPECT_EQ(in[0] % seq, 0);
+    starts.insert(in[0]);
+  }
+  EXPECT_EQ(starts.size(), sampler.windows());
+  const Sampler other(&stream, seq, 43);
+  std::vector<int> a(seq), b(seq), t(seq);
+  sampler.sample(0, a.data(), t.data());
+  other.sample(0, b.data(), t.data());
+  sampler.sample(1, in.data(), t.data());
+  std::vector<int> c(seq);
+  other.sample(1, c.data(), t.data());
+  EXPECT_TRUE(a != b || in != c);
+}
+
+TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
+  TempDir dir;
+  const std::string path = dir.file("job.toml", R"(name = "t"
+[model]
+layers = 2
+heads = 2
+width = 16
+context = 32
+[batch]
+micro = 4
+seq = 16
+[parallel]
+ranks = 2
+[run]
+steps = 7
+out = "x"
+)");
+  const Job job = loadJob(path, {"parallel.zero=3", "optimizer.lr=0.5", "run.out=\"y\""});
+  EXPECT_EQ(job.model.layers, 2);
+  EXPECT_EQ(job.model.vocab, 0) << "vocab from the tokenizer";
+  EXPECT_EQ(job.zero, 3);
+  EXPECT_FLOAT_EQ(job.adam.lr, 0.5f);
+  EXPECT_EQ(job.out, "y");
+  EXPECT_EQ(job.dataDir, "y/data");
+  EXPECT_EQ(job.globalBatch(), 8);
+  auto message = [&](const std::vector<std::string>& o) {
+    try {
+      loadJob(path, o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message({"parallel.zero=4"}).find("zero = 4"), std::string::npos);
+  EXPECT_NE(message({"model.layer=3"}).find("unknown key 'layer' in [model]"), std::string::npos);
+  EXPECT_NE(message({"batch.seq=64"}).find("exceeds [model] context = 32"), std::string::npos);
+  EXPECT_NE(message({"batch.micro=\"four\""}).find("[batch] micro must be an integer"), std::string::npos);
+  EXPECT_NE(message({"nonsense"}).find("not section.key=value"), std::string::npos);
+  EXPECT_NE(message({}).find("accepted"), std::string::npos);
+}
+
+TEST(JobTest, LearningRateWarmsUpThenDecays) {
+  Job job;
+  job.adam.lr = 1.0f;
+  job.minLr = 0.1f;
+  job.warmup = 10;
+  job.steps = 110;
+  EXPECT_FLOAT_EQ(job.learningRate(1), 0.1f);
+  EXPECT_FLOAT_EQ(job.learningRate(10), 1.0f);
+  EXPECT_NEAR(job.learningRate(60), 0.55f, 1e-6);  // halfway through the cosine
+  EXPECT_NEAR(job.learningRate(110), 0.1f, 1e-6);
+}
+
+}  // namespace
+}  // namespace chorus::training

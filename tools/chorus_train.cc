@@ -1,0 +1,197 @@
+// chorus_train.cc: chorus-train, the training job runner.
+//
+//   chorus-train JOB.toml [--ranks N] [--zero S] [--steps N] [--out DIR] [--resume] [--set sec.key=value]...
+//
+// Started by hand, it prepares the job's data, measures this machine's GEMM peak (for MFU), starts
+// the ranks through chorusrun (each rank runs chorus-train again, as a worker) and, when they are
+// done, draws the loss curve (tools/plot). Started by a launcher (RANK in the environment: chorusrun,
+// torchrun-style, srun with the same variables), it is one rank of the job.
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chorus/chorus.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "kernels/cpu/matmul.h"
+#include "src/training/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace chorus::training;
+
+namespace {
+
+fs::path selfDir() { return fs::read_symlink("/proc/self/exe").parent_path(); }
+
+// A helper program: next to chorus-train (installed), else in the source tree's tools/.
+std::string findTool(const std::string& name) {
+  const fs::path near = selfDir() / name;
+  if (fs::exists(near)) return near.string();
+  return std::string(CHORUS_SOURCE_TOOLS) + "/" + name;
+}
+
+int usableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
+// Rank 0 writes metrics.json (the trainer wrote metrics.csv step by step).
+void writeMetrics(const Job& job, const TrainResult& r, size_t parameters, const std::string& tokenizer, int vocab) {
+  // Throughput over the steps after the first two (start-up), as the median step.
+  std::vector<double> times;
+  for (size_t i = 2; i < r.steps.size(); ++i) times.push_back(r.steps[i].seconds);
+  if (times.empty()) {
+    for (const auto& s : r.steps) times.push_back(s.seconds);
+  }
+  std::sort(times.begin(), times.end());
+  const double median = times.empty() ? 0.0 : times[times.size() / 2];
+  nlohmann::json j;
+  j["job"] = job.name;
+  j["file"] = job.path;
+  j["model"] = {{"layers", job.model.layers},   {"heads", job.model.heads}, {"width", job.model.width},
+                {"context", job.model.context}, {"vocab", vocab},           {"parameters", parameters}};
+  j["tokenizer"] = tokenizer;
+  j["ranks"] = job.ranks;
+  j["zero"] = job.zero;
+  j["global_batch"] = job.globalBatch();
+  j["seq"] = job.seq;
+  j["blas"] = chorus::kernels::blasDescription();
+  j["peak_gflops"] = r.peakGflops;
+  j["median_step_seconds"] = median;
+  j["tokens_per_s"] = median > 0 ? job.globalBatch() * job.seq / median : 0.0;
+  j["resumed_from"] = r.resumedFrom;
+  if (!r.steps.empty()) {
+    j["first_loss"] = r.steps.front().loss;
+    j["last_loss"] = r.steps.back().loss;
+    j["final_val_loss"] = r.steps.back().valLoss;
+    double mfu = 0.0;
+    for (const auto& s : r.steps) mfu += s.mfu;
+    j["mean_mfu"] = mfu / r.steps.size();
+  }
+  for (const auto& m : r.memory) {
+    j["memory_per_rank"].push_back({{"params_bytes", m.state.params},
+                                    {"grads_bytes", m.state.grads},
+                                    {"optimizer_bytes", m.state.optimizer},
+                                    {"transient_peak_bytes", m.state.transientPeak},
+                                    {"activation_bytes", m.activations},
+                                    {"resident_peak_bytes", m.residentPeak}});
+  }
+  for (const auto& s : r.steps) j["losses"].push_back({s.step, s.loss});
+  std::ofstream(job.out + "/metrics.json") << j.dump(1) << "\n";
+}
+
+int worker(const Job& job) {
+  const int world = std::getenv("WORLD_SIZE") ? std::atoi(std::getenv("WORLD_SIZE")) : 1;
+  std::optional<chorus::Communicator> comm;
+  if (world > 1) comm.emplace(chorus::Communicator::fromEnvironment());
+  const int rank = comm ? comm->rank() : 0;
+  double peak = std::getenv("CHORUS_TRAIN_PEAK_GFLOPS") ? std::atof(std::getenv("CHORUS_TRAIN_PEAK_GFLOPS")) : 0.0;
+  PreparedData data;
+  if (rank == 0) {
+    data = prepareData(job.data, job.dataDir);  // reused when the launcher prepared it
+    if (peak <= 0) peak = measureGemmGflops(usableCpus());
+  }
+  if (comm) comm->barrier();  // the data is there for every rank
+  const TrainResult result = train(job, comm ? &*comm : nullptr, peak);
+  if (rank == 0) {
+    const Tokenizer tok = Tokenizer::load(job.dataDir + "/tokenizer.json");
+    const int vocab = job.model.vocab > 0 ? job.model.vocab : tok.vocab();
+    GptConfig config = job.model;
+    config.vocab = vocab;
+    writeMetrics(job, result, ParamLayout(config).total(), tok.kind(), vocab);
+  }
+  return 0;
+}
+
+int launch(const Job& job, const std::vector<std::string>& args) {
+  fs::create_directories(job.out);
+  const PreparedData data = prepareData(job.data, job.dataDir);
+  std::printf("chorus-train: data in %s%s: %zu train / %zu val tokens, vocab %d\n", job.dataDir.c_str(),
+              data.reused ? " (prepared before)" : "", data.trainTokens, data.valTokens, data.vocab);
+  if (!job.blasCoretype.empty()) setenv("OPENBLAS_CORETYPE", job.blasCoretype.c_str(), 1);
+  const double peak = measureGemmGflops(usableCpus());
+  std::printf("chorus-train: GEMM peak of this machine: %.1f GFLOP/s (%d threads, %s)\n", peak, usableCpus(),
+              chorus::kernels::blasDescription().c_str());
+  std::fflush(stdout);
+  setenv("CHORUS_TRAIN_PEAK_GFLOPS", fmt::format("{:.3f}", peak).c_str(), 1);
+
+  std::vector<std::string> command = {"/usr/bin/env",
+                                      "python3",
+                                      findTool("chorusrun"),
+                                      "-n",
+                                      std::to_string(job.ranks),
+                                      "--",
+                                      fs::read_symlink("/proc/self/exe").string()};
+  command.insert(command.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : command) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execv(argv[0], argv.data());
+    std::perror("chorus-train: exec chorusrun");
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (code != 0) {
+    std::fprintf(stderr, "chorus-train: the ranks failed (status %d)\n", code);
+    return code;
+  }
+  const std::string png = job.out + "/loss.png";
+  const std::string plot =
+      fmt::format("/usr/bin/python3 {} train {}/metrics.csv -o {}", findTool("plot"), job.out, png);
+  if (std::system(plot.c_str()) == 0) {
+    std::printf("chorus-train: metrics in %s/metrics.csv and metrics.json, loss curve in %s\n", job.out.c_str(),
+                png.c_str());
+  } else {
+    std::printf("chorus-train: metrics in %s/metrics.csv and metrics.json (the loss curve could not be drawn)\n",
+                job.out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"chorus-train: train a GPT on chorus as a job file describes"};
+  std::string jobPath;
+  std::vector<std::string> sets;
+  int ranks = 0, zero = -1;
+  long steps = 0;
+  std::string out;
+  bool resume = false;
+  app.add_option("job", jobPath, "the job file (TOML)")->required();
+  app.add_option("--ranks", ranks, "data-parallel ranks (overrides [parallel] ranks)");
+  app.add_option("--zero", zero, "ZeRO stage 0..3 (overrides [parallel] zero)");
+  app.add_option("--steps", steps, "steps to run (overrides [run] steps)");
+  app.add_option("--out", out, "output directory (overrides [run] out)");
+  app.add_flag("--resume", resume, "continue from the output directory's checkpoint");
+  app.add_option("--set", sets, "any key: --set section.key=value (TOML value)");
+  CLI11_PARSE(app, argc, argv);
+  if (ranks > 0) sets.push_back(fmt::format("parallel.ranks={}", ranks));
+  if (zero >= 0) sets.push_back(fmt::format("parallel.zero={}", zero));
+  if (steps > 0) sets.push_back(fmt::format("run.steps={}", steps));
+  if (!out.empty()) sets.push_back(fmt::format("run.out={}", nlohmann::json(out).dump()));
+  if (resume) sets.push_back("run.resume=true");
+  try {
+    const Job job = loadJob(jobPath, sets);
+    if (std::getenv("RANK") != nullptr) return worker(job);
+    std::vector<std::string> args(argv + 1, argv + argc);
+    return launch(job, args);
+  } catch (const std::exception& e) {
+    const char* rank = std::getenv("RANK");
+    std::fprintf(stderr, "chorus-train%s: %s\n", rank ? fmt::format(" rank {}", rank).c_str() : "", e.what());
+    return 1;
+  }
+}
