@@ -8,7 +8,71 @@
 
 #include "kernels/cpu/matmul.h"
 
+// The loops that exponentiate are built for AVX-512, AVX2 and plain x86-64 and chosen at load
+// time (GCC / Clang function multiversioning), with an exp the compiler can vectorise.
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define CHORUS_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CHORUS_VECTOR_CLONES
+#endif
+
 namespace chorus::kernels {
+
+namespace {
+
+// e^x in float, written without calls so that loops of it vectorise: x = n ln2 + r with
+// |r| <= ln2 / 2 (n rounded by the 1.5 * 2^23 trick, ln2 split in two for exactness), e^r by
+// Cephes' degree-7 polynomial, 2^n through the exponent bits. Within 2 ulp of expf on
+// [-87, 88]; below that 0 (as e^x underflows there), above it clamped to e^88.
+inline float vexp(float x) {
+  x = std::min(88.0f, std::max(-87.0f, x));
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// tanh(x) = 1 - 2 / (e^(2x) + 1): exact to a few ulp away from 0, where its absolute error stays
+// below 1e-7 (GELU multiplies it by x, so that is all that matters there).
+inline float vtanh(float x) { return 1.0f - 2.0f / (vexp(2.0f * x) + 1.0f); }
+
+// Sum and maximum of x(n) in 16 independent lanes (so they vectorise without reassociation
+// licences), the lanes combined at the end.
+constexpr int kLanes = 16;
+inline float laneSum(const float* x, int n) {
+  float acc[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) acc[k] += x[i + k];
+  }
+  float sum = 0.0f;
+  for (; i < n; ++i) sum += x[i];
+  for (int k = 0; k < kLanes; ++k) sum += acc[k];
+  return sum;
+}
+inline float laneMax(const float* x, int n) {
+  float acc[kLanes];
+  for (int k = 0; k < kLanes; ++k) acc[k] = x[0];
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) acc[k] = std::max(acc[k], x[i + k]);
+  }
+  float m = x[0];
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  for (int k = 0; k < kLanes; ++k) m = std::max(m, acc[k]);
+  return m;
+}
+
+}  // namespace
 
 void embeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
   for (int b = 0; b < B; ++b) {
@@ -35,8 +99,8 @@ void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int* t
   }
 }
 
-void layernormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                      int n, int c) {
+CHORUS_VECTOR_CLONES void layernormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                           const float* bias, int n, int c) {
   for (int row = 0; row < n; ++row) {
     const float* x = inp + static_cast<size_t>(row) * c;
     float sum = 0.0f;
@@ -52,8 +116,9 @@ void layernormForward(float* out, float* mean, float* rstd, const float* inp, co
   }
 }
 
-void layernormBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                       const float* weight, const float* mean, const float* rstd, int n, int c) {
+CHORUS_VECTOR_CLONES void layernormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                            const float* inp, const float* weight, const float* mean, const float* rstd,
+                                            int n, int c) {
   // With xhat = (x - mean) * rstd and g = dout * weight:
   //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
   for (int row = 0; row < n; ++row) {
@@ -87,7 +152,7 @@ void layernormBackward(float* dinp, float* dweight, float* dbias, const float* d
 //   S = q k^T / sqrt(hs)            (T, T), computed whole; the part above the diagonal is unused
 //   P = softmax of each row i over columns j <= i, zero for j > i  -> att[b, h]
 //   out[b, :, h] = P v              (T, hs) into out's row stride C
-void attentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+CHORUS_VECTOR_CLONES void attentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   const int hs = C / NH;
   const int row3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -105,7 +170,7 @@ void attentionForward(float* out, float* att, const float* qkv, int B, int T, in
         for (int j = 1; j <= i; ++j) maxv = std::max(maxv, row[j]);
         float sum = 0.0f;
         for (int j = 0; j <= i; ++j) {
-          row[j] = std::exp(row[j] - maxv);
+          row[j] = vexp(row[j] - maxv);
           sum += row[j];
         }
         const float inv = 1.0f / sum;
@@ -156,17 +221,17 @@ constexpr float kGeluBeta = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluKappa = 0.044715f;
 }  // namespace
 
-void geluForward(float* out, const float* inp, size_t n) {
+CHORUS_VECTOR_CLONES void geluForward(float* out, const float* inp, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + std::tanh(kGeluBeta * (x + kGeluKappa * x * x * x)));
+    out[i] = 0.5f * x * (1.0f + vtanh(kGeluBeta * (x + kGeluKappa * x * x * x)));
   }
 }
 
-void geluBackward(float* dinp, const float* inp, const float* dout, size_t n) {
+CHORUS_VECTOR_CLONES void geluBackward(float* dinp, const float* inp, const float* dout, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const float x = inp[i];
-    const float th = std::tanh(kGeluBeta * (x + kGeluKappa * x * x * x));
+    const float th = vtanh(kGeluBeta * (x + kGeluKappa * x * x * x));
     const float dinner = kGeluBeta * (1.0f + 3.0f * kGeluKappa * x * x);
     dinp[i] += dout[i] * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * dinner);
   }
@@ -183,18 +248,15 @@ void residualBackward(float* da, float* db, const float* dout, size_t n) {
   }
 }
 
-float crossEntropyForward(float* probs, float* losses, const float* logits, const int* targets, int n, int v) {
+CHORUS_VECTOR_CLONES float crossEntropyForward(float* probs, float* losses, const float* logits, const int* targets,
+                                               int n, int v) {
   double total = 0.0;
   for (int row = 0; row < n; ++row) {
     const float* x = logits + static_cast<size_t>(row) * v;
     float* p = probs + static_cast<size_t>(row) * v;
-    float maxv = x[0];
-    for (int j = 1; j < v; ++j) maxv = std::max(maxv, x[j]);
-    float sum = 0.0f;
-    for (int j = 0; j < v; ++j) {
-      p[j] = std::exp(x[j] - maxv);
-      sum += p[j];
-    }
+    const float maxv = laneMax(x, v);
+    for (int j = 0; j < v; ++j) p[j] = vexp(x[j] - maxv);
+    const float sum = laneSum(p, v);
     const float inv = 1.0f / sum;
     for (int j = 0; j < v; ++j) p[j] *= inv;
     // -log softmax[target] = log(sum) + max - logit[target]: exact where the probability underflows.
@@ -204,7 +266,8 @@ float crossEntropyForward(float* probs, float* losses, const float* logits, cons
   return n > 0 ? static_cast<float>(total / n) : 0.0f;
 }
 
-void crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale) {
+CHORUS_VECTOR_CLONES void crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v,
+                                               float scale) {
   for (int row = 0; row < n; ++row) {
     const float* p = probs + static_cast<size_t>(row) * v;
     float* d = dlogits + static_cast<size_t>(row) * v;
@@ -213,7 +276,8 @@ void crossEntropyBackward(float* dlogits, const float* probs, const int* targets
   }
 }
 
-void adamwStep(float* param, const float* grad, float* m, float* v, size_t n, long step, const AdamWSettings& s) {
+CHORUS_VECTOR_CLONES void adamwStep(float* param, const float* grad, float* m, float* v, size_t n, long step,
+                                    const AdamWSettings& s) {
   // The scalars in double, as PyTorch computes them in Python, then used in float.
   const double bc1 = 1.0 - std::pow(static_cast<double>(s.beta1), static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(s.beta2), static_cast<double>(step));
