@@ -18,7 +18,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "kernels/cpu/matmul.h"
 #include "src/training/trainer.h"

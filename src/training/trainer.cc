@@ -14,7 +14,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "chorus/error.hpp"
 #include "kernels/cpu/matmul.h"
