@@ -28,16 +28,21 @@ double measureGemmGflops(int threads, int n, double seconds) {
   kernels::setBlasThreads(threads);
   std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size(), 0.0f);
   kernels::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm-up
-  long calls = 0;
-  const auto start = Clock::now();
-  double elapsed = 0.0;
-  do {
-    kernels::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    ++calls;
-    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  } while (elapsed < seconds);
+  // The best of five trials: a trial that shared the cores with something else reads low.
+  double best = 0.0;
+  for (int trial = 0; trial < 5; ++trial) {
+    long calls = 0;
+    const auto start = Clock::now();
+    double elapsed = 0.0;
+    do {
+      kernels::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+      ++calls;
+      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    } while (elapsed < seconds / 5);
+    best = std::max(best, 2.0 * n * static_cast<double>(n) * n * calls / elapsed / 1e9);
+  }
   kernels::setBlasThreads(before);
-  return 2.0 * n * static_cast<double>(n) * n * calls / elapsed / 1e9;
+  return best;
 }
 
 namespace {

@@ -38,7 +38,7 @@ struct TrainResult {
 };
 
 // Measures single-precision GEMM throughput with `threads` BLAS threads (square products of n,
-// about `seconds` long), in GFLOP/s.
+// the best of five trials of about seconds / 5 each), in GFLOP/s.
 double measureGemmGflops(int threads, int n = 1024, double seconds = 0.5);
 
 // Runs the job. comm: the data-parallel communicator (its size must equal job.ranks), or null for
