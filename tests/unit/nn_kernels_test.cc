@@ -24,7 +24,7 @@ std::vector<float> randomFloats(size_t n, uint32_t seed, float scale = 1.0f) {
   for (auto& x : v) x = dist(gen);
   return v;
 }
-Vec toDouble(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
+Vec asDoubles(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
 
 // ||a - b|| / ||b||, the relative error of a whole tensor.
 double relativeError(const std::vector<float>& a, const Vec& b) {
@@ -129,20 +129,20 @@ TEST(NnKernelsTest, LinearForwardAndBackward) {
   const auto x = randomFloats(n * c, 1), w = randomFloats(oc * c, 2), b = randomFloats(oc, 3);
   std::vector<float> out(n * oc);
   matmulForward(out.data(), x.data(), w.data(), b.data(), n, c, oc);
-  EXPECT_LT(relativeError(out, linearRef(toDouble(x), toDouble(w), toDouble(b), n, c, oc)), 1e-6);
+  EXPECT_LT(relativeError(out, linearRef(asDoubles(x), asDoubles(w), asDoubles(b), n, c, oc)), 1e-6);
   std::vector<float> noBias(n * oc);
   matmulForward(noBias.data(), x.data(), w.data(), nullptr, n, c, oc);
-  EXPECT_LT(relativeError(noBias, linearRef(toDouble(x), toDouble(w), {}, n, c, oc)), 1e-6);
+  EXPECT_LT(relativeError(noBias, linearRef(asDoubles(x), asDoubles(w), {}, n, c, oc)), 1e-6);
 
   const auto dout = randomFloats(n * oc, 4);
-  const Vec wd = toDouble(dout);
+  const Vec wd = asDoubles(dout);
   // Gradients accumulate: start from a known value and subtract it afterwards.
   std::vector<float> dx(n * c, 1.0f), dw(oc * c, 1.0f), db(oc, 1.0f);
   matmulBackward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), n, c, oc);
   for (auto* g : {&dx, &dw, &db}) {
     for (auto& v : *g) v -= 1.0f;
   }
-  const Vec X = toDouble(x), W = toDouble(w), Bv = toDouble(b);
+  const Vec X = asDoubles(x), W = asDoubles(w), Bv = asDoubles(b);
   EXPECT_LT(relativeError(dx, numericGradient(X, wd, [&](const Vec& v) { return linearRef(v, W, Bv, n, c, oc); })),
             1e-5);
   EXPECT_LT(relativeError(dw, numericGradient(W, wd, [&](const Vec& v) { return linearRef(X, v, Bv, n, c, oc); })),
@@ -167,7 +167,7 @@ TEST(NnKernelsTest, EmbeddingForwardAndBackward) {
   const auto dout = randomFloats(B * T * C, 7);
   std::vector<float> dwte(V * C, 0.0f), dwpe(T * C, 0.0f);
   embeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
-  const Vec WTE = toDouble(wte), WPE = toDouble(wpe);
+  const Vec WTE = asDoubles(wte), WPE = asDoubles(wpe);
   auto fwd = [&](const Vec& te, const Vec& pe) {
     Vec o(B * T * C);
     for (int r = 0; r < B * T; ++r) {
@@ -175,8 +175,10 @@ TEST(NnKernelsTest, EmbeddingForwardAndBackward) {
     }
     return o;
   };
-  EXPECT_LT(relativeError(dwte, numericGradient(WTE, toDouble(dout), [&](const Vec& v) { return fwd(v, WPE); })), 1e-6);
-  EXPECT_LT(relativeError(dwpe, numericGradient(WPE, toDouble(dout), [&](const Vec& v) { return fwd(WTE, v); })), 1e-6);
+  EXPECT_LT(relativeError(dwte, numericGradient(WTE, asDoubles(dout), [&](const Vec& v) { return fwd(v, WPE); })),
+            1e-6);
+  EXPECT_LT(relativeError(dwpe, numericGradient(WPE, asDoubles(dout), [&](const Vec& v) { return fwd(WTE, v); })),
+            1e-6);
   for (int i = 0; i < C; ++i) EXPECT_EQ(dwte[3 * C + i], 0.0f) << "token 3 does not occur";
 }
 
@@ -187,13 +189,13 @@ TEST(NnKernelsTest, LayernormForwardAndBackward) {
   const auto w = randomFloats(c, 9), b = randomFloats(c, 10);
   std::vector<float> out(n * c), mean(n), rstd(n);
   layernormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, c);
-  const Vec X = toDouble(x), W = toDouble(w), Bv = toDouble(b);
+  const Vec X = asDoubles(x), W = asDoubles(w), Bv = asDoubles(b);
   EXPECT_LT(relativeError(out, layernormRef(X, W, Bv, n, c)), 1e-6);
 
   const auto dout = randomFloats(n * c, 11);
   std::vector<float> dx(n * c, 0.0f), dw(c, 0.0f), db(c, 0.0f);
   layernormBackward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(), n, c);
-  const Vec wd = toDouble(dout);
+  const Vec wd = asDoubles(dout);
   EXPECT_LT(relativeError(dx, numericGradient(X, wd, [&](const Vec& v) { return layernormRef(v, W, Bv, n, c); })),
             1e-4);
   EXPECT_LT(relativeError(dw, numericGradient(W, wd, [&](const Vec& v) { return layernormRef(X, v, Bv, n, c); })),
@@ -208,7 +210,7 @@ TEST(NnKernelsTest, CausalAttentionForwardAndBackward) {
     const auto qkv = randomFloats(static_cast<size_t>(B) * T * 3 * C, 12 + T);
     std::vector<float> out(B * T * C), att(B * NH * T * T);
     attentionForward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-    const Vec QKV = toDouble(qkv);
+    const Vec QKV = asDoubles(qkv);
     EXPECT_LT(relativeError(out, attentionRef(QKV, B, T, C, NH)), 1e-6);
     for (int r = 0; r < B * NH * T; ++r) {  // each row of probabilities sums to 1, nothing above the diagonal
       const int i = r % T;
@@ -224,7 +226,8 @@ TEST(NnKernelsTest, CausalAttentionForwardAndBackward) {
     const auto dout = randomFloats(B * T * C, 13);
     std::vector<float> dqkv(qkv.size(), 0.0f), scratch(T * T);
     attentionBackward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
-    const Vec expect = numericGradient(QKV, toDouble(dout), [&](const Vec& v) { return attentionRef(v, B, T, C, NH); });
+    const Vec expect =
+        numericGradient(QKV, asDoubles(dout), [&](const Vec& v) { return attentionRef(v, B, T, C, NH); });
     EXPECT_LT(relativeError(dqkv, expect), 1e-5);
   }
 }
@@ -264,7 +267,7 @@ TEST(NnKernelsTest, CrossEntropyForwardAndBackward) {
   const std::vector<int> targets = {3, 10, 0};
   std::vector<float> probs(n * v), losses(n);
   const float mean = crossEntropyForward(probs.data(), losses.data(), logits.data(), targets.data(), n, v);
-  const Vec L = toDouble(logits);
+  const Vec L = asDoubles(logits);
   const Vec expect = crossEntropyRef(L, targets, n, v);
   EXPECT_LT(relativeError(losses, expect), 1e-6);
   EXPECT_NEAR(mean, (expect[0] + expect[1] + expect[2]) / 3, 1e-5);
@@ -285,7 +288,7 @@ TEST(NnKernelsTest, AdamWMatchesItsDefinition) {
   const size_t n = 33;
   auto p = randomFloats(n, 16);
   std::vector<float> m(n, 0.0f), v(n, 0.0f);
-  Vec P = toDouble(p), M(n, 0.0), V(n, 0.0);
+  Vec P = asDoubles(p), M(n, 0.0), V(n, 0.0);
   for (long step = 1; step <= 5; ++step) {
     const auto g = randomFloats(n, 100 + step);
     adamwStep(p.data(), g.data(), m.data(), v.data(), n, step, s);
