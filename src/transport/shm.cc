@@ -669,8 +669,10 @@ class ShmTransport final : public Transport {
     for (Peer& p : peers_.all()) {
       if ((p.sends.empty() && p.recvs.empty() && p.beingRead.empty()) || p.pid <= 0) continue;
       if (!processExited(p.pidfd, p.pid)) continue;
-      // A peer that sent its last messages and left normally: what it published is all here.
+      // A peer that sent its last messages and left normally: what it published is all here, and
+      // what it read of ours before leaving is done.
       pullRecvs(p);
+      completeReads(p);
       if (p.sends.empty() && p.recvs.empty() && p.beingRead.empty()) continue;
       throw LinkLost(chorusRemoteError,
                      fmt::format("shm: rank {} has exited (pid {} on this host) while rank {} waits for it", p.rank,
