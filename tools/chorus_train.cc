@@ -84,6 +84,10 @@ void writeMetrics(const Job& job, const TrainResult& r, size_t parameters, const
                                     {"activation_bytes", m.activations},
                                     {"resident_peak_bytes", m.residentPeak}});
   }
+  j["buckets"] = {{"count", r.buckets}, {"largest_bytes", r.largestBucketBytes}, {"inflight", job.inflightBuckets}};
+  for (const auto& o : r.overlap) {
+    j["reductions_per_rank"].push_back({{"reductions", o.reductions}, {"begun_during_backward", o.overlapped}});
+  }
   for (const auto& s : r.steps) j["losses"].push_back({s.step, s.loss});
   std::ofstream(job.out + "/metrics.json") << j.dump(1) << "\n";
 }

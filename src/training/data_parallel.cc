@@ -18,7 +18,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "chorus/error.hpp"
 
@@ -26,7 +28,7 @@ namespace chorus::training {
 
 // ---- the communication thread ----
 
-CommWorker::CommWorker(Communicator& comm) : comm_(comm), thread_([this] { loop(); }) {}
+CommWorker::CommWorker(Communicator& comm, int delayMs) : comm_(comm), delayMs_(delayMs), thread_([this] { loop(); }) {}
 
 CommWorker::~CommWorker() {
   {
@@ -70,16 +72,26 @@ void CommWorker::loop() {
       item.done.set_exception(std::current_exception());
     }
   };
+  // While collectives are in flight the thread polls them (chorus progresses only inside its
+  // calls) and starts new tasks the moment they are queued, so that a bucket's reduction begins
+  // while older ones are still moving. Between polls it sleeps on the queue, briefly at first,
+  // then up to kLongestNap: the cores are shared with the compute threads.
+  constexpr auto kLongestNap = std::chrono::microseconds(500);
+  auto nap = std::chrono::microseconds(0);
   for (;;) {
     std::deque<Item> started;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty() || !inflight.empty(); });
+      if (inflight.empty()) {
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      } else if (queue_.empty() && nap.count() > 0) {
+        cv_.wait_for(lock, nap, [&] { return !queue_.empty(); });
+      }
       if (queue_.empty() && inflight.empty() && stop_) return;
       started.swap(queue_);
     }
-    // Start every queued collective at once (in order), then complete the oldest in flight.
     for (auto& item : started) {
+      if (delayMs_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delayMs_));
       try {
         auto request = item.task(comm_);
         if (request) {
@@ -91,23 +103,50 @@ void CommWorker::loop() {
         item.done.set_exception(std::current_exception());
       }
     }
-    if (!inflight.empty()) {
+    // Complete, in order, those that are done; a failure goes to the task's future.
+    bool completed = false;
+    while (!inflight.empty()) {
+      std::exception_ptr error;
+      bool done = false;
+      try {
+        done = inflight.front().request.test();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      if (!done && !error) break;
       InFlight oldest = std::move(inflight.front());
       inflight.pop_front();
-      finish(oldest.item, &oldest.request);
+      if (error) {
+        oldest.item.done.set_exception(error);
+      } else {
+        finish(oldest.item, nullptr);
+      }
+      completed = true;
     }
+    nap = completed || !started.empty() ? std::chrono::microseconds(0)
+                                        : std::min(kLongestNap, std::max(std::chrono::microseconds(20), nap * 2));
   }
 }
 
 // ---- the engine ----
 
-DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, int zeroStage, size_t bucketBytes,
+DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const DataParallelSettings& settings,
                            uint64_t seed)
-    : layout_(layout), stage_(zeroStage), N_(comm ? comm->size() : 1), rank_(comm ? comm->rank() : 0) {
-  if (zeroStage < 0 || zeroStage > 3) {
-    throw Error(chorusInvalidArgument, fmt::format("data parallel: ZeRO stage {} is not 0, 1, 2 or 3", zeroStage));
+    : layout_(layout),
+      stage_(settings.zeroStage),
+      N_(comm ? comm->size() : 1),
+      rank_(comm ? comm->rank() : 0),
+      inflightBuckets_(settings.inflightBuckets) {
+  if (stage_ < 0 || stage_ > 3) {
+    throw Error(chorusInvalidArgument, fmt::format("data parallel: ZeRO stage {} is not 0, 1, 2 or 3", stage_));
   }
-  if (comm != nullptr && N_ > 1) worker_ = std::make_unique<CommWorker>(*comm);
+  if (inflightBuckets_ < 1) {
+    throw Error(chorusInvalidArgument,
+                fmt::format("data parallel: {} buckets in flight (at least 1)", settings.inflightBuckets));
+  }
+  const size_t bucketBytes = settings.bucketBytes;
+  const char* delay = std::getenv("CHORUS_TRAIN_COMM_DELAY_MS");
+  if (comm != nullptr && N_ > 1) worker_ = std::make_unique<CommWorker>(*comm, delay ? std::atoi(delay) : 0);
   const int units = layout.units();
   unitBucket_.assign(units, -1);
   // Backward finishes units in the order layers+1 (final norm), layers, ..., 1, then 0.
@@ -178,6 +217,8 @@ void DataParallel::beginMicro(bool last, bool eval) {
   eval_ = eval;
   orderAt_ = 0;
   for (auto& b : buckets_) b.unitsLeft = b.lastUnit - b.firstUnit + 1;
+  if (!eval) ++microsBegun_;
+  unitsLeftInMicro_ = layout_.units();
 }
 
 int DataParallel::nextInOrder() const {
@@ -238,6 +279,12 @@ float* DataParallel::gradients(int unit) {
   if (stage_ < 2) return grads_.data() + b.fullOffset + within;
   if (b.transientGrad.empty()) {
     if (b.reduction.valid()) b.reduction.get();  // the previous micro-batch's reduction of this bucket
+    // Bound the whole gradients alive: wait for the oldest reductions beyond the cap.
+    while (static_cast<int>(pendingWholeGrads_.size()) >= inflightBuckets_) {
+      Bucket& oldest = buckets_[pendingWholeGrads_.front()];
+      pendingWholeGrads_.pop_front();
+      if (oldest.reduction.valid()) oldest.reduction.get();
+    }
     b.transientGrad.assign(b.padded, 0.0f);
     trackTransient(static_cast<long>(b.padded * sizeof(float)));
   }
@@ -246,8 +293,16 @@ float* DataParallel::gradients(int unit) {
 
 void DataParallel::gradientsDone(int unit) {
   Bucket& b = bucketOf(unit);
-  if (--b.unitsLeft > 0) return;
-  if (stage_ >= 2 || lastMicro_) reduceBucket(b);
+  if (--unitsLeftInMicro_ == 0) backwardsEnded_.fetch_add(1, std::memory_order_release);
+  if (--b.unitsLeft == 0 && (stage_ >= 2 || lastMicro_)) reduceBucket(b);
+}
+
+std::function<void()> DataParallel::countOverlap() {
+  const long micro = microsBegun_;
+  return [this, micro] {
+    reductions_.fetch_add(1, std::memory_order_relaxed);
+    if (backwardsEnded_.load(std::memory_order_acquire) < micro) overlapped_.fetch_add(1, std::memory_order_relaxed);
+  };
 }
 
 void DataParallel::reduceBucket(Bucket& b) {
@@ -256,12 +311,14 @@ void DataParallel::reduceBucket(Bucket& b) {
     float* g = grads_.data() + b.fullOffset;
     const size_t padded = b.padded, shard = b.shard;
     const bool scatter = stage_ == 1;
-    b.reduction = worker_->submit([g, padded, shard, scatter](Communicator& c) -> std::optional<Request> {
-      if (!scatter) return c.iallReduce(std::span<float>(g, padded), ReduceOp::kAvg);
-      // In place: this rank's slice of the bucket receives the average of everyone's.
-      return c.ireduceScatter(std::span<const float>(g, padded), std::span<float>(g + c.rank() * shard, shard),
-                              ReduceOp::kAvg);
-    });
+    b.reduction =
+        worker_->submit([g, padded, shard, scatter, count = countOverlap()](Communicator& c) -> std::optional<Request> {
+          count();
+          if (!scatter) return c.iallReduce(std::span<float>(g, padded), ReduceOp::kAvg);
+          // In place: this rank's slice of the bucket receives the average of everyone's.
+          return c.ireduceScatter(std::span<const float>(g, padded), std::span<float>(g + c.rank() * shard, shard),
+                                  ReduceOp::kAvg);
+        });
     return;
   }
   // ZeRO-2/3: reduce-scatter the bucket's whole gradient, add this rank's slice into the shard
@@ -281,8 +338,10 @@ void DataParallel::reduceBucket(Bucket& b) {
     return;
   }
   const size_t padded = b.padded;
+  pendingWholeGrads_.push_back(static_cast<int>(&b - buckets_.data()));
   b.reduction = worker_->submit(
-      [whole, own, padded, shard](Communicator& c) -> std::optional<Request> {
+      [whole, own, padded, shard, count = countOverlap()](Communicator& c) -> std::optional<Request> {
+        count();
         return c.ireduceScatter(std::span<const float>(whole, padded), std::span<float>(own, shard), ReduceOp::kAvg);
       },
       accumulate);
@@ -292,6 +351,7 @@ void DataParallel::waitReductions() {
   for (auto& b : buckets_) {
     if (b.reduction.valid()) b.reduction.get();
   }
+  pendingWholeGrads_.clear();
 }
 
 double DataParallel::average(double value) {
@@ -426,6 +486,12 @@ void DataParallel::loadState(const std::vector<float>& params, const std::vector
     place(b, m, stage_ >= 1, m_);
     place(b, v, stage_ >= 1, v_);
   }
+}
+
+size_t DataParallel::largestBucketBytes() const {
+  size_t most = 0;
+  for (const auto& b : buckets_) most = std::max(most, b.padded * sizeof(float));
+  return most;
 }
 
 StateBytes DataParallel::bytes() const {

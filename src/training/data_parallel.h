@@ -6,6 +6,7 @@
 // communication thread from construction to destruction.
 #pragma once
 
+#include <atomic>
 #include <chorus/chorus.hpp>
 #include <condition_variable>
 #include <cstdint>
@@ -29,7 +30,8 @@ namespace chorus::training {
 class CommWorker {
  public:
   using Task = std::function<std::optional<Request>(Communicator&)>;
-  explicit CommWorker(Communicator& comm);
+  // delayMs > 0: sleep that long before starting each task (a slow link, for tests).
+  explicit CommWorker(Communicator& comm, int delayMs = 0);
   ~CommWorker();
   CommWorker(const CommWorker&) = delete;
   CommWorker& operator=(const CommWorker&) = delete;
@@ -46,6 +48,7 @@ class CommWorker {
   };
   void loop();
   Communicator& comm_;
+  int delayMs_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
@@ -61,12 +64,30 @@ struct StateBytes {
   size_t persistent() const { return params + grads + optimizer; }
 };
 
+struct DataParallelSettings {
+  int zeroStage = 0;               // 0..3
+  size_t bucketBytes = 25u << 20;  // gradient bucket cap (units are whole: a bucket holds at least one
+                                   // unit; ZeRO-3 uses one unit per bucket)
+  // ZeRO-2/3: at most this many buckets' whole gradients wait for their reduce-scatter; backward
+  // waits for the oldest before it starts another bucket. The whole gradients alive at once are
+  // then at most inflightBuckets + 2 buckets (those in flight, the one being filled, and the
+  // embeddings' bucket, which the output layer starts first and the embedding layer finishes last).
+  int inflightBuckets = 2;
+};
+
+// How far the reductions overlapped backward: of `reductions` bucket reductions, `overlapped`
+// began on the communication thread before their micro-batch's backward had finished.
+struct OverlapCounts {
+  long reductions = 0, overlapped = 0;
+};
+
 class DataParallel : public UnitAccess {
  public:
-  // comm null: one rank, nothing communicated. zeroStage 0..3. bucketBytes: gradient bucket cap
-  // (units are whole: a bucket holds at least one unit; ZeRO-3 uses one unit per bucket).
-  // Parameters are initialised from seed (ParamLayout::initialize), each rank its own part.
-  DataParallel(const ParamLayout& layout, Communicator* comm, int zeroStage, size_t bucketBytes, uint64_t seed);
+  // comm null: one rank, nothing communicated. Parameters are initialised from seed
+  // (ParamLayout::initialize), each rank its own part. Test hook: environment variable
+  // CHORUS_TRAIN_COMM_DELAY_MS=D makes the communication thread sleep D ms before each collective
+  // it starts (a slow link, so that reductions fall behind backward).
+  DataParallel(const ParamLayout& layout, Communicator* comm, const DataParallelSettings& settings, uint64_t seed);
   ~DataParallel() override;
 
   int zeroStage() const { return stage_; }
@@ -101,6 +122,9 @@ class DataParallel : public UnitAccess {
   void loadState(const std::vector<float>& params, const std::vector<float>& m, const std::vector<float>& v);
 
   StateBytes bytes() const;
+  // The largest bucket's padded whole, in bytes (the unit of the transient-memory bound).
+  size_t largestBucketBytes() const;
+  OverlapCounts overlap() const { return {reductions_.load(), overlapped_.load()}; }
 
  private:
   struct Bucket {
@@ -119,12 +143,17 @@ class DataParallel : public UnitAccess {
   void startGather(Bucket& b);
   void waitGather(Bucket& b);
   void waitReductions();
+  // For a reduction task: counts it, and as overlapped if it begins before the current
+  // micro-batch's backward has ended.
+  std::function<void()> countOverlap();
   void trackTransient(long delta);
   int nextInOrder() const;
 
   const ParamLayout& layout_;
   std::unique_ptr<CommWorker> worker_;
   int stage_, N_, rank_;
+  int inflightBuckets_;
+  std::deque<int> pendingWholeGrads_;  // ZeRO-2/3: buckets whose reduce-scatter may be in flight, oldest first
   std::vector<Bucket> buckets_;
   std::vector<int> unitBucket_;
   size_t fullTotal_ = 0, shardTotal_ = 0;
@@ -136,6 +165,11 @@ class DataParallel : public UnitAccess {
   size_t orderAt_ = 0;
   size_t transientNow_ = 0, transientPeak_ = 0;
   std::mutex transientMutex_;
+  // Micro-batches whose backward has begun and ended (training micro-batches only), and the
+  // counts of OverlapCounts, written by both threads.
+  long microsBegun_ = 0;
+  std::atomic<long> backwardsEnded_{0}, reductions_{0}, overlapped_{0};
+  int unitsLeftInMicro_ = 0;
 };
 
 }  // namespace chorus::training

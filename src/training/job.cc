@@ -29,7 +29,7 @@ const std::map<std::string, std::set<std::string>> kKeys = {
     {"data", {"corpus", "tokenizer", "bpe_vocab", "val_every", "shard_tokens", "dir"}},
     {"batch", {"micro", "seq", "accumulate"}},
     {"optimizer", {"lr", "min_lr", "warmup", "beta1", "beta2", "eps", "weight_decay", "clip"}},
-    {"parallel", {"ranks", "zero", "bucket_mb"}},
+    {"parallel", {"ranks", "zero", "bucket_mb", "inflight_buckets"}},
     {"run",
      {"steps", "seed", "eval_every", "eval_batches", "log_every", "checkpoint_every", "resume", "out",
       "blas_coretype"}},
@@ -137,6 +137,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("parallel", "ranks", job.ranks);
   get("parallel", "zero", job.zero);
   get("parallel", "bucket_mb", job.bucketMb);
+  get("parallel", "inflight_buckets", job.inflightBuckets);
   get("run", "steps", job.steps);
   get("run", "seed", job.seed);
   get("run", "eval_every", job.evalEvery);
@@ -159,6 +160,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   atLeast("[run] log_every", job.logEvery, 1);
   atLeast("[run] eval_batches", job.evalBatches, 1);
   atLeast("[parallel] bucket_mb", job.bucketMb, 0);
+  atLeast("[parallel] inflight_buckets", job.inflightBuckets, 1);
   if (job.zero < 0 || job.zero > 3) throw fail(fmt::format("[parallel] zero = {} is not 0, 1, 2 or 3", job.zero));
   if (job.model.context < job.seq) {
     throw fail(fmt::format("[batch] seq = {} exceeds [model] context = {}", job.seq, job.model.context));

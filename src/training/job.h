@@ -28,6 +28,7 @@ struct Job {
   int ranks = 1;
   int zero = 0;
   double bucketMb = 25.0;
+  int inflightBuckets = 2;  // ZeRO-2/3: bucket reductions in flight before backward waits
   long steps = 100;
   uint64_t seed = 1;
   int evalEvery = 0;    // 0: only at the end

@@ -167,7 +167,11 @@ TrainResult train(const Job& job, Communicator* comm, double peakGflops) {
   Gpt model(config, job.micro, job.seq);
   const Sampler sampler(&trainTokens, job.seq, job.seed);
   const Sampler valWindows(&valTokens, job.seq, 0);
-  DataParallel dp(model.layout(), comm, job.zero, static_cast<size_t>(job.bucketMb * 1024 * 1024), job.seed);
+  DataParallelSettings parallel;
+  parallel.zeroStage = job.zero;
+  parallel.bucketBytes = static_cast<size_t>(job.bucketMb * 1024 * 1024);
+  parallel.inflightBuckets = job.inflightBuckets;
+  DataParallel dp(model.layout(), comm, parallel, job.seed);
   kernels::setBlasThreads(blasThreads);
 
   TrainResult result;
@@ -307,7 +311,9 @@ TrainResult train(const Job& job, Communicator* comm, double peakGflops) {
                               double(b.optimizer),
                               double(b.transientPeak),
                               double(model.activationBytes()),
-                              double(residentPeakBytes())};
+                              double(residentPeakBytes()),
+                              double(dp.overlap().reductions),
+                              double(dp.overlap().overlapped)};
   std::vector<double> all(mine.size() * ranks);
   if (comm && ranks > 1) {
     all.assign(mine.size() * ranks, 0.0);
@@ -323,7 +329,10 @@ TrainResult train(const Job& job, Communicator* comm, double peakGflops) {
     mem.activations = size_t(x[4]);
     mem.residentPeak = size_t(x[5]);
     result.memory.push_back(mem);
+    result.overlap.push_back({long(x[6]), long(x[7])});
   }
+  result.buckets = dp.buckets();
+  result.largestBucketBytes = dp.largestBucketBytes();
   return result;
 }
 

@@ -31,8 +31,11 @@ struct RankMemory {
 };
 
 struct TrainResult {
-  std::vector<StepRecord> steps;   // this run's steps (after a resume: from the resumed step on)
-  std::vector<RankMemory> memory;  // per rank
+  std::vector<StepRecord> steps;       // this run's steps (after a resume: from the resumed step on)
+  std::vector<RankMemory> memory;      // per rank
+  std::vector<OverlapCounts> overlap;  // per rank: bucket reductions begun during backward
+  int buckets = 0;
+  size_t largestBucketBytes = 0;
   double peakGflops = 0.0;
   long resumedFrom = 0;  // the checkpoint's step, 0 when started fresh
 };

@@ -2,6 +2,9 @@
 # global batch of 8 sequences is split over 2 and 4 ranks (and over micro-batches): the loss of each
 # of 20 steps must equal the one-rank run's within 1e-5 relative. The runs' memory reports must
 # follow the ZeRO formulas (fp32: 16P, 8P + 8P/N, 4P + 12P/N, 16P/N bytes) within the padding.
+# Reductions must begin while backward is still running (counted per rank). Over a slow link
+# (CHORUS_TRAIN_COMM_DELAY_MS) ZeRO-2/3's whole-gradient buckets must stay within the in-flight cap:
+# at most inflight + 2 buckets' gradients at once, plus 3 gathered units for ZeRO-3.
 source "$(dirname "$0")/lib.sh"
 train="$build/chorus-train"
 job="$source_dir/tests/data/jobs/parity.toml"
@@ -21,6 +24,9 @@ run zero1 --ranks 4 --zero 1 --set batch.micro=2
 run zero2 --ranks 4 --zero 2 --set batch.micro=2
 run zero3 --ranks 4 --zero 3 --set batch.micro=2
 run zero3_dp2_accum --ranks 2 --zero 3 --set batch.micro=2 --set batch.accumulate=2
+slow=(--ranks 4 --set batch.micro=2 --set model.layers=8 --set run.steps=3 --set parallel.inflight_buckets=1)
+CHORUS_TRAIN_COMM_DELAY_MS=20 run zero2_slow --zero 2 "${slow[@]}"
+CHORUS_TRAIN_COMM_DELAY_MS=20 run zero3_slow --zero 3 "${slow[@]}"
 /usr/bin/python3 - "$work" <<'PY'
 import csv, json, sys
 work = sys.argv[1]
@@ -55,6 +61,24 @@ for name, stage in [("dp4", 0), ("zero1", 1), ("zero2", 2), ("zero3", 3)]:
                 bad.append(f"{name} rank {r} {what}: {g} bytes, formula {e:.0f}")
         if (stage >= 2) != (mem["transient_peak_bytes"] > 0):
             bad.append(f"{name} rank {r}: transient buffers {mem['transient_peak_bytes']} for stage {stage}")
+# Overlap: some bucket reductions of every layout began before their backward had finished.
+for name in ["dp2", "dp4", "dp2_accum", "zero1", "zero2", "zero3", "zero3_dp2_accum"]:
+    m = json.load(open(f"{work}/{name}/metrics.json"))
+    counts = [(c["begun_during_backward"], c["reductions"]) for c in m["reductions_per_rank"]]
+    print(f"{name}: {m['buckets']['count']} buckets; reductions begun during backward / all, per rank: {counts}")
+    if sum(b for b, _ in counts) == 0 or any(n == 0 for _, n in counts):
+        bad.append(f"{name}: no reduction overlapped backward ({counts})")
+# The in-flight cap over a slow link.
+for name, stage in [("zero2_slow", 2), ("zero3_slow", 3)]:
+    m = json.load(open(f"{work}/{name}/metrics.json"))
+    largest, k = m["buckets"]["largest_bytes"], m["buckets"]["inflight"]
+    bound = (k + 2) * largest + (3 * largest if stage == 3 else 0)
+    whole = 4 * m["model"]["parameters"]
+    for r, mem in enumerate(m["memory_per_rank"]):
+        peak = mem["transient_peak_bytes"]
+        print(f"{name} rank {r}: transient peak {peak} bytes, cap {bound} (whole gradient {whole})")
+        if not 0 < peak <= bound < whole:
+            bad.append(f"{name} rank {r}: transient peak {peak} bytes, cap {bound}, whole gradient {whole}")
 if bad:
     sys.exit("FAIL: " + "; ".join(bad))
 print("train_parity: every layout matches one rank; memory follows the ZeRO formulas")
