@@ -29,9 +29,10 @@ namespace {
 
 fs::path selfDir() { return fs::read_symlink("/proc/self/exe").parent_path(); }
 
-// A helper program: next to chorus-train (installed), else in the source tree's tools/.
-std::string findTool(const std::string& name) {
-  const fs::path near = selfDir() / name;
+// A helper program: next to chorus-train as `installed` (cmake --install), else the source
+// tree's tools/<name>.
+std::string findTool(const std::string& name, const std::string& installed) {
+  const fs::path near = selfDir() / installed;
   if (fs::exists(near)) return near.string();
   return std::string(CHORUS_SOURCE_TOOLS) + "/" + name;
 }
@@ -129,7 +130,7 @@ int launch(const Job& job, const std::vector<std::string>& args) {
 
   std::vector<std::string> command = {"/usr/bin/env",
                                       "python3",
-                                      findTool("chorusrun"),
+                                      findTool("chorusrun", "chorusrun"),
                                       "-n",
                                       std::to_string(job.ranks),
                                       "--",
@@ -152,11 +153,11 @@ int launch(const Job& job, const std::vector<std::string>& args) {
     return code;
   }
   const std::string png = job.out + "/loss.png";
-  const std::string plot =
-      fmt::format("/usr/bin/python3 {} train {}/metrics.csv -o {}", findTool("plot"), job.out, png);
+  const std::string plotter = findTool("plot", "chorus-plot");
+  const std::string plot = fmt::format("/usr/bin/python3 {} train {}/metrics.csv -o {}", plotter, job.out, png);
   if (std::system(plot.c_str()) == 0) {
-    std::printf("chorus-train: metrics in %s/metrics.csv and metrics.json, loss curve in %s\n", job.out.c_str(),
-                png.c_str());
+    std::printf("chorus-train: metrics in %s/metrics.csv and metrics.json, loss curve in %s (drawn by %s)\n",
+                job.out.c_str(), png.c_str(), plotter.c_str());
   } else {
     std::printf("chorus-train: metrics in %s/metrics.csv and metrics.json (the loss curve could not be drawn)\n",
                 job.out.c_str());
