@@ -63,9 +63,8 @@ void CommWorker::loop() {
     Item item;
   };
   std::deque<InFlight> inflight;
-  auto finish = [](Item& item, Request* request) {
+  auto finish = [](Item& item) {  // its collective (if any) is complete
     try {
-      if (request != nullptr) request->wait();
       if (item.then) item.then();
       item.done.set_value();
     } catch (...) {
@@ -97,7 +96,7 @@ void CommWorker::loop() {
         if (request) {
           inflight.push_back(InFlight{std::move(*request), std::move(item)});
         } else {
-          finish(item, nullptr);
+          finish(item);
         }
       } catch (...) {
         item.done.set_exception(std::current_exception());
@@ -119,7 +118,7 @@ void CommWorker::loop() {
       if (error) {
         oldest.item.done.set_exception(error);
       } else {
-        finish(oldest.item, nullptr);
+        finish(oldest.item);
       }
       completed = true;
     }

@@ -25,8 +25,9 @@
 namespace chorus::training {
 
 // One thread that owns a communicator: tasks run in submission order; a task may start a
-// non-blocking collective and return its Request, which the thread completes (Request::wait) while
-// later tasks are started as they come. A task's future reports its completion or its error.
+// non-blocking collective and return its Request, which the thread polls (Request::test) until it
+// is complete, starting later tasks as soon as they are queued. Requests complete in submission
+// order. A task's future reports its completion or its error.
 class CommWorker {
  public:
   using Task = std::function<std::optional<Request>(Communicator&)>;
