@@ -20,23 +20,6 @@ float Job::learningRate(long step) const {
   return static_cast<float>(minLr + (adam.lr - minLr) * cosine);
 }
 
-namespace {
-
-// The keys a job file may hold, per section.
-const std::map<std::string, std::set<std::string>> kKeys = {
-    {"", {"name"}},
-    {"model", {"layers", "heads", "width", "context", "vocab", "preset"}},
-    {"data", {"corpus", "tokenizer", "bpe_vocab", "val_every", "shard_tokens", "dir"}},
-    {"batch", {"micro", "seq", "accumulate"}},
-    {"optimizer", {"lr", "min_lr", "warmup", "beta1", "beta2", "eps", "weight_decay", "clip"}},
-    {"parallel", {"ranks", "zero", "bucket_mb", "inflight_buckets"}},
-    {"run",
-     {"steps", "seed", "eval_every", "eval_batches", "log_every", "checkpoint_every", "resume", "out",
-      "blas_coretype"}},
-};
-
-}  // namespace
-
 Job loadJob(const std::string& path, const std::vector<std::string>& overrides) {
   auto fail = [&](const std::string& what) -> Error {
     return Error(chorusInvalidArgument, "job " + path + ": " + what);
@@ -65,21 +48,10 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
     if (table == nullptr) throw fail("override '" + o + "': " + section + " is not a table");
     table->insert_or_assign(key, *parsed["v"].node());
   }
-  for (const auto& [k, node] : root) {
-    const std::string key(k.str());
-    if (node.is_table()) {
-      auto it = kKeys.find(key);
-      if (it == kKeys.end()) throw fail("unknown section [" + key + "]");
-      for (const auto& [inner, value] : *node.as_table()) {
-        if (!it->second.count(std::string(inner.str()))) {
-          throw fail(fmt::format("unknown key '{}' in [{}]", inner.str(), key));
-        }
-      }
-    } else if (!kKeys.at("").count(key)) {
-      throw fail("unknown key '" + key + "'");
-    }
-  }
+  // Every key read is known; what the file holds beyond them is an error (checked after the reads).
+  std::map<std::string, std::set<std::string>> known;
   auto get = [&]<typename T>(const char* section, const char* key, T& into) {
+    known[section].insert(key);
     auto node = root[section][key];
     if (!node) return;
     if constexpr (std::is_same_v<T, std::string>) {
@@ -103,6 +75,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
 
   Job job;
   job.path = path;
+  known[""].insert("name");
   if (auto n = root["name"].value<std::string>()) job.name = *n;
   std::string preset;
   get("model", "preset", preset);
@@ -148,6 +121,20 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("run", "out", job.out);
   get("run", "blas_coretype", job.blasCoretype);
   if (job.dataDir.empty()) job.dataDir = job.out + "/data";
+  for (const auto& [k, node] : root) {
+    const std::string key(k.str());
+    if (node.is_table()) {
+      auto it = known.find(key);
+      if (it == known.end() || key.empty()) throw fail("unknown section [" + key + "]");
+      for (const auto& [inner, value] : *node.as_table()) {
+        if (!it->second.count(std::string(inner.str()))) {
+          throw fail(fmt::format("unknown key '{}' in [{}]", inner.str(), key));
+        }
+      }
+    } else if (!known[""].count(key)) {
+      throw fail("unknown key '" + key + "'");
+    }
+  }
 
   auto atLeast = [&](const char* what, double value, double least) {
     if (value < least) throw fail(fmt::format("{} = {} (at least {})", what, value, least));

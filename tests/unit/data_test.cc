@@ -193,6 +193,8 @@ out = "x"
   };
   EXPECT_NE(message({"parallel.zero=4"}).find("zero = 4"), std::string::npos);
   EXPECT_NE(message({"model.layer=3"}).find("unknown key 'layer' in [model]"), std::string::npos);
+  EXPECT_NE(message({"extra.x=1"}).find("unknown section [extra]"), std::string::npos);
+  EXPECT_NE(message({"parallel.inflight_buckets=0"}).find("inflight_buckets = 0"), std::string::npos);
   EXPECT_NE(message({"batch.seq=64"}).find("exceeds [model] context = 32"), std::string::npos);
   EXPECT_NE(message({"batch.micro=\"four\""}).find("[batch] micro must be an integer"), std::string::npos);
   EXPECT_NE(message({"nonsense"}).find("not section.key=value"), std::string::npos);
