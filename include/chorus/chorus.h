@@ -194,6 +194,20 @@ CHORUS_API chorusResult_t chorusCommAbort(chorusComm_t comm);
 CHORUS_API chorusResult_t chorusCommShrink(chorusComm_t comm, const int* excludeRanks, int excludeCount,
                                            chorusComm_t* newcomm, const chorusConfig_t* config);
 
+/* Passed as color to chorusCommSplit by a rank that joins no new communicator. */
+#define CHORUS_SPLIT_NOCOLOR (-1)
+
+/* Splits comm as ncclCommSplit / MPI_Comm_split: the ranks that pass the same color (>= 0) make one
+ * new communicator each, numbered by key (ties: by rank in comm). A rank that passes
+ * CHORUS_SPLIT_NOCOLOR gets *newcomm = NULL. Collective over every rank of comm, outside a group,
+ * after comm's earlier calls; comm stays usable. config as for chorusCommInitRankConfig (NULL:
+ * comm's settings). The way to build groups such as a device mesh's (data, tensor, pipeline and
+ * context parallel): one call per dimension. Errors: chorusInvalidArgument (NULL newcomm; a color
+ * below 0 other than CHORUS_SPLIT_NOCOLOR on any rank: every rank fails, naming that rank),
+ * chorusInvalidUsage (inside a group), and those of a collective and of chorusCommInitRank. */
+CHORUS_API chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm,
+                                          const chorusConfig_t* config);
+
 /* Sets which algorithm later calls of each named collective use on this communicator, in
  * CHORUS_ALGO's syntax: "allreduce:rabenseifner,allgather:bruck"; a collective not named keeps
  * its setting, and "allreduce:default" returns it to the library's choice. Every rank must set

@@ -131,6 +131,8 @@ class Communicator {
     return Communicator(comm);
   }
 
+  // An empty object (see operator bool), to be assigned later.
+  Communicator() = default;
   Communicator(Communicator&& other) noexcept : comm_(std::exchange(other.comm_, nullptr)) {}
   Communicator& operator=(Communicator&& other) noexcept {
     if (this != &other) {
@@ -255,6 +257,16 @@ class Communicator {
     detail::check(chorusIBarrier(comm_, &r), comm_);
     return Request(r, comm_);
   }
+
+  // Collective over every rank (see chorusCommSplit): the ranks passing the same color form one
+  // new communicator, ordered by key; color CHORUS_SPLIT_NOCOLOR gives an empty Communicator.
+  Communicator split(int color, int key, const chorusConfig_t* config = nullptr) {
+    chorusComm_t made = nullptr;
+    detail::check(chorusCommSplit(comm_, color, key, &made, config), comm_);
+    return Communicator(made);
+  }
+  // False for an empty object (moved from, aborted, or a CHORUS_SPLIT_NOCOLOR split).
+  explicit operator bool() const { return comm_ != nullptr; }
 
   // Progresses the operations in flight without blocking; throws chorus::Error with the failure
   // that ended the communicator, if one has (chorusCommGetAsyncError).

@@ -461,6 +461,21 @@ chorusResult_t chorusCommShrink(chorusComm_t comm, const int* excludeRanks, int 
   });
 }
 
+chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm,
+                               const chorusConfig_t* config) {
+  return guarded([&] {
+    const Lease held = live(comm, "chorusCommSplit");
+    Communicator& c = *held;
+    if (newcomm == nullptr) fail(chorusInvalidArgument, "rank {}: chorusCommSplit: newcomm is NULL", c.rank());
+    *newcomm = nullptr;
+    if (group.depth > 0) fail(chorusInvalidUsage, "rank {}: chorusCommSplit inside a group", c.rank());
+    checkConfig(config, c.rank());
+    const chorus::CommSettings settings = config != nullptr ? chorus::CommSettings::resolve(config) : c.settings();
+    auto made = c.split(color, key, settings);
+    if (made != nullptr) publish(newcomm, std::move(made));
+  });
+}
+
 chorusResult_t chorusCommDumpState(chorusComm_t comm) {
   return guarded([&] { live(comm, "chorusCommDumpState")->printState(); });
 }

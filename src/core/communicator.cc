@@ -515,6 +515,44 @@ std::unique_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclu
   return std::make_unique<Communicator>(id, static_cast<int>(remaining.size()), newRank, settings);
 }
 
+std::unique_ptr<Communicator> Communicator::split(int color, int key, const CommSettings& settings) {
+  const size_t n = static_cast<size_t>(nranks_);
+  std::vector<int32_t> choices(2 * n);  // (color, key) of each rank
+  choices[2 * rank_] = color;
+  choices[2 * rank_ + 1] = key;
+  run({prepare(collectives::Collective::kAllGather, &choices[2 * rank_], choices.data(), 2, chorusInt32, chorusSum,
+               0)});
+  for (int r = 0; r < nranks_; ++r) {
+    if (choices[2 * r] < 0 && choices[2 * r] != kNoColor) {
+      fail(chorusInvalidArgument,
+           "rank {}: chorusCommSplit: rank {} passed color {} (a color is >= 0, or CHORUS_SPLIT_NOCOLOR = {})", rank_,
+           r, choices[2 * r], kNoColor);
+    }
+  }
+  // Each color's members in new-rank order: by key, then by rank here.
+  auto membersOf = [&](int c) {
+    std::vector<int> members;
+    for (int r = 0; r < nranks_; ++r) {
+      if (choices[2 * r] == c) members.push_back(r);
+    }
+    std::stable_sort(members.begin(), members.end(),
+                     [&](int a, int b) { return choices[2 * a + 1] < choices[2 * b + 1]; });
+    return members;
+  };
+  const std::vector<int> members = color == kNoColor ? std::vector<int>{} : membersOf(color);
+  // The leader of a color is its lowest-numbered rank here; it makes the id and runs its root.
+  std::vector<UniqueIdData> ids(n);
+  const bool leader = color != kNoColor && *std::min_element(members.begin(), members.end()) == rank_;
+  if (leader) ids[rank_] = createUniqueId();
+  run({prepare(collectives::Collective::kAllGather, &ids[rank_], ids.data(), sizeof(UniqueIdData), chorusUint8,
+               chorusSum, 0)});
+  if (color == kNoColor) return nullptr;
+  const int newRank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+  logAt(LogLevel::kInfo, "rank {}: split color {} key {}: rank {} of {}", rank_, color, key, newRank, members.size());
+  return std::make_unique<Communicator>(ids[*std::min_element(members.begin(), members.end())],
+                                        static_cast<int>(members.size()), newRank, settings);
+}
+
 void Communicator::breakWith(const Error& e) {
   if (!broken_.empty()) return;
   broken_ = e.what();

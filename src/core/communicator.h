@@ -64,6 +64,15 @@ class Communicator {
   // rank out of range or this rank in `exclude`.
   std::unique_ptr<Communicator> shrink(const std::vector<int>& exclude, const CommSettings& settings);
 
+  // Collective over every rank (as ncclCommSplit): the ranks that pass the same color make one new
+  // communicator, numbered by (key, rank here). color kNoColor (-1): this rank joins none and gets
+  // null. The ranks first all-gather their (color, key) on this communicator, so a bad color on
+  // any rank fails on every rank with the same message (chorusInvalidArgument naming the rank);
+  // then the lowest-numbered rank of each color makes the new id, and a second all-gather hands
+  // it to the rest.
+  static constexpr int kNoColor = -1;
+  std::unique_ptr<Communicator> split(int color, int key, const CommSettings& settings);
+
   // Applies overrides in CHORUS_ALGO syntax (throws chorusInvalidArgument; nothing changes then).
   void setAlgorithms(const std::string& text);
 
