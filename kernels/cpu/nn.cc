@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/matmul.h"
 
@@ -74,27 +75,40 @@ inline float laneMax(const float* x, int n) {
 
 }  // namespace
 
-void embeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+void embeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C, int v0,
+                      int vcount) {
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       float* o = out + (static_cast<size_t>(b) * T + t) * C;
-      const float* te = wte + static_cast<size_t>(tokens[b * T + t]) * C;
+      const int row = tokens[b * T + t] - v0;
+      const bool mine = row >= 0 && row < vcount;
+      const float* te = wte + static_cast<size_t>(mine ? row : 0) * C;
       const float* pe = wpe + static_cast<size_t>(t) * C;
-      for (int i = 0; i < C; ++i) o[i] = te[i] + pe[i];
+      if (mine && wpe != nullptr) {
+        for (int i = 0; i < C; ++i) o[i] = te[i] + pe[i];
+      } else if (mine) {
+        for (int i = 0; i < C; ++i) o[i] = te[i];
+      } else if (wpe != nullptr) {
+        for (int i = 0; i < C; ++i) o[i] = pe[i];
+      } else {
+        for (int i = 0; i < C; ++i) o[i] = 0.0f;
+      }
     }
   }
 }
 
-void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C) {
+void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v0,
+                       int vcount) {
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       const float* d = dout + (static_cast<size_t>(b) * T + t) * C;
-      float* te = dwte + static_cast<size_t>(tokens[b * T + t]) * C;
-      float* pe = dwpe + static_cast<size_t>(t) * C;
-      for (int i = 0; i < C; ++i) {
-        te[i] += d[i];
-        pe[i] += d[i];
+      const int row = tokens[b * T + t] - v0;
+      if (row >= 0 && row < vcount) {
+        float* te = dwte + static_cast<size_t>(row) * C;
+        for (int i = 0; i < C; ++i) te[i] += d[i];
       }
+      float* pe = dwpe + static_cast<size_t>(t) * C;
+      for (int i = 0; i < C; ++i) pe[i] += d[i];
     }
   }
 }
@@ -248,31 +262,55 @@ void residualBackward(float* da, float* db, const float* dout, size_t n) {
   }
 }
 
-CHORUS_VECTOR_CLONES float crossEntropyForward(float* probs, float* losses, const float* logits, const int* targets,
-                                               int n, int v) {
-  double total = 0.0;
+CHORUS_VECTOR_CLONES void crossEntropyShardMax(float* rowMax, const float* logits, int n, int v) {
+  for (int row = 0; row < n; ++row) rowMax[row] = laneMax(logits + static_cast<size_t>(row) * v, v);
+}
+
+CHORUS_VECTOR_CLONES void crossEntropyShardExp(float* probs, float* sums, float* targetLogits, const float* logits,
+                                               const float* rowMax, const int* targets, int n, int v, int v0) {
   for (int row = 0; row < n; ++row) {
     const float* x = logits + static_cast<size_t>(row) * v;
     float* p = probs + static_cast<size_t>(row) * v;
-    const float maxv = laneMax(x, v);
+    const float maxv = rowMax[row];
     for (int j = 0; j < v; ++j) p[j] = vexp(x[j] - maxv);
-    const float sum = laneSum(p, v);
-    const float inv = 1.0f / sum;
+    sums[row] = laneSum(p, v);
+    const int column = targets[row] - v0;
+    targetLogits[row] = column >= 0 && column < v ? x[column] : 0.0f;
+  }
+}
+
+CHORUS_VECTOR_CLONES float crossEntropyShardLoss(float* probs, float* losses, const float* sums, const float* rowMax,
+                                                 const float* targetLogits, int n, int v) {
+  double total = 0.0;
+  for (int row = 0; row < n; ++row) {
+    float* p = probs + static_cast<size_t>(row) * v;
+    const float inv = 1.0f / sums[row];
     for (int j = 0; j < v; ++j) p[j] *= inv;
     // -log softmax[target] = log(sum) + max - logit[target]: exact where the probability underflows.
-    losses[row] = std::log(sum) + maxv - x[targets[row]];
+    losses[row] = std::log(sums[row]) + rowMax[row] - targetLogits[row];
     total += losses[row];
   }
   return n > 0 ? static_cast<float>(total / n) : 0.0f;
 }
 
+float crossEntropyForward(float* probs, float* losses, const float* logits, const int* targets, int n, int v) {
+  std::vector<float> stats(3 * static_cast<size_t>(n));
+  float* rowMax = stats.data();
+  float* sums = rowMax + n;
+  float* targetLogits = sums + n;
+  crossEntropyShardMax(rowMax, logits, n, v);
+  crossEntropyShardExp(probs, sums, targetLogits, logits, rowMax, targets, n, v, 0);
+  return crossEntropyShardLoss(probs, losses, sums, rowMax, targetLogits, n, v);
+}
+
 CHORUS_VECTOR_CLONES void crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v,
-                                               float scale) {
+                                               float scale, int v0) {
   for (int row = 0; row < n; ++row) {
     const float* p = probs + static_cast<size_t>(row) * v;
     float* d = dlogits + static_cast<size_t>(row) * v;
     for (int j = 0; j < v; ++j) d[j] = p[j] * scale;
-    d[targets[row]] -= scale;
+    const int column = targets[row] - v0;
+    if (column >= 0 && column < v) d[column] -= scale;
   }
 }
 

@@ -7,14 +7,20 @@
 #pragma once
 
 #include <cstddef>
+#include <limits>
 
 namespace chorus::kernels {
 
 // out(B, T, C) = wte[tokens(B, T)] + wpe[t]: token and position embeddings. Every token must be in
-// [0, V) and T no more than wpe's rows; the caller checks.
-void embeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C);
-// dwte[tokens[b, t]] += dout[b, t], dwpe[t] += dout[b, t].
-void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C);
+// [0, V) and T no more than wpe's rows; the caller checks. Vocab-parallel: wte holds rows
+// [v0, v0 + vcount) of the whole table; tokens outside them give zeros (the ranks' outputs are then
+// summed), and wpe may be null (no position term).
+void embeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                      int v0 = 0, int vcount = std::numeric_limits<int>::max());
+// dwte[tokens[b, t]] += dout[b, t] (tokens in [v0, v0 + vcount) only, at row token - v0),
+// dwpe[t] += dout[b, t].
+void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v0 = 0,
+                       int vcount = std::numeric_limits<int>::max());
 
 // Layernorm over the last dimension of inp(n, c): out = (inp - mean) * rstd * weight + bias, with the
 // biased variance and eps = 1e-5 as GPT-2; saves mean(n) and rstd(n) for backward.
@@ -45,8 +51,22 @@ void residualBackward(float* da, float* db, const float* dout, size_t n);
 // probs[target], and returns the mean loss. Targets must be in [0, v).
 float crossEntropyForward(float* probs, float* losses, const float* logits, const int* targets, int n, int v);
 // dlogits(n, v) = (probs - onehot(target)) * scale, written (not accumulated); dlogits may be
-// probs itself. For the mean loss, scale = 1/n.
-void crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale);
+// probs itself. For the mean loss, scale = 1/n. Vocab-parallel: the columns are [v0, v0 + v) of the
+// whole vocabulary, and the one-hot term applies where the target is among them.
+void crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale,
+                          int v0 = 0);
+// crossEntropyForward in three passes, for logits(n, v) that are columns [v0, v0 + v) of the whole
+// vocabulary (vocab-parallel): between the passes the ranks reduce the per-row values, the maxima
+// by max, the sums and target logits by sum. One rank with v0 = 0 is crossEntropyForward.
+// 1. rowMax(n) = the largest logit of each row.
+void crossEntropyShardMax(float* rowMax, const float* logits, int n, int v);
+// 2. probs = exp(logits - rowMax), sums(n) = their row sums, targetLogits(n) = the target's logit
+//    where it is among the columns, else 0.
+void crossEntropyShardExp(float* probs, float* sums, float* targetLogits, const float* logits, const float* rowMax,
+                          const int* targets, int n, int v, int v0);
+// 3. probs /= sums; losses(n) = log(sum) + max - targetLogit; returns the mean loss.
+float crossEntropyShardLoss(float* probs, float* losses, const float* sums, const float* rowMax,
+                            const float* targetLogits, int n, int v);
 
 // AdamW as PyTorch's torch.optim.AdamW (decoupled weight decay), one step over n elements:
 //   param *= 1 - lr * weightDecay; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;

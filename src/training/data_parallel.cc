@@ -135,7 +135,8 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
       stage_(settings.zeroStage),
       N_(comm ? comm->size() : 1),
       rank_(comm ? comm->rank() : 0),
-      inflightBuckets_(settings.inflightBuckets) {
+      inflightBuckets_(settings.inflightBuckets),
+      modelParallelSum_(settings.modelParallelSum) {
   if (stage_ < 0 || stage_ > 3) {
     throw Error(chorusInvalidArgument, fmt::format("data parallel: ZeRO stage {} is not 0, 1, 2 or 3", stage_));
   }
@@ -389,13 +390,18 @@ double DataParallel::step(const kernels::AdamWSettings& adam, long stepNumber, f
     return o;
   };
 
-  // The global gradient norm: each rank's own elements, summed over ranks when sharded.
+  // The global gradient norm: each rank's own elements, summed over ranks when sharded, then over
+  // the model-parallel ranks (of the tensors replicated there, one rank's count).
   double squares = 0.0;
   for (const auto& b : buckets_) {
     const Own o = own(b);
-    squares += kernels::sumOfSquares(grads_.data() + o.g, o.hi - o.lo);
+    for (const auto& t : layout_.tensors()) {
+      const size_t lo = std::max(o.lo, t.offset), hi = std::min(o.hi, t.offset + t.count);
+      if (lo < hi && t.counted) squares += kernels::sumOfSquares(grads_.data() + o.g + (lo - o.lo), hi - lo);
+    }
   }
   if (stage_ >= 1 && worker_) squares = average(squares) * N_;
+  if (modelParallelSum_) squares = modelParallelSum_(squares);
   const double norm = std::sqrt(squares);
   if (clipNorm > 0.0f && norm > clipNorm) {
     const float factor = static_cast<float>(clipNorm / (norm + 1e-6));

@@ -74,6 +74,10 @@ struct DataParallelSettings {
   // then at most inflightBuckets + 2 buckets (those in flight, the one being filled, and the
   // embeddings' bucket, which the output layer starts first and the embedding layer finishes last).
   int inflightBuckets = 2;
+  // With model parallelism: sums a value over the ranks that hold the other parts of the model
+  // (the tp group), called on the training thread in step() for the gradient norm (each rank adds
+  // the tensors its layout counts). Empty: the model is whole on this rank.
+  std::function<double(double)> modelParallelSum;
 };
 
 // How far the reductions overlapped backward: of `reductions` bucket reductions, `overlapped`
@@ -154,6 +158,7 @@ class DataParallel : public UnitAccess {
   std::unique_ptr<CommWorker> worker_;
   int stage_, N_, rank_;
   int inflightBuckets_;
+  std::function<double(double)> modelParallelSum_;
   std::deque<int> pendingWholeGrads_;  // ZeRO-2/3: buckets whose reduce-scatter may be in flight, oldest first
   std::vector<Bucket> buckets_;
   std::vector<int> unitBucket_;

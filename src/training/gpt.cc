@@ -32,20 +32,57 @@ std::string GptConfig::describe() const {
 
 // ---- layout ----
 
-ParamLayout::ParamLayout(const GptConfig& c) {
+ParamLayout::ParamLayout(const GptConfig& c, int tp, int tpRank) : tp_(tp), tpRank_(tpRank) {
   c.validate();
+  if (tp < 1 || tpRank < 0 || tpRank >= tp) {
+    throw Error(chorusInvalidArgument, fmt::format("GPT layout: tp rank {} of {}", tpRank, tp));
+  }
+  if (c.heads % tp != 0) {
+    throw Error(chorusInvalidArgument,
+                fmt::format("GPT layout: heads = {} cannot be split over tp = {} ranks (not a multiple)", c.heads, tp));
+  }
+  if (c.vocab < tp) {
+    throw Error(chorusInvalidArgument, fmt::format("GPT layout: vocab = {} is below tp = {}", c.vocab, tp));
+  }
+  // Rows or columns [lo, hi) of `extent` that this rank holds.
+  auto cut = [&](size_t extent) { return std::pair<size_t, size_t>(extent * tpRank / tp, extent * (tpRank + 1) / tp); };
   int unit = 0;
-  auto add = [&](std::string name, std::vector<int> shape, Init init) {
+  auto add = [&](std::string name, std::vector<int> shape, Init init, Split split = Split::kReplicated, int parts = 1) {
     ParamTensor t;
     t.name = std::move(name);
-    t.count = 1;
-    for (int d : shape) t.count *= static_cast<size_t>(d);
-    t.shape = std::move(shape);
+    t.globalShape = shape;
+    t.shape = shape;
     t.offset = total_;
+    t.globalOffset = globalTotal_;
     t.unit = unit;
     t.init = init;
-    t.decay = t.shape.size() >= 2;
+    t.decay = shape.size() >= 2;
+    t.split = tp == 1 ? Split::kReplicated : split;
+    t.counted = t.split != Split::kReplicated || tpRank == 0;
+    const size_t rows = static_cast<size_t>(shape[0]);
+    const size_t cols = shape.size() > 1 ? static_cast<size_t>(shape[1]) : 1;
+    const int index = static_cast<int>(tensors_.size());
+    if (t.split == Split::kRows) {
+      const size_t partRows = rows / parts;
+      const auto [lo, hi] = cut(partRows);
+      t.shape[0] = static_cast<int>(parts * (hi - lo));
+      for (int p = 0; p < parts; ++p) {
+        runs_.push_back(
+            {t.offset + p * (hi - lo) * cols, t.globalOffset + (p * partRows + lo) * cols, (hi - lo) * cols, index});
+      }
+    } else if (t.split == Split::kColumns) {
+      const auto [lo, hi] = cut(cols);
+      t.shape[1] = static_cast<int>(hi - lo);
+      for (size_t r = 0; r < rows; ++r) {
+        runs_.push_back({t.offset + r * (hi - lo), t.globalOffset + r * cols + lo, hi - lo, index});
+      }
+    } else {
+      runs_.push_back({t.offset, t.globalOffset, rows * cols, index});
+    }
+    t.count = 1;
+    for (int d : t.shape) t.count *= static_cast<size_t>(d);
     total_ += t.count;
+    globalTotal_ += rows * cols;
     unitCount_[unit] += t.count;
     tensors_.push_back(std::move(t));
   };
@@ -55,29 +92,43 @@ ParamLayout::ParamLayout(const GptConfig& c) {
     unitCount_.push_back(0);
   };
   const int C = c.width;
+  const auto [vocabLo, vocabHi] = cut(static_cast<size_t>(c.vocab));
+  vocabBegin_ = static_cast<int>(vocabLo);
+  vocabCount_ = static_cast<int>(vocabHi - vocabLo);
   beginUnit(0);
-  add("wte.weight", {c.vocab, C}, Init::kNormal);
+  add("wte.weight", {c.vocab, C}, Init::kNormal, Split::kRows);
   add("wpe.weight", {c.context, C}, Init::kNormal);
   for (int l = 0; l < c.layers; ++l) {
     beginUnit(1 + l);
     const std::string p = fmt::format("h.{}.", l);
     add(p + "ln_1.weight", {C}, Init::kOnes);
     add(p + "ln_1.bias", {C}, Init::kZeros);
-    add(p + "attn.c_attn.weight", {3 * C, C}, Init::kNormal);
-    add(p + "attn.c_attn.bias", {3 * C}, Init::kZeros);
-    add(p + "attn.c_proj.weight", {C, C}, Init::kResidualNormal);
+    add(p + "attn.c_attn.weight", {3 * C, C}, Init::kNormal, Split::kRows, 3);
+    add(p + "attn.c_attn.bias", {3 * C}, Init::kZeros, Split::kRows, 3);
+    add(p + "attn.c_proj.weight", {C, C}, Init::kResidualNormal, Split::kColumns);
     add(p + "attn.c_proj.bias", {C}, Init::kZeros);
     add(p + "ln_2.weight", {C}, Init::kOnes);
     add(p + "ln_2.bias", {C}, Init::kZeros);
-    add(p + "mlp.c_fc.weight", {4 * C, C}, Init::kNormal);
-    add(p + "mlp.c_fc.bias", {4 * C}, Init::kZeros);
-    add(p + "mlp.c_proj.weight", {C, 4 * C}, Init::kResidualNormal);
+    add(p + "mlp.c_fc.weight", {4 * C, C}, Init::kNormal, Split::kRows);
+    add(p + "mlp.c_fc.bias", {4 * C}, Init::kZeros, Split::kRows);
+    add(p + "mlp.c_proj.weight", {C, 4 * C}, Init::kResidualNormal, Split::kColumns);
     add(p + "mlp.c_proj.bias", {C}, Init::kZeros);
   }
   beginUnit(c.layers + 1);
   add("ln_f.weight", {C}, Init::kOnes);
   add("ln_f.bias", {C}, Init::kZeros);
   layers_ = c.layers;
+}
+
+void ParamLayout::toGlobal(const float* local, float* whole, bool countedOnly) const {
+  for (const auto& run : runs_) {
+    if (countedOnly && !tensors_[run.tensor].counted) continue;
+    std::memcpy(whole + run.global, local + run.local, run.count * sizeof(float));
+  }
+}
+
+void ParamLayout::fromGlobal(const float* whole, float* local) const {
+  for (const auto& run : runs_) std::memcpy(local + run.local, whole + run.global, run.count * sizeof(float));
 }
 
 const ParamTensor& ParamLayout::tensor(const std::string& name) const {
@@ -105,17 +156,19 @@ float normalAt(uint64_t seed, uint64_t index) {
 
 void ParamLayout::initialize(uint64_t seed, float* dst, size_t begin, size_t end) const {
   const float residualStd = 0.02f / std::sqrt(2.0f * static_cast<float>(layers_));
-  for (const auto& t : tensors_) {
-    const size_t lo = std::max(begin, t.offset);
-    const size_t hi = std::min(end, t.offset + t.count);
+  for (const auto& run : runs_) {
+    const size_t lo = std::max(begin, run.local);
+    const size_t hi = std::min(end, run.local + run.count);
+    const Init init = tensors_[run.tensor].init;
     for (size_t i = lo; i < hi; ++i) {
+      const uint64_t global = run.global + (i - run.local);
       float value = 0.0f;
-      switch (t.init) {
+      switch (init) {
         case Init::kNormal:
-          value = 0.02f * normalAt(seed, i);
+          value = 0.02f * normalAt(seed, global);
           break;
         case Init::kResidualNormal:
-          value = residualStd * normalAt(seed, i);
+          value = residualStd * normalAt(seed, global);
           break;
         case Init::kZeros:
           value = 0.0f;
@@ -138,10 +191,11 @@ template <typename P>
 struct BlockPtrs {
   P ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
 };
+// C: the model's width; Ct = C / tp (this rank's attention channels), Ft = 4C / tp (its MLP units).
 template <typename P>
-BlockPtrs<P> blockPtrs(P base, int C) {
+BlockPtrs<P> blockPtrs(P base, int C, int Ct, int Ft) {
   BlockPtrs<P> b;
-  const size_t c = static_cast<size_t>(C);
+  const size_t c = static_cast<size_t>(C), ct = static_cast<size_t>(Ct), ft = static_cast<size_t>(Ft);
   P p = base;
   auto take = [&](size_t n) {
     P at = p;
@@ -150,31 +204,45 @@ BlockPtrs<P> blockPtrs(P base, int C) {
   };
   b.ln1w = take(c);
   b.ln1b = take(c);
-  b.qkvw = take(3 * c * c);
-  b.qkvb = take(3 * c);
-  b.projw = take(c * c);
+  b.qkvw = take(3 * ct * c);
+  b.qkvb = take(3 * ct);
+  b.projw = take(c * ct);
   b.projb = take(c);
   b.ln2w = take(c);
   b.ln2b = take(c);
-  b.fcw = take(4 * c * c);
-  b.fcb = take(4 * c);
-  b.fcprojw = take(4 * c * c);
+  b.fcw = take(ft * c);
+  b.fcb = take(ft);
+  b.fcprojw = take(c * ft);
   b.fcprojb = take(c);
   return b;
 }
 
+// out(n rows, c) += bias(c), the bias of a row-parallel layer added once its partial sums are summed.
+void addBias(float* out, const float* bias, int n, int c) {
+  for (int row = 0; row < n; ++row)
+    kn::residualForward(out + static_cast<size_t>(row) * c, out + static_cast<size_t>(row) * c, bias, c);
+}
+
 }  // namespace
 
-Gpt::Gpt(const GptConfig& config, int batch, int seq) : config_(config), layout_(config), B_(batch), T_(seq) {
+Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp)
+    : config_(config),
+      tp_(tp),
+      layout_(config, tp.size(), tp.rank()),
+      B_(batch),
+      T_(seq),
+      Ct_(config.width / tp.size()),
+      Ft_(4 * config.width / tp.size()),
+      heads_(config.heads / tp.size()) {
   if (batch < 1) throw Error(chorusInvalidArgument, fmt::format("GPT: batch = {} (at least 1)", batch));
   if (seq < 1 || seq > config.context) {
     throw Error(chorusInvalidArgument,
                 fmt::format("GPT: sequence length {} is not in [1, context = {}]", seq, config.context));
   }
   const size_t N = static_cast<size_t>(B_) * T_;
-  const size_t C = config.width;
-  const size_t V = config.vocab;
-  const size_t NH = config.heads;
+  const size_t C = config.width, Ct = Ct_, Ft = Ft_;
+  const size_t V = layout_.vocabCount();
+  const size_t NH = heads_;
   tokens_.resize(N);
   targets_.resize(N);
   residual_.assign(config.layers + 1, std::vector<float>(N * C));
@@ -183,15 +251,15 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq) : config_(config), layout_
     L.ln1.resize(N * C);
     L.ln1Mean.resize(N);
     L.ln1Rstd.resize(N);
-    L.qkv.resize(N * 3 * C);
-    L.atty.resize(N * C);
+    L.qkv.resize(N * 3 * Ct);
+    L.atty.resize(N * Ct);
     L.att.resize(static_cast<size_t>(B_) * NH * T_ * T_);
     L.res2.resize(N * C);
     L.ln2.resize(N * C);
     L.ln2Mean.resize(N);
     L.ln2Rstd.resize(N);
-    L.fch.resize(N * 4 * C);
-    L.fchGelu.resize(N * 4 * C);
+    L.fch.resize(N * Ft);
+    L.fchGelu.resize(N * Ft);
   }
   lnf_.resize(N * C);
   lnfMean_.resize(N);
@@ -199,12 +267,13 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq) : config_(config), layout_
   logits_.resize(N * V);
   probs_.resize(N * V);
   losses_.resize(N);
+  if (tp_.size() > 1) ceStats_.resize(3 * N);
   dres_.resize(N * C);
   dln_.resize(N * C);
-  datty_.resize(N * C);
-  dqkv_.resize(N * 3 * C);
-  dfch_.resize(N * 4 * C);
-  dfchGelu_.resize(N * 4 * C);
+  datty_.resize(N * Ct);
+  dqkv_.resize(N * 3 * Ct);
+  dfch_.resize(N * Ft);
+  dfchGelu_.resize(N * Ft);
   dattScratch_.resize(static_cast<size_t>(T_) * T_);
 }
 
@@ -215,7 +284,8 @@ size_t Gpt::activationBytes() const {
     floats += L.ln1.size() + L.ln1Mean.size() + L.ln1Rstd.size() + L.qkv.size() + L.atty.size() + L.att.size() +
               L.res2.size() + L.ln2.size() + L.ln2Mean.size() + L.ln2Rstd.size() + L.fch.size() + L.fchGelu.size();
   }
-  floats += lnf_.size() + lnfMean_.size() + lnfRstd_.size() + logits_.size() + probs_.size() + losses_.size();
+  floats += lnf_.size() + lnfMean_.size() + lnfRstd_.size() + logits_.size() + probs_.size() + losses_.size() +
+            ceStats_.size();
   floats +=
       dres_.size() + dln_.size() + datty_.size() + dqkv_.size() + dfch_.size() + dfchGelu_.size() + dattScratch_.size();
   return floats * sizeof(float) + (tokens_.size() + targets_.size()) * sizeof(int);
@@ -233,7 +303,7 @@ double Gpt::flopsPerStep() const {
 }
 
 float Gpt::forward(const int* tokens, const int* targets, UnitAccess& access) {
-  const int B = B_, T = T_, C = config_.width, NH = config_.heads, V = config_.vocab;
+  const int B = B_, T = T_, C = config_.width, V = config_.vocab;
   const int N = B * T;
   for (int i = 0; i < N; ++i) {
     if (tokens[i] < 0 || tokens[i] >= V) {
@@ -251,26 +321,56 @@ float Gpt::forward(const int* tokens, const int* targets, UnitAccess& access) {
   haveTargets_ = targets != nullptr;
   if (haveTargets_) std::memcpy(targets_.data(), targets, targets_.size() * sizeof(int));
 
+  const bool split = tp_.size() > 1;
+  const int v0 = layout_.vocabBegin(), Vt = layout_.vocabCount();
+  const int Ct = Ct_, Ft = Ft_, NHt = heads_;
+  const size_t NC = static_cast<size_t>(N) * C;
   const float* embed = access.acquire(0, Pass::kForward);
-  kn::embeddingForward(residual_[0].data(), tokens_.data(), embed, embed + static_cast<size_t>(V) * C, B, T, C);
+  const float* wpe = embed + static_cast<size_t>(Vt) * C;
+  if (!split) {
+    kn::embeddingForward(residual_[0].data(), tokens_.data(), embed, wpe, B, T, C);
+  } else {
+    // Each rank looks up the tokens of its vocabulary rows (zeros for the others); the sum is the
+    // embedding, and the position term is added once.
+    kn::embeddingForward(residual_[0].data(), tokens_.data(), embed, nullptr, B, T, C, v0, Vt);
+    tpSum(residual_[0]);
+    for (int b = 0; b < B; ++b) {
+      float* rows = residual_[0].data() + static_cast<size_t>(b) * T * C;
+      kn::residualForward(rows, rows, wpe, static_cast<size_t>(T) * C);
+    }
+  }
   access.release(0, Pass::kForward);
 
   for (int l = 0; l < config_.layers; ++l) {
-    const auto w = blockPtrs<const float*>(access.acquire(1 + l, Pass::kForward), C);
+    const auto w = blockPtrs<const float*>(access.acquire(1 + l, Pass::kForward), C, Ct, Ft);
     Layer& L = layers_[l];
     const float* in = residual_[l].data();
     float* out = residual_[l + 1].data();
+    std::span<float> outSpan(out, NC);
     kn::layernormForward(L.ln1.data(), L.ln1Mean.data(), L.ln1Rstd.data(), in, w.ln1w, w.ln1b, N, C);
-    kn::matmulForward(L.qkv.data(), L.ln1.data(), w.qkvw, w.qkvb, N, C, 3 * C);
-    kn::attentionForward(L.atty.data(), L.att.data(), L.qkv.data(), B, T, C, NH);
-    // The projection's output goes to `out` for a moment, then the residual sum into res2.
-    kn::matmulForward(out, L.atty.data(), w.projw, w.projb, N, C, C);
-    kn::residualForward(L.res2.data(), in, out, static_cast<size_t>(N) * C);
+    kn::matmulForward(L.qkv.data(), L.ln1.data(), w.qkvw, w.qkvb, N, C, 3 * Ct);
+    kn::attentionForward(L.atty.data(), L.att.data(), L.qkv.data(), B, T, Ct, NHt);
+    // The projection's output goes to `out` for a moment, then the residual sum into res2. Row
+    // parallel: each rank's heads give a partial sum; the bias is added to the total.
+    if (!split) {
+      kn::matmulForward(out, L.atty.data(), w.projw, w.projb, N, C, C);
+    } else {
+      kn::matmulForward(out, L.atty.data(), w.projw, nullptr, N, Ct, C);
+      tpSum(outSpan);
+      addBias(out, w.projb, N, C);
+    }
+    kn::residualForward(L.res2.data(), in, out, NC);
     kn::layernormForward(L.ln2.data(), L.ln2Mean.data(), L.ln2Rstd.data(), L.res2.data(), w.ln2w, w.ln2b, N, C);
-    kn::matmulForward(L.fch.data(), L.ln2.data(), w.fcw, w.fcb, N, C, 4 * C);
-    kn::geluForward(L.fchGelu.data(), L.fch.data(), static_cast<size_t>(N) * 4 * C);
-    kn::matmulForward(out, L.fchGelu.data(), w.fcprojw, w.fcprojb, N, 4 * C, C);
-    kn::residualForward(out, L.res2.data(), out, static_cast<size_t>(N) * C);
+    kn::matmulForward(L.fch.data(), L.ln2.data(), w.fcw, w.fcb, N, C, Ft);
+    kn::geluForward(L.fchGelu.data(), L.fch.data(), static_cast<size_t>(N) * Ft);
+    if (!split) {
+      kn::matmulForward(out, L.fchGelu.data(), w.fcprojw, w.fcprojb, N, 4 * C, C);
+    } else {
+      kn::matmulForward(out, L.fchGelu.data(), w.fcprojw, nullptr, N, Ft, C);
+      tpSum(outSpan);
+      addBias(out, w.fcprojb, N, C);
+    }
+    kn::residualForward(out, L.res2.data(), out, NC);
     access.release(1 + l, Pass::kForward);
   }
 
@@ -280,26 +380,44 @@ float Gpt::forward(const int* tokens, const int* targets, UnitAccess& access) {
   access.release(config_.layers + 1, Pass::kForward);
 
   const float* wte = access.acquire(0, Pass::kForward);
-  kn::matmulForward(logits_.data(), lnf_.data(), wte, nullptr, N, C, V);
+  kn::matmulForward(logits_.data(), lnf_.data(), wte, nullptr, N, C, Vt);
   access.release(0, Pass::kForward);
   if (!haveTargets_) return 0.0f;
-  return kn::crossEntropyForward(probs_.data(), losses_.data(), logits_.data(), targets_.data(), N, V);
+  if (!split) return kn::crossEntropyForward(probs_.data(), losses_.data(), logits_.data(), targets_.data(), N, V);
+  // Vocab-parallel cross-entropy: the row maxima, then the exponential sums and target logits,
+  // reduced over the ranks between the passes.
+  std::span<float> rowMax(ceStats_.data(), N), sumsAndTargets(ceStats_.data() + N, 2 * static_cast<size_t>(N));
+  kn::crossEntropyShardMax(rowMax.data(), logits_.data(), N, Vt);
+  tpSum(rowMax, ReduceOp::kMax);
+  kn::crossEntropyShardExp(probs_.data(), sumsAndTargets.data(), sumsAndTargets.data() + N, logits_.data(),
+                           rowMax.data(), targets_.data(), N, Vt, v0);
+  tpSum(sumsAndTargets);
+  return kn::crossEntropyShardLoss(probs_.data(), losses_.data(), sumsAndTargets.data(), rowMax.data(),
+                                   sumsAndTargets.data() + N, N, Vt);
+}
+
+void Gpt::tpSum(std::span<float> x, ReduceOp op) {
+  if (tp_.comm != nullptr) tp_.comm->allReduce(x, op);
 }
 
 void Gpt::backward(UnitAccess& access, float lossScale) {
   if (!haveTargets_) throw Error(chorusInvalidUsage, "GPT backward: the last forward had no targets");
-  const int B = B_, T = T_, C = config_.width, NH = config_.heads, V = config_.vocab;
+  const int B = B_, T = T_, C = config_.width;
   const int N = B * T;
+  const int v0 = layout_.vocabBegin(), Vt = layout_.vocabCount();
+  const int Ct = Ct_, Ft = Ft_, NHt = heads_;
   auto zero = [](std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); };
 
-  // The loss and the head: probs becomes dlogits in place, then dlnf (into dln_) and dwte.
-  kn::crossEntropyBackward(probs_.data(), probs_.data(), targets_.data(), N, V, lossScale / static_cast<float>(N));
+  // The loss and the head: probs becomes dlogits in place, then dlnf (into dln_) and dwte. With tp,
+  // each rank's vocabulary columns give a part of dlnf: summed over the ranks.
+  kn::crossEntropyBackward(probs_.data(), probs_.data(), targets_.data(), N, Vt, lossScale / static_cast<float>(N), v0);
   haveTargets_ = false;  // probs_ now holds the gradient: a second backward needs a new forward
   {
     const float* wte = access.acquire(0, Pass::kBackward);
     zero(dln_);
-    kn::matmulBackward(dln_.data(), access.gradients(0), nullptr, probs_.data(), lnf_.data(), wte, N, C, V);
+    kn::matmulBackward(dln_.data(), access.gradients(0), nullptr, probs_.data(), lnf_.data(), wte, N, C, Vt);
     access.release(0, Pass::kBackward);
+    tpSum(dln_);
   }
   {
     const int u = config_.layers + 1;
@@ -312,29 +430,34 @@ void Gpt::backward(UnitAccess& access, float lossScale) {
     access.gradientsDone(u);
   }
 
-  // dres_ holds d(residual[l + 1]); each block turns it into d(residual[l]).
+  // dres_ holds d(residual[l + 1]); each block turns it into d(residual[l]). The row-parallel
+  // layers take the whole dres (their input gradients are this rank's columns); the
+  // column-parallel layers' input gradients are partial sums, summed over the ranks (the
+  // conjugate of the forward all-reduce).
   for (int l = config_.layers - 1; l >= 0; --l) {
     const int u = 1 + l;
-    const auto w = blockPtrs<const float*>(access.acquire(u, Pass::kBackward), C);
-    const auto g = blockPtrs<float*>(access.gradients(u), C);
+    const auto w = blockPtrs<const float*>(access.acquire(u, Pass::kBackward), C, Ct, Ft);
+    const auto g = blockPtrs<float*>(access.gradients(u), C, Ct, Ft);
     Layer& L = layers_[l];
     // out = res2 + fcproj(gelu(fc(ln2(res2)))): d(fcproj output) = dres.
     zero(dfchGelu_);
-    kn::matmulBackward(dfchGelu_.data(), g.fcprojw, g.fcprojb, dres_.data(), L.fchGelu.data(), w.fcprojw, N, 4 * C, C);
+    kn::matmulBackward(dfchGelu_.data(), g.fcprojw, g.fcprojb, dres_.data(), L.fchGelu.data(), w.fcprojw, N, Ft, C);
     zero(dfch_);
-    kn::geluBackward(dfch_.data(), L.fch.data(), dfchGelu_.data(), static_cast<size_t>(N) * 4 * C);
+    kn::geluBackward(dfch_.data(), L.fch.data(), dfchGelu_.data(), static_cast<size_t>(N) * Ft);
     zero(dln_);
-    kn::matmulBackward(dln_.data(), g.fcw, g.fcb, dfch_.data(), L.ln2.data(), w.fcw, N, C, 4 * C);
+    kn::matmulBackward(dln_.data(), g.fcw, g.fcb, dfch_.data(), L.ln2.data(), w.fcw, N, C, Ft);
+    tpSum(dln_);
     // dres becomes d(res2): the residual path plus the path through ln2.
     kn::layernormBackward(dres_.data(), g.ln2w, g.ln2b, dln_.data(), L.res2.data(), w.ln2w, L.ln2Mean.data(),
                           L.ln2Rstd.data(), N, C);
     // res2 = in + proj(attention(qkv(ln1(in)))): d(proj output) = d(res2).
     zero(datty_);
-    kn::matmulBackward(datty_.data(), g.projw, g.projb, dres_.data(), L.atty.data(), w.projw, N, C, C);
+    kn::matmulBackward(datty_.data(), g.projw, g.projb, dres_.data(), L.atty.data(), w.projw, N, Ct, C);
     zero(dqkv_);
-    kn::attentionBackward(dqkv_.data(), dattScratch_.data(), datty_.data(), L.qkv.data(), L.att.data(), B, T, C, NH);
+    kn::attentionBackward(dqkv_.data(), dattScratch_.data(), datty_.data(), L.qkv.data(), L.att.data(), B, T, Ct, NHt);
     zero(dln_);
-    kn::matmulBackward(dln_.data(), g.qkvw, g.qkvb, dqkv_.data(), L.ln1.data(), w.qkvw, N, C, 3 * C);
+    kn::matmulBackward(dln_.data(), g.qkvw, g.qkvb, dqkv_.data(), L.ln1.data(), w.qkvw, N, C, 3 * Ct);
+    tpSum(dln_);
     kn::layernormBackward(dres_.data(), g.ln1w, g.ln1b, dln_.data(), residual_[l].data(), w.ln1w, L.ln1Mean.data(),
                           L.ln1Rstd.data(), N, C);
     access.release(u, Pass::kBackward);
@@ -342,7 +465,7 @@ void Gpt::backward(UnitAccess& access, float lossScale) {
   }
 
   float* gEmbed = access.gradients(0);
-  kn::embeddingBackward(gEmbed, gEmbed + static_cast<size_t>(V) * C, dres_.data(), tokens_.data(), B, T, C);
+  kn::embeddingBackward(gEmbed, gEmbed + static_cast<size_t>(Vt) * C, dres_.data(), tokens_.data(), B, T, C, v0, Vt);
   access.gradientsDone(0);
 }
 

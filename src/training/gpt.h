@@ -4,8 +4,18 @@
 // layernorm); the model reaches them, and the gradient buffers, only through a UnitAccess, so that
 // data parallelism can all-reduce a unit's gradients as soon as backward is done with it and ZeRO-3
 // can gather a unit's parameters just before it is used. A Gpt is used by one thread.
+//
+// Tensor parallelism (Megatron-LM): with tp ranks, each holds a shard of the model. The attention
+// heads and the MLP's hidden units are split: QKV and MLP-up are column-parallel (each rank's
+// output features), the attention output and MLP-down row-parallel (each rank's input features,
+// their partial outputs summed by an all-reduce over the tp group, the conjugate all-reduce of the
+// input gradient in backward). The token embedding (tied with the output head) is split by
+// vocabulary rows, and the cross-entropy computed from the vocabulary shards (vocab-parallel: the
+// row maximum, the exponential sums and the target logits all-reduced). Layernorms, biases of the
+// row-parallel layers and the position embedding are replicated.
 #pragma once
 
+#include <chorus/chorus.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -31,37 +41,77 @@ struct GptConfig {
 // for the projections into the residual stream, zeros, ones.
 enum class Init { kNormal, kResidualNormal, kZeros, kOnes };
 
+// How a tensor is cut over the tp ranks: not at all (replicated), by rows (output features;
+// the rows may be `parts` equal blocks, as QKV's q, k and v, each cut alike), or by columns (input
+// features).
+enum class Split { kReplicated, kRows, kColumns };
+
 struct ParamTensor {
-  std::string name;  // PyTorch-style, e.g. "h.3.attn.c_attn.weight"
-  std::vector<int> shape;
-  size_t offset = 0;  // in the flat buffer, in elements
+  std::string name;              // PyTorch-style, e.g. "h.3.attn.c_attn.weight"
+  std::vector<int> shape;        // this rank's shard
+  std::vector<int> globalShape;  // the whole tensor
+  size_t offset = 0;             // in the flat buffer, in elements
   size_t count = 0;
+  size_t globalOffset = 0;  // in the whole model's flat layout (tp = 1)
   int unit = 0;
   Init init = Init::kNormal;
   bool decay = false;  // weight decay applies (matrices and embeddings), not to biases and norms
+  Split split = Split::kReplicated;
+  // Whether this rank counts the tensor in sums over the model-parallel group (the gradient norm,
+  // checkpoints): shards always, replicated tensors on tp rank 0 only.
+  bool counted = true;
+};
+
+// A run of elements contiguous both in this rank's flat buffer and in the whole model's.
+struct ParamRun {
+  size_t local = 0, global = 0, count = 0;
+  int tensor = 0;
 };
 
 // The flat layout: unit 0 = wte (V, C), wpe (context, C); unit 1 + l = block l; unit layers + 1 =
-// ln_f. A unit's tensors are contiguous, units in that order.
+// ln_f. A unit's tensors are contiguous, units in that order. With tp > 1, the shard of tp rank
+// tpRank (heads % tp == 0; the vocabulary rows are cut as evenly as they go).
 class ParamLayout {
  public:
-  explicit ParamLayout(const GptConfig& config);
+  explicit ParamLayout(const GptConfig& config, int tp = 1, int tpRank = 0);
   size_t total() const { return total_; }
+  size_t globalTotal() const { return globalTotal_; }
+  int tp() const { return tp_; }
+  int tpRank() const { return tpRank_; }
+  // This rank's rows [vocabBegin, vocabBegin + vocabCount) of the token embedding.
+  int vocabBegin() const { return vocabBegin_; }
+  int vocabCount() const { return vocabCount_; }
+  const std::vector<ParamRun>& runs() const { return runs_; }
+  // local (total()) -> whole (globalTotal()): writes this rank's elements; counted only: those
+  // of the tensors this rank counts (so that a sum over the tp group has each element once).
+  void toGlobal(const float* local, float* whole, bool countedOnly) const;
+  // whole -> local: this rank's shard of a whole model.
+  void fromGlobal(const float* whole, float* local) const;
   int units() const { return static_cast<int>(unitOffset_.size()); }
   size_t unitOffset(int unit) const { return unitOffset_[unit]; }
   size_t unitCount(int unit) const { return unitCount_[unit]; }
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
   const ParamTensor& tensor(const std::string& name) const;
   // Fills elements [begin, end) of the flat buffer (dst[0] is element begin) with the initial
-  // values of a model seeded with seed. Each element depends only on (seed, its index), so any
-  // shard can be initialised on its own and equals the same range of a whole initialisation.
+  // values of a model seeded with seed. Each element depends only on (seed, its index in the whole
+  // model), so any shard can be initialised on its own and equals the same elements of a whole
+  // initialisation.
   void initialize(uint64_t seed, float* dst, size_t begin, size_t end) const;
 
  private:
   std::vector<ParamTensor> tensors_;
+  std::vector<ParamRun> runs_;
   std::vector<size_t> unitOffset_, unitCount_;
-  size_t total_ = 0;
-  int layers_ = 0;
+  size_t total_ = 0, globalTotal_ = 0;
+  int layers_ = 0, tp_ = 1, tpRank_ = 0, vocabBegin_ = 0, vocabCount_ = 0;
+};
+
+// This rank's place in tensor parallelism: comm is the tp group (null for tp = 1). The model
+// uses it from its own thread only.
+struct TensorParallel {
+  Communicator* comm = nullptr;
+  int size() const { return comm ? comm->size() : 1; }
+  int rank() const { return comm ? comm->rank() : 0; }
 };
 
 enum class Pass { kForward, kBackward };
@@ -98,8 +148,9 @@ class FlatAccess : public UnitAccess {
 
 class Gpt {
  public:
-  // A model for batches of `batch` sequences of `seq` tokens (seq <= context).
-  Gpt(const GptConfig& config, int batch, int seq);
+  // A model for batches of `batch` sequences of `seq` tokens (seq <= context); with tp, this
+  // rank's shard of it (collective over the tp group in forward and backward).
+  Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp = {});
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
   int batch() const { return B_; }
@@ -118,16 +169,21 @@ class Gpt {
   // Bytes of activations and scratch held for this batch shape.
   size_t activationBytes() const;
   // Floating-point operations of one forward + backward over a batch (matmuls and attention,
-  // as the 6N + 12 L T C rule of thumb counts them): for MFU.
+  // as the 6N + 12 L T C rule of thumb counts them), for the whole model (all tp ranks): for MFU.
   double flopsPerStep() const;
 
  private:
   struct Layer {
     std::vector<float> ln1, ln1Mean, ln1Rstd, qkv, atty, att, res2, ln2, ln2Mean, ln2Rstd, fch, fchGelu;
   };
+  // Sums x over the tp group in place (nothing for tp = 1).
+  void tpSum(std::span<float> x, ReduceOp op = ReduceOp::kSum);
   GptConfig config_;
+  TensorParallel tp_;
   ParamLayout layout_;
   int B_, T_;
+  int Ct_, Ft_, heads_;         // this rank's attention channels (C / tp), MLP hidden units (4C / tp), heads
+  std::vector<float> ceStats_;  // vocab-parallel cross-entropy: per row max, then exp sum and target logit
   std::vector<int> tokens_, targets_;
   std::vector<std::vector<float>> residual_;  // layers + 1 of (B, T, C): the input of each block and the last output
   std::vector<Layer> layers_;

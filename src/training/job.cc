@@ -108,6 +108,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("optimizer", "weight_decay", job.adam.weightDecay);
   get("optimizer", "clip", job.clip);
   get("parallel", "ranks", job.ranks);
+  get("parallel", "tp", job.tp);
   get("parallel", "zero", job.zero);
   get("parallel", "bucket_mb", job.bucketMb);
   get("parallel", "inflight_buckets", job.inflightBuckets);
@@ -143,6 +144,10 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   atLeast("[batch] seq", job.seq, 1);
   atLeast("[batch] accumulate", job.accumulate, 1);
   atLeast("[parallel] ranks", job.ranks, 1);
+  atLeast("[parallel] tp", job.tp, 1);
+  if (job.ranks % job.tp != 0) {
+    throw fail(fmt::format("[parallel] ranks = {} is not a multiple of tp = {}", job.ranks, job.tp));
+  }
   atLeast("[run] steps", static_cast<double>(job.steps), 1);
   atLeast("[run] log_every", job.logEvery, 1);
   atLeast("[run] eval_batches", job.evalBatches, 1);

@@ -25,7 +25,8 @@ struct Job {
   float minLr = 0.0f;  // cosine decay from adam.lr to minLr after warmup
   int warmup = 0;      // linear warmup steps
   float clip = 1.0f;   // global gradient norm clip; 0 = none
-  int ranks = 1;
+  int ranks = 1;       // the world: dp x tp
+  int tp = 1;          // tensor parallel ranks (Megatron); data parallel gets ranks / tp
   int zero = 0;
   double bucketMb = 25.0;
   int inflightBuckets = 2;  // ZeRO-2/3: bucket reductions in flight before backward waits
@@ -39,7 +40,8 @@ struct Job {
   std::string out = "runs/job";
   std::string blasCoretype;  // OPENBLAS_CORETYPE for the ranks ("" = as the environment has it)
 
-  long globalBatch() const { return static_cast<long>(micro) * ranks * accumulate; }
+  int dp() const { return ranks / tp; }
+  long globalBatch() const { return static_cast<long>(micro) * dp() * accumulate; }
   // The learning rate of step (from 1): warmup, then cosine to minLr at the last step.
   float learningRate(long step) const;
 };

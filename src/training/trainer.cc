@@ -14,9 +14,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "chorus/error.hpp"
 #include "kernels/cpu/matmul.h"
+#include "src/training/mesh.h"
 
 namespace chorus::training {
 
@@ -142,16 +144,23 @@ nlohmann::json loadCheckpoint(const std::string& path, size_t total, std::vector
 
 }  // namespace
 
-TrainResult train(const Job& job, Communicator* comm, double peakGflops) {
-  const int ranks = comm ? comm->size() : 1;
-  const int rank = comm ? comm->rank() : 0;
-  if (ranks != job.ranks) {
+TrainResult train(const Job& job, Communicator* world, double peakGflops) {
+  const int worldSize = world ? world->size() : 1;
+  if (worldSize != job.ranks) {
     throw Error(chorusInvalidArgument,
-                fmt::format("train: the job asks for {} ranks, the communicator has {}", job.ranks, ranks));
+                fmt::format("train: the job asks for {} ranks, the communicator has {}", job.ranks, worldSize));
   }
-  const bool leader = rank == 0;
+  // The mesh: data parallel over ranks / tp, tensor parallel over tp neighbouring ranks.
+  const MeshShape shape{job.dp(), job.tp, 1, 1};
+  std::optional<DeviceMesh> mesh;
+  if (world) mesh.emplace(*world, shape);
+  Communicator* dpComm = mesh ? mesh->group("dp") : nullptr;
+  Communicator* tpComm = mesh ? mesh->group("tp") : nullptr;
+  const int ranks = shape.dp;  // data-parallel ranks: the batch is split over them
+  const int rank = mesh ? mesh->coords().dp : 0;
+  const bool leader = !world || world->rank() == 0;
   const char* localRanks = std::getenv("LOCAL_WORLD_SIZE");
-  const int perHost = localRanks ? std::max(1, std::atoi(localRanks)) : ranks;
+  const int perHost = localRanks ? std::max(1, std::atoi(localRanks)) : worldSize;
   const int blasThreads = std::max(1, usableCpus() / perHost);
 
   // Data (prepared already) and the model.
@@ -164,14 +173,35 @@ TrainResult train(const Job& job, Communicator* comm, double peakGflops) {
     throw Error(chorusInvalidArgument, fmt::format("job {}: [model] vocab = {} is below the tokenizer's {}", job.path,
                                                    config.vocab, tokenizer.vocab()));
   }
-  Gpt model(config, job.micro, job.seq);
+  Gpt model(config, job.micro, job.seq, TensorParallel{tpComm});
   const Sampler sampler(&trainTokens, job.seq, job.seed);
   const Sampler valWindows(&valTokens, job.seq, 0);
   DataParallelSettings parallel;
   parallel.zeroStage = job.zero;
   parallel.bucketBytes = static_cast<size_t>(job.bucketMb * 1024 * 1024);
   parallel.inflightBuckets = job.inflightBuckets;
-  DataParallel dp(model.layout(), comm, parallel, job.seed);
+  if (tpComm) {
+    parallel.modelParallelSum = [tpComm](double value) {
+      std::vector<double> x = {value};
+      tpComm->allReduce(std::span<double>(x));
+      return x[0];
+    };
+  }
+  DataParallel dp(model.layout(), dpComm, parallel, job.seed);
+  // Checkpoints hold the whole model in the one-rank layout, whatever the layout that wrote them:
+  // each tp rank places its shard (the replicated tensors from tp rank 0 only) and the tp group
+  // sums them. So a checkpoint resumes under any (dp, tp).
+  const ParamLayout& layout = model.layout();
+  auto wholeState = [&](std::vector<float>& p, std::vector<float>& m, std::vector<float>& v) {
+    std::vector<float> local[3];
+    dp.gatherState(local[0], local[1], local[2]);
+    for (int i = 0; i < 3; ++i) {
+      std::vector<float>& whole = i == 0 ? p : i == 1 ? m : v;
+      whole.assign(layout.globalTotal(), 0.0f);
+      layout.toGlobal(local[i].data(), whole.data(), true);
+      if (tpComm) tpComm->allReduce(std::span<float>(whole));
+    }
+  };
   kernels::setBlasThreads(blasThreads);
 
   TrainResult result;
@@ -181,8 +211,13 @@ TrainResult train(const Job& job, Communicator* comm, double peakGflops) {
   long start = 1;
   if (job.resume && fs::exists(ckptPath)) {
     std::vector<float> p, m, v;
-    const auto header = loadCheckpoint(ckptPath, model.layout().total(), p, m, v);
-    dp.loadState(p, m, v);
+    const auto header = loadCheckpoint(ckptPath, layout.globalTotal(), p, m, v);
+    std::vector<float> local[3];
+    for (int i = 0; i < 3; ++i) {
+      local[i].resize(layout.total());
+      layout.fromGlobal((i == 0 ? p : i == 1 ? m : v).data(), local[i].data());
+    }
+    dp.loadState(local[0], local[1], local[2]);
     result.resumedFrom = header.at("step");
     start = result.resumedFrom + 1;
     if (header.at("global_batch") != job.globalBatch() || header.at("seed") != job.seed) {
@@ -197,11 +232,13 @@ TrainResult train(const Job& job, Communicator* comm, double peakGflops) {
 
   if (leader) {
     std::printf(
-        "%s: %s, %zu parameters; %d rank(s), ZeRO-%d, %d bucket(s); batch %d x %d rank(s) x %d micro-batch(es) "
-        "= %ld sequences of %d; %zu train / %zu val tokens (%s tokenizer, vocab %d); BLAS %s, %d thread(s) per rank\n",
-        job.name.c_str(), config.describe().c_str(), model.layout().total(), ranks, job.zero, dp.buckets(), job.micro,
-        ranks, job.accumulate, job.globalBatch(), job.seq, trainTokens.size(), valTokens.size(),
-        tokenizer.kind().c_str(), tokenizer.vocab(), kernels::blasDescription().c_str(), blasThreads);
+        "%s: %s, %zu parameters (%zu per tp rank); %d rank(s) as %s, ZeRO-%d, %d bucket(s); batch %d x %d dp "
+        "rank(s) x %d micro-batch(es) = %ld sequences of %d; %zu train / %zu val tokens (%s tokenizer, vocab %d); "
+        "BLAS %s, %d thread(s) per rank\n",
+        job.name.c_str(), config.describe().c_str(), layout.globalTotal(), layout.total(), worldSize,
+        shape.describe().c_str(), job.zero, dp.buckets(), job.micro, ranks, job.accumulate, job.globalBatch(), job.seq,
+        trainTokens.size(), valTokens.size(), tokenizer.kind().c_str(), tokenizer.vocab(),
+        kernels::blasDescription().c_str(), blasThreads);
     std::fflush(stdout);
   }
 
@@ -279,10 +316,10 @@ TrainResult train(const Job& job, Communicator* comm, double peakGflops) {
 
     if (job.checkpointEvery > 0 && (step % job.checkpointEvery == 0 || step == job.steps)) {
       std::vector<float> p, m, v;
-      dp.gatherState(p, m, v);
+      wholeState(p, m, v);
       if (leader) {
         nlohmann::json header = {{"step", step},
-                                 {"parameters", model.layout().total()},
+                                 {"parameters", layout.globalTotal()},
                                  {"config", config.describe()},
                                  {"global_batch", job.globalBatch()},
                                  {"seed", job.seed},
@@ -314,15 +351,11 @@ TrainResult train(const Job& job, Communicator* comm, double peakGflops) {
                               double(residentPeakBytes()),
                               double(dp.overlap().reductions),
                               double(dp.overlap().overlapped)};
-  std::vector<double> all(mine.size() * ranks);
-  if (comm && ranks > 1) {
-    all.assign(mine.size() * ranks, 0.0);
-    std::copy(mine.begin(), mine.end(), all.begin() + static_cast<long>(rank * mine.size()));
-    dp.sumOverRanks(all);
-  } else {
-    all = mine;
-  }
-  for (int r = 0; r < ranks; ++r) {
+  std::vector<double> all(mine.size() * worldSize, 0.0);
+  const int worldRank = world ? world->rank() : 0;
+  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<long>(worldRank * mine.size()));
+  if (world) world->allReduce(std::span<double>(all));
+  for (int r = 0; r < worldSize; ++r) {
     RankMemory mem;
     const double* x = all.data() + r * mine.size();
     mem.state = StateBytes{size_t(x[0]), size_t(x[1]), size_t(x[2]), size_t(x[3])};

@@ -44,11 +44,11 @@ struct TrainResult {
 // the best of five trials of about seconds / 5 each), in GFLOP/s.
 double measureGemmGflops(int threads, int n = 1024, double seconds = 0.5);
 
-// Runs the job. comm: the data-parallel communicator (its size must equal job.ranks), or null for
-// one rank. peakGflops: the machine's GEMM peak for MFU (0: rank 0 measures it). The data must have
-// been prepared in job.dataDir (prepareData). Fault injection for tests: environment variable
+// Runs the job. world: every rank of the job (its size must equal job.ranks; the device mesh's
+// groups are split from it), or null for one rank. peakGflops: the machine's GEMM peak for MFU (0: rank 0 measures it).
+// The data must have been prepared in job.dataDir (prepareData). Fault injection for tests: environment variable
 // CHORUS_TRAIN_CRASH_IN_SAVE=N makes rank 0 die (SIGKILL) halfway through writing the checkpoint
 // of step N.
-TrainResult train(const Job& job, Communicator* comm, double peakGflops);
+TrainResult train(const Job& job, Communicator* world, double peakGflops);
 
 }  // namespace chorus::training

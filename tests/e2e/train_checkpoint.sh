@@ -1,8 +1,10 @@
 # train_checkpoint.sh: checkpoints are atomic and resume exactly. A run of 20 steps checkpoints
 # every 5; a second run is killed (SIGKILL) halfway through writing step 15's checkpoint: the
 # step-10 checkpoint must survive whole, and resuming from it must give steps 11..20 the very
-# losses of the uninterrupted run. Resuming the same checkpoint under another layout (2 ranks,
-# ZeRO-3, the same global batch) must give them within 1e-5.
+# losses of the uninterrupted run. Resuming the same checkpoint under other layouts (2 ranks
+# ZeRO-3; dp2 x tp2; tp4: the same global batch) must give them within 1e-5, and so must a
+# checkpoint written by a tp2 x dp2 run, resumed on 4 data-parallel ranks: checkpoints hold the
+# whole model, whatever layout wrote them.
 source "$(dirname "$0")/lib.sh"
 train="$build/chorus-train"
 job="$source_dir/tests/data/jobs/parity.toml"
@@ -22,6 +24,23 @@ grep -q "resumed from .* at step 10" "$work/resume.log" || { cat "$work/resume.l
 "$train" "$job" --out "$work/cut2" --set data.dir="\"$work/data\"" --ranks 2 --zero 3 --set batch.micro=4 --resume \
   >"$work/reshard.log" 2>&1 || { cat "$work/reshard.log"; fail "resume on 2 ranks, ZeRO-3"; }
 
+resume_as() {  # name, copy of the cut run to resume, then options
+  local name=$1 from=$2
+  shift 2
+  cp -r "$work/$from" "$work/$name"
+  "$train" "$job" --out "$work/$name" --set data.dir="\"$work/data\"" --resume "$@" >"$work/$name.log" 2>&1 ||
+    { cat "$work/$name.log"; fail "resume as $name"; }
+  grep -q "resumed from .* at step 10" "$work/$name.log" || { cat "$work/$name.log"; fail "$name did not resume at step 10"; }
+}
+resume_as dp2tp2 cut2 --ranks 4 --tp 2 --set batch.micro=4 --zero 1
+resume_as tp4 cut2 --ranks 4 --tp 4 --set batch.micro=8
+# Written by tp2 x dp2, resumed as dp4.
+tp_layout=(--ranks 4 --tp 2 --set batch.micro=4 --set run.checkpoint_every=5 --set data.dir="\"$work/data\"")
+if CHORUS_TRAIN_CRASH_IN_SAVE=15 "$train" "$job" --out "$work/tpcut" "${tp_layout[@]}" >"$work/tpcut.log" 2>&1; then
+  fail "the tp2 x dp2 run meant to die while saving step 15 exited 0"
+fi
+resume_as from_tp tpcut --ranks 4 --set batch.micro=2
+
 /usr/bin/python3 - "$work" <<'PY'
 import csv, sys
 work = sys.argv[1]
@@ -36,5 +55,10 @@ for step in range(11, 21):
         sys.exit(f"FAIL: step {step} loss {cut[step]} after resuming, {whole[step]} uninterrupted")
     if abs(float(other[step]) - float(whole[step])) > 1e-5 * float(whole[step]):
         sys.exit(f"FAIL: step {step} loss {other[step]} resumed under another layout, {whole[step]} uninterrupted")
+    for name in ["dp2tp2", "tp4", "from_tp"]:
+        got = losses(name)[step]
+        if abs(float(got) - float(whole[step])) > 1e-5 * float(whole[step]):
+            sys.exit(f"FAIL: step {step} loss {got} resumed as {name}, {whole[step]} uninterrupted")
+print("resharded: resumed as dp2 x tp2, as tp4, and a tp2 x dp2 checkpoint as dp4, all within 1e-5")
 print("train_checkpoint: the checkpoint survived the crash and resuming repeats the uninterrupted losses")
 PY

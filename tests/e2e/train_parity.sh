@@ -1,4 +1,5 @@
-# train_parity.sh: data parallelism and every ZeRO stage compute what one rank computes. The same
+# train_parity.sh: data parallelism, every ZeRO stage and tensor parallelism (alone and with dp
+# and ZeRO) compute what one rank computes. The same
 # global batch of 8 sequences is split over 2 and 4 ranks (and over micro-batches): the loss of each
 # of 20 steps must equal the one-rank run's within 1e-5 relative. The runs' memory reports must
 # follow the ZeRO formulas (fp32: 16P, 8P + 8P/N, 4P + 12P/N, 16P/N bytes) within the padding.
@@ -24,6 +25,10 @@ run zero1 --ranks 4 --zero 1 --set batch.micro=2
 run zero2 --ranks 4 --zero 2 --set batch.micro=2
 run zero3 --ranks 4 --zero 3 --set batch.micro=2
 run zero3_dp2_accum --ranks 2 --zero 3 --set batch.micro=2 --set batch.accumulate=2
+run tp2 --ranks 2 --tp 2 --set batch.micro=8
+run tp4 --ranks 4 --tp 4 --set batch.micro=8
+run dp2_tp2_zero1 --ranks 4 --tp 2 --zero 1 --set batch.micro=4
+run dp2_tp2_zero3_accum --ranks 4 --tp 2 --zero 3 --set batch.micro=2 --set batch.accumulate=2
 slow=(--ranks 4 --set batch.micro=2 --set model.layers=8 --set run.steps=3 --set parallel.inflight_buckets=1)
 CHORUS_TRAIN_COMM_DELAY_MS=20 run zero2_slow --zero 2 "${slow[@]}"
 CHORUS_TRAIN_COMM_DELAY_MS=20 run zero3_slow --zero 3 "${slow[@]}"
@@ -35,7 +40,8 @@ def losses(name):
 ref = losses("one")
 bad = []
 assert len(ref) == 20, ref
-for name in ["one_accum", "dp2", "dp4", "dp2_accum", "zero1", "zero2", "zero3", "zero3_dp2_accum"]:
+for name in ["one_accum", "dp2", "dp4", "dp2_accum", "zero1", "zero2", "zero3", "zero3_dp2_accum", "tp2", "tp4",
+             "dp2_tp2_zero1", "dp2_tp2_zero3_accum"]:
     got = losses(name)
     worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
     print(f"{name:16s} 20 steps, largest relative loss difference from one rank {worst:.2e}")

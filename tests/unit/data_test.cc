@@ -195,6 +195,10 @@ out = "x"
   EXPECT_NE(message({"model.layer=3"}).find("unknown key 'layer' in [model]"), std::string::npos);
   EXPECT_NE(message({"extra.x=1"}).find("unknown section [extra]"), std::string::npos);
   EXPECT_NE(message({"parallel.inflight_buckets=0"}).find("inflight_buckets = 0"), std::string::npos);
+  EXPECT_NE(message({"parallel.tp=3"}).find("ranks = 2 is not a multiple of tp = 3"), std::string::npos);
+  const Job tensorParallel = loadJob(path, {"parallel.tp=2"});
+  EXPECT_EQ(tensorParallel.dp(), 1);
+  EXPECT_EQ(tensorParallel.globalBatch(), 4) << "the batch is split over data-parallel ranks only";
   EXPECT_NE(message({"batch.seq=64"}).find("exceeds [model] context = 32"), std::string::npos);
   EXPECT_NE(message({"batch.micro=\"four\""}).find("[batch] micro must be an integer"), std::string::npos);
   EXPECT_NE(message({"nonsense"}).find("not section.key=value"), std::string::npos);

@@ -281,6 +281,82 @@ TEST(NnKernelsTest, CrossEntropyForwardAndBackward) {
       1e-5);
 }
 
+TEST(NnKernelsTest, VocabParallelEmbeddingShardsSumToTheWhole) {
+  // Rows [0, 2) and [2, 5) of the table: each shard looks up its own tokens (zeros elsewhere, no
+  // position term); the sum plus wpe is the whole lookup, and each shard's row gradients are the
+  // whole's rows.
+  const int B = 2, T = 3, C = 4, V = 5;
+  const std::vector<int> tokens = {4, 0, 4, 1, 2, 4};
+  const auto wte = randomFloats(V * C, 5), wpe = randomFloats(T * C, 6);
+  std::vector<float> whole(B * T * C), sum(B * T * C, 0.0f);
+  embeddingForward(whole.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  const auto dout = randomFloats(B * T * C, 7);
+  std::vector<float> dwte(V * C, 0.0f), dwpe(T * C, 0.0f);
+  embeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+  const int begins[2] = {0, 2}, counts[2] = {2, 3};
+  for (int s = 0; s < 2; ++s) {
+    std::vector<float> part(B * T * C);
+    embeddingForward(part.data(), tokens.data(), wte.data() + begins[s] * C, nullptr, B, T, C, begins[s], counts[s]);
+    for (size_t i = 0; i < part.size(); ++i) sum[i] += part[i];
+    std::vector<float> dpart(counts[s] * C, 0.0f), dpe(T * C, 0.0f);
+    embeddingBackward(dpart.data(), dpe.data(), dout.data(), tokens.data(), B, T, C, begins[s], counts[s]);
+    for (int i = 0; i < counts[s] * C; ++i) EXPECT_EQ(dpart[i], dwte[begins[s] * C + i]) << "shard " << s;
+    EXPECT_EQ(dpe, dwpe);
+  }
+  for (int r = 0; r < B * T; ++r) {
+    for (int i = 0; i < C; ++i) EXPECT_EQ(sum[r * C + i] + wpe[(r % T) * C + i], whole[r * C + i]);
+  }
+}
+
+TEST(NnKernelsTest, VocabParallelCrossEntropyFromColumnShardsEqualsTheWhole) {
+  // The 11 columns cut in two shards (5 and 6), reduced between the passes as ranks would: the
+  // losses and gradients equal those of the whole rows.
+  const int n = 3, v = 11, cut = 5;
+  auto logits = randomFloats(n * v, 17, 3.0f);
+  const std::vector<int> targets = {3, 10, 5};
+  std::vector<float> probs(n * v), losses(n);
+  const float mean = crossEntropyForward(probs.data(), losses.data(), logits.data(), targets.data(), n, v);
+  crossEntropyBackward(probs.data(), probs.data(), targets.data(), n, v, 1.0f / n);
+  const int begins[2] = {0, cut}, widths[2] = {cut, v - cut};
+  std::vector<float> shard[2], shardProbs[2], maxes[2], sums[2], targetLogits[2];
+  for (int s = 0; s < 2; ++s) {
+    for (int row = 0; row < n; ++row) {
+      shard[s].insert(shard[s].end(), logits.begin() + row * v + begins[s],
+                      logits.begin() + row * v + begins[s] + widths[s]);
+    }
+    shardProbs[s].resize(shard[s].size());
+    maxes[s].resize(n);
+    sums[s].resize(n);
+    targetLogits[s].resize(n);
+    crossEntropyShardMax(maxes[s].data(), shard[s].data(), n, widths[s]);
+  }
+  std::vector<float> rowMax(n), rowSum(n, 0.0f), rowTarget(n, 0.0f);
+  for (int row = 0; row < n; ++row) rowMax[row] = std::max(maxes[0][row], maxes[1][row]);
+  for (int s = 0; s < 2; ++s) {
+    crossEntropyShardExp(shardProbs[s].data(), sums[s].data(), targetLogits[s].data(), shard[s].data(), rowMax.data(),
+                         targets.data(), n, widths[s], begins[s]);
+  }
+  for (int row = 0; row < n; ++row) {
+    rowSum[row] = sums[0][row] + sums[1][row];
+    rowTarget[row] = targetLogits[0][row] + targetLogits[1][row];
+    EXPECT_EQ(targetLogits[targets[row] < cut ? 1 : 0][row], 0.0f) << "the shard without the target adds 0";
+  }
+  for (int s = 0; s < 2; ++s) {
+    std::vector<float> shardLosses(n);
+    const float shardMean = crossEntropyShardLoss(shardProbs[s].data(), shardLosses.data(), rowSum.data(),
+                                                  rowMax.data(), rowTarget.data(), n, widths[s]);
+    EXPECT_NEAR(shardMean, mean, 1e-6f);
+    for (int row = 0; row < n; ++row) EXPECT_NEAR(shardLosses[row], losses[row], 1e-5f);
+    crossEntropyBackward(shardProbs[s].data(), shardProbs[s].data(), targets.data(), n, widths[s], 1.0f / n, begins[s]);
+    for (int row = 0; row < n; ++row) {
+      for (int j = 0; j < widths[s]; ++j) {
+        EXPECT_NEAR(shardProbs[s][row * widths[s] + j], probs[row * v + begins[s] + j], 1e-6f)
+            << "row " << row << " column " << begins[s] + j;
+      }
+    }
+  }
+}
+
 TEST(NnKernelsTest, AdamWMatchesItsDefinition) {
   AdamWSettings s;
   s.lr = 0.01f;

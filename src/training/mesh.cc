@@ -1,0 +1,96 @@
+// mesh.cc: mesh coordinates, groups, and the communicators split from the world.
+#include "src/training/mesh.h"
+
+#include <fmt/format.h>
+
+#include "chorus/error.hpp"
+
+namespace chorus::training {
+
+std::string MeshShape::describe() const { return fmt::format("dp{} tp{} pp{} cp{}", dp, tp, pp, cp); }
+
+MeshCoords coordsOf(int rank, const MeshShape& s) {
+  MeshCoords c;
+  c.tp = rank % s.tp;
+  rank /= s.tp;
+  c.cp = rank % s.cp;
+  rank /= s.cp;
+  c.dp = rank % s.dp;
+  c.pp = rank / s.dp;
+  return c;
+}
+
+int rankOf(const MeshCoords& c, const MeshShape& s) { return ((c.pp * s.dp + c.dp) * s.cp + c.cp) * s.tp + c.tp; }
+
+namespace {
+
+// For each kind: how many ranks its group has, and the rank of member i given this rank's coords.
+std::vector<int> members(const MeshCoords& at, const MeshShape& s, const std::string& kind) {
+  std::vector<int> ranks;
+  auto vary = [&](int count, auto set) {
+    for (int i = 0; i < count; ++i) {
+      MeshCoords c = at;
+      set(c, i);
+      ranks.push_back(rankOf(c, s));
+    }
+  };
+  if (kind == "dp") {
+    vary(s.dp, [](MeshCoords& c, int i) { c.dp = i; });
+  } else if (kind == "tp") {
+    vary(s.tp, [](MeshCoords& c, int i) { c.tp = i; });
+  } else if (kind == "pp") {
+    vary(s.pp, [](MeshCoords& c, int i) { c.pp = i; });
+  } else if (kind == "cp") {
+    vary(s.cp, [](MeshCoords& c, int i) { c.cp = i; });
+  } else if (kind == "dpcp") {
+    vary(s.dp * s.cp, [&](MeshCoords& c, int i) {
+      c.dp = i / s.cp;
+      c.cp = i % s.cp;
+    });
+  } else {
+    throw Error(chorusInvalidArgument, "device mesh: no group kind '" + kind + "' (dp, tp, pp, cp, dpcp)");
+  }
+  return ranks;
+}
+
+}  // namespace
+
+std::vector<int> groupOf(int rank, const MeshShape& shape, const std::string& kind) {
+  return members(coordsOf(rank, shape), shape, kind);
+}
+
+DeviceMesh::DeviceMesh(Communicator& world, const MeshShape& shape) : shape_(shape) {
+  if (shape.dp < 1 || shape.tp < 1 || shape.pp < 1 || shape.cp < 1 || shape.size() != world.size()) {
+    throw Error(chorusInvalidArgument, fmt::format("device mesh {}: its product {} is not the world's {} ranks",
+                                                   shape.describe(), shape.size(), world.size()));
+  }
+  worldRank_ = world.rank();
+  coords_ = coordsOf(worldRank_, shape);
+  // One split per kind, every rank taking part; the color is the group's lowest world rank, the
+  // key the rank's place in the group.
+  for (const char* kind : {"dp", "tp", "pp", "cp", "dpcp"}) {
+    const std::vector<int> ranks = groupOf(worldRank_, shape, kind);
+    if (ranks.size() < 2) continue;  // every rank has the same shape: all skip alike
+    const int place = static_cast<int>(std::find(ranks.begin(), ranks.end(), worldRank_) - ranks.begin());
+    Communicator made = world.split(*std::min_element(ranks.begin(), ranks.end()), place);
+    Communicator& slot = std::string(kind) == "dp"   ? dp_
+                         : std::string(kind) == "tp" ? tp_
+                         : std::string(kind) == "pp" ? pp_
+                         : std::string(kind) == "cp" ? cp_
+                                                     : dpcp_;
+    slot = std::move(made);
+  }
+}
+
+Communicator* DeviceMesh::group(const std::string& kind) {
+  Communicator* slot = kind == "dp"     ? &dp_
+                       : kind == "tp"   ? &tp_
+                       : kind == "pp"   ? &pp_
+                       : kind == "cp"   ? &cp_
+                       : kind == "dpcp" ? &dpcp_
+                                        : nullptr;
+  if (slot == nullptr) throw Error(chorusInvalidArgument, "device mesh: no group kind '" + kind + "'");
+  return *slot ? slot : nullptr;
+}
+
+}  // namespace chorus::training

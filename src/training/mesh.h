@@ -1,0 +1,51 @@
+// mesh.h: the device mesh of hybrid-parallel training: the world's ranks laid out as
+// (pp, dp, cp, tp), tensor parallel fastest (its ranks are neighbours, so on one host), pipeline
+// slowest, as Megatron-LM orders them. Each rank finds its coordinates and holds one communicator
+// per group it belongs to, made by splitting the world (Communicator::split).
+#pragma once
+
+#include <chorus/chorus.hpp>
+#include <string>
+#include <vector>
+
+namespace chorus::training {
+
+struct MeshShape {
+  int dp = 1, tp = 1, pp = 1, cp = 1;
+  int size() const { return dp * tp * pp * cp; }
+  std::string describe() const;  // "dp2 tp2 pp2 cp1"
+};
+
+struct MeshCoords {
+  int dp = 0, tp = 0, pp = 0, cp = 0;
+  bool operator==(const MeshCoords&) const = default;
+};
+
+// rank = ((pp * dp + d) * cp + c) * tp + t.
+MeshCoords coordsOf(int rank, const MeshShape& shape);
+int rankOf(const MeshCoords& coords, const MeshShape& shape);
+// The world ranks of each group of one kind that `rank` belongs to, in group-rank order:
+// "dp", "tp", "pp", "cp", or "dpcp" (the ranks that hold the same parameter shard: gradients are
+// averaged over data and context parallel together).
+std::vector<int> groupOf(int rank, const MeshShape& shape, const std::string& kind);
+
+class DeviceMesh {
+ public:
+  // Collective over world. Throws chorus::Error (kInvalidArgument) when the shape's product is
+  // not world's size, naming both. A dimension of size 1 gets no communicator.
+  DeviceMesh(Communicator& world, const MeshShape& shape);
+
+  const MeshShape& shape() const { return shape_; }
+  const MeshCoords& coords() const { return coords_; }
+  int worldRank() const { return worldRank_; }
+  // The group's communicator, or null for a group of one rank.
+  Communicator* group(const std::string& kind);
+
+ private:
+  MeshShape shape_;
+  MeshCoords coords_;
+  int worldRank_ = 0;
+  Communicator dp_, tp_, pp_, cp_, dpcp_;
+};
+
+}  // namespace chorus::training

@@ -1,0 +1,143 @@
+// model_parallel_test.cc: the device mesh's groups on real ranks, and tensor parallelism against
+// the whole model: each tp rank's shard must give the whole model's loss, and its gradients the
+// whole model's gradients at the same elements.
+#include <gtest/gtest.h>
+
+#include <chorus/chorus.hpp>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "src/training/gpt.h"
+#include "src/training/mesh.h"
+#include "tests/support/multiprocess.h"
+
+namespace chorus::training {
+namespace {
+
+using chorus::testing::runProcesses;
+
+void expectAllZero(const std::vector<int>& codes) {
+  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+TEST(MeshTest, CoordinatesAndGroupsFollowTheOrderTpCpDpPp) {
+  const MeshShape shape{2, 2, 2, 1};  // dp, tp, pp, cp
+  for (int r = 0; r < shape.size(); ++r) EXPECT_EQ(rankOf(coordsOf(r, shape), shape), r);
+  EXPECT_EQ(coordsOf(5, shape), (MeshCoords{0, 1, 1, 0}));  // 5 = (pp 1 * dp 2 + dp 0) * 2 + tp 1
+  EXPECT_EQ(groupOf(5, shape, "tp"), (std::vector<int>{4, 5}));
+  EXPECT_EQ(groupOf(5, shape, "dp"), (std::vector<int>{5, 7}));
+  EXPECT_EQ(groupOf(5, shape, "pp"), (std::vector<int>{1, 5}));
+  const MeshShape withCp{2, 1, 1, 2};
+  EXPECT_EQ(groupOf(3, withCp, "cp"), (std::vector<int>{2, 3}));
+  EXPECT_EQ(groupOf(3, withCp, "dpcp"), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_THROW(groupOf(0, shape, "ep"), Error);
+}
+
+TEST(MeshTest, EachRanksGroupCommunicatorsHoldTheRanksOfItsGroup) {
+  for (const MeshShape shape : {MeshShape{2, 2, 2, 1}, MeshShape{1, 2, 2, 2}, MeshShape{2, 1, 4, 1}}) {
+    expectAllZero(runProcesses(
+        8,
+        [&](int rank, const chorusUniqueId& id) {
+          Communicator world(UniqueId(id), 8, rank);
+          DeviceMesh mesh(world, shape);
+          EXPECT_EQ(mesh.coords(), coordsOf(rank, shape));
+          for (const char* kind : {"dp", "tp", "pp", "cp", "dpcp"}) {
+            const std::vector<int> members = groupOf(rank, shape, kind);
+            Communicator* group = mesh.group(kind);
+            if (members.size() == 1) {
+              EXPECT_EQ(group, nullptr) << kind;
+              continue;
+            }
+            ASSERT_NE(group, nullptr) << kind;
+            EXPECT_EQ(group->size(), static_cast<int>(members.size())) << kind;
+            // Gathering the world ranks in group order gives the members.
+            std::vector<int32_t> mine = {rank}, all(members.size(), -1);
+            group->allGather(std::span<const int32_t>(mine), std::span<int32_t>(all));
+            EXPECT_EQ(std::vector<int>(all.begin(), all.end()), members) << kind << " " << shape.describe();
+          }
+        },
+        120));
+  }
+  expectAllZero(runProcesses(
+      2,
+      [&](int rank, const chorusUniqueId& id) {
+        Communicator world(UniqueId(id), 2, rank);
+        try {
+          DeviceMesh mesh(world, MeshShape{2, 2, 1, 1});
+          ADD_FAILURE() << "a mesh of 4 was made over 2 ranks";
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("is not the world's 2 ranks"), std::string::npos) << e.what();
+        }
+      },
+      60));
+}
+
+// The whole model's loss and gradients on one batch, and the same from tp ranks.
+TEST(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
+  // 37 tokens do not divide over 2 or 4 ranks: the vocabulary shards are uneven.
+  const GptConfig config{2, 4, 32, 16, 37};
+  const int B = 2, T = 12;
+  std::mt19937 random(5);
+  std::vector<int> tokens(B * T), targets(B * T);
+  for (auto* v : {&tokens, &targets}) {
+    for (int& x : *v) x = static_cast<int>(random() % config.vocab);
+  }
+  for (int tp : {2, 4}) {
+    expectAllZero(runProcesses(
+        tp,
+        [&](int rank, const chorusUniqueId& id) {
+          Communicator comm(UniqueId(id), tp, rank);
+          Gpt whole(config, B, T);
+          std::vector<float> wp(whole.layout().total()), wg(wp.size(), 0.0f);
+          whole.layout().initialize(11, wp.data(), 0, wp.size());
+          FlatAccess wholeAccess(whole.layout(), wp.data(), wg.data());
+          const float wholeLoss = whole.forward(tokens.data(), targets.data(), wholeAccess);
+          whole.backward(wholeAccess);
+
+          Gpt shard(config, B, T, TensorParallel{&comm});
+          const ParamLayout& layout = shard.layout();
+          EXPECT_EQ(layout.globalTotal(), whole.layout().total());
+          EXPECT_LT(layout.total(), layout.globalTotal());
+          std::vector<float> p(layout.total()), g(p.size(), 0.0f);
+          layout.initialize(11, p.data(), 0, p.size());
+          // The shard's initial values are the whole's at the same elements.
+          std::vector<float> placed(layout.globalTotal(), NAN);
+          layout.toGlobal(p.data(), placed.data(), false);
+          for (const auto& run : layout.runs()) {
+            for (size_t i = 0; i < run.count; ++i) ASSERT_EQ(placed[run.global + i], wp[run.global + i]);
+          }
+          FlatAccess access(layout, p.data(), g.data());
+          const float loss = shard.forward(tokens.data(), targets.data(), access);
+          EXPECT_NEAR(loss, wholeLoss, 1e-5 * std::abs(wholeLoss)) << "tp " << tp << " rank " << rank;
+          shard.backward(access);
+          std::vector<float> gradPlaced(layout.globalTotal(), NAN);
+          layout.toGlobal(g.data(), gradPlaced.data(), false);
+          float largest = 0.0f;
+          for (float x : wg) largest = std::max(largest, std::abs(x));
+          for (const auto& run : layout.runs()) {
+            for (size_t i = 0; i < run.count; ++i) {
+              const size_t at = run.global + i;
+              ASSERT_NEAR(gradPlaced[at], wg[at], 1e-5f * largest)
+                  << "tp " << tp << " rank " << rank << ": gradient of " << layout.tensors()[run.tensor].name
+                  << " at whole element " << at;
+            }
+          }
+        },
+        120));
+  }
+}
+
+TEST(TensorParallelTest, ALayoutThatCannotBeSplitIsRefused) {
+  const GptConfig config{1, 6, 24, 8, 40};
+  try {
+    ParamLayout layout(config, 4, 0);
+    FAIL() << "6 heads were split over 4 ranks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("heads = 6 cannot be split over tp = 4"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace chorus::training
