@@ -61,7 +61,7 @@ void writeMetrics(const Job& job, const TrainResult& r, size_t parameters, const
                 {"context", job.model.context}, {"vocab", vocab},           {"parameters", parameters}};
   j["tokenizer"] = tokenizer;
   j["ranks"] = job.ranks;
-  j["layout"] = {{"dp", job.dp()}, {"tp", job.tp}, {"pp", 1}, {"cp", 1}};
+  j["layout"] = {{"dp", job.dp()}, {"tp", job.tp}, {"pp", 1}, {"cp", 1}, {"sequence_parallel", job.sequenceParallel}};
   j["zero"] = job.zero;
   j["global_batch"] = job.globalBatch();
   j["seq"] = job.seq;

@@ -233,7 +233,8 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp)
       T_(seq),
       Ct_(config.width / tp.size()),
       Ft_(4 * config.width / tp.size()),
-      heads_(config.heads / tp.size()) {
+      heads_(config.heads / tp.size()),
+      sequenceParallel_(tp.sequenceParallel && tp.size() > 1) {
   if (batch < 1) throw Error(chorusInvalidArgument, fmt::format("GPT: batch = {} (at least 1)", batch));
   if (seq < 1 || seq > config.context) {
     throw Error(chorusInvalidArgument,
@@ -241,39 +242,54 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp)
   }
   const size_t N = static_cast<size_t>(B_) * T_;
   const size_t C = config.width, Ct = Ct_, Ft = Ft_;
+  if (sequenceParallel_ && N % tp.size() != 0) {
+    throw Error(chorusInvalidArgument,
+                fmt::format("GPT: sequence parallelism splits the {} x {} = {} rows of a micro-batch over tp = {} "
+                            "ranks, which does not divide them",
+                            B_, T_, N, tp.size()));
+  }
+  rows_ = static_cast<int>(sequenceParallel_ ? N / tp.size() : N);
+  firstRow_ = sequenceParallel_ ? tp.rank() * rows_ : 0;
+  const size_t Nl = rows_;
   const size_t V = layout_.vocabCount();
   const size_t NH = heads_;
   tokens_.resize(N);
   targets_.resize(N);
-  residual_.assign(config.layers + 1, std::vector<float>(N * C));
+  residual_.assign(config.layers + 1, std::vector<float>(Nl * C));
   layers_.resize(config.layers);
   for (auto& L : layers_) {
-    L.ln1.resize(N * C);
-    L.ln1Mean.resize(N);
-    L.ln1Rstd.resize(N);
+    L.ln1.resize(Nl * C);
+    L.ln1Mean.resize(Nl);
+    L.ln1Rstd.resize(Nl);
     L.qkv.resize(N * 3 * Ct);
     L.atty.resize(N * Ct);
     L.att.resize(static_cast<size_t>(B_) * NH * T_ * T_);
-    L.res2.resize(N * C);
-    L.ln2.resize(N * C);
-    L.ln2Mean.resize(N);
-    L.ln2Rstd.resize(N);
+    L.res2.resize(Nl * C);
+    L.ln2.resize(Nl * C);
+    L.ln2Mean.resize(Nl);
+    L.ln2Rstd.resize(Nl);
     L.fch.resize(N * Ft);
     L.fchGelu.resize(N * Ft);
   }
-  lnf_.resize(N * C);
-  lnfMean_.resize(N);
-  lnfRstd_.resize(N);
+  lnf_.resize(Nl * C);
+  lnfMean_.resize(Nl);
+  lnfRstd_.resize(Nl);
   logits_.resize(N * V);
   probs_.resize(N * V);
   losses_.resize(N);
   if (tp_.size() > 1) ceStats_.resize(3 * N);
-  dres_.resize(N * C);
+  dres_.resize(Nl * C);
   dln_.resize(N * C);
   datty_.resize(N * Ct);
   dqkv_.resize(N * 3 * Ct);
   dfch_.resize(N * Ft);
   dfchGelu_.resize(N * Ft);
+  if (sequenceParallel_) {
+    wholeRows_.resize(N * C);
+    lnfWhole_.resize(N * C);
+    dlnRows_.resize(Nl * C);
+    lnGrad_.resize(2 * C);
+  }
   dattScratch_.resize(static_cast<size_t>(T_) * T_);
 }
 
@@ -288,6 +304,7 @@ size_t Gpt::activationBytes() const {
             ceStats_.size();
   floats +=
       dres_.size() + dln_.size() + datty_.size() + dqkv_.size() + dfch_.size() + dfchGelu_.size() + dattScratch_.size();
+  floats += wholeRows_.size() + dlnRows_.size() + lnfWhole_.size() + lnGrad_.size();
   return floats * sizeof(float) + (tokens_.size() + targets_.size()) * sizeof(int);
 }
 
@@ -323,20 +340,25 @@ float Gpt::forward(const int* tokens, const int* targets, UnitAccess& access) {
 
   const bool split = tp_.size() > 1;
   const int v0 = layout_.vocabBegin(), Vt = layout_.vocabCount();
-  const int Ct = Ct_, Ft = Ft_, NHt = heads_;
-  const size_t NC = static_cast<size_t>(N) * C;
+  const int Ct = Ct_, Ft = Ft_, NHt = heads_, Nl = rows_;
+  const size_t NlC = static_cast<size_t>(Nl) * C;
+  // A row-parallel layer's partial output goes where sumRows wants it: the whole rows' scratch
+  // with sequence parallelism (reduce-scattered from there), else the destination itself.
+  auto partialFor = [&](float* rowsOut) { return sequenceParallel_ ? wholeRows_.data() : rowsOut; };
+
   const float* embed = access.acquire(0, Pass::kForward);
   const float* wpe = embed + static_cast<size_t>(Vt) * C;
   if (!split) {
     kn::embeddingForward(residual_[0].data(), tokens_.data(), embed, wpe, B, T, C);
   } else {
     // Each rank looks up the tokens of its vocabulary rows (zeros for the others); the sum is the
-    // embedding, and the position term is added once.
-    kn::embeddingForward(residual_[0].data(), tokens_.data(), embed, nullptr, B, T, C, v0, Vt);
-    tpSum(residual_[0]);
-    for (int b = 0; b < B; ++b) {
-      float* rows = residual_[0].data() + static_cast<size_t>(b) * T * C;
-      kn::residualForward(rows, rows, wpe, static_cast<size_t>(T) * C);
+    // embedding, and the position term is added once, to this rank's rows.
+    float* lookup = partialFor(residual_[0].data());
+    kn::embeddingForward(lookup, tokens_.data(), embed, nullptr, B, T, C, v0, Vt);
+    sumRows(lookup, residual_[0].data());
+    for (int r = 0; r < Nl; ++r) {
+      float* row = residual_[0].data() + static_cast<size_t>(r) * C;
+      kn::residualForward(row, row, wpe + static_cast<size_t>((firstRow_ + r) % T) * C, C);
     }
   }
   access.release(0, Pass::kForward);
@@ -346,41 +368,47 @@ float Gpt::forward(const int* tokens, const int* targets, UnitAccess& access) {
     Layer& L = layers_[l];
     const float* in = residual_[l].data();
     float* out = residual_[l + 1].data();
-    std::span<float> outSpan(out, NC);
-    kn::layernormForward(L.ln1.data(), L.ln1Mean.data(), L.ln1Rstd.data(), in, w.ln1w, w.ln1b, N, C);
-    kn::matmulForward(L.qkv.data(), L.ln1.data(), w.qkvw, w.qkvb, N, C, 3 * Ct);
+    kn::layernormForward(L.ln1.data(), L.ln1Mean.data(), L.ln1Rstd.data(), in, w.ln1w, w.ln1b, Nl, C);
+    kn::matmulForward(L.qkv.data(), gatherRows(L.ln1.data()), w.qkvw, w.qkvb, N, C, 3 * Ct);
     kn::attentionForward(L.atty.data(), L.att.data(), L.qkv.data(), B, T, Ct, NHt);
     // The projection's output goes to `out` for a moment, then the residual sum into res2. Row
     // parallel: each rank's heads give a partial sum; the bias is added to the total.
     if (!split) {
       kn::matmulForward(out, L.atty.data(), w.projw, w.projb, N, C, C);
     } else {
-      kn::matmulForward(out, L.atty.data(), w.projw, nullptr, N, Ct, C);
-      tpSum(outSpan);
-      addBias(out, w.projb, N, C);
+      kn::matmulForward(partialFor(out), L.atty.data(), w.projw, nullptr, N, Ct, C);
+      sumRows(partialFor(out), out);
+      addBias(out, w.projb, Nl, C);
     }
-    kn::residualForward(L.res2.data(), in, out, NC);
-    kn::layernormForward(L.ln2.data(), L.ln2Mean.data(), L.ln2Rstd.data(), L.res2.data(), w.ln2w, w.ln2b, N, C);
-    kn::matmulForward(L.fch.data(), L.ln2.data(), w.fcw, w.fcb, N, C, Ft);
+    kn::residualForward(L.res2.data(), in, out, NlC);
+    kn::layernormForward(L.ln2.data(), L.ln2Mean.data(), L.ln2Rstd.data(), L.res2.data(), w.ln2w, w.ln2b, Nl, C);
+    kn::matmulForward(L.fch.data(), gatherRows(L.ln2.data()), w.fcw, w.fcb, N, C, Ft);
     kn::geluForward(L.fchGelu.data(), L.fch.data(), static_cast<size_t>(N) * Ft);
     if (!split) {
       kn::matmulForward(out, L.fchGelu.data(), w.fcprojw, w.fcprojb, N, 4 * C, C);
     } else {
-      kn::matmulForward(out, L.fchGelu.data(), w.fcprojw, nullptr, N, Ft, C);
-      tpSum(outSpan);
-      addBias(out, w.fcprojb, N, C);
+      kn::matmulForward(partialFor(out), L.fchGelu.data(), w.fcprojw, nullptr, N, Ft, C);
+      sumRows(partialFor(out), out);
+      addBias(out, w.fcprojb, Nl, C);
     }
-    kn::residualForward(out, L.res2.data(), out, NC);
+    kn::residualForward(out, L.res2.data(), out, NlC);
     access.release(1 + l, Pass::kForward);
   }
 
   const float* lnf = access.acquire(config_.layers + 1, Pass::kForward);
-  kn::layernormForward(lnf_.data(), lnfMean_.data(), lnfRstd_.data(), residual_[config_.layers].data(), lnf, lnf + C, N,
-                       C);
+  kn::layernormForward(lnf_.data(), lnfMean_.data(), lnfRstd_.data(), residual_[config_.layers].data(), lnf, lnf + C,
+                       Nl, C);
   access.release(config_.layers + 1, Pass::kForward);
+  // The head sees every row: with sequence parallelism the final layernorm's rows are gathered
+  // (and kept for backward's weight gradient).
+  const float* lnfRows = lnf_.data();
+  if (sequenceParallel_) {
+    tp_.comm->allGather(std::span<const float>(lnf_), std::span<float>(lnfWhole_));
+    lnfRows = lnfWhole_.data();
+  }
 
   const float* wte = access.acquire(0, Pass::kForward);
-  kn::matmulForward(logits_.data(), lnf_.data(), wte, nullptr, N, C, Vt);
+  kn::matmulForward(logits_.data(), lnfRows, wte, nullptr, N, C, Vt);
   access.release(0, Pass::kForward);
   if (!haveTargets_) return 0.0f;
   if (!split) return kn::crossEntropyForward(probs_.data(), losses_.data(), logits_.data(), targets_.data(), N, V);
@@ -400,6 +428,39 @@ void Gpt::tpSum(std::span<float> x, ReduceOp op) {
   if (tp_.comm != nullptr) tp_.comm->allReduce(x, op);
 }
 
+const float* Gpt::gatherRows(const float* rows) {
+  if (!sequenceParallel_) return rows;
+  const size_t C = config_.width;
+  tp_.comm->allGather(std::span<const float>(rows, rows_ * C), std::span<float>(wholeRows_));
+  return wholeRows_.data();
+}
+
+void Gpt::sumRows(float* partial, float* rows) {
+  const size_t C = config_.width;
+  if (sequenceParallel_) {
+    tp_.comm->reduceScatter(std::span<const float>(partial, static_cast<size_t>(B_) * T_ * C),
+                            std::span<float>(rows, rows_ * C));
+  } else {
+    tpSum(std::span<float>(rows, rows_ * C));  // partial == rows
+  }
+}
+
+void Gpt::layernormBackwardRows(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                const float* weight, const float* mean, const float* rstd) {
+  const int C = config_.width;
+  if (!sequenceParallel_) {
+    kn::layernormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows_, C);
+    return;
+  }
+  // This rank's rows give a part of the weight and bias gradients: summed over the tp group, then
+  // added to the accumulated gradients.
+  std::fill(lnGrad_.begin(), lnGrad_.end(), 0.0f);
+  kn::layernormBackward(dinp, lnGrad_.data(), lnGrad_.data() + C, dout, inp, weight, mean, rstd, rows_, C);
+  tpSum(lnGrad_);
+  kn::residualForward(dweight, dweight, lnGrad_.data(), C);
+  kn::residualForward(dbias, dbias, lnGrad_.data() + C, C);
+}
+
 void Gpt::backward(UnitAccess& access, float lossScale) {
   if (!haveTargets_) throw Error(chorusInvalidUsage, "GPT backward: the last forward had no targets");
   const int B = B_, T = T_, C = config_.width;
@@ -407,6 +468,15 @@ void Gpt::backward(UnitAccess& access, float lossScale) {
   const int v0 = layout_.vocabBegin(), Vt = layout_.vocabCount();
   const int Ct = Ct_, Ft = Ft_, NHt = heads_;
   auto zero = [](std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); };
+  // Input gradients of the column-parallel layers are partial sums over whole rows (dln_); this
+  // rank's rows of their total go to dlnRows (the same buffer without sequence parallelism).
+  float* dlnRows = sequenceParallel_ ? dlnRows_.data() : dln_.data();
+  // The row-parallel layers and the embedding take every row of dres.
+  auto dresWhole = [&]() -> const float* {
+    if (!sequenceParallel_) return dres_.data();
+    tp_.comm->allGather(std::span<const float>(dres_), std::span<float>(wholeRows_));
+    return wholeRows_.data();
+  };
 
   // The loss and the head: probs becomes dlogits in place, then dlnf (into dln_) and dwte. With tp,
   // each rank's vocabulary columns give a part of dlnf: summed over the ranks.
@@ -415,25 +485,26 @@ void Gpt::backward(UnitAccess& access, float lossScale) {
   {
     const float* wte = access.acquire(0, Pass::kBackward);
     zero(dln_);
-    kn::matmulBackward(dln_.data(), access.gradients(0), nullptr, probs_.data(), lnf_.data(), wte, N, C, Vt);
+    kn::matmulBackward(dln_.data(), access.gradients(0), nullptr, probs_.data(),
+                       sequenceParallel_ ? lnfWhole_.data() : lnf_.data(), wte, N, C, Vt);
     access.release(0, Pass::kBackward);
-    tpSum(dln_);
+    sumRows(dln_.data(), dlnRows);
   }
   {
     const int u = config_.layers + 1;
     const float* lnf = access.acquire(u, Pass::kBackward);
     float* g = access.gradients(u);
     zero(dres_);
-    kn::layernormBackward(dres_.data(), g, g + C, dln_.data(), residual_[config_.layers].data(), lnf, lnfMean_.data(),
-                          lnfRstd_.data(), N, C);
+    layernormBackwardRows(dres_.data(), g, g + C, dlnRows, residual_[config_.layers].data(), lnf, lnfMean_.data(),
+                          lnfRstd_.data());
     access.release(u, Pass::kBackward);
     access.gradientsDone(u);
   }
 
-  // dres_ holds d(residual[l + 1]); each block turns it into d(residual[l]). The row-parallel
-  // layers take the whole dres (their input gradients are this rank's columns); the
-  // column-parallel layers' input gradients are partial sums, summed over the ranks (the
-  // conjugate of the forward all-reduce).
+  // dres_ holds d(residual[l + 1]) (this rank's rows); each block turns it into d(residual[l]).
+  // The row-parallel layers take the whole dres (their input gradients are this rank's columns);
+  // the column-parallel layers' input gradients are partial sums, summed over the ranks (the
+  // conjugate of the forward all-reduce, or reduce-scatter with sequence parallelism).
   for (int l = config_.layers - 1; l >= 0; --l) {
     const int u = 1 + l;
     const auto w = blockPtrs<const float*>(access.acquire(u, Pass::kBackward), C, Ct, Ft);
@@ -441,31 +512,31 @@ void Gpt::backward(UnitAccess& access, float lossScale) {
     Layer& L = layers_[l];
     // out = res2 + fcproj(gelu(fc(ln2(res2)))): d(fcproj output) = dres.
     zero(dfchGelu_);
-    kn::matmulBackward(dfchGelu_.data(), g.fcprojw, g.fcprojb, dres_.data(), L.fchGelu.data(), w.fcprojw, N, Ft, C);
+    kn::matmulBackward(dfchGelu_.data(), g.fcprojw, g.fcprojb, dresWhole(), L.fchGelu.data(), w.fcprojw, N, Ft, C);
     zero(dfch_);
     kn::geluBackward(dfch_.data(), L.fch.data(), dfchGelu_.data(), static_cast<size_t>(N) * Ft);
     zero(dln_);
-    kn::matmulBackward(dln_.data(), g.fcw, g.fcb, dfch_.data(), L.ln2.data(), w.fcw, N, C, Ft);
-    tpSum(dln_);
+    kn::matmulBackward(dln_.data(), g.fcw, g.fcb, dfch_.data(), gatherRows(L.ln2.data()), w.fcw, N, C, Ft);
+    sumRows(dln_.data(), dlnRows);
     // dres becomes d(res2): the residual path plus the path through ln2.
-    kn::layernormBackward(dres_.data(), g.ln2w, g.ln2b, dln_.data(), L.res2.data(), w.ln2w, L.ln2Mean.data(),
-                          L.ln2Rstd.data(), N, C);
+    layernormBackwardRows(dres_.data(), g.ln2w, g.ln2b, dlnRows, L.res2.data(), w.ln2w, L.ln2Mean.data(),
+                          L.ln2Rstd.data());
     // res2 = in + proj(attention(qkv(ln1(in)))): d(proj output) = d(res2).
     zero(datty_);
-    kn::matmulBackward(datty_.data(), g.projw, g.projb, dres_.data(), L.atty.data(), w.projw, N, Ct, C);
+    kn::matmulBackward(datty_.data(), g.projw, g.projb, dresWhole(), L.atty.data(), w.projw, N, Ct, C);
     zero(dqkv_);
     kn::attentionBackward(dqkv_.data(), dattScratch_.data(), datty_.data(), L.qkv.data(), L.att.data(), B, T, Ct, NHt);
     zero(dln_);
-    kn::matmulBackward(dln_.data(), g.qkvw, g.qkvb, dqkv_.data(), L.ln1.data(), w.qkvw, N, C, 3 * Ct);
-    tpSum(dln_);
-    kn::layernormBackward(dres_.data(), g.ln1w, g.ln1b, dln_.data(), residual_[l].data(), w.ln1w, L.ln1Mean.data(),
-                          L.ln1Rstd.data(), N, C);
+    kn::matmulBackward(dln_.data(), g.qkvw, g.qkvb, dqkv_.data(), gatherRows(L.ln1.data()), w.qkvw, N, C, 3 * Ct);
+    sumRows(dln_.data(), dlnRows);
+    layernormBackwardRows(dres_.data(), g.ln1w, g.ln1b, dlnRows, residual_[l].data(), w.ln1w, L.ln1Mean.data(),
+                          L.ln1Rstd.data());
     access.release(u, Pass::kBackward);
     access.gradientsDone(u);
   }
 
   float* gEmbed = access.gradients(0);
-  kn::embeddingBackward(gEmbed, gEmbed + static_cast<size_t>(Vt) * C, dres_.data(), tokens_.data(), B, T, C, v0, Vt);
+  kn::embeddingBackward(gEmbed, gEmbed + static_cast<size_t>(Vt) * C, dresWhole(), tokens_.data(), B, T, C, v0, Vt);
   access.gradientsDone(0);
 }
 

@@ -107,9 +107,15 @@ class ParamLayout {
 };
 
 // This rank's place in tensor parallelism: comm is the tp group (null for tp = 1). The model
-// uses it from its own thread only.
+// uses it from its own thread only. sequenceParallel (Megatron's sequence parallelism, tp > 1):
+// outside the tensor-parallel layers (layernorms, residuals, the embedding's output) each rank
+// holds only its block of the B x T rows, so their activations shrink by tp; the all-reduces
+// become a reduce-scatter after each row-parallel layer and an all-gather before each
+// column-parallel one (their conjugates in backward), and the layernorms' weight gradients,
+// partial per block of rows, are summed over the group. B x T must be a multiple of tp.
 struct TensorParallel {
   Communicator* comm = nullptr;
+  bool sequenceParallel = false;
   int size() const { return comm ? comm->size() : 1; }
   int rank() const { return comm ? comm->rank() : 0; }
 };
@@ -178,11 +184,28 @@ class Gpt {
   };
   // Sums x over the tp group in place (nothing for tp = 1).
   void tpSum(std::span<float> x, ReduceOp op = ReduceOp::kSum);
+  // Sequence parallel: every rank's rows of a (rows_, C) activation, gathered into whole rows;
+  // otherwise rows itself.
+  const float* gatherRows(const float* rows);
+  // The total of the ranks' partial (B T, C) outputs of a row-parallel layer, this rank's rows of
+  // it into rows (reduce-scatter); without sequence parallelism partial is rows (all-reduce).
+  void sumRows(float* partial, float* rows);
+  // layernormBackward over this rank's rows; with sequence parallelism the weight and bias
+  // gradients of these rows are summed over the tp group before they are added.
+  void layernormBackwardRows(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                             const float* weight, const float* mean, const float* rstd);
   GptConfig config_;
   TensorParallel tp_;
   ParamLayout layout_;
   int B_, T_;
-  int Ct_, Ft_, heads_;         // this rank's attention channels (C / tp), MLP hidden units (4C / tp), heads
+  int Ct_, Ft_, heads_;  // this rank's attention channels (C / tp), MLP hidden units (4C / tp), heads
+  bool sequenceParallel_ = false;
+  int rows_ = 0, firstRow_ = 0;  // this rank's rows of the B x T: all, or its block with sequence parallelism
+  // Sequence parallel: one (B T, C) scratch for whole rows, used in turn for a row-parallel layer's
+  // partial output, a gathered layernorm output and the gathered dres (each is done with before
+  // the next is made); this rank's rows of an input gradient; the gathered final layernorm (kept
+  // for backward); and a layernorm's partial weight and bias gradients.
+  std::vector<float> wholeRows_, dlnRows_, lnfWhole_, lnGrad_;
   std::vector<float> ceStats_;  // vocab-parallel cross-entropy: per row max, then exp sum and target logit
   std::vector<int> tokens_, targets_;
   std::vector<std::vector<float>> residual_;  // layers + 1 of (B, T, C): the input of each block and the last output

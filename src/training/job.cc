@@ -109,6 +109,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("optimizer", "clip", job.clip);
   get("parallel", "ranks", job.ranks);
   get("parallel", "tp", job.tp);
+  get("parallel", "sequence_parallel", job.sequenceParallel);
   get("parallel", "zero", job.zero);
   get("parallel", "bucket_mb", job.bucketMb);
   get("parallel", "inflight_buckets", job.inflightBuckets);

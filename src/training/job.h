@@ -22,11 +22,12 @@ struct Job {
   int seq = 64;
   int accumulate = 1;  // micro-batches per step
   kernels::AdamWSettings adam;
-  float minLr = 0.0f;  // cosine decay from adam.lr to minLr after warmup
-  int warmup = 0;      // linear warmup steps
-  float clip = 1.0f;   // global gradient norm clip; 0 = none
-  int ranks = 1;       // the world: dp x tp
-  int tp = 1;          // tensor parallel ranks (Megatron); data parallel gets ranks / tp
+  float minLr = 0.0f;             // cosine decay from adam.lr to minLr after warmup
+  int warmup = 0;                 // linear warmup steps
+  float clip = 1.0f;              // global gradient norm clip; 0 = none
+  int ranks = 1;                  // the world: dp x tp
+  int tp = 1;                     // tensor parallel ranks (Megatron); data parallel gets ranks / tp
+  bool sequenceParallel = false;  // with tp > 1: layernorms and residuals on blocks of the rows
   int zero = 0;
   double bucketMb = 25.0;
   int inflightBuckets = 2;  // ZeRO-2/3: bucket reductions in flight before backward waits

@@ -173,7 +173,7 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     throw Error(chorusInvalidArgument, fmt::format("job {}: [model] vocab = {} is below the tokenizer's {}", job.path,
                                                    config.vocab, tokenizer.vocab()));
   }
-  Gpt model(config, job.micro, job.seq, TensorParallel{tpComm});
+  Gpt model(config, job.micro, job.seq, TensorParallel{tpComm, job.sequenceParallel});
   const Sampler sampler(&trainTokens, job.seq, job.seed);
   const Sampler valWindows(&valTokens, job.seq, 0);
   DataParallelSettings parallel;
@@ -236,9 +236,9 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
         "rank(s) x %d micro-batch(es) = %ld sequences of %d; %zu train / %zu val tokens (%s tokenizer, vocab %d); "
         "BLAS %s, %d thread(s) per rank\n",
         job.name.c_str(), config.describe().c_str(), layout.globalTotal(), layout.total(), worldSize,
-        shape.describe().c_str(), job.zero, dp.buckets(), job.micro, ranks, job.accumulate, job.globalBatch(), job.seq,
-        trainTokens.size(), valTokens.size(), tokenizer.kind().c_str(), tokenizer.vocab(),
-        kernels::blasDescription().c_str(), blasThreads);
+        (shape.describe() + (job.sequenceParallel && job.tp > 1 ? " sp" : "")).c_str(), job.zero, dp.buckets(),
+        job.micro, ranks, job.accumulate, job.globalBatch(), job.seq, trainTokens.size(), valTokens.size(),
+        tokenizer.kind().c_str(), tokenizer.vocab(), kernels::blasDescription().c_str(), blasThreads);
     std::fflush(stdout);
   }
 

@@ -1,5 +1,5 @@
 # train_parity.sh: data parallelism, every ZeRO stage and tensor parallelism (alone and with dp
-# and ZeRO) compute what one rank computes. The same
+# and ZeRO, with and without sequence parallelism) compute what one rank computes. The same
 # global batch of 8 sequences is split over 2 and 4 ranks (and over micro-batches): the loss of each
 # of 20 steps must equal the one-rank run's within 1e-5 relative. The runs' memory reports must
 # follow the ZeRO formulas (fp32: 16P, 8P + 8P/N, 4P + 12P/N, 16P/N bytes) within the padding.
@@ -29,6 +29,8 @@ run tp2 --ranks 2 --tp 2 --set batch.micro=8
 run tp4 --ranks 4 --tp 4 --set batch.micro=8
 run dp2_tp2_zero1 --ranks 4 --tp 2 --zero 1 --set batch.micro=4
 run dp2_tp2_zero3_accum --ranks 4 --tp 2 --zero 3 --set batch.micro=2 --set batch.accumulate=2
+run tp2_sp --ranks 2 --tp 2 --set batch.micro=8 --set parallel.sequence_parallel=true
+run dp2_tp2_sp_zero2 --ranks 4 --tp 2 --zero 2 --set batch.micro=4 --set parallel.sequence_parallel=true
 slow=(--ranks 4 --set batch.micro=2 --set model.layers=8 --set run.steps=3 --set parallel.inflight_buckets=1)
 CHORUS_TRAIN_COMM_DELAY_MS=20 run zero2_slow --zero 2 "${slow[@]}"
 CHORUS_TRAIN_COMM_DELAY_MS=20 run zero3_slow --zero 3 "${slow[@]}"
@@ -41,7 +43,7 @@ ref = losses("one")
 bad = []
 assert len(ref) == 20, ref
 for name in ["one_accum", "dp2", "dp4", "dp2_accum", "zero1", "zero2", "zero3", "zero3_dp2_accum", "tp2", "tp4",
-             "dp2_tp2_zero1", "dp2_tp2_zero3_accum"]:
+             "dp2_tp2_zero1", "dp2_tp2_zero3_accum", "tp2_sp", "dp2_tp2_sp_zero2"]:
     got = losses(name)
     worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
     print(f"{name:16s} 20 steps, largest relative loss difference from one rank {worst:.2e}")
@@ -49,6 +51,17 @@ for name in ["one_accum", "dp2", "dp4", "dp2_accum", "zero1", "zero2", "zero3", 
         bad.append(name)
 if ref[-1] >= ref[0]:
     bad.append("the loss did not fall")
+# Tensor parallelism divides the parameters; sequence parallelism the activations outside the
+# tensor-parallel layers (so tp2 with it holds fewer activation bytes than tp2 without).
+def per_rank(name, key):
+    return [mem[key] for mem in json.load(open(f"{work}/{name}/metrics.json"))["memory_per_rank"]]
+one_params, tp_params = per_rank("one", "params_bytes")[0], per_rank("tp2", "params_bytes")
+tp_act, sp_act = per_rank("tp2", "activation_bytes"), per_rank("tp2_sp", "activation_bytes")
+print(f"params bytes: one rank {one_params}, tp2 {tp_params}; activation bytes tp2 {tp_act}, tp2 + sp {sp_act}")
+if not all(p < 0.6 * one_params for p in tp_params):
+    bad.append(f"tp2 parameters per rank {tp_params} against {one_params} on one rank")
+if not all(s < t for s, t in zip(sp_act, tp_act)):
+    bad.append(f"sequence parallel activations {sp_act} not below tp2's {tp_act}")
 # Memory: P parameters, N ranks, padding of at most N - 1 elements per bucket per array.
 for name, stage in [("dp4", 0), ("zero1", 1), ("zero2", 2), ("zero3", 3)]:
     m = json.load(open(f"{work}/{name}/metrics.json"))

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "src/training/gpt.h"
@@ -55,7 +56,9 @@ TEST(MeshTest, EachRanksGroupCommunicatorsHoldTheRanksOfItsGroup) {
             // Gathering the world ranks in group order gives the members.
             std::vector<int32_t> mine = {rank}, all(members.size(), -1);
             group->allGather(std::span<const int32_t>(mine), std::span<int32_t>(all));
-            EXPECT_EQ(std::vector<int>(all.begin(), all.end()), members) << kind << " " << shape.describe();
+            for (size_t i = 0; i < members.size(); ++i) {
+              EXPECT_EQ(all[i], members[i]) << kind << " member " << i << " in " << shape.describe();
+            }
           }
         },
         120));
@@ -74,8 +77,9 @@ TEST(MeshTest, EachRanksGroupCommunicatorsHoldTheRanksOfItsGroup) {
       60));
 }
 
-// The whole model's loss and gradients on one batch, and the same from tp ranks.
-TEST(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
+// On one batch, the loss and gradients of the whole model and of its shards on tp ranks, with or
+// without sequence parallelism: equal within rounding.
+void expectShardsGiveTheWhole(int tp, bool sequenceParallel) {
   // 37 tokens do not divide over 2 or 4 ranks: the vocabulary shards are uneven.
   const GptConfig config{2, 4, 32, 16, 37};
   const int B = 2, T = 12;
@@ -84,49 +88,64 @@ TEST(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
   for (auto* v : {&tokens, &targets}) {
     for (int& x : *v) x = static_cast<int>(random() % config.vocab);
   }
-  for (int tp : {2, 4}) {
-    expectAllZero(runProcesses(
-        tp,
-        [&](int rank, const chorusUniqueId& id) {
-          Communicator comm(UniqueId(id), tp, rank);
-          Gpt whole(config, B, T);
-          std::vector<float> wp(whole.layout().total()), wg(wp.size(), 0.0f);
-          whole.layout().initialize(11, wp.data(), 0, wp.size());
-          FlatAccess wholeAccess(whole.layout(), wp.data(), wg.data());
-          const float wholeLoss = whole.forward(tokens.data(), targets.data(), wholeAccess);
-          whole.backward(wholeAccess);
+  const std::string what = "tp " + std::to_string(tp) + (sequenceParallel ? " with sequence parallelism" : "");
+  expectAllZero(runProcesses(
+      tp,
+      [&](int rank, const chorusUniqueId& id) {
+        Communicator comm(UniqueId(id), tp, rank);
+        Gpt whole(config, B, T);
+        std::vector<float> wp(whole.layout().total()), wg(wp.size());
+        whole.layout().initialize(11, wp.data(), 0, wp.size());
+        FlatAccess wholeAccess(whole.layout(), wp.data(), wg.data());
+        const float wholeLoss = whole.forward(tokens.data(), targets.data(), wholeAccess);
+        whole.backward(wholeAccess);
 
-          Gpt shard(config, B, T, TensorParallel{&comm});
-          const ParamLayout& layout = shard.layout();
-          EXPECT_EQ(layout.globalTotal(), whole.layout().total());
-          EXPECT_LT(layout.total(), layout.globalTotal());
-          std::vector<float> p(layout.total()), g(p.size(), 0.0f);
-          layout.initialize(11, p.data(), 0, p.size());
-          // The shard's initial values are the whole's at the same elements.
-          std::vector<float> placed(layout.globalTotal(), NAN);
-          layout.toGlobal(p.data(), placed.data(), false);
-          for (const auto& run : layout.runs()) {
-            for (size_t i = 0; i < run.count; ++i) ASSERT_EQ(placed[run.global + i], wp[run.global + i]);
-          }
-          FlatAccess access(layout, p.data(), g.data());
+        Gpt shard(config, B, T, TensorParallel{&comm, sequenceParallel});
+        const ParamLayout& layout = shard.layout();
+        EXPECT_EQ(layout.globalTotal(), whole.layout().total());
+        EXPECT_LT(layout.total(), layout.globalTotal());
+        if (sequenceParallel) {
+          EXPECT_LT(shard.activationBytes(), whole.activationBytes());
+        }
+        std::vector<float> p(layout.total()), g(p.size());
+        layout.initialize(11, p.data(), 0, p.size());
+        // The shard's initial values are the whole's at the same elements.
+        std::vector<float> placed(layout.globalTotal(), NAN);
+        layout.toGlobal(p.data(), placed.data(), false);
+        for (const auto& run : layout.runs()) {
+          for (size_t i = 0; i < run.count; ++i) ASSERT_EQ(placed[run.global + i], wp[run.global + i]);
+        }
+        FlatAccess access(layout, p.data(), g.data());
+        // Twice, as two micro-batches accumulate: the second adds to the gradients of the first.
+        for (int pass = 1; pass <= 2; ++pass) {
           const float loss = shard.forward(tokens.data(), targets.data(), access);
-          EXPECT_NEAR(loss, wholeLoss, 1e-5 * std::abs(wholeLoss)) << "tp " << tp << " rank " << rank;
-          shard.backward(access);
-          std::vector<float> gradPlaced(layout.globalTotal(), NAN);
-          layout.toGlobal(g.data(), gradPlaced.data(), false);
-          float largest = 0.0f;
-          for (float x : wg) largest = std::max(largest, std::abs(x));
-          for (const auto& run : layout.runs()) {
-            for (size_t i = 0; i < run.count; ++i) {
-              const size_t at = run.global + i;
-              ASSERT_NEAR(gradPlaced[at], wg[at], 1e-5f * largest)
-                  << "tp " << tp << " rank " << rank << ": gradient of " << layout.tensors()[run.tensor].name
-                  << " at whole element " << at;
-            }
+          EXPECT_NEAR(loss, wholeLoss, 1e-5 * std::abs(wholeLoss)) << what << " rank " << rank;
+          shard.backward(access, 0.5f);
+        }
+        std::vector<float> gradPlaced(layout.globalTotal(), NAN);
+        layout.toGlobal(g.data(), gradPlaced.data(), false);
+        float largest = 0.0f;
+        for (float x : wg) largest = std::max(largest, std::abs(x));
+        for (const auto& run : layout.runs()) {
+          for (size_t i = 0; i < run.count; ++i) {
+            const size_t at = run.global + i;
+            ASSERT_NEAR(gradPlaced[at], wg[at], 1e-5f * largest)
+                << what << " rank " << rank << ": gradient of " << layout.tensors()[run.tensor].name
+                << " at whole element " << at;
           }
-        },
-        120));
-  }
+        }
+      },
+      120));
+}
+
+TEST(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
+  expectShardsGiveTheWhole(2, false);
+  expectShardsGiveTheWhole(4, false);
+}
+
+TEST(TensorParallelTest, SequenceParallelShardsGiveTheWholeModelsLossAndGradients) {
+  expectShardsGiveTheWhole(2, true);
+  expectShardsGiveTheWhole(4, true);
 }
 
 TEST(TensorParallelTest, ALayoutThatCannotBeSplitIsRefused) {
@@ -137,6 +156,19 @@ TEST(TensorParallelTest, ALayoutThatCannotBeSplitIsRefused) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("heads = 6 cannot be split over tp = 4"), std::string::npos) << e.what();
   }
+  expectAllZero(runProcesses(
+      4,
+      [&](int rank, const chorusUniqueId& id) {
+        Communicator comm(UniqueId(id), 4, rank);
+        try {
+          Gpt model(GptConfig{1, 4, 16, 8, 40}, 1, 6, TensorParallel{&comm, true});
+          ADD_FAILURE() << "6 rows were split over 4 ranks";
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("1 x 6 = 6 rows of a micro-batch over tp = 4"), std::string::npos)
+              << e.what();
+        }
+      },
+      60));
 }
 
 }  // namespace
