@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "chorus/error.hpp"
 
 namespace chorus::training {
@@ -70,26 +72,27 @@ DeviceMesh::DeviceMesh(Communicator& world, const MeshShape& shape) : shape_(sha
   // key the rank's place in the group.
   for (const char* kind : {"dp", "tp", "pp", "cp", "dpcp"}) {
     const std::vector<int> ranks = groupOf(worldRank_, shape, kind);
-    if (ranks.size() < 2) continue;  // every rank has the same shape: all skip alike
+    // Every rank has the same shape: all skip alike. dp x cp is its own group only when both
+    // are above 1 (else it is the dp or the cp group, whose communicator serves).
+    if (ranks.size() < 2 || (std::string(kind) == "dpcp" && (shape.dp == 1 || shape.cp == 1))) continue;
     const int place = static_cast<int>(std::find(ranks.begin(), ranks.end(), worldRank_) - ranks.begin());
-    Communicator made = world.split(*std::min_element(ranks.begin(), ranks.end()), place);
-    Communicator& slot = std::string(kind) == "dp"   ? dp_
-                         : std::string(kind) == "tp" ? tp_
-                         : std::string(kind) == "pp" ? pp_
-                         : std::string(kind) == "cp" ? cp_
-                                                     : dpcp_;
-    slot = std::move(made);
+    *slotOf(kind) = world.split(*std::min_element(ranks.begin(), ranks.end()), place);
   }
 }
 
+Communicator* DeviceMesh::slotOf(const std::string& kind) {
+  if (kind == "dp") return &dp_;
+  if (kind == "tp") return &tp_;
+  if (kind == "pp") return &pp_;
+  if (kind == "cp") return &cp_;
+  if (kind == "dpcp") return &dpcp_;
+  throw Error(chorusInvalidArgument, "device mesh: no group kind '" + kind + "' (dp, tp, pp, cp, dpcp)");
+}
+
 Communicator* DeviceMesh::group(const std::string& kind) {
-  Communicator* slot = kind == "dp"     ? &dp_
-                       : kind == "tp"   ? &tp_
-                       : kind == "pp"   ? &pp_
-                       : kind == "cp"   ? &cp_
-                       : kind == "dpcp" ? &dpcp_
-                                        : nullptr;
-  if (slot == nullptr) throw Error(chorusInvalidArgument, "device mesh: no group kind '" + kind + "'");
+  if (kind == "dpcp" && shape_.cp == 1) return group("dp");
+  if (kind == "dpcp" && shape_.dp == 1) return group("cp");
+  Communicator* slot = slotOf(kind);
   return *slot ? slot : nullptr;
 }
 

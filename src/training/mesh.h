@@ -42,6 +42,7 @@ class DeviceMesh {
   Communicator* group(const std::string& kind);
 
  private:
+  Communicator* slotOf(const std::string& kind);  // throws for an unknown kind
   MeshShape shape_;
   MeshCoords coords_;
   int worldRank_ = 0;
