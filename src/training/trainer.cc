@@ -195,11 +195,11 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
   auto wholeState = [&](std::vector<float>& p, std::vector<float>& m, std::vector<float>& v) {
     std::vector<float> local[3];
     dp.gatherState(local[0], local[1], local[2]);
+    std::vector<float>* whole[3] = {&p, &m, &v};
     for (int i = 0; i < 3; ++i) {
-      std::vector<float>& whole = i == 0 ? p : i == 1 ? m : v;
-      whole.assign(layout.globalTotal(), 0.0f);
-      layout.toGlobal(local[i].data(), whole.data(), true);
-      if (tpComm) tpComm->allReduce(std::span<float>(whole));
+      whole[i]->assign(layout.globalTotal(), 0.0f);
+      layout.toGlobal(local[i].data(), whole[i]->data(), true);
+      if (tpComm) tpComm->allReduce(std::span<float>(*whole[i]));
     }
   };
   kernels::setBlasThreads(blasThreads);
@@ -212,10 +212,11 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
   if (job.resume && fs::exists(ckptPath)) {
     std::vector<float> p, m, v;
     const auto header = loadCheckpoint(ckptPath, layout.globalTotal(), p, m, v);
+    const std::vector<float>* whole[3] = {&p, &m, &v};
     std::vector<float> local[3];
     for (int i = 0; i < 3; ++i) {
       local[i].resize(layout.total());
-      layout.fromGlobal((i == 0 ? p : i == 1 ? m : v).data(), local[i].data());
+      layout.fromGlobal(whole[i]->data(), local[i].data());
     }
     dp.loadState(local[0], local[1], local[2]);
     result.resumedFrom = header.at("step");
