@@ -82,16 +82,15 @@ void embeddingForward(float* out, const int* tokens, const float* wte, const flo
       float* o = out + (static_cast<size_t>(b) * T + t) * C;
       const int row = tokens[b * T + t] - v0;
       const bool mine = row >= 0 && row < vcount;
-      const float* te = wte + static_cast<size_t>(mine ? row : 0) * C;
-      const float* pe = wpe + static_cast<size_t>(t) * C;
-      if (mine && wpe != nullptr) {
-        for (int i = 0; i < C; ++i) o[i] = te[i] + pe[i];
-      } else if (mine) {
-        for (int i = 0; i < C; ++i) o[i] = te[i];
-      } else if (wpe != nullptr) {
-        for (int i = 0; i < C; ++i) o[i] = pe[i];
+      // The token term (or 0), then the position term: one addition per element, as te + pe.
+      if (mine) {
+        std::memcpy(o, wte + static_cast<size_t>(row) * C, static_cast<size_t>(C) * sizeof(float));
       } else {
-        for (int i = 0; i < C; ++i) o[i] = 0.0f;
+        std::fill(o, o + C, 0.0f);
+      }
+      if (wpe != nullptr) {
+        const float* pe = wpe + static_cast<size_t>(t) * C;
+        for (int i = 0; i < C; ++i) o[i] += pe[i];
       }
     }
   }

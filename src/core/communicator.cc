@@ -542,15 +542,14 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, const Comm
   const std::vector<int> members = color == kNoColor ? std::vector<int>{} : membersOf(color);
   // The leader of a color is its lowest-numbered rank here; it makes the id and runs its root.
   std::vector<UniqueIdData> ids(n);
-  const bool leader = color != kNoColor && *std::min_element(members.begin(), members.end()) == rank_;
-  if (leader) ids[rank_] = createUniqueId();
+  const int leader = members.empty() ? -1 : *std::min_element(members.begin(), members.end());
+  if (leader == rank_) ids[rank_] = createUniqueId();
   run({prepare(collectives::Collective::kAllGather, &ids[rank_], ids.data(), sizeof(UniqueIdData), chorusUint8,
                chorusSum, 0)});
   if (color == kNoColor) return nullptr;
   const int newRank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
   logAt(LogLevel::kInfo, "rank {}: split color {} key {}: rank {} of {}", rank_, color, key, newRank, members.size());
-  return std::make_unique<Communicator>(ids[*std::min_element(members.begin(), members.end())],
-                                        static_cast<int>(members.size()), newRank, settings);
+  return std::make_unique<Communicator>(ids[leader], static_cast<int>(members.size()), newRank, settings);
 }
 
 void Communicator::breakWith(const Error& e) {

@@ -392,14 +392,21 @@ double DataParallel::step(const kernels::AdamWSettings& adam, long stepNumber, f
 
   // The global gradient norm: each rank's own elements, summed over ranks when sharded, then over
   // the model-parallel ranks (of the tensors replicated there, one rank's count).
-  double squares = 0.0;
-  for (const auto& b : buckets_) {
-    const Own o = own(b);
-    for (const auto& t : layout_.tensors()) {
-      const size_t lo = std::max(o.lo, t.offset), hi = std::min(o.hi, t.offset + t.count);
-      if (lo < hi && t.counted) squares += kernels::sumOfSquares(grads_.data() + o.g + (lo - o.lo), hi - lo);
+  // Calls fn(tensor, own, d, n) for each tensor's part of this rank's elements: n elements from
+  // position d of the bucket's own range.
+  auto eachTensorPart = [&](const auto& fn) {
+    for (const auto& b : buckets_) {
+      const Own o = own(b);
+      for (const auto& t : layout_.tensors()) {
+        const size_t lo = std::max(o.lo, t.offset), hi = std::min(o.hi, t.offset + t.count);
+        if (lo < hi) fn(t, o, lo - o.lo, hi - lo);
+      }
     }
-  }
+  };
+  double squares = 0.0;
+  eachTensorPart([&](const ParamTensor& t, const Own& o, size_t d, size_t n) {
+    if (t.counted) squares += kernels::sumOfSquares(grads_.data() + o.g + d, n);
+  });
   if (stage_ >= 1 && worker_) squares = average(squares) * N_;
   if (modelParallelSum_) squares = modelParallelSum_(squares);
   const double norm = std::sqrt(squares);
@@ -411,18 +418,12 @@ double DataParallel::step(const kernels::AdamWSettings& adam, long stepNumber, f
     }
   }
 
-  for (const auto& b : buckets_) {
-    const Own o = own(b);
-    for (const auto& t : layout_.tensors()) {
-      const size_t lo = std::max(o.lo, t.offset), hi = std::min(o.hi, t.offset + t.count);
-      if (lo >= hi) continue;
-      auto s = adam;
-      if (!t.decay) s.weightDecay = 0.0f;
-      const size_t d = lo - o.lo;
-      kernels::adamwStep(params_.data() + o.p + d, grads_.data() + o.g + d, m_.data() + o.mv + d, v_.data() + o.mv + d,
-                         hi - lo, stepNumber, s);
-    }
-  }
+  eachTensorPart([&](const ParamTensor& t, const Own& o, size_t d, size_t n) {
+    auto s = adam;
+    if (!t.decay) s.weightDecay = 0.0f;
+    kernels::adamwStep(params_.data() + o.p + d, grads_.data() + o.g + d, m_.data() + o.mv + d, v_.data() + o.mv + d, n,
+                       stepNumber, s);
+  });
 
   // ZeRO-1/2: every rank's updated slice to everyone.
   if ((stage_ == 1 || stage_ == 2) && worker_) {
