@@ -1,6 +1,7 @@
 // chorus_train.cc: chorus-train, the training job runner.
 //
-//   chorus-train JOB.toml [--ranks N] [--tp T] [--zero S] [--steps N] [--out DIR] [--resume] [--set sec.key=value]...
+//   chorus-train JOB.toml [--ranks N] [--tp T] [--pp P] [--zero S] [--steps N] [--out DIR] [--resume] [--set
+//   sec.key=value]...
 //
 // Started by hand, it prepares the job's data, measures this machine's GEMM peak (for MFU), starts
 // the ranks through chorusrun (each rank runs chorus-train again, as a worker) and, when they are
@@ -20,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu/matmul.h"
+#include "src/training/pipeline.h"
 #include "src/training/trainer.h"
 
 namespace fs = std::filesystem;
@@ -61,7 +63,18 @@ void writeMetrics(const Job& job, const TrainResult& r, size_t parameters, const
                 {"context", job.model.context}, {"vocab", vocab},           {"parameters", parameters}};
   j["tokenizer"] = tokenizer;
   j["ranks"] = job.ranks;
-  j["layout"] = {{"dp", job.dp()}, {"tp", job.tp}, {"pp", 1}, {"cp", 1}, {"sequence_parallel", job.sequenceParallel}};
+  j["layout"] = {
+      {"dp", job.dp()}, {"tp", job.tp}, {"pp", job.pp}, {"cp", 1}, {"sequence_parallel", job.sequenceParallel}};
+  if (job.pp > 1) {
+    nlohmann::json cut = nlohmann::json::array();
+    for (const auto& s : r.stages) cut.push_back({s.begin, s.end});
+    j["pipeline"] = {{"schedule", job.schedule},
+                     {"vpp", job.vpp},
+                     {"micro_batches", job.accumulate},
+                     {"blocks_per_chunk", cut},
+                     {"idle_share_per_rank", r.pipelineIdle},
+                     {"formula_idle_share", chorus::training::bubbleShare(job.pp, job.vpp, job.accumulate)}};
+  }
   j["zero"] = job.zero;
   j["global_batch"] = job.globalBatch();
   j["seq"] = job.seq;
@@ -172,13 +185,14 @@ int main(int argc, char** argv) {
   CLI::App app{"chorus-train: train a GPT on chorus as a job file describes"};
   std::string jobPath;
   std::vector<std::string> sets;
-  int ranks = 0, zero = -1, tp = 0;
+  int ranks = 0, zero = -1, tp = 0, pp = 0;
   long steps = 0;
   std::string out;
   bool resume = false;
   app.add_option("job", jobPath, "the job file (TOML)")->required();
   app.add_option("--ranks", ranks, "ranks in all (overrides [parallel] ranks)");
-  app.add_option("--tp", tp, "tensor-parallel ranks; data parallel gets ranks / tp (overrides [parallel] tp)");
+  app.add_option("--tp", tp, "tensor-parallel ranks; data parallel gets ranks / (tp pp) (overrides [parallel] tp)");
+  app.add_option("--pp", pp, "pipeline stages (overrides [parallel] pp)");
   app.add_option("--zero", zero, "ZeRO stage 0..3 (overrides [parallel] zero)");
   app.add_option("--steps", steps, "steps to run (overrides [run] steps)");
   app.add_option("--out", out, "output directory (overrides [run] out)");
@@ -188,6 +202,7 @@ int main(int argc, char** argv) {
   if (ranks > 0) sets.push_back(fmt::format("parallel.ranks={}", ranks));
   if (zero >= 0) sets.push_back(fmt::format("parallel.zero={}", zero));
   if (tp > 0) sets.push_back(fmt::format("parallel.tp={}", tp));
+  if (pp > 0) sets.push_back(fmt::format("parallel.pp={}", pp));
   if (steps > 0) sets.push_back(fmt::format("run.steps={}", steps));
   if (!out.empty()) sets.push_back(fmt::format("run.out={}", nlohmann::json(out).dump()));
   if (resume) sets.push_back("run.resume=true");

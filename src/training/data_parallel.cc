@@ -149,6 +149,24 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
   if (comm != nullptr && N_ > 1) worker_ = std::make_unique<CommWorker>(*comm, delay ? std::atoi(delay) : 0);
   const int units = layout.units();
   unitBucket_.assign(units, -1);
+  if (settings.tiedSum) {
+    tiedUnit_ = layout.headUnit() >= 0 ? layout.headUnit() : layout.embeddingUnit();
+    if (tiedUnit_ >= 0) {
+      if (stage_ >= 2) {
+        throw Error(chorusInvalidArgument,
+                    fmt::format("data parallel: ZeRO stage {} reduces gradients per micro-batch, which pipeline "
+                                "parallelism does not allow (its tied embedding is summed once per step); use 0 or 1",
+                                stage_));
+      }
+      tiedSum_ = settings.tiedSum;
+      for (const auto& t : layout.tensors()) {
+        if (t.unit == tiedUnit_) {
+          tiedFloats_ = t.count;  // the unit's first tensor: wte or lm_head
+          break;
+        }
+      }
+    }
+  }
   // Backward finishes units in the order layers+1 (final norm), layers, ..., 1, then 0.
   std::vector<int> finishOrder;
   for (int u = units - 1; u >= 0; --u) finishOrder.push_back(u);
@@ -157,7 +175,7 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
     b.lastUnit = b.firstUnit = finishOrder[i];
     size_t bytes = layout.unitCount(finishOrder[i]) * sizeof(float);
     ++i;
-    while (stage_ != 3 && i < finishOrder.size() &&
+    while (stage_ != 3 && i < finishOrder.size() && b.firstUnit != tiedUnit_ && finishOrder[i] != tiedUnit_ &&
            bytes + layout.unitCount(finishOrder[i]) * sizeof(float) <= bucketBytes) {
       b.firstUnit = finishOrder[i];
       bytes += layout.unitCount(finishOrder[i]) * sizeof(float);
@@ -189,12 +207,17 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
     }
   }
   // ZeRO-3's order of acquire calls in one training micro-batch (see UnitAccess).
-  const int L = units - 2;
-  order_.push_back(0);
-  for (int u = 1; u <= L + 1; ++u) order_.push_back(u);
-  order_.push_back(0);
-  order_.push_back(0);
-  for (int u = L + 1; u >= 1; --u) order_.push_back(u);
+  if (stage_ == 3) {
+    if (layout.spans().size() != 1) {
+      throw Error(chorusInvalidArgument,
+                  fmt::format("data parallel: ZeRO-3 prefetches one span of layers; this rank holds {} (virtual "
+                              "pipeline stages)",
+                              layout.spans().size()));
+    }
+    const auto order = layout.accessOrder();
+    order_ = order.units;
+    forwardLength_ = order.forwardLength;
+  }
 }
 
 DataParallel::~DataParallel() {
@@ -222,8 +245,7 @@ void DataParallel::beginMicro(bool last, bool eval) {
 }
 
 int DataParallel::nextInOrder() const {
-  const size_t forwardLength = static_cast<size_t>(layout_.units()) + 1;
-  const size_t end = eval_ ? forwardLength : order_.size();
+  const size_t end = eval_ ? forwardLength_ : order_.size();
   return orderAt_ < end ? order_[orderAt_] : -1;
 }
 
@@ -256,7 +278,7 @@ const float* DataParallel::acquire(int unit, Pass /*pass*/) {
   ++orderAt_;
   // Prefetch: the next unit in the order that differs from this one.
   for (size_t k = orderAt_; k < order_.size(); ++k) {
-    if (eval_ && k >= static_cast<size_t>(layout_.units()) + 1) break;
+    if (eval_ && k >= forwardLength_) break;
     if (order_[k] != unit) {
       startGather(bucketOf(order_[k]));
       break;
@@ -294,7 +316,7 @@ float* DataParallel::gradients(int unit) {
 void DataParallel::gradientsDone(int unit) {
   Bucket& b = bucketOf(unit);
   if (--unitsLeftInMicro_ == 0) backwardsEnded_.fetch_add(1, std::memory_order_release);
-  if (--b.unitsLeft == 0 && (stage_ >= 2 || lastMicro_)) reduceBucket(b);
+  if (--b.unitsLeft == 0 && (stage_ >= 2 || lastMicro_) && unit != tiedUnit_) reduceBucket(b);
 }
 
 std::function<void()> DataParallel::countOverlap() {
@@ -306,6 +328,7 @@ std::function<void()> DataParallel::countOverlap() {
 }
 
 void DataParallel::reduceBucket(Bucket& b) {
+  b.reduced = true;
   if (stage_ < 2) {
     if (!worker_) return;
     float* g = grads_.data() + b.fullOffset;
@@ -366,7 +389,19 @@ void DataParallel::sumOverRanks(std::vector<double>& values) {
 }
 
 double DataParallel::step(const kernels::AdamWSettings& adam, long stepNumber, float clipNorm) {
+  // ZeRO-0/1: the buckets no last micro-batch finished (a pipeline's other chunks, the tied
+  // embedding, summed over the pipeline's ends first).
+  if (stage_ < 2) {
+    for (int u = layout_.units() - 1; u >= 0; --u) {
+      Bucket& b = bucketOf(u);
+      if (b.reduced) continue;
+      if (u == tiedUnit_)
+        tiedSum_(std::span<float>(grads_.data() + b.fullOffset + layout_.unitOffset(u) - b.lo, tiedFloats_));
+      reduceBucket(b);
+    }
+  }
   waitReductions();
+  for (auto& b : buckets_) b.reduced = false;
   // Where this rank's elements of bucket b are, in each array: [ownLo, ownHi) of the flat range,
   // and the position of ownLo in params, grads and m/v.
   struct Own {

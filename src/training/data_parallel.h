@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -78,6 +79,11 @@ struct DataParallelSettings {
   // (the tp group), called on the training thread in step() for the gradient norm (each rank adds
   // the tensors its layout counts). Empty: the model is whole on this rank.
   std::function<double(double)> modelParallelSum;
+  // With pipeline parallelism, on the first and last stages: sums the gradient of this rank's token
+  // embedding rows (the first stage's wte, the last stage's tied lm_head copy) over the two stages,
+  // called on the training thread in step() before the data-parallel reduction. The unit holding
+  // them is a bucket of its own and is reduced only then. Empty: the embedding is tied on this rank.
+  std::function<void(std::span<float>)> tiedSum;
 };
 
 // How far the reductions overlapped backward: of `reductions` bucket reductions, `overlapped`
@@ -102,7 +108,9 @@ class DataParallel : public UnitAccess {
 
   // Before each micro-batch's forward: `last` marks the step's last micro-batch (stages 0 and 1
   // reduce gradients only after it; 2 and 3 after every micro-batch). eval: forward only (ZeRO-3
-  // then frees every unit after use).
+  // then frees every unit after use). A pipeline, whose micro-batches' forwards and backwards
+  // interleave, calls it before each backward instead (stages 0 and 1 only); step() reduces the
+  // buckets whose gradients a last micro-batch did not finish.
   void beginMicro(bool last, bool eval = false);
   // After the last micro-batch's backward: waits for the reductions, clips the gradient to
   // clipNorm (global L2 norm; 0: no clipping), takes one AdamW step (step counts from 1) and makes
@@ -139,6 +147,7 @@ class DataParallel : public UnitAccess {
     size_t fullOffset = 0;             // in the padded full arrays
     size_t shardOffset = 0;            // in the shard arrays
     int unitsLeft = 0;                 // units whose gradients backward has not finished this micro-batch
+    bool reduced = false;              // ZeRO-0/1: its reduction has been started this step
     std::vector<float> transientGrad;  // ZeRO-2/3: the bucket's whole gradient during backward
     std::vector<float> gathered;       // ZeRO-3: the bucket's whole parameters while in use
     std::future<void> reduction, gather;
@@ -159,6 +168,9 @@ class DataParallel : public UnitAccess {
   int stage_, N_, rank_;
   int inflightBuckets_;
   std::function<double(double)> modelParallelSum_;
+  std::function<void(std::span<float>)> tiedSum_;
+  int tiedUnit_ = -1;  // the unit whose leading tiedFloats_ gradients tiedSum_ sums
+  size_t tiedFloats_ = 0;
   std::deque<int> pendingWholeGrads_;  // ZeRO-2/3: buckets whose reduce-scatter may be in flight, oldest first
   std::vector<Bucket> buckets_;
   std::vector<int> unitBucket_;
@@ -166,8 +178,9 @@ class DataParallel : public UnitAccess {
   // Persistent state: full padded arrays or shard arrays, by stage.
   std::vector<float> params_, grads_, m_, v_;
   bool lastMicro_ = true, eval_ = false;
-  // ZeRO-3 access order within a micro-batch and where we are in it.
+  // ZeRO-3 access order within a micro-batch (its first forwardLength_ in forward) and where we are in it.
   std::vector<int> order_;
+  size_t forwardLength_ = 0;
   size_t orderAt_ = 0;
   size_t transientNow_ = 0, transientPeak_ = 0;
   std::mutex transientMutex_;

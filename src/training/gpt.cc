@@ -32,7 +32,8 @@ std::string GptConfig::describe() const {
 
 // ---- layout ----
 
-ParamLayout::ParamLayout(const GptConfig& c, int tp, int tpRank) : tp_(tp), tpRank_(tpRank) {
+ParamLayout::ParamLayout(const GptConfig& c, int tp, int tpRank, std::vector<LayerSpan> spans)
+    : spans_(std::move(spans)) {
   c.validate();
   if (tp < 1 || tpRank < 0 || tpRank >= tp) {
     throw Error(chorusInvalidArgument, fmt::format("GPT layout: tp rank {} of {}", tpRank, tp));
@@ -44,23 +45,45 @@ ParamLayout::ParamLayout(const GptConfig& c, int tp, int tpRank) : tp_(tp), tpRa
   if (c.vocab < tp) {
     throw Error(chorusInvalidArgument, fmt::format("GPT layout: vocab = {} is below tp = {}", c.vocab, tp));
   }
+  if (spans_.empty()) spans_.push_back({0, c.layers});
+  for (size_t i = 0; i < spans_.size(); ++i) {
+    const LayerSpan& s = spans_[i];
+    const int from = i == 0 ? 0 : spans_[i - 1].end;
+    if (s.begin < from || s.end <= s.begin || s.end > c.layers) {
+      throw Error(chorusInvalidArgument,
+                  fmt::format("GPT layout: layer span {} is [{}, {}); spans must hold at least one of the {} blocks, "
+                              "in order, without overlap",
+                              i, s.begin, s.end, c.layers));
+    }
+  }
+  tp_ = tp;
+  tpRank_ = tpRank;
+  layers_ = c.layers;
+  blockUnit_.assign(c.layers, -1);
+  const bool first = spans_.front().begin == 0, last = spans_.back().end == c.layers;
   // Rows or columns [lo, hi) of `extent` that this rank holds.
   auto cut = [&](size_t extent) { return std::pair<size_t, size_t>(extent * tpRank / tp, extent * (tpRank + 1) / tp); };
-  int unit = 0;
+  // The whole model is walked in order, so that every tensor gets its offset in the whole layout;
+  // only the held units get storage here.
+  int unit = -1;
+  bool held = false;
   auto add = [&](std::string name, std::vector<int> shape, Init init, Split split = Split::kReplicated, int parts = 1) {
+    const size_t rows = static_cast<size_t>(shape[0]);
+    const size_t cols = shape.size() > 1 ? static_cast<size_t>(shape[1]) : 1;
+    const size_t globalOffset = globalTotal_;
+    globalTotal_ += rows * cols;
+    if (!held) return;
     ParamTensor t;
     t.name = std::move(name);
     t.globalShape = shape;
     t.shape = shape;
     t.offset = total_;
-    t.globalOffset = globalTotal_;
+    t.globalOffset = globalOffset;
     t.unit = unit;
     t.init = init;
     t.decay = shape.size() >= 2;
     t.split = tp == 1 ? Split::kReplicated : split;
     t.counted = t.split != Split::kReplicated || tpRank == 0;
-    const size_t rows = static_cast<size_t>(shape[0]);
-    const size_t cols = shape.size() > 1 ? static_cast<size_t>(shape[1]) : 1;
     const int index = static_cast<int>(tensors_.size());
     if (t.split == Split::kRows) {
       const size_t partRows = rows / parts;
@@ -82,24 +105,28 @@ ParamLayout::ParamLayout(const GptConfig& c, int tp, int tpRank) : tp_(tp), tpRa
     t.count = 1;
     for (int d : t.shape) t.count *= static_cast<size_t>(d);
     total_ += t.count;
-    globalTotal_ += rows * cols;
     unitCount_[unit] += t.count;
     tensors_.push_back(std::move(t));
   };
-  auto beginUnit = [&](int u) {
-    unit = u;
+  // A held unit gets the next local number.
+  auto beginUnit = [&](bool holds) {
+    held = holds;
+    if (!held) return -1;
+    unit = static_cast<int>(unitOffset_.size());
     unitOffset_.push_back(total_);
     unitCount_.push_back(0);
+    return unit;
   };
   const int C = c.width;
   const auto [vocabLo, vocabHi] = cut(static_cast<size_t>(c.vocab));
   vocabBegin_ = static_cast<int>(vocabLo);
   vocabCount_ = static_cast<int>(vocabHi - vocabLo);
-  beginUnit(0);
+  embeddingUnit_ = beginUnit(first);
   add("wte.weight", {c.vocab, C}, Init::kNormal, Split::kRows);
   add("wpe.weight", {c.context, C}, Init::kNormal);
   for (int l = 0; l < c.layers; ++l) {
-    beginUnit(1 + l);
+    blockUnit_[l] = beginUnit(
+        std::any_of(spans_.begin(), spans_.end(), [&](const LayerSpan& s) { return s.begin <= l && l < s.end; }));
     const std::string p = fmt::format("h.{}.", l);
     add(p + "ln_1.weight", {C}, Init::kOnes);
     add(p + "ln_1.bias", {C}, Init::kZeros);
@@ -114,10 +141,40 @@ ParamLayout::ParamLayout(const GptConfig& c, int tp, int tpRank) : tp_(tp), tpRa
     add(p + "mlp.c_proj.weight", {C, 4 * C}, Init::kResidualNormal, Split::kColumns);
     add(p + "mlp.c_proj.bias", {C}, Init::kZeros);
   }
-  beginUnit(c.layers + 1);
+  finalNormUnit_ = beginUnit(last);
   add("ln_f.weight", {C}, Init::kOnes);
   add("ln_f.bias", {C}, Init::kZeros);
-  layers_ = c.layers;
+  headUnit_ = last ? embeddingUnit_ : -1;
+  if (last && !first) {
+    // The output head is tied to the token embedding, which another pipeline stage holds: this
+    // rank keeps a copy of its rows (the same whole-model elements, not counted again); the two
+    // copies' gradients are summed before each update.
+    const size_t wholeSize = globalTotal_;
+    globalTotal_ = 0;
+    headUnit_ = beginUnit(true);
+    add("lm_head.weight", {c.vocab, C}, Init::kNormal, Split::kRows);
+    tensors_.back().counted = false;
+    globalTotal_ = wholeSize;
+  }
+}
+
+ParamLayout::AccessOrder ParamLayout::accessOrder() const {
+  if (spans_.size() != 1) {
+    throw Error(chorusInvalidUsage, "GPT layout: the access order is defined for one span of layers");
+  }
+  AccessOrder order;
+  auto push = [&](int unit) {
+    if (unit >= 0) order.units.push_back(unit);
+  };
+  push(embeddingUnit_);
+  for (int l = spans_[0].begin; l < spans_[0].end; ++l) push(blockUnit_[l]);
+  push(finalNormUnit_);
+  push(headUnit_);
+  order.forwardLength = order.units.size();
+  push(headUnit_);
+  push(finalNormUnit_);
+  for (int l = spans_[0].end - 1; l >= spans_[0].begin; --l) push(blockUnit_[l]);
+  return order;
 }
 
 void ParamLayout::toGlobal(const float* local, float* whole, bool countedOnly) const {
@@ -225,10 +282,10 @@ void addBias(float* out, const float* bias, int n, int c) {
 
 }  // namespace
 
-Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp)
+Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::vector<LayerSpan> spans)
     : config_(config),
       tp_(tp),
-      layout_(config, tp.size(), tp.rank()),
+      layout_(config, tp.size(), tp.rank(), std::move(spans)),
       B_(batch),
       T_(seq),
       Ct_(config.width / tp.size()),
@@ -251,13 +308,39 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp)
   rows_ = static_cast<int>(sequenceParallel_ ? N / tp.size() : N);
   firstRow_ = sequenceParallel_ ? tp.rank() * rows_ : 0;
   const size_t Nl = rows_;
-  const size_t V = layout_.vocabCount();
-  const size_t NH = heads_;
-  tokens_.resize(N);
-  targets_.resize(N);
-  residual_.assign(config.layers + 1, std::vector<float>(Nl * C));
-  layers_.resize(config.layers);
-  for (auto& L : layers_) {
+  for (const auto& span : layout_.spans()) chunks_.push_back(Chunk{span, {}});
+  if (tp_.size() > 1 && lastChunk(chunks() - 1)) ceStats_.resize(3 * N);
+  dres_.resize(Nl * C);
+  dln_.resize(N * C);
+  datty_.resize(N * Ct);
+  dqkv_.resize(N * 3 * Ct);
+  dfch_.resize(N * Ft);
+  dfchGelu_.resize(N * Ft);
+  if (sequenceParallel_) {
+    wholeRows_.resize(N * C);
+    dlnRows_.resize(Nl * C);
+    lnGrad_.resize(2 * C);
+  }
+  dattScratch_.resize(static_cast<size_t>(T_) * T_);
+  slotOf(0, 0);  // the first micro-batch's activations, made up front
+}
+
+Gpt::~Gpt() = default;
+
+Gpt::Activations& Gpt::slotOf(int c, int slot) {
+  Chunk& chunk = chunks_[c];
+  if (slot < 0 || slot > static_cast<int>(chunk.slots.size())) {
+    throw Error(chorusInvalidUsage,
+                fmt::format("GPT: micro-batch slot {} of chunk {} (slots 0..{} exist)", slot, c, chunk.slots.size()));
+  }
+  if (slot < static_cast<int>(chunk.slots.size())) return *chunk.slots[slot];
+  const size_t N = static_cast<size_t>(B_) * T_, Nl = rows_;
+  const size_t C = config_.width, Ct = Ct_, Ft = Ft_, NH = heads_;
+  auto a = std::make_unique<Activations>();
+  if (firstChunk(c)) a->tokens.resize(N);
+  a->residual.assign(chunk.span.layers() + 1, std::vector<float>(Nl * C));
+  a->layers.resize(chunk.span.layers());
+  for (auto& L : a->layers) {
     L.ln1.resize(Nl * C);
     L.ln1Mean.resize(Nl);
     L.ln1Rstd.resize(Nl);
@@ -271,42 +354,50 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp)
     L.fch.resize(N * Ft);
     L.fchGelu.resize(N * Ft);
   }
-  lnf_.resize(Nl * C);
-  lnfMean_.resize(Nl);
-  lnfRstd_.resize(Nl);
-  logits_.resize(N * V);
-  probs_.resize(N * V);
-  losses_.resize(N);
-  if (tp_.size() > 1) ceStats_.resize(3 * N);
-  dres_.resize(Nl * C);
-  dln_.resize(N * C);
-  datty_.resize(N * Ct);
-  dqkv_.resize(N * 3 * Ct);
-  dfch_.resize(N * Ft);
-  dfchGelu_.resize(N * Ft);
-  if (sequenceParallel_) {
-    wholeRows_.resize(N * C);
-    lnfWhole_.resize(N * C);
-    dlnRows_.resize(Nl * C);
-    lnGrad_.resize(2 * C);
+  if (lastChunk(c)) {
+    const size_t V = layout_.vocabCount();
+    a->targets.resize(N);
+    a->lnf.resize(Nl * C);
+    a->lnfMean.resize(Nl);
+    a->lnfRstd.resize(Nl);
+    if (sequenceParallel_) a->lnfWhole.resize(N * C);
+    a->logits.resize(N * V);
+    a->probs.resize(N * V);
+    a->losses.resize(N);
   }
-  dattScratch_.resize(static_cast<size_t>(T_) * T_);
+  chunk.slots.push_back(std::move(a));
+  return *chunk.slots.back();
+}
+
+size_t Gpt::Activations::floats() const {
+  size_t n = 0;
+  for (const auto& r : residual) n += r.size();
+  for (const auto& L : layers) {
+    n += L.ln1.size() + L.ln1Mean.size() + L.ln1Rstd.size() + L.qkv.size() + L.atty.size() + L.att.size() +
+         L.res2.size() + L.ln2.size() + L.ln2Mean.size() + L.ln2Rstd.size() + L.fch.size() + L.fchGelu.size();
+  }
+  n += lnf.size() + lnfMean.size() + lnfRstd.size() + lnfWhole.size() + logits.size() + probs.size() + losses.size();
+  return n + tokens.size() + targets.size();  // ints are as wide as floats
 }
 
 size_t Gpt::activationBytes() const {
   size_t floats = 0;
-  for (const auto& r : residual_) floats += r.size();
-  for (const auto& L : layers_) {
-    floats += L.ln1.size() + L.ln1Mean.size() + L.ln1Rstd.size() + L.qkv.size() + L.atty.size() + L.att.size() +
-              L.res2.size() + L.ln2.size() + L.ln2Mean.size() + L.ln2Rstd.size() + L.fch.size() + L.fchGelu.size();
+  for (const auto& chunk : chunks_) {
+    for (const auto& a : chunk.slots) floats += a->floats();
   }
-  floats += lnf_.size() + lnfMean_.size() + lnfRstd_.size() + logits_.size() + probs_.size() + losses_.size() +
-            ceStats_.size();
-  floats +=
-      dres_.size() + dln_.size() + datty_.size() + dqkv_.size() + dfch_.size() + dfchGelu_.size() + dattScratch_.size();
-  floats += wholeRows_.size() + dlnRows_.size() + lnfWhole_.size() + lnGrad_.size();
-  return floats * sizeof(float) + (tokens_.size() + targets_.size()) * sizeof(int);
+  floats += ceStats_.size() + dres_.size() + dln_.size() + datty_.size() + dqkv_.size() + dfch_.size() +
+            dfchGelu_.size() + dattScratch_.size();
+  floats += wholeRows_.size() + dlnRows_.size() + lnGrad_.size();
+  return floats * sizeof(float);
 }
+
+std::span<const float> Gpt::logits() const {
+  const Chunk& chunk = chunks_.back();
+  if (!lastChunk(chunks() - 1) || chunk.slots.empty()) return {};
+  return chunk.slots[0]->logits;
+}
+
+std::span<const float> Gpt::chunkOutput(int c, int slot) const { return chunks_.at(c).slots.at(slot)->residual.back(); }
 
 double Gpt::flopsPerStep() const {
   // Matmuls: 2 flops per multiply-add, 3x for forward + backward (the input and weight gradients).
@@ -319,25 +410,40 @@ double Gpt::flopsPerStep() const {
   return 6.0 * N * matmulParams + 3.0 * N * attention;
 }
 
-float Gpt::forward(const int* tokens, const int* targets, UnitAccess& access) {
-  const int B = B_, T = T_, C = config_.width, V = config_.vocab;
-  const int N = B * T;
+void Gpt::checkTokens(const int* values, const char* what) const {
+  const int N = B_ * T_, V = config_.vocab;
   for (int i = 0; i < N; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= V) {
+    if (values[i] < 0 || values[i] >= V) {
       throw Error(chorusInvalidArgument,
-                  fmt::format("GPT forward: token {} at batch row {}, position {} is not in [0, vocab = {})", tokens[i],
-                              i / T, i % T, V));
-    }
-    if (targets != nullptr && (targets[i] < 0 || targets[i] >= V)) {
-      throw Error(chorusInvalidArgument,
-                  fmt::format("GPT forward: target {} at batch row {}, position {} is not in [0, vocab = {})",
-                              targets[i], i / T, i % T, V));
+                  fmt::format("GPT forward: {} {} at batch row {}, position {} is not in [0, vocab = {})", what,
+                              values[i], i / T_, i % T_, V));
     }
   }
-  std::memcpy(tokens_.data(), tokens, tokens_.size() * sizeof(int));
-  haveTargets_ = targets != nullptr;
-  if (haveTargets_) std::memcpy(targets_.data(), targets, targets_.size() * sizeof(int));
+}
 
+float Gpt::forward(const int* tokens, const int* targets, UnitAccess& access) {
+  if (chunks() != 1 || !firstChunk(0) || !lastChunk(0)) {
+    throw Error(chorusInvalidUsage, "GPT forward: this rank holds part of the model; use forwardChunk");
+  }
+  return forwardChunk(0, 0, tokens, nullptr, targets, access);
+}
+
+void Gpt::backward(UnitAccess& access, float lossScale) { backwardChunk(0, 0, nullptr, access, lossScale); }
+
+float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, const int* targets,
+                        UnitAccess& access) {
+  const bool first = firstChunk(c), last = lastChunk(c);
+  if (first) checkTokens(tokens, "token");
+  if (last && targets != nullptr) checkTokens(targets, "target");
+  if (!first && input == nullptr) {
+    throw Error(chorusInvalidUsage, fmt::format("GPT forward: chunk {} (blocks {}..{}) needs the previous chunk's "
+                                                "output",
+                                                c, chunks_[c].span.begin, chunks_[c].span.end - 1));
+  }
+  Activations& a = slotOf(c, slot);
+  const LayerSpan span = chunks_[c].span;
+  const int B = B_, T = T_, C = config_.width;
+  const int N = B * T;
   const bool split = tp_.size() > 1;
   const int v0 = layout_.vocabBegin(), Vt = layout_.vocabCount();
   const int Ct = Ct_, Ft = Ft_, NHt = heads_, Nl = rows_;
@@ -346,28 +452,34 @@ float Gpt::forward(const int* tokens, const int* targets, UnitAccess& access) {
   // with sequence parallelism (reduce-scattered from there), else the destination itself.
   auto partialFor = [&](float* rowsOut) { return sequenceParallel_ ? wholeRows_.data() : rowsOut; };
 
-  const float* embed = access.acquire(0, Pass::kForward);
-  const float* wpe = embed + static_cast<size_t>(Vt) * C;
-  if (!split) {
-    kn::embeddingForward(residual_[0].data(), tokens_.data(), embed, wpe, B, T, C);
-  } else {
-    // Each rank looks up the tokens of its vocabulary rows (zeros for the others); the sum is the
-    // embedding, and the position term is added once, to this rank's rows.
-    float* lookup = partialFor(residual_[0].data());
-    kn::embeddingForward(lookup, tokens_.data(), embed, nullptr, B, T, C, v0, Vt);
-    sumRows(lookup, residual_[0].data());
-    for (int r = 0; r < Nl; ++r) {
-      float* row = residual_[0].data() + static_cast<size_t>(r) * C;
-      kn::residualForward(row, row, wpe + static_cast<size_t>((firstRow_ + r) % T) * C, C);
+  if (first) {
+    std::memcpy(a.tokens.data(), tokens, a.tokens.size() * sizeof(int));
+    const float* embed = access.acquire(layout_.embeddingUnit(), Pass::kForward);
+    const float* wpe = embed + static_cast<size_t>(Vt) * C;
+    if (!split) {
+      kn::embeddingForward(a.residual[0].data(), a.tokens.data(), embed, wpe, B, T, C);
+    } else {
+      // Each rank looks up the tokens of its vocabulary rows (zeros for the others); the sum is the
+      // embedding, and the position term is added once, to this rank's rows.
+      float* lookup = partialFor(a.residual[0].data());
+      kn::embeddingForward(lookup, a.tokens.data(), embed, nullptr, B, T, C, v0, Vt);
+      sumRows(lookup, a.residual[0].data());
+      for (int r = 0; r < Nl; ++r) {
+        float* row = a.residual[0].data() + static_cast<size_t>(r) * C;
+        kn::residualForward(row, row, wpe + static_cast<size_t>((firstRow_ + r) % T) * C, C);
+      }
     }
+    access.release(layout_.embeddingUnit(), Pass::kForward);
+  } else {
+    std::memcpy(a.residual[0].data(), input, NlC * sizeof(float));
   }
-  access.release(0, Pass::kForward);
 
-  for (int l = 0; l < config_.layers; ++l) {
-    const auto w = blockPtrs<const float*>(access.acquire(1 + l, Pass::kForward), C, Ct, Ft);
-    Layer& L = layers_[l];
-    const float* in = residual_[l].data();
-    float* out = residual_[l + 1].data();
+  for (int i = 0; i < span.layers(); ++i) {
+    const int unit = layout_.blockUnit(span.begin + i);
+    const auto w = blockPtrs<const float*>(access.acquire(unit, Pass::kForward), C, Ct, Ft);
+    Layer& L = a.layers[i];
+    const float* in = a.residual[i].data();
+    float* out = a.residual[i + 1].data();
     kn::layernormForward(L.ln1.data(), L.ln1Mean.data(), L.ln1Rstd.data(), in, w.ln1w, w.ln1b, Nl, C);
     kn::matmulForward(L.qkv.data(), gatherRows(L.ln1.data()), w.qkvw, w.qkvb, N, C, 3 * Ct);
     kn::attentionForward(L.atty.data(), L.att.data(), L.qkv.data(), B, T, Ct, NHt);
@@ -392,35 +504,38 @@ float Gpt::forward(const int* tokens, const int* targets, UnitAccess& access) {
       addBias(out, w.fcprojb, Nl, C);
     }
     kn::residualForward(out, L.res2.data(), out, NlC);
-    access.release(1 + l, Pass::kForward);
+    access.release(unit, Pass::kForward);
   }
+  if (!last) return 0.0f;
 
-  const float* lnf = access.acquire(config_.layers + 1, Pass::kForward);
-  kn::layernormForward(lnf_.data(), lnfMean_.data(), lnfRstd_.data(), residual_[config_.layers].data(), lnf, lnf + C,
-                       Nl, C);
-  access.release(config_.layers + 1, Pass::kForward);
+  const int lnfUnit = layout_.finalNormUnit();
+  const float* lnf = access.acquire(lnfUnit, Pass::kForward);
+  kn::layernormForward(a.lnf.data(), a.lnfMean.data(), a.lnfRstd.data(), a.residual.back().data(), lnf, lnf + C, Nl, C);
+  access.release(lnfUnit, Pass::kForward);
   // The head sees every row: with sequence parallelism the final layernorm's rows are gathered
   // (and kept for backward's weight gradient).
-  const float* lnfRows = lnf_.data();
+  const float* lnfRows = a.lnf.data();
   if (sequenceParallel_) {
-    tp_.comm->allGather(std::span<const float>(lnf_), std::span<float>(lnfWhole_));
-    lnfRows = lnfWhole_.data();
+    tp_.comm->allGather(std::span<const float>(a.lnf), std::span<float>(a.lnfWhole));
+    lnfRows = a.lnfWhole.data();
   }
 
-  const float* wte = access.acquire(0, Pass::kForward);
-  kn::matmulForward(logits_.data(), lnfRows, wte, nullptr, N, C, Vt);
-  access.release(0, Pass::kForward);
-  if (!haveTargets_) return 0.0f;
-  if (!split) return kn::crossEntropyForward(probs_.data(), losses_.data(), logits_.data(), targets_.data(), N, V);
+  const float* wte = access.acquire(layout_.headUnit(), Pass::kForward);
+  kn::matmulForward(a.logits.data(), lnfRows, wte, nullptr, N, C, Vt);
+  access.release(layout_.headUnit(), Pass::kForward);
+  a.haveTargets = targets != nullptr;
+  if (!a.haveTargets) return 0.0f;
+  std::memcpy(a.targets.data(), targets, a.targets.size() * sizeof(int));
+  if (!split) return kn::crossEntropyForward(a.probs.data(), a.losses.data(), a.logits.data(), a.targets.data(), N, Vt);
   // Vocab-parallel cross-entropy: the row maxima, then the exponential sums and target logits,
   // reduced over the ranks between the passes.
   std::span<float> rowMax(ceStats_.data(), N), sumsAndTargets(ceStats_.data() + N, 2 * static_cast<size_t>(N));
-  kn::crossEntropyShardMax(rowMax.data(), logits_.data(), N, Vt);
+  kn::crossEntropyShardMax(rowMax.data(), a.logits.data(), N, Vt);
   tpSum(rowMax, ReduceOp::kMax);
-  kn::crossEntropyShardExp(probs_.data(), sumsAndTargets.data(), sumsAndTargets.data() + N, logits_.data(),
-                           rowMax.data(), targets_.data(), N, Vt, v0);
+  kn::crossEntropyShardExp(a.probs.data(), sumsAndTargets.data(), sumsAndTargets.data() + N, a.logits.data(),
+                           rowMax.data(), a.targets.data(), N, Vt, v0);
   tpSum(sumsAndTargets);
-  return kn::crossEntropyShardLoss(probs_.data(), losses_.data(), sumsAndTargets.data(), rowMax.data(),
+  return kn::crossEntropyShardLoss(a.probs.data(), a.losses.data(), sumsAndTargets.data(), rowMax.data(),
                                    sumsAndTargets.data() + N, N, Vt);
 }
 
@@ -461,8 +576,14 @@ void Gpt::layernormBackwardRows(float* dinp, float* dweight, float* dbias, const
   kn::residualForward(dbias, dbias, lnGrad_.data() + C, C);
 }
 
-void Gpt::backward(UnitAccess& access, float lossScale) {
-  if (!haveTargets_) throw Error(chorusInvalidUsage, "GPT backward: the last forward had no targets");
+void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& access, float lossScale) {
+  const bool first = firstChunk(c), last = lastChunk(c);
+  Activations& a = slotOf(c, slot);
+  if (last && !a.haveTargets) throw Error(chorusInvalidUsage, "GPT backward: the last forward had no targets");
+  if (!last && doutput == nullptr) {
+    throw Error(chorusInvalidUsage, fmt::format("GPT backward: chunk {} needs the gradient of its output", c));
+  }
+  const LayerSpan span = chunks_[c].span;
   const int B = B_, T = T_, C = config_.width;
   const int N = B * T;
   const int v0 = layout_.vocabBegin(), Vt = layout_.vocabCount();
@@ -478,38 +599,41 @@ void Gpt::backward(UnitAccess& access, float lossScale) {
     return wholeRows_.data();
   };
 
-  // The loss and the head: probs becomes dlogits in place, then dlnf (into dln_) and dwte. With tp,
-  // each rank's vocabulary columns give a part of dlnf: summed over the ranks.
-  kn::crossEntropyBackward(probs_.data(), probs_.data(), targets_.data(), N, Vt, lossScale / static_cast<float>(N), v0);
-  haveTargets_ = false;  // probs_ now holds the gradient: a second backward needs a new forward
-  {
-    const float* wte = access.acquire(0, Pass::kBackward);
+  if (last) {
+    // The loss and the head: probs becomes dlogits in place, then dlnf (into dln_) and dwte. With
+    // tp, each rank's vocabulary columns give a part of dlnf: summed over the ranks.
+    kn::crossEntropyBackward(a.probs.data(), a.probs.data(), a.targets.data(), N, Vt, lossScale / static_cast<float>(N),
+                             v0);
+    a.haveTargets = false;  // probs now holds the gradient: a second backward needs a new forward
+    const int head = layout_.headUnit();
+    const float* wte = access.acquire(head, Pass::kBackward);
     zero(dln_);
-    kn::matmulBackward(dln_.data(), access.gradients(0), nullptr, probs_.data(),
-                       sequenceParallel_ ? lnfWhole_.data() : lnf_.data(), wte, N, C, Vt);
-    access.release(0, Pass::kBackward);
+    kn::matmulBackward(dln_.data(), access.gradients(head), nullptr, a.probs.data(),
+                       sequenceParallel_ ? a.lnfWhole.data() : a.lnf.data(), wte, N, C, Vt);
+    access.release(head, Pass::kBackward);
+    if (head != layout_.embeddingUnit()) access.gradientsDone(head);
     sumRows(dln_.data(), dlnRows);
-  }
-  {
-    const int u = config_.layers + 1;
+    const int u = layout_.finalNormUnit();
     const float* lnf = access.acquire(u, Pass::kBackward);
     float* g = access.gradients(u);
     zero(dres_);
-    layernormBackwardRows(dres_.data(), g, g + C, dlnRows, residual_[config_.layers].data(), lnf, lnfMean_.data(),
-                          lnfRstd_.data());
+    layernormBackwardRows(dres_.data(), g, g + C, dlnRows, a.residual.back().data(), lnf, a.lnfMean.data(),
+                          a.lnfRstd.data());
     access.release(u, Pass::kBackward);
     access.gradientsDone(u);
+  } else {
+    std::memcpy(dres_.data(), doutput, dres_.size() * sizeof(float));
   }
 
-  // dres_ holds d(residual[l + 1]) (this rank's rows); each block turns it into d(residual[l]).
+  // dres_ holds d(residual[i + 1]) (this rank's rows); each block turns it into d(residual[i]).
   // The row-parallel layers take the whole dres (their input gradients are this rank's columns);
   // the column-parallel layers' input gradients are partial sums, summed over the ranks (the
   // conjugate of the forward all-reduce, or reduce-scatter with sequence parallelism).
-  for (int l = config_.layers - 1; l >= 0; --l) {
-    const int u = 1 + l;
+  for (int i = span.layers() - 1; i >= 0; --i) {
+    const int u = layout_.blockUnit(span.begin + i);
     const auto w = blockPtrs<const float*>(access.acquire(u, Pass::kBackward), C, Ct, Ft);
     const auto g = blockPtrs<float*>(access.gradients(u), C, Ct, Ft);
-    Layer& L = layers_[l];
+    Layer& L = a.layers[i];
     // out = res2 + fcproj(gelu(fc(ln2(res2)))): d(fcproj output) = dres.
     zero(dfchGelu_);
     kn::matmulBackward(dfchGelu_.data(), g.fcprojw, g.fcprojb, dresWhole(), L.fchGelu.data(), w.fcprojw, N, Ft, C);
@@ -529,15 +653,18 @@ void Gpt::backward(UnitAccess& access, float lossScale) {
     zero(dln_);
     kn::matmulBackward(dln_.data(), g.qkvw, g.qkvb, dqkv_.data(), gatherRows(L.ln1.data()), w.qkvw, N, C, 3 * Ct);
     sumRows(dln_.data(), dlnRows);
-    layernormBackwardRows(dres_.data(), g.ln1w, g.ln1b, dlnRows, residual_[l].data(), w.ln1w, L.ln1Mean.data(),
+    layernormBackwardRows(dres_.data(), g.ln1w, g.ln1b, dlnRows, a.residual[i].data(), w.ln1w, L.ln1Mean.data(),
                           L.ln1Rstd.data());
     access.release(u, Pass::kBackward);
     access.gradientsDone(u);
   }
 
-  float* gEmbed = access.gradients(0);
-  kn::embeddingBackward(gEmbed, gEmbed + static_cast<size_t>(Vt) * C, dresWhole(), tokens_.data(), B, T, C, v0, Vt);
-  access.gradientsDone(0);
+  if (first) {
+    const int u = layout_.embeddingUnit();
+    float* gEmbed = access.gradients(u);
+    kn::embeddingBackward(gEmbed, gEmbed + static_cast<size_t>(Vt) * C, dresWhole(), a.tokens.data(), B, T, C, v0, Vt);
+    access.gradientsDone(u);
+  }
 }
 
 }  // namespace chorus::training

@@ -18,6 +18,7 @@
 #include <chorus/chorus.hpp>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -58,7 +59,7 @@ struct ParamTensor {
   bool decay = false;  // weight decay applies (matrices and embeddings), not to biases and norms
   Split split = Split::kReplicated;
   // Whether this rank counts the tensor in sums over the model-parallel group (the gradient norm,
-  // checkpoints): shards always, replicated tensors on tp rank 0 only.
+  // checkpoints): shards always, replicated tensors on tp rank 0 only, the lm_head copy never.
   bool counted = true;
 };
 
@@ -68,22 +69,50 @@ struct ParamRun {
   int tensor = 0;
 };
 
-// The flat layout: unit 0 = wte (V, C), wpe (context, C); unit 1 + l = block l; unit layers + 1 =
-// ln_f. A unit's tensors are contiguous, units in that order. With tp > 1, the shard of tp rank
-// tpRank (heads % tp == 0; the vocabulary rows are cut as evenly as they go).
+// A contiguous range of transformer blocks [begin, end): a model chunk (a pipeline stage, or one
+// of a stage's virtual stages).
+struct LayerSpan {
+  int begin = 0, end = 0;
+  int layers() const { return end - begin; }
+  bool operator==(const LayerSpan&) const = default;
+};
+
+// The flat layout of the units this rank holds, in model order: the embeddings wte (V, C) and wpe
+// (context, C) with block 0; each block; the final layernorm with the last block. Units are
+// numbered in that order from 0 (the whole model: 0 = embeddings, 1 + l = block l, layers + 1 =
+// ln_f). A unit's tensors are contiguous, units in order. spans: the blocks this rank holds
+// (pipeline parallelism), in order; empty: all. A rank that holds the last block but not the
+// first holds a copy of wte for the tied output head (lm_head.weight, its own unit after ln_f).
+// With tp > 1, the shard of tp rank tpRank (heads % tp == 0; the vocabulary rows are cut as
+// evenly as they go).
 class ParamLayout {
  public:
-  explicit ParamLayout(const GptConfig& config, int tp = 1, int tpRank = 0);
+  explicit ParamLayout(const GptConfig& config, int tp = 1, int tpRank = 0, std::vector<LayerSpan> spans = {});
   size_t total() const { return total_; }
   size_t globalTotal() const { return globalTotal_; }
   int tp() const { return tp_; }
   int tpRank() const { return tpRank_; }
+  const std::vector<LayerSpan>& spans() const { return spans_; }
+  // Local unit numbers, -1 where not held. headUnit: the output head's weights, the embedding unit
+  // when this rank holds both ends of the model, else the lm_head copy.
+  int embeddingUnit() const { return embeddingUnit_; }
+  int blockUnit(int layer) const { return blockUnit_[layer]; }
+  int finalNormUnit() const { return finalNormUnit_; }
+  int headUnit() const { return headUnit_; }
+  // For one span: the order of UnitAccess::acquire calls in a training micro-batch (see
+  // UnitAccess), the first forwardLength of them in forward.
+  struct AccessOrder {
+    std::vector<int> units;
+    size_t forwardLength = 0;
+  };
+  AccessOrder accessOrder() const;
   // This rank's rows [vocabBegin, vocabBegin + vocabCount) of the token embedding.
   int vocabBegin() const { return vocabBegin_; }
   int vocabCount() const { return vocabCount_; }
   const std::vector<ParamRun>& runs() const { return runs_; }
   // local (total()) -> whole (globalTotal()): writes this rank's elements; counted only: those
-  // of the tensors this rank counts (so that a sum over the tp group has each element once).
+  // of the tensors this rank counts (so that a sum over the model-parallel ranks, tp x pp, has
+  // each element once).
   void toGlobal(const float* local, float* whole, bool countedOnly) const;
   // whole -> local: this rank's shard of a whole model.
   void fromGlobal(const float* whole, float* local) const;
@@ -99,11 +128,14 @@ class ParamLayout {
   void initialize(uint64_t seed, float* dst, size_t begin, size_t end) const;
 
  private:
+  std::vector<LayerSpan> spans_;
   std::vector<ParamTensor> tensors_;
   std::vector<ParamRun> runs_;
   std::vector<size_t> unitOffset_, unitCount_;
+  std::vector<int> blockUnit_;
   size_t total_ = 0, globalTotal_ = 0;
   int layers_ = 0, tp_ = 1, tpRank_ = 0, vocabBegin_ = 0, vocabCount_ = 0;
+  int embeddingUnit_ = -1, finalNormUnit_ = -1, headUnit_ = -1;
 };
 
 // This rank's place in tensor parallelism: comm is the tp group (null for tp = 1). The model
@@ -122,10 +154,12 @@ struct TensorParallel {
 
 enum class Pass { kForward, kBackward };
 
-// How the model reaches parameters and gradients, unit by unit. The model calls, in order:
-// forward: acquire/release for 0 (embeddings), 1..layers, layers+1, then 0 again (the output head);
-// backward: acquire/release 0 (head), then layers+1 down to 1, each followed by gradientsDone; then
-// the embeddings' gradient (no parameters needed) and gradientsDone(0).
+// How the model reaches parameters and gradients, unit by unit. For a micro-batch through a span
+// of units (ParamLayout's numbers), the model calls, in order: forward: acquire/release for the
+// embeddings, the blocks, the final layernorm, then the head (the embeddings again when tied on
+// this rank); backward: acquire/release the head (then gradientsDone when it is the lm_head copy),
+// the final layernorm and the blocks down, each followed by gradientsDone; then the embeddings'
+// gradient (no parameters needed) and their gradientsDone. Units a span lacks are skipped.
 class UnitAccess {
  public:
   virtual ~UnitAccess() = default;
@@ -155,33 +189,75 @@ class FlatAccess : public UnitAccess {
 class Gpt {
  public:
   // A model for batches of `batch` sequences of `seq` tokens (seq <= context); with tp, this
-  // rank's shard of it (collective over the tp group in forward and backward).
-  Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp = {});
+  // rank's shard of it (collective over the tp group in forward and backward). spans: the model
+  // chunks this rank runs (pipeline parallelism; see ParamLayout), each a stage of the pipeline;
+  // empty: the whole model.
+  Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp = {}, std::vector<LayerSpan> spans = {});
+  ~Gpt();
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
   int batch() const { return B_; }
   int seq() const { return T_; }
+  int chunks() const { return static_cast<int>(chunks_.size()); }
+  // Whether chunk c begins the model (takes tokens) and ends it (gives the loss).
+  bool firstChunk(int c) const { return layout_.spans()[c].begin == 0; }
+  bool lastChunk(int c) const { return layout_.spans()[c].end == config_.layers; }
+  // The floats of the activation between two chunks (this rank's rows x width), and of its gradient.
+  size_t boundaryFloats() const { return static_cast<size_t>(rows_) * config_.width; }
 
-  // Runs the model on tokens(B, T). With targets(B, T), returns the mean cross-entropy loss and keeps
-  // what backward needs; without (nullptr), only the logits are computed and the result is 0.
-  // Tokens and targets must lie in [0, vocab): checked, chorus::Error names the position.
+  // The whole model (one chunk holding every block), micro-batch slot 0. Runs the model on
+  // tokens(B, T). With targets(B, T), returns the mean cross-entropy loss and keeps what backward
+  // needs; without (nullptr), only the logits are computed and the result is 0. Tokens and targets
+  // must lie in [0, vocab): checked, chorus::Error names the position.
   float forward(const int* tokens, const int* targets, UnitAccess& access);
   // The gradient of lossScale x (the mean loss of the last forward with targets), added into the
   // gradient buffers. For micro-batches of one step, lossScale = 1 / micro-batches.
   void backward(UnitAccess& access, float lossScale = 1.0f);
 
-  // (B, T, vocab) of the last forward.
-  std::span<const float> logits() const { return logits_; }
-  // Bytes of activations and scratch held for this batch shape.
+  // One chunk, one micro-batch: its activations are kept in `slot` (slots are made on first use;
+  // a pipeline keeps several micro-batches in flight) until backwardChunk on the same slot, or
+  // the slot's next forward. The first chunk reads tokens, any other input (boundaryFloats: the
+  // previous chunk's output); the last chunk reads targets and returns the loss (0 without
+  // targets), any other chunk returns 0 and leaves its output in chunkOutput(c, slot).
+  float forwardChunk(int c, int slot, const int* tokens, const float* input, const int* targets, UnitAccess& access);
+  std::span<const float> chunkOutput(int c, int slot) const;
+  // Backward of the chunk's micro-batch in slot: from the loss (last chunk; lossScale as in
+  // backward) or from doutput, the gradient of its output. A chunk that is not the first leaves
+  // the gradient of its input in inputGradient() (until the next backward).
+  void backwardChunk(int c, int slot, const float* doutput, UnitAccess& access, float lossScale = 1.0f);
+  std::span<const float> inputGradient() const { return dres_; }
+  // Micro-batch slots made so far for chunk c (the most a pipeline schedule kept in flight).
+  int slots(int c) const { return static_cast<int>(chunks_[c].slots.size()); }
+
+  // (B, T, vocab) of the last forward of the whole model.
+  std::span<const float> logits() const;
+  // Bytes of activations and scratch held: every slot made so far, and the shared scratch.
   size_t activationBytes() const;
   // Floating-point operations of one forward + backward over a batch (matmuls and attention,
-  // as the 6N + 12 L T C rule of thumb counts them), for the whole model (all tp ranks): for MFU.
+  // as the 6N + 12 L T C rule of thumb counts them), for the whole model (all tp and pp ranks): for
+  // MFU.
   double flopsPerStep() const;
 
  private:
   struct Layer {
     std::vector<float> ln1, ln1Mean, ln1Rstd, qkv, atty, att, res2, ln2, ln2Mean, ln2Rstd, fch, fchGelu;
   };
+  // One micro-batch's activations in one chunk.
+  struct Activations {
+    std::vector<int> tokens, targets;
+    std::vector<std::vector<float>> residual;  // blocks + 1 of (rows, C): each block's input and the last output
+    std::vector<Layer> layers;
+    // Last chunk: the final layernorm (and with sequence parallelism its gathered rows, kept for
+    // backward's weight gradient), logits, probabilities (then their gradient) and losses.
+    std::vector<float> lnf, lnfMean, lnfRstd, lnfWhole, logits, probs, losses;
+    bool haveTargets = false;
+    size_t floats() const;
+  };
+  struct Chunk {
+    LayerSpan span;
+    std::vector<std::unique_ptr<Activations>> slots;
+  };
+  Activations& slotOf(int c, int slot);
   // Sums x over the tp group in place (nothing for tp = 1).
   void tpSum(std::span<float> x, ReduceOp op = ReduceOp::kSum);
   // Sequence parallel: every rank's rows of a (rows_, C) activation, gathered into whole rows;
@@ -194,6 +270,7 @@ class Gpt {
   // gradients of these rows are summed over the tp group before they are added.
   void layernormBackwardRows(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                              const float* weight, const float* mean, const float* rstd);
+  void checkTokens(const int* values, const char* what) const;
   GptConfig config_;
   TensorParallel tp_;
   ParamLayout layout_;
@@ -201,19 +278,15 @@ class Gpt {
   int Ct_, Ft_, heads_;  // this rank's attention channels (C / tp), MLP hidden units (4C / tp), heads
   bool sequenceParallel_ = false;
   int rows_ = 0, firstRow_ = 0;  // this rank's rows of the B x T: all, or its block with sequence parallelism
+  std::vector<Chunk> chunks_;
   // Sequence parallel: one (B T, C) scratch for whole rows, used in turn for a row-parallel layer's
   // partial output, a gathered layernorm output and the gathered dres (each is done with before
-  // the next is made); this rank's rows of an input gradient; the gathered final layernorm (kept
-  // for backward); and a layernorm's partial weight and bias gradients.
-  std::vector<float> wholeRows_, dlnRows_, lnfWhole_, lnGrad_;
+  // the next is made); this rank's rows of an input gradient; and a layernorm's partial weight and
+  // bias gradients.
+  std::vector<float> wholeRows_, dlnRows_, lnGrad_;
   std::vector<float> ceStats_;  // vocab-parallel cross-entropy: per row max, then exp sum and target logit
-  std::vector<int> tokens_, targets_;
-  std::vector<std::vector<float>> residual_;  // layers + 1 of (B, T, C): the input of each block and the last output
-  std::vector<Layer> layers_;
-  std::vector<float> lnf_, lnfMean_, lnfRstd_, logits_, probs_, losses_;
   // Backward scratch, reused by every block.
   std::vector<float> dres_, dln_, datty_, dqkv_, dfch_, dfchGelu_, dattScratch_;
-  bool haveTargets_ = false;
 };
 
 }  // namespace chorus::training

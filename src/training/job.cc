@@ -9,6 +9,7 @@
 #include <set>
 
 #include "chorus/error.hpp"
+#include "src/training/pipeline.h"
 
 namespace chorus::training {
 
@@ -110,6 +111,9 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("parallel", "ranks", job.ranks);
   get("parallel", "tp", job.tp);
   get("parallel", "sequence_parallel", job.sequenceParallel);
+  get("parallel", "pp", job.pp);
+  get("parallel", "vpp", job.vpp);
+  get("parallel", "schedule", job.schedule);
   get("parallel", "zero", job.zero);
   get("parallel", "bucket_mb", job.bucketMb);
   get("parallel", "inflight_buckets", job.inflightBuckets);
@@ -146,8 +150,32 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   atLeast("[batch] accumulate", job.accumulate, 1);
   atLeast("[parallel] ranks", job.ranks, 1);
   atLeast("[parallel] tp", job.tp, 1);
-  if (job.ranks % job.tp != 0) {
-    throw fail(fmt::format("[parallel] ranks = {} is not a multiple of tp = {}", job.ranks, job.tp));
+  atLeast("[parallel] pp", job.pp, 1);
+  atLeast("[parallel] vpp", job.vpp, 1);
+  if (job.ranks % (job.tp * job.pp) != 0) {
+    throw fail(fmt::format("[parallel] ranks = {} is not a multiple of tp x pp = {} x {}", job.ranks, job.tp, job.pp));
+  }
+  const Schedule schedule = parseSchedule(job.schedule);
+  if ((schedule == Schedule::kInterleaved) != (job.vpp > 1)) {
+    throw fail(
+        fmt::format("[parallel] schedule = \"{}\" with vpp = {}: the interleaved schedule and only it runs "
+                    "virtual stages (vpp >= 2)",
+                    job.schedule, job.vpp));
+  }
+  if (job.pp > 1) {
+    if (job.zero > 1) {
+      throw fail(
+          fmt::format("[parallel] zero = {} with pp = {}: pipeline parallelism takes ZeRO 0 or 1 (stages 2 "
+                      "and 3 reduce or gather per micro-batch, which the pipeline's interleaved micro-batches "
+                      "do not allow)",
+                      job.zero, job.pp));
+    }
+    // Checks the schedule against the micro-batches and the cut against the layers now, not on the ranks.
+    pipelineSchedule(schedule, job.pp, 0, job.vpp, job.accumulate);
+    if (job.model.layers < job.pp * job.vpp) {
+      throw fail(fmt::format("[model] layers = {} cannot give each of pp x vpp = {} x {} pipeline chunks a block",
+                             job.model.layers, job.pp, job.vpp));
+    }
   }
   atLeast("[run] steps", static_cast<double>(job.steps), 1);
   atLeast("[run] log_every", job.logEvery, 1);

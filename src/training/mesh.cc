@@ -26,6 +26,8 @@ int rankOf(const MeshCoords& c, const MeshShape& s) { return ((c.pp * s.dp + c.d
 
 namespace {
 
+constexpr const char* kGroupKinds = "dp, tp, pp, cp, dpcp, embedding";
+
 // For each kind: how many ranks its group has, and the rank of member i given this rank's coords.
 std::vector<int> members(const MeshCoords& at, const MeshShape& s, const std::string& kind) {
   std::vector<int> ranks;
@@ -49,8 +51,12 @@ std::vector<int> members(const MeshCoords& at, const MeshShape& s, const std::st
       c.dp = i / s.cp;
       c.cp = i % s.cp;
     });
+  } else if (kind == "embedding") {
+    if (at.pp == 0 || at.pp == s.pp - 1) {
+      vary(s.pp > 1 ? 2 : 1, [&](MeshCoords& c, int i) { c.pp = i * (s.pp - 1); });
+    }
   } else {
-    throw Error(chorusInvalidArgument, "device mesh: no group kind '" + kind + "' (dp, tp, pp, cp, dpcp)");
+    throw Error(chorusInvalidArgument, "device mesh: no group kind '" + kind + "' (" + kGroupKinds + ")");
   }
   return ranks;
 }
@@ -78,6 +84,12 @@ DeviceMesh::DeviceMesh(Communicator& world, const MeshShape& shape) : shape_(sha
     const int place = static_cast<int>(std::find(ranks.begin(), ranks.end(), worldRank_) - ranks.begin());
     *slotOf(kind) = world.split(*std::min_element(ranks.begin(), ranks.end()), place);
   }
+  // The pipeline's first and last stages (the tied embedding's two copies): the middle stages
+  // belong to no such group but take part in the split.
+  if (shape.pp > 1) {
+    const std::vector<int> ranks = groupOf(worldRank_, shape, "embedding");
+    embedding_ = world.split(ranks.empty() ? CHORUS_SPLIT_NOCOLOR : ranks.front(), coords_.pp);
+  }
 }
 
 Communicator* DeviceMesh::slotOf(const std::string& kind) {
@@ -86,7 +98,8 @@ Communicator* DeviceMesh::slotOf(const std::string& kind) {
   if (kind == "pp") return &pp_;
   if (kind == "cp") return &cp_;
   if (kind == "dpcp") return &dpcp_;
-  throw Error(chorusInvalidArgument, "device mesh: no group kind '" + kind + "' (dp, tp, pp, cp, dpcp)");
+  if (kind == "embedding") return &embedding_;
+  throw Error(chorusInvalidArgument, "device mesh: no group kind '" + kind + "' (" + kGroupKinds + ")");
 }
 
 Communicator* DeviceMesh::group(const std::string& kind) {

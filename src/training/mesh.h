@@ -25,8 +25,10 @@ struct MeshCoords {
 MeshCoords coordsOf(int rank, const MeshShape& shape);
 int rankOf(const MeshCoords& coords, const MeshShape& shape);
 // The world ranks of each group of one kind that `rank` belongs to, in group-rank order:
-// "dp", "tp", "pp", "cp", or "dpcp" (the ranks that hold the same parameter shard: gradients are
-// averaged over data and context parallel together).
+// "dp", "tp", "pp", "cp", "dpcp" (the ranks that hold the same parameter shard: gradients are
+// averaged over data and context parallel together), or "embedding" (the first and the last
+// pipeline stage's ranks of the same dp, cp and tp coordinates, which hold the tied token
+// embedding; empty for the stages between).
 std::vector<int> groupOf(int rank, const MeshShape& shape, const std::string& kind);
 
 class DeviceMesh {
@@ -38,7 +40,8 @@ class DeviceMesh {
   const MeshShape& shape() const { return shape_; }
   const MeshCoords& coords() const { return coords_; }
   int worldRank() const { return worldRank_; }
-  // The group's communicator, or null for a group of one rank.
+  // The group's communicator, or null for a group of one rank (or none: "embedding" in the middle
+  // of the pipeline).
   Communicator* group(const std::string& kind);
 
  private:
@@ -46,7 +49,7 @@ class DeviceMesh {
   MeshShape shape_;
   MeshCoords coords_;
   int worldRank_ = 0;
-  Communicator dp_, tp_, pp_, cp_, dpcp_;
+  Communicator dp_, tp_, pp_, cp_, dpcp_, embedding_;
 };
 
 }  // namespace chorus::training

@@ -19,6 +19,7 @@
 #include "chorus/error.hpp"
 #include "kernels/cpu/matmul.h"
 #include "src/training/mesh.h"
+#include "src/training/pipeline.h"
 
 namespace chorus::training {
 
@@ -150,12 +151,14 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     throw Error(chorusInvalidArgument,
                 fmt::format("train: the job asks for {} ranks, the communicator has {}", job.ranks, worldSize));
   }
-  // The mesh: data parallel over ranks / tp, tensor parallel over tp neighbouring ranks.
-  const MeshShape shape{job.dp(), job.tp, 1, 1};
+  // The mesh: tensor parallel over tp neighbouring ranks, data parallel over ranks / (tp pp), the
+  // pipeline's stages slowest.
+  const MeshShape shape{job.dp(), job.tp, job.pp, 1};
   std::optional<DeviceMesh> mesh;
   if (world) mesh.emplace(*world, shape);
   Communicator* dpComm = mesh ? mesh->group("dp") : nullptr;
   Communicator* tpComm = mesh ? mesh->group("tp") : nullptr;
+  Communicator* ppComm = mesh ? mesh->group("pp") : nullptr;
   const int ranks = shape.dp;  // data-parallel ranks: the batch is split over them
   const int rank = mesh ? mesh->coords().dp : 0;
   const bool leader = !world || world->rank() == 0;
@@ -173,24 +176,39 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     throw Error(chorusInvalidArgument, fmt::format("job {}: [model] vocab = {} is below the tokenizer's {}", job.path,
                                                    config.vocab, tokenizer.vocab()));
   }
-  Gpt model(config, job.micro, job.seq, TensorParallel{tpComm, job.sequenceParallel});
+  // Pipeline: the blocks cut into pp x vpp chunks of balanced modelled cost; this stage's chunks.
+  std::vector<LayerSpan> cut, spans;
+  if (job.pp > 1) {
+    cut = balanceLayers(config, job.micro, job.seq, job.pp * job.vpp);
+    spans = stageSpans(cut, job.pp, mesh->coords().pp);
+  }
+  Gpt model(config, job.micro, job.seq, TensorParallel{tpComm, job.sequenceParallel}, spans);
   const Sampler sampler(&trainTokens, job.seq, job.seed);
   const Sampler valWindows(&valTokens, job.seq, 0);
   DataParallelSettings parallel;
   parallel.zeroStage = job.zero;
   parallel.bucketBytes = static_cast<size_t>(job.bucketMb * 1024 * 1024);
   parallel.inflightBuckets = job.inflightBuckets;
-  if (tpComm) {
-    parallel.modelParallelSum = [tpComm](double value) {
-      std::vector<double> x = {value};
-      tpComm->allReduce(std::span<double>(x));
-      return x[0];
+  // Sums over the model-parallel ranks (tp, then pp), on the training thread.
+  auto modelParallelSum = [tpComm, ppComm](std::span<double> x) {
+    if (tpComm) tpComm->allReduce(x);
+    if (ppComm) ppComm->allReduce(x);
+  };
+  if (tpComm || ppComm) {
+    parallel.modelParallelSum = [modelParallelSum](double value) {
+      modelParallelSum(std::span<double>(&value, 1));
+      return value;
     };
   }
+  if (Communicator* ends = mesh ? mesh->group("embedding") : nullptr) {
+    parallel.tiedSum = [ends](std::span<float> grad) { ends->allReduce(grad); };
+  }
   DataParallel dp(model.layout(), dpComm, parallel, job.seed);
+  std::optional<Pipeline> pipeline;
+  if (job.pp > 1) pipeline.emplace(model, *ppComm, parseSchedule(job.schedule));
   // Checkpoints hold the whole model in the one-rank layout, whatever the layout that wrote them:
-  // each tp rank places its shard (the replicated tensors from tp rank 0 only) and the tp group
-  // sums them. So a checkpoint resumes under any (dp, tp).
+  // each tp rank places its shard (the replicated tensors from tp rank 0 only, the tied head's
+  // copy from none) and the tp and pp groups sum them. So a checkpoint resumes under any layout.
   const ParamLayout& layout = model.layout();
   auto wholeState = [&](std::vector<float>& p, std::vector<float>& m, std::vector<float>& v) {
     std::vector<float> local[3];
@@ -200,6 +218,7 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
       whole[i]->assign(layout.globalTotal(), 0.0f);
       layout.toGlobal(local[i].data(), whole[i]->data(), true);
       if (tpComm) tpComm->allReduce(std::span<float>(*whole[i]));
+      if (ppComm) ppComm->allReduce(std::span<float>(*whole[i]));
     }
   };
   kernels::setBlasThreads(blasThreads);
@@ -231,15 +250,21 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     if (leader) std::printf("resumed from %s at step %ld\n", ckptPath.c_str(), result.resumedFrom);
   }
 
+  std::string pipelineText;
+  if (job.pp > 1) {
+    pipelineText = fmt::format(" ({}, {} chunk(s) per stage; blocks", job.schedule, job.vpp);
+    for (const auto& c : cut) pipelineText += fmt::format(" [{},{})", c.begin, c.end);
+    pipelineText += ")";
+  }
   if (leader) {
     std::printf(
-        "%s: %s, %zu parameters (%zu per tp rank); %d rank(s) as %s, ZeRO-%d, %d bucket(s); batch %d x %d dp "
+        "%s: %s, %zu parameters (%zu on rank 0); %d rank(s) as %s, ZeRO-%d, %d bucket(s); batch %d x %d dp "
         "rank(s) x %d micro-batch(es) = %ld sequences of %d; %zu train / %zu val tokens (%s tokenizer, vocab %d); "
         "BLAS %s, %d thread(s) per rank\n",
         job.name.c_str(), config.describe().c_str(), layout.globalTotal(), layout.total(), worldSize,
-        (shape.describe() + (job.sequenceParallel && job.tp > 1 ? " sp" : "")).c_str(), job.zero, dp.buckets(),
-        job.micro, ranks, job.accumulate, job.globalBatch(), job.seq, trainTokens.size(), valTokens.size(),
-        tokenizer.kind().c_str(), tokenizer.vocab(), kernels::blasDescription().c_str(), blasThreads);
+        (shape.describe() + (job.sequenceParallel && job.tp > 1 ? " sp" : "") + pipelineText).c_str(), job.zero,
+        dp.buckets(), job.micro, ranks, job.accumulate, job.globalBatch(), job.seq, trainTokens.size(),
+        valTokens.size(), tokenizer.kind().c_str(), tokenizer.vocab(), kernels::blasDescription().c_str(), blasThreads);
     std::fflush(stdout);
   }
 
@@ -267,17 +292,27 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
   // micro-batch chunks dealt round-robin to the ranks, so the set does not depend on the layout.
   auto evaluate = [&]() {
     const long chunks = static_cast<long>(job.evalBatches) * ranks * job.accumulate;
-    std::vector<double> sum = {0.0};
-    for (long c = rank; c < chunks; c += ranks) {
+    // This rank's i-th micro-batch is chunk rank + i ranks.
+    auto fill = [&](long i, int* in, int* out) {
+      const long c = rank + i * ranks;
       for (int j = 0; j < job.micro; ++j) {
         const uint64_t k = static_cast<uint64_t>(c) * job.micro + j;
         const size_t at = (k % valWindows.windows()) * job.seq;
-        std::memcpy(inputs.data() + static_cast<size_t>(j) * job.seq, valTokens.data() + at, job.seq * sizeof(int));
-        std::memcpy(targets.data() + static_cast<size_t>(j) * job.seq, valTokens.data() + at + 1,
-                    job.seq * sizeof(int));
+        std::memcpy(in + static_cast<size_t>(j) * job.seq, valTokens.data() + at, job.seq * sizeof(int));
+        std::memcpy(out + static_cast<size_t>(j) * job.seq, valTokens.data() + at + 1, job.seq * sizeof(int));
       }
-      dp.beginMicro(true, true);
-      sum[0] += model.forward(inputs.data(), targets.data(), dp);
+    };
+    std::vector<double> sum = {0.0};
+    if (pipeline) {
+      sum[0] = pipeline->evaluate(
+          static_cast<int>(chunks / ranks), [&](int i, int* in, int* out) { fill(i, in, out); }, dp);
+      ppComm->allReduce(std::span<double>(sum));  // the loss is known on the last stage
+    } else {
+      for (long i = 0; i < chunks / ranks; ++i) {
+        fill(i, inputs.data(), targets.data());
+        dp.beginMicro(true, true);
+        sum[0] += model.forward(inputs.data(), targets.data(), dp);
+      }
     }
     dp.sumOverRanks(sum);
     return sum[0] / static_cast<double>(chunks);
@@ -289,11 +324,21 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
   for (long step = start; step <= job.steps; ++step) {
     const auto t0 = Clock::now();
     double lossSum = 0.0;
-    for (int micro = 0; micro < job.accumulate; ++micro) {
-      sampler.fill(step - 1, micro, rank, ranks, job.micro, job.accumulate, inputs.data(), targets.data());
-      dp.beginMicro(micro == job.accumulate - 1);
-      lossSum += model.forward(inputs.data(), targets.data(), dp);
-      model.backward(dp, 1.0f / static_cast<float>(job.accumulate));
+    if (pipeline) {
+      lossSum = pipeline->train(
+          job.accumulate,
+          [&](int micro, int* in, int* out) {
+            sampler.fill(step - 1, micro, rank, ranks, job.micro, job.accumulate, in, out);
+          },
+          dp, 1.0f / static_cast<float>(job.accumulate));
+      ppComm->allReduce(std::span<double>(&lossSum, 1));  // the loss is known on the last stage
+    } else {
+      for (int micro = 0; micro < job.accumulate; ++micro) {
+        sampler.fill(step - 1, micro, rank, ranks, job.micro, job.accumulate, inputs.data(), targets.data());
+        dp.beginMicro(micro == job.accumulate - 1);
+        lossSum += model.forward(inputs.data(), targets.data(), dp);
+        model.backward(dp, 1.0f / static_cast<float>(job.accumulate));
+      }
     }
     auto adam = job.adam;
     adam.lr = job.learningRate(step);
@@ -351,7 +396,9 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
                               double(model.activationBytes()),
                               double(residentPeakBytes()),
                               double(dp.overlap().reductions),
-                              double(dp.overlap().overlapped)};
+                              double(dp.overlap().overlapped),
+                              pipeline ? pipeline->times().seconds : 0.0,
+                              pipeline ? pipeline->times().idleSeconds : 0.0};
   std::vector<double> all(mine.size() * worldSize, 0.0);
   const int worldRank = world ? world->rank() : 0;
   std::copy(mine.begin(), mine.end(), all.begin() + static_cast<long>(worldRank * mine.size()));
@@ -364,7 +411,9 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     mem.residentPeak = size_t(x[5]);
     result.memory.push_back(mem);
     result.overlap.push_back({long(x[6]), long(x[7])});
+    result.pipelineIdle.push_back(x[8] > 0 ? x[9] / x[8] : 0.0);
   }
+  result.stages = cut;
   result.buckets = dp.buckets();
   result.largestBucketBytes = dp.largestBucketBytes();
   return result;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "src/training/data_parallel.h"
+#include "src/training/gpt.h"
 #include "src/training/job.h"
 
 namespace chorus::training {
@@ -34,6 +35,8 @@ struct TrainResult {
   std::vector<StepRecord> steps;       // this run's steps (after a resume: from the resumed step on)
   std::vector<RankMemory> memory;      // per rank
   std::vector<OverlapCounts> overlap;  // per rank: bucket reductions begun during backward
+  std::vector<double> pipelineIdle;    // per rank: the share of its pipeline schedules' time spent waiting
+  std::vector<LayerSpan> stages;       // the pipeline's cut of the blocks (empty without one)
   int buckets = 0;
   size_t largestBucketBytes = 0;
   double peakGflops = 0.0;

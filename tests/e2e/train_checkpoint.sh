@@ -2,9 +2,10 @@
 # every 5; a second run is killed (SIGKILL) halfway through writing step 15's checkpoint: the
 # step-10 checkpoint must survive whole, and resuming from it must give steps 11..20 the very
 # losses of the uninterrupted run. Resuming the same checkpoint under other layouts (2 ranks
-# ZeRO-3; dp2 x tp2; tp4: the same global batch) must give them within 1e-5, and so must a
-# checkpoint written by a tp2 x dp2 run, resumed on 4 data-parallel ranks: checkpoints hold the
-# whole model, whatever layout wrote them.
+# ZeRO-3; dp2 x tp2; tp4; pp2 x dp2: the same global batch) must give them within 1e-5, and so must a
+# checkpoint written by a tp2 x dp2 run, resumed on 4 data-parallel ranks and as pp2 x dp2, and one
+# written by pp2 x tp2 resumed on 4 data-parallel ranks: checkpoints hold the whole model, whatever
+# layout wrote them.
 source "$(dirname "$0")/lib.sh"
 train="$build/chorus-train"
 job="$source_dir/tests/data/jobs/parity.toml"
@@ -40,6 +41,16 @@ if CHORUS_TRAIN_CRASH_IN_SAVE=15 "$train" "$job" --out "$work/tpcut" "${tp_layou
   fail "the tp2 x dp2 run meant to die while saving step 15 exited 0"
 fi
 resume_as from_tp tpcut --ranks 4 --set batch.micro=2
+# Pipeline stages: the dp4 checkpoint and the tp2 x dp2 one resumed as pp2 x dp2 (two micro-batches
+# through the pipeline), and one written by pp2 x tp2 resumed as dp4.
+resume_as pp2 cut2 --ranks 4 --pp 2 --zero 1 --set batch.micro=2 --set batch.accumulate=2
+resume_as tp_to_pp tpcut --ranks 4 --pp 2 --set batch.micro=2 --set batch.accumulate=2
+pp_layout=(--ranks 4 --tp 2 --pp 2 --set batch.micro=4 --set batch.accumulate=2 --set run.checkpoint_every=5
+  --set data.dir="\"$work/data\"")
+if CHORUS_TRAIN_CRASH_IN_SAVE=15 "$train" "$job" --out "$work/ppcut" "${pp_layout[@]}" >"$work/ppcut.log" 2>&1; then
+  fail "the pp2 x tp2 run meant to die while saving step 15 exited 0"
+fi
+resume_as from_pp ppcut --ranks 4 --set batch.micro=2
 
 /usr/bin/python3 - "$work" <<'PY'
 import csv, sys
@@ -55,10 +66,11 @@ for step in range(11, 21):
         sys.exit(f"FAIL: step {step} loss {cut[step]} after resuming, {whole[step]} uninterrupted")
     if abs(float(other[step]) - float(whole[step])) > 1e-5 * float(whole[step]):
         sys.exit(f"FAIL: step {step} loss {other[step]} resumed under another layout, {whole[step]} uninterrupted")
-    for name in ["dp2tp2", "tp4", "from_tp"]:
+    for name in ["dp2tp2", "tp4", "from_tp", "pp2", "tp_to_pp", "from_pp"]:
         got = losses(name)[step]
         if abs(float(got) - float(whole[step])) > 1e-5 * float(whole[step]):
             sys.exit(f"FAIL: step {step} loss {got} resumed as {name}, {whole[step]} uninterrupted")
-print("resharded: resumed as dp2 x tp2, as tp4, and a tp2 x dp2 checkpoint as dp4, all within 1e-5")
+print("resharded: resumed as dp2 x tp2, as tp4, as pp2 x dp2; a tp2 x dp2 checkpoint as dp4 and as pp2 x dp2; "
+      "a pp2 x tp2 checkpoint as dp4; all within 1e-5")
 print("train_checkpoint: the checkpoint survived the crash and resuming repeats the uninterrupted losses")
 PY

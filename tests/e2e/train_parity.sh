@@ -1,5 +1,6 @@
-# train_parity.sh: data parallelism, every ZeRO stage and tensor parallelism (alone and with dp
-# and ZeRO, with and without sequence parallelism) compute what one rank computes. The same
+# train_parity.sh: data parallelism, every ZeRO stage, tensor parallelism (alone and with dp
+# and ZeRO, with and without sequence parallelism) and pipeline parallelism (every schedule, and
+# composed with dp and tp on 8 ranks) compute what one rank computes. The same
 # global batch of 8 sequences is split over 2 and 4 ranks (and over micro-batches): the loss of each
 # of 20 steps must equal the one-rank run's within 1e-5 relative. The runs' memory reports must
 # follow the ZeRO formulas (fp32: 16P, 8P + 8P/N, 4P + 12P/N, 16P/N bytes) within the padding.
@@ -31,6 +32,19 @@ run dp2_tp2_zero1 --ranks 4 --tp 2 --zero 1 --set batch.micro=4
 run dp2_tp2_zero3_accum --ranks 4 --tp 2 --zero 3 --set batch.micro=2 --set batch.accumulate=2
 run tp2_sp --ranks 2 --tp 2 --set batch.micro=8 --set parallel.sequence_parallel=true
 run dp2_tp2_sp_zero2 --ranks 4 --tp 2 --zero 2 --set batch.micro=4 --set parallel.sequence_parallel=true
+# Pipeline parallelism (4 blocks, 4 micro-batches of 2 sequences, or 1 with dp2): every schedule,
+# 2 and 4 stages, and the 8-rank compositions (dp, tp, pp) = (2,2,2), (2,1,4), (8,1,1).
+l4=(--set model.layers=4 --set batch.accumulate=4)
+run one_l4 --ranks 1 --set batch.micro=2 "${l4[@]}"
+run pp2 --ranks 2 --pp 2 --set batch.micro=2 "${l4[@]}"
+run pp2_gpipe --ranks 2 --pp 2 --set batch.micro=2 --set parallel.schedule='"gpipe"' "${l4[@]}"
+run pp2_interleaved --ranks 2 --pp 2 --set batch.micro=2 --set parallel.schedule='"interleaved"' \
+  --set parallel.vpp=2 "${l4[@]}"
+run pp4 --ranks 4 --pp 4 --set batch.micro=2 "${l4[@]}"
+run tp2_pp2_sp --ranks 4 --tp 2 --pp 2 --set batch.micro=2 --set parallel.sequence_parallel=true "${l4[@]}"
+run dp2_tp2_pp2 --ranks 8 --tp 2 --pp 2 --zero 1 --set batch.micro=1 "${l4[@]}"
+run dp2_pp4 --ranks 8 --pp 4 --zero 1 --set batch.micro=1 "${l4[@]}"
+run dp8 --ranks 8 --zero 1 --set batch.micro=1 "${l4[@]}" --set batch.accumulate=1
 slow=(--ranks 4 --set batch.micro=2 --set model.layers=8 --set run.steps=3 --set parallel.inflight_buckets=1)
 CHORUS_TRAIN_COMM_DELAY_MS=20 run zero2_slow --zero 2 "${slow[@]}"
 CHORUS_TRAIN_COMM_DELAY_MS=20 run zero3_slow --zero 3 "${slow[@]}"
@@ -55,13 +69,15 @@ if ref[-1] >= ref[0]:
 # tensor-parallel layers (so tp2 with it holds fewer activation bytes than tp2 without).
 def per_rank(name, key):
     return [mem[key] for mem in json.load(open(f"{work}/{name}/metrics.json"))["memory_per_rank"]]
+def below(what, values, limits):  # each rank's value below its limit (one limit: the same for all)
+    limits = limits if isinstance(limits, list) else [limits] * len(values)
+    if not all(v < l for v, l in zip(values, limits)):
+        bad.append(f"{what}: {values} not below {limits}")
 one_params, tp_params = per_rank("one", "params_bytes")[0], per_rank("tp2", "params_bytes")
 tp_act, sp_act = per_rank("tp2", "activation_bytes"), per_rank("tp2_sp", "activation_bytes")
 print(f"params bytes: one rank {one_params}, tp2 {tp_params}; activation bytes tp2 {tp_act}, tp2 + sp {sp_act}")
-if not all(p < 0.6 * one_params for p in tp_params):
-    bad.append(f"tp2 parameters per rank {tp_params} against {one_params} on one rank")
-if not all(s < t for s, t in zip(sp_act, tp_act)):
-    bad.append(f"sequence parallel activations {sp_act} not below tp2's {tp_act}")
+below("tp2 parameters per rank against 0.6 x one rank's", tp_params, 0.6 * one_params)
+below("sequence parallel activations against tp2's", sp_act, tp_act)
 # Memory: P parameters, N ranks, padding of at most N - 1 elements per bucket per array.
 for name, stage in [("dp4", 0), ("zero1", 1), ("zero2", 2), ("zero3", 3)]:
     m = json.load(open(f"{work}/{name}/metrics.json"))
@@ -80,6 +96,27 @@ for name, stage in [("dp4", 0), ("zero1", 1), ("zero2", 2), ("zero3", 3)]:
                 bad.append(f"{name} rank {r} {what}: {g} bytes, formula {e:.0f}")
         if (stage >= 2) != (mem["transient_peak_bytes"] > 0):
             bad.append(f"{name} rank {r}: transient buffers {mem['transient_peak_bytes']} for stage {stage}")
+ref4 = losses("one_l4")
+for name in ["pp2", "pp2_gpipe", "pp2_interleaved", "pp4", "tp2_pp2_sp", "dp2_tp2_pp2", "dp2_pp4", "dp8"]:
+    got = losses(name)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref4))
+    print(f"{name:16s} 20 steps, largest relative loss difference from one rank (4 blocks) {worst:.2e}")
+    if len(got) != 20 or worst > 1e-5:
+        bad.append(name)
+# Pipeline memory: each stage holds part of the parameters; 1F1B keeps at most (stages - stage)
+# micro-batches' activations where GPipe keeps all 4, so each stage holds fewer bytes under 1F1B.
+pp_params, one_params4 = per_rank("pp2", "params_bytes"), per_rank("one_l4", "params_bytes")[0]
+act_1f1b, act_gpipe = per_rank("pp2", "activation_bytes"), per_rank("pp2_gpipe", "activation_bytes")
+print(f"pp2 params bytes {pp_params} (one rank {one_params4}); activation bytes 1F1B {act_1f1b}, GPipe {act_gpipe}")
+below("pp2 parameters per rank against 0.6 x one rank's", pp_params, 0.6 * one_params4)
+below("1F1B activations against GPipe's", act_1f1b, act_gpipe)
+for name in ["pp2", "pp2_gpipe", "pp2_interleaved", "pp4"]:
+    pipe = json.load(open(f"{work}/{name}/metrics.json"))["pipeline"]
+    idle = pipe["idle_share_per_rank"]
+    print(f"{name}: {pipe['schedule']}, blocks {pipe['blocks_per_chunk']}, idle share per rank "
+          f"{[round(x, 3) for x in idle]}, formula {pipe['formula_idle_share']:.3f}")
+    if not all(0 < x < 1 for x in idle):
+        bad.append(f"{name}: idle shares {idle}")
 # Overlap: some bucket reductions of every layout began before their backward had finished.
 for name in ["dp2", "dp4", "dp2_accum", "zero1", "zero2", "zero3", "zero3_dp2_accum"]:
     m = json.load(open(f"{work}/{name}/metrics.json"))

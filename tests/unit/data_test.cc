@@ -195,7 +195,22 @@ out = "x"
   EXPECT_NE(message({"model.layer=3"}).find("unknown key 'layer' in [model]"), std::string::npos);
   EXPECT_NE(message({"extra.x=1"}).find("unknown section [extra]"), std::string::npos);
   EXPECT_NE(message({"parallel.inflight_buckets=0"}).find("inflight_buckets = 0"), std::string::npos);
-  EXPECT_NE(message({"parallel.tp=3"}).find("ranks = 2 is not a multiple of tp = 3"), std::string::npos);
+  EXPECT_NE(message({"parallel.tp=3"}).find("ranks = 2 is not a multiple of tp x pp = 3 x 1"), std::string::npos);
+  // Pipeline: ZeRO 0 or 1 only, the interleaved schedule with virtual stages only, micro-batches
+  // that fill the interleaved schedule's groups, a block per chunk.
+  EXPECT_NE(message({"parallel.pp=2", "parallel.zero=2"}).find("zero = 2 with pp = 2"), std::string::npos);
+  EXPECT_NE(message({"parallel.pp=2", "parallel.vpp=2"}).find("vpp = 2"), std::string::npos);
+  EXPECT_NE(message({"parallel.pp=2", "parallel.schedule=\"interleaved\""}).find("vpp = 1"), std::string::npos);
+  EXPECT_NE(message({"parallel.pp=2", "parallel.schedule=\"interleaved\"", "parallel.vpp=2", "batch.accumulate=3"})
+                .find("multiple of the 2 stages"),
+            std::string::npos);
+  EXPECT_NE(message({"parallel.pp=2", "parallel.schedule=\"interleaved\"", "parallel.vpp=2", "batch.accumulate=2"})
+                .find("layers = 2 cannot give each of pp x vpp = 2 x 2"),
+            std::string::npos);
+  EXPECT_NE(message({"parallel.schedule=\"zigzag\""}).find("'zigzag'"), std::string::npos);
+  const Job pipeline = loadJob(path, {"parallel.pp=2", "batch.accumulate=3"});
+  EXPECT_EQ(pipeline.dp(), 1);
+  EXPECT_EQ(pipeline.globalBatch(), 12);
   const Job tensorParallel = loadJob(path, {"parallel.tp=2"});
   EXPECT_EQ(tensorParallel.dp(), 1);
   EXPECT_EQ(tensorParallel.globalBatch(), 4) << "the batch is split over data-parallel ranks only";
