@@ -63,8 +63,12 @@ void writeMetrics(const Job& job, const TrainResult& r, size_t parameters, const
                 {"context", job.model.context}, {"vocab", vocab},           {"parameters", parameters}};
   j["tokenizer"] = tokenizer;
   j["ranks"] = job.ranks;
-  j["layout"] = {
-      {"dp", job.dp()}, {"tp", job.tp}, {"pp", job.pp}, {"cp", 1}, {"sequence_parallel", job.sequenceParallel}};
+  j["layout"] = {{"dp", job.dp()},
+                 {"tp", job.tp},
+                 {"pp", job.pp},
+                 {"cp", 1},
+                 {"sequence_parallel", job.sequenceParallel},
+                 {"recompute", job.recompute}};
   if (job.pp > 1) {
     nlohmann::json cut = nlohmann::json::array();
     for (const auto& s : r.stages) cut.push_back({s.begin, s.end});

@@ -282,7 +282,16 @@ void addBias(float* out, const float* bias, int n, int c) {
 
 }  // namespace
 
-Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::vector<LayerSpan> spans)
+Recompute parseRecompute(const std::string& name) {
+  if (name == "none") return Recompute::kNone;
+  if (name == "selective") return Recompute::kSelective;
+  if (name == "full") return Recompute::kFull;
+  throw Error(chorusInvalidArgument,
+              fmt::format("activation recompute '{}' is not one of none, selective, full", name));
+}
+
+Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::vector<LayerSpan> spans,
+         Recompute recompute)
     : config_(config),
       tp_(tp),
       layout_(config, tp.size(), tp.rank(), std::move(spans)),
@@ -291,7 +300,8 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::ve
       Ct_(config.width / tp.size()),
       Ft_(4 * config.width / tp.size()),
       heads_(config.heads / tp.size()),
-      sequenceParallel_(tp.sequenceParallel && tp.size() > 1) {
+      sequenceParallel_(tp.sequenceParallel && tp.size() > 1),
+      recompute_(recompute) {
   if (batch < 1) throw Error(chorusInvalidArgument, fmt::format("GPT: batch = {} (at least 1)", batch));
   if (seq < 1 || seq > config.context) {
     throw Error(chorusInvalidArgument,
@@ -322,6 +332,11 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::ve
     lnGrad_.resize(2 * C);
   }
   dattScratch_.resize(static_cast<size_t>(T_) * T_);
+  if (recompute_ == Recompute::kFull) {
+    allocateLayer(recomputed_, true);
+    recomputeOut_.resize(Nl * C);
+  }
+  if (recompute_ == Recompute::kSelective) attScratch_.resize(static_cast<size_t>(B_) * heads_ * T_ * T_);
   slotOf(0, 0);  // the first micro-batch's activations, made up front
 }
 
@@ -335,24 +350,13 @@ Gpt::Activations& Gpt::slotOf(int c, int slot) {
   }
   if (slot < static_cast<int>(chunk.slots.size())) return *chunk.slots[slot];
   const size_t N = static_cast<size_t>(B_) * T_, Nl = rows_;
-  const size_t C = config_.width, Ct = Ct_, Ft = Ft_, NH = heads_;
+  const size_t C = config_.width;
   auto a = std::make_unique<Activations>();
   if (firstChunk(c)) a->tokens.resize(N);
   a->residual.assign(chunk.span.layers() + 1, std::vector<float>(Nl * C));
-  a->layers.resize(chunk.span.layers());
-  for (auto& L : a->layers) {
-    L.ln1.resize(Nl * C);
-    L.ln1Mean.resize(Nl);
-    L.ln1Rstd.resize(Nl);
-    L.qkv.resize(N * 3 * Ct);
-    L.atty.resize(N * Ct);
-    L.att.resize(static_cast<size_t>(B_) * NH * T_ * T_);
-    L.res2.resize(Nl * C);
-    L.ln2.resize(Nl * C);
-    L.ln2Mean.resize(Nl);
-    L.ln2Rstd.resize(Nl);
-    L.fch.resize(N * Ft);
-    L.fchGelu.resize(N * Ft);
+  if (recompute_ != Recompute::kFull) {
+    a->layers.resize(chunk.span.layers());
+    for (auto& L : a->layers) allocateLayer(L, recompute_ == Recompute::kNone);
   }
   if (lastChunk(c)) {
     const size_t V = layout_.vocabCount();
@@ -369,13 +373,32 @@ Gpt::Activations& Gpt::slotOf(int c, int slot) {
   return *chunk.slots.back();
 }
 
+void Gpt::allocateLayer(Layer& L, bool withAttention) const {
+  const size_t N = static_cast<size_t>(B_) * T_, Nl = rows_;
+  const size_t C = config_.width, Ct = Ct_, Ft = Ft_;
+  L.ln1.resize(Nl * C);
+  L.ln1Mean.resize(Nl);
+  L.ln1Rstd.resize(Nl);
+  L.qkv.resize(N * 3 * Ct);
+  L.atty.resize(N * Ct);
+  if (withAttention) L.att.resize(static_cast<size_t>(B_) * heads_ * T_ * T_);
+  L.res2.resize(Nl * C);
+  L.ln2.resize(Nl * C);
+  L.ln2Mean.resize(Nl);
+  L.ln2Rstd.resize(Nl);
+  L.fch.resize(N * Ft);
+  L.fchGelu.resize(N * Ft);
+}
+
+size_t Gpt::Layer::floats() const {
+  return ln1.size() + ln1Mean.size() + ln1Rstd.size() + qkv.size() + atty.size() + att.size() + res2.size() +
+         ln2.size() + ln2Mean.size() + ln2Rstd.size() + fch.size() + fchGelu.size();
+}
+
 size_t Gpt::Activations::floats() const {
   size_t n = 0;
   for (const auto& r : residual) n += r.size();
-  for (const auto& L : layers) {
-    n += L.ln1.size() + L.ln1Mean.size() + L.ln1Rstd.size() + L.qkv.size() + L.atty.size() + L.att.size() +
-         L.res2.size() + L.ln2.size() + L.ln2Mean.size() + L.ln2Rstd.size() + L.fch.size() + L.fchGelu.size();
-  }
+  for (const auto& L : layers) n += L.floats();
   n += lnf.size() + lnfMean.size() + lnfRstd.size() + lnfWhole.size() + logits.size() + probs.size() + losses.size();
   return n + tokens.size() + targets.size();  // ints are as wide as floats
 }
@@ -388,6 +411,7 @@ size_t Gpt::activationBytes() const {
   floats += ceStats_.size() + dres_.size() + dln_.size() + datty_.size() + dqkv_.size() + dfch_.size() +
             dfchGelu_.size() + dattScratch_.size();
   floats += wholeRows_.size() + dlnRows_.size() + lnGrad_.size();
+  floats += recomputed_.floats() + attScratch_.size() + recomputeOut_.size();
   return floats * sizeof(float);
 }
 
@@ -408,6 +432,38 @@ double Gpt::flopsPerStep() const {
   // Attention: q k^T and P v, each 2 T C per token per layer, also 3x.
   const double attention = config_.layers * 2.0 * 2.0 * T_ * C;
   return 6.0 * N * matmulParams + 3.0 * N * attention;
+}
+
+void Gpt::blockForward(const float* weights, Layer& L, const float* in, float* out) {
+  const int B = B_, T = T_, C = config_.width, N = B * T;
+  const int Ct = Ct_, Ft = Ft_, NHt = heads_, Nl = rows_;
+  const size_t NlC = static_cast<size_t>(Nl) * C;
+  const bool split = tp_.size() > 1;
+  const auto w = blockPtrs<const float*>(weights, C, Ct, Ft);
+  kn::layernormForward(L.ln1.data(), L.ln1Mean.data(), L.ln1Rstd.data(), in, w.ln1w, w.ln1b, Nl, C);
+  kn::matmulForward(L.qkv.data(), gatherRows(L.ln1.data()), w.qkvw, w.qkvb, N, C, 3 * Ct);
+  kn::attentionForward(L.atty.data(), attOf(L), L.qkv.data(), B, T, Ct, NHt);
+  // The projection's output goes to `out` for a moment, then the residual sum into res2. Row
+  // parallel: each rank's heads give a partial sum; the bias is added to the total.
+  if (!split) {
+    kn::matmulForward(out, L.atty.data(), w.projw, w.projb, N, C, C);
+  } else {
+    kn::matmulForward(partialFor(out), L.atty.data(), w.projw, nullptr, N, Ct, C);
+    sumRows(partialFor(out), out);
+    addBias(out, w.projb, Nl, C);
+  }
+  kn::residualForward(L.res2.data(), in, out, NlC);
+  kn::layernormForward(L.ln2.data(), L.ln2Mean.data(), L.ln2Rstd.data(), L.res2.data(), w.ln2w, w.ln2b, Nl, C);
+  kn::matmulForward(L.fch.data(), gatherRows(L.ln2.data()), w.fcw, w.fcb, N, C, Ft);
+  kn::geluForward(L.fchGelu.data(), L.fch.data(), static_cast<size_t>(N) * Ft);
+  if (!split) {
+    kn::matmulForward(out, L.fchGelu.data(), w.fcprojw, w.fcprojb, N, 4 * C, C);
+  } else {
+    kn::matmulForward(partialFor(out), L.fchGelu.data(), w.fcprojw, nullptr, N, Ft, C);
+    sumRows(partialFor(out), out);
+    addBias(out, w.fcprojb, Nl, C);
+  }
+  kn::residualForward(out, L.res2.data(), out, NlC);
 }
 
 void Gpt::checkTokens(const int* values, const char* what) const {
@@ -446,11 +502,8 @@ float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, 
   const int N = B * T;
   const bool split = tp_.size() > 1;
   const int v0 = layout_.vocabBegin(), Vt = layout_.vocabCount();
-  const int Ct = Ct_, Ft = Ft_, NHt = heads_, Nl = rows_;
+  const int Nl = rows_;
   const size_t NlC = static_cast<size_t>(Nl) * C;
-  // A row-parallel layer's partial output goes where sumRows wants it: the whole rows' scratch
-  // with sequence parallelism (reduce-scattered from there), else the destination itself.
-  auto partialFor = [&](float* rowsOut) { return sequenceParallel_ ? wholeRows_.data() : rowsOut; };
 
   if (first) {
     std::memcpy(a.tokens.data(), tokens, a.tokens.size() * sizeof(int));
@@ -476,34 +529,7 @@ float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, 
 
   for (int i = 0; i < span.layers(); ++i) {
     const int unit = layout_.blockUnit(span.begin + i);
-    const auto w = blockPtrs<const float*>(access.acquire(unit, Pass::kForward), C, Ct, Ft);
-    Layer& L = a.layers[i];
-    const float* in = a.residual[i].data();
-    float* out = a.residual[i + 1].data();
-    kn::layernormForward(L.ln1.data(), L.ln1Mean.data(), L.ln1Rstd.data(), in, w.ln1w, w.ln1b, Nl, C);
-    kn::matmulForward(L.qkv.data(), gatherRows(L.ln1.data()), w.qkvw, w.qkvb, N, C, 3 * Ct);
-    kn::attentionForward(L.atty.data(), L.att.data(), L.qkv.data(), B, T, Ct, NHt);
-    // The projection's output goes to `out` for a moment, then the residual sum into res2. Row
-    // parallel: each rank's heads give a partial sum; the bias is added to the total.
-    if (!split) {
-      kn::matmulForward(out, L.atty.data(), w.projw, w.projb, N, C, C);
-    } else {
-      kn::matmulForward(partialFor(out), L.atty.data(), w.projw, nullptr, N, Ct, C);
-      sumRows(partialFor(out), out);
-      addBias(out, w.projb, Nl, C);
-    }
-    kn::residualForward(L.res2.data(), in, out, NlC);
-    kn::layernormForward(L.ln2.data(), L.ln2Mean.data(), L.ln2Rstd.data(), L.res2.data(), w.ln2w, w.ln2b, Nl, C);
-    kn::matmulForward(L.fch.data(), gatherRows(L.ln2.data()), w.fcw, w.fcb, N, C, Ft);
-    kn::geluForward(L.fchGelu.data(), L.fch.data(), static_cast<size_t>(N) * Ft);
-    if (!split) {
-      kn::matmulForward(out, L.fchGelu.data(), w.fcprojw, w.fcprojb, N, 4 * C, C);
-    } else {
-      kn::matmulForward(partialFor(out), L.fchGelu.data(), w.fcprojw, nullptr, N, Ft, C);
-      sumRows(partialFor(out), out);
-      addBias(out, w.fcprojb, Nl, C);
-    }
-    kn::residualForward(out, L.res2.data(), out, NlC);
+    blockForward(access.acquire(unit, Pass::kForward), layerOf(a, i), a.residual[i].data(), a.residual[i + 1].data());
     access.release(unit, Pass::kForward);
   }
   if (!last) return 0.0f;
@@ -631,9 +657,16 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
   // conjugate of the forward all-reduce, or reduce-scatter with sequence parallelism).
   for (int i = span.layers() - 1; i >= 0; --i) {
     const int u = layout_.blockUnit(span.begin + i);
-    const auto w = blockPtrs<const float*>(access.acquire(u, Pass::kBackward), C, Ct, Ft);
+    const float* weights = access.acquire(u, Pass::kBackward);
+    const auto w = blockPtrs<const float*>(weights, C, Ct, Ft);
     const auto g = blockPtrs<float*>(access.gradients(u), C, Ct, Ft);
-    Layer& L = a.layers[i];
+    Layer& L = layerOf(a, i);
+    // Recompute what the block did not keep: the whole block from its input, or the attention
+    // probabilities from q, k, v (the output goes to datty_, which is rewritten before it is read).
+    if (recompute_ == Recompute::kFull) blockForward(weights, L, a.residual[i].data(), recomputeOut_.data());
+    if (recompute_ == Recompute::kSelective) {
+      kn::attentionForward(datty_.data(), attOf(L), L.qkv.data(), B, T, Ct, NHt);
+    }
     // out = res2 + fcproj(gelu(fc(ln2(res2)))): d(fcproj output) = dres.
     zero(dfchGelu_);
     kn::matmulBackward(dfchGelu_.data(), g.fcprojw, g.fcprojb, dresWhole(), L.fchGelu.data(), w.fcprojw, N, Ft, C);
@@ -649,7 +682,7 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
     zero(datty_);
     kn::matmulBackward(datty_.data(), g.projw, g.projb, dresWhole(), L.atty.data(), w.projw, N, Ct, C);
     zero(dqkv_);
-    kn::attentionBackward(dqkv_.data(), dattScratch_.data(), datty_.data(), L.qkv.data(), L.att.data(), B, T, Ct, NHt);
+    kn::attentionBackward(dqkv_.data(), dattScratch_.data(), datty_.data(), L.qkv.data(), attOf(L), B, T, Ct, NHt);
     zero(dln_);
     kn::matmulBackward(dln_.data(), g.qkvw, g.qkvb, dqkv_.data(), gatherRows(L.ln1.data()), w.qkvw, N, C, 3 * Ct);
     sumRows(dln_.data(), dlnRows);

@@ -154,6 +154,15 @@ struct TensorParallel {
 
 enum class Pass { kForward, kBackward };
 
+// Activation checkpointing: what a block keeps of a micro-batch between its forward and backward.
+// kNone: everything backward reads. kSelective (Korthikanti et al. 2022): all but the attention
+// probabilities (B x heads x T x T, the part that grows with T squared), recomputed from the kept
+// q, k, v in backward. kFull: only the block's input; backward reruns the block's forward (its
+// collectives included) into one shared set of buffers first.
+enum class Recompute { kNone, kSelective, kFull };
+// "none", "selective", "full"; throws chorus::Error naming the word otherwise.
+Recompute parseRecompute(const std::string& name);
+
 // How the model reaches parameters and gradients, unit by unit. For a micro-batch through a span
 // of units (ParamLayout's numbers), the model calls, in order: forward: acquire/release for the
 // embeddings, the blocks, the final layernorm, then the head (the embeddings again when tied on
@@ -191,8 +200,9 @@ class Gpt {
   // A model for batches of `batch` sequences of `seq` tokens (seq <= context); with tp, this
   // rank's shard of it (collective over the tp group in forward and backward). spans: the model
   // chunks this rank runs (pipeline parallelism; see ParamLayout), each a stage of the pipeline;
-  // empty: the whole model.
-  Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp = {}, std::vector<LayerSpan> spans = {});
+  // empty: the whole model. recompute: activation checkpointing (the results are the same).
+  Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp = {}, std::vector<LayerSpan> spans = {},
+      Recompute recompute = Recompute::kNone);
   ~Gpt();
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -241,6 +251,7 @@ class Gpt {
  private:
   struct Layer {
     std::vector<float> ln1, ln1Mean, ln1Rstd, qkv, atty, att, res2, ln2, ln2Mean, ln2Rstd, fch, fchGelu;
+    size_t floats() const;
   };
   // One micro-batch's activations in one chunk.
   struct Activations {
@@ -258,6 +269,16 @@ class Gpt {
     std::vector<std::unique_ptr<Activations>> slots;
   };
   Activations& slotOf(int c, int slot);
+  // Where block i's intermediate values live: the slot's own, or the shared buffers of full recompute.
+  Layer& layerOf(Activations& a, int i) { return recompute_ == Recompute::kFull ? recomputed_ : a.layers[i]; }
+  // The attention probabilities' buffer: the layer's own, or the shared one of selective recompute.
+  float* attOf(Layer& L) { return L.att.empty() ? attScratch_.data() : L.att.data(); }
+  // A row-parallel layer's partial output goes where sumRows wants it: the whole rows' scratch
+  // with sequence parallelism (reduce-scattered from there), else the destination itself.
+  float* partialFor(float* rowsOut) { return sequenceParallel_ ? wholeRows_.data() : rowsOut; }
+  // One block's forward: in (rows, C) -> out, its intermediate values into L.
+  void blockForward(const float* weights, Layer& L, const float* in, float* out);
+  void allocateLayer(Layer& L, bool withAttention) const;
   // Sums x over the tp group in place (nothing for tp = 1).
   void tpSum(std::span<float> x, ReduceOp op = ReduceOp::kSum);
   // Sequence parallel: every rank's rows of a (rows_, C) activation, gathered into whole rows;
@@ -277,7 +298,11 @@ class Gpt {
   int B_, T_;
   int Ct_, Ft_, heads_;  // this rank's attention channels (C / tp), MLP hidden units (4C / tp), heads
   bool sequenceParallel_ = false;
-  int rows_ = 0, firstRow_ = 0;  // this rank's rows of the B x T: all, or its block with sequence parallelism
+  Recompute recompute_ = Recompute::kNone;
+  Layer recomputed_;                 // full recompute: one block's intermediate values, rebuilt in backward
+  std::vector<float> attScratch_;    // selective recompute: the attention probabilities of one block
+  std::vector<float> recomputeOut_;  // full recompute: the rerun block's output (already kept as the next input)
+  int rows_ = 0, firstRow_ = 0;      // this rank's rows of the B x T: all, or its block with sequence parallelism
   std::vector<Chunk> chunks_;
   // Sequence parallel: one (B T, C) scratch for whole rows, used in turn for a row-parallel layer's
   // partial output, a gathered layernorm output and the gathered dres (each is done with before

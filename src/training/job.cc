@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -25,12 +27,33 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   auto fail = [&](const std::string& what) -> Error {
     return Error(chorusInvalidArgument, "job " + path + ": " + what);
   };
+  // The file, over the chain of files its `base` keys name (each relative to the file naming it):
+  // a key in a file replaces the base's, section by section.
   toml::table root;
-  try {
-    root = toml::parse_file(path);
-  } catch (const toml::parse_error& e) {
-    throw fail(fmt::format("{} (line {}, column {})", e.description(), e.source().begin.line, e.source().begin.column));
+  std::vector<std::string> chain;
+  for (std::string file = path; !file.empty();) {
+    if (std::find(chain.begin(), chain.end(), file) != chain.end()) throw fail("base " + file + " names itself");
+    chain.push_back(file);
+    toml::table table;
+    try {
+      table = toml::parse_file(file);
+    } catch (const toml::parse_error& e) {
+      throw Error(chorusInvalidArgument, fmt::format("job {}: {} (line {}, column {})", file, e.description(),
+                                                     e.source().begin.line, e.source().begin.column));
+    }
+    for (const auto& [key, node] : table) {
+      if (!node.is_table() || !root.contains(key)) {
+        if (!root.contains(key)) root.insert(key, node);
+        continue;
+      }
+      for (const auto& [inner, value] : *node.as_table()) {
+        if (!root[key].as_table()->contains(inner)) root[key].as_table()->insert(inner, value);
+      }
+    }
+    const auto base = table["base"].value<std::string>();
+    file = base ? (std::filesystem::path(file).parent_path() / *base).string() : "";
   }
+  root.erase("base");
   for (const auto& o : overrides) {
     const auto eq = o.find('=');
     const auto dot = o.find('.');
@@ -114,6 +137,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("parallel", "pp", job.pp);
   get("parallel", "vpp", job.vpp);
   get("parallel", "schedule", job.schedule);
+  get("parallel", "recompute", job.recompute);
   get("parallel", "zero", job.zero);
   get("parallel", "bucket_mb", job.bucketMb);
   get("parallel", "inflight_buckets", job.inflightBuckets);
@@ -155,6 +179,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   if (job.ranks % (job.tp * job.pp) != 0) {
     throw fail(fmt::format("[parallel] ranks = {} is not a multiple of tp x pp = {} x {}", job.ranks, job.tp, job.pp));
   }
+  parseRecompute(job.recompute);
   const Schedule schedule = parseSchedule(job.schedule);
   if ((schedule == Schedule::kInterleaved) != (job.vpp > 1)) {
     throw fail(

@@ -22,15 +22,16 @@ struct Job {
   int seq = 64;
   int accumulate = 1;  // micro-batches per step
   kernels::AdamWSettings adam;
-  float minLr = 0.0f;             // cosine decay from adam.lr to minLr after warmup
-  int warmup = 0;                 // linear warmup steps
-  float clip = 1.0f;              // global gradient norm clip; 0 = none
-  int ranks = 1;                  // the world: dp x tp x pp
-  int tp = 1;                     // tensor parallel ranks (Megatron); data parallel gets ranks / (tp pp)
-  int pp = 1;                     // pipeline stages
-  int vpp = 1;                    // model chunks per stage (virtual stages; the interleaved schedule)
-  std::string schedule = "1f1b";  // gpipe, 1f1b or interleaved: the pipeline's order of micro-batches
-  bool sequenceParallel = false;  // with tp > 1: layernorms and residuals on blocks of the rows
+  float minLr = 0.0f;              // cosine decay from adam.lr to minLr after warmup
+  int warmup = 0;                  // linear warmup steps
+  float clip = 1.0f;               // global gradient norm clip; 0 = none
+  int ranks = 1;                   // the world: dp x tp x pp
+  int tp = 1;                      // tensor parallel ranks (Megatron); data parallel gets ranks / (tp pp)
+  int pp = 1;                      // pipeline stages
+  int vpp = 1;                     // model chunks per stage (virtual stages; the interleaved schedule)
+  std::string schedule = "1f1b";   // gpipe, 1f1b or interleaved: the pipeline's order of micro-batches
+  std::string recompute = "none";  // activation checkpointing: none, selective or full
+  bool sequenceParallel = false;   // with tp > 1: layernorms and residuals on blocks of the rows
   int zero = 0;
   double bucketMb = 25.0;
   int inflightBuckets = 2;  // ZeRO-2/3: bucket reductions in flight before backward waits

@@ -182,7 +182,8 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     cut = balanceLayers(config, job.micro, job.seq, job.pp * job.vpp);
     spans = stageSpans(cut, job.pp, mesh->coords().pp);
   }
-  Gpt model(config, job.micro, job.seq, TensorParallel{tpComm, job.sequenceParallel}, spans);
+  Gpt model(config, job.micro, job.seq, TensorParallel{tpComm, job.sequenceParallel}, spans,
+            parseRecompute(job.recompute));
   const Sampler sampler(&trainTokens, job.seq, job.seed);
   const Sampler valWindows(&valTokens, job.seq, 0);
   DataParallelSettings parallel;
@@ -262,8 +263,10 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
         "rank(s) x %d micro-batch(es) = %ld sequences of %d; %zu train / %zu val tokens (%s tokenizer, vocab %d); "
         "BLAS %s, %d thread(s) per rank\n",
         job.name.c_str(), config.describe().c_str(), layout.globalTotal(), layout.total(), worldSize,
-        (shape.describe() + (job.sequenceParallel && job.tp > 1 ? " sp" : "") + pipelineText).c_str(), job.zero,
-        dp.buckets(), job.micro, ranks, job.accumulate, job.globalBatch(), job.seq, trainTokens.size(),
+        (shape.describe() + (job.sequenceParallel && job.tp > 1 ? " sp" : "") + pipelineText +
+         (job.recompute != "none" ? ", recompute " + job.recompute : ""))
+            .c_str(),
+        job.zero, dp.buckets(), job.micro, ranks, job.accumulate, job.globalBatch(), job.seq, trainTokens.size(),
         valTokens.size(), tokenizer.kind().c_str(), tokenizer.vocab(), kernels::blasDescription().c_str(), blasThreads);
     std::fflush(stdout);
   }

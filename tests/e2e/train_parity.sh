@@ -45,6 +45,10 @@ run tp2_pp2_sp --ranks 4 --tp 2 --pp 2 --set batch.micro=2 --set parallel.sequen
 run dp2_tp2_pp2 --ranks 8 --tp 2 --pp 2 --zero 1 --set batch.micro=1 "${l4[@]}"
 run dp2_pp4 --ranks 8 --pp 4 --zero 1 --set batch.micro=1 "${l4[@]}"
 run dp8 --ranks 8 --zero 1 --set batch.micro=1 "${l4[@]}" --set batch.accumulate=1
+# Activation checkpointing under tensor and pipeline parallelism: the same losses, fewer bytes.
+run tp2_sp_full --ranks 2 --tp 2 --set batch.micro=8 --set parallel.sequence_parallel=true \
+  --set parallel.recompute='"full"'
+run pp2_selective --ranks 2 --pp 2 --set batch.micro=2 --set parallel.recompute='"selective"' "${l4[@]}"
 slow=(--ranks 4 --set batch.micro=2 --set model.layers=8 --set run.steps=3 --set parallel.inflight_buckets=1)
 CHORUS_TRAIN_COMM_DELAY_MS=20 run zero2_slow --zero 2 "${slow[@]}"
 CHORUS_TRAIN_COMM_DELAY_MS=20 run zero3_slow --zero 3 "${slow[@]}"
@@ -57,7 +61,7 @@ ref = losses("one")
 bad = []
 assert len(ref) == 20, ref
 for name in ["one_accum", "dp2", "dp4", "dp2_accum", "zero1", "zero2", "zero3", "zero3_dp2_accum", "tp2", "tp4",
-             "dp2_tp2_zero1", "dp2_tp2_zero3_accum", "tp2_sp", "dp2_tp2_sp_zero2"]:
+             "dp2_tp2_zero1", "dp2_tp2_zero3_accum", "tp2_sp", "dp2_tp2_sp_zero2", "tp2_sp_full"]:
     got = losses(name)
     worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
     print(f"{name:16s} 20 steps, largest relative loss difference from one rank {worst:.2e}")
@@ -97,7 +101,8 @@ for name, stage in [("dp4", 0), ("zero1", 1), ("zero2", 2), ("zero3", 3)]:
         if (stage >= 2) != (mem["transient_peak_bytes"] > 0):
             bad.append(f"{name} rank {r}: transient buffers {mem['transient_peak_bytes']} for stage {stage}")
 ref4 = losses("one_l4")
-for name in ["pp2", "pp2_gpipe", "pp2_interleaved", "pp4", "tp2_pp2_sp", "dp2_tp2_pp2", "dp2_pp4", "dp8"]:
+for name in ["pp2", "pp2_gpipe", "pp2_interleaved", "pp4", "tp2_pp2_sp", "dp2_tp2_pp2", "dp2_pp4", "dp8",
+             "pp2_selective"]:
     got = losses(name)
     worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref4))
     print(f"{name:16s} 20 steps, largest relative loss difference from one rank (4 blocks) {worst:.2e}")
@@ -110,6 +115,8 @@ act_1f1b, act_gpipe = per_rank("pp2", "activation_bytes"), per_rank("pp2_gpipe",
 print(f"pp2 params bytes {pp_params} (one rank {one_params4}); activation bytes 1F1B {act_1f1b}, GPipe {act_gpipe}")
 below("pp2 parameters per rank against 0.6 x one rank's", pp_params, 0.6 * one_params4)
 below("1F1B activations against GPipe's", act_1f1b, act_gpipe)
+below("selective recompute's activations against none's (pp2)", per_rank("pp2_selective", "activation_bytes"), act_1f1b)
+below("full recompute's activations against none's (tp2 + sp)", per_rank("tp2_sp_full", "activation_bytes"), sp_act)
 for name in ["pp2", "pp2_gpipe", "pp2_interleaved", "pp4"]:
     pipe = json.load(open(f"{work}/{name}/metrics.json"))["pipeline"]
     idle = pipe["idle_share_per_rank"]

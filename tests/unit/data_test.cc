@@ -220,6 +220,47 @@ out = "x"
   EXPECT_NE(message({}).find("accepted"), std::string::npos);
 }
 
+TEST(JobTest, ABaseFileGivesWhatTheJobDoesNotSet) {
+  TempDir dir;
+  dir.file("base.toml", R"(name = "base"
+[model]
+layers = 4
+heads = 2
+width = 16
+context = 32
+[batch]
+micro = 4
+seq = 16
+accumulate = 2
+[parallel]
+ranks = 2
+)");
+  const std::string path = dir.file("job.toml", R"(base = "base.toml"
+name = "derived"
+[batch]
+micro = 1
+[parallel]
+ranks = 8
+pp = 2
+)");
+  const Job job = loadJob(path, {"parallel.tp=2"});
+  EXPECT_EQ(job.name, "derived");
+  EXPECT_EQ(job.model.layers, 4);
+  EXPECT_EQ(job.micro, 1);
+  EXPECT_EQ(job.accumulate, 2);
+  EXPECT_EQ(job.seq, 16);
+  EXPECT_EQ(job.ranks, 8);
+  EXPECT_EQ(job.dp(), 2);
+  const std::string loop = dir.file("loop.toml", "base = \"loop.toml\"\n");
+  try {
+    loadJob(loop);
+    ADD_FAILURE() << "a job that is its own base was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("names itself"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(loadJob(dir.file("missing.toml", "base = \"nowhere.toml\"\n")), Error);
+}
+
 TEST(JobTest, LearningRateWarmsUpThenDecays) {
   Job job;
   job.adam.lr = 1.0f;

@@ -134,5 +134,45 @@ TEST(GptTest, GradientMatchesDifferencesOfTheLoss) {
   for (size_t i = static_cast<size_t>(T) * c.width; i < wpe.count; ++i) EXPECT_EQ(grads[wpe.offset + i], 0.0f);
 }
 
+// Activation checkpointing recomputes exactly what it dropped: the same loss and bit-identical
+// gradients over two micro-batches, and the activation bytes fall by what each mode leaves out:
+// selective the attention probabilities of all blocks but one shared buffer, full every block's
+// intermediate values but one shared set (and the rerun block's output).
+TEST(GptTest, RecomputeGivesTheSameGradientsWithFewerActivationBytes) {
+  const GptConfig c{3, 2, 8, 6, 13};
+  const int B = 2, T = 6;
+  std::vector<int> tokens(2 * B * T), targets(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int>(7 * i + 3) % c.vocab;
+    targets[i] = static_cast<int>(5 * i + 1) % c.vocab;
+  }
+  std::vector<float> loss[3], grads[3];
+  size_t bytes[3] = {};
+  const Recompute modes[3] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  for (int m = 0; m < 3; ++m) {
+    Gpt model(c, B, T, TensorParallel{}, {}, modes[m]);
+    std::vector<float> params(model.layout().total());
+    grads[m].assign(params.size(), 0.0f);
+    model.layout().initialize(3, params.data(), 0, params.size());
+    FlatAccess access(model.layout(), params.data(), grads[m].data());
+    for (int micro = 0; micro < 2; ++micro) {
+      loss[m].push_back(model.forward(tokens.data() + micro * B * T, targets.data() + micro * B * T, access));
+      model.backward(access, 0.5f);
+    }
+    bytes[m] = model.activationBytes();
+  }
+  for (int m = 1; m < 3; ++m) {
+    EXPECT_EQ(loss[m], loss[0]) << "mode " << m;
+    EXPECT_EQ(grads[m], grads[0]) << "mode " << m;
+  }
+  const size_t N = static_cast<size_t>(B) * T, C = c.width;
+  const size_t att = static_cast<size_t>(B) * c.heads * T * T;
+  // ln1, ln2 (N C each, with mean and rstd), qkv 3 N C, atty N C, att, res2 N C, fch and its GELU 4 N C each.
+  const size_t layer = 2 * (N * C + 2 * N) + 3 * N * C + N * C + att + N * C + 8 * N * C;
+  EXPECT_EQ(bytes[0] - bytes[1], (c.layers - 1) * att * sizeof(float));
+  EXPECT_EQ(bytes[0] - bytes[2], ((c.layers - 1) * layer - N * C) * sizeof(float));
+  EXPECT_THROW(parseRecompute("some"), Error);
+}
+
 }  // namespace
 }  // namespace chorus::training
