@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <thread>
+#include <tuple>
 
 #include "chorus/error.hpp"
 
@@ -101,7 +102,7 @@ ScheduleSimulation simulateSchedule(Schedule schedule, int p, int v, int m, doub
   std::vector<std::vector<PipeAction>> actions(p);
   for (int s = 0; s < p; ++s) actions[s] = pipelineSchedule(schedule, p, s, v, m);
   const int stages = p * v;
-  // When each (pass, micro, virtual stage) finished; NaN-free: absent until done.
+  // When each (pass, micro, virtual stage) finished; absent until it has run.
   std::map<std::tuple<bool, int, int>, double> finished;
   std::vector<size_t> next(p, 0);
   std::vector<double> clock(p, 0.0), busy(p, 0.0);
