@@ -158,9 +158,8 @@ TEST(DataTest, SamplerIsDeterministicAndSplitsTheGlobalBatch) {
   EXPECT_TRUE(a != b || in != c);
 }
 
-TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
-  TempDir dir;
-  const std::string path = dir.file("job.toml", R"(name = "t"
+// A small job file, for the job tests.
+constexpr const char* kSmallJob = R"(name = "t"
 [model]
 layers = 2
 heads = 2
@@ -174,7 +173,11 @@ ranks = 2
 [run]
 steps = 7
 out = "x"
-)");
+)";
+
+TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
+  TempDir dir;
+  const std::string path = dir.file("job.toml", kSmallJob);
   const Job job = loadJob(path, {"parallel.zero=3", "optimizer.lr=0.5", "run.out=\"y\""});
   EXPECT_EQ(job.model.layers, 2);
   EXPECT_EQ(job.model.vocab, 0) << "vocab from the tokenizer";
@@ -222,19 +225,7 @@ out = "x"
 
 TEST(JobTest, ABaseFileGivesWhatTheJobDoesNotSet) {
   TempDir dir;
-  dir.file("base.toml", R"(name = "base"
-[model]
-layers = 4
-heads = 2
-width = 16
-context = 32
-[batch]
-micro = 4
-seq = 16
-accumulate = 2
-[parallel]
-ranks = 2
-)");
+  dir.file("base.toml", kSmallJob);
   const std::string path = dir.file("job.toml", R"(base = "base.toml"
 name = "derived"
 [batch]
@@ -245,9 +236,10 @@ pp = 2
 )");
   const Job job = loadJob(path, {"parallel.tp=2"});
   EXPECT_EQ(job.name, "derived");
-  EXPECT_EQ(job.model.layers, 4);
+  EXPECT_EQ(job.model.layers, 2);
   EXPECT_EQ(job.micro, 1);
-  EXPECT_EQ(job.accumulate, 2);
+  EXPECT_EQ(job.steps, 7);
+  EXPECT_EQ(job.out, "x");
   EXPECT_EQ(job.seq, 16);
   EXPECT_EQ(job.ranks, 8);
   EXPECT_EQ(job.dp(), 2);
