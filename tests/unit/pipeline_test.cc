@@ -110,18 +110,8 @@ TEST(PipelineTest, SchedulesThatCannotRunAreRefusedNamingWhy) {
   EXPECT_EQ(parseSchedule("1f1b"), Schedule::kOneFOneB);
 }
 
-GptConfig model(int layers, int width, int heads, int context, int vocab) {
-  GptConfig c;
-  c.layers = layers;
-  c.heads = heads;
-  c.width = width;
-  c.context = context;
-  c.vocab = vocab;
-  return c;
-}
-
 TEST(PipelineTest, BlocksAreCutByCostWithTheHeadOnTheLastStage) {
-  GptConfig c = model(8, 64, 4, 32, 256);
+  GptConfig c{8, 4, 64, 32, 256};  // layers, heads, width, context, vocab
   // A light head: blocks spread evenly.
   auto even = balanceLayers(c, 4, 32, 4);
   ASSERT_EQ(even.size(), 4u);
@@ -138,7 +128,7 @@ TEST(PipelineTest, BlocksAreCutByCostWithTheHeadOnTheLastStage) {
   EXPECT_EQ(stageSpans(parts, 4, 1), (std::vector<LayerSpan>{parts[1], parts[5]}));
 }
 
-GptConfig small() { return model(4, 16, 2, 8, 37); }
+GptConfig small() { return GptConfig{4, 2, 16, 8, 37}; }
 
 TEST(PipelineTest, StageLayoutsCountEachElementOfTheWholeOnce) {
   const GptConfig c = small();
