@@ -1,6 +1,6 @@
 // chorus_train.cc: chorus-train, the training job runner.
 //
-//   chorus-train JOB.toml [--ranks N] [--tp T] [--pp P] [--zero S] [--steps N] [--out DIR] [--resume] [--set
+//   chorus-train JOB.toml [--ranks N] [--tp T] [--pp P] [--cp C] [--zero S] [--steps N] [--out DIR] [--resume] [--set
 //   sec.key=value]...
 //
 // Started by hand, it prepares the job's data, measures this machine's GEMM peak (for MFU), starts
@@ -66,7 +66,7 @@ void writeMetrics(const Job& job, const TrainResult& r, size_t parameters, const
   j["layout"] = {{"dp", job.dp()},
                  {"tp", job.tp},
                  {"pp", job.pp},
-                 {"cp", 1},
+                 {"cp", job.cp},
                  {"sequence_parallel", job.sequenceParallel},
                  {"recompute", job.recompute}};
   if (job.pp > 1) {
@@ -189,14 +189,15 @@ int main(int argc, char** argv) {
   CLI::App app{"chorus-train: train a GPT on chorus as a job file describes"};
   std::string jobPath;
   std::vector<std::string> sets;
-  int ranks = 0, zero = -1, tp = 0, pp = 0;
+  int ranks = 0, zero = -1, tp = 0, pp = 0, cp = 0;
   long steps = 0;
   std::string out;
   bool resume = false;
   app.add_option("job", jobPath, "the job file (TOML)")->required();
   app.add_option("--ranks", ranks, "ranks in all (overrides [parallel] ranks)");
-  app.add_option("--tp", tp, "tensor-parallel ranks; data parallel gets ranks / (tp pp) (overrides [parallel] tp)");
+  app.add_option("--tp", tp, "tensor-parallel ranks; data parallel gets ranks / (tp pp cp) (overrides [parallel] tp)");
   app.add_option("--pp", pp, "pipeline stages (overrides [parallel] pp)");
+  app.add_option("--cp", cp, "context-parallel ranks (overrides [parallel] cp)");
   app.add_option("--zero", zero, "ZeRO stage 0..3 (overrides [parallel] zero)");
   app.add_option("--steps", steps, "steps to run (overrides [run] steps)");
   app.add_option("--out", out, "output directory (overrides [run] out)");
@@ -207,6 +208,7 @@ int main(int argc, char** argv) {
   if (zero >= 0) sets.push_back(fmt::format("parallel.zero={}", zero));
   if (tp > 0) sets.push_back(fmt::format("parallel.tp={}", tp));
   if (pp > 0) sets.push_back(fmt::format("parallel.pp={}", pp));
+  if (cp > 0) sets.push_back(fmt::format("parallel.cp={}", cp));
   if (steps > 0) sets.push_back(fmt::format("run.steps={}", steps));
   if (!out.empty()) sets.push_back(fmt::format("run.out={}", nlohmann::json(out).dump()));
   if (resume) sets.push_back("run.resume=true");

@@ -76,7 +76,7 @@ inline float laneMax(const float* x, int n) {
 }  // namespace
 
 void embeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C, int v0,
-                      int vcount) {
+                      int vcount, const int* positions) {
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       float* o = out + (static_cast<size_t>(b) * T + t) * C;
@@ -89,7 +89,7 @@ void embeddingForward(float* out, const int* tokens, const float* wte, const flo
         std::fill(o, o + C, 0.0f);
       }
       if (wpe != nullptr) {
-        const float* pe = wpe + static_cast<size_t>(t) * C;
+        const float* pe = wpe + static_cast<size_t>(positions ? positions[t] : t) * C;
         for (int i = 0; i < C; ++i) o[i] += pe[i];
       }
     }
@@ -97,7 +97,7 @@ void embeddingForward(float* out, const int* tokens, const float* wte, const flo
 }
 
 void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v0,
-                       int vcount) {
+                       int vcount, const int* positions) {
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       const float* d = dout + (static_cast<size_t>(b) * T + t) * C;
@@ -106,7 +106,7 @@ void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int* t
         float* te = dwte + static_cast<size_t>(row) * C;
         for (int i = 0; i < C; ++i) te[i] += d[i];
       }
-      float* pe = dwpe + static_cast<size_t>(t) * C;
+      float* pe = dwpe + static_cast<size_t>(positions ? positions[t] : t) * C;
       for (int i = 0; i < C; ++i) pe[i] += d[i];
     }
   }
@@ -226,6 +226,100 @@ void attentionBackward(float* dqkv, float* scratch, const float* dout, const flo
       gemm(false, false, T, hs, T, 1.0f, ds, T, k, row3, 1.0f, dbase + h * hs, row3);
       gemm(true, false, T, hs, T, 1.0f, ds, T, q, row3, 1.0f, dbase + C + h * hs, row3);
     }
+  }
+}
+
+CHORUS_VECTOR_CLONES void attentionBlockForward(const AttentionBlock& blk, float* out, int outStride, float* rowMax,
+                                                float* rowSum, int statStride, float* scratch) {
+  const int Tq = blk.Tq, Tk = blk.Tk, hs = blk.C / blk.NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for (int h = 0; h < blk.NH; ++h) {
+    float* s = scratch;
+    gemm(false, true, Tq, Tk, hs, scale, blk.q + h * hs, blk.qStride, blk.k + h * hs, blk.kvStride, 0.0f, s, Tk);
+    float* maxes = rowMax + static_cast<size_t>(h) * statStride;
+    float* sums = rowSum + static_cast<size_t>(h) * statStride;
+    for (int i = 0; i < Tq; ++i) {
+      float* row = s + static_cast<size_t>(i) * Tk;
+      const int keys = blk.diagonal ? i + 1 : Tk;
+      float blockMax = row[0];
+      for (int j = 1; j < keys; ++j) blockMax = std::max(blockMax, row[j]);
+      const float newMax = std::max(maxes[i], blockMax);
+      // What the earlier blocks' exponentials were relative to, rescaled to the new maximum.
+      const float carry = maxes[i] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(maxes[i] - newMax);
+      float sum = 0.0f;
+      for (int j = 0; j < keys; ++j) {
+        row[j] = vexp(row[j] - newMax);
+        sum += row[j];
+      }
+      for (int j = keys; j < Tk; ++j) row[j] = 0.0f;
+      maxes[i] = newMax;
+      sums[i] = sums[i] * carry + sum;
+      float* o = out + static_cast<size_t>(i) * outStride + h * hs;
+      for (int c = 0; c < hs; ++c) o[c] *= carry;
+    }
+    gemm(false, false, Tq, hs, Tk, 1.0f, s, Tk, blk.v + h * hs, blk.kvStride, 1.0f, out + h * hs, outStride);
+  }
+}
+
+void attentionBlockFinish(float* out, int outStride, float* lse, const float* rowMax, const float* rowSum,
+                          int statStride, int Tq, int C, int NH) {
+  const int hs = C / NH;
+  for (int h = 0; h < NH; ++h) {
+    const size_t at = static_cast<size_t>(h) * statStride;
+    for (int i = 0; i < Tq; ++i) {
+      const float inv = 1.0f / rowSum[at + i];
+      float* o = out + static_cast<size_t>(i) * outStride + h * hs;
+      for (int c = 0; c < hs; ++c) o[c] *= inv;
+      lse[at + i] = rowMax[at + i] + std::log(rowSum[at + i]);
+    }
+  }
+}
+
+void attentionBlockDelta(float* delta, int statStride, const float* dout, const float* out, int stride, int Tq, int C,
+                         int NH) {
+  const int hs = C / NH;
+  for (int h = 0; h < NH; ++h) {
+    for (int i = 0; i < Tq; ++i) {
+      const float* d = dout + static_cast<size_t>(i) * stride + h * hs;
+      const float* o = out + static_cast<size_t>(i) * stride + h * hs;
+      float dot = 0.0f;
+      for (int c = 0; c < hs; ++c) dot += d[c] * o[c];
+      delta[static_cast<size_t>(h) * statStride + i] = dot;
+    }
+  }
+}
+
+// Per head, with P = exp(q k^T / sqrt(hs) - lse) (masked as in forward) and dO the head's dout:
+//   dv += P^T dO;  dP = dO v^T;  dS = P (dP - delta) / sqrt(hs);  dq += dS k;  dk += dS^T q.
+CHORUS_VECTOR_CLONES void attentionBlockBackward(const AttentionBlock& blk, const float* dout, int doutStride,
+                                                 const float* lse, const float* delta, int statStride, float* dq,
+                                                 int dqStride, float* dk, float* dv, int dkvStride, float* scratch) {
+  const int Tq = blk.Tq, Tk = blk.Tk, hs = blk.C / blk.NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  float* p = scratch;
+  float* ds = scratch + static_cast<size_t>(Tq) * Tk;
+  for (int h = 0; h < blk.NH; ++h) {
+    const float* q = blk.q + h * hs;
+    const float* k = blk.k + h * hs;
+    const float* v = blk.v + h * hs;
+    const float* dO = dout + h * hs;
+    const float* l = lse + static_cast<size_t>(h) * statStride;
+    const float* dl = delta + static_cast<size_t>(h) * statStride;
+    gemm(false, true, Tq, Tk, hs, scale, q, blk.qStride, k, blk.kvStride, 0.0f, p, Tk);
+    gemm(false, true, Tq, Tk, hs, 1.0f, dO, doutStride, v, blk.kvStride, 0.0f, ds, Tk);
+    for (int i = 0; i < Tq; ++i) {
+      float* prow = p + static_cast<size_t>(i) * Tk;
+      float* drow = ds + static_cast<size_t>(i) * Tk;
+      const int keys = blk.diagonal ? i + 1 : Tk;
+      for (int j = 0; j < keys; ++j) {
+        prow[j] = vexp(prow[j] - l[i]);
+        drow[j] = prow[j] * (drow[j] - dl[i]) * scale;
+      }
+      for (int j = keys; j < Tk; ++j) prow[j] = drow[j] = 0.0f;
+    }
+    gemm(true, false, Tk, hs, Tq, 1.0f, p, Tk, dO, doutStride, 1.0f, dv + h * hs, dkvStride);
+    gemm(false, false, Tq, hs, Tk, 1.0f, ds, Tk, k, blk.kvStride, 1.0f, dq + h * hs, dqStride);
+    gemm(true, false, Tk, hs, Tq, 1.0f, ds, Tk, q, blk.qStride, 1.0f, dk + h * hs, dkvStride);
   }
 }
 

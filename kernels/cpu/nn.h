@@ -14,13 +14,15 @@ namespace chorus::kernels {
 // out(B, T, C) = wte[tokens(B, T)] + wpe[t]: token and position embeddings. Every token must be in
 // [0, V) and T no more than wpe's rows; the caller checks. Vocab-parallel: wte holds rows
 // [v0, v0 + vcount) of the whole table; tokens outside them give zeros (the ranks' outputs are then
-// summed), and wpe may be null (no position term).
+// summed), and wpe may be null (no position term). positions(T), when given, are the positions of
+// the T columns in the whole sequence (context parallelism holds some of them): row t uses
+// wpe[positions[t]].
 void embeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
-                      int v0 = 0, int vcount = std::numeric_limits<int>::max());
+                      int v0 = 0, int vcount = std::numeric_limits<int>::max(), const int* positions = nullptr);
 // dwte[tokens[b, t]] += dout[b, t] (tokens in [v0, v0 + vcount) only, at row token - v0),
-// dwpe[t] += dout[b, t].
+// dwpe[positions[t] or t] += dout[b, t].
 void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v0 = 0,
-                       int vcount = std::numeric_limits<int>::max());
+                       int vcount = std::numeric_limits<int>::max(), const int* positions = nullptr);
 
 // Layernorm over the last dimension of inp(n, c): out = (inp - mean) * rstd * weight + bias, with the
 // biased variance and eps = 1e-5 as GPT-2; saves mean(n) and rstd(n) for backward.
@@ -37,6 +39,39 @@ void attentionForward(float* out, float* att, const float* qkv, int B, int T, in
 // dqkv(B, T, 3C) += the gradient through attention; scratch holds T*T floats.
 void attentionBackward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att, int B, int T,
                        int C, int NH);
+
+// Attention one block of keys at a time (ring attention, for context parallelism): the softmax is
+// kept online, as a running maximum and sum of exponentials per query row (Milakov and
+// Gimelshein 2018, as FlashAttention does), so the key blocks may come in any order and the
+// probabilities are never stored whole. One sequence, every head: queries q(Tq rows), keys k and
+// values v (Tk rows); head h of each at columns [h C/NH, (h + 1) C/NH), rows `stride` floats apart.
+// diagonal: the two blocks are the same positions (Tq == Tk) and key j > query i is masked;
+// otherwise every key precedes every query (a block wholly after the queries is not attended).
+struct AttentionBlock {
+  const float* q;
+  int qStride;
+  const float* k;
+  const float* v;
+  int kvStride;
+  int Tq, Tk, C, NH;
+  bool diagonal;
+};
+// Adds the block into out(Tq, C; rows outStride apart), unnormalised, and updates rowMax and
+// rowSum (NH x Tq, heads statStride apart; start them at -infinity and 0, out at 0). scratch: Tq x Tk.
+void attentionBlockForward(const AttentionBlock& blk, float* out, int outStride, float* rowMax, float* rowSum,
+                           int statStride, float* scratch);
+// After the last block: out /= rowSum, and lse = rowMax + log(rowSum), the log-sum-exp backward
+// needs (lse may be rowMax itself).
+void attentionBlockFinish(float* out, int outStride, float* lse, const float* rowMax, const float* rowSum,
+                          int statStride, int Tq, int C, int NH);
+// delta(NH x Tq, heads statStride apart) = per head, the dot product of each row of dout and out.
+void attentionBlockDelta(float* delta, int statStride, const float* dout, const float* out, int stride, int Tq, int C,
+                         int NH);
+// Backward through one block, the probabilities rebuilt from lse: dq (rows dqStride apart), dk and
+// dv (rows dkvStride apart) are accumulated. scratch: 2 Tq x Tk.
+void attentionBlockBackward(const AttentionBlock& blk, const float* dout, int doutStride, const float* lse,
+                            const float* delta, int statStride, float* dq, int dqStride, float* dk, float* dv,
+                            int dkvStride, float* scratch);
 
 // GELU, GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void geluForward(float* out, const float* inp, size_t n);

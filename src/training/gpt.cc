@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "chorus/error.hpp"
 #include "kernels/cpu/matmul.h"
@@ -290,23 +291,40 @@ Recompute parseRecompute(const std::string& name) {
               fmt::format("activation recompute '{}' is not one of none, selective, full", name));
 }
 
+std::vector<int> contextPositions(int seq, int size, int rank) {
+  if (size < 1 || rank < 0 || rank >= size || seq < 1 || (size > 1 && seq % (2 * size) != 0)) {
+    throw Error(chorusInvalidArgument,
+                fmt::format("context parallelism: a sequence of {} positions cannot be cut into 2 x {} equal chunks "
+                            "(cp rank {})",
+                            seq, size, rank));
+  }
+  std::vector<int> positions(seq / size);
+  const int chunk = seq / (2 * size);
+  for (int t = 0; t < static_cast<int>(positions.size()); ++t) {
+    positions[t] = size == 1 ? t : (t < chunk ? rank * chunk + t : (2 * size - 1 - rank) * chunk + t - chunk);
+  }
+  return positions;
+}
+
 Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::vector<LayerSpan> spans,
-         Recompute recompute)
+         Recompute recompute, ContextParallel cp)
     : config_(config),
       tp_(tp),
       layout_(config, tp.size(), tp.rank(), std::move(spans)),
       B_(batch),
-      T_(seq),
+      T_(seq / cp.size()),
       Ct_(config.width / tp.size()),
       Ft_(4 * config.width / tp.size()),
       heads_(config.heads / tp.size()),
       sequenceParallel_(tp.sequenceParallel && tp.size() > 1),
-      recompute_(recompute) {
+      recompute_(recompute),
+      cp_(cp) {
   if (batch < 1) throw Error(chorusInvalidArgument, fmt::format("GPT: batch = {} (at least 1)", batch));
   if (seq < 1 || seq > config.context) {
     throw Error(chorusInvalidArgument,
                 fmt::format("GPT: sequence length {} is not in [1, context = {}]", seq, config.context));
   }
+  positions_ = contextPositions(seq, cp.size(), cp.rank());
   const size_t N = static_cast<size_t>(B_) * T_;
   const size_t C = config.width, Ct = Ct_, Ft = Ft_;
   if (sequenceParallel_ && N % tp.size() != 0) {
@@ -331,12 +349,24 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::ve
     dlnRows_.resize(Nl * C);
     lnGrad_.resize(2 * C);
   }
-  dattScratch_.resize(static_cast<size_t>(T_) * T_);
+  const bool ring = cp_.size() > 1;
+  if (ring) {
+    // Nothing of size T x T is kept with ring attention, so selective recompute has nothing to drop.
+    for (int i = 0; i < 2; ++i) {
+      ringKv_[i].resize(N * 2 * Ct);
+      ringDkv_[i].resize(N * 2 * Ct);
+    }
+    ringMax_.resize(static_cast<size_t>(B_) * heads_ * T_);
+    ringSum_.resize(ringMax_.size());
+    ringScratch_.resize(2 * static_cast<size_t>(T_ / 2) * (T_ / 2));
+  } else {
+    dattScratch_.resize(static_cast<size_t>(T_) * T_);
+    if (recompute_ == Recompute::kSelective) attScratch_.resize(static_cast<size_t>(B_) * heads_ * T_ * T_);
+  }
   if (recompute_ == Recompute::kFull) {
-    allocateLayer(recomputed_, true);
+    allocateLayer(recomputed_, !ring);
     recomputeOut_.resize(Nl * C);
   }
-  if (recompute_ == Recompute::kSelective) attScratch_.resize(static_cast<size_t>(B_) * heads_ * T_ * T_);
   slotOf(0, 0);  // the first micro-batch's activations, made up front
 }
 
@@ -356,7 +386,7 @@ Gpt::Activations& Gpt::slotOf(int c, int slot) {
   a->residual.assign(chunk.span.layers() + 1, std::vector<float>(Nl * C));
   if (recompute_ != Recompute::kFull) {
     a->layers.resize(chunk.span.layers());
-    for (auto& L : a->layers) allocateLayer(L, recompute_ == Recompute::kNone);
+    for (auto& L : a->layers) allocateLayer(L, recompute_ == Recompute::kNone && cp_.size() == 1);
   }
   if (lastChunk(c)) {
     const size_t V = layout_.vocabCount();
@@ -382,6 +412,7 @@ void Gpt::allocateLayer(Layer& L, bool withAttention) const {
   L.qkv.resize(N * 3 * Ct);
   L.atty.resize(N * Ct);
   if (withAttention) L.att.resize(static_cast<size_t>(B_) * heads_ * T_ * T_);
+  if (cp_.size() > 1) L.lse.resize(static_cast<size_t>(B_) * heads_ * T_);
   L.res2.resize(Nl * C);
   L.ln2.resize(Nl * C);
   L.ln2Mean.resize(Nl);
@@ -391,8 +422,8 @@ void Gpt::allocateLayer(Layer& L, bool withAttention) const {
 }
 
 size_t Gpt::Layer::floats() const {
-  return ln1.size() + ln1Mean.size() + ln1Rstd.size() + qkv.size() + atty.size() + att.size() + res2.size() +
-         ln2.size() + ln2Mean.size() + ln2Rstd.size() + fch.size() + fchGelu.size();
+  return ln1.size() + ln1Mean.size() + ln1Rstd.size() + qkv.size() + atty.size() + att.size() + lse.size() +
+         res2.size() + ln2.size() + ln2Mean.size() + ln2Rstd.size() + fch.size() + fchGelu.size();
 }
 
 size_t Gpt::Activations::floats() const {
@@ -412,6 +443,8 @@ size_t Gpt::activationBytes() const {
             dfchGelu_.size() + dattScratch_.size();
   floats += wholeRows_.size() + dlnRows_.size() + lnGrad_.size();
   floats += recomputed_.floats() + attScratch_.size() + recomputeOut_.size();
+  for (int i = 0; i < 2; ++i) floats += ringKv_[i].size() + ringDkv_[i].size();
+  floats += ringMax_.size() + ringSum_.size() + ringScratch_.size();
   return floats * sizeof(float);
 }
 
@@ -426,11 +459,12 @@ std::span<const float> Gpt::chunkOutput(int c, int slot) const { return chunks_.
 double Gpt::flopsPerStep() const {
   // Matmuls: 2 flops per multiply-add, 3x for forward + backward (the input and weight gradients).
   // Parameters used in matmuls: the blocks' weights and the tied head (not wpe, biases, norms).
-  const double N = static_cast<double>(B_) * T_;
+  const double T = static_cast<double>(T_) * cp_.size();  // the whole sequence
+  const double N = B_ * T;
   const double C = config_.width;
   const double matmulParams = config_.layers * 12.0 * C * C + static_cast<double>(config_.vocab) * C;
   // Attention: q k^T and P v, each 2 T C per token per layer, also 3x.
-  const double attention = config_.layers * 2.0 * 2.0 * T_ * C;
+  const double attention = config_.layers * 2.0 * 2.0 * T * C;
   return 6.0 * N * matmulParams + 3.0 * N * attention;
 }
 
@@ -442,7 +476,11 @@ void Gpt::blockForward(const float* weights, Layer& L, const float* in, float* o
   const auto w = blockPtrs<const float*>(weights, C, Ct, Ft);
   kn::layernormForward(L.ln1.data(), L.ln1Mean.data(), L.ln1Rstd.data(), in, w.ln1w, w.ln1b, Nl, C);
   kn::matmulForward(L.qkv.data(), gatherRows(L.ln1.data()), w.qkvw, w.qkvb, N, C, 3 * Ct);
-  kn::attentionForward(L.atty.data(), attOf(L), L.qkv.data(), B, T, Ct, NHt);
+  if (cp_.size() > 1) {
+    ringAttention(L, Pass::kForward);
+  } else {
+    kn::attentionForward(L.atty.data(), attOf(L), L.qkv.data(), B, T, Ct, NHt);
+  }
   // The projection's output goes to `out` for a moment, then the residual sum into res2. Row
   // parallel: each rank's heads give a partial sum; the bias is added to the total.
   if (!split) {
@@ -510,7 +548,7 @@ float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, 
     const float* embed = access.acquire(layout_.embeddingUnit(), Pass::kForward);
     const float* wpe = embed + static_cast<size_t>(Vt) * C;
     if (!split) {
-      kn::embeddingForward(a.residual[0].data(), a.tokens.data(), embed, wpe, B, T, C);
+      kn::embeddingForward(a.residual[0].data(), a.tokens.data(), embed, wpe, B, T, C, 0, Vt, positions_.data());
     } else {
       // Each rank looks up the tokens of its vocabulary rows (zeros for the others); the sum is the
       // embedding, and the position term is added once, to this rank's rows.
@@ -519,7 +557,7 @@ float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, 
       sumRows(lookup, a.residual[0].data());
       for (int r = 0; r < Nl; ++r) {
         float* row = a.residual[0].data() + static_cast<size_t>(r) * C;
-        kn::residualForward(row, row, wpe + static_cast<size_t>((firstRow_ + r) % T) * C, C);
+        kn::residualForward(row, row, wpe + static_cast<size_t>(positions_[(firstRow_ + r) % T]) * C, C);
       }
     }
     access.release(layout_.embeddingUnit(), Pass::kForward);
@@ -664,7 +702,7 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
     // Recompute what the block did not keep: the whole block from its input, or the attention
     // probabilities from q, k, v (the output goes to datty_, which is rewritten before it is read).
     if (recompute_ == Recompute::kFull) blockForward(weights, L, a.residual[i].data(), recomputeOut_.data());
-    if (recompute_ == Recompute::kSelective) {
+    if (recompute_ == Recompute::kSelective && cp_.size() == 1) {
       kn::attentionForward(datty_.data(), attOf(L), L.qkv.data(), B, T, Ct, NHt);
     }
     // out = res2 + fcproj(gelu(fc(ln2(res2)))): d(fcproj output) = dres.
@@ -682,7 +720,11 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
     zero(datty_);
     kn::matmulBackward(datty_.data(), g.projw, g.projb, dresWhole(), L.atty.data(), w.projw, N, Ct, C);
     zero(dqkv_);
-    kn::attentionBackward(dqkv_.data(), dattScratch_.data(), datty_.data(), L.qkv.data(), attOf(L), B, T, Ct, NHt);
+    if (cp_.size() > 1) {
+      ringAttention(L, Pass::kBackward);
+    } else {
+      kn::attentionBackward(dqkv_.data(), dattScratch_.data(), datty_.data(), L.qkv.data(), attOf(L), B, T, Ct, NHt);
+    }
     zero(dln_);
     kn::matmulBackward(dln_.data(), g.qkvw, g.qkvb, dqkv_.data(), gatherRows(L.ln1.data()), w.qkvw, N, C, 3 * Ct);
     sumRows(dln_.data(), dlnRows);
@@ -695,8 +737,124 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
   if (first) {
     const int u = layout_.embeddingUnit();
     float* gEmbed = access.gradients(u);
-    kn::embeddingBackward(gEmbed, gEmbed + static_cast<size_t>(Vt) * C, dresWhole(), a.tokens.data(), B, T, C, v0, Vt);
+    kn::embeddingBackward(gEmbed, gEmbed + static_cast<size_t>(Vt) * C, dresWhole(), a.tokens.data(), B, T, C, v0, Vt,
+                          positions_.data());
     access.gradientsDone(u);
+  }
+}
+
+// ---- ring attention ----
+//
+// Step s of cp: this rank holds the keys and values of cp rank (r - s) mod cp, passes them on to
+// r + 1 and takes the next from r - 1 while it attends to them. Each rank's two chunks (its query
+// halves) meet each block's two chunks (key halves): a key chunk before the query chunk is attended
+// whole, the same chunk causally, a later one not at all. The blocks hold k and v of each row side
+// by side (2 Ct floats).
+
+namespace {
+
+// The chunk of the whole sequence (of 2 cp) that half h of cp rank r's positions is.
+int chunkOf(int r, int h, int cp) { return h == 0 ? r : 2 * cp - 1 - r; }
+
+// Waits for a ring transfer; a failed or timed-out one names the step and the peers.
+void finish(Request& r, const char* what, int step, int peerTo, int peerFrom) {
+  try {
+    r.wait();
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("ring attention, step {}: {} (to cp rank {}, from cp rank {}): {}", step, what,
+                                      peerTo, peerFrom, e.what()));
+  }
+}
+
+}  // namespace
+
+void Gpt::ringAttention(Layer& L, Pass pass) {
+  const bool forward = pass == Pass::kForward;
+  const int cp = cp_.size(), r = cp_.rank(), next = (r + 1) % cp, prev = (r + cp - 1) % cp;
+  const int B = B_, T = T_, Tc = T_ / 2, Ct = Ct_, NH = heads_;
+  const size_t N = static_cast<size_t>(B) * T;
+  // Forward: the output accumulates unnormalised beside each row's running max and sum. Backward:
+  // delta (the row dot products of the output and its gradient) takes the sums' place, and this
+  // rank's block starts its way round with zero gradients.
+  float* delta = ringSum_.data();
+  if (forward) {
+    std::fill(L.atty.begin(), L.atty.end(), 0.0f);
+    std::fill(ringMax_.begin(), ringMax_.end(), -std::numeric_limits<float>::infinity());
+    std::fill(ringSum_.begin(), ringSum_.end(), 0.0f);
+  } else {
+    for (int b = 0; b < B; ++b) {
+      const size_t row = static_cast<size_t>(b) * T;
+      kn::attentionBlockDelta(delta + static_cast<size_t>(b) * NH * T, T, datty_.data() + row * Ct,
+                              L.atty.data() + row * Ct, Ct, T, Ct, NH);
+    }
+    std::fill(ringDkv_[0].begin(), ringDkv_[0].end(), 0.0f);
+  }
+  for (size_t row = 0; row < N; ++row) {
+    std::memcpy(ringKv_[0].data() + row * 2 * Ct, L.qkv.data() + row * 3 * Ct + Ct, 2 * Ct * sizeof(float));
+  }
+  for (int s = 0; s < cp; ++s) {
+    const int owner = (r - s + cp) % cp;
+    const std::vector<float>& kv = ringKv_[s % 2];
+    std::vector<float>& dkv = ringDkv_[s % 2];
+    Request send, recv;
+    if (s + 1 < cp) {
+      send = cp_.comm->isend(std::span<const float>(kv), next);
+      recv = cp_.comm->irecv(std::span<float>(ringKv_[(s + 1) % 2]), prev);
+    }
+    for (int b = 0; b < B; ++b) {
+      for (int qh = 0; qh < 2; ++qh) {
+        for (int kh = 0; kh < 2; ++kh) {
+          const int qChunk = chunkOf(r, qh, cp), kChunk = chunkOf(owner, kh, cp);
+          if (kChunk > qChunk) continue;
+          const size_t qRow = static_cast<size_t>(b) * T + qh * Tc, kRow = static_cast<size_t>(b) * T + kh * Tc;
+          const kn::AttentionBlock blk{.q = L.qkv.data() + qRow * 3 * Ct,
+                                       .qStride = 3 * Ct,
+                                       .k = kv.data() + kRow * 2 * Ct,
+                                       .v = kv.data() + kRow * 2 * Ct + Ct,
+                                       .kvStride = 2 * Ct,
+                                       .Tq = Tc,
+                                       .Tk = Tc,
+                                       .C = Ct,
+                                       .NH = NH,
+                                       .diagonal = kChunk == qChunk};
+          const size_t stat = static_cast<size_t>(b) * NH * T + qh * Tc;
+          if (forward) {
+            kn::attentionBlockForward(blk, L.atty.data() + qRow * Ct, Ct, ringMax_.data() + stat,
+                                      ringSum_.data() + stat, T, ringScratch_.data());
+          } else {
+            kn::attentionBlockBackward(blk, datty_.data() + qRow * Ct, Ct, L.lse.data() + stat, delta + stat, T,
+                                       dqkv_.data() + qRow * 3 * Ct, 3 * Ct, dkv.data() + kRow * 2 * Ct,
+                                       dkv.data() + kRow * 2 * Ct + Ct, 2 * Ct, ringScratch_.data());
+          }
+        }
+      }
+      if (s + 1 < cp) recv.test();  // progress the transfer between blocks of work
+    }
+    if (s + 1 < cp) {
+      finish(recv, "receiving keys and values", s, next, prev);
+      finish(send, "sending keys and values", s, next, prev);
+    }
+    if (!forward) {
+      // The block's key and value gradients go on with it; after the last step, home to their
+      // owner (r + 1's block is the one held last), and this rank's own come back from r - 1.
+      Request dsend = cp_.comm->isend(std::span<const float>(dkv), next);
+      Request drecv = cp_.comm->irecv(std::span<float>(ringDkv_[(s + 1) % 2]), prev);
+      finish(drecv, "receiving key and value gradients", s, next, prev);
+      finish(dsend, "sending key and value gradients", s, next, prev);
+    }
+  }
+  if (forward) {
+    for (int b = 0; b < B; ++b) {
+      const size_t stat = static_cast<size_t>(b) * NH * T;
+      kn::attentionBlockFinish(L.atty.data() + static_cast<size_t>(b) * T * Ct, Ct, L.lse.data() + stat,
+                               ringMax_.data() + stat, ringSum_.data() + stat, T, T, Ct, NH);
+    }
+  } else {
+    const std::vector<float>& own = ringDkv_[cp % 2];
+    for (size_t row = 0; row < N; ++row) {
+      float* dkvRow = dqkv_.data() + row * 3 * Ct + Ct;
+      kn::residualForward(dkvRow, dkvRow, own.data() + row * 2 * Ct, 2 * Ct);
+    }
   }
 }
 

@@ -152,6 +152,22 @@ struct TensorParallel {
   int rank() const { return comm ? comm->rank() : 0; }
 };
 
+// This rank's place in context parallelism: comm is the cp group (null for cp = 1), used from the
+// model's thread only. The sequence is cut into 2 cp equal chunks and cp rank r holds chunks r and
+// 2 cp - 1 - r (causal load balancing: an early chunk has few keys before it and a late one many,
+// so every rank's pair has the same attention work). Everything but attention works on each
+// position alone; attention is ring attention: each rank's keys and values travel around the cp
+// ring while every rank attends its queries to each block as it passes (the softmax kept online),
+// and in backward the key and value gradients travel with their blocks back to their owners.
+struct ContextParallel {
+  Communicator* comm = nullptr;
+  int size() const { return comm ? comm->size() : 1; }
+  int rank() const { return comm ? comm->rank() : 0; }
+};
+// The positions in the whole sequence of length seq that cp rank `rank` of `size` holds, in the
+// order it holds them (seq a multiple of 2 size; size 1: all, in order).
+std::vector<int> contextPositions(int seq, int size, int rank);
+
 enum class Pass { kForward, kBackward };
 
 // Activation checkpointing: what a block keeps of a micro-batch between its forward and backward.
@@ -200,14 +216,19 @@ class Gpt {
   // A model for batches of `batch` sequences of `seq` tokens (seq <= context); with tp, this
   // rank's shard of it (collective over the tp group in forward and backward). spans: the model
   // chunks this rank runs (pipeline parallelism; see ParamLayout), each a stage of the pipeline;
-  // empty: the whole model. recompute: activation checkpointing (the results are the same).
+  // empty: the whole model. recompute: activation checkpointing (the results are the same). cp:
+  // context parallelism (seq a multiple of 2 cp); this rank holds seq / cp positions of each
+  // sequence, contextPositions(seq, cp, cp rank), and its batches hold those columns only.
   Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp = {}, std::vector<LayerSpan> spans = {},
-      Recompute recompute = Recompute::kNone);
+      Recompute recompute = Recompute::kNone, ContextParallel cp = {});
   ~Gpt();
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
   int batch() const { return B_; }
+  // The positions this rank holds of each sequence (all of them without context parallelism),
+  // and their places in the whole sequence.
   int seq() const { return T_; }
+  std::span<const int> positions() const { return positions_; }
   int chunks() const { return static_cast<int>(chunks_.size()); }
   // Whether chunk c begins the model (takes tokens) and ends it (gives the loss).
   bool firstChunk(int c) const { return layout_.spans()[c].begin == 0; }
@@ -244,13 +265,15 @@ class Gpt {
   // Bytes of activations and scratch held: every slot made so far, and the shared scratch.
   size_t activationBytes() const;
   // Floating-point operations of one forward + backward over a batch (matmuls and attention,
-  // as the 6N + 12 L T C rule of thumb counts them), for the whole model (all tp and pp ranks): for
-  // MFU.
+  // as the 6N + 12 L T C rule of thumb counts them), for the whole model and whole sequences (all
+  // tp, pp and cp ranks): for MFU.
   double flopsPerStep() const;
 
  private:
   struct Layer {
-    std::vector<float> ln1, ln1Mean, ln1Rstd, qkv, atty, att, res2, ln2, ln2Mean, ln2Rstd, fch, fchGelu;
+    // att: the attention probabilities (B, heads, T, T); with context parallelism instead lse, the
+    // log-sum-exp of each query row's scores (B, heads, T), from which backward rebuilds them.
+    std::vector<float> ln1, ln1Mean, ln1Rstd, qkv, atty, att, lse, res2, ln2, ln2Mean, ln2Rstd, fch, fchGelu;
     size_t floats() const;
   };
   // One micro-batch's activations in one chunk.
@@ -279,6 +302,9 @@ class Gpt {
   // One block's forward: in (rows, C) -> out, its intermediate values into L.
   void blockForward(const float* weights, Layer& L, const float* in, float* out);
   void allocateLayer(Layer& L, bool withAttention) const;
+  // Ring attention (context parallelism), collective over the cp group. Forward: L.qkv -> L.atty
+  // and L.lse. Backward: from datty_ into dqkv_ (added).
+  void ringAttention(Layer& L, Pass pass);
   // Sums x over the tp group in place (nothing for tp = 1).
   void tpSum(std::span<float> x, ReduceOp op = ReduceOp::kSum);
   // Sequence parallel: every rank's rows of a (rows_, C) activation, gathered into whole rows;
@@ -302,7 +328,13 @@ class Gpt {
   Layer recomputed_;                 // full recompute: one block's intermediate values, rebuilt in backward
   std::vector<float> attScratch_;    // selective recompute: the attention probabilities of one block
   std::vector<float> recomputeOut_;  // full recompute: the rerun block's output (already kept as the next input)
-  int rows_ = 0, firstRow_ = 0;      // this rank's rows of the B x T: all, or its block with sequence parallelism
+  ContextParallel cp_;
+  std::vector<int> positions_;  // T_ of them, see positions()
+  // Ring attention: the key and value blocks in flight (this rank's, and the one arriving), their
+  // gradients travelling with them, each query row's running max and sum (then lse and delta),
+  // and one block pair's scores.
+  std::vector<float> ringKv_[2], ringDkv_[2], ringMax_, ringSum_, ringScratch_;
+  int rows_ = 0, firstRow_ = 0;  // this rank's rows of the B x T: all, or its block with sequence parallelism
   std::vector<Chunk> chunks_;
   // Sequence parallel: one (B T, C) scratch for whole rows, used in turn for a row-parallel layer's
   // partial output, a gathered layernorm output and the gathered dres (each is done with before

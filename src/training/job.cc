@@ -137,6 +137,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("parallel", "pp", job.pp);
   get("parallel", "vpp", job.vpp);
   get("parallel", "schedule", job.schedule);
+  get("parallel", "cp", job.cp);
   get("parallel", "recompute", job.recompute);
   get("parallel", "zero", job.zero);
   get("parallel", "bucket_mb", job.bucketMb);
@@ -176,8 +177,16 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   atLeast("[parallel] tp", job.tp, 1);
   atLeast("[parallel] pp", job.pp, 1);
   atLeast("[parallel] vpp", job.vpp, 1);
-  if (job.ranks % (job.tp * job.pp) != 0) {
-    throw fail(fmt::format("[parallel] ranks = {} is not a multiple of tp x pp = {} x {}", job.ranks, job.tp, job.pp));
+  atLeast("[parallel] cp", job.cp, 1);
+  if (job.ranks % (job.tp * job.pp * job.cp) != 0) {
+    throw fail(fmt::format("[parallel] ranks = {} is not a multiple of tp x pp x cp = {} x {} x {}", job.ranks, job.tp,
+                           job.pp, job.cp));
+  }
+  if (job.cp > 1 && job.seq % (2 * job.cp) != 0) {
+    throw fail(
+        fmt::format("[batch] seq = {} with [parallel] cp = {}: context parallelism cuts each sequence into "
+                    "2 x cp equal chunks, so seq must be a multiple of {}",
+                    job.seq, job.cp, 2 * job.cp));
   }
   parseRecompute(job.recompute);
   const Schedule schedule = parseSchedule(job.schedule);

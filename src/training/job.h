@@ -25,11 +25,12 @@ struct Job {
   float minLr = 0.0f;              // cosine decay from adam.lr to minLr after warmup
   int warmup = 0;                  // linear warmup steps
   float clip = 1.0f;               // global gradient norm clip; 0 = none
-  int ranks = 1;                   // the world: dp x tp x pp
-  int tp = 1;                      // tensor parallel ranks (Megatron); data parallel gets ranks / (tp pp)
+  int ranks = 1;                   // the world: dp x tp x pp x cp
+  int tp = 1;                      // tensor parallel ranks (Megatron); data parallel gets ranks / (tp pp cp)
   int pp = 1;                      // pipeline stages
   int vpp = 1;                     // model chunks per stage (virtual stages; the interleaved schedule)
   std::string schedule = "1f1b";   // gpipe, 1f1b or interleaved: the pipeline's order of micro-batches
+  int cp = 1;                      // context parallel ranks: each holds seq / cp positions (ring attention)
   std::string recompute = "none";  // activation checkpointing: none, selective or full
   bool sequenceParallel = false;   // with tp > 1: layernorms and residuals on blocks of the rows
   int zero = 0;
@@ -45,7 +46,7 @@ struct Job {
   std::string out = "runs/job";
   std::string blasCoretype;  // OPENBLAS_CORETYPE for the ranks ("" = as the environment has it)
 
-  int dp() const { return ranks / (tp * pp); }
+  int dp() const { return ranks / (tp * pp * cp); }
   long globalBatch() const { return static_cast<long>(micro) * dp() * accumulate; }
   // The learning rate of step (from 1): warmup, then cosine to minLr at the last step.
   float learningRate(long step) const;

@@ -78,9 +78,10 @@ DeviceMesh::DeviceMesh(Communicator& world, const MeshShape& shape) : shape_(sha
   // key the rank's place in the group.
   for (const char* kind : {"dp", "tp", "pp", "cp", "dpcp"}) {
     const std::vector<int> ranks = groupOf(worldRank_, shape, kind);
-    // Every rank has the same shape: all skip alike. dp x cp is its own group only when both
-    // are above 1 (else it is the dp or the cp group, whose communicator serves).
-    if (ranks.size() < 2 || (std::string(kind) == "dpcp" && (shape.dp == 1 || shape.cp == 1))) continue;
+    // Every rank has the same shape: all skip alike. Without cp, dp x cp is the dp group, whose
+    // communicator serves. With cp it has its own even when dp = 1 (the same ranks as cp): data
+    // parallelism's thread reduces over it while the model's thread runs ring attention over cp.
+    if (ranks.size() < 2 || (std::string(kind) == "dpcp" && shape.cp == 1)) continue;
     const int place = static_cast<int>(std::find(ranks.begin(), ranks.end(), worldRank_) - ranks.begin());
     *slotOf(kind) = world.split(*std::min_element(ranks.begin(), ranks.end()), place);
   }
@@ -104,7 +105,6 @@ Communicator* DeviceMesh::slotOf(const std::string& kind) {
 
 Communicator* DeviceMesh::group(const std::string& kind) {
   if (kind == "dpcp" && shape_.cp == 1) return group("dp");
-  if (kind == "dpcp" && shape_.dp == 1) return group("cp");
   Communicator* slot = slotOf(kind);
   return *slot ? slot : nullptr;
 }

@@ -41,7 +41,8 @@ class DeviceMesh {
   const MeshCoords& coords() const { return coords_; }
   int worldRank() const { return worldRank_; }
   // The group's communicator, or null for a group of one rank (or none: "embedding" in the middle
-  // of the pipeline).
+  // of the pipeline). Without cp, "dpcp" is the "dp" communicator; with cp it is one of its own,
+  // apart from "cp" even when dp = 1 (the same ranks), so that two threads may use the two.
   Communicator* group(const std::string& kind);
 
  private:

@@ -151,14 +151,16 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     throw Error(chorusInvalidArgument,
                 fmt::format("train: the job asks for {} ranks, the communicator has {}", job.ranks, worldSize));
   }
-  // The mesh: tensor parallel over tp neighbouring ranks, data parallel over ranks / (tp pp), the
-  // pipeline's stages slowest.
-  const MeshShape shape{job.dp(), job.tp, job.pp, 1};
+  // The mesh: tensor parallel over tp neighbouring ranks, then context parallel, data parallel over
+  // ranks / (tp pp cp), the pipeline's stages slowest. The cp ranks of a dp rank share its
+  // sequences (each holding some positions), so gradients are averaged over dp and cp together.
+  const MeshShape shape{job.dp(), job.tp, job.pp, job.cp};
   std::optional<DeviceMesh> mesh;
   if (world) mesh.emplace(*world, shape);
-  Communicator* dpComm = mesh ? mesh->group("dp") : nullptr;
+  Communicator* dpComm = mesh ? mesh->group(job.cp > 1 ? "dpcp" : "dp") : nullptr;
   Communicator* tpComm = mesh ? mesh->group("tp") : nullptr;
   Communicator* ppComm = mesh ? mesh->group("pp") : nullptr;
+  Communicator* cpComm = mesh ? mesh->group("cp") : nullptr;
   const int ranks = shape.dp;  // data-parallel ranks: the batch is split over them
   const int rank = mesh ? mesh->coords().dp : 0;
   const bool leader = !world || world->rank() == 0;
@@ -183,7 +185,7 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     spans = stageSpans(cut, job.pp, mesh->coords().pp);
   }
   Gpt model(config, job.micro, job.seq, TensorParallel{tpComm, job.sequenceParallel}, spans,
-            parseRecompute(job.recompute));
+            parseRecompute(job.recompute), ContextParallel{cpComm});
   const Sampler sampler(&trainTokens, job.seq, job.seed);
   const Sampler valWindows(&valTokens, job.seq, 0);
   DataParallelSettings parallel;
@@ -290,7 +292,18 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     csv.flush();
   }
 
-  std::vector<int> inputs(static_cast<size_t>(job.micro) * job.seq), targets(inputs.size());
+  // Batches are sampled as whole sequences; a cp rank keeps its positions of each (all without cp).
+  std::vector<int> wholeInputs(static_cast<size_t>(job.micro) * job.seq), wholeTargets(wholeInputs.size());
+  std::vector<int> inputs(static_cast<size_t>(job.micro) * model.seq()), targets(inputs.size());
+  const auto positions = model.positions();
+  auto keepPositions = [&](int* in, int* out) {
+    for (int b = 0; b < job.micro; ++b) {
+      for (size_t t = 0; t < positions.size(); ++t) {
+        in[b * positions.size() + t] = wholeInputs[static_cast<size_t>(b) * job.seq + positions[t]];
+        out[b * positions.size() + t] = wholeTargets[static_cast<size_t>(b) * job.seq + positions[t]];
+      }
+    }
+  };
   // Validation: the first evalBatches x (global batch) windows of the validation stream, in
   // micro-batch chunks dealt round-robin to the ranks, so the set does not depend on the layout.
   auto evaluate = [&]() {
@@ -301,9 +314,12 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
       for (int j = 0; j < job.micro; ++j) {
         const uint64_t k = static_cast<uint64_t>(c) * job.micro + j;
         const size_t at = (k % valWindows.windows()) * job.seq;
-        std::memcpy(in + static_cast<size_t>(j) * job.seq, valTokens.data() + at, job.seq * sizeof(int));
-        std::memcpy(out + static_cast<size_t>(j) * job.seq, valTokens.data() + at + 1, job.seq * sizeof(int));
+        std::memcpy(wholeInputs.data() + static_cast<size_t>(j) * job.seq, valTokens.data() + at,
+                    job.seq * sizeof(int));
+        std::memcpy(wholeTargets.data() + static_cast<size_t>(j) * job.seq, valTokens.data() + at + 1,
+                    job.seq * sizeof(int));
       }
+      keepPositions(in, out);
     };
     std::vector<double> sum = {0.0};
     if (pipeline) {
@@ -317,8 +333,8 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
         sum[0] += model.forward(inputs.data(), targets.data(), dp);
       }
     }
-    dp.sumOverRanks(sum);
-    return sum[0] / static_cast<double>(chunks);
+    dp.sumOverRanks(sum);  // over dp and cp: each cp rank's loss is the mean over its positions
+    return sum[0] / static_cast<double>(chunks * job.cp);
   };
 
   const double flopsPerStep = model.flopsPerStep() * job.accumulate * ranks;
@@ -331,13 +347,16 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
       lossSum = pipeline->train(
           job.accumulate,
           [&](int micro, int* in, int* out) {
-            sampler.fill(step - 1, micro, rank, ranks, job.micro, job.accumulate, in, out);
+            sampler.fill(step - 1, micro, rank, ranks, job.micro, job.accumulate, wholeInputs.data(),
+                         wholeTargets.data());
+            keepPositions(in, out);
           },
           dp, 1.0f / static_cast<float>(job.accumulate));
       ppComm->allReduce(std::span<double>(&lossSum, 1));  // the loss is known on the last stage
     } else {
       for (int micro = 0; micro < job.accumulate; ++micro) {
-        sampler.fill(step - 1, micro, rank, ranks, job.micro, job.accumulate, inputs.data(), targets.data());
+        sampler.fill(step - 1, micro, rank, ranks, job.micro, job.accumulate, wholeInputs.data(), wholeTargets.data());
+        keepPositions(inputs.data(), targets.data());
         dp.beginMicro(micro == job.accumulate - 1);
         lossSum += model.forward(inputs.data(), targets.data(), dp);
         model.backward(dp, 1.0f / static_cast<float>(job.accumulate));

@@ -4,8 +4,8 @@
 # losses of the uninterrupted run. Resuming the same checkpoint under other layouts (2 ranks
 # ZeRO-3; dp2 x tp2; tp4; pp2 x dp2: the same global batch) must give them within 1e-5, and so must a
 # checkpoint written by a tp2 x dp2 run, resumed on 4 data-parallel ranks and as pp2 x dp2, and one
-# written by pp2 x tp2 resumed on 4 data-parallel ranks: checkpoints hold the whole model, whatever
-# layout wrote them.
+# written by pp2 x tp2 resumed on 4 data-parallel ranks; the dp4 checkpoint resumes as cp2 x dp2, and
+# one written by tp2 x cp2 as dp4: checkpoints hold the whole model, whatever layout wrote them.
 source "$(dirname "$0")/lib.sh"
 train="$build/chorus-train"
 job="$source_dir/tests/data/jobs/parity.toml"
@@ -51,6 +51,13 @@ if CHORUS_TRAIN_CRASH_IN_SAVE=15 "$train" "$job" --out "$work/ppcut" "${pp_layou
   fail "the pp2 x tp2 run meant to die while saving step 15 exited 0"
 fi
 resume_as from_pp ppcut --ranks 4 --set batch.micro=2
+# Context parallel: the dp4 checkpoint resumed as cp2 x dp2, and one written by tp2 x cp2 as dp4.
+resume_as cp2 cut2 --ranks 4 --cp 2 --zero 1 --set batch.micro=4
+cp_layout=(--ranks 4 --tp 2 --cp 2 --set batch.micro=8 --set run.checkpoint_every=5 --set data.dir="\"$work/data\"")
+if CHORUS_TRAIN_CRASH_IN_SAVE=15 "$train" "$job" --out "$work/cpcut" "${cp_layout[@]}" >"$work/cpcut.log" 2>&1; then
+  fail "the tp2 x cp2 run meant to die while saving step 15 exited 0"
+fi
+resume_as from_cp cpcut --ranks 4 --set batch.micro=2
 
 /usr/bin/python3 - "$work" <<'PY'
 import csv, sys
@@ -66,11 +73,11 @@ for step in range(11, 21):
         sys.exit(f"FAIL: step {step} loss {cut[step]} after resuming, {whole[step]} uninterrupted")
     if abs(float(other[step]) - float(whole[step])) > 1e-5 * float(whole[step]):
         sys.exit(f"FAIL: step {step} loss {other[step]} resumed under another layout, {whole[step]} uninterrupted")
-    for name in ["dp2tp2", "tp4", "from_tp", "pp2", "tp_to_pp", "from_pp"]:
+    for name in ["dp2tp2", "tp4", "from_tp", "pp2", "tp_to_pp", "from_pp", "cp2", "from_cp"]:
         got = losses(name)[step]
         if abs(float(got) - float(whole[step])) > 1e-5 * float(whole[step]):
             sys.exit(f"FAIL: step {step} loss {got} resumed as {name}, {whole[step]} uninterrupted")
 print("resharded: resumed as dp2 x tp2, as tp4, as pp2 x dp2; a tp2 x dp2 checkpoint as dp4 and as pp2 x dp2; "
-      "a pp2 x tp2 checkpoint as dp4; all within 1e-5")
+      "a pp2 x tp2 checkpoint as dp4; the dp4 one as cp2 x dp2, a tp2 x cp2 one as dp4; all within 1e-5")
 print("train_checkpoint: the checkpoint survived the crash and resuming repeats the uninterrupted losses")
 PY

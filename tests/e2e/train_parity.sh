@@ -1,6 +1,7 @@
 # train_parity.sh: data parallelism, every ZeRO stage, tensor parallelism (alone and with dp
-# and ZeRO, with and without sequence parallelism) and pipeline parallelism (every schedule, and
-# composed with dp and tp on 8 ranks) compute what one rank computes. The same
+# and ZeRO, with and without sequence parallelism), pipeline parallelism (every schedule, and
+# composed with dp and tp on 8 ranks) and context parallelism (ring attention, with tp, pp and dp)
+# compute what one rank computes. The same
 # global batch of 8 sequences is split over 2 and 4 ranks (and over micro-batches): the loss of each
 # of 20 steps must equal the one-rank run's within 1e-5 relative. The runs' memory reports must
 # follow the ZeRO formulas (fp32: 16P, 8P + 8P/N, 4P + 12P/N, 16P/N bytes) within the padding.
@@ -45,6 +46,12 @@ run tp2_pp2_sp --ranks 4 --tp 2 --pp 2 --set batch.micro=2 --set parallel.sequen
 run dp2_tp2_pp2 --ranks 8 --tp 2 --pp 2 --zero 1 --set batch.micro=1 "${l4[@]}"
 run dp2_pp4 --ranks 8 --pp 4 --zero 1 --set batch.micro=1 "${l4[@]}"
 run dp8 --ranks 8 --zero 1 --set batch.micro=1 "${l4[@]}" --set batch.accumulate=1
+# Context parallelism: (dp, tp, pp, cp) = (1,2,1,2) with sequence parallelism, (1,1,2,2), (1,2,2,2)
+# on 8 ranks, and (2,1,1,2) with ZeRO-1 (gradients averaged over dp and cp together).
+run tp2_cp2_sp --ranks 4 --tp 2 --cp 2 --set batch.micro=2 --set parallel.sequence_parallel=true "${l4[@]}"
+run pp2_cp2 --ranks 4 --pp 2 --cp 2 --set batch.micro=2 "${l4[@]}"
+run tp2_pp2_cp2 --ranks 8 --tp 2 --pp 2 --cp 2 --set batch.micro=2 "${l4[@]}"
+run dp2_cp2 --ranks 4 --cp 2 --zero 1 --set batch.micro=1 "${l4[@]}"
 # Activation checkpointing under tensor and pipeline parallelism: the same losses, fewer bytes.
 run tp2_sp_full --ranks 2 --tp 2 --set batch.micro=8 --set parallel.sequence_parallel=true \
   --set parallel.recompute='"full"'
@@ -102,7 +109,7 @@ for name, stage in [("dp4", 0), ("zero1", 1), ("zero2", 2), ("zero3", 3)]:
             bad.append(f"{name} rank {r}: transient buffers {mem['transient_peak_bytes']} for stage {stage}")
 ref4 = losses("one_l4")
 for name in ["pp2", "pp2_gpipe", "pp2_interleaved", "pp4", "tp2_pp2_sp", "dp2_tp2_pp2", "dp2_pp4", "dp8",
-             "pp2_selective"]:
+             "pp2_selective", "tp2_cp2_sp", "pp2_cp2", "tp2_pp2_cp2", "dp2_cp2"]:
     got = losses(name)
     worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref4))
     print(f"{name:16s} 20 steps, largest relative loss difference from one rank (4 blocks) {worst:.2e}")
@@ -117,6 +124,11 @@ below("pp2 parameters per rank against 0.6 x one rank's", pp_params, 0.6 * one_p
 below("1F1B activations against GPipe's", act_1f1b, act_gpipe)
 below("selective recompute's activations against none's (pp2)", per_rank("pp2_selective", "activation_bytes"), act_1f1b)
 below("full recompute's activations against none's (tp2 + sp)", per_rank("tp2_sp_full", "activation_bytes"), sp_act)
+# Context parallelism holds half of each sequence per rank: fewer activation bytes than pp2 alone.
+act_cp = per_rank("pp2_cp2", "activation_bytes")
+print(f"activation bytes pp2 {act_1f1b}, pp2 x cp2 {act_cp}")
+below("pp2 x cp2 activations against pp2's (ranks: stage 0's two cp ranks, then stage 1's)", act_cp,
+      [a for a in act_1f1b for _ in range(2)])
 for name in ["pp2", "pp2_gpipe", "pp2_interleaved", "pp4"]:
     pipe = json.load(open(f"{work}/{name}/metrics.json"))["pipeline"]
     idle = pipe["idle_share_per_rank"]

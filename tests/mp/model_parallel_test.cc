@@ -1,6 +1,6 @@
 // model_parallel_test.cc: the device mesh's groups on real ranks, and tensor parallelism against
 // the whole model: each tp rank's shard must give the whole model's loss, and its gradients the
-// whole model's gradients at the same elements.
+// whole model's gradients at the same elements; and context parallelism (ring attention) likewise.
 #include <gtest/gtest.h>
 
 #include <chorus/chorus.hpp>
@@ -44,6 +44,9 @@ TEST(MeshTest, EachRanksGroupCommunicatorsHoldTheRanksOfItsGroup) {
           Communicator world(UniqueId(id), 8, rank);
           DeviceMesh mesh(world, shape);
           EXPECT_EQ(mesh.coords(), coordsOf(rank, shape));
+          if (shape.cp > 1) {
+            EXPECT_NE(mesh.group("dpcp"), mesh.group("cp")) << "data and context parallel share a communicator";
+          }
           for (const char* kind : {"dp", "tp", "pp", "cp", "dpcp"}) {
             const std::vector<int> members = groupOf(rank, shape, kind);
             Communicator* group = mesh.group(kind);
@@ -77,22 +80,29 @@ TEST(MeshTest, EachRanksGroupCommunicatorsHoldTheRanksOfItsGroup) {
       60));
 }
 
-// On one batch, the loss and gradients of the whole model and of its shards on tp ranks, with or
-// without sequence parallelism: equal within rounding.
-void expectShardsGiveTheWhole(int tp, bool sequenceParallel) {
+// On one batch, the loss and gradients of the whole model and of its shards on tp x cp ranks, with
+// or without sequence parallelism: equal within rounding. A cp rank holds some positions of each
+// sequence; its loss is the mean over them, so the whole loss is the mean over the cp ranks and the
+// whole gradient their mean too.
+void expectShardsGiveTheWhole(int tp, bool sequenceParallel, int cp = 1, Recompute recompute = Recompute::kNone) {
   // 37 tokens do not divide over 2 or 4 ranks: the vocabulary shards are uneven.
   const GptConfig config{2, 4, 32, 16, 37};
-  const int B = 2, T = 12;
+  const int B = 2, T = cp == 1 ? 12 : 16;
   std::mt19937 random(5);
   std::vector<int> tokens(B * T), targets(B * T);
   for (auto* v : {&tokens, &targets}) {
     for (int& x : *v) x = static_cast<int>(random() % config.vocab);
   }
-  const std::string what = "tp " + std::to_string(tp) + (sequenceParallel ? " with sequence parallelism" : "");
+  const std::string what = "tp " + std::to_string(tp) + " cp " + std::to_string(cp) +
+                           (sequenceParallel ? " with sequence parallelism" : "") +
+                           (recompute == Recompute::kFull ? " with full recompute" : "");
+  const int ranks = tp * cp;
   expectAllZero(runProcesses(
-      tp,
+      ranks,
       [&](int rank, const chorusUniqueId& id) {
-        Communicator comm(UniqueId(id), tp, rank);
+        Communicator world(UniqueId(id), ranks, rank);
+        DeviceMesh mesh(world, MeshShape{1, tp, 1, cp});
+        Communicator* cpComm = mesh.group("cp");
         Gpt whole(config, B, T);
         std::vector<float> wp(whole.layout().total()), wg(wp.size());
         whole.layout().initialize(11, wp.data(), 0, wp.size());
@@ -100,12 +110,25 @@ void expectShardsGiveTheWhole(int tp, bool sequenceParallel) {
         const float wholeLoss = whole.forward(tokens.data(), targets.data(), wholeAccess);
         whole.backward(wholeAccess);
 
-        Gpt shard(config, B, T, TensorParallel{&comm, sequenceParallel});
+        Gpt shard(config, B, T, TensorParallel{mesh.group("tp"), sequenceParallel}, {}, recompute,
+                  ContextParallel{cpComm});
         const ParamLayout& layout = shard.layout();
         EXPECT_EQ(layout.globalTotal(), whole.layout().total());
-        EXPECT_LT(layout.total(), layout.globalTotal());
-        if (sequenceParallel) {
+        if (tp > 1) {
+          EXPECT_LT(layout.total(), layout.globalTotal());
+        }
+        if (sequenceParallel || cp > 1) {
           EXPECT_LT(shard.activationBytes(), whole.activationBytes());
+        }
+        // This rank's columns of the batch.
+        const auto positions = shard.positions();
+        ASSERT_EQ(shard.seq(), T / cp);
+        std::vector<int> myTokens(B * shard.seq()), myTargets(myTokens.size());
+        for (int b = 0; b < B; ++b) {
+          for (int t = 0; t < shard.seq(); ++t) {
+            myTokens[b * shard.seq() + t] = tokens[b * T + positions[t]];
+            myTargets[b * shard.seq() + t] = targets[b * T + positions[t]];
+          }
         }
         std::vector<float> p(layout.total()), g(p.size());
         layout.initialize(11, p.data(), 0, p.size());
@@ -118,9 +141,14 @@ void expectShardsGiveTheWhole(int tp, bool sequenceParallel) {
         FlatAccess access(layout, p.data(), g.data());
         // Twice, as two micro-batches accumulate: the second adds to the gradients of the first.
         for (int pass = 1; pass <= 2; ++pass) {
-          const float loss = shard.forward(tokens.data(), targets.data(), access);
-          EXPECT_NEAR(loss, wholeLoss, 1e-5 * std::abs(wholeLoss)) << what << " rank " << rank;
+          std::vector<float> loss = {shard.forward(myTokens.data(), myTargets.data(), access)};
+          if (cpComm) cpComm->allReduce(std::span<float>(loss));
+          EXPECT_NEAR(loss[0] / cp, wholeLoss, 1e-5 * std::abs(wholeLoss)) << what << " rank " << rank;
           shard.backward(access, 0.5f);
+        }
+        if (cpComm) {
+          cpComm->allReduce(std::span<float>(g));
+          for (float& x : g) x /= static_cast<float>(cp);
         }
         std::vector<float> gradPlaced(layout.globalTotal(), NAN);
         layout.toGlobal(g.data(), gradPlaced.data(), false);
@@ -146,6 +174,46 @@ TEST(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
 TEST(TensorParallelTest, SequenceParallelShardsGiveTheWholeModelsLossAndGradients) {
   expectShardsGiveTheWhole(2, true);
   expectShardsGiveTheWhole(4, true);
+}
+
+// Ring attention with causal load balancing, alone, with tensor and sequence parallelism, and with
+// full recompute (which reruns the ring in backward).
+TEST(ContextParallelTest, RingAttentionGivesTheWholeModelsLossAndGradients) {
+  expectShardsGiveTheWhole(1, false, 2);
+  expectShardsGiveTheWhole(1, false, 4);
+  expectShardsGiveTheWhole(2, true, 2);
+  expectShardsGiveTheWhole(1, false, 2, Recompute::kFull);
+}
+
+// The balanced cut: rank r holds chunks r and 2 cp - 1 - r, so each rank's positions sum to the
+// same (equal causal attention work), and together they are every position once.
+TEST(ContextParallelTest, EachRankHoldsTwoChunksOfEqualWork) {
+  const int seq = 24;
+  for (int cp : {1, 2, 3, 4}) {
+    std::vector<int> seen(seq, 0);
+    long work = -1;
+    for (int r = 0; r < cp; ++r) {
+      const auto positions = contextPositions(seq, cp, r);
+      ASSERT_EQ(positions.size(), static_cast<size_t>(seq / cp));
+      long mine = 0;
+      for (int p : positions) {
+        ++seen[p];
+        mine += p + 1;  // the keys position p attends
+      }
+      if (work >= 0) {
+        EXPECT_EQ(mine, work) << "cp " << cp << " rank " << r;
+      }
+      work = mine;
+    }
+    for (int p = 0; p < seq; ++p) EXPECT_EQ(seen[p], 1) << "position " << p << " with cp " << cp;
+  }
+  EXPECT_EQ(contextPositions(8, 2, 1), (std::vector<int>{2, 3, 4, 5}));
+  try {
+    contextPositions(10, 3, 0);
+    FAIL() << "10 positions were cut into 6 chunks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("10 positions cannot be cut into 2 x 3"), std::string::npos) << e.what();
+  }
 }
 
 TEST(TensorParallelTest, ALayoutThatCannotBeSplitIsRefused) {

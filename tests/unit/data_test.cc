@@ -198,7 +198,15 @@ TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
   EXPECT_NE(message({"model.layer=3"}).find("unknown key 'layer' in [model]"), std::string::npos);
   EXPECT_NE(message({"extra.x=1"}).find("unknown section [extra]"), std::string::npos);
   EXPECT_NE(message({"parallel.inflight_buckets=0"}).find("inflight_buckets = 0"), std::string::npos);
-  EXPECT_NE(message({"parallel.tp=3"}).find("ranks = 2 is not a multiple of tp x pp = 3 x 1"), std::string::npos);
+  EXPECT_NE(message({"parallel.tp=3"}).find("ranks = 2 is not a multiple of tp x pp x cp = 3 x 1 x 1"),
+            std::string::npos);
+  // Context parallelism: ranks for it, and sequences that cut into 2 cp equal chunks.
+  EXPECT_NE(message({"parallel.cp=4"}).find("ranks = 2 is not a multiple of tp x pp x cp = 1 x 1 x 4"),
+            std::string::npos);
+  EXPECT_NE(message({"parallel.cp=2", "batch.seq=6"}).find("seq = 6 with [parallel] cp = 2"), std::string::npos);
+  const Job context = loadJob(path, {"parallel.cp=2", "batch.seq=8"});
+  EXPECT_EQ(context.dp(), 1);
+  EXPECT_EQ(context.globalBatch(), context.micro * context.accumulate);
   // Pipeline: ZeRO 0 or 1 only, the interleaved schedule with virtual stages only, micro-batches
   // that fill the interleaved schedule's groups, a block per chunk.
   EXPECT_NE(message({"parallel.pp=2", "parallel.zero=2"}).find("zero = 2 with pp = 2"), std::string::npos);

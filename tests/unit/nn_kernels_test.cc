@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -180,6 +181,22 @@ TEST(NnKernelsTest, EmbeddingForwardAndBackward) {
   EXPECT_LT(relativeError(dwpe, numericGradient(WPE, asDoubles(dout), [&](const Vec& v) { return fwd(WTE, v); })),
             1e-6);
   for (int i = 0; i < C; ++i) EXPECT_EQ(dwte[3 * C + i], 0.0f) << "token 3 does not occur";
+
+  // Positions given (context parallelism's columns of a longer sequence): column t uses row
+  // positions[t] of wpe, and its gradient goes there.
+  const std::vector<int> positions = {4, 0, 2};
+  const auto wpeLong = randomFloats(5 * C, 8);
+  embeddingForward(out.data(), tokens.data(), wte.data(), wpeLong.data(), B, T, C, 0, V, positions.data());
+  std::vector<float> dwpeLong(5 * C, 0.0f);
+  std::fill(dwte.begin(), dwte.end(), 0.0f);
+  embeddingBackward(dwte.data(), dwpeLong.data(), dout.data(), tokens.data(), B, T, C, 0, V, positions.data());
+  for (int t = 0; t < T; ++t) {
+    for (int i = 0; i < C; ++i) {
+      EXPECT_EQ(out[(1 * T + t) * C + i], wte[tokens[T + t] * C + i] + wpeLong[positions[t] * C + i]);
+      EXPECT_FLOAT_EQ(dwpeLong[positions[t] * C + i], dout[t * C + i] + dout[(T + t) * C + i]);
+    }
+  }
+  for (int i = 0; i < C; ++i) EXPECT_EQ(dwpeLong[1 * C + i], 0.0f) << "position 1 is not held";
 }
 
 TEST(NnKernelsTest, LayernormForwardAndBackward) {
@@ -230,6 +247,63 @@ TEST(NnKernelsTest, CausalAttentionForwardAndBackward) {
         numericGradient(QKV, asDoubles(dout), [&](const Vec& v) { return attentionRef(v, B, T, C, NH); });
     EXPECT_LT(relativeError(dqkv, expect), 1e-5);
   }
+}
+
+// Ring attention's pieces: one sequence cut into blocks of positions; each query block attends
+// the key blocks at or before it, one at a time, in an order that is not the positions' (the last
+// block first), as blocks arrive around a ring. The output and the gradient of q, k and v equal the
+// whole causal attention's.
+TEST(NnKernelsTest, BlockwiseAttentionInAnyOrderEqualsTheWhole) {
+  const int T = 12, C = 8, NH = 2, block = 3, blocks = T / block, row3 = 3 * C;
+  const auto qkv = randomFloats(static_cast<size_t>(T) * row3, 31);
+  auto keyOrder = [&](int i) {  // the key blocks block i attends, its own last
+    std::vector<int> order;
+    for (int j = i - 1; j >= 0; --j) order.push_back(j);
+    order.push_back(i);
+    return order;
+  };
+  auto part = [&](auto* base, int blockIndex, int column) {
+    return base + static_cast<size_t>(blockIndex) * block * row3 + column;
+  };
+  auto blockOf = [&](int i, int j) {  // queries of block i, keys and values of block j
+    return AttentionBlock{.q = part(qkv.data(), i, 0),
+                          .qStride = row3,
+                          .k = part(qkv.data(), j, C),
+                          .v = part(qkv.data(), j, 2 * C),
+                          .kvStride = row3,
+                          .Tq = block,
+                          .Tk = block,
+                          .C = C,
+                          .NH = NH,
+                          .diagonal = i == j};
+  };
+  std::vector<float> out(T * C, 0.0f), rowMax(NH * T, -std::numeric_limits<float>::infinity()), rowSum(NH * T, 0.0f);
+  std::vector<float> lse(NH * T), scratch(2 * block * block);
+  for (int i = 0; i < blocks; ++i) {
+    for (int j : keyOrder(i)) {
+      const AttentionBlock blk = blockOf(i, j);
+      attentionBlockForward(blk, out.data() + i * block * C, C, rowMax.data() + i * block, rowSum.data() + i * block, T,
+                            scratch.data());
+    }
+    attentionBlockFinish(out.data() + i * block * C, C, lse.data() + i * block, rowMax.data() + i * block,
+                         rowSum.data() + i * block, T, block, C, NH);
+  }
+  const Vec QKV = asDoubles(qkv);
+  EXPECT_LT(relativeError(out, attentionRef(QKV, 1, T, C, NH)), 1e-6);
+
+  const auto dout = randomFloats(T * C, 32);
+  std::vector<float> delta(NH * T), dqkv(qkv.size(), 0.0f);
+  attentionBlockDelta(delta.data(), T, dout.data(), out.data(), C, T, C, NH);
+  for (int i = 0; i < blocks; ++i) {
+    for (int j : keyOrder(i)) {
+      const AttentionBlock blk = blockOf(i, j);
+      attentionBlockBackward(blk, dout.data() + i * block * C, C, lse.data() + i * block, delta.data() + i * block, T,
+                             part(dqkv.data(), i, 0), row3, part(dqkv.data(), j, C), part(dqkv.data(), j, 2 * C), row3,
+                             scratch.data());
+    }
+  }
+  const Vec expect = numericGradient(QKV, asDoubles(dout), [&](const Vec& v) { return attentionRef(v, 1, T, C, NH); });
+  EXPECT_LT(relativeError(dqkv, expect), 1e-5);
 }
 
 TEST(NnKernelsTest, GeluForwardAndBackward) {
