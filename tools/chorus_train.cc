@@ -81,6 +81,8 @@ void writeMetrics(const Job& job, const TrainResult& r, size_t parameters, const
   }
   j["zero"] = job.zero;
   j["global_batch"] = job.globalBatch();
+  j["micro"] = job.micro;
+  j["accumulate"] = job.accumulate;
   j["seq"] = job.seq;
   j["blas"] = chorus::kernels::blasDescription();
   j["peak_gflops"] = r.peakGflops;

@@ -146,17 +146,20 @@ double bubbleShare(int stages, int chunks, int micros) {
 }
 
 std::vector<LayerSpan> balanceLayers(const GptConfig& config, int batch, int seq, int parts) {
-  const int L = config.layers;
-  if (parts < 1 || parts > L) {
-    throw Error(
-        chorusInvalidArgument,
-        fmt::format("pipeline: {} stage(s) x chunks cannot each hold a block of the model's {} layers", parts, L));
-  }
   // FLOPs of forward + backward (as Gpt::flopsPerStep counts them).
   const double N = static_cast<double>(batch) * seq, C = config.width;
   const double block = 6.0 * N * 12.0 * C * C + 3.0 * N * 4.0 * seq * C;
   const double head = 6.0 * N * C * config.vocab;
   const double embedding = 6.0 * N * C;  // the lookup and its gradient: small next to a block
+  return balanceLayers(config.layers, block, embedding, head, parts);
+}
+
+std::vector<LayerSpan> balanceLayers(int L, double block, double embedding, double head, int parts) {
+  if (parts < 1 || parts > L) {
+    throw Error(
+        chorusInvalidArgument,
+        fmt::format("pipeline: {} stage(s) x chunks cannot each hold a block of the model's {} layers", parts, L));
+  }
   auto cost = [&](int begin, int end) {
     return (end - begin) * block + (begin == 0 ? embedding : 0.0) + (end == L ? head : 0.0);
   };

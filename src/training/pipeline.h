@@ -59,6 +59,9 @@ double bubbleShare(int stages, int chunks, int micros);
 // and the cut of the blocks into `parts` contiguous spans (each at least one block) whose largest
 // cost (the first span with the embedding, the last with the head) is least.
 std::vector<LayerSpan> balanceLayers(const GptConfig& config, int batch, int seq, int parts);
+// The same for `layers` blocks of cost `block` each, the first span also costing `embedding` and
+// the last `head`.
+std::vector<LayerSpan> balanceLayers(int layers, double block, double embedding, double head, int parts);
 // Pipeline rank `stage`'s spans of the cut: parts stage, stage + stages, ...
 std::vector<LayerSpan> stageSpans(const std::vector<LayerSpan>& parts, int stages, int stage);
 

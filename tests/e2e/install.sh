@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# cmake --install gives libchorus.so, the headers, collbench, chorusrun, chorus-train, chorus-plot,
+# cmake --install gives libchorus.so, the headers, collbench, chorusrun, chorus-train, chorus-plan, chorus-plot,
 # a CMake package and a pkg-config file; a program built against each of the last two runs on 2
 # ranks, and the installed chorus-train runs a short job on 2 ranks and draws its loss curve with the
 # installed chorus-plot.
 source "$(dirname "$0")/lib.sh"
 prefix="$work/prefix"
 cmake --install "$build" --prefix "$prefix" >/dev/null
-for f in include/chorus/chorus.h include/chorus/chorus.hpp bin/collbench bin/chorusrun bin/chorus-train bin/chorus-plot; do
+for f in include/chorus/chorus.h include/chorus/chorus.hpp bin/collbench bin/chorusrun bin/chorus-train bin/chorus-plan bin/chorus-plot; do
   [ -e "$prefix/$f" ] || fail "missing $f"
 done
 libdir=$(dirname "$(find "$prefix" -name 'libchorus.so' | head -n 1)")
@@ -23,6 +23,8 @@ cc -std=c11 -Wall -Werror "$source_dir/tests/e2e/consumer/consumer.c" -o "$work/
 "$prefix/bin/chorusrun" -n 3 "$work/consumer_c" | tee "$work/c.txt"
 [ "$(grep -c 'consumer ok' "$work/c.txt")" = 3 ] || fail "C consumer (pkg-config) did not pass on every rank"
 "$prefix/bin/collbench" -g 2 -b 1K -e 1K >/dev/null || fail "installed collbench failed"
+"$prefix/bin/chorus-plan" --model gpt2-124m --devices 8 --micro 4 --global 32 | grep -q "fits in memory" ||
+  fail "installed chorus-plan failed"
 train_out="$work/train"
 "$prefix/bin/chorus-train" "$source_dir/tests/data/jobs/parity.toml" --ranks 2 --steps 3 --out "$train_out" \
   >"$work/train.log" 2>&1 || { cat "$work/train.log"; fail "installed chorus-train failed"; }

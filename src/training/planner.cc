@@ -1,0 +1,696 @@
+// planner.cc: the memory, FLOPs, communication and time model of a training layout (see planner.h).
+#include "src/training/planner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "chorus/error.hpp"
+#include "src/collectives/tuner.h"
+#include "src/topology/discover.h"
+#include "src/topology/topology.h"
+
+namespace chorus::training {
+
+namespace coll = chorus::collectives;
+
+namespace {
+
+Error invalid(const std::string& what) { return Error(chorusInvalidArgument, "plan: " + what); }
+
+double normParameters(const ModelShape& m) { return m.layerNorm ? 2.0 * m.hidden : m.hidden; }
+double kvWidth(const ModelShape& m) { return static_cast<double>(m.kv()) * m.headDim(); }
+double mlpMatrices(const ModelShape& m) { return m.gated ? 3.0 : 2.0; }
+// The weights a block multiplies by (its matmuls): q, k, v, the attention output, the MLP.
+double blockMatmulParameters(const ModelShape& m) {
+  const double h = m.hidden;
+  return 2.0 * h * h + 2.0 * h * kvWidth(m) + mlpMatrices(m) * h * m.ffnUnits();
+}
+// Rank 0's rows of a vocabulary cut over tp ranks as ParamLayout cuts it.
+double vocabShard(const ModelShape& m, int tp) { return static_cast<double>(m.vocab / tp); }
+
+}  // namespace
+
+const char* const kModelPresets = "gpt2-124m, gpt2-1.5b, gpt3-175b, llama3-8b, llama3-70b";
+
+double ModelShape::blockParameters() const {
+  const double h = hidden, F = ffnUnits();
+  double n = blockMatmulParameters(*this) + 2.0 * normParameters(*this);
+  if (biases) n += 2.0 * h + 2.0 * kvWidth(*this) + (gated ? 2.0 : 1.0) * F + h;
+  return n;
+}
+
+double ModelShape::parameters() const {
+  const double h = hidden;
+  return layers * blockParameters() + (tied ? 1.0 : 2.0) * vocab * h + positions() * h + normParameters(*this);
+}
+
+void ModelShape::validate() const {
+  auto bad = [&](const std::string& what) { return invalid(fmt::format("model {}: {}", name, what)); };
+  if (layers < 1 || hidden < 1 || heads < 1 || seq < 1 || vocab < 1) {
+    throw bad(fmt::format("layers {}, hidden {}, heads {}, seq {}, vocab {} must all be at least 1", layers, hidden,
+                          heads, seq, vocab));
+  }
+  if (hidden % heads != 0) throw bad(fmt::format("hidden {} is not a multiple of heads {}", hidden, heads));
+  if (heads % kv() != 0) throw bad(fmt::format("heads {} is not a multiple of kv heads {}", heads, kv()));
+  if (learnedPositions && context > 0 && context < seq)
+    throw bad(fmt::format("seq {} exceeds context {}", seq, context));
+}
+
+ModelShape modelPreset(const std::string& name) {
+  ModelShape m;
+  m.name = name;
+  auto llama = [&](int L, int h, int a, int kv, int F) {
+    m.layers = L, m.hidden = h, m.heads = a, m.kvHeads = kv, m.ffn = F, m.seq = 8192, m.vocab = 128256;
+    m.gated = true, m.tied = false, m.learnedPositions = false, m.biases = false, m.layerNorm = false;
+  };
+  if (name == "gpt2-124m") {
+    m.layers = 12, m.hidden = 768, m.heads = 12, m.seq = 1024;
+  } else if (name == "gpt2-1.5b") {
+    m.layers = 48, m.hidden = 1600, m.heads = 25, m.seq = 1024;
+  } else if (name == "gpt3-175b") {
+    m.layers = 96, m.hidden = 12288, m.heads = 96, m.seq = 2048;
+  } else if (name == "llama3-8b") {
+    llama(32, 4096, 32, 8, 14336);
+  } else if (name == "llama3-70b") {
+    llama(80, 8192, 64, 8, 28672);
+  } else {
+    throw invalid(fmt::format("no model preset '{}' (presets: {})", name, kModelPresets));
+  }
+  return m;
+}
+
+ModelShape shapeOf(const GptConfig& config, int seq) {
+  ModelShape m;
+  m.name = "gpt2";
+  m.layers = config.layers, m.hidden = config.width, m.heads = config.heads;
+  m.seq = seq, m.context = config.context, m.vocab = config.vocab;
+  return m;
+}
+
+Precision parsePrecision(const std::string& name) {
+  if (name == "fp32") return Precision{"fp32", 4, 4, 8, 4};
+  if (name == "bf16") return Precision{"bf16", 2, 2, 12, 2};
+  throw invalid(fmt::format("precision '{}' is not fp32 or bf16", name));
+}
+
+int PlanLayout::accumulate() const {
+  const long global = globalBatch > 0 ? globalBatch : static_cast<long>(micro) * dp;
+  return static_cast<int>(global / (static_cast<long>(micro) * dp));
+}
+
+std::string PlanLayout::describe() const {
+  std::string s = fmt::format("dp{} tp{} pp{} cp{}", dp, tp, pp, cp);
+  if (vpp > 1) s += fmt::format(" vpp{}", vpp);
+  s += fmt::format(" zero{}", zero);
+  if (sequenceParallel && tp > 1) s += " sp";
+  if (recompute != Recompute::kNone) s += recompute == Recompute::kFull ? " full" : " selective";
+  if (pp > 1) s += std::string(" ") + scheduleName(schedule);
+  return s + fmt::format(" micro{}", micro);
+}
+
+Machine machinePreset(const std::string& name, int devices) {
+  Machine m;
+  m.name = name;
+  if (name != "dgx-h100") throw invalid(fmt::format("no machine preset '{}' (presets: dgx-h100)", name));
+  // H100 SXM: 989 TFLOP/s dense bf16; NVLink 4 through NVSwitch, 450 GB/s each way; one
+  // 400 Gb/s InfiniBand port per GPU.
+  m.devices = devices > 0 ? devices : 8;
+  return m;
+}
+
+Machine machineFromTopology(const std::string& path, Machine base) {
+  namespace topo = chorus::topology;
+  const topo::Topology t = topo::readTopologyFile(path);
+  std::vector<std::vector<int>> perHost(t.hosts.size());
+  int devices = 0;
+  for (const topo::NodeKind kind : {topo::NodeKind::kGpu, topo::NodeKind::kCpu}) {
+    for (size_t h = 0; h < t.hosts.size(); ++h) perHost[h] = t.nodesOf(static_cast<int>(h), kind);
+    devices = 0;
+    for (const auto& nodes : perHost) devices += static_cast<int>(nodes.size());
+    if (devices > 0) break;
+  }
+  if (devices == 0) throw invalid("topology " + path + " has no GPUs or CPUs");
+  base.name = path;
+  base.devices = devices;
+  base.devicesPerNode = static_cast<int>(perHost[0].size());
+  if (perHost[0].size() >= 2) {
+    const topo::Path p = topo::widestPath(t, perHost[0][0], perHost[0][1]);
+    base.intraGBps = p.bandwidth;
+    base.intraAlphaUs = std::max(p.latencyUs, 0.5);
+  }
+  if (perHost.size() >= 2 && !perHost[1].empty()) {
+    const topo::Path p = topo::widestPath(t, perHost[0][0], perHost[1][0]);
+    base.interGBps = p.bandwidth;
+    base.interAlphaUs = std::max(p.latencyUs, 0.5);
+  }
+  return base;
+}
+
+LayerActivations layerActivations(const ModelShape& m, const PlanLayout& l, const Precision& precision) {
+  const double e = precision.activation, d = l.dropout ? 1.0 : 0.0;
+  const double s = static_cast<double>(m.seq) / l.cp, b = l.micro, h = m.hidden, a = m.heads, t = l.tp;
+  const double rowsShare = l.sequenceParallel && l.tp > 1 ? 1.0 / t : 1.0;
+  LayerActivations r;
+  // The block's input, the first layernorm's output, the second's input and output; a dropout
+  // mask after the attention and after the MLP.
+  r.replicated = (4.0 * e + 2.0 * d) * s * b * h * rowsShare;
+  // q, k, v; the attention output (the projection's input); the MLP's hidden activations (GELU's
+  // input and output, or SwiGLU's gate, up and product).
+  r.split = e * s * b * (h + 2.0 * kvWidth(m) + h + mlpMatrices(m) * m.ffnUnits()) / t;
+  // The softmax output, its dropout mask and dropout output; ring attention keeps the fp32
+  // log-sum-exp of each query row instead.
+  if (l.cp > 1) {
+    r.scores = 4.0 * a * s * b / t;
+  } else if (l.recompute == Recompute::kNone) {
+    r.scores = (e + d + d * e) * a * s * s * b / t;
+  }
+  r.stats = 2.0 * 2.0 * 4.0 * s * b * rowsShare;
+  if (l.recompute == Recompute::kFull) {  // only the block's input
+    r = LayerActivations{e * s * b * h * rowsShare, 0, 0, 0};
+  }
+  return r;
+}
+
+double Plan::peakBytes() const {
+  double peak = 0;
+  for (const auto& s : stages) peak = std::max(peak, s.totalBytes());
+  return peak;
+}
+
+namespace {
+
+// The cost model's parameters for a group of `size` ranks, `stride` apart in the mesh (ranks are
+// numbered node by node).
+coll::CostParams linkFor(const Machine& m, int stride, int size) {
+  coll::CostParams p = coll::defaultCostParams(false);
+  p.gammaUsPerByte = 1.0 / (m.reduceGBps * 1e3);
+  p.copyUsPerByte = p.gammaUsPerByte / 2;
+  p.localAlphaUs = m.intraAlphaUs;
+  p.localBetaUsPerByte = 1.0 / (m.intraGBps * 1e3);
+  const long span = static_cast<long>(stride) * size;
+  if (span <= m.devicesPerNode) {
+    p.alphaUs = m.intraAlphaUs;
+    p.betaUsPerByte = 1.0 / (m.intraGBps * 1e3);
+    p.hosts = 1;
+  } else {
+    p.alphaUs = m.interAlphaUs;
+    p.betaUsPerByte = 1.0 / (m.interGBps * 1e3);
+    p.hosts = static_cast<int>(std::min<long>(size, (span + m.devicesPerNode - 1) / m.devicesPerNode));
+  }
+  return p;
+}
+
+double collectiveSeconds(coll::Collective c, int ranks, double bytes, const coll::CostParams& p) {
+  if (ranks < 2 || bytes <= 0) return 0.0;
+  if (c == coll::Collective::kSend) return (p.alphaUs + bytes * p.betaUsPerByte) * 1e-6;
+  return coll::choose(c, ranks, static_cast<size_t>(bytes), p).predictedUs * 1e-6;
+}
+
+// What a rank of n sends for one call (ring-like volumes: the bandwidth-optimal ones).
+double sentPerCall(coll::Collective c, int n, double bytes) {
+  switch (c) {
+    case coll::Collective::kAllReduce:
+      return 2.0 * (n - 1) / n * bytes;
+    case coll::Collective::kSend:
+      return bytes;
+    default:
+      return static_cast<double>(n - 1) / n * bytes;
+  }
+}
+
+const char* opName(coll::Collective c) {
+  switch (c) {
+    case coll::Collective::kAllReduce:
+      return "all_reduce";
+    case coll::Collective::kAllGather:
+      return "all_gather";
+    case coll::Collective::kReduceScatter:
+      return "reduce_scatter";
+    default:
+      return "send_recv";
+  }
+}
+
+// The most micro-batches each chunk of a stage holds at once under the schedule.
+std::vector<int> chunkInFlight(Schedule schedule, int stages, int stage, int chunks, int micros) {
+  std::vector<int> now(chunks, 0), peak(chunks, 0);
+  if (stages == 1) return std::vector<int>(chunks, 1);
+  for (const PipeAction& a : pipelineSchedule(schedule, stages, stage, chunks, micros)) {
+    now[a.chunk] += a.forward ? 1 : -1;
+    peak[a.chunk] = std::max(peak[a.chunk], now[a.chunk]);
+  }
+  return peak;
+}
+
+}  // namespace
+
+Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& machine, const Precision& precision) {
+  model.validate();
+  const PlanLayout& l = layout;
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.vpp < 1 || l.cp < 1 || l.micro < 1) {
+    throw invalid(fmt::format("layout {}: every size must be at least 1", l.describe()));
+  }
+  if (l.devices() != machine.devices) {
+    throw invalid(
+        fmt::format("layout {} uses {} devices; the machine has {}", l.describe(), l.devices(), machine.devices));
+  }
+  if (model.heads % l.tp != 0 || model.kv() % l.tp != 0) {
+    throw invalid(fmt::format("heads {} (kv heads {}) cannot be split over tp = {}", model.heads, model.kv(), l.tp));
+  }
+  if (l.cp > 1 && model.seq % (2 * l.cp) != 0) {
+    throw invalid(fmt::format("seq {} cannot be cut into 2 x cp = {} chunks", model.seq, 2 * l.cp));
+  }
+  const long global = l.globalBatch > 0 ? l.globalBatch : static_cast<long>(l.micro) * l.dp;
+  if (global % (static_cast<long>(l.micro) * l.dp) != 0) {
+    throw invalid(fmt::format("the global batch {} is not a multiple of micro x dp = {} x {}", global, l.micro, l.dp));
+  }
+  if (l.zero < 0 || l.zero > 3) throw invalid(fmt::format("zero = {} is not 0..3", l.zero));
+  if (l.pp > 1 && l.zero > 1) throw invalid(fmt::format("zero = {} with pp = {} (ZeRO 0 or 1 only)", l.zero, l.pp));
+  if ((l.schedule == Schedule::kInterleaved) != (l.vpp > 1)) {
+    throw invalid(fmt::format("vpp = {} with the {} schedule", l.vpp, scheduleName(l.schedule)));
+  }
+  const int m = l.accumulate();
+  const int chunks = l.pp * l.vpp;
+  if (model.layers < chunks) throw invalid(fmt::format("{} layers over pp x vpp = {} chunks", model.layers, chunks));
+  if (l.pp > 1) pipelineSchedule(l.schedule, l.pp, 0, l.vpp, m);  // throws when the micro-batches do not fit
+
+  Plan plan;
+  plan.model = model, plan.layout = l, plan.machine = machine, plan.precision = precision;
+  const double e = precision.activation, h = model.hidden, t = l.tp;
+  const double s = static_cast<double>(model.seq) / l.cp, b = l.micro, N = s * b;  // this rank's rows
+  const bool sp = l.sequenceParallel && l.tp > 1;
+  const double rowsShare = sp ? 1.0 / t : 1.0;
+  const double V = model.vocab, Vt = vocabShard(model, l.tp);
+  const double speed = machine.peakFlops * machine.efficiency;
+
+  // FLOPs (Narayanan et al. 2021, generalised to any block): forward 2 x (matmul weights) per
+  // token plus 4 s h per token for the attention scores and their use; backward twice forward.
+  const double tokensPerStep = static_cast<double>(global) * model.seq;
+  const double blockForwardPerToken = 2.0 * blockMatmulParameters(model) + 4.0 * model.seq * h;
+  const double headForwardPerToken = 2.0 * h * V;
+  plan.modelFlops = 3.0 * tokensPerStep * (model.layers * blockForwardPerToken + headForwardPerToken);
+  double recomputePerToken = 0;
+  if (l.recompute == Recompute::kFull) recomputePerToken = model.layers * blockForwardPerToken;
+  if (l.recompute == Recompute::kSelective && l.cp == 1) recomputePerToken = model.layers * 4.0 * model.seq * h;
+  plan.hardwareFlops = plan.modelFlops + tokensPerStep * recomputePerToken;
+
+  // This rank's share of one block's forward for one micro-batch: the matmuls over tp, attention
+  // over tp and cp (ring attention computes 2 cp + 1 of the (2 cp)^2 chunk pairs, each a full square).
+  const double attention = l.cp == 1 ? 4.0 * b * s * s * h / t : (2.0 * l.cp + 1) * 4.0 * b * (s / 2) * (s / 2) * h / t;
+  const double blockForward = 2.0 * N * blockMatmulParameters(model) / t + attention;
+  const double blockRecompute = l.recompute == Recompute::kFull                       ? blockForward
+                                : (l.recompute == Recompute::kSelective && l.cp == 1) ? attention
+                                                                                      : 0.0;
+
+  // Communication per micro-batch, by group.
+  struct Calls {
+    std::string group;
+    coll::Collective op;
+    int ranks;
+    double bytes, calls;
+    std::string overlap;
+  };
+  // Mesh order (pp, dp, cp, tp): tp neighbours, cp next, then dp; dp x cp is contiguous.
+  const coll::CostParams tpLink = linkFor(machine, 1, l.tp), cpLink = linkFor(machine, l.tp, l.cp),
+                         dpLink = linkFor(machine, l.tp, l.dp * l.cp),
+                         ppLink = linkFor(machine, l.tp * l.cp * l.dp, std::min(l.pp, 2));
+  auto linkOf = [&](const std::string& group) -> const coll::CostParams& {
+    if (group == "tp") return tpLink;
+    if (group == "cp") return cpLink;
+    if (group == "pp" || group == "embedding") return ppLink;
+    return dpLink;
+  };
+  const double rowsBytes = e * N * h;  // one activation of all this rank's rows
+
+  // The cut as the trainer makes it: whole-model FLOPs of forward + backward per block, the
+  // embedding with the first span and the head with the last.
+  const double wholeRows = b * model.seq;
+  const std::vector<LayerSpan> cut = balanceLayers(
+      model.layers, 3.0 * (2.0 * wholeRows * blockMatmulParameters(model) + 4.0 * b * model.seq * model.seq * h),
+      6.0 * wholeRows * h, 6.0 * wholeRows * h * V, chunks);
+  const LayerActivations layer = layerActivations(model, l, precision);
+  // Full recompute rebuilds one block at a time into buffers of a whole block's size.
+  PlanLayout withoutRecompute = l;
+  withoutRecompute.recompute = Recompute::kNone;
+  const LayerActivations whole = layerActivations(model, withoutRecompute, precision);
+  double dpExposed = 0, embeddingSeconds = 0;
+  std::vector<double> commPerStage(l.pp, 0.0);
+  for (int st = 0; st < l.pp; ++st) {
+    StagePlan stage;
+    stage.stage = st;
+    stage.chunks = stageSpans(cut, l.pp, st);
+    stage.inFlight = chunkInFlight(l.schedule, l.pp, st, l.vpp, m);
+    const bool first = stage.chunks.front().begin == 0, last = stage.chunks.back().end == model.layers;
+    int blocks = 0;
+    for (const auto& c : stage.chunks) blocks += c.layers();
+    // Parameters on tp rank 0: the blocks' split matrices and column-parallel biases, their
+    // replicated row-parallel biases and norms; the vocabulary rows; positions and the final norm.
+    double block = blockMatmulParameters(model) / t + 2.0 * normParameters(model);
+    if (model.biases) block += (h + 2.0 * kvWidth(model) + (model.gated ? 2.0 : 1.0) * model.ffnUnits()) / t + 2.0 * h;
+    stage.parameters = blocks * block;
+    if (first) stage.parameters += Vt * h + model.positions() * h;
+    if (last) stage.parameters += normParameters(model) + (model.tied && first ? 0.0 : Vt * h);
+    // ZeRO over the dp x cp ranks that hold the same shard.
+    const double P = stage.parameters, Nz = static_cast<double>(l.dp) * l.cp;
+    stage.paramBytes = P * precision.param / (l.zero >= 3 ? Nz : 1.0);
+    stage.gradBytes = P * precision.grad / (l.zero >= 2 ? Nz : 1.0);
+    stage.optimizerBytes = P * precision.optimizer / (l.zero >= 1 ? Nz : 1.0);
+
+    // Activations: each chunk's blocks for each micro-batch in flight, its output, the first chunk's
+    // tokens, the last chunk's head (the final norm, the gathered rows with sp, logits and
+    // probabilities in fp32, the losses); once per rank, backward's buffers for one block and
+    // attention's scratch (and full recompute's block).
+    double activations = 0;
+    for (size_t c = 0; c < stage.chunks.size(); ++c) {
+      const LayerSpan span = stage.chunks[c];
+      double slot = span.layers() * layer.total() + rowsBytes * rowsShare;
+      if (span.begin == 0) slot += 4.0 * N;
+      if (span.end == model.layers) {
+        slot += 4.0 * N + rowsBytes * rowsShare + 8.0 * N * rowsShare + (sp ? rowsBytes : 0.0) + 2.0 * 4.0 * N * Vt +
+                4.0 * N;
+      }
+      activations += stage.inFlight[c] * slot;
+    }
+    const double kvd = kvWidth(model) / t, ffn = model.ffnUnits() / t, heads = model.heads / t;
+    double workspace =
+        e * (N * h * rowsShare + N * h + N * h / t + N * (h / t + 2.0 * kvd) + mlpMatrices(model) * N * ffn);
+    if (l.cp == 1) {
+      workspace += 4.0 * s * s;
+      if (l.recompute == Recompute::kSelective) workspace += e * b * heads * s * s;
+    } else {
+      workspace += 4.0 * (4.0 * N * 2.0 * kvd + 2.0 * b * heads * s + 2.0 * (s / 2) * (s / 2));
+    }
+    if (sp) workspace += e * (N * h + N * h / t) + 4.0 * 2.0 * h;
+    if (l.tp > 1 && last) workspace += 4.0 * 3.0 * N;
+    if (l.recompute == Recompute::kFull) workspace += (whole.total() - e * N * h * rowsShare) + rowsBytes * rowsShare;
+    stage.activationBytes = activations + workspace;
+
+    // Communication of one micro-batch through this stage, per layer and at the ends.
+    std::vector<Calls> calls;
+    const double fwdReruns = l.recompute == Recompute::kFull ? 2.0 : 1.0;
+    if (l.tp > 1) {
+      if (!sp) {
+        calls.push_back({"tp", coll::Collective::kAllReduce, l.tp, rowsBytes, blocks * (2.0 * fwdReruns + 2.0), ""});
+        if (first) calls.push_back({"tp", coll::Collective::kAllReduce, l.tp, rowsBytes, 1.0, ""});
+        if (last) calls.push_back({"tp", coll::Collective::kAllReduce, l.tp, rowsBytes, 1.0, ""});
+      } else {
+        calls.push_back({"tp", coll::Collective::kAllGather, l.tp, rowsBytes, blocks * (2.0 * fwdReruns + 4.0), ""});
+        calls.push_back(
+            {"tp", coll::Collective::kReduceScatter, l.tp, rowsBytes, blocks * (2.0 * fwdReruns + 2.0), ""});
+        if (first) calls.push_back({"tp", coll::Collective::kReduceScatter, l.tp, rowsBytes, 1.0, ""});
+        if (last) calls.push_back({"tp", coll::Collective::kAllGather, l.tp, rowsBytes, 1.0, ""});
+        if (last) calls.push_back({"tp", coll::Collective::kReduceScatter, l.tp, rowsBytes, 1.0, ""});
+      }
+      if (last) calls.push_back({"tp", coll::Collective::kAllReduce, l.tp, 4.0 * 3.0 * N, 1.0, ""});
+    }
+    const double kvBytes = e * N * 2.0 * kvd;
+    if (l.cp > 1) {
+      calls.push_back({"cp", coll::Collective::kSend, l.cp, kvBytes, blocks * (l.cp - 1) * (fwdReruns + 1.0),
+                       "the attention of the block in hand"});
+      calls.push_back({"cp", coll::Collective::kSend, l.cp, kvBytes, blocks * static_cast<double>(l.cp), ""});
+    }
+    if (l.pp > 1) {
+      double sends = 0;
+      for (const auto& c : stage.chunks) sends += (c.end != model.layers) + (c.begin != 0);
+      calls.push_back({"pp", coll::Collective::kSend, l.pp, rowsBytes * rowsShare, sends, ""});
+    }
+    double perMicroComm = 0;
+    for (const auto& c : calls) {
+      const double each = collectiveSeconds(c.op, c.ranks, c.bytes, linkOf(c.group));
+      double exposed = each * c.calls;
+      if (!c.overlap.empty()) {  // a ring step overlaps the attention of the block in hand
+        const double computeEach = attention / l.cp / speed;
+        exposed = machine.sharedCores ? exposed : c.calls * std::max(0.0, each - computeEach);
+      }
+      perMicroComm += exposed;
+      plan.collectives.push_back({st, c.group, opName(c.op), c.ranks, c.bytes, c.calls * m,
+                                  sentPerCall(c.op, c.ranks, c.bytes) * c.calls * m, each * c.calls * m, c.overlap});
+    }
+    const double forwardCompute = (blocks * blockForward + (last ? 2.0 * N * h * Vt : 0.0)) / speed;
+    const double backwardCompute =
+        (2.0 * blocks * blockForward + blocks * blockRecompute + (last ? 4.0 * N * h * Vt : 0.0)) / speed;
+    stage.forwardSeconds = forwardCompute + perMicroComm / 3;
+    stage.backwardSeconds = backwardCompute + 2 * perMicroComm / 3;
+    commPerStage[st] = perMicroComm * m;
+
+    // Data parallel (over dp x cp) and the tied embedding's two copies, per step.
+    if (st == 0) {
+      const int n = l.dp * l.cp;
+      const double grads = P * precision.grad, params = P * precision.param;
+      std::vector<std::pair<Calls, double>> dpCalls;  // with the compute that can hide each call
+      if (l.zero == 0)
+        dpCalls.push_back({{"dp", coll::Collective::kAllReduce, n, grads, 1.0, "backward"}, backwardCompute});
+      if (l.zero == 1) {
+        dpCalls.push_back({{"dp", coll::Collective::kReduceScatter, n, grads, 1.0, "backward"}, backwardCompute});
+        dpCalls.push_back({{"dp", coll::Collective::kAllGather, n, params, 1.0, ""}, 0.0});
+      }
+      if (l.zero == 2) {
+        dpCalls.push_back({{"dp", coll::Collective::kReduceScatter, n, grads, double(m), "backward"}, backwardCompute});
+        dpCalls.push_back({{"dp", coll::Collective::kAllGather, n, params, 1.0, ""}, 0.0});
+      }
+      if (l.zero == 3) {
+        dpCalls.push_back({{"dp", coll::Collective::kAllGather, n, params, 2.0 * m, "forward and backward"},
+                           (forwardCompute + backwardCompute) / 2});
+        dpCalls.push_back({{"dp", coll::Collective::kReduceScatter, n, grads, double(m), "backward"}, backwardCompute});
+      }
+      if (l.pp > 1) {
+        dpCalls.push_back({{"embedding", coll::Collective::kAllReduce, 2, Vt * h * precision.grad, 1.0, ""}, 0.0});
+      }
+      for (const auto& [c, hide] : dpCalls) {
+        const double each = collectiveSeconds(c.op, c.ranks, c.bytes, linkOf(c.group));
+        const double exposed =
+            machine.sharedCores || c.overlap.empty() ? each * c.calls : c.calls * std::max(0.0, each - hide);
+        (c.group == "embedding" ? embeddingSeconds : dpExposed) += exposed;
+        plan.collectives.push_back({st, c.group, opName(c.op), c.ranks, c.bytes, c.calls,
+                                    sentPerCall(c.op, c.ranks, c.bytes) * c.calls, each * c.calls, c.overlap});
+      }
+    }
+    plan.stages.push_back(stage);
+  }
+
+  // The step: the slowest stage sets the pipeline's pace (its schedule simulated with per-chunk
+  // times); data parallel's exposed part and the embedding's sum follow.
+  double fwd = 0, bwd = 0, compute = 0;
+  for (const auto& st : plan.stages) {
+    fwd = std::max(fwd, st.forwardSeconds);
+    bwd = std::max(bwd, st.backwardSeconds);
+  }
+  for (int st = 0; st < l.pp; ++st) {
+    compute =
+        std::max(compute, m * (plan.stages[st].forwardSeconds + plan.stages[st].backwardSeconds) - commPerStage[st]);
+  }
+  plan.bubbleFormula = l.pp > 1 ? bubbleShare(l.pp, l.vpp, m) : 0.0;
+  double makespan = m * (fwd + bwd);
+  if (l.pp > 1) {
+    const ScheduleSimulation sim = simulateSchedule(l.schedule, l.pp, l.vpp, m, fwd / l.vpp, bwd / l.vpp);
+    makespan = sim.makespan;
+    plan.bubbleSimulated = sim.idleShare();
+  }
+  const double commMax = *std::max_element(commPerStage.begin(), commPerStage.end());
+  if (machine.sharedCores) {
+    // Idle ranks give their cores away: the step is each rank's work, on average.
+    double work = 0;
+    for (int st = 0; st < l.pp; ++st) work += m * (plan.stages[st].forwardSeconds + plan.stages[st].backwardSeconds);
+    makespan = work / l.pp;
+    plan.bubbleSeconds = 0;
+  } else {
+    plan.bubbleSeconds = makespan - m * (fwd + bwd);
+  }
+  plan.computeSeconds = compute;
+  plan.commSeconds = commMax + dpExposed + embeddingSeconds;
+  plan.stepSeconds = makespan + dpExposed + embeddingSeconds;
+  plan.tokensPerSecond = tokensPerStep / plan.stepSeconds;
+  plan.mfu = plan.modelFlops / plan.stepSeconds / (machine.devices * machine.peakFlops);
+  if (plan.peakBytes() > machine.memoryBytes) {
+    plan.fits = false;
+    plan.problem = fmt::format("needs {:.2f} GiB on its fullest rank; a device has {:.2f} GiB",
+                               plan.peakBytes() / (1ull << 30), machine.memoryBytes / (1ull << 30));
+  }
+  return plan;
+}
+
+std::vector<Plan> searchLayouts(const ModelShape& model, const PlanLayout& base, const Machine& machine,
+                                const Precision& precision) {
+  std::vector<Plan> plans;
+  const int D = machine.devices;
+  const long global = base.globalBatch > 0 ? base.globalBatch : static_cast<long>(base.micro) * base.dp;
+  for (int tp = 1; tp <= std::min(D, machine.devicesPerNode); tp *= 2) {
+    for (int cp = 1; tp * cp <= D; cp *= 2) {
+      for (int pp = 1; tp * cp * pp <= D; ++pp) {
+        if (D % (tp * cp * pp) != 0) continue;
+        const int dp = D / (tp * cp * pp);
+        for (int micro = 1; micro <= global / dp; micro *= 2) {
+          if (global % (static_cast<long>(micro) * dp) != 0) continue;
+          for (int vpp : {1, 2}) {
+            if (vpp > 1 && pp == 1) continue;
+            for (int zero = 0; zero <= (pp > 1 ? 1 : 3); ++zero) {
+              for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+                PlanLayout l = base;
+                l.dp = dp, l.tp = tp, l.pp = pp, l.cp = cp, l.vpp = vpp, l.zero = zero, l.micro = micro;
+                l.globalBatch = global;
+                l.sequenceParallel = tp > 1;
+                l.recompute = r;
+                l.schedule = vpp > 1 ? Schedule::kInterleaved : Schedule::kOneFOneB;
+                try {
+                  Plan p = makePlan(model, l, machine, precision);
+                  if (p.fits) plans.push_back(std::move(p));
+                } catch (const Error&) {
+                  // a layout that cannot run (heads over tp, seq over cp, micro-batches over stages)
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  std::stable_sort(plans.begin(), plans.end(), [](const Plan& a, const Plan& b) {
+    if (a.tokensPerSecond != b.tokensPerSecond) return a.tokensPerSecond > b.tokensPerSecond;
+    return a.peakBytes() < b.peakBytes();
+  });
+  return plans;
+}
+
+namespace {
+
+std::string bytesText(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  return fmt::format("{:.2f} {}", bytes, units[u]);
+}
+
+}  // namespace
+
+std::string describePlan(const Plan& p) {
+  const ModelShape& m = p.model;
+  std::string out =
+      fmt::format("model {}: {} layers, hidden {}, heads {} (kv {}), ffn {}, seq {}, vocab {}: {:.4g} parameters\n",
+                  m.name, m.layers, m.hidden, m.heads, m.kv(), m.ffnUnits(), m.seq, m.vocab, m.parameters());
+  out += fmt::format("layout {}: {} micro-batch(es) of {} per step, global batch {}; precision {}\n",
+                     p.layout.describe(), p.layout.accumulate(), p.layout.micro,
+                     static_cast<long>(p.layout.accumulate()) * p.layout.micro * p.layout.dp, p.precision.name);
+  out += fmt::format("machine {}: {} devices, {} per node, {} each, {:.4g} TFLOP/s peak x {:.2f}{}\n", p.machine.name,
+                     p.machine.devices, p.machine.devicesPerNode, bytesText(p.machine.memoryBytes),
+                     p.machine.peakFlops / 1e12, p.machine.efficiency, p.machine.sharedCores ? ", shared cores" : "");
+  out += "\nper rank (tp rank 0 of each stage):\n";
+  out += fmt::format("  {:>5}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {}\n", "stage", "parameters", "params",
+                     "grads", "optimizer", "activations", "total", "blocks (in flight)");
+  for (const auto& s : p.stages) {
+    std::string blocks;
+    for (size_t c = 0; c < s.chunks.size(); ++c) {
+      blocks += fmt::format("{}[{},{}) x{}", c ? " " : "", s.chunks[c].begin, s.chunks[c].end, s.inFlight[c]);
+    }
+    out += fmt::format("  {:>5}  {:>12.4g}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {}\n", s.stage, s.parameters,
+                       bytesText(s.paramBytes), bytesText(s.gradBytes), bytesText(s.optimizerBytes),
+                       bytesText(s.activationBytes), bytesText(s.totalBytes()), blocks);
+  }
+  if (p.layout.pp > 1) {
+    out += fmt::format("pipeline bubble: {:.3f} of the step by the formula (p-1)/(vm+p-1), {:.3f} simulated\n",
+                       p.bubbleFormula, p.bubbleSimulated);
+  }
+  out += fmt::format("FLOPs per step: {:.4g} (model), {:.4g} with recompute\n", p.modelFlops, p.hardwareFlops);
+  out += "\ncommunication per step, per rank of each stage:\n";
+  out += fmt::format("  {:>5}  {:<9}  {:<14}  {:>5}  {:>12}  {:>8}  {:>12}  {:>12}  {}\n", "stage", "group",
+                     "collective", "ranks", "bytes/call", "calls", "sent", "time", "hidden by");
+  for (const auto& c : p.collectives) {
+    out += fmt::format("  {:>5}  {:<9}  {:<14}  {:>5}  {:>12}  {:>8.0f}  {:>12}  {:>9.3f} ms  {}\n", c.stage, c.group,
+                       c.op, c.ranks, bytesText(c.bytes), c.calls, bytesText(c.sentBytes), c.seconds * 1e3, c.overlap);
+  }
+  out += fmt::format(
+      "\nstep: {:.3f} ms = compute {:.3f} + exposed communication {:.3f} + bubble {:.3f}; {:.4g} tokens/s; MFU "
+      "{:.1f}%\n",
+      p.stepSeconds * 1e3, p.computeSeconds * 1e3, p.commSeconds * 1e3, p.bubbleSeconds * 1e3, p.tokensPerSecond,
+      100 * p.mfu);
+  out += p.fits ? "fits in memory\n" : "does not fit: " + p.problem + "\n";
+  return out;
+}
+
+nlohmann::json planJson(const Plan& p) {
+  using nlohmann::json;
+  const ModelShape& m = p.model;
+  json j;
+  j["model"] = {{"name", m.name},
+                {"layers", m.layers},
+                {"hidden", m.hidden},
+                {"heads", m.heads},
+                {"kv_heads", m.kv()},
+                {"ffn", m.ffnUnits()},
+                {"seq", m.seq},
+                {"vocab", m.vocab},
+                {"gated", m.gated},
+                {"tied", m.tied},
+                {"parameters", m.parameters()}};
+  const PlanLayout& l = p.layout;
+  j["layout"] = {{"dp", l.dp},
+                 {"tp", l.tp},
+                 {"pp", l.pp},
+                 {"vpp", l.vpp},
+                 {"cp", l.cp},
+                 {"zero", l.zero},
+                 {"sequence_parallel", l.sequenceParallel && l.tp > 1},
+                 {"recompute", l.recompute == Recompute::kNone   ? "none"
+                               : l.recompute == Recompute::kFull ? "full"
+                                                                 : "selective"},
+                 {"schedule", scheduleName(l.schedule)},
+                 {"micro", l.micro},
+                 {"accumulate", l.accumulate()},
+                 {"global_batch", static_cast<long>(l.accumulate()) * l.micro * l.dp},
+                 {"describe", l.describe()}};
+  j["precision"] = p.precision.name;
+  j["machine"] = {{"name", p.machine.name},
+                  {"devices", p.machine.devices},
+                  {"devices_per_node", p.machine.devicesPerNode},
+                  {"memory_bytes", p.machine.memoryBytes},
+                  {"peak_flops", p.machine.peakFlops},
+                  {"efficiency", p.machine.efficiency},
+                  {"shared_cores", p.machine.sharedCores}};
+  json stages = json::array();
+  for (const auto& s : p.stages) {
+    json chunks = json::array();
+    for (size_t c = 0; c < s.chunks.size(); ++c) {
+      chunks.push_back({{"blocks", {s.chunks[c].begin, s.chunks[c].end}}, {"in_flight", s.inFlight[c]}});
+    }
+    stages.push_back({{"stage", s.stage},
+                      {"parameters", s.parameters},
+                      {"params_bytes", s.paramBytes},
+                      {"grads_bytes", s.gradBytes},
+                      {"optimizer_bytes", s.optimizerBytes},
+                      {"activation_bytes", s.activationBytes},
+                      {"total_bytes", s.totalBytes()},
+                      {"forward_seconds", s.forwardSeconds},
+                      {"backward_seconds", s.backwardSeconds},
+                      {"chunks", chunks}});
+  }
+  j["stages"] = stages;
+  json comms = json::array();
+  for (const auto& c : p.collectives) {
+    comms.push_back({{"stage", c.stage},
+                     {"group", c.group},
+                     {"op", c.op},
+                     {"ranks", c.ranks},
+                     {"bytes_per_call", c.bytes},
+                     {"calls", c.calls},
+                     {"sent_bytes", c.sentBytes},
+                     {"seconds", c.seconds},
+                     {"hidden_by", c.overlap}});
+  }
+  j["collectives"] = comms;
+  j["bubble"] = {{"formula", p.bubbleFormula}, {"simulated", p.bubbleSimulated}};
+  j["flops"] = {{"model", p.modelFlops}, {"hardware", p.hardwareFlops}};
+  j["step"] = {{"seconds", p.stepSeconds},          {"compute_seconds", p.computeSeconds},
+               {"comm_seconds", p.commSeconds},     {"bubble_seconds", p.bubbleSeconds},
+               {"tokens_per_s", p.tokensPerSecond}, {"mfu", p.mfu}};
+  j["fits"] = p.fits;
+  j["peak_bytes"] = p.peakBytes();
+  if (!p.fits) j["problem"] = p.problem;
+  return j;
+}
+
+}  // namespace chorus::training

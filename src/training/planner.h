@@ -1,0 +1,169 @@
+// planner.h: what a training layout costs before it runs. For a model, a batch, a layout
+// (dp, tp, pp, vpp, cp, ZeRO, sequence parallelism, recompute), a precision and a machine, the
+// plan gives each pipeline stage's bytes per rank (parameters, gradients and optimizer state as
+// ZeRO counts them, Rajbhandari et al. 2020; activations as Korthikanti et al. 2022 count them
+// under tensor and sequence parallelism and recompute), the pipeline bubble and the training
+// FLOPs (Narayanan et al. 2021), the communication of every collective in a step, and the step
+// time split into compute, exposed communication and bubble, the collectives priced by the
+// runtime's own cost model (src/collectives/tuner.h) on the machine's links. searchLayouts ranks
+// every layout that fits in memory by predicted throughput. Pure functions.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "src/training/gpt.h"
+#include "src/training/pipeline.h"
+
+namespace chorus::training {
+
+// A decoder-only transformer: GPT-2 (learned positions, biases, layernorm, GELU MLP, tied head)
+// or Llama (rotary positions, no biases, RMSNorm, SwiGLU MLP, grouped-query attention, untied).
+struct ModelShape {
+  std::string name = "custom";
+  int layers = 12, hidden = 768, heads = 12;
+  int kvHeads = 0;  // 0: heads (plain multi-head attention)
+  int ffn = 0;      // MLP hidden units; 0: 4 hidden
+  int seq = 1024;   // tokens per sequence in training
+  int context = 0;  // rows of a learned position table; 0: seq
+  int vocab = 50257;
+  bool gated = false;            // SwiGLU: three MLP matrices, else two
+  bool tied = true;              // the output head is the token embedding
+  bool learnedPositions = true;  // else rotary (no parameters)
+  bool biases = true;            // linear layers' biases
+  bool layerNorm = true;         // layernorm (weight and bias), else RMSNorm (weight)
+  int kv() const { return kvHeads > 0 ? kvHeads : heads; }
+  int ffnUnits() const { return ffn > 0 ? ffn : 4 * hidden; }
+  int headDim() const { return hidden / heads; }
+  int positions() const { return learnedPositions ? (context > 0 ? context : seq) : 0; }
+  // Parameters of one block, and of the whole model.
+  double blockParameters() const;
+  double parameters() const;
+  // Throws chorus::Error naming the field that cannot work.
+  void validate() const;
+};
+// gpt2-124m, gpt2-1.5b, gpt3-175b, llama3-8b, llama3-70b; throws chorus::Error listing them.
+ModelShape modelPreset(const std::string& name);
+extern const char* const kModelPresets;  // "gpt2-124m, gpt2-1.5b, ..."
+// The runtime's GPT-2 at sequence length seq.
+ModelShape shapeOf(const GptConfig& config, int seq);
+
+// Bytes per element: parameters, gradients, optimizer state (per parameter: AdamW's m and v, plus
+// an fp32 master copy under mixed precision) and activations.
+struct Precision {
+  std::string name = "fp32";
+  double param = 4, grad = 4, optimizer = 8, activation = 4;
+};
+// "fp32" (chorus's CPU training: 4 + 4 + 8 = ZeRO's 16 bytes per parameter) or "bf16" (mixed
+// precision as ZeRO's paper counts it: 2 + 2 + K = 12).
+Precision parsePrecision(const std::string& name);
+
+struct PlanLayout {
+  int dp = 1, tp = 1, pp = 1, vpp = 1, cp = 1;
+  int zero = 0;
+  bool sequenceParallel = false;
+  Recompute recompute = Recompute::kNone;
+  Schedule schedule = Schedule::kOneFOneB;
+  int micro = 1;         // sequences per rank per micro-batch
+  long globalBatch = 0;  // sequences per step; 0: micro x dp
+  bool dropout = false;  // dropout masks kept (Korthikanti's accounting); chorus trains without
+  int devices() const { return dp * tp * pp * cp; }
+  int accumulate() const;        // micro-batches per step
+  std::string describe() const;  // "dp2 tp2 pp2 cp1 zero1 sp 1f1b"
+};
+
+// The devices and their links. A group of ranks within one node uses the intra-node link; one
+// across nodes the inter-node link (and the hierarchical algorithms' two levels).
+struct Machine {
+  std::string name = "custom";
+  int devices = 8;
+  int devicesPerNode = 8;
+  double memoryBytes = 80.0 * (1ull << 30);
+  double peakFlops = 989e12;  // per device, at the training precision
+  double efficiency = 0.5;    // the share of peak a step's compute reaches
+  double intraGBps = 450, intraAlphaUs = 3;
+  double interGBps = 50, interAlphaUs = 6;
+  double reduceGBps = 1000;  // a reduction's throughput per device
+  // Devices share one node's cores (ranks on a CPU host, more ranks than cores): a rank that
+  // waits gives its cores to the others, so the pipeline bubble costs nothing and communication
+  // is work the cores do (not overlapped).
+  bool sharedCores = false;
+};
+// "dgx-h100" (nodes of 8 H100 80 GB, NVLink and 400 Gb/s InfiniBand per GPU); devices = the
+// count asked for. Throws chorus::Error listing the names.
+Machine machinePreset(const std::string& name, int devices);
+// The links from a topology file (chorus, NCCL or hwloc XML): devices are its GPUs (or, without
+// GPUs, its CPU nodes), the intra- and inter-node bandwidth and latency those of the widest paths
+// between two of them on one host and on two hosts. The rest comes from base.
+Machine machineFromTopology(const std::string& path, Machine base);
+
+// One collective of a step: on which group, how many calls of how many bytes, what a rank sends
+// in all, and its predicted time.
+struct CollectiveCost {
+  int stage = 0;      // the pipeline stage whose rank makes the calls
+  std::string group;  // "tp", "cp", "pp", "dp" (dp x cp), "embedding"
+  std::string op;     // "all_reduce", "all_gather", "reduce_scatter", "send_recv"
+  int ranks = 0;
+  double bytes = 0;      // per call (the user's buffer: whole for all-gather and reduce-scatter)
+  double calls = 0;      // per step
+  double sentBytes = 0;  // per step, what a rank puts on its links
+  double seconds = 0;    // per step, all calls
+  std::string overlap;   // what hides it, if anything
+};
+
+// The activation bytes one block holds for one micro-batch, split as Korthikanti et al. count
+// them: the part tensor parallelism leaves whole on every rank (layernorm inputs and outputs,
+// dropout masks; split too with sequence parallelism), the part it splits (q, k, v, the attention
+// output, the MLP), the attention scores (heads x s^2, absent under selective recompute and
+// ring attention), and the layernorm statistics (fp32 mean and 1/std per row, which the paper
+// leaves out). With element bytes 2 and dropout: 10 + 24 / t sbh, 5 a s^2 b / t.
+struct LayerActivations {
+  double replicated = 0, split = 0, scores = 0, stats = 0;
+  double total() const { return replicated + split + scores + stats; }
+};
+LayerActivations layerActivations(const ModelShape& model, const PlanLayout& layout, const Precision& precision);
+
+struct StagePlan {
+  int stage = 0;
+  std::vector<LayerSpan> chunks;  // its blocks
+  std::vector<int> inFlight;      // per chunk: the most micro-batches whose activations it holds
+  double parameters = 0;          // elements on this rank (tp rank 0)
+  double paramBytes = 0, gradBytes = 0, optimizerBytes = 0, activationBytes = 0;
+  double stateBytes() const { return paramBytes + gradBytes + optimizerBytes; }
+  double totalBytes() const { return stateBytes() + activationBytes; }
+  double forwardSeconds = 0, backwardSeconds = 0;  // one micro-batch through all its chunks
+};
+
+struct Plan {
+  ModelShape model;
+  PlanLayout layout;
+  Machine machine;
+  Precision precision;
+  std::vector<StagePlan> stages;
+  double bubbleFormula = 0;    // (p - 1) / (v m + p - 1)
+  double bubbleSimulated = 0;  // of the schedule with the stages' times
+  double modelFlops = 0;       // per step, all ranks: forward + backward (3x forward)
+  double hardwareFlops = 0;    // with recompute's extra forward work
+  std::vector<CollectiveCost> collectives;
+  double computeSeconds = 0, commSeconds = 0, bubbleSeconds = 0, stepSeconds = 0;
+  double tokensPerSecond = 0, mfu = 0;
+  bool fits = true;
+  std::string problem;  // why it does not fit or cannot run; empty when it can
+  double peakBytes() const;
+};
+
+// Throws chorus::Error naming what cannot be laid out (heads over tp, seq over 2 cp, layers over
+// pp x vpp, the batch over micro x dp, devices, the schedule).
+Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& machine, const Precision& precision);
+
+// Every layout of the machine's devices (dp, tp within a node, pp, vpp, cp; ZeRO; sequence parallel
+// with tp; each recompute mode; micro-batches dividing the global batch) that can run and fits,
+// fastest first. Options not searched come from base (precision, dropout, global batch).
+std::vector<Plan> searchLayouts(const ModelShape& model, const PlanLayout& base, const Machine& machine,
+                                const Precision& precision);
+
+std::string describePlan(const Plan& plan);
+nlohmann::json planJson(const Plan& plan);
+
+}  // namespace chorus::training

@@ -1,0 +1,228 @@
+// planner_test.cc: the planner against closed forms and against the runtime itself: the presets'
+// parameter counts; each stage's parameters against ParamLayout's; ZeRO's bytes (Rajbhandari et
+// al. 2020); Korthikanti et al.'s activation formulas; Narayanan et al.'s FLOPs and bubble; the
+// activation bytes of a model that has run (Gpt::activationBytes); communication volumes; the
+// search; a topology file's links.
+#include "src/training/planner.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "chorus/error.hpp"
+#include "src/training/gpt.h"
+#include "src/training/pipeline.h"
+
+namespace chorus::training {
+namespace {
+
+Machine machineOf(int devices) { return machinePreset("dgx-h100", devices); }
+
+PlanLayout layoutOf(int dp, int tp, int pp, int cp, int micro, long global) {
+  PlanLayout l;
+  l.dp = dp, l.tp = tp, l.pp = pp, l.cp = cp, l.micro = micro, l.globalBatch = global;
+  return l;
+}
+
+TEST(PlannerTest, PresetsHaveTheirPublishedParameterCounts) {
+  EXPECT_EQ(modelPreset("gpt2-124m").parameters(), 124439808.0);
+  EXPECT_EQ(modelPreset("gpt2-1.5b").parameters(), 1557611200.0);
+  EXPECT_EQ(modelPreset("gpt3-175b").parameters(), 174604259328.0);
+  EXPECT_EQ(modelPreset("llama3-8b").parameters(), 8030261248.0);
+  EXPECT_EQ(modelPreset("llama3-70b").parameters(), 70553706496.0);
+  try {
+    modelPreset("gpt5");
+    FAIL() << "an unknown preset was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no model preset 'gpt5' (presets: gpt2-124m"), std::string::npos) << e.what();
+  }
+  // The runtime's GPT-2 counted by its own layout.
+  const GptConfig config{3, 4, 32, 24, 37};
+  EXPECT_EQ(shapeOf(config, 16).parameters(), static_cast<double>(ParamLayout(config).globalTotal()));
+}
+
+// Each stage's parameters (tp rank 0) are what ParamLayout gives that rank, on the trainer's cut.
+TEST(PlannerTest, EachStagesParametersAreTheRuntimeLayouts) {
+  const GptConfig config{6, 4, 32, 16, 37};  // 37 tokens: uneven vocabulary shards
+  for (const auto& [tp, pp, vpp] :
+       std::vector<std::array<int, 3>>{{1, 1, 1}, {2, 1, 1}, {1, 2, 1}, {2, 3, 1}, {4, 2, 1}, {1, 2, 2}, {2, 3, 2}}) {
+    SCOPED_TRACE(testing::Message() << "tp " << tp << " pp " << pp << " vpp " << vpp);
+    PlanLayout l = layoutOf(1, tp, pp, 1, 2, 12);
+    l.vpp = vpp;
+    l.schedule = vpp > 1 ? Schedule::kInterleaved : Schedule::kOneFOneB;
+    const Plan plan = makePlan(shapeOf(config, 16), l, machineOf(tp * pp), parsePrecision("fp32"));
+    const auto cut = balanceLayers(config, 2, 16, pp * vpp);
+    ASSERT_EQ(plan.stages.size(), static_cast<size_t>(pp));
+    for (int s = 0; s < pp; ++s) {
+      EXPECT_EQ(plan.stages[s].chunks, stageSpans(cut, pp, s)) << "stage " << s;
+      const ParamLayout layout(config, tp, 0, stageSpans(cut, pp, s));
+      EXPECT_EQ(plan.stages[s].parameters, static_cast<double>(layout.total())) << "stage " << s;
+    }
+  }
+}
+
+// ZeRO's bytes per rank for P parameters over N = dp x cp ranks: fp32 (4 + 4 + 8 bytes) 16P,
+// 8P + 8P/N, 4P + 12P/N, 16P/N; mixed precision (2 + 2 + K, K = 12) 16P, 4P + 12P/N, 2P + 14P/N, 16P/N.
+TEST(PlannerTest, StateBytesFollowZero) {
+  const ModelShape model = modelPreset("gpt2-124m");
+  const double P = model.parameters();
+  for (const auto& [dp, cp] : std::vector<std::pair<int, int>>{{8, 1}, {4, 2}}) {
+    const double N = dp * cp;
+    for (int zero = 0; zero <= 3; ++zero) {
+      PlanLayout l = layoutOf(dp, 1, 1, cp, 1, dp * 4);
+      l.zero = zero;
+      const double fp32[4] = {16 * P, 8 * P + 8 * P / N, 4 * P + 12 * P / N, 16 * P / N};
+      const double mixed[4] = {16 * P, 4 * P + 12 * P / N, 2 * P + 14 * P / N, 16 * P / N};
+      const Plan a = makePlan(model, l, machineOf(dp * cp), parsePrecision("fp32"));
+      const Plan b = makePlan(model, l, machineOf(dp * cp), parsePrecision("bf16"));
+      EXPECT_DOUBLE_EQ(a.stages[0].stateBytes(), fp32[zero]) << "ZeRO-" << zero << " over " << N;
+      EXPECT_DOUBLE_EQ(b.stages[0].stateBytes(), mixed[zero]) << "ZeRO-" << zero << " over " << N;
+    }
+  }
+}
+
+// Korthikanti et al. 2022 (16-bit activations, dropout, plain attention, MLP of 4h): per block
+// sbh (34 + 5 a s / h); with tp t: sbh (10 + 24/t + 5 a s / (h t)); with sequence parallelism
+// sbh / t (34 + 5 a s / h); selective recompute sbh 34 / t; full recompute 2 sbh (/ t with sp).
+TEST(PlannerTest, ActivationsFollowKorthikanti) {
+  ModelShape m = modelPreset("gpt2-1.5b");
+  m.heads = 32, m.seq = 2048;
+  const double s = m.seq, b = 2, h = m.hidden, a = m.heads;
+  const Precision bf16 = parsePrecision("bf16");
+  auto perLayer = [&](int tp, bool sp, Recompute r) {
+    PlanLayout l = layoutOf(1, tp, 1, 1, 2, 2);
+    l.sequenceParallel = sp, l.recompute = r, l.dropout = true;
+    const LayerActivations x = layerActivations(m, l, bf16);
+    return x.total() - x.stats;  // the paper leaves out the layernorm statistics
+  };
+  const double sbh = s * b * h, as2b = a * s * s * b;
+  EXPECT_DOUBLE_EQ(perLayer(1, false, Recompute::kNone), 34 * sbh + 5 * as2b);
+  EXPECT_DOUBLE_EQ(perLayer(8, false, Recompute::kNone), sbh * (10 + 24.0 / 8) + 5 * as2b / 8);
+  EXPECT_DOUBLE_EQ(perLayer(8, true, Recompute::kNone), (34 * sbh + 5 * as2b) / 8);
+  EXPECT_DOUBLE_EQ(perLayer(8, true, Recompute::kSelective), 34 * sbh / 8);
+  EXPECT_DOUBLE_EQ(perLayer(8, false, Recompute::kFull), 2 * sbh);
+  EXPECT_DOUBLE_EQ(perLayer(8, true, Recompute::kFull), 2 * sbh / 8);
+}
+
+// The activation bytes of a model that has run one micro-batch forward and backward equal the
+// plan's, for every recompute mode: what chorus keeps, counted another way.
+TEST(PlannerTest, ActivationBytesAreWhatTheModelHolds) {
+  const GptConfig config{3, 4, 32, 16, 37};
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    Gpt model(config, 2, 16, {}, {}, r);
+    std::vector<float> p(model.layout().total()), g(p.size(), 0.0f);
+    model.layout().initialize(1, p.data(), 0, p.size());
+    FlatAccess access(model.layout(), p.data(), g.data());
+    std::vector<int> tokens(32, 3), targets(32, 5);
+    model.forward(tokens.data(), targets.data(), access);
+    model.backward(access);
+    PlanLayout l = layoutOf(1, 1, 1, 1, 2, 2);
+    l.recompute = r;
+    const Plan plan = makePlan(shapeOf(config, 16), l, machineOf(1), parsePrecision("fp32"));
+    EXPECT_EQ(plan.stages[0].activationBytes, static_cast<double>(model.activationBytes()))
+        << "recompute " << static_cast<int>(r);
+  }
+}
+
+// Narayanan et al. 2021: a step of B sequences costs 72 B s l h^2 (1 + s/(6h) + V/(12 l h))
+// FLOPs, and 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) with full recompute; the runtime's count is
+// the same. The bubble is (p - 1) / (v m + p - 1); 1F1B stage s holds min(p - s, m) micro-batches.
+TEST(PlannerTest, FlopsAndBubbleFollowNarayanan) {
+  const ModelShape m = modelPreset("gpt2-124m");
+  const double B = 64, s = m.seq, l = m.layers, h = m.hidden, V = m.vocab;
+  PlanLayout layout = layoutOf(2, 1, 4, 1, 2, 64);
+  Plan plan = makePlan(m, layout, machineOf(8), parsePrecision("bf16"));
+  EXPECT_NEAR(plan.modelFlops, 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h)), 1e-9 * plan.modelFlops);
+  EXPECT_DOUBLE_EQ(plan.hardwareFlops, plan.modelFlops);
+  EXPECT_DOUBLE_EQ(plan.bubbleFormula, 3.0 / (16 + 3));
+  for (int st = 0; st < 4; ++st) EXPECT_EQ(plan.stages[st].inFlight[0], 4 - st);
+  layout.recompute = Recompute::kFull;
+  plan = makePlan(m, layout, machineOf(8), parsePrecision("bf16"));
+  EXPECT_NEAR(plan.hardwareFlops, 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h)),
+              1e-9 * plan.hardwareFlops);
+  const GptConfig config{2, 4, 32, 16, 37};
+  const Gpt gpt(config, 2, 16);
+  const Plan small = makePlan(shapeOf(config, 16), layoutOf(4, 1, 1, 1, 2, 24), machineOf(4), parsePrecision("fp32"));
+  EXPECT_NEAR(small.modelFlops, gpt.flopsPerStep() * 3 * 4, 1e-9 * small.modelFlops);
+  layout.vpp = 2, layout.recompute = Recompute::kNone, layout.schedule = Schedule::kInterleaved;
+  EXPECT_DOUBLE_EQ(makePlan(m, layout, machineOf(8), parsePrecision("bf16")).bubbleFormula, 3.0 / (32 + 3));
+}
+
+// What a rank sends: ring all-reduce 2 (n-1)/n of the buffer; tensor parallelism's all-reduces,
+// four per block and one at each end of the model, per micro-batch.
+TEST(PlannerTest, CommunicationVolumesFollowTheLayout) {
+  const ModelShape m = modelPreset("gpt2-124m");
+  PlanLayout l = layoutOf(4, 2, 1, 1, 1, 8);
+  const Plan plan = makePlan(m, l, machineOf(8), parsePrecision("fp32"));
+  double tpCalls = 0;
+  bool sawDp = false;
+  for (const auto& c : plan.collectives) {
+    if (c.group == "dp") {
+      sawDp = true;
+      EXPECT_EQ(c.op, "all_reduce");
+      EXPECT_EQ(c.ranks, 4);
+      EXPECT_DOUBLE_EQ(c.bytes, 4 * plan.stages[0].parameters);
+      EXPECT_DOUBLE_EQ(c.sentBytes, 2.0 * 3 / 4 * c.bytes);
+    }
+    if (c.group == "tp" && c.bytes == 4.0 * m.seq * m.hidden) tpCalls += c.calls;
+  }
+  EXPECT_TRUE(sawDp);
+  EXPECT_EQ(tpCalls, 2 * (4 * m.layers + 2));  // 2 micro-batches
+  EXPECT_GT(plan.stepSeconds, plan.computeSeconds);
+}
+
+TEST(PlannerTest, BadLayoutsAreRefusedByName) {
+  const ModelShape m = modelPreset("gpt2-124m");
+  auto message = [&](PlanLayout l, int devices) {
+    try {
+      makePlan(m, l, machineOf(devices), parsePrecision("fp32"));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message(layoutOf(1, 8, 1, 1, 1, 1), 8).find("heads 12 (kv heads 12) cannot be split over tp = 8"),
+            std::string::npos);
+  EXPECT_NE(message(layoutOf(1, 1, 1, 3, 1, 1), 3).find("seq 1024 cannot be cut into 2 x cp = 6"), std::string::npos);
+  EXPECT_NE(message(layoutOf(2, 1, 1, 1, 1, 2), 8).find("uses 2 devices; the machine has 8"), std::string::npos);
+  EXPECT_NE(message(layoutOf(2, 1, 1, 1, 3, 8), 2).find("global batch 8 is not a multiple of micro x dp = 3 x 2"),
+            std::string::npos);
+}
+
+// Every layout the search returns fits and runs; they come fastest first. llama3-70b in mixed
+// precision needs 16 bytes per parameter, 141 GB per GPU even when 8 share it all: no layout of
+// one 8-GPU node fits, and on 4 nodes only those that shard the state 16 ways or more do.
+TEST(PlannerTest, SearchRanksLayoutsThatFitFastestFirst) {
+  PlanLayout base;
+  base.globalBatch = 32;
+  const ModelShape model = modelPreset("llama3-70b");
+  EXPECT_TRUE(searchLayouts(model, base, machineOf(8), parsePrecision("bf16")).empty());
+  const Machine machine = machineOf(32);
+  const auto plans = searchLayouts(model, base, machine, parsePrecision("bf16"));
+  ASSERT_FALSE(plans.empty());
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const PlanLayout& l = plans[i].layout;
+    EXPECT_TRUE(plans[i].fits);
+    EXPECT_LE(plans[i].peakBytes(), machine.memoryBytes);
+    EXPECT_EQ(l.devices(), 32);
+    if (i > 0) {
+      EXPECT_GE(plans[i - 1].tokensPerSecond, plans[i].tokensPerSecond);
+    }
+    const int stateShards = l.tp * l.pp * (l.zero >= 3 ? l.dp * l.cp : 1);
+    EXPECT_TRUE(stateShards >= 16 || l.zero >= 1) << l.describe();
+  }
+}
+
+TEST(PlannerTest, ATopologyFileGivesTheLinks) {
+  const Machine m =
+      machineFromTopology(std::string(CHORUS_TEST_DATA) + "/topology/dgx-h100-cluster4.chorus.xml", machineOf(8));
+  EXPECT_EQ(m.devices, 32);
+  EXPECT_EQ(m.devicesPerNode, 8);
+  EXPECT_GT(m.intraGBps, m.interGBps);
+  EXPECT_GT(m.interGBps, 0);
+}
+
+}  // namespace
+}  // namespace chorus::training
