@@ -170,11 +170,11 @@ int main(int argc, char** argv) {
       }
       std::printf("%zu layouts of %d devices fit; the fastest %d:\n", plans.size(), machine.devices,
                   std::min<int>(top, static_cast<int>(plans.size())));
-      std::printf("  %4s  %-44s  %12s  %8s  %10s  %12s\n", "rank", "layout", "tokens/s", "MFU", "step ms",
+      std::printf("  %4s  %-60s  %12s  %8s  %10s  %12s\n", "rank", "layout", "tokens/s", "MFU", "step ms",
                   "peak memory");
       for (int i = 0; i < std::min<int>(top, static_cast<int>(plans.size())); ++i) {
         const auto& p = plans[i];
-        std::printf("  %4d  %-44s  %12.4g  %7.1f%%  %10.3f  %9.2f GiB\n", i + 1, p.layout.describe().c_str(),
+        std::printf("  %4d  %-60s  %12.4g  %7.1f%%  %10.3f  %9.2f GiB\n", i + 1, p.layout.describe().c_str(),
                     p.tokensPerSecond, 100 * p.mfu, 1e3 * p.stepSeconds, p.peakBytes() / (1ull << 30));
       }
       return plans.empty() ? 1 : 0;

@@ -528,6 +528,7 @@ std::vector<Plan> searchLayouts(const ModelShape& model, const PlanLayout& base,
             if (vpp > 1 && pp == 1) continue;
             for (int zero = 0; zero <= (pp > 1 ? 1 : 3); ++zero) {
               for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+                if (r == Recompute::kSelective && cp > 1) continue;  // ring attention keeps no scores to drop
                 PlanLayout l = base;
                 l.dp = dp, l.tp = tp, l.pp = pp, l.cp = cp, l.vpp = vpp, l.zero = zero, l.micro = micro;
                 l.globalBatch = global;
