@@ -14,6 +14,8 @@
 #include <string>
 
 #include "chorus/error.hpp"
+#include "src/topology/discover.h"
+#include "src/topology/topology.h"
 #include "src/training/job.h"
 #include "src/training/planner.h"
 #include "src/training/trainer.h"
@@ -41,6 +43,39 @@ tr::Machine localMachine(int devices) {
   m.reduceGBps = 4;
   m.sharedCores = true;
   return m;
+}
+
+// The links from a topology file (chorus, NCCL or hwloc XML): the devices are its GPUs (or, without
+// GPUs, its CPU nodes); the intra- and inter-node links those of the widest paths between two of
+// them on one host and on two hosts. The rest comes from base.
+tr::Machine machineFromTopology(const std::string& path, tr::Machine base) {
+  namespace topo = chorus::topology;
+  const topo::Topology t = topo::readTopologyFile(path);
+  std::vector<std::vector<int>> perHost(t.hosts.size());
+  int devices = 0;
+  for (const topo::NodeKind kind : {topo::NodeKind::kGpu, topo::NodeKind::kCpu}) {
+    devices = 0;
+    for (size_t h = 0; h < t.hosts.size(); ++h) {
+      perHost[h] = t.nodesOf(static_cast<int>(h), kind);
+      devices += static_cast<int>(perHost[h].size());
+    }
+    if (devices > 0) break;
+  }
+  if (devices == 0) throw chorus::Error(chorusInvalidArgument, "topology " + path + " has no GPUs or CPUs");
+  base.name = path;
+  base.devices = devices;
+  base.devicesPerNode = static_cast<int>(perHost[0].size());
+  if (perHost[0].size() >= 2) {
+    const topo::Path p = topo::widestPath(t, perHost[0][0], perHost[0][1]);
+    base.intraGBps = p.bandwidth;
+    base.intraAlphaUs = std::max(p.latencyUs, 0.5);
+  }
+  if (perHost.size() >= 2 && !perHost[1].empty()) {
+    const topo::Path p = topo::widestPath(t, perHost[0][0], perHost[1][0]);
+    base.interGBps = p.bandwidth;
+    base.interAlphaUs = std::max(p.latencyUs, 0.5);
+  }
+  return base;
 }
 
 }  // namespace
@@ -143,7 +178,7 @@ int main(int argc, char** argv) {
     layout.dropout = dropout;
     const tr::Precision precision = tr::parsePrecision(precisionName);
     tr::Machine machine = machineName == "local" ? localMachine(devices) : tr::machinePreset(machineName, devices);
-    if (!topology.empty()) machine = tr::machineFromTopology(topology, machine);
+    if (!topology.empty()) machine = machineFromTopology(topology, machine);
     if (perNode > 0) machine.devicesPerNode = perNode;
     if (memoryGib > 0) machine.memoryBytes = memoryGib * (1ull << 30);
     if (peakTflops > 0) machine.peakFlops = peakTflops * 1e12;

@@ -117,6 +117,32 @@ typedef struct {
 /* Writes the library version (CHORUS_VERSION_CODE form) to *version. Any thread. */
 CHORUS_API chorusResult_t chorusGetVersion(int* version);
 
+/* The cost model the runtime's tuner picks algorithms with, for planning (chorus-plan uses it):
+ * chorusPredictTime writes the predicted time in microseconds of one call of `collective` over
+ * nranks ranks on links described by *link, with the algorithm the model finds fastest. bytes
+ * as the collective's user sees them: the buffer for all-reduce, broadcast and reduce; the whole
+ * nranks-block buffer for all-gather, reduce-scatter and all-to-all; the message for send. Any
+ * thread; no communicator needed. */
+typedef enum {
+  chorusCollAllReduce = 0,
+  chorusCollAllGather = 1,
+  chorusCollReduceScatter = 2,
+  chorusCollBroadcast = 3,
+  chorusCollReduce = 4,
+  chorusCollAllToAll = 5,
+  chorusCollSend = 6
+} chorusCollective_t;
+typedef struct {
+  int hosts;                 /* hosts the ranks are spread over (1: one) */
+  double alphaUs;            /* a message's latency: between hosts, or within the one host */
+  double bandwidthGBps;      /* per direction: between hosts, or within the one host */
+  double localAlphaUs;       /* within a host, when hosts > 1 */
+  double localBandwidthGBps; /* within a host, when hosts > 1 */
+  double reduceGBps;         /* reduction throughput of a rank */
+} chorusLinkModel_t;
+CHORUS_API chorusResult_t chorusPredictTime(chorusCollective_t collective, int nranks, size_t bytes,
+                                            const chorusLinkModel_t* link, double* microseconds);
+
 /* Returns a static string naming a result code. Any thread. */
 CHORUS_API const char* chorusGetErrorString(chorusResult_t result);
 

@@ -65,6 +65,14 @@ inline void check(chorusResult_t result, chorusComm_t comm = nullptr) {
 inline chorusRedOp_t toC(ReduceOp op) { return static_cast<chorusRedOp_t>(op); }
 }  // namespace detail
 
+// The runtime's cost model (see chorusPredictTime): microseconds of one call.
+inline double predictMicroseconds(chorusCollective_t collective, int nranks, size_t bytes,
+                                  const chorusLinkModel_t& link) {
+  double us = 0.0;
+  detail::check(chorusPredictTime(collective, nranks, bytes, &link, &us));
+  return us;
+}
+
 class UniqueId {
  public:
   // Creates an id and starts the bootstrap root in this process (see chorusGetUniqueId).

@@ -12,6 +12,7 @@
 #include "chorus/chorus.h"
 #include "kernels/cpu/reduce.h"
 #include "src/collectives/algorithm.h"
+#include "src/collectives/tuner.h"
 #include "src/core/bootstrap.h"
 #include "src/core/communicator.h"
 #include "src/core/config.h"
@@ -290,6 +291,48 @@ chorusResult_t chorusGetVersion(int* version) {
   return guarded([&] {
     if (version == nullptr) fail(chorusInvalidArgument, "chorusGetVersion: version is NULL");
     *version = CHORUS_VERSION_CODE;
+  });
+}
+
+chorusResult_t chorusPredictTime(chorusCollective_t collective, int nranks, size_t bytes, const chorusLinkModel_t* link,
+                                 double* microseconds) {
+  return guarded([&] {
+    if (link == nullptr || microseconds == nullptr) {
+      fail(chorusInvalidArgument, "chorusPredictTime: link or microseconds is NULL");
+    }
+    if (nranks < 1 || link->hosts < 1 || link->hosts > nranks || !(link->bandwidthGBps > 0) ||
+        !(link->reduceGBps > 0) || link->alphaUs < 0 ||
+        (link->hosts > 1 && (!(link->localBandwidthGBps > 0) || link->localAlphaUs < 0))) {
+      fail(chorusInvalidArgument,
+           "chorusPredictTime: {} ranks on {} host(s), latency {} us, bandwidth {} GB/s (local {} us, {} GB/s), "
+           "reduction {} GB/s: ranks and hosts must be at least 1 (hosts no more than ranks), bandwidths positive, "
+           "latencies not negative",
+           nranks, link->hosts, link->alphaUs, link->bandwidthGBps, link->localAlphaUs, link->localBandwidthGBps,
+           link->reduceGBps);
+    }
+    namespace coll = chorus::collectives;
+    coll::CostParams p = coll::defaultCostParams(false);
+    p.alphaUs = link->alphaUs;
+    p.betaUsPerByte = 1.0 / (link->bandwidthGBps * 1e3);
+    p.gammaUsPerByte = 1.0 / (link->reduceGBps * 1e3);
+    p.copyUsPerByte = p.gammaUsPerByte / 2;
+    p.hosts = link->hosts;
+    p.localAlphaUs = link->hosts > 1 ? link->localAlphaUs : link->alphaUs;
+    p.localBetaUsPerByte = link->hosts > 1 ? 1.0 / (link->localBandwidthGBps * 1e3) : p.betaUsPerByte;
+    static constexpr coll::Collective kOf[] = {coll::Collective::kAllReduce,     coll::Collective::kAllGather,
+                                               coll::Collective::kReduceScatter, coll::Collective::kBroadcast,
+                                               coll::Collective::kReduce,        coll::Collective::kAllToAll};
+    const int which = static_cast<int>(collective);
+    if (which < 0 || which > static_cast<int>(chorusCollSend)) {
+      fail(chorusInvalidArgument, "chorusPredictTime: collective {} is not a chorusCollective_t", which);
+    }
+    if (nranks == 1 || bytes == 0) {
+      *microseconds = 0.0;
+    } else if (collective == chorusCollSend) {
+      *microseconds = p.alphaUs + static_cast<double>(bytes) * p.betaUsPerByte;
+    } else {
+      *microseconds = coll::choose(kOf[which], nranks, bytes, p).predictedUs;
+    }
   });
 }
 

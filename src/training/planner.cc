@@ -7,14 +7,10 @@
 #include <cmath>
 #include <functional>
 
+#include "chorus/chorus.hpp"
 #include "chorus/error.hpp"
-#include "src/collectives/tuner.h"
-#include "src/topology/discover.h"
-#include "src/topology/topology.h"
 
 namespace chorus::training {
-
-namespace coll = chorus::collectives;
 
 namespace {
 
@@ -121,34 +117,6 @@ Machine machinePreset(const std::string& name, int devices) {
   return m;
 }
 
-Machine machineFromTopology(const std::string& path, Machine base) {
-  namespace topo = chorus::topology;
-  const topo::Topology t = topo::readTopologyFile(path);
-  std::vector<std::vector<int>> perHost(t.hosts.size());
-  int devices = 0;
-  for (const topo::NodeKind kind : {topo::NodeKind::kGpu, topo::NodeKind::kCpu}) {
-    for (size_t h = 0; h < t.hosts.size(); ++h) perHost[h] = t.nodesOf(static_cast<int>(h), kind);
-    devices = 0;
-    for (const auto& nodes : perHost) devices += static_cast<int>(nodes.size());
-    if (devices > 0) break;
-  }
-  if (devices == 0) throw invalid("topology " + path + " has no GPUs or CPUs");
-  base.name = path;
-  base.devices = devices;
-  base.devicesPerNode = static_cast<int>(perHost[0].size());
-  if (perHost[0].size() >= 2) {
-    const topo::Path p = topo::widestPath(t, perHost[0][0], perHost[0][1]);
-    base.intraGBps = p.bandwidth;
-    base.intraAlphaUs = std::max(p.latencyUs, 0.5);
-  }
-  if (perHost.size() >= 2 && !perHost[1].empty()) {
-    const topo::Path p = topo::widestPath(t, perHost[0][0], perHost[1][0]);
-    base.interGBps = p.bandwidth;
-    base.interAlphaUs = std::max(p.latencyUs, 0.5);
-  }
-  return base;
-}
-
 LayerActivations layerActivations(const ModelShape& m, const PlanLayout& l, const Precision& precision) {
   const double e = precision.activation, d = l.dropout ? 1.0 : 0.0;
   const double s = static_cast<double>(m.seq) / l.cp, b = l.micro, h = m.hidden, a = m.heads, t = l.tp;
@@ -182,52 +150,43 @@ double Plan::peakBytes() const {
 
 namespace {
 
-// The cost model's parameters for a group of `size` ranks, `stride` apart in the mesh (ranks are
-// numbered node by node).
-coll::CostParams linkFor(const Machine& m, int stride, int size) {
-  coll::CostParams p = coll::defaultCostParams(false);
-  p.gammaUsPerByte = 1.0 / (m.reduceGBps * 1e3);
-  p.copyUsPerByte = p.gammaUsPerByte / 2;
-  p.localAlphaUs = m.intraAlphaUs;
-  p.localBetaUsPerByte = 1.0 / (m.intraGBps * 1e3);
+// The links of a group of `size` ranks, `stride` apart in the mesh (ranks are numbered node by node).
+chorusLinkModel_t linkFor(const Machine& m, int stride, int size) {
+  chorusLinkModel_t link{1, m.intraAlphaUs, m.intraGBps, m.intraAlphaUs, m.intraGBps, m.reduceGBps};
   const long span = static_cast<long>(stride) * size;
-  if (span <= m.devicesPerNode) {
-    p.alphaUs = m.intraAlphaUs;
-    p.betaUsPerByte = 1.0 / (m.intraGBps * 1e3);
-    p.hosts = 1;
-  } else {
-    p.alphaUs = m.interAlphaUs;
-    p.betaUsPerByte = 1.0 / (m.interGBps * 1e3);
-    p.hosts = static_cast<int>(std::min<long>(size, (span + m.devicesPerNode - 1) / m.devicesPerNode));
+  if (span > m.devicesPerNode) {
+    link.hosts = static_cast<int>(std::min<long>(size, (span + m.devicesPerNode - 1) / m.devicesPerNode));
+    link.alphaUs = m.interAlphaUs;
+    link.bandwidthGBps = m.interGBps;
   }
-  return p;
+  return link;
 }
 
-double collectiveSeconds(coll::Collective c, int ranks, double bytes, const coll::CostParams& p) {
+// One call's time, from the runtime's cost model.
+double collectiveSeconds(chorusCollective_t c, int ranks, double bytes, const chorusLinkModel_t& link) {
   if (ranks < 2 || bytes <= 0) return 0.0;
-  if (c == coll::Collective::kSend) return (p.alphaUs + bytes * p.betaUsPerByte) * 1e-6;
-  return coll::choose(c, ranks, static_cast<size_t>(bytes), p).predictedUs * 1e-6;
+  return predictMicroseconds(c, ranks, static_cast<size_t>(bytes), link) * 1e-6;
 }
 
 // What a rank of n sends for one call (ring-like volumes: the bandwidth-optimal ones).
-double sentPerCall(coll::Collective c, int n, double bytes) {
+double sentPerCall(chorusCollective_t c, int n, double bytes) {
   switch (c) {
-    case coll::Collective::kAllReduce:
+    case chorusCollAllReduce:
       return 2.0 * (n - 1) / n * bytes;
-    case coll::Collective::kSend:
+    case chorusCollSend:
       return bytes;
     default:
       return static_cast<double>(n - 1) / n * bytes;
   }
 }
 
-const char* opName(coll::Collective c) {
+const char* opName(chorusCollective_t c) {
   switch (c) {
-    case coll::Collective::kAllReduce:
+    case chorusCollAllReduce:
       return "all_reduce";
-    case coll::Collective::kAllGather:
+    case chorusCollAllGather:
       return "all_gather";
-    case coll::Collective::kReduceScatter:
+    case chorusCollReduceScatter:
       return "reduce_scatter";
     default:
       return "send_recv";
@@ -308,16 +267,16 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
   // Communication per micro-batch, by group.
   struct Calls {
     std::string group;
-    coll::Collective op;
+    chorusCollective_t op;
     int ranks;
     double bytes, calls;
     std::string overlap;
   };
   // Mesh order (pp, dp, cp, tp): tp neighbours, cp next, then dp; dp x cp is contiguous.
-  const coll::CostParams tpLink = linkFor(machine, 1, l.tp), cpLink = linkFor(machine, l.tp, l.cp),
-                         dpLink = linkFor(machine, l.tp, l.dp * l.cp),
-                         ppLink = linkFor(machine, l.tp * l.cp * l.dp, std::min(l.pp, 2));
-  auto linkOf = [&](const std::string& group) -> const coll::CostParams& {
+  const chorusLinkModel_t tpLink = linkFor(machine, 1, l.tp), cpLink = linkFor(machine, l.tp, l.cp),
+                          dpLink = linkFor(machine, l.tp, l.dp * l.cp),
+                          ppLink = linkFor(machine, l.tp * l.cp * l.dp, std::min(l.pp, 2));
+  auto linkOf = [&](const std::string& group) -> const chorusLinkModel_t& {
     if (group == "tp") return tpLink;
     if (group == "cp") return cpLink;
     if (group == "pp" || group == "embedding") return ppLink;
@@ -393,29 +352,28 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
     const double fwdReruns = l.recompute == Recompute::kFull ? 2.0 : 1.0;
     if (l.tp > 1) {
       if (!sp) {
-        calls.push_back({"tp", coll::Collective::kAllReduce, l.tp, rowsBytes, blocks * (2.0 * fwdReruns + 2.0), ""});
-        if (first) calls.push_back({"tp", coll::Collective::kAllReduce, l.tp, rowsBytes, 1.0, ""});
-        if (last) calls.push_back({"tp", coll::Collective::kAllReduce, l.tp, rowsBytes, 1.0, ""});
+        calls.push_back({"tp", chorusCollAllReduce, l.tp, rowsBytes, blocks * (2.0 * fwdReruns + 2.0), ""});
+        if (first) calls.push_back({"tp", chorusCollAllReduce, l.tp, rowsBytes, 1.0, ""});
+        if (last) calls.push_back({"tp", chorusCollAllReduce, l.tp, rowsBytes, 1.0, ""});
       } else {
-        calls.push_back({"tp", coll::Collective::kAllGather, l.tp, rowsBytes, blocks * (2.0 * fwdReruns + 4.0), ""});
-        calls.push_back(
-            {"tp", coll::Collective::kReduceScatter, l.tp, rowsBytes, blocks * (2.0 * fwdReruns + 2.0), ""});
-        if (first) calls.push_back({"tp", coll::Collective::kReduceScatter, l.tp, rowsBytes, 1.0, ""});
-        if (last) calls.push_back({"tp", coll::Collective::kAllGather, l.tp, rowsBytes, 1.0, ""});
-        if (last) calls.push_back({"tp", coll::Collective::kReduceScatter, l.tp, rowsBytes, 1.0, ""});
+        calls.push_back({"tp", chorusCollAllGather, l.tp, rowsBytes, blocks * (2.0 * fwdReruns + 4.0), ""});
+        calls.push_back({"tp", chorusCollReduceScatter, l.tp, rowsBytes, blocks * (2.0 * fwdReruns + 2.0), ""});
+        if (first) calls.push_back({"tp", chorusCollReduceScatter, l.tp, rowsBytes, 1.0, ""});
+        if (last) calls.push_back({"tp", chorusCollAllGather, l.tp, rowsBytes, 1.0, ""});
+        if (last) calls.push_back({"tp", chorusCollReduceScatter, l.tp, rowsBytes, 1.0, ""});
       }
-      if (last) calls.push_back({"tp", coll::Collective::kAllReduce, l.tp, 4.0 * 3.0 * N, 1.0, ""});
+      if (last) calls.push_back({"tp", chorusCollAllReduce, l.tp, 4.0 * 3.0 * N, 1.0, ""});
     }
     const double kvBytes = e * N * 2.0 * kvd;
     if (l.cp > 1) {
-      calls.push_back({"cp", coll::Collective::kSend, l.cp, kvBytes, blocks * (l.cp - 1) * (fwdReruns + 1.0),
+      calls.push_back({"cp", chorusCollSend, l.cp, kvBytes, blocks * (l.cp - 1) * (fwdReruns + 1.0),
                        "the attention of the block in hand"});
-      calls.push_back({"cp", coll::Collective::kSend, l.cp, kvBytes, blocks * static_cast<double>(l.cp), ""});
+      calls.push_back({"cp", chorusCollSend, l.cp, kvBytes, blocks * static_cast<double>(l.cp), ""});
     }
     if (l.pp > 1) {
       double sends = 0;
       for (const auto& c : stage.chunks) sends += (c.end != model.layers) + (c.begin != 0);
-      calls.push_back({"pp", coll::Collective::kSend, l.pp, rowsBytes * rowsShare, sends, ""});
+      calls.push_back({"pp", chorusCollSend, l.pp, rowsBytes * rowsShare, sends, ""});
     }
     double perMicroComm = 0;
     for (const auto& c : calls) {
@@ -441,23 +399,22 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
       const int n = l.dp * l.cp;
       const double grads = P * precision.grad, params = P * precision.param;
       std::vector<std::pair<Calls, double>> dpCalls;  // with the compute that can hide each call
-      if (l.zero == 0)
-        dpCalls.push_back({{"dp", coll::Collective::kAllReduce, n, grads, 1.0, "backward"}, backwardCompute});
+      if (l.zero == 0) dpCalls.push_back({{"dp", chorusCollAllReduce, n, grads, 1.0, "backward"}, backwardCompute});
       if (l.zero == 1) {
-        dpCalls.push_back({{"dp", coll::Collective::kReduceScatter, n, grads, 1.0, "backward"}, backwardCompute});
-        dpCalls.push_back({{"dp", coll::Collective::kAllGather, n, params, 1.0, ""}, 0.0});
+        dpCalls.push_back({{"dp", chorusCollReduceScatter, n, grads, 1.0, "backward"}, backwardCompute});
+        dpCalls.push_back({{"dp", chorusCollAllGather, n, params, 1.0, ""}, 0.0});
       }
       if (l.zero == 2) {
-        dpCalls.push_back({{"dp", coll::Collective::kReduceScatter, n, grads, double(m), "backward"}, backwardCompute});
-        dpCalls.push_back({{"dp", coll::Collective::kAllGather, n, params, 1.0, ""}, 0.0});
+        dpCalls.push_back({{"dp", chorusCollReduceScatter, n, grads, double(m), "backward"}, backwardCompute});
+        dpCalls.push_back({{"dp", chorusCollAllGather, n, params, 1.0, ""}, 0.0});
       }
       if (l.zero == 3) {
-        dpCalls.push_back({{"dp", coll::Collective::kAllGather, n, params, 2.0 * m, "forward and backward"},
+        dpCalls.push_back({{"dp", chorusCollAllGather, n, params, 2.0 * m, "forward and backward"},
                            (forwardCompute + backwardCompute) / 2});
-        dpCalls.push_back({{"dp", coll::Collective::kReduceScatter, n, grads, double(m), "backward"}, backwardCompute});
+        dpCalls.push_back({{"dp", chorusCollReduceScatter, n, grads, double(m), "backward"}, backwardCompute});
       }
       if (l.pp > 1) {
-        dpCalls.push_back({{"embedding", coll::Collective::kAllReduce, 2, Vt * h * precision.grad, 1.0, ""}, 0.0});
+        dpCalls.push_back({{"embedding", chorusCollAllReduce, 2, Vt * h * precision.grad, 1.0, ""}, 0.0});
       }
       for (const auto& [c, hide] : dpCalls) {
         const double each = collectiveSeconds(c.op, c.ranks, c.bytes, linkOf(c.group));
@@ -651,6 +608,10 @@ nlohmann::json planJson(const Plan& p) {
                   {"memory_bytes", p.machine.memoryBytes},
                   {"peak_flops", p.machine.peakFlops},
                   {"efficiency", p.machine.efficiency},
+                  {"intra_node_gbps", p.machine.intraGBps},
+                  {"intra_node_latency_us", p.machine.intraAlphaUs},
+                  {"inter_node_gbps", p.machine.interGBps},
+                  {"inter_node_latency_us", p.machine.interAlphaUs},
                   {"shared_cores", p.machine.sharedCores}};
   json stages = json::array();
   for (const auto& s : p.stages) {

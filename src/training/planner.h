@@ -5,7 +5,7 @@
 // under tensor and sequence parallelism and recompute), the pipeline bubble and the training
 // FLOPs (Narayanan et al. 2021), the communication of every collective in a step, and the step
 // time split into compute, exposed communication and bubble, the collectives priced by the
-// runtime's own cost model (src/collectives/tuner.h) on the machine's links. searchLayouts ranks
+// runtime's own cost model (chorusPredictTime) on the machine's links. searchLayouts ranks
 // every layout that fits in memory by predicted throughput. Pure functions.
 #pragma once
 
@@ -93,10 +93,6 @@ struct Machine {
 // "dgx-h100" (nodes of 8 H100 80 GB, NVLink and 400 Gb/s InfiniBand per GPU); devices = the
 // count asked for. Throws chorus::Error listing the names.
 Machine machinePreset(const std::string& name, int devices);
-// The links from a topology file (chorus, NCCL or hwloc XML): devices are its GPUs (or, without
-// GPUs, its CPU nodes), the intra- and inter-node bandwidth and latency those of the widest paths
-// between two of them on one host and on two hosts. The rest comes from base.
-Machine machineFromTopology(const std::string& path, Machine base);
 
 // One collective of a step: on which group, how many calls of how many bytes, what a rank sends
 // in all, and its predicted time.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # chorus-topo as a user runs it: this machine's graph agrees with lstopo (NUMA nodes, cores) and
 # sysfs (network devices); CHORUS_TOPO_FILE replaces discovery; --xml writes a file that reads back
-# to the same graph; --ranks prints rings and trees; a bad file fails naming the file.
+# to the same graph; --ranks prints rings and trees; a bad file fails naming the file; chorus-plan
+# takes its devices and links from a topology file.
 source "$(dirname "$0")/lib.sh"
 topo="$build/chorus-topo"
 data="$source_dir/tests/data/topology"
@@ -31,3 +32,16 @@ echo '<chorus-topology version="1"><host name="a"><node id="c" kind="cpu"/><link
 if "$topo" --file "$work/bad.xml" 2>"$work/err.txt"; then fail "a bad file was accepted"; fi
 grep -q "bad.xml:1: <link>: b=\"x\" names no node" "$work/err.txt" || { cat "$work/err.txt"; fail "the error does not name the file and link"; }
 echo "topo: OK"
+
+# chorus-plan takes its devices and links from a topology file: 4 hosts of 8 H100s, NVLink within
+# a host faster than the network between hosts.
+"$build/chorus-plan" --model gpt2-124m --micro 4 --global 128 --topology "$data/dgx-h100-cluster4.chorus.xml" \
+  --json >"$work/plan.json" || fail "chorus-plan --topology failed"
+/usr/bin/python3 - "$work/plan.json" <<'PY' || fail "chorus-plan read the topology file wrongly"
+import json, sys
+m = json.load(open(sys.argv[1]))["machine"]
+print(f"chorus-plan on dgx-h100-cluster4: {m['devices']} devices, {m['devices_per_node']} per node, "
+      f"{m['intra_node_gbps']} GB/s within a node, {m['inter_node_gbps']} GB/s between nodes")
+assert m["devices"] == 32 and m["devices_per_node"] == 8, m
+assert m["intra_node_gbps"] > m["inter_node_gbps"] > 0, m
+PY

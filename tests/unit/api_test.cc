@@ -58,6 +58,29 @@ TEST(ApiTest, VersionNamesAndSizes) {
   EXPECT_EQ(chorusTypeSize(static_cast<chorusDataType_t>(99)), 0u);
 }
 
+// The cost model as the public API gives it: a send is latency + bytes / bandwidth; a large
+// all-reduce costs at least the ring's bandwidth bound 2 (n-1)/n bytes / bandwidth and more over
+// a slower link; one rank costs nothing; bad links are refused by name.
+TEST(ApiTest, PredictTimeFollowsTheLinks) {
+  const chorusLinkModel_t fast{1, 2.0, 100.0, 2.0, 100.0, 500.0}, slow{1, 2.0, 10.0, 2.0, 10.0, 500.0};
+  double us = -1;
+  ASSERT_EQ(chorusPredictTime(chorusCollSend, 2, 1000000, &fast, &us), chorusSuccess);
+  EXPECT_DOUBLE_EQ(us, 2.0 + 1e6 / 100e3);
+  const size_t bytes = size_t{64} << 20;
+  double fastUs = 0, slowUs = 0;
+  ASSERT_EQ(chorusPredictTime(chorusCollAllReduce, 8, bytes, &fast, &fastUs), chorusSuccess);
+  ASSERT_EQ(chorusPredictTime(chorusCollAllReduce, 8, bytes, &slow, &slowUs), chorusSuccess);
+  EXPECT_GE(fastUs, 2.0 * 7 / 8 * bytes / 100e3);
+  EXPECT_GT(slowUs, 5 * fastUs);
+  ASSERT_EQ(chorusPredictTime(chorusCollAllGather, 1, bytes, &fast, &us), chorusSuccess);
+  EXPECT_EQ(us, 0.0);
+  const chorusLinkModel_t broken{1, 2.0, 0.0, 2.0, 0.0, 500.0};
+  EXPECT_EQ(chorusPredictTime(chorusCollAllReduce, 8, bytes, &broken, &us), chorusInvalidArgument);
+  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("bandwidth 0 GB/s"), std::string::npos)
+      << chorusGetLastError(nullptr);
+  EXPECT_EQ(chorusPredictTime(static_cast<chorusCollective_t>(42), 8, bytes, &fast, &us), chorusInvalidArgument);
+}
+
 TEST_F(OneRankTest, RankCountAndEveryCollectiveOnOneRank) {
   int count = 0, rank = -1;
   ASSERT_EQ(chorusCommCount(comm_, &count), chorusSuccess);

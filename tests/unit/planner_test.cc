@@ -2,7 +2,7 @@
 // parameter counts; each stage's parameters against ParamLayout's; ZeRO's bytes (Rajbhandari et
 // al. 2020); Korthikanti et al.'s activation formulas; Narayanan et al.'s FLOPs and bubble; the
 // activation bytes of a model that has run (Gpt::activationBytes); communication volumes; the
-// search; a topology file's links.
+// search.
 #include "src/training/planner.h"
 
 #include <gtest/gtest.h>
@@ -213,15 +213,6 @@ TEST(PlannerTest, SearchRanksLayoutsThatFitFastestFirst) {
     const int stateShards = l.tp * l.pp * (l.zero >= 3 ? l.dp * l.cp : 1);
     EXPECT_TRUE(stateShards >= 16 || l.zero >= 1) << l.describe();
   }
-}
-
-TEST(PlannerTest, ATopologyFileGivesTheLinks) {
-  const Machine m =
-      machineFromTopology(std::string(CHORUS_TEST_DATA) + "/topology/dgx-h100-cluster4.chorus.xml", machineOf(8));
-  EXPECT_EQ(m.devices, 32);
-  EXPECT_EQ(m.devicesPerNode, 8);
-  EXPECT_GT(m.intraGBps, m.interGBps);
-  EXPECT_GT(m.interGBps, 0);
 }
 
 }  // namespace
