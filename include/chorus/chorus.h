@@ -130,7 +130,10 @@ typedef enum {
   chorusCollBroadcast = 3,
   chorusCollReduce = 4,
   chorusCollAllToAll = 5,
-  chorusCollSend = 6
+  chorusCollSend = 6,
+  /* Makes the type 32 bits wide, so that an out-of-range value from a caller is one the library
+   * can check and reject instead of undefined behaviour. */
+  chorusCollectiveForce32 = 0x7fffffff
 } chorusCollective_t;
 typedef struct {
   int hosts;                 /* hosts the ranks are spread over (1: one) */
