@@ -9,6 +9,7 @@
 
 #include "chorus/chorus.hpp"
 #include "chorus/error.hpp"
+#include "src/training/trainer.h"
 
 namespace chorus::training {
 
@@ -512,20 +513,6 @@ std::vector<Plan> searchLayouts(const ModelShape& model, const PlanLayout& base,
   return plans;
 }
 
-namespace {
-
-std::string bytesText(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  return fmt::format("{:.2f} {}", bytes, units[u]);
-}
-
-}  // namespace
-
 std::string describePlan(const Plan& p) {
   const ModelShape& m = p.model;
   std::string out =
@@ -535,7 +522,7 @@ std::string describePlan(const Plan& p) {
                      p.layout.describe(), p.layout.accumulate(), p.layout.micro,
                      static_cast<long>(p.layout.accumulate()) * p.layout.micro * p.layout.dp, p.precision.name);
   out += fmt::format("machine {}: {} devices, {} per node, {} each, {:.4g} TFLOP/s peak x {:.2f}{}\n", p.machine.name,
-                     p.machine.devices, p.machine.devicesPerNode, bytesText(p.machine.memoryBytes),
+                     p.machine.devices, p.machine.devicesPerNode, humanBytes(p.machine.memoryBytes, 2),
                      p.machine.peakFlops / 1e12, p.machine.efficiency, p.machine.sharedCores ? ", shared cores" : "");
   out += "\nper rank (tp rank 0 of each stage):\n";
   out += fmt::format("  {:>5}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {}\n", "stage", "parameters", "params",
@@ -546,8 +533,8 @@ std::string describePlan(const Plan& p) {
       blocks += fmt::format("{}[{},{}) x{}", c ? " " : "", s.chunks[c].begin, s.chunks[c].end, s.inFlight[c]);
     }
     out += fmt::format("  {:>5}  {:>12.4g}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {}\n", s.stage, s.parameters,
-                       bytesText(s.paramBytes), bytesText(s.gradBytes), bytesText(s.optimizerBytes),
-                       bytesText(s.activationBytes), bytesText(s.totalBytes()), blocks);
+                       humanBytes(s.paramBytes, 2), humanBytes(s.gradBytes, 2), humanBytes(s.optimizerBytes, 2),
+                       humanBytes(s.activationBytes, 2), humanBytes(s.totalBytes(), 2), blocks);
   }
   if (p.layout.pp > 1) {
     out += fmt::format("pipeline bubble: {:.3f} of the step by the formula (p-1)/(vm+p-1), {:.3f} simulated\n",
@@ -559,7 +546,8 @@ std::string describePlan(const Plan& p) {
                      "collective", "ranks", "bytes/call", "calls", "sent", "time", "hidden by");
   for (const auto& c : p.collectives) {
     out += fmt::format("  {:>5}  {:<9}  {:<14}  {:>5}  {:>12}  {:>8.0f}  {:>12}  {:>9.3f} ms  {}\n", c.stage, c.group,
-                       c.op, c.ranks, bytesText(c.bytes), c.calls, bytesText(c.sentBytes), c.seconds * 1e3, c.overlap);
+                       c.op, c.ranks, humanBytes(c.bytes, 2), c.calls, humanBytes(c.sentBytes, 2), c.seconds * 1e3,
+                       c.overlap);
   }
   out += fmt::format(
       "\nstep: {:.3f} ms = compute {:.3f} + exposed communication {:.3f} + bubble {:.3f}; {:.4g} tokens/s; MFU "

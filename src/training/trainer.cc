@@ -63,16 +63,6 @@ int usableCpus() {
   return std::max(1, CPU_COUNT(&set));
 }
 
-std::string human(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 3) {
-    bytes /= 1024;
-    ++u;
-  }
-  return fmt::format("{:.1f} {}", bytes, units[u]);
-}
-
 // ---- checkpoints: "CHCK", uint32 header length, the JSON header, then params, m, v (fp32) ----
 
 void writeAll(int fd, const void* data, size_t bytes, const std::string& path) {
@@ -144,6 +134,16 @@ nlohmann::json loadCheckpoint(const std::string& path, size_t total, std::vector
 }
 
 }  // namespace
+
+std::string humanBytes(double bytes, int decimals) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  return fmt::format("{:.{}f} {}", bytes, decimals, units[u]);
+}
 
 TrainResult train(const Job& job, Communicator* world, double peakGflops) {
   const int worldSize = world ? world->size() : 1;
@@ -402,9 +402,9 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
           "step %5ld/%ld | loss %.4f%s | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%% | %.0f ms | state/rank %s "
           "(params %s, grads %s, optimizer %s) | RSS %s\n",
           step, job.steps, r.loss, r.valLoss >= 0 ? fmt::format(" val {:.4f}", r.valLoss).c_str() : "", r.lr,
-          r.gradNorm, r.tokensPerSecond, 100 * r.mfu, 1000 * r.seconds, human(b.persistent()).c_str(),
-          human(b.params).c_str(), human(b.grads).c_str(), human(b.optimizer).c_str(),
-          human(residentPeakBytes()).c_str());
+          r.gradNorm, r.tokensPerSecond, 100 * r.mfu, 1000 * r.seconds, humanBytes(b.persistent()).c_str(),
+          humanBytes(b.params).c_str(), humanBytes(b.grads).c_str(), humanBytes(b.optimizer).c_str(),
+          humanBytes(residentPeakBytes()).c_str());
       std::fflush(stdout);
     }
   }

@@ -46,6 +46,8 @@ struct TrainResult {
 // Measures single-precision GEMM throughput with `threads` BLAS threads (square products of n,
 // the best of five trials of about seconds / 5 each), in GFLOP/s.
 double measureGemmGflops(int threads, int n = 1024, double seconds = 0.5);
+// Bytes in the largest unit (B, KiB, ... TiB) that keeps the number at least 1: "7.2 MiB".
+std::string humanBytes(double bytes, int decimals = 1);
 
 // Runs the job. world: every rank of the job (its size must equal job.ranks; the device mesh's
 // groups are split from it), or null for one rank. peakGflops: the machine's GEMM peak for MFU (0: rank 0 measures it).
