@@ -166,14 +166,6 @@ bool bindToCore(int rank) {
   return true;
 }
 
-// The row after `bytes` in the -b/-e/-f/-i sweep, or 0 after the last.
-size_t nextSize(const Options& o, size_t bytes) {
-  if (bytes >= o.maxBytes) return 0;
-  const size_t next =
-      o.factorGiven ? static_cast<size_t>(static_cast<double>(bytes) * o.stepFactor) : bytes + o.stepBytes;
-  return next <= bytes ? 0 : std::min(next, o.maxBytes);
-}
-
 const OpInfo* findOp(const std::string& name) {
   for (const OpInfo& info : kOps) {
     if (name == info.name) return &info;
@@ -1625,7 +1617,11 @@ int runRank(const Options& options, chorusComm_t comm) {
     code = Bench(options, comm).calibrate(options.calibrate);
   } else {
     std::vector<std::unique_ptr<chorus::bench::Peer>> peers;
-    if (startPeers(options, comm, &peers)) code = Bench(options, comm, std::move(peers)).run();
+    if (!options.compress.empty()) {
+      code = chorus::bench::runCompressed(options, comm);
+    } else if (startPeers(options, comm, &peers)) {
+      code = Bench(options, comm, std::move(peers)).run();
+    }
   }
   chorusCommDestroy(comm);
   return code;

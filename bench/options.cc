@@ -2,6 +2,7 @@
 #include "bench/options.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -37,6 +38,13 @@ size_t parseBytes(const std::string& text) {
     throw std::invalid_argument("bad size '" + text + "' (a number of bytes with an optional K, M or G)");
   }
   return static_cast<size_t>(value * scale);
+}
+
+size_t nextSize(const Options& o, size_t bytes) {
+  if (bytes >= o.maxBytes) return 0;
+  const size_t next =
+      o.factorGiven ? static_cast<size_t>(static_cast<double>(bytes) * o.stepFactor) : bytes + o.stepBytes;
+  return next <= bytes ? 0 : std::min(next, o.maxBytes);
 }
 
 int parseOptions(int argc, const char* const* argv, Options* o) {
@@ -107,6 +115,10 @@ int parseOptions(int argc, const char* const* argv, Options* o) {
   app.add_flag("--bound", o->bound,
                "measure the copy bandwidth of all ranks at once first and print each row's share of the bound "
                "(least traffic over copy bandwidth; README)");
+  app.add_option("--compress", o->compress,
+                 "time the compressed all-reduce with this compressor (NAME[:param][,key=value...], e.g. powersgd:4, "
+                 "topk:0.01, bf16; repeat for several) beside the fp32 all-reduce: wire bytes, ratio, effective busbw")
+      ->take_all();
   app.add_flag("--inject-wrong", o->injectWrong, "test hook: spoil one received element before the check")->group("");
   try {
     app.parse(argc, argv);

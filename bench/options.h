@@ -4,6 +4,9 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
+
+#include "chorus/chorus.h"
 
 namespace chorus::bench {
 
@@ -35,15 +38,23 @@ struct Options {
   bool simulate = false;
   int ranksPerHost = 0;
   bool injectWrong = false;
-  std::string compare;       // peers timed beside chorus: "gloo", "mpi", "gloo,mpi"
-  std::string glooStore;     // where Gloo's file store is made (a directory every rank sees)
-  bool bound = false;        // measure the copy bandwidth and print each row's share of the bound
-  std::string mem = "host";  // where the buffers come from: host (the heap) or chorus (chorusMemAlloc)
+  std::string compare;                // peers timed beside chorus: "gloo", "mpi", "gloo,mpi"
+  std::string glooStore;              // where Gloo's file store is made (a directory every rank sees)
+  bool bound = false;                 // measure the copy bandwidth and print each row's share of the bound
+  std::string mem = "host";           // where the buffers come from: host (the heap) or chorus (chorusMemAlloc)
+  std::vector<std::string> compress;  // compressor specs: compressed all-reduce beside fp32 (compressed.cc)
 };
 
 // Parses the command line into *o. Returns -1 to go on, else the exit code for main: 0 after
 // --help, 2 after a bad flag or value (the message is on stderr).
 int parseOptions(int argc, const char* const* argv, Options* o);
+
+// The row after `bytes` in the -b/-e/-f/-i sweep, or 0 after the last.
+size_t nextSize(const Options& o, size_t bytes);
+
+// --compress: each compressor's all-reduce timed beside the fp32 all-reduce, with the bytes the
+// transports sent (compressed.cc). Returns the exit code.
+int runCompressed(const Options& o, chorusComm_t comm);
 
 // "32M", "1.5K", "4096", "1GB" -> bytes. Throws std::invalid_argument for anything else,
 // negative or at least 2^63 bytes.

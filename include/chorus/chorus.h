@@ -394,6 +394,74 @@ CHORUS_API chorusResult_t chorusWait(chorusRequest_t* request);
 /* chorusWait on each of count requests, all of them even after an error; returns the first error. */
 CHORUS_API chorusResult_t chorusWaitAll(int count, chorusRequest_t* requests);
 
+/* What this rank has sent on comm's links since the communicator was made: bytes as the
+ * transports put them on the wire (payload plus their headers and framing; a message to oneself
+ * crosses no link and counts nothing) and messages. The difference across a call is what that call
+ * sent. Not collective. Errors: chorusInvalidArgument (NULL traffic), chorusInvalidUsage. */
+typedef struct {
+  uint64_t bytesSent;
+  uint64_t messagesSent;
+} chorusTraffic_t;
+CHORUS_API chorusResult_t chorusCommGetTraffic(chorusComm_t comm, chorusTraffic_t* traffic);
+
+/* Compressed all-reduce (gradient compression). A compressor holds the persistent state of the
+ * compressed all-reduces of one buffer of fp32 tensors laid back to back (error-feedback memory,
+ * PowerSGD's Q for its warm start, the call count that seeds draws shared by the ranks). spec
+ * chooses the compressor and its parameters, "name[:param][,key=value...]":
+ *   none          the fp32 sum, for comparison
+ *   fp16, bf16    x/n rounded to 16 bits; each 1/n shard summed in fp32 by one rank, rounded once
+ *                 and all-gathered (two roundings however many ranks)
+ *   qsgd:s        s-level stochastic quantization (QSGD; 1 <= s <= 127; default 15), both hops
+ *   sign          scaled sign, 1 bit per element and a scale per 1024, with error feedback
+ *   topk:f        the fraction f of each tensor's largest entries, with error feedback; values and
+ *                 indices all-gathered (bytes grow with the ranks)
+ *   randomk:f     f of each tensor's entries at indices drawn alike from a shared seed, summed,
+ *                 with error feedback
+ *   powersgd:r    rank-r PowerSGD with warm start and error feedback; tensors with rows <= 1, and
+ *                 those r (rows + cols) * min_rate > rows * cols, go uncompressed (default r 4)
+ * keys: rank=, ratio=, levels=, ef=0|1 (error feedback), warm=0|1, seed=, min_rate= (default 2).
+ * NULL spec: CHORUS_COMPRESS, else "none". tensors gives each tensor's element count, and rows its
+ * first dimension (PowerSGD views it as rows x count/rows; NULL rows, or 0 or 1: a vector). Every
+ * rank creates the compressor alike. Not collective (no message). The compressor is used with
+ * communicators of comm's size. Errors: chorusInvalidArgument (a bad spec, counts, rows that do
+ * not divide a count), chorusInvalidUsage. */
+typedef struct chorusCompressor* chorusCompressor_t;
+CHORUS_API chorusResult_t chorusCompressorCreate(chorusComm_t comm, const char* spec, int ntensors,
+                                                 const size_t* counts, const size_t* rows,
+                                                 chorusCompressor_t* compressor);
+CHORUS_API chorusResult_t chorusCompressorDestroy(chorusCompressor_t compressor);
+
+/* recvbuff = the sum (chorusSum) or mean (chorusAvg) over ranks of sendbuff, compressed by
+ * compressor: every rank gets the same bits. count must be the compressor's total and datatype
+ * chorusFloat32; in place: sendbuff == recvbuff. Blocking and collective, as chorusAllReduce (a
+ * compressed all-reduce runs several collectives with local compute between them); no group and
+ * no non-blocking form: to overlap it with compute, call it from another thread. Errors: those of
+ * chorusAllReduce, and chorusInvalidArgument for a count or size that is not the compressor's. */
+CHORUS_API chorusResult_t chorusCompressedAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                                    chorusDataType_t datatype, chorusRedOp_t op,
+                                                    chorusCompressor_t compressor, chorusComm_t comm,
+                                                    chorusStream_t stream);
+
+/* What a compressor does: its spec written out in full, the payload bytes each call sends from
+ * this rank by formula (what transports add is not in it: chorusCommGetTraffic counts that), the
+ * compression ratio (fp32 all-reduce payload over this payload), the calls made. */
+typedef struct {
+  char spec[96];
+  uint64_t payloadBytes;
+  double ratio;
+  uint64_t calls;
+  size_t count;
+} chorusCompressorInfo_t;
+CHORUS_API chorusResult_t chorusCompressorGetInfo(chorusCompressor_t compressor, chorusCompressorInfo_t* info);
+
+/* The error-feedback state after the last call, count floats each (either pointer may be NULL):
+ * error, the memory carried to the next call (zero without error feedback), and contribution,
+ * what this rank's compressed data stood for before the exchange. Error feedback conserves
+ * sendbuff + the previous error = contribution + error; the result is the sum (or mean) of the
+ * ranks' contributions, up to the rounding of the second hop where there is one. */
+CHORUS_API chorusResult_t chorusCompressorGetResidual(chorusCompressor_t compressor, float* error, float* contribution,
+                                                      size_t count);
+
 /* Host memory that the ranks on one host can map (as ncclMemAlloc): collectives on buffers inside
  * such allocations move each shared-memory message with one copy, read by the receiver straight
  * from the sender's pages (any buffer works everywhere; these are faster for large messages). A

@@ -1,8 +1,8 @@
 // chorus.hpp: the C++20 API of chorus, a header-only RAII wrapper over the C ABI (chorus.h).
 //
 // Nouns: Communicator (owns a chorusComm_t; move-only; destroyed with it), Request (a non-blocking
-// operation in flight), UniqueId, Error (every
-// failure, with the C result code and the message naming rank, peer, operation and sizes).
+// operation in flight), UniqueId, Compressor (the state of compressed all-reduces of one
+// buffer), Error (every failure, with the C result code and the message naming rank, peer, operation and sizes).
 // Buffers are std::span of a supported element type; sizes are checked before anything is sent.
 // Thread rules as in chorus.h: one thread at a time per Communicator.
 #ifndef CHORUS_CHORUS_HPP_
@@ -165,6 +165,13 @@ class Communicator {
   }
   chorusComm_t handle() const { return comm_; }
 
+  // What this rank has sent on the communicator's links so far (chorusCommGetTraffic).
+  chorusTraffic_t traffic() const {
+    chorusTraffic_t sent{};
+    detail::check(chorusCommGetTraffic(comm_, &sent), comm_);
+    return sent;
+  }
+
   // out[i] = op over ranks of in[i]. in and out have equal sizes (or are the same span).
   template <typename T>
   void allReduce(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::kSum) {
@@ -302,6 +309,70 @@ class Communicator {
   }
 
   chorusComm_t comm_ = nullptr;
+};
+
+// The persistent state of compressed all-reduces of one buffer of fp32 tensors (see
+// chorusCompressorCreate): spec such as "powersgd:4" or "topk:0.01"; counts and rows per tensor
+// (rows empty: every tensor a vector). Move-only; destroyed with the object.
+class Compressor {
+ public:
+  Compressor(const Communicator& comm, const std::string& spec, std::span<const size_t> counts,
+             std::span<const size_t> rows = {}) {
+    if (!rows.empty() && rows.size() != counts.size()) {
+      throw Error(chorusInvalidArgument, "Compressor: " + std::to_string(rows.size()) + " rows for " +
+                                             std::to_string(counts.size()) + " tensors");
+    }
+    detail::check(chorusCompressorCreate(comm.handle(), spec.c_str(), static_cast<int>(counts.size()), counts.data(),
+                                         rows.empty() ? nullptr : rows.data(), &compressor_));
+  }
+  Compressor() = default;
+  Compressor(Compressor&& other) noexcept : compressor_(std::exchange(other.compressor_, nullptr)) {}
+  Compressor& operator=(Compressor&& other) noexcept {
+    if (this != &other) {
+      reset();
+      compressor_ = std::exchange(other.compressor_, nullptr);
+    }
+    return *this;
+  }
+  Compressor(const Compressor&) = delete;
+  Compressor& operator=(const Compressor&) = delete;
+  ~Compressor() { reset(); }
+  explicit operator bool() const { return compressor_ != nullptr; }
+
+  // inOut = the sum (kSum) or mean (kAvg) over ranks, compressed (chorusCompressedAllReduce).
+  void allReduce(std::span<float> inOut, const Communicator& comm, ReduceOp op = ReduceOp::kAvg) {
+    allReduce(std::span<const float>(inOut), inOut, comm, op);
+  }
+  void allReduce(std::span<const float> in, std::span<float> out, const Communicator& comm,
+                 ReduceOp op = ReduceOp::kAvg) {
+    if (out.size() != in.size()) {
+      throw Error(chorusInvalidArgument, "Compressor::allReduce: out has " + std::to_string(out.size()) +
+                                             " elements, in " + std::to_string(in.size()));
+    }
+    detail::check(chorusCompressedAllReduce(in.data(), out.data(), in.size(), chorusFloat32, detail::toC(op),
+                                            compressor_, comm.handle(), nullptr),
+                  comm.handle());
+  }
+  chorusCompressorInfo_t info() const {
+    chorusCompressorInfo_t out{};
+    detail::check(chorusCompressorGetInfo(compressor_, &out));
+    return out;
+  }
+  // The error-feedback memory and this rank's last contribution (chorusCompressorGetResidual).
+  void residual(std::span<float> error, std::span<float> contribution) const {
+    const size_t count = info().count;
+    if ((!error.empty() && error.size() != count) || (!contribution.empty() && contribution.size() != count)) {
+      throw Error(chorusInvalidArgument, "Compressor::residual: spans must be empty or hold " + std::to_string(count));
+    }
+    detail::check(chorusCompressorGetResidual(compressor_, error.empty() ? nullptr : error.data(),
+                                              contribution.empty() ? nullptr : contribution.data(), count));
+  }
+
+ private:
+  void reset() {
+    if (compressor_ != nullptr) chorusCompressorDestroy(std::exchange(compressor_, nullptr));
+  }
+  chorusCompressor_t compressor_ = nullptr;
 };
 
 // Runs body between chorusGroupStart and chorusGroupEnd; the calls in it run together at the

@@ -40,6 +40,12 @@ struct chorusRequest {
   std::shared_ptr<chorus::Completion> completion;
 };
 
+// A compressed all-reduce's persistent state, made for communicators of nranks ranks.
+struct chorusCompressor {
+  std::unique_ptr<chorus::collectives::CompressedAllReduce> state;
+  int nranks = 0;
+};
+
 namespace {
 
 thread_local std::string lastError = "no error";
@@ -60,6 +66,7 @@ thread_local GroupState group;
 // Live request handles, as liveComms; and where the call being made returns its request (set by
 // the non-blocking entry points around the blocking one's validation and preparation).
 std::unordered_set<const chorusRequest*> liveRequests;
+std::unordered_set<const chorusCompressor*> liveCompressors;
 thread_local chorusRequest_t* nonBlockingTarget = nullptr;
 
 template <typename F>
@@ -364,6 +371,142 @@ const char* chorusGetErrorString(chorusResult_t result) {
 }
 
 const char* chorusGetLastError(chorusComm_t) { return lastError.c_str(); }
+
+chorusResult_t chorusCommGetTraffic(chorusComm_t comm, chorusTraffic_t* traffic) {
+  return guarded([&] {
+    const Lease held = live(comm, "chorusCommGetTraffic");
+    if (traffic == nullptr) fail(chorusInvalidArgument, "rank {}: chorusCommGetTraffic: traffic is NULL", held->rank());
+    const chorus::Traffic sent = held->traffic();
+    traffic->bytesSent = sent.bytes;
+    traffic->messagesSent = sent.messages;
+  });
+}
+
+namespace {
+
+chorusCompressor* liveCompressor(chorusCompressor_t compressor, const char* call) {
+  std::lock_guard<std::mutex> lock(liveMutex);
+  if (compressor == nullptr || liveCompressors.count(compressor) == 0) {
+    fail(chorusInvalidUsage, "{}: the compressor handle is not live (NULL, destroyed or never created)", call);
+  }
+  return compressor;
+}
+
+}  // namespace
+
+chorusResult_t chorusCompressorCreate(chorusComm_t comm, const char* spec, int ntensors, const size_t* counts,
+                                      const size_t* rows, chorusCompressor_t* compressor) {
+  return guarded([&] {
+    const char* call = "chorusCompressorCreate";
+    const Lease held = live(comm, call);
+    const int rank = held->rank();
+    if (compressor == nullptr) fail(chorusInvalidArgument, "rank {}: {}: compressor is NULL", rank, call);
+    *compressor = nullptr;
+    if (ntensors < 1 || counts == nullptr) {
+      fail(chorusInvalidArgument, "rank {}: {}: {} tensors with counts {} (at least one tensor, counts not NULL)", rank,
+           call, ntensors, counts == nullptr ? "NULL" : "given");
+    }
+    std::string text = spec != nullptr ? spec : chorus::knobString(chorus::Knob::kCompress);
+    if (text.empty()) text = "none";
+    std::vector<chorus::collectives::TensorShape> shapes;
+    for (int t = 0; t < ntensors; ++t) shapes.push_back({counts[t], rows != nullptr ? rows[t] : 0});
+    auto made = std::make_unique<chorusCompressor>();
+    made->nranks = held->nranks();
+    try {
+      made->state = std::make_unique<chorus::collectives::CompressedAllReduce>(
+          chorus::collectives::CompressorSpec::parse(text), std::move(shapes), rank, held->nranks());
+    } catch (const std::invalid_argument& e) {
+      fail(chorusInvalidArgument, "rank {}: {}: {}", rank, call, e.what());
+    }
+    std::lock_guard<std::mutex> lock(liveMutex);
+    liveCompressors.insert(made.get());
+    *compressor = made.release();
+  });
+}
+
+chorusResult_t chorusCompressorDestroy(chorusCompressor_t compressor) {
+  return guarded([&] {
+    liveCompressor(compressor, "chorusCompressorDestroy");
+    {
+      std::lock_guard<std::mutex> lock(liveMutex);
+      liveCompressors.erase(compressor);
+    }
+    delete compressor;
+  });
+}
+
+chorusResult_t chorusCompressedAllReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                         chorusRedOp_t op, chorusCompressor_t compressor, chorusComm_t comm,
+                                         chorusStream_t stream) {
+  return guarded([&] {
+    const char* call = "chorusCompressedAllReduce";
+    const Lease held = live(comm, call);
+    Communicator& c = *held;
+    chorusCompressor* state = liveCompressor(compressor, call);
+    checkType(datatype, call, c.rank());
+    checkOp(op, call, c.rank());
+    if (datatype != chorusFloat32) {
+      fail(chorusInvalidArgument, "rank {}: {}: datatype {} (compressed all-reduces take float32)", c.rank(), call,
+           chorusTypeName(datatype));
+    }
+    if (op != chorusSum && op != chorusAvg) {
+      fail(chorusInvalidArgument, "rank {}: {}: op {} (compressed all-reduces sum or average)", c.rank(), call,
+           chorusOpName(op));
+    }
+    checkCount(count, 1, datatype, call, c.rank());
+    checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
+    checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
+    checkStream(stream, call, c.rank());
+    if (count != state->state->count()) {
+      fail(chorusInvalidArgument, "rank {}: {}: count {} but the compressor ({}) was made for {} elements", c.rank(),
+           call, count, state->state->spec().text(), state->state->count());
+    }
+    if (c.nranks() != state->nranks) {
+      fail(chorusInvalidArgument, "rank {}: {}: the communicator has {} ranks but the compressor was made for {}",
+           c.rank(), call, c.nranks(), state->nranks);
+    }
+    if (group.depth > 0 || nonBlockingTarget != nullptr) {
+      fail(chorusInvalidUsage, "rank {}: {}: not allowed inside a group", c.rank(), call);
+    }
+    c.compressedAllReduce(*state->state, static_cast<const float*>(sendbuff), static_cast<float*>(recvbuff), count,
+                          op == chorusAvg);
+  });
+}
+
+chorusResult_t chorusCompressorGetInfo(chorusCompressor_t compressor, chorusCompressorInfo_t* info) {
+  return guarded([&] {
+    const chorusCompressor* c = liveCompressor(compressor, "chorusCompressorGetInfo");
+    if (info == nullptr) fail(chorusInvalidArgument, "chorusCompressorGetInfo: info is NULL");
+    *info = chorusCompressorInfo_t{};
+    const std::string text = c->state->spec().text();
+    std::snprintf(info->spec, sizeof(info->spec), "%s", text.c_str());
+    info->payloadBytes = c->state->payloadBytes();
+    info->ratio = c->state->ratio();
+    info->calls = c->state->calls();
+    info->count = c->state->count();
+  });
+}
+
+chorusResult_t chorusCompressorGetResidual(chorusCompressor_t compressor, float* error, float* contribution,
+                                           size_t count) {
+  return guarded([&] {
+    const chorusCompressor* c = liveCompressor(compressor, "chorusCompressorGetResidual");
+    if (count != c->state->count()) {
+      fail(chorusInvalidArgument, "chorusCompressorGetResidual: count {} but the compressor holds {}", count,
+           c->state->count());
+    }
+    if (error != nullptr) {
+      const auto e = c->state->error();
+      if (e.empty()) {
+        std::fill(error, error + count, 0.0f);
+      } else {
+        std::copy(e.begin(), e.end(), error);
+      }
+    }
+    if (contribution != nullptr)
+      std::copy(c->state->contribution().begin(), c->state->contribution().end(), contribution);
+  });
+}
 
 chorusResult_t chorusMemAlloc(void** ptr, size_t size) {
   return guarded([&] {

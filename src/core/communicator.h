@@ -11,6 +11,7 @@
 
 #include "chorus/chorus.h"
 #include "src/collectives/algorithm.h"
+#include "src/collectives/compression.h"
 #include "src/collectives/schedule.h"
 #include "src/collectives/tuner.h"
 #include "src/core/bootstrap.h"
@@ -99,6 +100,14 @@ class Communicator {
   std::string dumpState() const;
   // Writes dumpState() to stderr, each line prefixed with "chorus rank R: ".
   void printState() const;
+
+  // What this rank has sent on all its transports (chorusCommGetTraffic).
+  Traffic traffic() const;
+  // Runs a compressed all-reduce of `state`'s buffer (blocking; compressed.cc): its exchanges are
+  // this communicator's collectives. Throws chorusInvalidArgument for a count that is not the
+  // state's.
+  void compressedAllReduce(collectives::CompressedAllReduce& state, const float* input, float* output, size_t count,
+                           bool average);
 
   // Name of the transport used for each peer, for logs and tests.
   std::string transportName(int peer) const;

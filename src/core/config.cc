@@ -55,6 +55,15 @@ constexpr KnobSpec kKnobs[] = {
     {"CHORUS_TOPO_FILE", "",
      "topology file (chorus, hwloc or NCCL XML) read instead of discovering the machine, for binding and the "
      "rank order"},
+    {"CHORUS_TCP_RATE_LIMIT", "",
+     "rate each rank may send at over the tcp connections of one communicator, all its peers together, e.g. 50mbit or "
+     "1gbit (bit, kbit, mbit, gbit; "
+     "headers count): a slow link emulated in user space (default: unlimited)"},
+    {"CHORUS_TCP_DELAY", "",
+     "latency added to every tcp message before its first byte leaves, e.g. 5ms (us, ms, s; default: none)"},
+    {"CHORUS_COMPRESS", "",
+     "compressor of compressed all-reduces created without one, e.g. powersgd:4 or topk:0.01 (names: none, fp16, "
+     "bf16, powersgd, topk, randomk, qsgd, sign; default: none)"},
 };
 static_assert(sizeof(kKnobs) / sizeof(kKnobs[0]) == static_cast<size_t>(Knob::kCount));
 
@@ -87,6 +96,51 @@ int64_t knobInt(Knob knob) {
     fail(chorusInvalidArgument, "{}='{}' is not a non-negative integer", spec(knob).name, text);
   }
   return value;
+}
+
+namespace {
+
+// Splits "12.5mbit" into 12.5 and "mbit"; false for no number, a negative one or trailing junk
+// before the unit.
+bool splitQuantity(const std::string& text, double* number, std::string* unit) {
+  char* end = nullptr;
+  errno = 0;
+  const double parsed = std::strtod(text.c_str(), &end);
+  if (errno != 0 || end == text.c_str() || !(parsed >= 0) || parsed > 1e18) return false;
+  *number = parsed;
+  *unit = end;
+  return true;
+}
+
+}  // namespace
+
+double knobBitsPerSecond(Knob knob) {
+  if (!knobSet(knob)) return 0;
+  const std::string text = knobString(knob);
+  double number = 0;
+  std::string unit;
+  if (splitQuantity(text, &number, &unit)) {
+    if (unit == "bit") return number;
+    if (unit == "kbit") return number * 1e3;
+    if (unit == "mbit") return number * 1e6;
+    if (unit == "gbit") return number * 1e9;
+  }
+  fail(chorusInvalidArgument, "{}='{}' is not a rate: a number with a unit bit, kbit, mbit or gbit (e.g. 50mbit)",
+       spec(knob).name, text);
+}
+
+int64_t knobMicroseconds(Knob knob) {
+  if (!knobSet(knob)) return 0;
+  const std::string text = knobString(knob);
+  double number = 0;
+  std::string unit;
+  if (splitQuantity(text, &number, &unit)) {
+    if (unit == "us") return static_cast<int64_t>(number);
+    if (unit == "ms") return static_cast<int64_t>(number * 1e3);
+    if (unit == "s") return static_cast<int64_t>(number * 1e6);
+  }
+  fail(chorusInvalidArgument, "{}='{}' is not a duration: a number with a unit us, ms or s (e.g. 5ms)", spec(knob).name,
+       text);
 }
 
 void logKnobs(int rank) {

@@ -27,6 +27,9 @@ enum class Knob {
   kDumpSignal,      // CHORUS_DUMP_SIGNAL: SIGUSR1 prints every pending operation
   kBind,            // CHORUS_BIND: auto | none: bind each rank's process to a CPU node
   kTopoFile,        // CHORUS_TOPO_FILE: a topology file instead of discovering the machine
+  kTcpRateLimit,    // CHORUS_TCP_RATE_LIMIT: bits per second each rank may send over tcp
+  kTcpDelay,        // CHORUS_TCP_DELAY: latency added to every tcp message
+  kCompress,        // CHORUS_COMPRESS: the compressor of compressed all-reduces given none
   kCount
 };
 
@@ -38,6 +41,13 @@ std::string knobString(Knob knob);
 bool parseNonNegative(const std::string& text, int64_t max, int64_t* value);
 // The knob as an integer; a malformed value throws chorusInvalidArgument naming the variable.
 int64_t knobInt(Knob knob);
+// The knob as a rate in bits per second: a decimal number with a unit bit, kbit, mbit or gbit
+// (powers of 1000, as tc writes them), e.g. "50mbit"; 0 when unset. Throws chorusInvalidArgument
+// naming the variable for anything else.
+double knobBitsPerSecond(Knob knob);
+// The knob as a duration in microseconds: a decimal number with a unit us, ms or s, e.g. "5ms";
+// 0 when unset. Throws chorusInvalidArgument naming the variable for anything else.
+int64_t knobMicroseconds(Knob knob);
 // The environment variable's name.
 const char* knobName(Knob knob);
 // Logs every knob with its value in effect and whether it came from the environment (INFO).

@@ -346,6 +346,7 @@ class ShmTransport final : public Transport {
     Peer& p = peers_.at(peer);
     p.sends.push_back({tag, static_cast<char*>(const_cast<void*>(data)), bytes, 0, request});
     ++pending_;
+    ++sent_.messages;
     pushSends(p);
   }
 
@@ -371,6 +372,7 @@ class ShmTransport final : public Transport {
     Peer& q = peers_.at(forwardPeer);
     forwardRequest->ready = 0;
     q.sends.push_back({forwardTag, static_cast<char*>(const_cast<void*>(forwardData)), bytes, 0, forwardRequest});
+    ++sent_.messages;
     p.recvs.push_back({tag, nullptr, bytes, 0, request, sink, forwardPeer, forwardRequest});
     pending_ += 2;
     pushSends(q);  // the sends queued before it may go; it waits for its bytes
@@ -452,6 +454,7 @@ class ShmTransport final : public Transport {
       }
       moved = true;
       if (byAddress) {
+        sent_.bytes += sizeof(SlotHeader) + op.bytes;  // the peer reads the bytes from here
         header->sequence.store(++p.head, std::memory_order_release);
         p.beingRead.emplace_back(++p.readsPublished, op.request);  // done when the peer has read it
         p.sends.pop_front();
@@ -475,6 +478,7 @@ class ShmTransport final : public Transport {
   void publish(Peer& p, size_t piece) {
     PendingOp& op = p.sends.front();
     op.done += piece;
+    sent_.bytes += sizeof(SlotHeader) + piece;
     slot(p.outSlots, p.head)->sequence.store(p.head + 1, std::memory_order_release);
     ++p.head;
     if (op.done == op.bytes) {

@@ -5,6 +5,11 @@
 // its rank). A message is a wire::TcpHeader (magic, sender, tag, size) followed by the payload. Sockets are
 // non-blocking; progress() moves as much as the kernel takes, and a header is read only once a receive is posted for
 // that peer, so unmatched data waits in the kernel (back-pressure, no unbounded buffering here).
+//
+// A slow link can be emulated (CHORUS_TCP_RATE_LIMIT, CHORUS_TCP_DELAY), since the kernel's netem
+// is not always there: a message's first byte leaves no sooner than the delay after it was
+// posted, and the bytes this rank writes to all its sockets together, headers included, pass a
+// token bucket filled at the rate. Both act before the socket, on the sender.
 #include <poll.h>
 #include <sys/uio.h>
 
@@ -12,6 +17,7 @@
 #include <cstring>
 #include <deque>
 
+#include "src/core/config.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
 #include "src/transport/transport.h"
@@ -27,6 +33,39 @@ struct PendingOp {
   size_t bytes;
   size_t done;  // for sends: header + payload bytes written; for receives: payload bytes read
   Request* request;
+  Clock::time_point leaves{};  // sends: when the first byte may leave (CHORUS_TCP_DELAY)
+};
+
+// The emulated link of CHORUS_TCP_RATE_LIMIT: a token bucket in bytes, filled at the rate up to a
+// burst of a couple of milliseconds' worth (at least 16 KiB), shared by every socket of the rank.
+class RateLimit {
+ public:
+  explicit RateLimit(double bitsPerSecond)
+      : bytesPerUs_(bitsPerSecond / 8e6), burst_(std::max(16384.0, bytesPerUs_ * 2000)), tokens_(burst_) {}
+  bool limited() const { return bytesPerUs_ > 0; }
+  // Bytes that may be written now.
+  size_t allowance() {
+    if (!limited()) return std::numeric_limits<size_t>::max();
+    const Clock::time_point now = Clock::now();
+    const double us = std::chrono::duration<double, std::micro>(now - filled_).count();
+    tokens_ = std::min(burst_, tokens_ + us * bytesPerUs_);
+    filled_ = now;
+    return static_cast<size_t>(tokens_);
+  }
+  void spend(size_t bytes) {
+    if (limited()) tokens_ -= static_cast<double>(bytes);
+  }
+  // Microseconds until `bytes` more may be written (at least 1).
+  int64_t usUntil(size_t bytes) const {
+    const double missing = std::min(static_cast<double>(bytes), burst_) - tokens_;
+    return std::max<int64_t>(1, static_cast<int64_t>(missing / bytesPerUs_) + 1);
+  }
+
+ private:
+  double bytesPerUs_;
+  double burst_;
+  double tokens_;
+  Clock::time_point filled_ = Clock::now();
 };
 
 struct Peer {
@@ -41,7 +80,10 @@ struct Peer {
 class TcpTransport final : public Transport {
  public:
   TcpTransport(TransportContext& context, const std::vector<int>& peers)
-      : rank_(context.rank), peers_("tcp", context.rank, context.nranks) {
+      : rank_(context.rank),
+        peers_("tcp", context.rank, context.nranks),
+        rate_(knobBitsPerSecond(Knob::kTcpRateLimit)),
+        delay_(std::chrono::microseconds(knobMicroseconds(Knob::kTcpDelay))) {
     int expectedAccepts = 0;
     for (int rank : peers) {
       peers_.add(rank).rank = rank;
@@ -79,8 +121,10 @@ class TcpTransport final : public Transport {
 
   void postSend(int peer, uint64_t tag, const void* data, size_t bytes, Request* request) override {
     Peer& p = peers_.at(peer);
-    p.sends.push_back({tag, static_cast<char*>(const_cast<void*>(data)), bytes, 0, request});
+    const Clock::time_point leaves = delay_.count() > 0 ? Clock::now() + delay_ : Clock::time_point{};
+    p.sends.push_back({tag, static_cast<char*>(const_cast<void*>(data)), bytes, 0, request, leaves});
     ++pending_;
+    ++sent_.messages;
     pushSends(p);
   }
 
@@ -102,13 +146,21 @@ class TcpTransport final : public Transport {
 
   void wait(int timeoutMs) override {
     pollSet_.clear();
+    // A send held back by the emulated link wakes the wait when it may go on, not on POLLOUT.
+    int64_t heldUs = -1;
+    auto holdFor = [&](int64_t us) { heldUs = heldUs < 0 ? us : std::min(heldUs, us); };
     for (Peer& p : peers_.all()) {
       short events = 0;
-      if (!p.sends.empty()) events |= POLLOUT;
+      if (const int64_t us = heldBackUs(p); us > 0) {
+        holdFor(us);
+      } else if (!p.sends.empty()) {
+        events |= POLLOUT;
+      }
       if (!p.recvs.empty()) events |= POLLIN;
       if (events != 0) pollSet_.push_back({p.socket.fd(), events, 0});
     }
-    if (pollSet_.empty()) return;
+    if (heldUs >= 0) timeoutMs = static_cast<int>(std::min<int64_t>(timeoutMs, (heldUs + 999) / 1000));
+    if (pollSet_.empty() && heldUs < 0) return;
     ::poll(pollSet_.data(), pollSet_.size(), timeoutMs);
   }
 
@@ -128,10 +180,26 @@ class TcpTransport final : public Transport {
                     rank_, p.rank, during, error == 0 ? "closed by the peer" : std::strerror(error), p.rank));
   }
 
+  // Microseconds until the emulated link lets p's first send go on; 0 when it may go now (or p
+  // has nothing to send).
+  int64_t heldBackUs(Peer& p) {
+    if (p.sends.empty()) return 0;
+    const PendingOp& op = p.sends.front();
+    if (op.done == 0 && op.leaves != Clock::time_point{}) {
+      const auto early = op.leaves - Clock::now();
+      if (early.count() > 0) return std::chrono::duration_cast<std::chrono::microseconds>(early).count() + 1;
+    }
+    if (rate_.limited() && rate_.allowance() == 0) return rate_.usUntil(1);
+    return 0;
+  }
+
   bool pushSends(Peer& p) {
     bool moved = false;
     while (!p.sends.empty()) {
       PendingOp& op = p.sends.front();
+      if (op.done == 0 && op.leaves != Clock::time_point{} && Clock::now() < op.leaves) break;
+      const size_t allowed = rate_.allowance();
+      if (allowed == 0) break;
       TcpHeader header{wire::kTcpMagic, rank_, op.tag, op.bytes};
       iovec parts[2];
       int count = 0;
@@ -141,6 +209,13 @@ class TcpTransport final : public Transport {
       } else {
         parts[count++] = {op.data + (op.done - sizeof(header)), op.bytes - (op.done - sizeof(header))};
       }
+      // The emulated link takes no more than it has tokens for.
+      size_t budget = allowed;
+      for (int i = 0; i < count; ++i) {
+        parts[i].iov_len = std::min(parts[i].iov_len, budget);
+        budget -= parts[i].iov_len;
+      }
+      if (count == 2 && parts[1].iov_len == 0) count = 1;
       msghdr message{};
       message.msg_iov = parts;
       message.msg_iovlen = count;
@@ -150,8 +225,13 @@ class TcpTransport final : public Transport {
         connectionLost(p, "sending", errno);
       }
       op.done += static_cast<size_t>(n);
+      sent_.bytes += static_cast<uint64_t>(n);
+      rate_.spend(static_cast<size_t>(n));
       moved = moved || n > 0;
-      if (op.done < sizeof(header) + op.bytes) break;
+      if (op.done < sizeof(header) + op.bytes) {
+        if (rate_.limited()) continue;  // the bucket, not the socket, may have stopped it
+        break;
+      }
       op.request->done = true;
       p.sends.pop_front();
       --pending_;
@@ -201,6 +281,8 @@ class TcpTransport final : public Transport {
   PeerTable<Peer> peers_;
   std::vector<pollfd> pollSet_;
   size_t pending_ = 0;
+  RateLimit rate_;
+  Clock::duration delay_;
 };
 
 }  // namespace

@@ -63,10 +63,20 @@ class PieceSink {
   ~PieceSink() = default;
 };
 
+// What a transport has sent: bytes on the wire (payload plus the transport's own headers and
+// framing) and messages.
+struct Traffic {
+  uint64_t bytes = 0;
+  uint64_t messages = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
   virtual const char* name() const = 0;
+  // Everything this transport has sent since it was created, counted where it leaves: a byte is
+  // counted once it is handed to the link (socket, shared FIFO, UCX), headers included.
+  const Traffic& sent() const { return sent_; }
 
   // Posts a send of bytes from data to peer. data must stay unchanged until request->done.
   // Messages to one peer leave in post order. A message may have 0 bytes.
@@ -110,6 +120,9 @@ class Transport {
   virtual bool busy() const = 0;
   // Drops all posted requests (after an error or abort), leaving the connections unusable.
   virtual void cancelAll() = 0;
+
+ protected:
+  Traffic sent_;
 };
 
 // A peer process on this host: a pidfd for it (-1 where the kernel has none), readable once the

@@ -1,0 +1,223 @@
+// compressed.cc: collbench --compress: the compressed all-reduce of each compressor timed beside
+// the fp32 all-reduce of the same buffer, with what the transports sent per rank per call
+// (chorusCommGetTraffic: payload, indices, scales and headers), the compression ratio in those
+// bytes, the effective busbw (the fp32 buffer's bytes over the compressed call's time, with
+// nccl-tests' all-reduce factor) and the error of one call against the fp32 mean.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/options.h"
+#include "chorus/chorus.h"
+
+namespace chorus::bench {
+namespace {
+
+struct Timed {
+  double timeUs = 0;     // rank average per call
+  double wireBytes = 0;  // rank average per call
+};
+
+// The matrix PowerSGD sees: the largest power-of-two row count up to sqrt(count) that divides it.
+size_t rowsOf(size_t count) {
+  size_t rows = 1;
+  while ((rows * 2) * (rows * 2) <= count && count % (rows * 2) == 0) rows *= 2;
+  return rows;
+}
+
+class Sweep {
+ public:
+  Sweep(const Options& o, chorusComm_t comm) : o_(o), comm_(comm) {
+    chorusCommUserRank(comm, &rank_);
+    chorusCommCount(comm, &nranks_);
+  }
+
+  int run() {
+    const bool average = o_.redop == "avg";
+    if (o_.op != "allreduce" || o_.type != "float" || (o_.redop != "sum" && o_.redop != "avg")) {
+      if (rank_ == 0) {
+        std::fprintf(stderr,
+                     "collbench: --compress times all-reduce of float with sum or avg, not --op %s -d %s -o %s\n",
+                     o_.op.c_str(), o_.type.c_str(), o_.redop.c_str());
+      }
+      return 2;
+    }
+    const chorusRedOp_t op = average ? chorusAvg : chorusSum;
+    const bool print = rank_ == 0;
+    const char* transport = std::getenv("CHORUS_TRANSPORT");
+    const char* rate = std::getenv("CHORUS_TCP_RATE_LIMIT");
+    const char* delay = std::getenv("CHORUS_TCP_DELAY");
+    if (print) {
+      std::printf(
+          "# collbench (chorus) compressed all-reduce  nranks: %d  transport: %s  tcp rate: %s  tcp delay: %s  "
+          "iters: %d  warmup: %d\n",
+          nranks_, transport ? transport : "auto", rate ? rate : "unlimited", delay ? delay : "none", o_.iters,
+          o_.warmup);
+      std::printf(
+          "#  wire B = bytes the transports sent per rank per call (headers included); ratio = fp32's wire B "
+          "over the compressor's;\n#  busbw = the fp32 buffer's bytes over the call's time x 2(n-1)/n; "
+          "rel_err = |one call - fp32 mean| / |fp32 mean|; #diff = ranks whose result bits differ\n");
+      std::printf("# %10s %11s %-22s %10s %8s %8s %12s %8s %9s %5s %10s %8s %12s %8s\n", "size", "count", "compressor",
+                  "time(us)", "algbw", "busbw", "wire B", "ratio", "rel_err", "#diff", "fp32(us)", "busbw", "wire B",
+                  "speedup");
+    }
+    nlohmann::json table = nlohmann::json::array();
+    int differing = 0;
+    for (size_t bytes = o_.minBytes; bytes != 0; bytes = nextSize(o_, bytes)) {
+      const size_t count = bytes / sizeof(float);
+      if (count == 0) continue;
+      fill(count);
+      const size_t rows = rowsOf(count);
+      const Timed plain = time(count, op, nullptr);
+      // The fp32 mean (or sum) of this input: what one compressed call is compared with.
+      std::vector<float> reference(count);
+      check(chorusAllReduce(input_.data(), reference.data(), count, chorusFloat32, op, comm_, nullptr),
+            "fp32 all-reduce");
+      for (const std::string& spec : o_.compress) {
+        chorusCompressor_t compressor = nullptr;
+        check(chorusCompressorCreate(comm_, spec.c_str(), 1, &count, &rows, &compressor), "chorusCompressorCreate");
+        // One call on fresh state for the error and the agreement of the ranks, then the timed calls.
+        std::vector<float> out(count);
+        check(
+            chorusCompressedAllReduce(input_.data(), out.data(), count, chorusFloat32, op, compressor, comm_, nullptr),
+            "chorusCompressedAllReduce");
+        double diff = 0, norm = 0;
+        for (size_t i = 0; i < count; ++i) {
+          diff += (double(out[i]) - reference[i]) * (double(out[i]) - reference[i]);
+          norm += double(reference[i]) * reference[i];
+        }
+        const double relError = norm > 0 ? std::sqrt(diff / norm) : 0;
+        const int differs = ranksDiffer(out);
+        differing += differs;
+        const Timed packed = time(count, op, compressor);
+        chorusCompressorInfo_t info{};
+        check(chorusCompressorGetInfo(compressor, &info), "chorusCompressorGetInfo");
+        chorusCompressorDestroy(compressor);
+        const double factor = nranks_ > 1 ? 2.0 * (nranks_ - 1) / nranks_ : 0;
+        const double algbw = packed.timeUs > 0 ? bytes / 1e3 / packed.timeUs : 0;
+        const double plainAlgbw = plain.timeUs > 0 ? bytes / 1e3 / plain.timeUs : 0;
+        const double ratio = packed.wireBytes > 0 ? plain.wireBytes / packed.wireBytes : 0;
+        const double speedup = packed.timeUs > 0 ? plain.timeUs / packed.timeUs : 0;
+        if (print) {
+          std::printf("  %10zu %11zu %-22s %10.1f %8.3f %8.3f %12.0f %8.2f %9.2e %5d %10.1f %8.3f %12.0f %8.2f\n",
+                      bytes, count, info.spec, packed.timeUs, algbw, algbw * factor, packed.wireBytes, ratio, relError,
+                      differs, plain.timeUs, plainAlgbw * factor, plain.wireBytes, speedup);
+        }
+        table.push_back({{"size_bytes", bytes},
+                         {"count", count},
+                         {"rows", rows},
+                         {"compressor", info.spec},
+                         {"nranks", nranks_},
+                         {"time_us", packed.timeUs},
+                         {"algbw_GBps", algbw},
+                         {"busbw_GBps", algbw * factor},
+                         {"wire_bytes_per_rank", packed.wireBytes},
+                         {"payload_bytes_per_rank", info.payloadBytes},
+                         {"ratio", ratio},
+                         {"formula_ratio", info.ratio},
+                         {"rel_error", relError},
+                         {"ranks_differ", differs},
+                         {"speedup", speedup},
+                         {"fp32",
+                          {{"time_us", plain.timeUs},
+                           {"algbw_GBps", plainAlgbw},
+                           {"busbw_GBps", plainAlgbw * factor},
+                           {"wire_bytes_per_rank", plain.wireBytes}}}});
+      }
+    }
+    if (print) {
+      std::printf("# Ranks that disagreed : %d %s\n#\n", differing, differing == 0 ? "OK" : "FAILED");
+      if (!o_.json.empty()) {
+        const nlohmann::json doc = {{"tool", "collbench"},
+                                    {"op", "allreduce"},
+                                    {"compressed", true},
+                                    {"nranks", nranks_},
+                                    {"iters", o_.iters},
+                                    {"warmup", o_.warmup},
+                                    {"transport", transport ? transport : "auto"},
+                                    {"tcp_rate", rate ? rate : ""},
+                                    {"tcp_delay", delay ? delay : ""},
+                                    {"rows", table}};
+        std::ofstream out(o_.json);
+        out << doc.dump(2) << "\n";
+        if (!out) {
+          std::fprintf(stderr, "collbench: cannot write %s\n", o_.json.c_str());
+          return 2;
+        }
+      }
+    }
+    return differing == 0 ? 0 : 1;
+  }
+
+ private:
+  void check(chorusResult_t result, const char* what) {
+    if (result == chorusSuccess) return;
+    std::fprintf(stderr, "collbench rank %d: %s failed: %s: %s\n", rank_, what, chorusGetErrorString(result),
+                 chorusGetLastError(comm_));
+    std::exit(2);
+  }
+
+  // Gradient-like input: normal values, different on every rank.
+  void fill(size_t count) {
+    std::mt19937 engine(1234u + static_cast<unsigned>(rank_));
+    std::normal_distribution<float> normal;
+    input_.resize(count);
+    for (float& v : input_) v = normal(engine);
+    output_.resize(count);
+  }
+
+  // Warm-up calls, then the timed ones; the time and the bytes sent, averaged over the ranks.
+  Timed time(size_t count, chorusRedOp_t op, chorusCompressor_t compressor) {
+    auto once = [&] {
+      if (compressor == nullptr) {
+        check(chorusAllReduce(input_.data(), output_.data(), count, chorusFloat32, op, comm_, nullptr), "all-reduce");
+      } else {
+        check(chorusCompressedAllReduce(input_.data(), output_.data(), count, chorusFloat32, op, compressor, comm_,
+                                        nullptr),
+              "chorusCompressedAllReduce");
+      }
+    };
+    for (int i = 0; i < o_.warmup; ++i) once();
+    check(chorusBarrier(comm_, nullptr), "barrier");
+    chorusTraffic_t before{}, after{};
+    check(chorusCommGetTraffic(comm_, &before), "chorusCommGetTraffic");
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < o_.iters; ++i) once();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    check(chorusCommGetTraffic(comm_, &after), "chorusCommGetTraffic");
+    double mine[2] = {seconds / o_.iters * 1e6, double(after.bytesSent - before.bytesSent) / o_.iters};
+    double sum[2] = {};
+    check(chorusAllReduce(mine, sum, 2, chorusFloat64, chorusSum, comm_, nullptr), "all-reduce of times");
+    return {sum[0] / nranks_, sum[1] / nranks_};
+  }
+
+  // 1 when some rank's result has other bits than rank 0's.
+  int ranksDiffer(const std::vector<float>& result) {
+    uint64_t hash = 1469598103934665603ull;
+    const auto* bytes = reinterpret_cast<const unsigned char*>(result.data());
+    for (size_t i = 0; i < result.size() * sizeof(float); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+    uint64_t lowest = 0, highest = 0;
+    check(chorusAllReduce(&hash, &lowest, 1, chorusUint64, chorusMin, comm_, nullptr), "all-reduce of hashes");
+    check(chorusAllReduce(&hash, &highest, 1, chorusUint64, chorusMax, comm_, nullptr), "all-reduce of hashes");
+    return lowest == highest ? 0 : 1;
+  }
+
+  const Options& o_;
+  chorusComm_t comm_;
+  int rank_ = 0;
+  int nranks_ = 1;
+  std::vector<float> input_;
+  std::vector<float> output_;
+};
+
+}  // namespace
+
+int runCompressed(const Options& o, chorusComm_t comm) { return Sweep(o, comm).run(); }
+
+}  // namespace chorus::bench

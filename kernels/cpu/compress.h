@@ -1,0 +1,61 @@
+// compress.h: the math of gradient compression, with no communication: sparsification (top-k,
+// random-k), quantization codecs (fp16, bf16, QSGD, scaled sign) whose encoded bytes are what
+// goes on the wire, and the PowerSGD helpers (Gram-Schmidt, shared-seed Gaussian init). The
+// compressed all-reduce built from them lives in src/collectives/compression.h. Pure functions of
+// their arguments (random draws come from a seed, so every rank draws alike where it must); safe
+// from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace chorus::kernels {
+
+// A counter-based random number: the same (seed, index) gives the same value on every rank.
+uint64_t randomBits(uint64_t seed, uint64_t index);
+// Uniform in [0, 1), and standard normal, drawn from (seed, index).
+float randomUniform(uint64_t seed, uint64_t index);
+float randomNormal(uint64_t seed, uint64_t index);
+// A seed derived from a seed and a few numbers (call, tensor, rank, ...): distinct inputs give
+// unrelated streams.
+uint64_t mixSeed(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0);
+
+// The k (<= n) entries of x largest in magnitude, as indices in increasing order (ties: the
+// lower index wins). scratch is reused between calls.
+void topKIndices(const float* x, size_t n, size_t k, uint32_t* indices, std::vector<uint32_t>& scratch);
+// k (<= n) distinct indices of [0, n) drawn uniformly from the seed, in increasing order; the same
+// seed gives the same indices on every rank. marks (n bits) is reused between calls.
+void randomKIndices(uint64_t seed, size_t n, size_t k, uint32_t* indices, std::vector<uint64_t>& marks);
+
+// Orthonormalizes the columns of a (rows x cols, row-major) in place by modified Gram-Schmidt
+// (two passes), left to right. A column (nearly) in the span of those before it, whose remainder
+// is below 1e-5 of its norm, becomes zero: the columns then span exactly what the input spans.
+// Deterministic: equal inputs give bit-identical outputs.
+void orthonormalizeColumns(float* a, size_t rows, size_t cols);
+
+// A lossy encoding of float blocks into bytes (the wire format of a compressed all-reduce).
+// Elements are grouped in buckets of kCodecBucket; quantizers keep one fp32 scale per bucket,
+// written before the packed codes.
+enum class Codec { kFp16, kBf16, kQsgd, kSign };
+constexpr size_t kCodecBucket = 1024;
+
+struct CodecParams {
+  Codec codec = Codec::kBf16;
+  int levels = 15;  // QSGD: levels per sign, 1..127
+  // QSGD's bits per element (sign + level), rounded up to 2, 4 or 8 so codes pack whole in bytes.
+  int qsgdBits() const;
+};
+
+// Bytes that count elements encode into (scales included).
+size_t encodedBytes(const CodecParams& params, size_t count);
+// Encodes count floats of x into out (encodedBytes bytes). QSGD rounds stochastically with draws
+// from (seed, element), so that its decoding is unbiased; the others ignore seed.
+//   fp16, bf16: the value rounded to nearest even (per-element relative error <= 2^-11 / 2^-8).
+//   QSGD: bucket scale s = max |x|; element -> sign, level l in [0, levels] with E[l] = |x| levels / s.
+//   sign: bucket scale = mean |x|; element -> its sign (0 counts as +): decodes to +-scale.
+void encode(const CodecParams& params, const float* x, size_t count, uint64_t seed, uint8_t* out);
+// out[i] += factor * decoded element i, for count elements encoded at in.
+void decodeAdd(const CodecParams& params, const uint8_t* in, size_t count, float factor, float* out);
+
+}  // namespace chorus::kernels
