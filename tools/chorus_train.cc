@@ -109,6 +109,26 @@ void writeMetrics(const Job& job, const TrainResult& r, size_t parameters, const
   for (const auto& o : r.overlap) {
     j["reductions_per_rank"].push_back({{"reductions", o.reductions}, {"begun_during_backward", o.overlapped}});
   }
+  // Gradient compression: the bytes rank 0 sent on the data-parallel communicator per step (median
+  // over the compressed steps, and over the uncompressed ones), the ratio of each bucket's compressor.
+  auto medianBytes = [&](bool compressed) {
+    std::vector<double> bytes;
+    for (size_t i = 0; i < r.steps.size(); ++i) {
+      if (r.steps[i].compressed == compressed && (i > 0 || r.resumedFrom > 0))
+        bytes.push_back(double(r.steps[i].dpBytes));
+    }
+    std::sort(bytes.begin(), bytes.end());
+    return bytes.empty() ? 0.0 : bytes[bytes.size() / 2];
+  };
+  j["compress"] = {{"name", job.compress},
+                   {"warmup_steps", job.compressWarmup},
+                   {"dp_bytes_per_step", medianBytes(true)},
+                   {"dp_bytes_per_uncompressed_step", medianBytes(false)},
+                   {"payload_bytes_per_step", r.compressionPayloadBytes},
+                   {"bucket_ratios", r.compressionRatios}};
+  for (const auto& s : r.steps) {
+    if (s.valLoss >= 0) j["val_losses"].push_back({s.step, s.valLoss});
+  }
   for (const auto& s : r.steps) j["losses"].push_back({s.step, s.loss});
   std::ofstream(job.out + "/metrics.json") << j.dump(1) << "\n";
 }
@@ -193,7 +213,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets;
   int ranks = 0, zero = -1, tp = 0, pp = 0, cp = 0;
   long steps = 0;
-  std::string out;
+  std::string out, compress;
   bool resume = false;
   app.add_option("job", jobPath, "the job file (TOML)")->required();
   app.add_option("--ranks", ranks, "ranks in all (overrides [parallel] ranks)");
@@ -203,6 +223,9 @@ int main(int argc, char** argv) {
   app.add_option("--zero", zero, "ZeRO stage 0..3 (overrides [parallel] zero)");
   app.add_option("--steps", steps, "steps to run (overrides [run] steps)");
   app.add_option("--out", out, "output directory (overrides [run] out)");
+  app.add_option("--compress", compress,
+                 "gradient compressor of the data-parallel all-reduce, e.g. powersgd:4, bf16, topk:0.01,ef=0 "
+                 "(overrides [compress] name)");
   app.add_flag("--resume", resume, "continue from the output directory's checkpoint");
   app.add_option("--set", sets, "any key: --set section.key=value (TOML value)");
   CLI11_PARSE(app, argc, argv);
@@ -214,6 +237,7 @@ int main(int argc, char** argv) {
   if (steps > 0) sets.push_back(fmt::format("run.steps={}", steps));
   if (!out.empty()) sets.push_back(fmt::format("run.out={}", nlohmann::json(out).dump()));
   if (resume) sets.push_back("run.resume=true");
+  if (!compress.empty()) sets.push_back(fmt::format("compress.name={}", nlohmann::json(compress).dump()));
   try {
     const Job job = loadJob(jobPath, sets);
     if (std::getenv("RANK") != nullptr) return worker(job);

@@ -218,6 +218,58 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
     order_ = order.units;
     forwardLength_ = order.forwardLength;
   }
+  if (!settings.compressor.empty() && settings.compressor != "none") {
+    if (stage_ != 0) {
+      throw Error(chorusInvalidArgument,
+                  fmt::format("data parallel: gradient compression ({}) with ZeRO stage {}: compressed gradients are "
+                              "all-reduced, which ZeRO's reduce-scatter replaces; use ZeRO 0",
+                              settings.compressor, stage_));
+    }
+    compressFrom_ = settings.compressFrom;
+    // One compressor per bucket, over the bucket's tensors (PowerSGD views each as rows x the rest).
+    std::vector<std::vector<size_t>> counts(buckets_.size()), rows(buckets_.size());
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      const Bucket& b = buckets_[i];
+      size_t covered = 0;
+      for (const auto& t : layout.tensors()) {
+        if (t.offset < b.lo || t.offset >= b.lo + b.count) continue;
+        counts[i].push_back(t.count);
+        rows[i].push_back(t.shape.size() >= 2 ? static_cast<size_t>(t.shape[0]) : 1);
+        covered += t.count;
+      }
+      if (covered != b.count) {  // not whole tensors back to back: one vector
+        counts[i] = {b.count};
+        rows[i] = {1};
+      }
+    }
+    auto make = [&](Communicator& c) {
+      for (size_t i = 0; i < buckets_.size(); ++i)
+        compressors_.emplace_back(c, settings.compressor, counts[i], rows[i]);
+    };
+    if (worker_) {
+      worker_->run(make);
+    } else if (comm != nullptr) {
+      make(*comm);  // one rank: nothing is sent, but the spec is checked and the compressors exist
+    }
+  }
+}
+
+uint64_t DataParallel::wireBytes() {
+  uint64_t bytes = 0;
+  if (worker_) worker_->run([&](Communicator& c) { bytes = c.traffic().bytesSent; });
+  return bytes;
+}
+
+uint64_t DataParallel::compressionPayloadBytes() {
+  uint64_t bytes = 0;
+  for (const Compressor& c : compressors_) bytes += c.info().payloadBytes;
+  return bytes;
+}
+
+std::vector<double> DataParallel::compressionRatios() {
+  std::vector<double> ratios;
+  for (const Compressor& c : compressors_) ratios.push_back(c.info().ratio);
+  return ratios;
 }
 
 DataParallel::~DataParallel() {
@@ -332,6 +384,17 @@ void DataParallel::reduceBucket(Bucket& b) {
   if (stage_ < 2) {
     if (!worker_) return;
     float* g = grads_.data() + b.fullOffset;
+    if (compressing()) {
+      Compressor* compressor = &compressors_[static_cast<size_t>(&b - buckets_.data())];
+      const size_t count = b.count;
+      b.reduction =
+          worker_->submit([g, count, compressor, tally = countOverlap()](Communicator& c) -> std::optional<Request> {
+            tally();
+            compressor->allReduce(std::span<float>(g, count), c, ReduceOp::kAvg);  // blocking, on this thread
+            return std::nullopt;
+          });
+      return;
+    }
     const size_t padded = b.padded, shard = b.shard;
     const bool scatter = stage_ == 1;
     b.reduction =
@@ -473,6 +536,7 @@ double DataParallel::step(const kernels::AdamWSettings& adam, long stepNumber, f
     for (auto& f : gathers) f.get();
   }
   std::fill(grads_.begin(), grads_.end(), 0.0f);
+  nextStep_ = stepNumber + 1;
   return norm;
 }
 

@@ -84,6 +84,12 @@ struct DataParallelSettings {
   // called on the training thread in step() before the data-parallel reduction. The unit holding
   // them is a bucket of its own and is reduced only then. Empty: the embedding is tied on this rank.
   std::function<void(std::span<float>)> tiedSum;
+  // Gradient compression (ZeRO-0 only): each bucket is averaged by a compressed all-reduce with
+  // this compressor (a chorusCompressorCreate spec such as "powersgd:4"; empty or "none": the
+  // fp32 all-reduce), one compressor per bucket holding its tensors' error feedback and warm
+  // start, from step compressFrom on (the steps before are uncompressed: a warm-up).
+  std::string compressor;
+  long compressFrom = 1;
 };
 
 // How far the reductions overlapped backward: of `reductions` bucket reductions, `overlapped`
@@ -138,6 +144,17 @@ class DataParallel : public UnitAccess {
   // The largest bucket's padded whole, in bytes (the unit of the transient-memory bound).
   size_t largestBucketBytes() const;
   OverlapCounts overlap() const { return {reductions_.load(), overlapped_.load()}; }
+  // The step the next backward belongs to (a resumed run sets it; step() advances it): whether
+  // its buckets are compressed.
+  void setNextStep(long step) { nextStep_ = step; }
+  bool compressing() const { return !compressors_.empty() && nextStep_ >= compressFrom_; }
+  // Bytes this rank has sent on the data-parallel communicator so far, headers included
+  // (chorusCommGetTraffic; 0 on one rank). Not collective.
+  uint64_t wireBytes();
+  // Each bucket's compression ratio by formula (empty without compression).
+  std::vector<double> compressionRatios();
+  // The payload bytes one compressed step sends from this rank, by formula (0 without compression).
+  uint64_t compressionPayloadBytes();
 
  private:
   struct Bucket {
@@ -189,6 +206,9 @@ class DataParallel : public UnitAccess {
   long microsBegun_ = 0;
   std::atomic<long> backwardsEnded_{0}, reductions_{0}, overlapped_{0};
   int unitsLeftInMicro_ = 0;
+  std::vector<Compressor> compressors_;  // per bucket, used on the communication thread
+  long compressFrom_ = 1;
+  long nextStep_ = 1;
 };
 
 }  // namespace chorus::training

@@ -142,6 +142,8 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("parallel", "zero", job.zero);
   get("parallel", "bucket_mb", job.bucketMb);
   get("parallel", "inflight_buckets", job.inflightBuckets);
+  get("compress", "name", job.compress);
+  get("compress", "warmup_steps", job.compressWarmup);
   get("run", "steps", job.steps);
   get("run", "seed", job.seed);
   get("run", "eval_every", job.evalEvery);
@@ -217,6 +219,15 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   atLeast("[parallel] bucket_mb", job.bucketMb, 0);
   atLeast("[parallel] inflight_buckets", job.inflightBuckets, 1);
   if (job.zero < 0 || job.zero > 3) throw fail(fmt::format("[parallel] zero = {} is not 0, 1, 2 or 3", job.zero));
+  atLeast("[compress] warmup_steps", static_cast<double>(job.compressWarmup), 0);
+  if (job.compress.empty())
+    throw fail("[compress] name is empty (none, fp16, bf16, qsgd, sign, topk, randomk, powersgd)");
+  if (job.compress != "none" && job.zero != 0) {
+    throw fail(
+        fmt::format("[compress] name = \"{}\" with [parallel] zero = {}: compressed gradients are all-reduced, "
+                    "which ZeRO's reduce-scatter replaces; use zero = 0",
+                    job.compress, job.zero));
+  }
   if (job.model.context < job.seq) {
     throw fail(fmt::format("[batch] seq = {} exceeds [model] context = {}", job.seq, job.model.context));
   }

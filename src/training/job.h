@@ -36,6 +36,11 @@ struct Job {
   int zero = 0;
   double bucketMb = 25.0;
   int inflightBuckets = 2;  // ZeRO-2/3: bucket reductions in flight before backward waits
+  // [compress]: gradient compression of the data-parallel all-reduce (a chorusCompressorCreate
+  // spec: none, fp16, bf16, qsgd:s, sign, topk:f, randomk:f, powersgd:r, with ,ef=0 and such), after
+  // warmup uncompressed steps.
+  std::string compress = "none";
+  long compressWarmup = 0;
   long steps = 100;
   uint64_t seed = 1;
   int evalEvery = 0;    // 0: only at the end

@@ -192,6 +192,8 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
   parallel.zeroStage = job.zero;
   parallel.bucketBytes = static_cast<size_t>(job.bucketMb * 1024 * 1024);
   parallel.inflightBuckets = job.inflightBuckets;
+  parallel.compressor = job.compress;
+  parallel.compressFrom = job.compressWarmup + 1;
   // Sums over the model-parallel ranks (tp, then pp), on the training thread.
   auto modelParallelSum = [tpComm, ppComm](std::span<double> x) {
     if (tpComm) tpComm->allReduce(x);
@@ -243,6 +245,7 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     dp.loadState(local[0], local[1], local[2]);
     result.resumedFrom = header.at("step");
     start = result.resumedFrom + 1;
+    dp.setNextStep(start);
     if (header.at("global_batch") != job.globalBatch() || header.at("seed") != job.seed) {
       throw Error(chorusInvalidArgument,
                   fmt::format("checkpoint {}: global batch {} and seed {} differ from the job's {} and {}; its data "
@@ -287,7 +290,7 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
       }
     }
     csv.open(csvPath, std::ios::trunc);
-    csv << "step,loss,val_loss,lr,grad_norm,seconds,tokens_per_s,mfu\n";
+    csv << "step,loss,val_loss,lr,grad_norm,seconds,tokens_per_s,mfu,dp_bytes,compressed\n";
     for (const auto& line : kept) csv << line << "\n";
     csv.flush();
   }
@@ -340,8 +343,10 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
   const double flopsPerStep = model.flopsPerStep() * job.accumulate * ranks;
   const int crashAt =
       std::getenv("CHORUS_TRAIN_CRASH_IN_SAVE") ? std::atoi(std::getenv("CHORUS_TRAIN_CRASH_IN_SAVE")) : -1;
+  uint64_t dpSent = dp.wireBytes();
   for (long step = start; step <= job.steps; ++step) {
     const auto t0 = Clock::now();
+    const bool compressed = dp.compressing();
     double lossSum = 0.0;
     if (pipeline) {
       lossSum = pipeline->train(
@@ -368,6 +373,10 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     r.step = step;
     r.lr = adam.lr;
     r.gradNorm = dp.step(adam, step, job.clip);
+    r.compressed = compressed;
+    const uint64_t sentNow = dp.wireBytes();
+    r.dpBytes = sentNow - dpSent;
+    dpSent = sentNow;
     r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     r.loss = dp.average(lossSum / job.accumulate);
     r.seconds = ranks > 1 ? dp.average(r.seconds) : r.seconds;
@@ -376,9 +385,9 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     if ((job.evalEvery > 0 && step % job.evalEvery == 0) || step == job.steps) r.valLoss = evaluate();
     result.steps.push_back(r);
     if (leader) {
-      csv << fmt::format("{},{:.7f},{},{:.6g},{:.6g},{:.6f},{:.1f},{:.5f}\n", r.step, r.loss,
+      csv << fmt::format("{},{:.7f},{},{:.6g},{:.6g},{:.6f},{:.1f},{:.5f},{},{}\n", r.step, r.loss,
                          r.valLoss >= 0 ? fmt::format("{:.7f}", r.valLoss) : "", r.lr, r.gradNorm, r.seconds,
-                         r.tokensPerSecond, r.mfu);
+                         r.tokensPerSecond, r.mfu, r.dpBytes, r.compressed ? 1 : 0);
       csv.flush();
     }
 
@@ -438,6 +447,8 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
   result.stages = cut;
   result.buckets = dp.buckets();
   result.largestBucketBytes = dp.largestBucketBytes();
+  result.compressionRatios = dp.compressionRatios();
+  result.compressionPayloadBytes = dp.compressionPayloadBytes();
   return result;
 }
 

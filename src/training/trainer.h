@@ -22,6 +22,10 @@ struct StepRecord {
   double seconds = 0.0;  // wall time of the step (forward, backward, reduction, update)
   double tokensPerSecond = 0.0;
   double mfu = 0.0;  // model flops per second over the measured GEMM peak of the machine
+  // Bytes rank 0 sent on the data-parallel communicator during the step (the gradient reduction,
+  // headers included; chorusCommGetTraffic), and whether the step's gradients were compressed.
+  uint64_t dpBytes = 0;
+  bool compressed = false;
 };
 
 // One rank's memory: the training state (StateBytes), activations and the process's resident set.
@@ -40,7 +44,9 @@ struct TrainResult {
   int buckets = 0;
   size_t largestBucketBytes = 0;
   double peakGflops = 0.0;
-  long resumedFrom = 0;  // the checkpoint's step, 0 when started fresh
+  long resumedFrom = 0;                   // the checkpoint's step, 0 when started fresh
+  std::vector<double> compressionRatios;  // per bucket, by formula (empty without compression)
+  uint64_t compressionPayloadBytes = 0;   // payload a compressed step sends from a rank, by formula
 };
 
 // Measures single-precision GEMM throughput with `threads` BLAS threads (square products of n,

@@ -219,6 +219,15 @@ TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
                 .find("layers = 2 cannot give each of pp x vpp = 2 x 2"),
             std::string::npos);
   EXPECT_NE(message({"parallel.schedule=\"zigzag\""}).find("'zigzag'"), std::string::npos);
+  // Gradient compression: all-reduced, so ZeRO 0 only; a warm-up of no fewer than 0 steps.
+  EXPECT_NE(message({"compress.name=\"powersgd:4\"", "parallel.zero=1"})
+                .find("[compress] name = \"powersgd:4\" with [parallel] zero = 1"),
+            std::string::npos);
+  EXPECT_NE(message({"compress.warmup_steps=-1"}).find("[compress] warmup_steps"), std::string::npos);
+  EXPECT_NE(message({"compress.name=\"\""}).find("[compress] name is empty"), std::string::npos);
+  const Job compressed = loadJob(path, {"compress.name=\"topk:0.01,ef=0\"", "compress.warmup_steps=7"});
+  EXPECT_EQ(compressed.compress, "topk:0.01,ef=0");
+  EXPECT_EQ(compressed.compressWarmup, 7);
   const Job pipeline = loadJob(path, {"parallel.pp=2", "batch.accumulate=3"});
   EXPECT_EQ(pipeline.dp(), 1);
   EXPECT_EQ(pipeline.globalBatch(), 12);

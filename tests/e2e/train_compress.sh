@@ -1,0 +1,54 @@
+# train_compress.sh: gradient compression in data-parallel training (the tiny job, 4 ranks, 300
+# steps, the first 30 uncompressed). Against the fp32 all-reduce run:
+#  - bytes: every compressor's measured bytes per step (what the transports sent on the
+#    data-parallel communicator, headers included) are within 5% of its payload formula
+#    (chorusCompressorGetInfo), the fp32 run's within 5% of the ring's 2 (n-1)/n x 4 bytes per
+#    parameter, the warm-up steps send fp32's bytes, and bf16 sends half;
+#  - convergence: bf16 ends within 2% of the fp32 run's final validation loss. The others' final
+#    losses are printed beside it.
+source "$(dirname "$0")/lib.sh"
+train="$build/chorus-train"
+steps=300
+run() {  # name, then chorus-train options
+  local name=$1
+  shift
+  "$train" "$source_dir/jobs/tiny.toml" --out "$work/$name" --steps $steps --set data.dir="\"$work/data\"" \
+    --set run.eval_every=0 --set run.checkpoint_every=0 --set run.log_every=100 --set compress.warmup_steps=30 \
+    "$@" >"$work/$name.log" 2>&1 || { cat "$work/$name.log"; fail "chorus-train $*"; }
+  tail -n 2 "$work/$name.log"
+}
+run none
+run powersgd4 --compress powersgd:4
+run bf16 --compress bf16
+run topk --compress topk:0.01
+run sign --compress sign
+/usr/bin/python3 - "$work" <<'PY' || fail "compressed training"
+import json, sys
+work = sys.argv[1]
+m = {n: json.load(open(f"{work}/{n}/metrics.json"))
+     for n in ["none", "powersgd4", "bf16", "topk", "sign"]}
+ok = True
+def check(cond, what):
+    global ok
+    print(("ok   " if cond else "FAIL ") + what)
+    ok = ok and cond
+params = m["none"]["model"]["parameters"]
+plain = m["none"]["compress"]["dp_bytes_per_uncompressed_step"]
+ring = 2 * 3 / 4 * 4 * params
+check(ring <= plain <= 1.05 * ring, f"fp32 all-reduce: {plain:.0f} bytes per step, ring formula {ring:.0f}")
+val = {n: j["final_val_loss"] for n, j in m.items()}
+for n, j in m.items():
+    if n == "none":
+        continue
+    c = j["compress"]
+    sent, formula = c["dp_bytes_per_step"], c["payload_bytes_per_step"]
+    check(formula <= sent <= 1.05 * formula,
+          f"{n}: {sent:.0f} bytes per compressed step, payload formula {formula:.0f} (ratio {plain / sent:.1f}x)")
+    check(c["dp_bytes_per_uncompressed_step"] >= 0.95 * plain, f"{n}: the 30 warm-up steps send fp32's bytes")
+check(1.9 <= plain / m["bf16"]["compress"]["dp_bytes_per_step"] <= 2.05, "bf16 sends half the bytes")
+check(abs(val["bf16"] / val["none"] - 1) <= 0.02,
+      f"bf16: final val loss {val['bf16']:.4f} within 2% of fp32's {val['none']:.4f}")
+for n in ["powersgd4", "topk", "sign"]:
+    print(f"     {n}: final val loss {val[n]:.4f} ({100 * (val[n] / val['none'] - 1):+.1f}% against fp32)")
+sys.exit(0 if ok else 1)
+PY
