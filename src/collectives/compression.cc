@@ -262,6 +262,17 @@ void CompressedAllReduce::run(const float* input, float* output, size_t count, b
   ++calls_;
 }
 
+size_t CompressedAllReduce::keptTotal() const {
+  size_t total = 0;
+  for (size_t k : keep_) total += k;
+  return total;
+}
+
+void CompressedAllReduce::keepError() {
+  if (!spec_.errorFeedback) return;
+  for (size_t i = 0; i < count_; ++i) error_[i] = work_[i] - contribution_[i];
+}
+
 void CompressedAllReduce::runNone(float* output, Exchange& exchange) {
   std::copy(work_.begin(), work_.end(), contribution_.begin());
   std::copy(work_.begin(), work_.end(), output);
@@ -291,9 +302,7 @@ void CompressedAllReduce::runCodec(float* output, Exchange& exchange) {
     const size_t end = std::min(count_, begin + shard);
     for (size_t i = begin; i < end; ++i) contribution_[i] = decoded[i - begin];
   }
-  if (spec_.errorFeedback) {
-    for (size_t i = 0; i < count_; ++i) error_[i] = work_[i] - contribution_[i];
-  }
+  keepError();
   received_.resize(block * n);
   exchange.allToAll(bytes_.data(), received_.data(), block);
   // The owner sums its shard from every rank in fp32, in rank order, and encodes the mean once.
@@ -319,8 +328,7 @@ void CompressedAllReduce::runCodec(float* output, Exchange& exchange) {
 }
 
 void CompressedAllReduce::runTopK(float* output, Exchange& exchange) {
-  size_t total = 0;
-  for (size_t k : keep_) total += k;
+  const size_t total = keptTotal();
   // One message: total values, then total indices (into the whole buffer).
   std::vector<uint32_t> packed(2 * total);
   float* values = reinterpret_cast<float*>(packed.data());
@@ -336,9 +344,7 @@ void CompressedAllReduce::runTopK(float* output, Exchange& exchange) {
   }
   std::fill(contribution_.begin(), contribution_.end(), 0.0f);
   for (size_t i = 0; i < total; ++i) contribution_[indices[i]] = values[i];
-  if (spec_.errorFeedback) {
-    for (size_t i = 0; i < count_; ++i) error_[i] = work_[i] - contribution_[i];
-  }
+  keepError();
   const size_t block = packed.size() * sizeof(uint32_t);
   received_.resize(block * static_cast<size_t>(nranks_));
   exchange.allGather(packed.data(), received_.data(), block);
@@ -365,8 +371,7 @@ void CompressedAllReduce::drawRandomK(size_t t, uint32_t* out) {
 }
 
 void CompressedAllReduce::runRandomK(float* output, Exchange& exchange) {
-  size_t total = 0;
-  for (size_t k : keep_) total += k;
+  const size_t total = keptTotal();
   indices_.resize(total);
   size_t at = 0;
   for (size_t t = 0; t < tensors_.size(); ++t) {
@@ -377,9 +382,7 @@ void CompressedAllReduce::runRandomK(float* output, Exchange& exchange) {
   for (size_t i = 0; i < total; ++i) floats_[i] = work_[indices_[i]];
   std::fill(contribution_.begin(), contribution_.end(), 0.0f);
   for (size_t i = 0; i < total; ++i) contribution_[indices_[i]] = floats_[i];
-  if (spec_.errorFeedback) {
-    for (size_t i = 0; i < count_; ++i) error_[i] = work_[i] - contribution_[i];
-  }
+  keepError();
   exchange.sum(floats_.data(), total);
   std::fill(output, output + count_, 0.0f);
   for (size_t i = 0; i < total; ++i) output[indices_[i]] = floats_[i];
@@ -487,16 +490,10 @@ uint64_t CompressedAllReduce::payloadBytesFor(int nranks) const {
     case CompressorKind::kQsgd:
     case CompressorKind::kSign:
       return 2 * blocksPayloadBytes(kernels::encodedBytes(codec_, padded(count_, nranks) / n), nranks);
-    case CompressorKind::kTopK: {
-      size_t total = 0;
-      for (size_t k : keep_) total += k;
-      return blocksPayloadBytes(total * (sizeof(float) + sizeof(uint32_t)), nranks);
-    }
-    case CompressorKind::kRandomK: {
-      size_t total = 0;
-      for (size_t k : keep_) total += k;
-      return sumPayloadBytes(total, nranks);
-    }
+    case CompressorKind::kTopK:
+      return blocksPayloadBytes(keptTotal() * (sizeof(float) + sizeof(uint32_t)), nranks);
+    case CompressorKind::kRandomK:
+      return sumPayloadBytes(keptTotal(), nranks);
     case CompressorKind::kPowerSgd: {
       size_t first = 0;
       size_t second = 0;

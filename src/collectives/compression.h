@@ -114,6 +114,8 @@ class CompressedAllReduce {
 
  private:
   uint64_t payloadBytesFor(int nranks) const;
+  size_t keptTotal() const;  // topk, randomk: elements sent per call
+  void keepError();          // error = work - contribution, with error feedback
   void runNone(float* output, Exchange& exchange);
   void runCodec(float* output, Exchange& exchange);
   void runTopK(float* output, Exchange& exchange);

@@ -114,33 +114,40 @@ bool splitQuantity(const std::string& text, double* number, std::string* unit) {
 
 }  // namespace
 
-double knobBitsPerSecond(Knob knob) {
+namespace {
+
+struct Unit {
+  const char* name;
+  double factor;
+};
+
+// The knob as a number with one of `units` (0 when unset); else chorusInvalidArgument saying
+// what it should be.
+template <size_t N>
+double knobQuantity(Knob knob, const Unit (&units)[N], const char* expected) {
   if (!knobSet(knob)) return 0;
   const std::string text = knobString(knob);
   double number = 0;
   std::string unit;
   if (splitQuantity(text, &number, &unit)) {
-    if (unit == "bit") return number;
-    if (unit == "kbit") return number * 1e3;
-    if (unit == "mbit") return number * 1e6;
-    if (unit == "gbit") return number * 1e9;
+    for (const Unit& u : units) {
+      if (unit == u.name) return number * u.factor;
+    }
   }
-  fail(chorusInvalidArgument, "{}='{}' is not a rate: a number with a unit bit, kbit, mbit or gbit (e.g. 50mbit)",
-       spec(knob).name, text);
+  fail(chorusInvalidArgument, "{}='{}' is not {}", spec(knob).name, text, expected);
+}
+
+}  // namespace
+
+double knobBitsPerSecond(Knob knob) {
+  static constexpr Unit kRates[] = {{"bit", 1}, {"kbit", 1e3}, {"mbit", 1e6}, {"gbit", 1e9}};
+  return knobQuantity(knob, kRates, "a rate: a number with a unit bit, kbit, mbit or gbit (e.g. 50mbit)");
 }
 
 int64_t knobMicroseconds(Knob knob) {
-  if (!knobSet(knob)) return 0;
-  const std::string text = knobString(knob);
-  double number = 0;
-  std::string unit;
-  if (splitQuantity(text, &number, &unit)) {
-    if (unit == "us") return static_cast<int64_t>(number);
-    if (unit == "ms") return static_cast<int64_t>(number * 1e3);
-    if (unit == "s") return static_cast<int64_t>(number * 1e6);
-  }
-  fail(chorusInvalidArgument, "{}='{}' is not a duration: a number with a unit us, ms or s (e.g. 5ms)", spec(knob).name,
-       text);
+  static constexpr Unit kDurations[] = {{"us", 1}, {"ms", 1e3}, {"s", 1e6}};
+  return static_cast<int64_t>(
+      knobQuantity(knob, kDurations, "a duration: a number with a unit us, ms or s (e.g. 5ms)"));
 }
 
 void logKnobs(int rank) {
