@@ -183,10 +183,7 @@ struct Result {
 
 // Writes the --json document; false (with the reason on stderr) when the file cannot be written.
 bool writeJson(const std::string& path, const nlohmann::json& doc) {
-  std::ofstream out(path);
-  out << doc.dump(2) << "\n";
-  if (!out) std::fprintf(stderr, "collbench: cannot write %s\n", path.c_str());
-  return static_cast<bool>(out);
+  return chorus::bench::writeOutput(path, doc.dump(2) + "\n");
 }
 
 // nccl-tests' column header, with an algo column after root when algorithms are named, then

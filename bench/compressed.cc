@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -144,12 +143,7 @@ class Sweep {
                                     {"tcp_rate", rate ? rate : ""},
                                     {"tcp_delay", delay ? delay : ""},
                                     {"rows", table}};
-        std::ofstream out(o_.json);
-        out << doc.dump(2) << "\n";
-        if (!out) {
-          std::fprintf(stderr, "collbench: cannot write %s\n", o_.json.c_str());
-          return 2;
-        }
+        if (!writeOutput(o_.json, doc.dump(2) + "\n")) return 2;
       }
     }
     return differing == 0 ? 0 : 1;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <stdexcept>
 
 namespace chorus::bench {
@@ -38,6 +39,13 @@ size_t parseBytes(const std::string& text) {
     throw std::invalid_argument("bad size '" + text + "' (a number of bytes with an optional K, M or G)");
   }
   return static_cast<size_t>(value * scale);
+}
+
+bool writeOutput(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  if (!out) std::fprintf(stderr, "collbench: cannot write %s\n", path.c_str());
+  return static_cast<bool>(out);
 }
 
 size_t nextSize(const Options& o, size_t bytes) {

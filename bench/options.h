@@ -49,6 +49,9 @@ struct Options {
 // --help, 2 after a bad flag or value (the message is on stderr).
 int parseOptions(int argc, const char* const* argv, Options* o);
 
+// Writes text to path (--json); false, with the reason on stderr, when it cannot.
+bool writeOutput(const std::string& path, const std::string& text);
+
 // The row after `bytes` in the -b/-e/-f/-i sweep, or 0 after the last.
 size_t nextSize(const Options& o, size_t bytes);
 

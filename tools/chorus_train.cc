@@ -113,9 +113,8 @@ void writeMetrics(const Job& job, const TrainResult& r, size_t parameters, const
   // over the compressed steps, and over the uncompressed ones), the ratio of each bucket's compressor.
   auto medianBytes = [&](bool compressed) {
     std::vector<double> bytes;
-    for (size_t i = 0; i < r.steps.size(); ++i) {
-      if (r.steps[i].compressed == compressed && (i > 0 || r.resumedFrom > 0))
-        bytes.push_back(double(r.steps[i].dpBytes));
+    for (const auto& s : r.steps) {
+      if (s.compressed == compressed) bytes.push_back(double(s.dpBytes));
     }
     std::sort(bytes.begin(), bytes.end());
     return bytes.empty() ? 0.0 : bytes[bytes.size() / 2];
