@@ -418,8 +418,10 @@ CHORUS_API chorusResult_t chorusCommGetTraffic(chorusComm_t comm, chorusTraffic_
  *   randomk:f     f of each tensor's entries at indices drawn alike from a shared seed, summed,
  *                 with error feedback
  *   powersgd:r    rank-r PowerSGD with warm start and error feedback; tensors with rows <= 1, and
- *                 those r (rows + cols) * min_rate > rows * cols, go uncompressed (default r 4)
- * keys: rank=, ratio=, levels=, ef=0|1 (error feedback), warm=0|1, seed=, min_rate= (default 2).
+ *                 those r (rows + cols) * min_rate > rows * cols, go whole, in bf16 as bf16 sends
+ *                 them (whole=fp32: summed in fp32; whole=fp16) (default r 4)
+ * keys: rank=, ratio=, levels=, ef=0|1 (error feedback), warm=0|1, seed=, min_rate= (default 2),
+ * whole=bf16|fp16|fp32.
  * NULL spec: CHORUS_COMPRESS, else "none". tensors gives each tensor's element count, and rows its
  * first dimension (PowerSGD views it as rows x count/rows; NULL rows, or 0 or 1: a vector). Every
  * rank creates the compressor alike. Not collective (no message). The compressor is used with

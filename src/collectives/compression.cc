@@ -27,7 +27,7 @@ constexpr Named kNames[] = {
 [[noreturn]] void bad(const std::string& text, const std::string& why) {
   throw std::invalid_argument("compressor '" + text + "': " + why +
                               " (syntax: name[:param][,key=value...]; names none fp16 bf16 qsgd sign topk randomk "
-                              "powersgd; keys rank ratio levels ef warm seed min_rate)");
+                              "powersgd; keys rank ratio levels ef warm seed min_rate whole)");
 }
 
 double number(const std::string& text, const std::string& key, const std::string& value) {
@@ -96,8 +96,20 @@ CompressorSpec CompressorSpec::parse(const std::string& text) {
     if (eq == std::string::npos) bad(text, "'" + items[i] + "' is not key=value");
     const std::string key = items[i].substr(0, eq);
     const std::string value = items[i].substr(eq + 1);
-    static const char* const kKeys[] = {"rank", "ratio", "levels", "ef", "warm", "seed", "min_rate"};
+    static const char* const kKeys[] = {"rank", "ratio", "levels", "ef", "warm", "seed", "min_rate", "whole"};
     if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) bad(text, "unknown key '" + key + "'");
+    if (key == "whole") {
+      if (spec.kind != CompressorKind::kPowerSgd) bad(text, "whole= applies to powersgd only");
+      if (value == "fp32") {
+        spec.wholeEncoded = false;
+      } else if (value == "bf16" || value == "fp16") {
+        spec.wholeEncoded = true;
+        spec.wholeCodec = value == "bf16" ? kernels::Codec::kBf16 : kernels::Codec::kFp16;
+      } else {
+        bad(text, "whole=" + value + " is not fp32, bf16 or fp16");
+      }
+      continue;
+    }
     const double v = number(text, key, value);
     auto whole = [&](double lo, double hi) {
       if (v != std::floor(v) || v < lo || v > hi) {
@@ -141,17 +153,22 @@ std::string CompressorSpec::text() const {
   std::string out = compressorName(kind);
   switch (kind) {
     case CompressorKind::kPowerSgd:
-      out += ":" + std::to_string(rank) + ",warm=" + (warmStart ? "1" : "0");
+      out += ':';
+      out += std::to_string(rank);
+      out += warmStart ? ",warm=1" : ",warm=0";
+      out += !wholeEncoded ? ",whole=fp32" : wholeCodec == kernels::Codec::kBf16 ? ",whole=bf16" : ",whole=fp16";
       break;
     case CompressorKind::kTopK:
     case CompressorKind::kRandomK: {
       std::ostringstream r;
       r << ratio;
-      out += ":" + r.str();
+      out += ':';
+      out += r.str();
       break;
     }
     case CompressorKind::kQsgd:
-      out += ":" + std::to_string(levels);
+      out += ':';
+      out += std::to_string(levels);
       break;
     default:
       break;
@@ -159,7 +176,10 @@ std::string CompressorSpec::text() const {
   if (kind != CompressorKind::kNone && kind != CompressorKind::kFp16 && kind != CompressorKind::kBf16) {
     out += std::string(",ef=") + (errorFeedback ? "1" : "0");
   }
-  if (seed != 0) out += ",seed=" + std::to_string(seed);
+  if (seed != 0) {
+    out += ",seed=";
+    out += std::to_string(seed);
+  }
   return out;
 }
 
@@ -202,6 +222,9 @@ CompressedAllReduce::CompressedAllReduce(CompressorSpec spec, std::vector<Tensor
       break;
     case CompressorKind::kSign:
       codec_.codec = kernels::Codec::kSign;
+      break;
+    case CompressorKind::kPowerSgd:
+      codec_.codec = spec_.wholeCodec;
       break;
     default:
       break;
@@ -279,42 +302,43 @@ void CompressedAllReduce::runNone(float* output, Exchange& exchange) {
   exchange.sum(output, count_);
 }
 
-void CompressedAllReduce::runCodec(float* output, Exchange& exchange) {
+void CompressedAllReduce::codecMean(const float* in, size_t count, float* contribution, float* out,
+                                    Exchange& exchange) {
   const size_t n = static_cast<size_t>(nranks_);
-  const size_t shard = padded(count_, nranks_) / n;
+  const size_t shard = padded(count, nranks_) / n;
   const size_t block = kernels::encodedBytes(codec_, shard);
   // Each rank encodes x / n, shard by shard (padding zeros), and sends shard j to its owner j.
   floats_.assign(shard * n, 0.0f);
   const float inverse = 1.0f / static_cast<float>(nranks_);
-  for (size_t i = 0; i < count_; ++i) floats_[i] = work_[i] * inverse;
+  for (size_t i = 0; i < count; ++i) floats_[i] = in[i] * inverse;
   bytes_.assign(block * n, 0);
   for (size_t j = 0; j < n; ++j) {
     kernels::encode(codec_, floats_.data() + j * shard, shard, kernels::mixSeed(spec_.seed, calls_, rank_, j),
                     bytes_.data() + j * block);
   }
-  // The contribution is what the encoding decodes to (times n), and the error what it missed.
-  std::fill(contribution_.begin(), contribution_.end(), 0.0f);
+  // The contribution is what the encoding decodes to (times n).
+  std::fill(contribution, contribution + count, 0.0f);
   std::vector<float> decoded(shard);
   for (size_t j = 0; j < n; ++j) {
     std::fill(decoded.begin(), decoded.end(), 0.0f);
     kernels::decodeAdd(codec_, bytes_.data() + j * block, shard, static_cast<float>(nranks_), decoded.data());
     const size_t begin = j * shard;
-    const size_t end = std::min(count_, begin + shard);
-    for (size_t i = begin; i < end; ++i) contribution_[i] = decoded[i - begin];
+    const size_t end = std::min(count, begin + shard);
+    for (size_t i = begin; i < end; ++i) contribution[i] = decoded[i - begin];
   }
-  keepError();
   received_.resize(block * n);
   exchange.allToAll(bytes_.data(), received_.data(), block);
   // The owner sums its shard from every rank in fp32, in rank order, and encodes the mean once.
   std::vector<float> mean(shard, 0.0f);
   for (size_t r = 0; r < n; ++r) kernels::decodeAdd(codec_, received_.data() + r * block, shard, 1.0f, mean.data());
-  if (spec_.kind == CompressorKind::kSign && spec_.errorFeedback) {
+  const bool ownerFeedback = spec_.kind == CompressorKind::kSign && spec_.errorFeedback;
+  if (ownerFeedback) {
     ownerError_.resize(shard, 0.0f);
     for (size_t i = 0; i < shard; ++i) mean[i] += ownerError_[i];
   }
   std::vector<uint8_t> owned(block);
   kernels::encode(codec_, mean.data(), shard, kernels::mixSeed(spec_.seed, calls_, rank_, n + 1), owned.data());
-  if (spec_.kind == CompressorKind::kSign && spec_.errorFeedback) {
+  if (ownerFeedback) {
     std::vector<float> sent(shard, 0.0f);
     kernels::decodeAdd(codec_, owned.data(), shard, 1.0f, sent.data());
     for (size_t i = 0; i < shard; ++i) ownerError_[i] = mean[i] - sent[i];
@@ -324,7 +348,12 @@ void CompressedAllReduce::runCodec(float* output, Exchange& exchange) {
   for (size_t j = 0; j < n; ++j) {
     kernels::decodeAdd(codec_, received_.data() + j * block, shard, 1.0f, floats_.data() + j * shard);
   }
-  std::copy(floats_.begin(), floats_.begin() + static_cast<std::ptrdiff_t>(count_), output);
+  std::copy(floats_.begin(), floats_.begin() + static_cast<std::ptrdiff_t>(count), out);
+}
+
+void CompressedAllReduce::runCodec(float* output, Exchange& exchange) {
+  codecMean(work_.data(), count_, contribution_.data(), output, exchange);
+  keepError();
 }
 
 void CompressedAllReduce::runTopK(float* output, Exchange& exchange) {
@@ -390,25 +419,30 @@ void CompressedAllReduce::runRandomK(float* output, Exchange& exchange) {
 
 void CompressedAllReduce::runPowerSgd(float* output, Exchange& exchange) {
   const size_t r = static_cast<size_t>(spec_.rank);
-  // First message: each compressed matrix's P = M Q, then every uncompressed tensor whole.
+  // First message: each compressed matrix's P = M Q, then (whole=fp32) every uncompressed tensor.
+  const bool encoded = spec_.wholeEncoded;
   size_t first = 0;
   size_t second = 0;
+  size_t whole = 0;
   for (size_t t = 0; t < tensors_.size(); ++t) {
     if (compressedTensor_[t]) {
       first += tensors_[t].rows * r;
       second += tensors_[t].count / tensors_[t].rows * r;
     } else {
-      first += tensors_[t].count;
+      (encoded ? whole : first) += tensors_[t].count;
     }
   }
   std::vector<float> ps(first);
   std::vector<float> qs(second);
+  std::vector<float> wholes(whole);
   size_t at = 0;
+  size_t wholeAt = 0;
   for (size_t t = 0; t < tensors_.size(); ++t) {
     const float* m = work_.data() + offsets_[t];
     if (!compressedTensor_[t]) {
-      std::copy(m, m + tensors_[t].count, ps.data() + at);
-      at += tensors_[t].count;
+      float* to = encoded ? wholes.data() + wholeAt : ps.data() + at;
+      std::copy(m, m + tensors_[t].count, to);
+      (encoded ? wholeAt : at) += tensors_[t].count;
       continue;
     }
     const size_t rows = tensors_[t].rows;
@@ -430,7 +464,7 @@ void CompressedAllReduce::runPowerSgd(float* output, Exchange& exchange) {
   size_t qAt = 0;
   for (size_t t = 0; t < tensors_.size(); ++t) {
     if (!compressedTensor_[t]) {
-      at += tensors_[t].count;
+      if (!encoded) at += tensors_[t].count;
       continue;
     }
     const size_t rows = tensors_[t].rows;
@@ -440,33 +474,40 @@ void CompressedAllReduce::runPowerSgd(float* output, Exchange& exchange) {
     const float* m = work_.data() + offsets_[t];
     kernels::gemm(true, false, static_cast<int>(cols), static_cast<int>(r), static_cast<int>(rows), 1.0f, m,
                   static_cast<int>(cols), p, static_cast<int>(r), 0.0f, qs.data() + qAt, static_cast<int>(r));
-    // This rank's contribution P Q^T, and the error it leaves.
+    // This rank's contribution P Q^T.
     float* mine = contribution_.data() + offsets_[t];
     kernels::gemm(false, true, static_cast<int>(rows), static_cast<int>(cols), static_cast<int>(r), 1.0f, p,
                   static_cast<int>(r), qs.data() + qAt, static_cast<int>(r), 0.0f, mine, static_cast<int>(cols));
     at += rows * r;
     qAt += cols * r;
   }
-  if (spec_.errorFeedback) {
-    for (size_t t = 0; t < tensors_.size(); ++t) {
-      if (!compressedTensor_[t]) continue;
-      for (size_t i = offsets_[t]; i < offsets_[t] + tensors_[t].count; ++i) error_[i] = work_[i] - contribution_[i];
-    }
-  }
+  // The tensors sent whole in 16 bits: their mean through the codec exchange, times n for the sum.
+  std::vector<float> wholeContribution(whole);
+  std::vector<float> wholeMean(whole);
+  if (encoded && whole > 0) codecMean(wholes.data(), whole, wholeContribution.data(), wholeMean.data(), exchange);
   exchange.sum(qs.data(), second);
   at = 0;
   qAt = 0;
+  wholeAt = 0;
   for (size_t t = 0; t < tensors_.size(); ++t) {
     float* out = output + offsets_[t];
+    float* mine = contribution_.data() + offsets_[t];
+    const size_t count = tensors_[t].count;
     if (!compressedTensor_[t]) {
-      std::copy(ps.data() + at, ps.data() + at + tensors_[t].count, out);
-      std::copy(work_.data() + offsets_[t], work_.data() + offsets_[t] + tensors_[t].count,
-                contribution_.data() + offsets_[t]);
-      at += tensors_[t].count;
+      if (encoded) {
+        const float n = static_cast<float>(nranks_);
+        for (size_t i = 0; i < count; ++i) out[i] = wholeMean[wholeAt + i] * n;
+        std::copy(wholeContribution.data() + wholeAt, wholeContribution.data() + wholeAt + count, mine);
+        wholeAt += count;
+      } else {
+        std::copy(ps.data() + at, ps.data() + at + count, out);
+        std::copy(work_.data() + offsets_[t], work_.data() + offsets_[t] + count, mine);
+        at += count;
+      }
       continue;
     }
     const size_t rows = tensors_[t].rows;
-    const size_t cols = tensors_[t].count / rows;
+    const size_t cols = count / rows;
     const float* q = qs.data() + qAt;
     kernels::gemm(false, true, static_cast<int>(rows), static_cast<int>(cols), static_cast<int>(r), 1.0f,
                   ps.data() + at, static_cast<int>(r), q, static_cast<int>(r), 0.0f, out, static_cast<int>(cols));
@@ -476,6 +517,7 @@ void CompressedAllReduce::runPowerSgd(float* output, Exchange& exchange) {
     at += rows * r;
     qAt += cols * r;
   }
+  keepError();
 }
 
 uint64_t CompressedAllReduce::payloadBytes() const { return payloadBytesFor(nranks_); }
@@ -497,15 +539,18 @@ uint64_t CompressedAllReduce::payloadBytesFor(int nranks) const {
     case CompressorKind::kPowerSgd: {
       size_t first = 0;
       size_t second = 0;
+      size_t whole = 0;
       for (size_t t = 0; t < tensors_.size(); ++t) {
         if (compressedTensor_[t]) {
           first += tensors_[t].rows * static_cast<size_t>(spec_.rank);
           second += tensors_[t].count / tensors_[t].rows * static_cast<size_t>(spec_.rank);
         } else {
-          first += tensors_[t].count;
+          (spec_.wholeEncoded ? whole : first) += tensors_[t].count;
         }
       }
-      return sumPayloadBytes(first, nranks) + sumPayloadBytes(second, nranks);
+      const uint64_t wholeBytes =
+          whole == 0 ? 0 : 2 * blocksPayloadBytes(kernels::encodedBytes(codec_, padded(whole, nranks) / n), nranks);
+      return sumPayloadBytes(first, nranks) + sumPayloadBytes(second, nranks) + wholeBytes;
     }
   }
   return 0;

@@ -19,10 +19,12 @@
 //             count/rows) plus its error gives P = MQ, P summed and orthonormalized, Q = M^T P
 //             summed; the estimate is P Q^T. Q starts from a shared-seed Gaussian and is kept
 //             for the next call (warm start). Tensors where r (rows + cols) * min_rate > rows *
-//             cols, and vectors, are summed uncompressed in the same message as the Ps.
+//             cols, and vectors, are sent whole: in bf16 through the codec exchange (whole=bf16,
+//             the default), or summed in fp32 in the same message as the Ps (whole=fp32, as
+//             PyTorch's hook does).
 //
 // Specs: "name[:param][,key=value...]"; keys rank, ratio, levels, ef (0/1), warm (0/1), seed,
-// min_rate. E.g. "powersgd:4", "topk:0.01,ef=0", "qsgd:15".
+// min_rate, whole (fp32/bf16/fp16). E.g. "powersgd:4", "topk:0.01,ef=0", "qsgd:15".
 #pragma once
 
 #include <cstddef>
@@ -46,6 +48,9 @@ struct CompressorSpec {
   bool warmStart = true;  // powersgd
   uint64_t seed = 0;
   double minRate = 2;  // powersgd: compress a matrix only where it shrinks at least this much
+  // powersgd: how the tensors sent whole travel: summed in fp32 (false), or in wholeCodec.
+  bool wholeEncoded = true;
+  kernels::Codec wholeCodec = kernels::Codec::kBf16;
 
   // Throws chorusInvalidArgument naming the spec and what is wrong.
   static CompressorSpec parse(const std::string& text);
@@ -117,6 +122,10 @@ class CompressedAllReduce {
   size_t keptTotal() const;  // topk, randomk: elements sent per call
   void keepError();          // error = work - contribution, with error feedback
   void runNone(float* output, Exchange& exchange);
+  // The codec exchange of count floats: each rank's in / n encoded shard by shard and sent to the
+  // shard's owner, summed there in fp32 and encoded once, all-gathered. out = the mean;
+  // contribution = what this rank's encoding decodes to, times n.
+  void codecMean(const float* in, size_t count, float* contribution, float* out, Exchange& exchange);
   void runCodec(float* output, Exchange& exchange);
   void runTopK(float* output, Exchange& exchange);
   void runRandomK(float* output, Exchange& exchange);

@@ -3,7 +3,8 @@
 #  - bytes: every compressor's measured bytes per step (what the transports sent on the
 #    data-parallel communicator, headers included) are within 5% of its payload formula
 #    (chorusCompressorGetInfo), the fp32 run's within 5% of the ring's 2 (n-1)/n x 4 bytes per
-#    parameter, the warm-up steps send fp32's bytes, and bf16 sends half;
+#    parameter, the warm-up steps send fp32's bytes, bf16 sends half and rank-4 PowerSGD at
+#    least 20x less;
 #  - convergence: bf16 ends within 2% of the fp32 run's final validation loss. The others' final
 #    losses are printed beside it.
 source "$(dirname "$0")/lib.sh"
@@ -46,6 +47,8 @@ for n, j in m.items():
           f"{n}: {sent:.0f} bytes per compressed step, payload formula {formula:.0f} (ratio {plain / sent:.1f}x)")
     check(c["dp_bytes_per_uncompressed_step"] >= 0.95 * plain, f"{n}: the 30 warm-up steps send fp32's bytes")
 check(1.9 <= plain / m["bf16"]["compress"]["dp_bytes_per_step"] <= 2.05, "bf16 sends half the bytes")
+psgd = plain / m["powersgd4"]["compress"]["dp_bytes_per_step"]
+check(psgd >= 20, f"powersgd:4 sends {psgd:.1f}x fewer bytes per step than the fp32 all-reduce (at least 20x)")
 check(abs(val["bf16"] / val["none"] - 1) <= 0.02,
       f"bf16: final val loss {val['bf16']:.4f} within 2% of fp32's {val['none']:.4f}")
 for n in ["powersgd4", "topk", "sign"]:

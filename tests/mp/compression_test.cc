@@ -69,54 +69,71 @@ void expectSameOnEveryRank(const std::vector<float>& result, chorusComm_t comm, 
 }
 
 // Rank-r PowerSGD of matrices that share one rank-r column space (so their mean has rank r) is
-// exact, with a vector beside them summed whole.
+// exact, with a vector beside them sent whole (fp32: exact; bf16: within two roundings).
 TEST(Compression, PowerSgdOfRankRMatricesEqualsTheExactMean) {
   for (int r : {1, 4}) {
-    runRanks(ranks(4), [&](int rank, chorusComm_t comm) {
-      const size_t rows = 64, cols = 48, vector = 33;
-      const std::vector<float> u = randomData(rows * r, 7, 0);  // the same on every rank
-      const std::vector<float> v = randomData(cols * r, 11, rank);
-      std::vector<float> x(rows * cols + vector, 0.0f);
-      for (size_t i = 0; i < rows; ++i) {
-        for (size_t j = 0; j < cols; ++j) {
-          for (int k = 0; k < r; ++k) x[i * cols + j] += u[i * r + k] * v[j * r + k];
+    for (const std::string whole : {"fp32", "bf16"}) {
+      runRanks(ranks(4), [&](int rank, chorusComm_t comm) {
+        const size_t rows = 64, cols = 48, vector = 33;
+        const std::vector<float> u = randomData(rows * r, 7, 0);  // the same on every rank
+        const std::vector<float> v = randomData(cols * r, 11, rank);
+        std::vector<float> x(rows * cols + vector, 0.0f);
+        for (size_t i = 0; i < rows; ++i) {
+          for (size_t j = 0; j < cols; ++j) {
+            for (int k = 0; k < r; ++k) x[i * cols + j] += u[i * r + k] * v[j * r + k];
+          }
         }
-      }
-      const std::vector<float> tail = randomData(vector, 13, rank);
-      std::copy(tail.begin(), tail.end(), x.begin() + rows * cols);
-      const size_t counts[2] = {rows * cols, vector};
-      const size_t shape[2] = {rows, 1};
-      chorusCompressor_t c = nullptr;
-      const std::string spec = "powersgd:" + std::to_string(r) + ",min_rate=1";
-      ASSERT_EQ(chorusCompressorCreate(comm, spec.c_str(), 2, counts, shape, &c), chorusSuccess)
-          << chorusGetLastError(comm);
-      std::vector<float> out(x.size());
-      ASSERT_EQ(chorusCompressedAllReduce(x.data(), out.data(), x.size(), chorusFloat32, chorusAvg, c, comm, nullptr),
-                chorusSuccess)
-          << chorusGetLastError(comm);
-      const std::vector<double> mean = exactMean(gather(x, comm), x.size(), 4);
-      double diff = 0, norm = 0;
-      for (size_t i = 0; i < rows * cols; ++i) {
-        diff += (out[i] - mean[i]) * (out[i] - mean[i]);
-        norm += mean[i] * mean[i];
-      }
-      EXPECT_LE(std::sqrt(diff / norm), 1e-4) << "rank " << r << " PowerSGD, relative Frobenius error";
-      for (size_t i = rows * cols; i < x.size(); ++i) EXPECT_NEAR(out[i], mean[i], 1e-6) << "vector element " << i;
-      // The payload: P (64 x r) with the vector, then Q (48 x r), each a reduce-scatter + all-gather.
-      chorusCompressorInfo_t info{};
-      ASSERT_EQ(chorusCompressorGetInfo(c, &info), chorusSuccess);
-      auto sumBytes = [](size_t count) { return 2 * 3 * ((count + 3) / 4) * 4; };
-      EXPECT_EQ(info.payloadBytes, sumBytes(rows * r + vector) + sumBytes(cols * r));
-      expectSameOnEveryRank(out, comm, spec);
-      chorusCompressorDestroy(c);
-    });
+        const std::vector<float> tail = randomData(vector, 13, rank);
+        std::copy(tail.begin(), tail.end(), x.begin() + rows * cols);
+        const size_t counts[2] = {rows * cols, vector};
+        const size_t shape[2] = {rows, 1};
+        chorusCompressor_t c = nullptr;
+        const std::string spec = "powersgd:" + std::to_string(r) + ",min_rate=1,whole=" + whole;
+        ASSERT_EQ(chorusCompressorCreate(comm, spec.c_str(), 2, counts, shape, &c), chorusSuccess)
+            << chorusGetLastError(comm);
+        std::vector<float> out(x.size());
+        ASSERT_EQ(chorusCompressedAllReduce(x.data(), out.data(), x.size(), chorusFloat32, chorusAvg, c, comm, nullptr),
+                  chorusSuccess)
+            << chorusGetLastError(comm);
+        const std::vector<float> all = gather(x, comm);
+        const std::vector<double> mean = exactMean(all, x.size(), 4);
+        double diff = 0, norm = 0;
+        for (size_t i = 0; i < rows * cols; ++i) {
+          diff += (out[i] - mean[i]) * (out[i] - mean[i]);
+          norm += mean[i] * mean[i];
+        }
+        EXPECT_LE(std::sqrt(diff / norm), 1e-4) << "rank " << r << " PowerSGD, relative Frobenius error";
+        // The vector goes whole: summed in fp32, or as bf16 (two roundings: each rank's x/4, then the mean).
+        double largest = 0;  // over every rank's vector
+        for (int k = 0; k < 4; ++k) {
+          for (size_t i = rows * cols; i < x.size(); ++i)
+            largest = std::max(largest, std::fabs(double(all[k * x.size() + i])));
+        }
+        const double tolerance = whole == "fp32" ? 1e-6 : std::ldexp(largest, -8) * 2;
+        for (size_t i = rows * cols; i < x.size(); ++i) {
+          EXPECT_NEAR(out[i], mean[i], tolerance) << spec << " vector element " << i;
+        }
+        // The payload: P (64 x r), then Q (48 x r), each a reduce-scatter + all-gather; the vector
+        // with the Ps (fp32), or as 2-byte shards to their owners and back (bf16).
+        chorusCompressorInfo_t info{};
+        ASSERT_EQ(chorusCompressorGetInfo(c, &info), chorusSuccess);
+        auto sumBytes = [](size_t count) { return 2 * 3 * ((count + 3) / 4) * 4; };
+        if (whole == "fp32") {
+          EXPECT_EQ(info.payloadBytes, sumBytes(rows * r + vector) + sumBytes(cols * r));
+        } else {
+          EXPECT_EQ(info.payloadBytes, sumBytes(rows * r) + sumBytes(cols * r) + 2 * 3 * ((vector + 3) / 4) * 2);
+        }
+        expectSameOnEveryRank(out, comm, spec);
+        chorusCompressorDestroy(c);
+      });
+    }
   }
 }
 
 // Error feedback conserves what it drops: input + old error = contribution + new error, and the
 // result is the mean of the ranks' contributions (for the compressors whose exchange is exact).
 TEST(Compression, ErrorFeedbackConservesAndTheResultIsTheMeanOfContributions) {
-  const char* specs[] = {"powersgd:2", "topk:0.05", "randomk:0.1", "sign", "qsgd:3,ef=1"};
+  const char* specs[] = {"powersgd:2,whole=fp32", "powersgd:2", "topk:0.05", "randomk:0.1", "sign", "qsgd:3,ef=1"};
   runRanks(ranks(3), [&](int rank, chorusComm_t comm) {
     for (const char* spec : specs) {
       const size_t counts[3] = {40 * 30, 77, 16 * 20};
@@ -140,7 +157,9 @@ TEST(Compression, ErrorFeedbackConservesAndTheResultIsTheMeanOfContributions) {
         double kept = 0;
         for (float e : newError) kept += std::fabs(e);
         EXPECT_GT(kept, 0.0) << spec;
-        if (std::string(spec) != "sign" && std::string(spec).rfind("qsgd", 0) != 0) {
+        // The exchange is exact (not rounded again at the shards' owners) for these.
+        const std::string name = spec;
+        if (name == "powersgd:2,whole=fp32" || name.rfind("topk", 0) == 0 || name.rfind("randomk", 0) == 0) {
           const std::vector<double> mean = exactMean(gather(contribution, comm), total, 3);
           for (size_t i = 0; i < total; ++i) {
             ASSERT_NEAR(out[i], mean[i], 1e-5 * (1 + std::fabs(mean[i]))) << spec << " element " << i;
@@ -157,8 +176,8 @@ TEST(Compression, ErrorFeedbackConservesAndTheResultIsTheMeanOfContributions) {
 // Every compressor leaves the same bits on every rank, with a count that does not divide evenly,
 // summing or averaging.
 TEST(Compression, EveryRankHoldsTheSameBits) {
-  const char* specs[] = {"none", "fp16",      "bf16",         "qsgd:15",   "qsgd:1",
-                         "sign", "topk:0.01", "randomk:0.02", "powersgd:4"};
+  const char* specs[] = {"none", "fp16",      "bf16",         "qsgd:15",    "qsgd:1",
+                         "sign", "topk:0.01", "randomk:0.02", "powersgd:4", "powersgd:4,whole=fp32"};
   for (const char* transport : {"shm", "tcp"}) {
     runRanks(ranks(3, transport), [&](int rank, chorusComm_t comm) {
       for (const char* spec : specs) {
@@ -376,6 +395,8 @@ TEST(Compression, RefusalsNameWhatIsWrong) {
     refused("bf16,ef=1", nullptr, "error feedback");
     refused("powersgd:4,colour=red", nullptr, "unknown key 'colour'");
     refused("sign:3", nullptr, "sign takes no parameter");
+    refused("powersgd:4,whole=int8", nullptr, "whole=int8 is not fp32, bf16 or fp16");
+    refused("topk:0.01,whole=bf16", nullptr, "whole= applies to powersgd only");
     refused("powersgd:4", badRows, "rows 7 do not divide its count 100");
     ASSERT_EQ(chorusCompressorCreate(comm, "topk:0.1", 2, counts, nullptr, &c), chorusSuccess);
     std::vector<float> x(110, 1.0f);
@@ -425,7 +446,7 @@ TEST(Compression, CppCompressor) {
     for (float v : x) ASSERT_NEAR(v, 1.5f, 1e-5f);
     const chorusCompressorInfo_t info = compressor.info();
     EXPECT_EQ(info.calls, 1u);
-    EXPECT_STREQ(info.spec, "powersgd:2,warm=1,ef=1");
+    EXPECT_STREQ(info.spec, "powersgd:2,warm=1,whole=bf16,ef=1");
     EXPECT_GE(after.bytesSent - before.bytesSent, info.payloadBytes);
     std::vector<float> error(x.size()), mine(x.size());
     compressor.residual(error, mine);
