@@ -408,7 +408,7 @@ CHORUS_VECTOR_CLONES void crossEntropyBackward(float* dlogits, const float* prob
 }
 
 CHORUS_VECTOR_CLONES void adamwStep(float* param, const float* grad, float* m, float* v, size_t n, long step,
-                                    const AdamWSettings& s) {
+                                    const OptimizerSettings& s) {
   // The scalars in double, as PyTorch computes them in Python, then used in float.
   const double bc1 = 1.0 - std::pow(static_cast<double>(s.beta1), static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(s.beta2), static_cast<double>(step));
@@ -424,6 +424,18 @@ CHORUS_VECTOR_CLONES void adamwStep(float* param, const float* grad, float* m, f
     v[i] = v[i] * b2 + g * g * (1.0f - b2);
     const float denom = std::sqrt(v[i]) / bc2Sqrt + s.eps;
     param[i] -= stepSize * (m[i] / denom);
+  }
+}
+
+CHORUS_VECTOR_CLONES void sgdStep(float* param, const float* grad, float* m, size_t n, long step,
+                                  const OptimizerSettings& s) {
+  const float momentum = s.momentum;
+  const float decay = s.weightDecay;
+  const float lr = s.lr;
+  for (size_t i = 0; i < n; ++i) {
+    const float g = grad[i] + decay * param[i];
+    m[i] = step <= 1 ? g : m[i] * momentum + g;
+    param[i] -= lr * (s.nesterov ? g + momentum * m[i] : m[i]);
   }
 }
 

@@ -103,19 +103,28 @@ void crossEntropyShardExp(float* probs, float* sums, float* targetLogits, const 
 float crossEntropyShardLoss(float* probs, float* losses, const float* sums, const float* rowMax,
                             const float* targetLogits, int n, int v);
 
-// AdamW as PyTorch's torch.optim.AdamW (decoupled weight decay), one step over n elements:
+// The optimizers, one step over n elements; step counts from 1. The caller passes weightDecay 0
+// for tensors not decayed (biases, layernorm) and the learning rate of this step in lr.
+//
+// AdamW as PyTorch's torch.optim.AdamW (decoupled weight decay):
 //   param *= 1 - lr * weightDecay; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 //   param -= lr / (1 - b1^step) * m / (sqrt(v) / sqrt(1 - b2^step) + eps).
-// step counts from 1. The caller passes weightDecay 0 for tensors not decayed (biases, layernorm)
-// and the learning rate of this step in lr.
-struct AdamWSettings {
+// SGD with momentum as PyTorch's torch.optim.SGD (no dampening; weight decay added to the
+// gradient): g += weightDecay param; m = g at step 1, else momentum m + g;
+//   param -= lr (nesterov ? g + momentum m : m).
+enum class Optimizer { kAdamW, kSgd };
+struct OptimizerSettings {
+  Optimizer kind = Optimizer::kAdamW;
   float lr = 3e-4f;
   float beta1 = 0.9f;
   float beta2 = 0.95f;
   float eps = 1e-8f;
   float weightDecay = 0.1f;
+  float momentum = 0.9f;  // SGD
+  bool nesterov = false;  // SGD
 };
-void adamwStep(float* param, const float* grad, float* m, float* v, size_t n, long step, const AdamWSettings& s);
+void adamwStep(float* param, const float* grad, float* m, float* v, size_t n, long step, const OptimizerSettings& s);
+void sgdStep(float* param, const float* grad, float* m, size_t n, long step, const OptimizerSettings& s);
 
 // Sum of squares of x(n), accumulated in double: for the global gradient norm.
 double sumOfSquares(const float* x, size_t n);

@@ -196,7 +196,8 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
   params_.assign(stage_ == 3 ? shardTotal_ : fullTotal_, 0.0f);
   grads_.assign(stage_ >= 2 ? shardTotal_ : fullTotal_, 0.0f);
   m_.assign(stage_ >= 1 ? shardTotal_ : fullTotal_, 0.0f);
-  v_.assign(m_.size(), 0.0f);
+  optimizer_ = settings.optimizer;
+  v_.assign(optimizer_ == kernels::Optimizer::kAdamW ? m_.size() : 0, 0.0f);
   for (auto& b : buckets_) {
     if (stage_ == 3) {
       const size_t lo = b.lo + std::min(b.count, rank_ * b.shard);
@@ -451,7 +452,10 @@ void DataParallel::sumOverRanks(std::vector<double>& values) {
   worker_->run([&values](Communicator& c) { c.allReduce(std::span<double>(values), ReduceOp::kSum); });
 }
 
-double DataParallel::step(const kernels::AdamWSettings& adam, long stepNumber, float clipNorm) {
+double DataParallel::step(const kernels::OptimizerSettings& optimizer, long stepNumber, float clipNorm) {
+  if (optimizer.kind != optimizer_) {
+    throw Error(chorusInvalidUsage, "data parallel: step() with another optimizer than the one it was made for");
+  }
   // ZeRO-0/1: the buckets no last micro-batch finished (a pipeline's other chunks, the tied
   // embedding, summed over the pipeline's ends first).
   if (stage_ < 2) {
@@ -517,10 +521,14 @@ double DataParallel::step(const kernels::AdamWSettings& adam, long stepNumber, f
   }
 
   eachTensorPart([&](const ParamTensor& t, const Own& o, size_t d, size_t n) {
-    auto s = adam;
+    auto s = optimizer;
     if (!t.decay) s.weightDecay = 0.0f;
-    kernels::adamwStep(params_.data() + o.p + d, grads_.data() + o.g + d, m_.data() + o.mv + d, v_.data() + o.mv + d, n,
-                       stepNumber, s);
+    if (optimizer_ == kernels::Optimizer::kSgd) {
+      kernels::sgdStep(params_.data() + o.p + d, grads_.data() + o.g + d, m_.data() + o.mv + d, n, stepNumber, s);
+    } else {
+      kernels::adamwStep(params_.data() + o.p + d, grads_.data() + o.g + d, m_.data() + o.mv + d, v_.data() + o.mv + d,
+                         n, stepNumber, s);
+    }
   });
 
   // ZeRO-1/2: every rank's updated slice to everyone.
@@ -566,7 +574,7 @@ void DataParallel::gatherState(std::vector<float>& params, std::vector<float>& m
   for (const auto& b : buckets_) {
     collect(b, params_, stage_ == 3, params);
     collect(b, m_, stage_ >= 1, m);
-    collect(b, v_, stage_ >= 1, v);
+    if (!v_.empty()) collect(b, v_, stage_ >= 1, v);  // SGD has none: zeros
   }
 }
 
@@ -589,7 +597,7 @@ void DataParallel::loadState(const std::vector<float>& params, const std::vector
   for (const auto& b : buckets_) {
     place(b, params, stage_ == 3, params_);
     place(b, m, stage_ >= 1, m_);
-    place(b, v, stage_ >= 1, v_);
+    if (!v_.empty()) place(b, v, stage_ >= 1, v_);
   }
 }
 

@@ -90,6 +90,8 @@ struct DataParallelSettings {
   // start, from step compressFrom on (the steps before are uncompressed: a warm-up).
   std::string compressor;
   long compressFrom = 1;
+  // The optimizer step() takes: AdamW keeps m and v per parameter, SGD m only.
+  kernels::Optimizer optimizer = kernels::Optimizer::kAdamW;
 };
 
 // How far the reductions overlapped backward: of `reductions` bucket reductions, `overlapped`
@@ -119,10 +121,10 @@ class DataParallel : public UnitAccess {
   // buckets whose gradients a last micro-batch did not finish.
   void beginMicro(bool last, bool eval = false);
   // After the last micro-batch's backward: waits for the reductions, clips the gradient to
-  // clipNorm (global L2 norm; 0: no clipping), takes one AdamW step (step counts from 1) and makes
-  // parameters current everywhere (ZeRO-1/2 all-gather them). Returns the gradient's norm before
-  // clipping. Gradients are then zeroed for the next step.
-  double step(const kernels::AdamWSettings& adam, long step, float clipNorm);
+  // clipNorm (global L2 norm; 0: no clipping), takes one optimizer step (step counts from 1; the
+  // kind the settings were made with) and makes parameters current everywhere (ZeRO-1/2 all-gather
+  // them). Returns the gradient's norm before clipping. Gradients are then zeroed for the next step.
+  double step(const kernels::OptimizerSettings& optimizer, long step, float clipNorm);
 
   // UnitAccess, for Gpt::forward and backward.
   const float* acquire(int unit, Pass pass) override;
@@ -193,7 +195,8 @@ class DataParallel : public UnitAccess {
   std::vector<int> unitBucket_;
   size_t fullTotal_ = 0, shardTotal_ = 0;
   // Persistent state: full padded arrays or shard arrays, by stage.
-  std::vector<float> params_, grads_, m_, v_;
+  std::vector<float> params_, grads_, m_, v_;  // v_: AdamW only
+  kernels::Optimizer optimizer_ = kernels::Optimizer::kAdamW;
   bool lastMicro_ = true, eval_ = false;
   // ZeRO-3 access order within a micro-batch (its first forwardLength_ in forward) and where we are in it.
   std::vector<int> order_;

@@ -16,11 +16,11 @@
 namespace chorus::training {
 
 float Job::learningRate(long step) const {
-  if (warmup > 0 && step <= warmup) return adam.lr * static_cast<float>(step) / static_cast<float>(warmup);
-  if (steps <= warmup) return adam.lr;
+  if (warmup > 0 && step <= warmup) return optimizer.lr * static_cast<float>(step) / static_cast<float>(warmup);
+  if (steps <= warmup) return optimizer.lr;
   const double progress = static_cast<double>(step - warmup) / static_cast<double>(steps - warmup);
   const double cosine = 0.5 * (1.0 + std::cos(M_PI * std::min(1.0, progress)));
-  return static_cast<float>(minLr + (adam.lr - minLr) * cosine);
+  return static_cast<float>(minLr + (optimizer.lr - minLr) * cosine);
 }
 
 Job loadJob(const std::string& path, const std::vector<std::string>& overrides) {
@@ -123,13 +123,17 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("batch", "micro", job.micro);
   get("batch", "seq", job.seq);
   get("batch", "accumulate", job.accumulate);
-  get("optimizer", "lr", job.adam.lr);
+  std::string optimizer = "adamw";
+  get("optimizer", "name", optimizer);
+  get("optimizer", "lr", job.optimizer.lr);
+  get("optimizer", "momentum", job.optimizer.momentum);
+  get("optimizer", "nesterov", job.optimizer.nesterov);
   get("optimizer", "min_lr", job.minLr);
   get("optimizer", "warmup", job.warmup);
-  get("optimizer", "beta1", job.adam.beta1);
-  get("optimizer", "beta2", job.adam.beta2);
-  get("optimizer", "eps", job.adam.eps);
-  get("optimizer", "weight_decay", job.adam.weightDecay);
+  get("optimizer", "beta1", job.optimizer.beta1);
+  get("optimizer", "beta2", job.optimizer.beta2);
+  get("optimizer", "eps", job.optimizer.eps);
+  get("optimizer", "weight_decay", job.optimizer.weightDecay);
   get("optimizer", "clip", job.clip);
   get("parallel", "ranks", job.ranks);
   get("parallel", "tp", job.tp);
@@ -231,7 +235,17 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   if (job.model.context < job.seq) {
     throw fail(fmt::format("[batch] seq = {} exceeds [model] context = {}", job.seq, job.model.context));
   }
-  if (!(job.adam.lr > 0)) throw fail("[optimizer] lr must be positive");
+  if (!(job.optimizer.lr > 0)) throw fail("[optimizer] lr must be positive");
+  if (optimizer == "adamw") {
+    job.optimizer.kind = kernels::Optimizer::kAdamW;
+  } else if (optimizer == "sgd") {
+    job.optimizer.kind = kernels::Optimizer::kSgd;
+  } else {
+    throw fail(fmt::format("[optimizer] name = \"{}\": adamw or sgd (with momentum)", optimizer));
+  }
+  if (!(job.optimizer.momentum >= 0 && job.optimizer.momentum < 1)) {
+    throw fail(fmt::format("[optimizer] momentum = {} is not in [0, 1)", job.optimizer.momentum));
+  }
   return job;
 }
 

@@ -21,8 +21,8 @@ struct Job {
   int micro = 8;        // sequences per rank per micro-batch
   int seq = 64;
   int accumulate = 1;  // micro-batches per step
-  kernels::AdamWSettings adam;
-  float minLr = 0.0f;              // cosine decay from adam.lr to minLr after warmup
+  kernels::OptimizerSettings optimizer;
+  float minLr = 0.0f;              // cosine decay from optimizer.lr to minLr after warmup
   int warmup = 0;                  // linear warmup steps
   float clip = 1.0f;               // global gradient norm clip; 0 = none
   int ranks = 1;                   // the world: dp x tp x pp x cp

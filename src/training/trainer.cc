@@ -194,6 +194,7 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
   parallel.inflightBuckets = job.inflightBuckets;
   parallel.compressor = job.compress;
   parallel.compressFrom = job.compressWarmup + 1;
+  parallel.optimizer = job.optimizer.kind;
   // Sums over the model-parallel ranks (tp, then pp), on the training thread.
   auto modelParallelSum = [tpComm, ppComm](std::span<double> x) {
     if (tpComm) tpComm->allReduce(x);
@@ -367,12 +368,12 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
         model.backward(dp, 1.0f / static_cast<float>(job.accumulate));
       }
     }
-    auto adam = job.adam;
-    adam.lr = job.learningRate(step);
+    auto optimizer = job.optimizer;
+    optimizer.lr = job.learningRate(step);
     StepRecord r;
     r.step = step;
-    r.lr = adam.lr;
-    r.gradNorm = dp.step(adam, step, job.clip);
+    r.lr = optimizer.lr;
+    r.gradNorm = dp.step(optimizer, step, job.clip);
     r.compressed = compressed;
     const uint64_t sentNow = dp.wireBytes();
     r.dpBytes = sentNow - dpSent;

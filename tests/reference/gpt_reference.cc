@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
     writeFile(dir + "/grads.f32", grads);
 
     // AdamW steps, batch k + 1 at step k, decay on matrices and embeddings only.
-    chorus::kernels::AdamWSettings adam;
+    chorus::kernels::OptimizerSettings adam;
     adam.lr = 1e-2f;
     adam.beta1 = 0.9f;
     adam.beta2 = 0.95f;

@@ -182,7 +182,7 @@ TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
   EXPECT_EQ(job.model.layers, 2);
   EXPECT_EQ(job.model.vocab, 0) << "vocab from the tokenizer";
   EXPECT_EQ(job.zero, 3);
-  EXPECT_FLOAT_EQ(job.adam.lr, 0.5f);
+  EXPECT_FLOAT_EQ(job.optimizer.lr, 0.5f);
   EXPECT_EQ(job.out, "y");
   EXPECT_EQ(job.dataDir, "y/data");
   EXPECT_EQ(job.globalBatch(), 8);
@@ -228,6 +228,14 @@ TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
   const Job compressed = loadJob(path, {"compress.name=\"topk:0.01,ef=0\"", "compress.warmup_steps=7"});
   EXPECT_EQ(compressed.compress, "topk:0.01,ef=0");
   EXPECT_EQ(compressed.compressWarmup, 7);
+  // The optimizer: adamw (the default) or sgd with momentum in [0, 1).
+  EXPECT_EQ(loadJob(path).optimizer.kind, kernels::Optimizer::kAdamW);
+  const Job sgd = loadJob(path, {"optimizer.name=\"sgd\"", "optimizer.momentum=0.8", "optimizer.nesterov=true"});
+  EXPECT_EQ(sgd.optimizer.kind, kernels::Optimizer::kSgd);
+  EXPECT_FLOAT_EQ(sgd.optimizer.momentum, 0.8f);
+  EXPECT_TRUE(sgd.optimizer.nesterov);
+  EXPECT_NE(message({"optimizer.name=\"adam\""}).find("[optimizer] name = \"adam\": adamw or sgd"), std::string::npos);
+  EXPECT_NE(message({"optimizer.momentum=1"}).find("[optimizer] momentum = 1 is not in [0, 1)"), std::string::npos);
   const Job pipeline = loadJob(path, {"parallel.pp=2", "batch.accumulate=3"});
   EXPECT_EQ(pipeline.dp(), 1);
   EXPECT_EQ(pipeline.globalBatch(), 12);
@@ -272,7 +280,7 @@ pp = 2
 
 TEST(JobTest, LearningRateWarmsUpThenDecays) {
   Job job;
-  job.adam.lr = 1.0f;
+  job.optimizer.lr = 1.0f;
   job.minLr = 0.1f;
   job.warmup = 10;
   job.steps = 110;

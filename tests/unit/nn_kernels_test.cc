@@ -432,7 +432,7 @@ TEST(NnKernelsTest, VocabParallelCrossEntropyFromColumnShardsEqualsTheWhole) {
 }
 
 TEST(NnKernelsTest, AdamWMatchesItsDefinition) {
-  AdamWSettings s;
+  OptimizerSettings s;
   s.lr = 0.01f;
   s.weightDecay = 0.1f;
   const size_t n = 33;
@@ -461,6 +461,41 @@ TEST(NnKernelsTest, AdamWMatchesItsDefinition) {
   EXPECT_NEAR(q[0], 1.0f - s.lr, 1e-6);
   EXPECT_NEAR(q[1], 1.0f + s.lr, 1e-6);
   EXPECT_NEAR(q[2], 1.0f - s.lr, 1e-4);  // eps = 1e-8 against |g| = 1e-3
+}
+
+// SGD with momentum, plain and Nesterov, against its recurrence in double; and in closed form: a
+// constant gradient g from zero momentum moves a parameter by lr g (1 + mu + ... + mu^(k-1)) at step k.
+TEST(NnKernelsTest, SgdMatchesItsDefinition) {
+  for (bool nesterov : {false, true}) {
+    OptimizerSettings s;
+    s.kind = Optimizer::kSgd;
+    s.lr = 0.05f;
+    s.weightDecay = 0.01f;
+    s.momentum = 0.9f;
+    s.nesterov = nesterov;
+    const size_t n = 33;
+    auto p = randomFloats(n, 16);
+    std::vector<float> m(n, 7.0f);  // ignored at step 1
+    Vec P = asDoubles(p), M(n, 0.0);
+    for (long step = 1; step <= 5; ++step) {
+      const auto g = randomFloats(n, 100 + step);
+      sgdStep(p.data(), g.data(), m.data(), n, step, s);
+      for (size_t i = 0; i < n; ++i) {
+        const double d = g[i] + s.weightDecay * P[i];
+        M[i] = step == 1 ? d : s.momentum * M[i] + d;
+        P[i] -= s.lr * (nesterov ? d + s.momentum * M[i] : M[i]);
+      }
+    }
+    EXPECT_LT(relativeError(p, P), 1e-6) << (nesterov ? "nesterov" : "plain");
+  }
+  OptimizerSettings s;
+  s.lr = 0.1f;
+  s.weightDecay = 0.0f;
+  s.momentum = 0.5f;
+  std::vector<float> q = {0.0f}, mq = {0.0f};
+  const float g = 2.0f;
+  for (long step = 1; step <= 3; ++step) sgdStep(q.data(), &g, mq.data(), 1, step, s);
+  EXPECT_FLOAT_EQ(q[0], -0.1f * 2.0f * (1.0f + 1.5f + 1.75f));
 }
 
 TEST(NnKernelsTest, SumOfSquaresAndScale) {
