@@ -6,7 +6,9 @@
 #    parameter, the warm-up steps send fp32's bytes, bf16 sends half and rank-4 PowerSGD at
 #    least 20x less;
 #  - convergence: bf16 ends within 2% of the fp32 run's final validation loss. The others' final
-#    losses are printed beside it.
+#    losses are printed beside it. Under plain SGD (the setting of PowerSGD's and error feedback's
+#    papers), rank-4 PowerSGD ends within 2% of fp32, and top-k and sign end at least 2% higher
+#    with their error feedback switched off.
 source "$(dirname "$0")/lib.sh"
 train="$build/chorus-train"
 steps=300
@@ -23,11 +25,22 @@ run powersgd4 --compress powersgd:4
 run bf16 --compress bf16
 run topk --compress topk:0.01
 run sign --compress sign
+# Error feedback, switched on and off, under plain SGD (no momentum: the setting of the error
+# feedback papers; with momentum or AdamW the fed-back error arrives late and amplified).
+sgd=(--set 'optimizer.name="sgd"' --set optimizer.momentum=0 --set optimizer.lr=1.0 --set optimizer.min_lr=0.1
+  --set optimizer.weight_decay=0)
+run sgd-none "${sgd[@]}"
+run sgd-powersgd4 "${sgd[@]}" --compress powersgd:4
+run sgd-topk "${sgd[@]}" --compress topk:0.01
+run sgd-topk-noef "${sgd[@]}" --compress topk:0.01,ef=0
+run sgd-sign "${sgd[@]}" --compress sign
+run sgd-sign-noef "${sgd[@]}" --compress sign,ef=0
 /usr/bin/python3 - "$work" <<'PY' || fail "compressed training"
 import json, sys
 work = sys.argv[1]
 m = {n: json.load(open(f"{work}/{n}/metrics.json"))
-     for n in ["none", "powersgd4", "bf16", "topk", "sign"]}
+     for n in ["none", "powersgd4", "bf16", "topk", "sign", "sgd-none", "sgd-powersgd4", "sgd-topk", "sgd-topk-noef", "sgd-sign",
+               "sgd-sign-noef"]}
 ok = True
 def check(cond, what):
     global ok
@@ -39,7 +52,7 @@ ring = 2 * 3 / 4 * 4 * params
 check(ring <= plain <= 1.05 * ring, f"fp32 all-reduce: {plain:.0f} bytes per step, ring formula {ring:.0f}")
 val = {n: j["final_val_loss"] for n, j in m.items()}
 for n, j in m.items():
-    if n == "none":
+    if n == "none" or n.startswith("sgd"):
         continue
     c = j["compress"]
     sent, formula = c["dp_bytes_per_step"], c["payload_bytes_per_step"]
@@ -53,5 +66,10 @@ check(abs(val["bf16"] / val["none"] - 1) <= 0.02,
       f"bf16: final val loss {val['bf16']:.4f} within 2% of fp32's {val['none']:.4f}")
 for n in ["powersgd4", "topk", "sign"]:
     print(f"     {n}: final val loss {val[n]:.4f} ({100 * (val[n] / val['none'] - 1):+.1f}% against fp32)")
+check(abs(val["sgd-powersgd4"] / val["sgd-none"] - 1) <= 0.02,
+      f"plain SGD: powersgd:4 final val loss {val['sgd-powersgd4']:.4f} within 2% of fp32's {val['sgd-none']:.4f}")
+for n in ["sgd-topk", "sgd-sign"]:
+    on, off = val[n], val[n + "-noef"]
+    check(off >= 1.02 * on, f"{n}: without error feedback {off:.4f}, at least 2% above {on:.4f} with it")
 sys.exit(0 if ok else 1)
 PY
