@@ -417,21 +417,25 @@ void CompressedAllReduce::runRandomK(float* output, Exchange& exchange) {
   for (size_t i = 0; i < total; ++i) output[indices_[i]] = floats_[i];
 }
 
+CompressedAllReduce::PowerSgdCounts CompressedAllReduce::powerSgdCounts() const {
+  const size_t r = static_cast<size_t>(spec_.rank);
+  PowerSgdCounts c;
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    if (compressedTensor_[t]) {
+      c.first += tensors_[t].rows * r;
+      c.second += tensors_[t].count / tensors_[t].rows * r;
+    } else {
+      (spec_.wholeEncoded ? c.whole : c.first) += tensors_[t].count;
+    }
+  }
+  return c;
+}
+
 void CompressedAllReduce::runPowerSgd(float* output, Exchange& exchange) {
   const size_t r = static_cast<size_t>(spec_.rank);
   // First message: each compressed matrix's P = M Q, then (whole=fp32) every uncompressed tensor.
   const bool encoded = spec_.wholeEncoded;
-  size_t first = 0;
-  size_t second = 0;
-  size_t whole = 0;
-  for (size_t t = 0; t < tensors_.size(); ++t) {
-    if (compressedTensor_[t]) {
-      first += tensors_[t].rows * r;
-      second += tensors_[t].count / tensors_[t].rows * r;
-    } else {
-      (encoded ? whole : first) += tensors_[t].count;
-    }
-  }
+  const auto [first, second, whole] = powerSgdCounts();
   std::vector<float> ps(first);
   std::vector<float> qs(second);
   std::vector<float> wholes(whole);
@@ -537,17 +541,7 @@ uint64_t CompressedAllReduce::payloadBytesFor(int nranks) const {
     case CompressorKind::kRandomK:
       return sumPayloadBytes(keptTotal(), nranks);
     case CompressorKind::kPowerSgd: {
-      size_t first = 0;
-      size_t second = 0;
-      size_t whole = 0;
-      for (size_t t = 0; t < tensors_.size(); ++t) {
-        if (compressedTensor_[t]) {
-          first += tensors_[t].rows * static_cast<size_t>(spec_.rank);
-          second += tensors_[t].count / tensors_[t].rows * static_cast<size_t>(spec_.rank);
-        } else {
-          (spec_.wholeEncoded ? whole : first) += tensors_[t].count;
-        }
-      }
+      const auto [first, second, whole] = powerSgdCounts();
       const uint64_t wholeBytes =
           whole == 0 ? 0 : 2 * blocksPayloadBytes(kernels::encodedBytes(codec_, padded(whole, nranks) / n), nranks);
       return sumPayloadBytes(first, nranks) + sumPayloadBytes(second, nranks) + wholeBytes;

@@ -130,6 +130,12 @@ class CompressedAllReduce {
   void runTopK(float* output, Exchange& exchange);
   void runRandomK(float* output, Exchange& exchange);
   void runPowerSgd(float* output, Exchange& exchange);
+  // PowerSGD's floats per call: in the P message (Ps, and the whole tensors with whole=fp32), in
+  // the Q message, and sent whole through the codec exchange.
+  struct PowerSgdCounts {
+    size_t first = 0, second = 0, whole = 0;
+  };
+  PowerSgdCounts powerSgdCounts() const;
   // Indices every rank draws alike for tensor t this call, offset into the buffer.
   void drawRandomK(size_t t, uint32_t* out);
 
