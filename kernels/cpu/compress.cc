@@ -10,28 +10,11 @@
 
 namespace chorus::kernels {
 
-uint64_t randomBits(uint64_t seed, uint64_t index) {
-  // splitmix64 of the pair: a bijective mix, so distinct indices of one seed never collide.
-  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (index + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-float randomUniform(uint64_t seed, uint64_t index) {
-  return static_cast<float>(randomBits(seed, index) >> 40) * 0x1.0p-24f;  // 24 bits: exact in fp32
-}
-
 float randomNormal(uint64_t seed, uint64_t index) {
   // Box-Muller on two draws of the index's own stream.
-  const uint64_t stream = mixSeed(seed, index);
-  const double u1 = (static_cast<double>(randomBits(stream, 0) >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-  const double u2 = static_cast<double>(randomBits(stream, 1) >> 11) * 0x1.0p-53;
+  double u1, u2;
+  normalDraws(seed, index, &u1, &u2);
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
-}
-
-uint64_t mixSeed(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
-  return randomBits(randomBits(randomBits(seed, a), b), c);
 }
 
 void topKIndices(const float* x, size_t n, size_t k, uint32_t* indices, std::vector<uint32_t>& scratch) {
@@ -103,21 +86,6 @@ namespace {
 
 size_t buckets(size_t count) { return (count + kCodecBucket - 1) / kCodecBucket; }
 
-int bitsPerElement(const CodecParams& params) {
-  switch (params.codec) {
-    case Codec::kFp16:
-    case Codec::kBf16:
-      return 16;
-    case Codec::kQsgd:
-      return params.qsgdBits();
-    case Codec::kSign:
-      return 1;
-  }
-  return 16;
-}
-
-bool scaled(const CodecParams& params) { return params.codec == Codec::kQsgd || params.codec == Codec::kSign; }
-
 // Packs code (bits wide) as element i of the code area.
 inline void putCode(uint8_t* codes, size_t i, int bits, unsigned code) {
   const size_t bit = i * static_cast<size_t>(bits);
@@ -130,9 +98,22 @@ inline unsigned getCode(const uint8_t* codes, size_t i, int bits) {
 
 }  // namespace
 
+int codecBits(const CodecParams& params) {
+  switch (params.codec) {
+    case Codec::kFp16:
+    case Codec::kBf16:
+      return 16;
+    case Codec::kQsgd:
+      return params.qsgdBits();
+    case Codec::kSign:
+      return 1;
+  }
+  return 16;
+}
+
 size_t encodedBytes(const CodecParams& params, size_t count) {
-  const size_t codes = (count * static_cast<size_t>(bitsPerElement(params)) + 7) / 8;
-  return codes + (scaled(params) ? buckets(count) * sizeof(float) : 0);
+  const size_t codes = (count * static_cast<size_t>(codecBits(params)) + 7) / 8;
+  return codes + (codecScaled(params) ? buckets(count) * sizeof(float) : 0);
 }
 
 void encode(const CodecParams& params, const float* x, size_t count, uint64_t seed, uint8_t* out) {
@@ -146,7 +127,7 @@ void encode(const CodecParams& params, const float* x, size_t count, uint64_t se
     std::memcpy(out, halves.data(), count * sizeof(uint16_t));
     return;
   }
-  const int bits = bitsPerElement(params);
+  const int bits = codecBits(params);
   const size_t nb = buckets(count);
   uint8_t* codes = out + nb * sizeof(float);
   std::memset(codes, 0, encodedBytes(params, count) - nb * sizeof(float));
@@ -163,18 +144,13 @@ void encode(const CodecParams& params, const float* x, size_t count, uint64_t se
     }
     std::memcpy(out + b * sizeof(float), &scale, sizeof(float));
     if (params.codec == Codec::kSign) {
-      for (size_t i = begin; i < end; ++i) putCode(codes, i, 1, std::signbit(x[i]) && x[i] != 0 ? 1u : 0u);
+      for (size_t i = begin; i < end; ++i) putCode(codes, i, 1, signCode(x[i]));
       continue;
     }
     if (scale == 0) continue;  // every level 0
     const float toLevels = static_cast<float>(params.levels) / scale;
     for (size_t i = begin; i < end; ++i) {
-      const float r = std::fabs(x[i]) * toLevels;
-      unsigned level = static_cast<unsigned>(r);
-      if (randomUniform(seed, i) < r - static_cast<float>(level)) ++level;
-      level = std::min(level, static_cast<unsigned>(params.levels));
-      const unsigned sign = x[i] < 0 ? 1u : 0u;
-      putCode(codes, i, bits, (sign << (bits - 1)) | level);
+      putCode(codes, i, bits, qsgdCode(x[i], toLevels, static_cast<unsigned>(params.levels), bits, seed, i));
     }
   }
 }
@@ -189,7 +165,7 @@ void decodeAdd(const CodecParams& params, const uint8_t* in, size_t count, float
     }
     return;
   }
-  const int bits = bitsPerElement(params);
+  const int bits = codecBits(params);
   const size_t nb = buckets(count);
   const uint8_t* codes = in + nb * sizeof(float);
   for (size_t b = 0; b < nb; ++b) {
@@ -203,12 +179,7 @@ void decodeAdd(const CodecParams& params, const uint8_t* in, size_t count, float
       continue;
     }
     const float step = factor * scale / static_cast<float>(params.levels);
-    const unsigned levelMask = (1u << (bits - 1)) - 1u;
-    for (size_t i = begin; i < end; ++i) {
-      const unsigned code = getCode(codes, i, bits);
-      const float magnitude = static_cast<float>(code & levelMask) * step;
-      out[i] += (code >> (bits - 1)) != 0 ? -magnitude : magnitude;
-    }
+    for (size_t i = begin; i < end; ++i) out[i] += qsgdValue(getCode(codes, i, bits), bits, step);
   }
 }
 

@@ -3,23 +3,42 @@
 // goes on the wire, and the PowerSGD helpers (Gram-Schmidt, shared-seed Gaussian init). The
 // compressed all-reduce built from them lives in src/collectives/compression.h. Pure functions of
 // their arguments (random draws come from a seed, so every rank draws alike where it must); safe
-// from any thread.
+// from any thread. The element math (random draws, QSGD's rounding, code packing) is CHORUS_HD:
+// kernels/cuda/compress.cu calls these same functions, so both sides draw and round alike.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "kernels/hd.h"
+
 namespace chorus::kernels {
 
 // A counter-based random number: the same (seed, index) gives the same value on every rank.
-uint64_t randomBits(uint64_t seed, uint64_t index);
+CHORUS_HD inline uint64_t randomBits(uint64_t seed, uint64_t index) {
+  // splitmix64 of the pair: a bijective mix, so distinct indices of one seed never collide.
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (index + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
 // Uniform in [0, 1), and standard normal, drawn from (seed, index).
-float randomUniform(uint64_t seed, uint64_t index);
+CHORUS_HD inline float randomUniform(uint64_t seed, uint64_t index) {
+  return static_cast<float>(randomBits(seed, index) >> 40) * 0x1.0p-24f;  // 24 bits: exact in fp32
+}
 float randomNormal(uint64_t seed, uint64_t index);
 // A seed derived from a seed and a few numbers (call, tensor, rank, ...): distinct inputs give
 // unrelated streams.
-uint64_t mixSeed(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0);
+CHORUS_HD inline uint64_t mixSeed(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0) {
+  return randomBits(randomBits(randomBits(seed, a), b), c);
+}
+// The two uniform draws (0, 1] and [0, 1) that randomNormal's Box-Muller takes for index.
+CHORUS_HD inline void normalDraws(uint64_t seed, uint64_t index, double* u1, double* u2) {
+  const uint64_t stream = mixSeed(seed, index);
+  *u1 = (static_cast<double>(randomBits(stream, 0) >> 11) + 1.0) * 0x1.0p-53;
+  *u2 = static_cast<double>(randomBits(stream, 1) >> 11) * 0x1.0p-53;
+}
 
 // The k (<= n) entries of x largest in magnitude, as indices in increasing order (ties: the
 // lower index wins). scratch is reused between calls.
@@ -46,6 +65,31 @@ struct CodecParams {
   // QSGD's bits per element (sign + level), rounded up to 2, 4 or 8 so codes pack whole in bytes.
   int qsgdBits() const;
 };
+
+// Bits per element of a codec's codes (16 for fp16 and bf16, 1 for sign).
+int codecBits(const CodecParams& params);
+// Whether a codec writes one fp32 scale per bucket before its codes (QSGD, sign).
+inline bool codecScaled(const CodecParams& params) {
+  return params.codec == Codec::kQsgd || params.codec == Codec::kSign;
+}
+
+// QSGD's code for element x (index i of the encoded block): the sign in the top bit of bits, and
+// floor(|x| toLevels) rounded up with probability equal to its fraction, capped at levels.
+CHORUS_HD inline unsigned qsgdCode(float x, float toLevels, unsigned levels, int bits, uint64_t seed, uint64_t i) {
+  const float r = absf(x) * toLevels;
+  unsigned level = static_cast<unsigned>(r);
+  if (randomUniform(seed, i) < r - static_cast<float>(level)) ++level;
+  if (level > levels) level = levels;
+  const unsigned sign = x < 0 ? 1u : 0u;
+  return (sign << (bits - 1)) | level;
+}
+// The value a QSGD code decodes to, in units of step (= factor * scale / levels).
+CHORUS_HD inline float qsgdValue(unsigned code, int bits, float step) {
+  const float magnitude = static_cast<float>(code & ((1u << (bits - 1)) - 1u)) * step;
+  return (code >> (bits - 1)) != 0 ? -magnitude : magnitude;
+}
+// Sign's code: 1 for a negative element (zero counts as +).
+CHORUS_HD inline unsigned signCode(float x) { return x < 0 ? 1u : 0u; }
 
 // Bytes that count elements encode into (scales included).
 size_t encodedBytes(const CodecParams& params, size_t count);

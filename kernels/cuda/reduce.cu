@@ -1,6 +1,8 @@
-// reduce.cu: element-wise reductions on device memory for every type x op; must match the CPU
-// reference (kernels/cpu/reduce.cc): integer Sum and Prod wrap, fp16 / bf16 compute in fp32 and
-// round to nearest even once, Avg combines as Sum and divides once at the end.
+// reduce.cu: element-wise reductions on device memory for every type x op, and casts between the
+// float types; must match the CPU reference (kernels/cpu/reduce.cc, kernels/cpu/half.h) bit for
+// bit: integer Sum and Prod wrap, fp16 / bf16 compute in fp32 and round to nearest even once (NaN
+// as the reference writes it), Avg combines as Sum and divides once at the end. Loads and stores
+// are 16 bytes wide where the three buffers allow it; a grid-stride loop covers any count.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -8,6 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cpu/half.h"
 #include "kernels/cuda/reduce.h"
 
 namespace chorus::kernels::cuda {
@@ -55,21 +58,46 @@ struct Native {
   __device__ static Compute load(T v) { return v; }
   __device__ static T store(Compute v) { return v; }
 };
+// The hardware conversions round to nearest even as the reference does; only NaN differs (the
+// hardware writes one canonical NaN), so NaN goes through the reference's own function.
 struct Half {
   using Compute = float;
   __device__ static float load(__half v) { return __half2float(v); }
-  __device__ static __half store(float v) { return __float2half_rn(v); }
+  __device__ static __half store(float v) { return v != v ? __ushort_as_half(floatToHalf(v)) : __float2half_rn(v); }
 };
 struct Bfloat {
   using Compute = float;
   __device__ static float load(__nv_bfloat16 v) { return __bfloat162float(v); }
-  __device__ static __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
+  __device__ static __nv_bfloat16 store(float v) {
+    return v != v ? __ushort_as_bfloat16(floatToBfloat16(v)) : __float2bfloat16_rn(v);
+  }
 };
 
+constexpr size_t kVectorBytes = 16;
+
+bool vectorAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kVectorBytes == 0; }
+
+__device__ size_t threadIndex() { return blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; }
+__device__ size_t gridThreads() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
+
+// vectors (count / elements per 16 bytes, or 0 when a pointer is not 16-byte aligned) go as
+// 16-byte loads and stores; the elements after them one at a time.
 template <typename T, typename Conv, typename Op>
-__global__ void reduceKernel(T* dst, const T* a, const T* b, size_t count) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+__global__ void reduceKernel(T* dst, const T* a, const T* b, size_t count, size_t vectors) {
+  constexpr size_t kLanes = kVectorBytes / sizeof(T);
+  const size_t stride = gridThreads();
+  for (size_t v = threadIndex(); v < vectors; v += stride) {
+    const uint4 va = __ldg(reinterpret_cast<const uint4*>(a) + v);
+    const uint4 vb = __ldg(reinterpret_cast<const uint4*>(b) + v);
+    uint4 vd;
+    const T* ea = reinterpret_cast<const T*>(&va);
+    const T* eb = reinterpret_cast<const T*>(&vb);
+    T* ed = reinterpret_cast<T*>(&vd);
+#pragma unroll
+    for (size_t j = 0; j < kLanes; ++j) ed[j] = Conv::store(Op::apply(Conv::load(ea[j]), Conv::load(eb[j])));
+    reinterpret_cast<uint4*>(dst)[v] = vd;
+  }
+  for (size_t i = vectors * kLanes + threadIndex(); i < count; i += stride) {
     dst[i] = Conv::store(Op::apply(Conv::load(a[i]), Conv::load(b[i])));
   }
 }
@@ -77,8 +105,7 @@ __global__ void reduceKernel(T* dst, const T* a, const T* b, size_t count) {
 template <typename T, typename Conv>
 __global__ void divideKernel(T* buf, size_t count, int divisor) {
   using C = typename Conv::Compute;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+  for (size_t i = threadIndex(); i < count; i += gridThreads()) {
     if constexpr (std::is_integral_v<C>) {
       using Wide = std::conditional_t<std::is_signed_v<C>, int64_t, uint64_t>;
       buf[i] = static_cast<T>(static_cast<Wide>(buf[i]) / static_cast<Wide>(divisor));
@@ -88,15 +115,19 @@ __global__ void divideKernel(T* buf, size_t count, int divisor) {
   }
 }
 
-unsigned gridFor(size_t count) {
-  const size_t blocks = (count + 255) / 256;
+// Enough blocks of 256 threads to give each thread about one 16-byte vector, at most 8 per SM
+// slot of a large GPU (the grid-stride loop takes the rest).
+unsigned gridFor(size_t items) {
+  const size_t blocks = (items + 255) / 256;
   return static_cast<unsigned>(blocks < 4096 ? (blocks == 0 ? 1 : blocks) : 4096);
 }
 
 template <typename T, typename Conv, typename Op>
 int launchReduce(void* dst, const void* a, const void* b, size_t count, cudaStream_t stream) {
-  reduceKernel<T, Conv, Op><<<gridFor(count), 256, 0, stream>>>(static_cast<T*>(dst), static_cast<const T*>(a),
-                                                                static_cast<const T*>(b), count);
+  constexpr size_t kLanes = kVectorBytes / sizeof(T);
+  const size_t vectors = vectorAligned(dst) && vectorAligned(a) && vectorAligned(b) ? count / kLanes : 0;
+  reduceKernel<T, Conv, Op><<<gridFor(vectors > 0 ? vectors : count), 256, 0, stream>>>(
+      static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count, vectors);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -134,7 +165,77 @@ int launchDivide(void* buf, size_t count, int divisor, cudaStream_t stream) {
   return static_cast<int>(cudaGetLastError());
 }
 
+// The float types a cast reads and writes, loaded to and stored from float (double stays double
+// when both sides are double).
+template <typename T>
+struct FloatIo;
+template <>
+struct FloatIo<float> {
+  __device__ static double load(float v) { return v; }
+  __device__ static float store(double v) { return static_cast<float>(v); }
+};
+template <>
+struct FloatIo<double> {
+  __device__ static double load(double v) { return v; }
+  __device__ static double store(double v) { return v; }
+};
+template <>
+struct FloatIo<__half> {
+  __device__ static double load(__half v) { return Half::load(v); }
+  __device__ static __half store(double v) { return Half::store(static_cast<float>(v)); }
+};
+template <>
+struct FloatIo<__nv_bfloat16> {
+  __device__ static double load(__nv_bfloat16 v) { return Bfloat::load(v); }
+  __device__ static __nv_bfloat16 store(double v) { return Bfloat::store(static_cast<float>(v)); }
+};
+
+template <typename To, typename From>
+__global__ void castKernel(To* dst, const From* src, size_t count) {
+  for (size_t i = threadIndex(); i < count; i += gridThreads())
+    dst[i] = FloatIo<To>::store(FloatIo<From>::load(src[i]));
+}
+
+template <typename To, typename From>
+int launchCast(void* dst, const void* src, size_t count, cudaStream_t stream) {
+  castKernel<To, From><<<gridFor(count), 256, 0, stream>>>(static_cast<To*>(dst), static_cast<const From*>(src), count);
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <typename From>
+int castFrom(void* dst, chorusDataType_t dstType, const void* src, size_t count, cudaStream_t s) {
+  switch (dstType) {
+    case chorusFloat32:
+      return launchCast<float, From>(dst, src, count, s);
+    case chorusFloat64:
+      return launchCast<double, From>(dst, src, count, s);
+    case chorusFloat16:
+      return launchCast<__half, From>(dst, src, count, s);
+    case chorusBfloat16:
+      return launchCast<__nv_bfloat16, From>(dst, src, count, s);
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
+  }
+}
+
 }  // namespace
+
+int cast(void* dst, chorusDataType_t dstType, const void* src, chorusDataType_t srcType, size_t count, void* stream) {
+  if (count == 0) return 0;
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (srcType) {
+    case chorusFloat32:
+      return castFrom<float>(dst, dstType, src, count, s);
+    case chorusFloat64:
+      return castFrom<double>(dst, dstType, src, count, s);
+    case chorusFloat16:
+      return castFrom<__half>(dst, dstType, src, count, s);
+    case chorusBfloat16:
+      return castFrom<__nv_bfloat16>(dst, dstType, src, count, s);
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
+  }
+}
 
 int reduce(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, chorusRedOp_t op,
            void* stream) {

@@ -13,6 +13,10 @@ namespace chorus::kernels::cuda {
 int reduce(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, chorusRedOp_t op,
            void* stream);
 
+// dst[i] = src[i] converted between float types (fp32, fp64, fp16, bf16), rounding to nearest
+// even as kernels/cpu/half.h does. Returns cudaErrorInvalidValue for other types.
+int cast(void* dst, chorusDataType_t dstType, const void* src, chorusDataType_t srcType, size_t count, void* stream);
+
 // buf[i] = buf[i] / divisor on the device, as kernels::divide.
 int divide(void* buf, size_t count, chorusDataType_t type, int divisor, void* stream);
 

@@ -3,30 +3,39 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "bench/pattern.h"
+#include "kernels/cpu/half.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cuda/reduce.h"
+#include "tests/gpu/device.h"
 
 namespace chorus::kernels {
 namespace {
 
-bool haveDevice(std::string* why) {
-  int count = 0;
-  const cudaError_t error = cudaGetDeviceCount(&count);
-  if (error != cudaSuccess) {
-    *why = cudaGetErrorString(error);
-    return false;
+// A device copy of a host vector, freed at scope exit.
+template <typename T>
+struct DeviceBuffer {
+  explicit DeviceBuffer(const std::vector<T>& host) : count(host.size()) {
+    EXPECT_EQ(cudaMalloc(&data, count * sizeof(T) + 16), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(data, host.data(), count * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
   }
-  if (count == 0) *why = "no CUDA device";
-  return count > 0;
-}
+  ~DeviceBuffer() { cudaFree(data); }
+  std::vector<T> read() const {
+    std::vector<T> host(count);
+    EXPECT_EQ(cudaMemcpy(host.data(), data, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+  T* data = nullptr;
+  size_t count;
+};
 
 TEST(CudaReduceTest, MatchesCpuReferenceForEveryTypeAndOp) {
-  std::string why;
-  if (!haveDevice(&why)) GTEST_SKIP() << "needs a CUDA device: " << why;
+  CHORUS_REQUIRE_CUDA_DEVICE();
   constexpr size_t kCount = 100003;
   constexpr int kRanks = 5;
   for (int t = 0; t < chorusNumTypes; ++t) {
@@ -56,6 +65,71 @@ TEST(CudaReduceTest, MatchesCpuReferenceForEveryTypeAndOp) {
       EXPECT_EQ(std::memcmp(cpu.data(), gpu.data(), bytes), 0) << chorusTypeName(type) << " " << chorusOpName(op);
     }
   }
+}
+
+// The 16-byte vector path and the element tail: offsets that misalign one buffer fall back to
+// elements, and counts that are not whole vectors leave a tail; all must match the reference.
+TEST(CudaReduceTest, MisalignedBuffersAndTailsMatchCpuReference) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  for (const size_t count : {size_t{1}, size_t{7}, size_t{33}, size_t{4099}}) {
+    for (const size_t shift : {size_t{0}, size_t{1}, size_t{3}}) {
+      std::vector<float> a(count + 4), b(count + 4);
+      for (size_t i = 0; i < a.size(); ++i) {
+        a[i] = static_cast<float>(i % 97) * 0.5f - 11.0f;
+        b[i] = static_cast<float>(i % 31) * 0.25f + 1.0f;
+      }
+      std::vector<float> cpu(count);
+      reduce(cpu.data(), a.data() + shift, b.data(), count, chorusFloat32, chorusSum);
+      DeviceBuffer<float> da(a), db(b), dd{std::vector<float>(count)};
+      ASSERT_EQ(cuda::reduce(dd.data, da.data + shift, db.data, count, chorusFloat32, chorusSum, nullptr), 0);
+      EXPECT_EQ(dd.read(), cpu) << "count " << count << " shift " << shift;
+    }
+  }
+}
+
+// fp32 <-> fp16 / bf16 casts equal kernels/cpu/half.h's conversions bit for bit, including
+// subnormals, ties, overflow to infinity and NaN.
+TEST(CudaCastTest, MatchesCpuConversions) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  std::vector<float> values;
+  for (int e = -30; e <= 20; ++e) {
+    for (const float m : {1.0f, 1.5f, 1.0009765625f, 1.00048828125f, 1.99951171875f}) {
+      values.push_back(std::ldexp(m, e));
+      values.push_back(-std::ldexp(m, e));
+    }
+  }
+  for (const float special : {0.0f, -0.0f, 65504.0f, 65520.0f, 1e-8f, std::numeric_limits<float>::infinity(),
+                              std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN()}) {
+    values.push_back(special);
+  }
+  for (uint32_t i = 0; i < 100000; ++i) values.push_back(bitsFloat(i * 42947u));
+  const size_t n = values.size();
+  std::vector<uint16_t> half(n), bf(n);
+  floatToHalf(values.data(), half.data(), n);
+  floatToBfloat16(values.data(), bf.data(), n);
+  DeviceBuffer<float> dv(values);
+  DeviceBuffer<uint16_t> dh{std::vector<uint16_t>(n)}, db{std::vector<uint16_t>(n)};
+  ASSERT_EQ(cuda::cast(dh.data, chorusFloat16, dv.data, chorusFloat32, n, nullptr), 0);
+  ASSERT_EQ(cuda::cast(db.data, chorusBfloat16, dv.data, chorusFloat32, n, nullptr), 0);
+  EXPECT_EQ(dh.read(), half);
+  EXPECT_EQ(db.read(), bf);
+  // And back: every 16-bit pattern widens exactly as the reference widens it.
+  std::vector<uint16_t> all(65536);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+  std::vector<float> fromHalf(all.size()), fromBf(all.size());
+  halfToFloat(all.data(), fromHalf.data(), all.size());
+  bfloat16ToFloat(all.data(), fromBf.data(), all.size());
+  DeviceBuffer<uint16_t> dall(all);
+  DeviceBuffer<float> dfh{std::vector<float>(all.size())}, dfb{std::vector<float>(all.size())};
+  ASSERT_EQ(cuda::cast(dfh.data, chorusFloat32, dall.data, chorusFloat16, all.size(), nullptr), 0);
+  ASSERT_EQ(cuda::cast(dfb.data, chorusFloat32, dall.data, chorusBfloat16, all.size(), nullptr), 0);
+  const auto gotHalf = dfh.read();
+  const auto gotBf = dfb.read();
+  for (size_t i = 0; i < all.size(); ++i) {
+    ASSERT_EQ(floatBits(gotHalf[i]), floatBits(fromHalf[i])) << "fp16 pattern " << i;
+    ASSERT_EQ(floatBits(gotBf[i]), floatBits(fromBf[i])) << "bf16 pattern " << i;
+  }
+  EXPECT_NE(cuda::cast(dh.data, chorusInt32, dv.data, chorusFloat32, n, nullptr), 0);
 }
 
 }  // namespace
