@@ -4,11 +4,20 @@
  * communicators may run concurrently from different threads. chorusGetUniqueId,
  * chorusGetErrorString and chorusGetVersion may be called from any thread at any time.
  *
- * Stream rule: every collective takes a stream argument like NCCL's. Host buffers take NULL,
- * and the call returns when the operation is complete on this rank (its buffers may be reused).
- * Non-blocking forms (chorusIAllReduce, ...) return a request instead, for chorusTest/chorusWait.
- * Device buffers and CUDA streams are not accepted by this build: a non-NULL stream is
- * rejected with chorusInvalidArgument and nothing is touched.
+ * Stream rule: every collective takes a stream argument like NCCL's.
+ *  - Host buffers take NULL, and the call returns when the operation is complete on this rank (its
+ *    buffers may be reused). Non-blocking forms (chorusIAllReduce, ...) return a request instead,
+ *    for chorusTest/chorusWait.
+ *  - Device buffers (CUDA memory of the current device) take a stream (a cudaStream_t; for the
+ *    legacy default stream pass cudaStreamLegacy, not NULL). The call is enqueued on that stream,
+ *    ordered with the caller's other work on it, and returns at once; it may be captured in a
+ *    CUDA graph. The first such call on a communicator is collective (every rank sets up its
+ *    device path in it). Failures surface through chorusCommGetAsyncError. Ranks on one host map
+ *    each other's GPU memory (CUDA IPC) and the ring collectives run as one kernel; other cases go
+ *    through pinned host memory (CHORUS_DEVICE_TRANSPORT). Device sends and receives cannot be in
+ *    a group, and non-blocking forms take host buffers only.
+ *  - A build without CUDA, or a machine without a device, rejects a non-NULL stream with
+ *    chorusInvalidArgument and touches nothing.
  *
  * Errors: every function returns a chorusResult_t. On failure, chorusGetLastError(comm) gives a
  * message naming the operation, the rank, the peer and the sizes involved. No function throws
@@ -264,9 +273,11 @@ CHORUS_API chorusResult_t chorusCommUserRank(const chorusComm_t comm, int* rank)
  *  - Every rank of the communicator calls the same collective with the same count, datatype, op
  *    and root, in the same order.
  *  - Buffers must not overlap other than in the in-place form each call names.
- *  - stream must be NULL (host buffers). The call returns when this rank's part is complete.
+ *  - stream: NULL for host buffers (the call returns when this rank's part is complete), or a
+ *    CUDA stream for device buffers (enqueued; see the stream rule above).
  *  - Errors: chorusInvalidArgument for a NULL buffer with count > 0, a count whose byte size
- *    overflows, an unknown datatype or op, a root or peer out of range, a non-NULL stream;
+ *    overflows, an unknown datatype or op, a root or peer out of range, a stream with host
+ *    buffers (or without CUDA);
  *    chorusInvalidUsage for a handle that is not live; chorusRemoteError / chorusTimeout when a
  *    peer fails or stalls. On an argument error nothing is sent and no buffer is written. */
 

@@ -16,6 +16,7 @@
 #include "src/core/bootstrap.h"
 #include "src/core/communicator.h"
 #include "src/core/config.h"
+#include "src/core/device.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
 #include "src/core/memory.h"
@@ -128,8 +129,7 @@ void checkBuffer(const void* buffer, size_t count, const char* name, const char*
 void checkStream(chorusStream_t stream, const char* call, int rank) {
   if (stream != nullptr) {
     fail(chorusInvalidArgument,
-         "rank {}: {}: a non-NULL stream was given, but this build runs host-memory collectives only (pass NULL)", rank,
-         call);
+         "rank {}: {}: a non-NULL stream was given, but this call takes host buffers (pass NULL)", rank, call);
   }
 }
 
@@ -173,6 +173,38 @@ void submit(Communicator& c, chorusComm_t comm, PreparedOp op) {
   std::vector<PreparedOp> ops;
   ops.push_back(std::move(op));
   c.run(std::move(ops));
+}
+
+// Host buffers (a NULL stream): submit. Device buffers: enqueued on the stream by the
+// communicator's device path (src/core/device.h), which returns at once.
+void submitOn(Communicator& c, chorusComm_t comm, chorusStream_t stream, const char* call, Collective collective,
+              const void* input, void* output, size_t count, chorusDataType_t type, chorusRedOp_t op, int rootOrPeer,
+              const size_t* const* vector = nullptr) {
+  if (stream == nullptr) {
+    submit(c, comm, c.prepare(collective, input, output, count, type, op, rootOrPeer, vector));
+    return;
+  }
+  if (nonBlockingTarget != nullptr) {
+    fail(chorusInvalidUsage,
+         "rank {}: {}: non-blocking calls take host buffers (a NULL stream); a call with a stream is already "
+         "asynchronous",
+         c.rank(), call);
+  }
+  if (group.depth > 0 && (collective == Collective::kSend || collective == Collective::kRecv)) {
+    fail(chorusInvalidUsage,
+         "rank {}: {}: sends and receives of device buffers inside a group are not supported (call them outside the "
+         "group, in the same order on both ranks)",
+         c.rank(), call);
+  }
+#if defined(CHORUS_HAVE_DEVICE)
+  const chorus::DeviceCall device{collective, input, output, count, type, op, rootOrPeer, vector};
+  chorus::checkDeviceCall(device, c.rank(), c.nranks(), call);
+  c.device().enqueue(device, stream, call);
+#else
+  fail(chorusInvalidArgument,
+       "rank {}: {}: a non-NULL stream was given, but this build of chorus has no CUDA (host buffers take NULL)",
+       c.rank(), call);
+#endif
 }
 
 // In a group, an argument error is reported again at chorusGroupEnd and drops the group.
@@ -705,13 +737,12 @@ chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t coun
     checkCount(count, 1, datatype, call, c.rank());
     checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
     checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
-    checkStream(stream, call, c.rank());
     // Blocking calls outside a group may go direct between shareable buffers.
-    if (group.depth == 0 && nonBlockingTarget == nullptr &&
+    if (stream == nullptr && group.depth == 0 && nonBlockingTarget == nullptr &&
         c.reduceDirect(Collective::kAllReduce, sendbuff, recvbuff, count, datatype, op)) {
       return;
     }
-    submit(c, comm, c.prepare(Collective::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0));
+    submitOn(c, comm, stream, call, Collective::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0);
   }));
 }
 
@@ -725,8 +756,7 @@ chorusResult_t chorusAllGather(const void* sendbuff, void* recvbuff, size_t send
     checkCount(sendcount, static_cast<size_t>(c.nranks()), datatype, call, c.rank());
     checkBuffer(sendbuff, sendcount, "sendbuff", call, c.rank());
     checkBuffer(recvbuff, sendcount, "recvbuff", call, c.rank());
-    checkStream(stream, call, c.rank());
-    submit(c, comm, c.prepare(Collective::kAllGather, sendbuff, recvbuff, sendcount, datatype, chorusSum, 0));
+    submitOn(c, comm, stream, call, Collective::kAllGather, sendbuff, recvbuff, sendcount, datatype, chorusSum, 0);
   }));
 }
 
@@ -741,12 +771,11 @@ chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t 
     checkCount(recvcount, static_cast<size_t>(c.nranks()), datatype, call, c.rank());
     checkBuffer(sendbuff, recvcount, "sendbuff", call, c.rank());
     checkBuffer(recvbuff, recvcount, "recvbuff", call, c.rank());
-    checkStream(stream, call, c.rank());
-    if (group.depth == 0 && nonBlockingTarget == nullptr &&
+    if (stream == nullptr && group.depth == 0 && nonBlockingTarget == nullptr &&
         c.reduceDirect(Collective::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op)) {
       return;
     }
-    submit(c, comm, c.prepare(Collective::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0));
+    submitOn(c, comm, stream, call, Collective::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0);
   }));
 }
 
@@ -761,8 +790,7 @@ chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t coun
     checkCount(count, 1, datatype, call, c.rank());
     if (c.rank() == root) checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
     checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
-    checkStream(stream, call, c.rank());
-    submit(c, comm, c.prepare(Collective::kBroadcast, sendbuff, recvbuff, count, datatype, chorusSum, root));
+    submitOn(c, comm, stream, call, Collective::kBroadcast, sendbuff, recvbuff, count, datatype, chorusSum, root);
   }));
 }
 
@@ -778,8 +806,7 @@ chorusResult_t chorusReduce(const void* sendbuff, void* recvbuff, size_t count, 
     checkCount(count, 1, datatype, call, c.rank());
     checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
     if (c.rank() == root) checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
-    checkStream(stream, call, c.rank());
-    submit(c, comm, c.prepare(Collective::kReduce, sendbuff, recvbuff, count, datatype, op, root));
+    submitOn(c, comm, stream, call, Collective::kReduce, sendbuff, recvbuff, count, datatype, op, root);
   }));
 }
 
@@ -793,12 +820,11 @@ chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count
     checkCount(count, static_cast<size_t>(c.nranks()), datatype, call, c.rank());
     checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
     checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
-    checkStream(stream, call, c.rank());
     if (count > 0 && sendbuff == recvbuff) {
       fail(chorusInvalidArgument, "rank {}: {}: sendbuff and recvbuff are the same buffer (no in-place all-to-all)",
            c.rank(), call);
     }
-    submit(c, comm, c.prepare(Collective::kAllToAll, sendbuff, recvbuff, count, datatype, chorusSum, 0));
+    submitOn(c, comm, stream, call, Collective::kAllToAll, sendbuff, recvbuff, count, datatype, chorusSum, 0);
   }));
 }
 
@@ -810,7 +836,6 @@ chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, c
     Communicator& c = *held;
     const char* call = "chorusAllToAllv";
     checkType(datatype, call, c.rank());
-    checkStream(stream, call, c.rank());
     if (sendcounts == nullptr || sdispls == nullptr || recvcounts == nullptr || rdispls == nullptr) {
       fail(chorusInvalidArgument, "rank {}: {}: a count or displacement array is NULL", c.rank(), call);
     }
@@ -826,7 +851,7 @@ chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, c
     checkBuffer(sendbuff, sendTotal, "sendbuff", call, c.rank());
     checkBuffer(recvbuff, recvTotal, "recvbuff", call, c.rank());
     const size_t* vector[4] = {sendcounts, sdispls, recvcounts, rdispls};
-    submit(c, comm, c.prepare(Collective::kAllToAllv, sendbuff, recvbuff, 0, datatype, chorusSum, 0, vector));
+    submitOn(c, comm, stream, call, Collective::kAllToAllv, sendbuff, recvbuff, 0, datatype, chorusSum, 0, vector);
   }));
 }
 
@@ -841,8 +866,7 @@ chorusResult_t chorusGather(const void* sendbuff, void* recvbuff, size_t sendcou
     checkCount(sendcount, static_cast<size_t>(c.nranks()), datatype, call, c.rank());
     checkBuffer(sendbuff, sendcount, "sendbuff", call, c.rank());
     if (c.rank() == root) checkBuffer(recvbuff, sendcount, "recvbuff", call, c.rank());
-    checkStream(stream, call, c.rank());
-    submit(c, comm, c.prepare(Collective::kGather, sendbuff, recvbuff, sendcount, datatype, chorusSum, root));
+    submitOn(c, comm, stream, call, Collective::kGather, sendbuff, recvbuff, sendcount, datatype, chorusSum, root);
   }));
 }
 
@@ -857,8 +881,7 @@ chorusResult_t chorusScatter(const void* sendbuff, void* recvbuff, size_t recvco
     checkCount(recvcount, static_cast<size_t>(c.nranks()), datatype, call, c.rank());
     if (c.rank() == root) checkBuffer(sendbuff, recvcount, "sendbuff", call, c.rank());
     checkBuffer(recvbuff, recvcount, "recvbuff", call, c.rank());
-    checkStream(stream, call, c.rank());
-    submit(c, comm, c.prepare(Collective::kScatter, sendbuff, recvbuff, recvcount, datatype, chorusSum, root));
+    submitOn(c, comm, stream, call, Collective::kScatter, sendbuff, recvbuff, recvcount, datatype, chorusSum, root);
   }));
 }
 
@@ -881,9 +904,8 @@ chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t d
     checkRank(peer, c.nranks(), "peer", call, c.rank());
     checkCount(count, 1, datatype, call, c.rank());
     checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
-    checkStream(stream, call, c.rank());
     checkSelfOutsideGroup(peer, c.rank(), call);
-    submit(c, comm, c.prepare(Collective::kSend, sendbuff, nullptr, count, datatype, chorusSum, peer));
+    submitOn(c, comm, stream, call, Collective::kSend, sendbuff, nullptr, count, datatype, chorusSum, peer);
   }));
 }
 
@@ -897,9 +919,8 @@ chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatyp
     checkRank(peer, c.nranks(), "peer", call, c.rank());
     checkCount(count, 1, datatype, call, c.rank());
     checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
-    checkStream(stream, call, c.rank());
     checkSelfOutsideGroup(peer, c.rank(), call);
-    submit(c, comm, c.prepare(Collective::kRecv, nullptr, recvbuff, count, datatype, chorusSum, peer));
+    submitOn(c, comm, stream, call, Collective::kRecv, nullptr, recvbuff, count, datatype, chorusSum, peer);
   }));
 }
 
@@ -907,8 +928,8 @@ chorusResult_t chorusBarrier(chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
     const Lease held = live(comm, "chorusBarrier");
     Communicator& c = *held;
-    checkStream(stream, "chorusBarrier", c.rank());
-    submit(c, comm, c.prepare(Collective::kBarrier, nullptr, nullptr, 0, chorusUint8, chorusSum, 0));
+    const char* call = "chorusBarrier";
+    submitOn(c, comm, stream, call, Collective::kBarrier, nullptr, nullptr, 0, chorusUint8, chorusSum, 0);
   }));
 }
 

@@ -2,6 +2,10 @@
 // a call to a running schedule.
 #include "src/core/communicator.h"
 
+#if defined(CHORUS_HAVE_DEVICE)
+#include "src/core/device.h"
+#endif
+
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -269,6 +273,10 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
 // Destroying waits (within the timeout) for operations still in flight, so peers are not left
 // waiting for this rank's part; aborting does not.
 Communicator::~Communicator() {
+  deviceLive_.store(nullptr);
+#if defined(CHORUS_HAVE_DEVICE)
+  device_.reset();  // its calls in flight finish first; it uses this communicator to get there
+#endif
   if (executor_ == nullptr) return;
   if (!aborted() && broken_.empty()) {
     try {
@@ -559,11 +567,37 @@ void Communicator::breakWith(const Error& e) {
   bootstrap_->tellFailure(broken_);  // the peers fail now instead of at their timeout
 }
 
+void Communicator::abort() {
+  aborted_.store(true);
+#if defined(CHORUS_HAVE_DEVICE)
+  if (DeviceEngine* device = deviceLive_.load()) device->abort();
+#endif
+}
+
+DeviceEngine& Communicator::device() {
+#if defined(CHORUS_HAVE_DEVICE)
+  if (device_ == nullptr) {
+    if (!broken_.empty()) fail(brokenResult_, "rank {}: the communicator has failed: {}", rank_, broken_);
+    device_ = std::make_unique<DeviceEngine>(*this);
+    deviceLive_.store(device_.get());
+    if (aborted()) device_->abort();
+  }
+  return *device_;
+#else
+  fail(chorusInvalidUsage, "rank {}: this build of chorus has no CUDA: no device path", rank_);
+#endif
+}
+
 chorusResult_t Communicator::asyncError() {
   if (broken_.empty()) {
     try {
       executor_->progress();
       bootstrap_->watch();
+#if defined(CHORUS_HAVE_DEVICE)
+      std::string message;
+      const chorusResult_t device = device_ != nullptr ? device_->asyncError(&message) : chorusSuccess;
+      if (device != chorusSuccess) throw Error(device, message);
+#endif
     } catch (const Error& e) {
       breakWith(e);
     }

@@ -20,6 +20,8 @@
 
 namespace chorus {
 
+class DeviceEngine;
+
 struct CommSettings {
   int timeoutMs = 300000;
   int initTimeoutMs = 120000;
@@ -88,7 +90,8 @@ class Communicator {
   // Operations started and not yet done.
   size_t pending() const { return executor_->pending(); }
 
-  void abort() { aborted_.store(true); }
+  // Marks the communicator aborted (and its device path's waits, if it has one).
+  void abort();
   bool aborted() const { return aborted_.load(); }
   // After a failed operation the message streams may be out of step: later calls fail at once.
   const std::string& brokenReason() const { return broken_; }
@@ -109,6 +112,11 @@ class Communicator {
   void compressedAllReduce(collectives::CompressedAllReduce& state, const float* input, float* output, size_t count,
                            bool average);
 
+  // The device path (device.h), made at the first call with a stream: collective, so every rank
+  // must reach it in the same call. Only in builds with CUDA.
+  DeviceEngine& device();
+  // Whether every rank is on this host.
+  bool singleHost() const { return hosts_.empty(); }
   // Name of the transport used for each peer, for logs and tests.
   std::string transportName(int peer) const;
 
@@ -153,7 +161,9 @@ class Communicator {
   bool directLogged_ = false;
   int directSkips_ = 0;  // eligible calls left that skip the swap (a heap buffer was found)
   std::atomic<bool> aborted_{false};
-  uint64_t dumpsSeen_ = 0;  // signal dump requests already answered
+  std::unique_ptr<DeviceEngine> device_;
+  std::atomic<DeviceEngine*> deviceLive_{nullptr};  // device_, for abort() from another thread
+  uint64_t dumpsSeen_ = 0;                          // signal dump requests already answered
   std::string broken_;
   chorusResult_t brokenResult_ = chorusSuccess;  // the result of the failure broken_ describes
   void breakWith(const Error& e);                // records the first failure

@@ -64,6 +64,18 @@ constexpr KnobSpec kKnobs[] = {
     {"CHORUS_COMPRESS", "",
      "compressor of compressed all-reduces created without one, e.g. powersgd:4 or topk:0.01 (names: none, fp16, "
      "bf16, powersgd, topk, randomk, qsgd, sign; default: none)"},
+    {"CHORUS_DEVICE_TRANSPORT", "auto",
+     "how collectives on device buffers move data: ipc (kernels that read and write the peers' GPU memory, mapped "
+     "with CUDA IPC; every rank on one host), staged (through pinned host buffers and the host transports, any "
+     "ranks), auto (ipc where every rank can, else staged)"},
+    {"CHORUS_DEVICE_LL_BYTES", "65536",
+     "device calls whose per-rank buffer is at most this many bytes use the low-latency protocol (flags in line "
+     "with the data); larger ones the bulk protocol"},
+    {"CHORUS_DEVICE_CHANNELS", "8", "channels (thread blocks) of a bulk-protocol device call, 1 to 16"},
+    {"CHORUS_DEVICE_THREADS", "512", "threads per channel of a device call, 32 to 1024, a multiple of 32"},
+    {"CHORUS_DEVICE_STAGE_BYTES", "4194304",
+     "chunk of the staged device path: the device-to-host copy of one chunk overlaps the transfer of the one "
+     "before"},
 };
 static_assert(sizeof(kKnobs) / sizeof(kKnobs[0]) == static_cast<size_t>(Knob::kCount));
 

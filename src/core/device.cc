@@ -1,0 +1,594 @@
+// device.cc: the DeviceEngine (see device.h). CUDA runtime calls only; the kernels are in
+// src/transport/cuda_ipc*.cu.
+#include "src/core/device.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "kernels/cpu/reduce.h"
+#include "src/core/communicator.h"
+#include "src/core/config.h"
+#include "src/core/error.h"
+#include "src/core/log.h"
+#include "src/transport/cuda_ipc.h"
+
+namespace chorus {
+
+namespace {
+
+using collectives::Collective;
+
+void check(cudaError_t error, int rank, const char* what) {
+  if (error != cudaSuccess) {
+    fail(chorusSystemError, "rank {}: device path: {}: {} ({})", rank, what, cudaGetErrorString(error),
+         static_cast<int>(error));
+  }
+}
+
+// Where a ring kernel's collective goes, by chorus collective; -1: staged only.
+int ringKind(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce:
+      return static_cast<int>(ipc::Kind::kAllReduce);
+    case Collective::kAllGather:
+      return static_cast<int>(ipc::Kind::kAllGather);
+    case Collective::kReduceScatter:
+      return static_cast<int>(ipc::Kind::kReduceScatter);
+    case Collective::kBroadcast:
+      return static_cast<int>(ipc::Kind::kBroadcast);
+    case Collective::kReduce:
+      return static_cast<int>(ipc::Kind::kReduce);
+    default:
+      return -1;
+  }
+}
+
+// Elements of this rank's input and output for a call (0 where the rank has none).
+void extents(const DeviceCall& call, int rank, int nranks, size_t* in, size_t* out) {
+  const size_t n = static_cast<size_t>(nranks);
+  const bool root = call.rootOrPeer == rank;
+  switch (call.collective) {
+    case Collective::kAllReduce:
+    case Collective::kBroadcast:
+    case Collective::kReduce:
+      *in = call.count;
+      *out = call.count;
+      return;
+    case Collective::kAllGather:
+      *in = call.count;
+      *out = n * call.count;
+      return;
+    case Collective::kReduceScatter:
+      *in = n * call.count;
+      *out = call.count;
+      return;
+    case Collective::kAllToAll:
+      *in = n * call.count;
+      *out = n * call.count;
+      return;
+    case Collective::kAllToAllv: {
+      // vector: send counts, send displacements, recv counts, recv displacements.
+      size_t inEnd = 0, outEnd = 0;
+      for (size_t r = 0; r < n; ++r) {
+        inEnd = std::max(inEnd, call.vector[1][r] + call.vector[0][r]);
+        outEnd = std::max(outEnd, call.vector[3][r] + call.vector[2][r]);
+      }
+      *in = inEnd;
+      *out = outEnd;
+      return;
+    }
+    case Collective::kGather:
+      *in = call.count;
+      *out = root ? n * call.count : 0;
+      return;
+    case Collective::kScatter:
+      *in = root ? n * call.count : 0;
+      *out = call.count;
+      return;
+    case Collective::kSend:
+      *in = call.count;
+      *out = 0;
+      return;
+    case Collective::kRecv:
+      *in = 0;
+      *out = call.count;
+      return;
+    case Collective::kBarrier:
+      *in = 0;
+      *out = 0;
+      return;
+  }
+  *in = *out = 0;
+}
+
+// What the IPC setup exchanges: the inbox's handle and where the rank's GPU is.
+struct IpcInfo {
+  cudaIpcMemHandle_t inbox;
+  char busId[32];
+  int32_t ok;  // the handle was made
+  int32_t pad;
+};
+
+// A buffer of a device call: device (or managed) memory, of the current device.
+void checkBuffer(const void* p, size_t bytes, const char* what, const char* name, int rank, int device) {
+  if (p == nullptr || bytes == 0) return;
+  cudaPointerAttributes attributes{};
+  const cudaError_t error = cudaPointerGetAttributes(&attributes, p);
+  cudaGetLastError();
+  if (error != cudaSuccess || (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged)) {
+    fail(chorusInvalidArgument,
+         "rank {}: {}: {} ({} bytes at {}) is not device memory, but a stream was given (host buffers take a NULL "
+         "stream)",
+         rank, name, what, bytes, p);
+  }
+  if (attributes.type == cudaMemoryTypeDevice && attributes.device != device) {
+    fail(chorusInvalidArgument, "rank {}: {}: {} lies on GPU {}, but the current device is GPU {}", rank, name, what,
+         attributes.device, device);
+  }
+}
+
+}  // namespace
+
+void checkDeviceCall(const DeviceCall& call, int rank, int nranks, const char* name) {
+  int count = 0;
+  const cudaError_t probe = cudaGetDeviceCount(&count);
+  cudaGetLastError();
+  if (probe != cudaSuccess || count == 0) {
+    fail(chorusInvalidArgument, "rank {}: {}: a stream was given, but CUDA has no usable device here ({})", rank, name,
+         probe != cudaSuccess ? cudaGetErrorString(probe) : "no CUDA device");
+  }
+  int device = -1;
+  check(cudaGetDevice(&device), rank, "cudaGetDevice");
+  size_t inCount, outCount;
+  extents(call, rank, nranks, &inCount, &outCount);
+  const size_t size = kernels::typeSize(call.type);
+  checkBuffer(call.input, inCount * size, "sendbuff", name, rank, device);
+  checkBuffer(call.output, outCount * size, "recvbuff", name, rank, device);
+}
+
+namespace {}  // namespace
+
+// A staged call as the proxy runs it: on the proxy's communicator, from and to pinned memory.
+// Host functions enqueued on streams (and captured in graphs) point at these, so they live as
+// long as the engine; equal calls share one.
+struct StagedCall {
+  DeviceEngine::Impl* engine;
+  DeviceCall call;  // input / output: pinned staging memory
+  std::vector<size_t> vectorData;
+  const size_t* vector[4] = {};
+};
+
+struct DeviceEngine::Impl {
+  Communicator& comm;
+  int rank;
+  int nranks;
+  int device = -1;
+  bool ipc = false;
+  size_t llBytes = 0;
+  int channels = 1;
+  int threads = 512;
+  size_t stageBytes = 0;
+  uint64_t timeoutNs = 0;
+
+  // Pinned host memory shared with the device: Control, then the proxy's done count.
+  void* pinned = nullptr;
+  ipc::Control* control = nullptr;  // host view
+  ipc::Control* controlDevice = nullptr;
+  volatile uint64_t* done = nullptr;
+  const volatile uint64_t* doneDevice = nullptr;
+  // Device memory: the inboxes of every channel, counters, the wait kernel's count.
+  ipc::ChannelInbox* inbox = nullptr;
+  ipc::ChannelInbox* nextInbox = nullptr;
+  ipc::ChannelInbox* prevInbox = nullptr;
+  std::vector<void*> opened;  // peers' inboxes, mapped
+  ipc::ChannelCounters* counters = nullptr;
+  uint64_t* waits = nullptr;
+
+  // Ordering across streams: every call waits for the previous one's stream.
+  cudaStream_t lastStream = nullptr;
+  cudaEvent_t lastDone = nullptr;
+  bool anyCall = false;
+
+  // Staging: two slots, each an input and an output area, pinned.
+  void* staging = nullptr;
+  size_t slotBytes = 0;  // per area
+  std::deque<StagedCall> stagedCalls;
+
+  // The proxy: its communicator (a split of comm), thread and queue.
+  std::unique_ptr<Communicator> proxyComm;
+  std::thread proxy;
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<const StagedCall*> queue;
+  bool stopping = false;
+  std::string proxyFailure;  // under mutex
+  chorusResult_t proxyResult = chorusSuccess;
+
+  explicit Impl(Communicator& c) : comm(c), rank(c.rank()), nranks(c.nranks()) {}
+
+  void setUp();
+  void setUpIpc();
+  void closeIpc();
+  void ensureStaging(size_t bytes, cudaStream_t stream);
+  void order(cudaStream_t stream);
+  void finish(cudaStream_t stream);
+  void enqueueRing(const DeviceCall& call, cudaStream_t stream);
+  void enqueueStaged(const DeviceCall& call, cudaStream_t stream);
+  const StagedCall* stagedCall(const DeviceCall& call, const void* input, void* output);
+  void post(const StagedCall* staged, cudaStream_t stream);
+  void proxyLoop();
+  static void CUDART_CB hostPost(void* data);
+};
+
+void DeviceEngine::Impl::setUp() {
+  check(cudaGetDevice(&device), rank, "cudaGetDevice");
+  llBytes = static_cast<size_t>(knobInt(Knob::kDeviceLlBytes));
+  channels = static_cast<int>(std::clamp<int64_t>(knobInt(Knob::kDeviceChannels), 1, ipc::kMaxChannels));
+  threads = static_cast<int>(std::clamp<int64_t>(knobInt(Knob::kDeviceThreads), 32, 1024) / 32 * 32);
+  stageBytes = std::max<size_t>(static_cast<size_t>(knobInt(Knob::kDeviceStageBytes)), 4096);
+  timeoutNs = static_cast<uint64_t>(comm.settings().timeoutMs) * 1000000ull;
+
+  check(cudaHostAlloc(&pinned, 4096, cudaHostAllocMapped | cudaHostAllocPortable), rank, "cudaHostAlloc (control)");
+  std::memset(pinned, 0, 4096);
+  control = static_cast<ipc::Control*>(pinned);
+  done = reinterpret_cast<volatile uint64_t*>(static_cast<char*>(pinned) + 256);
+  void* devicePinned = nullptr;
+  check(cudaHostGetDevicePointer(&devicePinned, pinned, 0), rank, "cudaHostGetDevicePointer");
+  controlDevice = static_cast<ipc::Control*>(devicePinned);
+  doneDevice = reinterpret_cast<const volatile uint64_t*>(static_cast<char*>(devicePinned) + 256);
+  check(cudaMalloc(reinterpret_cast<void**>(&counters), sizeof(ipc::ChannelCounters) * ipc::kMaxChannels + 256), rank,
+        "cudaMalloc (counters)");
+  check(cudaMemset(counters, 0, sizeof(ipc::ChannelCounters) * ipc::kMaxChannels + 256), rank, "cudaMemset");
+  waits =
+      reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(counters) + sizeof(ipc::ChannelCounters) * ipc::kMaxChannels);
+  check(cudaEventCreateWithFlags(&lastDone, cudaEventDisableTiming), rank, "cudaEventCreate");
+
+  const std::string mode = knobString(Knob::kDeviceTransport);
+  if (mode != "auto" && mode != "ipc" && mode != "staged") {
+    fail(chorusInvalidArgument, "rank {}: {}={}: expected auto, ipc or staged", rank, knobName(Knob::kDeviceTransport),
+         mode);
+  }
+  if (mode != "staged") setUpIpc();
+  if (mode == "ipc" && !ipc) {
+    fail(chorusInvalidUsage, "rank {}: {}=ipc, but {}", rank, knobName(Knob::kDeviceTransport),
+         comm.singleHost() ? "a rank could not map its neighbours' GPU memory (CUDA IPC)" : "the ranks span hosts");
+  }
+  // The proxy's own communicator: it runs calls while the caller's thread keeps using comm.
+  CommSettings settings = comm.settings();
+  proxyComm = comm.split(0, rank, settings);
+  proxy = std::thread([this] { proxyLoop(); });
+  logAt(LogLevel::kInfo, "rank {}: device path {} on GPU {} ({} channels of {} threads, LL up to {} bytes)", rank,
+        ipc ? "ipc" : "staged", device, channels, threads, llBytes);
+}
+
+// Every rank makes its inbox and a handle to it; all on one host, each maps its ring neighbours'.
+// The ranks agree: ipc only if every rank could.
+void DeviceEngine::Impl::setUpIpc() {
+  IpcInfo mine{};
+  const size_t inboxBytes = sizeof(ipc::ChannelInbox) * ipc::kMaxChannels;
+  if (cudaMalloc(reinterpret_cast<void**>(&inbox), inboxBytes) == cudaSuccess &&
+      cudaMemset(inbox, 0, inboxBytes) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess &&
+      cudaIpcGetMemHandle(&mine.inbox, inbox) == cudaSuccess &&
+      cudaDeviceGetPCIBusId(mine.busId, sizeof(mine.busId), device) == cudaSuccess) {
+    mine.ok = 1;
+  }
+  cudaGetLastError();  // a failure above is answered by mine.ok
+  std::vector<IpcInfo> all(nranks);
+  comm.run({comm.prepare(Collective::kAllGather, &mine, all.data(), sizeof(IpcInfo), chorusUint8, chorusSum, 0)});
+  bool everyone = comm.singleHost();
+  for (const auto& info : all) everyone = everyone && info.ok != 0;
+  int32_t mapped = 0;
+  if (everyone) {
+    mapped = 1;
+    const int next = (rank + 1) % nranks;
+    const int prev = (rank + nranks - 1) % nranks;
+    auto open = [&](int peer) -> ipc::ChannelInbox* {
+      if (peer == rank) return inbox;
+      int peerDevice = -1;
+      if (cudaDeviceGetByPCIBusId(&peerDevice, all[peer].busId) != cudaSuccess) return nullptr;
+      if (peerDevice != device) {
+        int can = 0;
+        if (cudaDeviceCanAccessPeer(&can, device, peerDevice) != cudaSuccess || can == 0) return nullptr;
+      }
+      void* p = nullptr;
+      if (cudaIpcOpenMemHandle(&p, all[peer].inbox, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) return nullptr;
+      opened.push_back(p);
+      return static_cast<ipc::ChannelInbox*>(p);
+    };
+    nextInbox = open(next);
+    prevInbox = next == prev ? nextInbox : open(prev);
+    if (nextInbox == nullptr || prevInbox == nullptr) mapped = 0;
+    cudaGetLastError();
+  }
+  std::vector<int32_t> agreed(nranks);
+  comm.run({comm.prepare(Collective::kAllGather, &mapped, agreed.data(), 1, chorusInt32, chorusSum, 0)});
+  ipc = std::all_of(agreed.begin(), agreed.end(), [](int32_t v) { return v != 0; });
+  if (!ipc) closeIpc();
+}
+
+void DeviceEngine::Impl::closeIpc() {
+  for (void* p : opened) cudaIpcCloseMemHandle(p);
+  opened.clear();
+  nextInbox = prevInbox = nullptr;
+}
+
+// Calls of this communicator run one after another whatever streams they come on: each waits for
+// the previous call's stream, since they share the inboxes, counters and staging.
+void DeviceEngine::Impl::order(cudaStream_t stream) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &capturing), rank, "cudaStreamIsCapturing");
+  if (anyCall && stream != lastStream && capturing == cudaStreamCaptureStatusNone) {
+    check(cudaStreamWaitEvent(stream, lastDone, 0), rank, "cudaStreamWaitEvent");
+  }
+}
+
+// A call being captured into a graph runs only when the graph is launched: it leaves the order
+// of direct calls as it was.
+void DeviceEngine::Impl::finish(cudaStream_t stream) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &capturing), rank, "cudaStreamIsCapturing");
+  if (capturing != cudaStreamCaptureStatusNone) return;
+  check(cudaEventRecord(lastDone, stream), rank, "cudaEventRecord");
+  lastStream = stream;
+  anyCall = true;
+}
+
+void DeviceEngine::Impl::enqueueRing(const DeviceCall& call, cudaStream_t stream) {
+  const size_t bytes = call.count * kernels::typeSize(call.type);
+  const bool ll = bytes <= llBytes;
+  ipc::RingArgs args{};
+  args.kind = static_cast<ipc::Kind>(ringKind(call.collective));
+  args.input = call.input;
+  args.output = call.output;
+  args.count = call.count;
+  args.rank = rank;
+  args.nranks = nranks;
+  args.root = call.rootOrPeer;
+  // Small calls: one channel per 8 KiB, up to the bulk count.
+  args.channels = ll ? static_cast<int>(std::clamp<size_t>(bytes / 8192, 1, static_cast<size_t>(channels))) : channels;
+  args.average = call.op == chorusAvg;
+  args.own = inbox;
+  args.next = nextInbox;
+  args.prev = prevInbox;
+  args.counters = counters;
+  args.control = controlDevice;
+  args.timeoutNs = timeoutNs;
+  const int error = ipc::launchRing(args, call.type, call.op, ll, threads, stream);
+  if (error != 0) check(static_cast<cudaError_t>(error), rank, "launching the ring kernel");
+}
+
+const StagedCall* DeviceEngine::Impl::stagedCall(const DeviceCall& call, const void* input, void* output) {
+  StagedCall want;
+  want.engine = this;
+  want.call = call;
+  want.call.input = input;
+  want.call.output = output;
+  if (call.vector != nullptr) {
+    for (int k = 0; k < 4; ++k) want.vectorData.insert(want.vectorData.end(), call.vector[k], call.vector[k] + nranks);
+  }
+  for (const auto& s : stagedCalls) {
+    if (s.call.collective == want.call.collective && s.call.input == input && s.call.output == output &&
+        s.call.count == call.count && s.call.type == call.type && s.call.op == call.op &&
+        s.call.rootOrPeer == call.rootOrPeer && s.vectorData == want.vectorData) {
+      return &s;
+    }
+  }
+  stagedCalls.push_back(std::move(want));
+  StagedCall& kept = stagedCalls.back();
+  if (!kept.vectorData.empty()) {
+    for (int k = 0; k < 4; ++k) kept.vector[k] = kept.vectorData.data() + static_cast<size_t>(k) * nranks;
+    kept.call.vector = kept.vector;
+  }
+  return &kept;
+}
+
+// Grows the staging areas to bytes each. The old ones may be in use by calls in flight: wait for
+// them first, which a stream being captured cannot do.
+void DeviceEngine::Impl::ensureStaging(size_t bytes, cudaStream_t stream) {
+  if (bytes <= slotBytes) return;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &capturing), rank, "cudaStreamIsCapturing");
+  if (capturing != cudaStreamCaptureStatusNone) {
+    fail(chorusInvalidUsage,
+         "rank {}: a staged device call needs {} bytes of pinned staging but has {} and a stream being captured cannot "
+         "wait to grow it: run one such call before capturing, or raise {}",
+         rank, bytes, slotBytes, knobName(Knob::kDeviceStageBytes));
+  }
+  if (anyCall) check(cudaEventSynchronize(lastDone), rank, "cudaEventSynchronize");
+  if (staging != nullptr) cudaFreeHost(staging);
+  staging = nullptr;
+  slotBytes = 0;
+  stagedCalls.clear();
+  check(cudaHostAlloc(&staging, bytes * 4, cudaHostAllocPortable), rank, "cudaHostAlloc (staging)");
+  slotBytes = bytes;
+}
+
+void CUDART_CB DeviceEngine::Impl::hostPost(void* data) {
+  const auto* staged = static_cast<const StagedCall*>(data);
+  Impl* self = staged->engine;
+  {
+    std::lock_guard<std::mutex> lock(self->mutex);
+    self->queue.push_back(staged);
+  }
+  self->wake.notify_one();
+}
+
+void DeviceEngine::Impl::post(const StagedCall* staged, cudaStream_t stream) {
+  check(cudaLaunchHostFunc(stream, &Impl::hostPost, const_cast<StagedCall*>(staged)), rank, "cudaLaunchHostFunc");
+}
+
+void DeviceEngine::Impl::enqueueStaged(const DeviceCall& call, cudaStream_t stream) {
+  const size_t size = kernels::typeSize(call.type);
+  size_t inCount, outCount;
+  extents(call, rank, nranks, &inCount, &outCount);
+  auto area = [&](int slot, int which) {
+    return static_cast<char*>(staging) + (static_cast<size_t>(slot) * 2 + static_cast<size_t>(which)) * slotBytes;
+  };
+  auto wait = [&] {
+    const int error = ipc::launchWait(waits, doneDevice, controlDevice, timeoutNs, stream);
+    if (error != 0) check(static_cast<cudaError_t>(error), rank, "launching the wait kernel");
+  };
+  if (call.collective == Collective::kAllReduce && call.count * size > stageBytes) {
+    // In chunks through two slots: chunk c's copy in overlaps the proxy's work on chunk c - 1.
+    ensureStaging(stageBytes, stream);
+    const size_t per = stageBytes / size;
+    const size_t chunks = (call.count + per - 1) / per;
+    auto chunkCall = [&](size_t c, int slot) {
+      DeviceCall part = call;
+      part.count = std::min(per, call.count - c * per);
+      return stagedCall(part, area(slot, 0), area(slot, 1));
+    };
+    auto copyOut = [&](size_t c) {
+      const int slot = static_cast<int>(c % 2);
+      const size_t n = std::min(per, call.count - c * per);
+      check(cudaMemcpyAsync(static_cast<char*>(call.output) + c * per * size, area(slot, 1), n * size,
+                            cudaMemcpyHostToDevice, stream),
+            rank, "cudaMemcpyAsync (staged result)");
+    };
+    for (size_t c = 0; c < chunks; ++c) {
+      const int slot = static_cast<int>(c % 2);
+      const size_t n = std::min(per, call.count - c * per);
+      check(cudaMemcpyAsync(area(slot, 0), static_cast<const char*>(call.input) + c * per * size, n * size,
+                            cudaMemcpyDeviceToHost, stream),
+            rank, "cudaMemcpyAsync (staged input)");
+      post(chunkCall(c, slot), stream);
+      if (c > 0) {
+        wait();
+        copyOut(c - 1);
+      }
+    }
+    wait();
+    copyOut(chunks - 1);
+    return;
+  }
+  ensureStaging(std::max({inCount * size, outCount * size, size_t{64}}), stream);
+  if (inCount > 0) {
+    check(cudaMemcpyAsync(area(0, 0), call.input, inCount * size, cudaMemcpyDeviceToHost, stream), rank,
+          "cudaMemcpyAsync (staged input)");
+  }
+  post(stagedCall(call, area(0, 0), area(0, 1)), stream);
+  wait();
+  if (outCount > 0) {
+    check(cudaMemcpyAsync(call.output, area(0, 1), outCount * size, cudaMemcpyHostToDevice, stream), rank,
+          "cudaMemcpyAsync (staged result)");
+  }
+}
+
+void DeviceEngine::Impl::proxyLoop() {
+  while (true) {
+    const StagedCall* staged = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      wake.wait(lock, [&] { return stopping || !queue.empty(); });
+      if (queue.empty()) return;
+      staged = queue.front();
+      queue.pop_front();
+    }
+    bool failed;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      failed = proxyResult != chorusSuccess;
+    }
+    if (!failed) {
+      try {
+        const DeviceCall& c = staged->call;
+        proxyComm->run(
+            {proxyComm->prepare(c.collective, c.input, c.output, c.count, c.type, c.op, c.rootOrPeer, c.vector)});
+      } catch (const Error& e) {
+        std::lock_guard<std::mutex> lock(mutex);
+        proxyFailure = e.what();
+        proxyResult = e.code();
+        // The waiting kernels see a failure and let their streams go on.
+        std::atomic_ref<uint32_t>(control->status).store(ipc::kStatusAborted);
+      }
+    }
+    std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(done)).fetch_add(1, std::memory_order_release);
+  }
+}
+
+DeviceEngine::DeviceEngine(Communicator& comm) : impl_(std::make_unique<Impl>(comm)) { impl_->setUp(); }
+
+DeviceEngine::~DeviceEngine() {
+  Impl& m = *impl_;
+  // Calls in flight still reach the proxy's queue and the peers' inboxes: let them finish (their
+  // waits are bounded by the timeout) before anything they use goes away.
+  if (m.anyCall) cudaEventSynchronize(m.lastDone);
+  {
+    std::lock_guard<std::mutex> lock(m.mutex);
+    m.stopping = true;
+  }
+  m.wake.notify_all();
+  if (m.proxy.joinable()) m.proxy.join();
+  m.proxyComm.reset();
+  m.closeIpc();
+  if (m.lastDone != nullptr) cudaEventDestroy(m.lastDone);
+  if (m.staging != nullptr) cudaFreeHost(m.staging);
+  if (m.inbox != nullptr) cudaFree(m.inbox);
+  if (m.counters != nullptr) cudaFree(m.counters);
+  if (m.pinned != nullptr) cudaFreeHost(m.pinned);
+  cudaGetLastError();
+}
+
+void DeviceEngine::enqueue(const DeviceCall& call, chorusStream_t stream, const char* name) {
+  Impl& m = *impl_;
+  std::string failure;
+  if (asyncError(&failure) != chorusSuccess) {
+    fail(chorusInvalidUsage, "rank {}: {}: an earlier device call failed: {}", m.rank, name, failure);
+  }
+  int current = -1;
+  check(cudaGetDevice(&current), m.rank, "cudaGetDevice");
+  if (current != m.device) {
+    fail(chorusInvalidUsage,
+         "rank {}: {}: the current device is GPU {}, but this communicator's device calls use GPU {}", m.rank, name,
+         current, m.device);
+  }
+  checkDeviceCall(call, m.rank, m.nranks, name);
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  m.order(s);
+  if (m.ipc && ringKind(call.collective) >= 0) {
+    m.enqueueRing(call, s);
+  } else {
+    m.enqueueStaged(call, s);
+  }
+  m.finish(s);
+}
+
+chorusResult_t DeviceEngine::asyncError(std::string* message) const {
+  const Impl& m = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(const_cast<Impl&>(m).mutex);
+    if (m.proxyResult != chorusSuccess) {
+      *message = m.proxyFailure;
+      return m.proxyResult;
+    }
+  }
+  const uint32_t status = std::atomic_ref<uint32_t>(m.control->status).load();
+  if (status == ipc::kStatusOk) return chorusSuccess;
+  const int peer = m.control->what == ipc::kWaitData ? (m.rank + m.nranks - 1) % m.nranks : (m.rank + 1) % m.nranks;
+  if (status == ipc::kStatusAborted) {
+    *message = fmt::format("rank {}: a device call was aborted", m.rank);
+    return chorusAborted;
+  }
+  *message = fmt::format(
+      "rank {}: a device call timed out after {} ms waiting for {} from rank {} (channel {}, message {} of that link)",
+      m.rank, m.timeoutNs / 1000000, m.control->what == ipc::kWaitData ? "data" : "room to send", peer,
+      m.control->channel, m.control->message);
+  return chorusTimeout;
+}
+
+void DeviceEngine::abort() {
+  std::atomic_ref<uint32_t>(impl_->control->abort).store(1);
+  if (impl_->proxyComm != nullptr) impl_->proxyComm->abort();
+}
+
+const char* DeviceEngine::path() const { return impl_->ipc ? "ipc" : "staged"; }
+
+}  // namespace chorus

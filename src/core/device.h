@@ -1,0 +1,72 @@
+// device.h: collectives on device (CUDA) buffers, in stream order. A communicator makes its
+// DeviceEngine at its first call with a stream (every rank makes it in the same call, so its
+// setup may talk to the peers), and from then on such calls are enqueued on the caller's stream
+// and return without waiting:
+//  - ipc: every rank on one host, each inbox mapped by its ring neighbours with CUDA IPC: one
+//    kernel launch per call (src/transport/cuda_ipc_ring.h), for all-reduce, all-gather,
+//    reduce-scatter, broadcast and reduce;
+//  - staged: anything else (ranks on several hosts, the other collectives, send and receive):
+//    the stream copies the input to pinned host memory, a host function hands the call to the
+//    engine's proxy thread, which runs it with the host transports on its own communicator, and
+//    a one-thread kernel holds the stream until the proxy is done; then the stream copies the
+//    result back. All-reduces go in chunks, so one chunk's copy overlaps the transfer of the
+//    one before.
+// Both are captured in CUDA graphs as they are: kernels, copies and host nodes, with flags and
+// counters kept in device memory so each replay is a fresh call.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "chorus/chorus.h"
+#include "src/collectives/schedule.h"
+
+namespace chorus {
+
+class Communicator;
+
+// One call on device buffers, its arguments already checked as for host buffers. count is as the
+// C call's; rootOrPeer is the root or the peer; vector holds all-to-allv's counts.
+struct DeviceCall {
+  collectives::Collective collective;
+  const void* input;
+  void* output;
+  size_t count;
+  chorusDataType_t type;
+  chorusRedOp_t op;
+  int rootOrPeer;
+  const size_t* const* vector = nullptr;
+};
+
+class DeviceEngine {
+ public:
+  // Collective over every rank of comm (after checkDeviceCall passed on this rank); uses the
+  // current device.
+  explicit DeviceEngine(Communicator& comm);
+  ~DeviceEngine();
+  DeviceEngine(const DeviceEngine&) = delete;
+  DeviceEngine& operator=(const DeviceEngine&) = delete;
+
+  // Enqueues the call on stream (a cudaStream_t) and returns. Throws as checkDeviceCall, and
+  // chorusInvalidUsage when an earlier call failed or the current device is not the engine's.
+  void enqueue(const DeviceCall& call, chorusStream_t stream, const char* name);
+  // chorusSuccess, or the first failure of an enqueued call (timeout, abort, a peer's failure),
+  // with its message.
+  chorusResult_t asyncError(std::string* message) const;
+  // Raises the abort word: every waiting kernel and the proxy give up. Safe from any thread.
+  void abort();
+  // "ipc" or "staged", for logs and tests.
+  const char* path() const;
+
+  struct Impl;  // device.cc
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Checks a device call before any rank's engine exists (making one is collective): CUDA has a
+// device here, and the call's buffers are device memory of the current device. Throws
+// chorusInvalidArgument naming what is wrong.
+void checkDeviceCall(const DeviceCall& call, int rank, int nranks, const char* name);
+
+}  // namespace chorus

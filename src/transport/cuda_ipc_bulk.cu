@@ -1,0 +1,12 @@
+// cuda_ipc_bulk.cu: the bulk protocol's ring kernels (every type x op), in a translation unit of their own.
+#include "src/transport/cuda_ipc_device.cuh"
+
+namespace chorus::ipc {
+
+int launchRingBulk(const RingArgs& args, chorusDataType_t type, chorusRedOp_t op, int threads, void* stream) {
+  ringKernel<false><<<dim3(static_cast<unsigned>(args.channels)), dim3(static_cast<unsigned>(threads)), 0,
+                      static_cast<cudaStream_t>(stream)>>>(args, type, op);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace chorus::ipc

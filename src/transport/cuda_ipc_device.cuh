@@ -1,0 +1,89 @@
+// cuda_ipc_device.cuh: the device's primitives for the cuda_ipc protocol (the S of
+// cuda_ipc_ring.h), shared by the kernels' translation units.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "src/transport/cuda_ipc.h"
+
+namespace chorus::ipc {
+
+// Control words are read every kControlPoll spins: they live in host memory, a bus read away.
+constexpr unsigned kControlPoll = 64;
+
+struct DeviceSync {
+  static constexpr unsigned kPollEvery = kControlPoll;
+  __device__ static int thread() { return static_cast<int>(threadIdx.x); }
+  __device__ static int threads() { return static_cast<int>(blockDim.x); }
+  __device__ static void barrier() { __syncthreads(); }
+  __device__ static bool uniform(bool value) {
+    __shared__ int decided;
+    if (threadIdx.x == 0) decided = value ? 1 : 0;
+    __syncthreads();
+    const bool result = decided != 0;
+    __syncthreads();
+    return result;
+  }
+  __device__ static void acquire() { __threadfence_system(); }
+  __device__ static void release() { __threadfence_system(); }
+  __device__ static uint64_t loadWord(uint64_t* p) { return *reinterpret_cast<volatile uint64_t*>(p); }
+  __device__ static void storeWord(uint64_t* p, uint64_t v) { *reinterpret_cast<volatile uint64_t*>(p) = v; }
+  __device__ static LlLine loadLine(const LlLine* p) {
+    LlLine v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.data0), "=r"(v.flag0), "=r"(v.data1), "=r"(v.flag1)
+                 : "l"(p));
+    return v;
+  }
+  __device__ static void storeLine(LlLine* p, LlLine v) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.data0), "r"(v.flag0), "r"(v.data1),
+                 "r"(v.flag1)
+                 : "memory");
+  }
+  // Slot data written by a peer: read past the L1 cache, which may hold the slot's last message.
+  template <typename T>
+  __device__ static T loadData(const T* p) {
+    if constexpr (sizeof(T) == 1) {
+      return static_cast<T>(__ldcv(reinterpret_cast<const unsigned char*>(p)));
+    } else if constexpr (sizeof(T) == 2) {
+      return static_cast<T>(__ldcv(reinterpret_cast<const unsigned short*>(p)));
+    } else if constexpr (sizeof(T) == 4) {
+      const unsigned bits = __ldcv(reinterpret_cast<const unsigned*>(p));
+      T v;
+      memcpy(&v, &bits, sizeof(v));
+      return v;
+    } else {
+      const unsigned long long bits = __ldcv(reinterpret_cast<const unsigned long long*>(p));
+      T v;
+      memcpy(&v, &bits, sizeof(v));
+      return v;
+    }
+  }
+  __device__ static uint32_t loadStatus(Control* c) { return *reinterpret_cast<volatile uint32_t*>(&c->status); }
+  __device__ static uint32_t loadAbort(Control* c) { return *reinterpret_cast<volatile uint32_t*>(&c->abort); }
+  __device__ static void fail(Control* c, uint32_t why, uint32_t channel, uint32_t what, uint64_t message) {
+    if (atomicCAS(&c->status, kStatusOk, why) == kStatusOk) {
+      c->channel = channel;
+      c->what = what;
+      c->message = message;
+      __threadfence_system();
+    }
+  }
+  __device__ static uint64_t nowNs() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+  }
+  __device__ static void pause() { __nanosleep(32); }
+};
+
+template <bool Ll>
+__global__ void __launch_bounds__(1024) ringKernel(RingArgs args, chorusDataType_t type, chorusRedOp_t op) {
+  runChannel<DeviceSync, Ll>(args, static_cast<int>(blockIdx.x), type, op);
+}
+
+// launchRing for each protocol (cuda_ipc_ll.cu, cuda_ipc_bulk.cu).
+int launchRingLl(const RingArgs& args, chorusDataType_t type, chorusRedOp_t op, int threads, void* stream);
+int launchRingBulk(const RingArgs& args, chorusDataType_t type, chorusRedOp_t op, int threads, void* stream);
+
+}  // namespace chorus::ipc

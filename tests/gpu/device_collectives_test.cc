@@ -1,0 +1,286 @@
+// device_collectives_test.cc: collectives on device buffers, on real ranks (forked processes)
+// sharing the machine's GPUs (all on GPU 0 where there is one: CUDA IPC within one device), over
+// both device paths (ipc kernels, staged through the host). Checks closed-form results for every
+// type and op, every collective, stream order (the call returns before its stream runs it) and
+// CUDA graph capture and replay. Skipped, saying why, without a CUDA device.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "bench/pattern.h"
+#include "kernels/cpu/reduce.h"
+#include "tests/support/multiprocess.h"
+
+namespace chorus::testing {
+namespace {
+
+// CUDA must not be initialized in the parent of forked ranks: probe in a child.
+bool deviceInChild() {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    int count = 0;
+    _exit(cudaGetDeviceCount(&count) == cudaSuccess && count > 0 ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+#define REQUIRE_DEVICE()                                                                                               \
+  do {                                                                                                                 \
+    if (!deviceInChild()) GTEST_SKIP() << "needs a CUDA device (none found by a probe process); run on a GPU machine"; \
+  } while (0)
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+struct Path {
+  const char* transport;  // CHORUS_DEVICE_TRANSPORT
+  int nranks;
+};
+void PrintTo(const Path& p, std::ostream* os) { *os << p.transport << "_" << p.nranks; }
+
+class DeviceCollectivesTest : public ::testing::TestWithParam<Path> {
+ protected:
+  RanksOptions options() const {
+    RanksOptions o;
+    o.nranks = GetParam().nranks;
+    o.timeoutMs = 60000;
+    return o;
+  }
+  // Runs body on every rank, all on GPU 0, with the path set, before the first device call.
+  void run(const std::function<void(int, chorusComm_t, cudaStream_t)>& body) {
+    const char* transport = GetParam().transport;
+    runRanks(options(), [&](int rank, chorusComm_t comm) {
+      setenv("CHORUS_DEVICE_TRANSPORT", transport, 1);
+      CUDA_OK(cudaSetDevice(0));
+      cudaStream_t stream;
+      CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      body(rank, comm, stream);
+      CUDA_OK(cudaStreamDestroy(stream));
+    });
+  }
+};
+
+struct Device {
+  explicit Device(size_t bytes) : bytes(bytes) { EXPECT_EQ(cudaMalloc(&p, bytes + 1), cudaSuccess); }
+  ~Device() { cudaFree(p); }
+  void put(const std::vector<char>& host) const {
+    EXPECT_EQ(cudaMemcpy(p, host.data(), host.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<char> get() const {
+    std::vector<char> host(bytes);
+    EXPECT_EQ(cudaMemcpy(host.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+  void* p = nullptr;
+  size_t bytes;
+};
+
+TEST_P(DeviceCollectivesTest, AllReduceEveryTypeAndOp) {
+  REQUIRE_DEVICE();
+  run([&](int rank, chorusComm_t comm, cudaStream_t stream) {
+    const int n = GetParam().nranks;
+    for (int t = 0; t < chorusNumTypes; ++t) {
+      const auto type = static_cast<chorusDataType_t>(t);
+      for (int o = 0; o < chorusNumOps; ++o) {
+        const auto op = static_cast<chorusRedOp_t>(o);
+        // LL, bulk, and bulk over several rounds and staging chunks.
+        for (const size_t count : {size_t{1}, size_t{4099}, size_t{3'000'001}}) {
+          const size_t bytes = count * kernels::typeSize(type);
+          std::vector<char> host(bytes);
+          for (size_t i = 0; i < count; ++i)
+            pattern::store(host.data(), i, type, pattern::reduceInput(op, type, rank, i));
+          Device in(bytes), out(bytes);
+          in.put(host);
+          ASSERT_EQ(chorusAllReduce(in.p, out.p, count, type, op, comm, stream), chorusSuccess)
+              << chorusGetLastError(comm);
+          CUDA_OK(cudaStreamSynchronize(stream));
+          const auto got = out.get();
+          const size_t wrong = pattern::countWrong(got.data(), count, type,
+                                                   [&](size_t i) { return pattern::expectedReduce(op, type, n, i); });
+          ASSERT_EQ(wrong, 0u) << chorusTypeName(type) << " " << chorusOpName(op) << " count " << count;
+        }
+      }
+    }
+    chorusResult_t async = chorusInternalError;
+    ASSERT_EQ(chorusCommGetAsyncError(comm, &async), chorusSuccess);
+    EXPECT_EQ(async, chorusSuccess);
+  });
+}
+
+TEST_P(DeviceCollectivesTest, EveryOtherCollective) {
+  REQUIRE_DEVICE();
+  run([&](int rank, chorusComm_t comm, cudaStream_t stream) {
+    const int n = GetParam().nranks;
+    const auto type = chorusFloat32;
+    for (const size_t count : {size_t{3}, size_t{70001}}) {
+      const size_t bytes = count * 4;
+      std::vector<char> mine(bytes), all(bytes * n);
+      for (size_t i = 0; i < count; ++i) pattern::store(mine.data(), i, type, pattern::moveInput(rank, i));
+      Device in(bytes), out(bytes * n), big(bytes * n);
+      in.put(mine);
+      // All-gather: block r is rank r's input.
+      ASSERT_EQ(chorusAllGather(in.p, out.p, count, type, comm, stream), chorusSuccess) << chorusGetLastError(comm);
+      CUDA_OK(cudaStreamSynchronize(stream));
+      auto got = out.get();
+      EXPECT_EQ(
+          pattern::countWrong(got.data(), n * count, type,
+                              [&](size_t i) { return pattern::moveInput(static_cast<int>(i / count), i % count); }),
+          0u)
+          << "all-gather count " << count;
+      // Reduce-scatter of reduceInput over n * count: block r to rank r.
+      std::vector<char> rs(bytes * n);
+      for (size_t i = 0; i < n * count; ++i)
+        pattern::store(rs.data(), i, type, pattern::reduceInput(chorusSum, type, rank, i));
+      big.put(rs);
+      ASSERT_EQ(chorusReduceScatter(big.p, out.p, count, type, chorusSum, comm, stream), chorusSuccess);
+      CUDA_OK(cudaStreamSynchronize(stream));
+      got = out.get();
+      EXPECT_EQ(
+          pattern::countWrong(got.data(), count, type,
+                              [&](size_t i) { return pattern::expectedReduce(chorusSum, type, n, rank * count + i); }),
+          0u)
+          << "reduce-scatter count " << count;
+      for (int root = 0; root < n; ++root) {
+        ASSERT_EQ(chorusBroadcast(in.p, out.p, count, type, root, comm, stream), chorusSuccess);
+        CUDA_OK(cudaStreamSynchronize(stream));
+        got = out.get();
+        EXPECT_EQ(pattern::countWrong(got.data(), count, type, [&](size_t i) { return pattern::moveInput(root, i); }),
+                  0u)
+            << "broadcast root " << root;
+        ASSERT_EQ(chorusReduce(in.p, out.p, count, type, chorusMax, root, comm, stream), chorusSuccess);
+        CUDA_OK(cudaStreamSynchronize(stream));
+        if (rank == root) {
+          got = out.get();
+          EXPECT_EQ(pattern::countWrong(got.data(), count, type,
+                                        [&](size_t i) {
+                                          double m = pattern::moveInput(0, i);
+                                          for (int r = 1; r < n; ++r) m = std::max(m, pattern::moveInput(r, i));
+                                          return m;
+                                        }),
+                    0u)
+              << "reduce root " << root;
+        }
+      }
+      // All-to-all: block p of rank r's input goes to rank p's block r.
+      std::vector<char> a2a(bytes * n);
+      for (size_t i = 0; i < n * count; ++i) pattern::store(a2a.data(), i, type, pattern::moveInput(rank, i));
+      big.put(a2a);
+      ASSERT_EQ(chorusAllToAll(big.p, out.p, count, type, comm, stream), chorusSuccess) << chorusGetLastError(comm);
+      CUDA_OK(cudaStreamSynchronize(stream));
+      got = out.get();
+      EXPECT_EQ(pattern::countWrong(got.data(), n * count, type,
+                                    [&](size_t i) {
+                                      return pattern::moveInput(static_cast<int>(i / count), rank * count + i % count);
+                                    }),
+                0u)
+          << "all-to-all count " << count;
+      // A ring of sends and receives, outside groups: even ranks send first.
+      const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+      for (int phase = 0; phase < 2; ++phase) {
+        if ((rank % 2 == 0) == (phase == 0)) {
+          ASSERT_EQ(chorusSend(in.p, count, type, next, comm, stream), chorusSuccess) << chorusGetLastError(comm);
+        } else {
+          ASSERT_EQ(chorusRecv(out.p, count, type, prev, comm, stream), chorusSuccess) << chorusGetLastError(comm);
+        }
+      }
+      ASSERT_EQ(chorusBarrier(comm, stream), chorusSuccess);
+      CUDA_OK(cudaStreamSynchronize(stream));
+      got = out.get();
+      EXPECT_EQ(pattern::countWrong(got.data(), count, type, [&](size_t i) { return pattern::moveInput(prev, i); }), 0u)
+          << "send/recv count " << count;
+    }
+  });
+}
+
+// The call returns with its work still queued behind a host function the test holds; releasing it
+// lets the stream run the copy in and the all-reduce, in that order.
+TEST_P(DeviceCollectivesTest, CallsAreStreamOrderedAndDoNotBlock) {
+  REQUIRE_DEVICE();
+  run([&](int rank, chorusComm_t comm, cudaStream_t stream) {
+    const int n = GetParam().nranks;
+    const size_t count = 100000;
+    std::vector<float> host(count, static_cast<float>(rank + 1));
+    Device in(count * 4), out(count * 4);
+    static std::atomic<int> gate{0};
+    gate = 0;
+    CUDA_OK(cudaLaunchHostFunc(
+        stream,
+        [](void*) {
+          while (gate.load() == 0) usleep(1000);
+        },
+        nullptr));
+    CUDA_OK(cudaMemcpyAsync(in.p, host.data(), count * 4, cudaMemcpyHostToDevice, stream));
+    ASSERT_EQ(chorusAllReduce(in.p, out.p, count, chorusFloat32, chorusSum, comm, stream), chorusSuccess);
+    EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady);
+    gate = 1;
+    CUDA_OK(cudaStreamSynchronize(stream));
+    std::vector<float> got(count);
+    CUDA_OK(cudaMemcpy(got.data(), out.p, count * 4, cudaMemcpyDeviceToHost));
+    const float expected = static_cast<float>(n * (n + 1) / 2);
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(got[i], expected) << "element " << i;
+  });
+}
+
+// A captured all-reduce replays as a fresh call each time: the flags and counters it uses live in
+// device memory and move on by themselves.
+TEST_P(DeviceCollectivesTest, CapturedInAGraphAndReplayed) {
+  REQUIRE_DEVICE();
+  run([&](int rank, chorusComm_t comm, cudaStream_t stream) {
+    const int n = GetParam().nranks;
+    for (const size_t count : {size_t{1000}, size_t{2'000'000}}) {
+      Device in(count * 4), out(count * 4);
+      std::vector<float> host(count, 1.0f);
+      in.put(std::vector<char>(reinterpret_cast<char*>(host.data()), reinterpret_cast<char*>(host.data()) + count * 4));
+      // Once outside capture: the staged path sizes its pinned memory then.
+      ASSERT_EQ(chorusAllReduce(in.p, out.p, count, chorusFloat32, chorusSum, comm, stream), chorusSuccess);
+      CUDA_OK(cudaStreamSynchronize(stream));
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      ASSERT_EQ(chorusAllReduce(in.p, out.p, count, chorusFloat32, chorusSum, comm, stream), chorusSuccess)
+          << chorusGetLastError(comm);
+      CUDA_OK(cudaStreamEndCapture(stream, &graph));
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int replay = 0; replay < 3; ++replay) {
+        const float value = static_cast<float>(rank + replay);
+        std::vector<float> input(count, value);
+        CUDA_OK(cudaMemcpy(in.p, input.data(), count * 4, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaGraphLaunch(exec, stream));
+        CUDA_OK(cudaStreamSynchronize(stream));
+        std::vector<float> got(count);
+        CUDA_OK(cudaMemcpy(got.data(), out.p, count * 4, cudaMemcpyDeviceToHost));
+        const float expected = static_cast<float>(n * (n - 1) / 2 + n * replay);
+        for (size_t i = 0; i < count; i += 997) ASSERT_EQ(got[i], expected) << "replay " << replay << " element " << i;
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+  });
+}
+
+TEST_P(DeviceCollectivesTest, HostBuffersWithAStreamAreRefusedByName) {
+  REQUIRE_DEVICE();
+  run([&](int, chorusComm_t comm, cudaStream_t stream) {
+    float host[4] = {1, 2, 3, 4};
+    EXPECT_EQ(chorusAllReduce(host, host, 4, chorusFloat32, chorusSum, comm, stream), chorusInvalidArgument);
+    EXPECT_NE(std::string(chorusGetLastError(comm)).find("sendbuff"), std::string::npos) << chorusGetLastError(comm);
+    EXPECT_NE(std::string(chorusGetLastError(comm)).find("not device memory"), std::string::npos);
+    EXPECT_EQ(host[0], 1.0f);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, DeviceCollectivesTest,
+                         ::testing::Values(Path{"ipc", 2}, Path{"ipc", 4}, Path{"staged", 2}, Path{"staged", 4}),
+                         [](const ::testing::TestParamInfo<Path>& info) {
+                           return std::string(info.param.transport) + "_" + std::to_string(info.param.nranks);
+                         });
+
+}  // namespace
+}  // namespace chorus::testing
