@@ -57,10 +57,16 @@ void extents(const DeviceCall& call, int rank, int nranks, size_t* in, size_t* o
   const bool root = call.rootOrPeer == rank;
   switch (call.collective) {
     case Collective::kAllReduce:
-    case Collective::kBroadcast:
-    case Collective::kReduce:
       *in = call.count;
       *out = call.count;
+      return;
+    case Collective::kBroadcast:  // only the root's input is read
+      *in = root ? call.count : 0;
+      *out = call.count;
+      return;
+    case Collective::kReduce:  // only the root's output is written
+      *in = call.count;
+      *out = root ? call.count : 0;
       return;
     case Collective::kAllGather:
       *in = call.count;
@@ -201,6 +207,7 @@ struct DeviceEngine::Impl {
   void* staging = nullptr;
   size_t slotBytes = 0;  // per area
   std::deque<StagedCall> stagedCalls;
+  bool capturedStaged = false;  // a graph holds host nodes that point into stagedCalls
 
   // The proxy: its communicator (a split of comm), thread and queue.
   std::unique_ptr<Communicator> proxyComm;
@@ -394,6 +401,12 @@ const StagedCall* DeviceEngine::Impl::stagedCall(const DeviceCall& call, const v
 // them first, which a stream being captured cannot do.
 void DeviceEngine::Impl::ensureStaging(size_t bytes, cudaStream_t stream) {
   if (bytes <= slotBytes) return;
+  if (capturedStaged) {
+    fail(chorusInvalidUsage,
+         "rank {}: a staged device call needs {} bytes of pinned staging but has {}, and growing it would break the "
+         "CUDA graphs captured with it: raise {} or make the largest call before capturing",
+         rank, bytes, slotBytes, knobName(Knob::kDeviceStageBytes));
+  }
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   check(cudaStreamIsCapturing(stream, &capturing), rank, "cudaStreamIsCapturing");
   if (capturing != cudaStreamCaptureStatusNone) {
@@ -426,9 +439,12 @@ void DeviceEngine::Impl::post(const StagedCall* staged, cudaStream_t stream) {
 }
 
 void DeviceEngine::Impl::enqueueStaged(const DeviceCall& call, cudaStream_t stream) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &capturing), rank, "cudaStreamIsCapturing");
   const size_t size = kernels::typeSize(call.type);
   size_t inCount, outCount;
   extents(call, rank, nranks, &inCount, &outCount);
+  // Staging is sized before anything is enqueued, so a refusal leaves the stream untouched.
   auto area = [&](int slot, int which) {
     return static_cast<char*>(staging) + (static_cast<size_t>(slot) * 2 + static_cast<size_t>(which)) * slotBytes;
   };
@@ -453,6 +469,7 @@ void DeviceEngine::Impl::enqueueStaged(const DeviceCall& call, cudaStream_t stre
                             cudaMemcpyHostToDevice, stream),
             rank, "cudaMemcpyAsync (staged result)");
     };
+    capturedStaged = capturedStaged || capturing != cudaStreamCaptureStatusNone;
     for (size_t c = 0; c < chunks; ++c) {
       const int slot = static_cast<int>(c % 2);
       const size_t n = std::min(per, call.count - c * per);
@@ -470,6 +487,7 @@ void DeviceEngine::Impl::enqueueStaged(const DeviceCall& call, cudaStream_t stre
     return;
   }
   ensureStaging(std::max({inCount * size, outCount * size, size_t{64}}), stream);
+  capturedStaged = capturedStaged || capturing != cudaStreamCaptureStatusNone;
   if (inCount > 0) {
     check(cudaMemcpyAsync(area(0, 0), call.input, inCount * size, cudaMemcpyDeviceToHost, stream), rank,
           "cudaMemcpyAsync (staged input)");
