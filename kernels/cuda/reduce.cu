@@ -12,44 +12,15 @@
 
 #include "kernels/cpu/half.h"
 #include "kernels/cuda/reduce.h"
+#include "kernels/reduce_ops.h"
 
 namespace chorus::kernels::cuda {
 namespace {
 
-struct SumOp {
-  template <typename T>
-  __device__ static T apply(T a, T b) {
-    if constexpr (std::is_integral_v<T>) {
-      using U = std::make_unsigned_t<T>;
-      return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
-    } else {
-      return a + b;
-    }
-  }
-};
-struct ProdOp {
-  template <typename T>
-  __device__ static T apply(T a, T b) {
-    if constexpr (std::is_integral_v<T>) {
-      using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
-      return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
-    } else {
-      return a * b;
-    }
-  }
-};
-struct MaxOp {
-  template <typename T>
-  __device__ static T apply(T a, T b) {
-    return a < b ? b : a;
-  }
-};
-struct MinOp {
-  template <typename T>
-  __device__ static T apply(T a, T b) {
-    return b < a ? b : a;
-  }
-};
+using SumOp = OpSum;
+using ProdOp = OpProd;
+using MaxOp = OpMax;
+using MinOp = OpMin;
 
 // Storage type, compute type and conversions per chorus type.
 template <typename T>

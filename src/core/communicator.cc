@@ -578,7 +578,7 @@ DeviceEngine& Communicator::device() {
 #if defined(CHORUS_HAVE_DEVICE)
   if (device_ == nullptr) {
     if (!broken_.empty()) fail(brokenResult_, "rank {}: the communicator has failed: {}", rank_, broken_);
-    device_ = std::make_unique<DeviceEngine>(*this);
+    device_ = std::make_shared<DeviceEngine>(*this);
     deviceLive_.store(device_.get());
     if (aborted()) device_->abort();
   }

@@ -161,7 +161,7 @@ class Communicator {
   bool directLogged_ = false;
   int directSkips_ = 0;  // eligible calls left that skip the swap (a heap buffer was found)
   std::atomic<bool> aborted_{false};
-  std::unique_ptr<DeviceEngine> device_;
+  std::shared_ptr<DeviceEngine> device_;  // shared_ptr: destroyed here without its definition (no-CUDA builds)
   std::atomic<DeviceEngine*> deviceLive_{nullptr};  // device_, for abort() from another thread
   uint64_t dumpsSeen_ = 0;                          // signal dump requests already answered
   std::string broken_;

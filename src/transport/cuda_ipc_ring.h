@@ -25,6 +25,7 @@
 #include "chorus/chorus.h"
 #include "kernels/cpu/half.h"
 #include "kernels/hd.h"
+#include "kernels/reduce_ops.h"
 
 namespace chorus::ipc {
 
@@ -108,62 +109,11 @@ struct Bf16 {
   CHORUS_HD static uint16_t store(float v) { return kernels::floatToBfloat16(v); }
 };
 
-template <typename C>
-struct Unsigned {
-  using Type = C;
-};
-template <>
-struct Unsigned<int8_t> {
-  using Type = uint32_t;
-};
-template <>
-struct Unsigned<uint8_t> {
-  using Type = uint32_t;
-};
-template <>
-struct Unsigned<int32_t> {
-  using Type = uint32_t;
-};
-template <>
-struct Unsigned<int64_t> {
-  using Type = uint64_t;
-};
-
-// Integer Sum and Prod wrap (computed unsigned), as kernels/cpu/reduce.cc.
-struct OpSum {
-  template <typename C>
-  CHORUS_HD static C apply(C a, C b) {
-    if constexpr (C(-1) < C(0) && C(1) / C(2) == C(0)) {  // signed integer
-      using U = typename Unsigned<C>::Type;
-      return static_cast<C>(static_cast<U>(a) + static_cast<U>(b));
-    } else {
-      return static_cast<C>(a + b);
-    }
-  }
-};
-struct OpProd {
-  template <typename C>
-  CHORUS_HD static C apply(C a, C b) {
-    if constexpr (C(1) / C(2) == C(0)) {  // integer
-      using U = typename Unsigned<C>::Type;
-      return static_cast<C>(static_cast<U>(a) * static_cast<U>(b));
-    } else {
-      return a * b;
-    }
-  }
-};
-struct OpMax {
-  template <typename C>
-  CHORUS_HD static C apply(C a, C b) {
-    return a < b ? b : a;
-  }
-};
-struct OpMin {
-  template <typename C>
-  CHORUS_HD static C apply(C a, C b) {
-    return b < a ? b : a;
-  }
-};
+// The ops are kernels/reduce_ops.h's, as the reduction kernels use them.
+using kernels::OpMax;
+using kernels::OpMin;
+using kernels::OpProd;
+using kernels::OpSum;
 
 // ---- one channel of one collective ----
 
