@@ -1,23 +1,44 @@
 // device.h: whether this machine has a CUDA device, for the gpu tests to skip with the reason.
+// The probe runs in a forked child, so the test process itself never initializes CUDA: tests that
+// fork ranks afterwards (device_collectives_test) need CUDA untouched in the parent.
 #pragma once
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstring>
 #include <string>
 
 namespace chorus::testing {
 
 // True if a CUDA device can be used; otherwise *why says what the runtime reported.
 inline bool haveCudaDevice(std::string* why) {
-  int count = 0;
-  const cudaError_t error = cudaGetDeviceCount(&count);
-  if (error != cudaSuccess) {
-    *why = cudaGetErrorString(error);
+  int pipeFds[2];
+  if (pipe(pipeFds) != 0) {
+    *why = "pipe() failed";
     return false;
   }
-  if (count == 0) *why = "no CUDA device";
-  return count > 0;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(pipeFds[0]);
+    int count = 0;
+    const cudaError_t error = cudaGetDeviceCount(&count);
+    const char* text = error != cudaSuccess ? cudaGetErrorString(error) : (count == 0 ? "no CUDA device" : "");
+    const ssize_t written = write(pipeFds[1], text, std::strlen(text));
+    (void)written;
+    _exit(error == cudaSuccess && count > 0 ? 0 : 1);
+  }
+  close(pipeFds[1]);
+  char buffer[256] = {};
+  const ssize_t got = read(pipeFds[0], buffer, sizeof(buffer) - 1);
+  close(pipeFds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
+  *why = got > 0 ? std::string(buffer, static_cast<size_t>(got)) : "the probe process failed";
+  return false;
 }
 
 }  // namespace chorus::testing

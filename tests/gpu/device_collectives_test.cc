@@ -5,7 +5,6 @@
 // CUDA graph capture and replay. Skipped, saying why, without a CUDA device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -15,27 +14,11 @@
 
 #include "bench/pattern.h"
 #include "kernels/cpu/reduce.h"
+#include "tests/gpu/device.h"
 #include "tests/support/multiprocess.h"
 
 namespace chorus::testing {
 namespace {
-
-// CUDA must not be initialized in the parent of forked ranks: probe in a child.
-bool deviceInChild() {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    int count = 0;
-    _exit(cudaGetDeviceCount(&count) == cudaSuccess && count > 0 ? 0 : 1);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
-
-#define REQUIRE_DEVICE()                                                                                               \
-  do {                                                                                                                 \
-    if (!deviceInChild()) GTEST_SKIP() << "needs a CUDA device (none found by a probe process); run on a GPU machine"; \
-  } while (0)
 
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
@@ -83,7 +66,7 @@ struct Device {
 };
 
 TEST_P(DeviceCollectivesTest, AllReduceEveryTypeAndOp) {
-  REQUIRE_DEVICE();
+  CHORUS_REQUIRE_CUDA_DEVICE();
   run([&](int rank, chorusComm_t comm, cudaStream_t stream) {
     const int n = GetParam().nranks;
     for (int t = 0; t < chorusNumTypes; ++t) {
@@ -115,7 +98,7 @@ TEST_P(DeviceCollectivesTest, AllReduceEveryTypeAndOp) {
 }
 
 TEST_P(DeviceCollectivesTest, EveryOtherCollective) {
-  REQUIRE_DEVICE();
+  CHORUS_REQUIRE_CUDA_DEVICE();
   run([&](int rank, chorusComm_t comm, cudaStream_t stream) {
     const int n = GetParam().nranks;
     const auto type = chorusFloat32;
@@ -202,7 +185,7 @@ TEST_P(DeviceCollectivesTest, EveryOtherCollective) {
 // The call returns with its work still queued behind a host function the test holds; releasing it
 // lets the stream run the copy in and the all-reduce, in that order.
 TEST_P(DeviceCollectivesTest, CallsAreStreamOrderedAndDoNotBlock) {
-  REQUIRE_DEVICE();
+  CHORUS_REQUIRE_CUDA_DEVICE();
   run([&](int rank, chorusComm_t comm, cudaStream_t stream) {
     const int n = GetParam().nranks;
     const size_t count = 100000;
@@ -231,7 +214,7 @@ TEST_P(DeviceCollectivesTest, CallsAreStreamOrderedAndDoNotBlock) {
 // A captured all-reduce replays as a fresh call each time: the flags and counters it uses live in
 // device memory and move on by themselves.
 TEST_P(DeviceCollectivesTest, CapturedInAGraphAndReplayed) {
-  REQUIRE_DEVICE();
+  CHORUS_REQUIRE_CUDA_DEVICE();
   run([&](int rank, chorusComm_t comm, cudaStream_t stream) {
     const int n = GetParam().nranks;
     for (const size_t count : {size_t{1000}, size_t{2'000'000}}) {
@@ -266,7 +249,7 @@ TEST_P(DeviceCollectivesTest, CapturedInAGraphAndReplayed) {
 }
 
 TEST_P(DeviceCollectivesTest, HostBuffersWithAStreamAreRefusedByName) {
-  REQUIRE_DEVICE();
+  CHORUS_REQUIRE_CUDA_DEVICE();
   run([&](int, chorusComm_t comm, cudaStream_t stream) {
     float host[4] = {1, 2, 3, 4};
     EXPECT_EQ(chorusAllReduce(host, host, 4, chorusFloat32, chorusSum, comm, stream), chorusInvalidArgument);
