@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/device_memory.h"
 #include "bench/options.h"
 #include "bench/pattern.h"
 #include "bench/peers.h"
@@ -332,6 +333,10 @@ class Bench {
       : o_(options), comm_(comm), peers_(std::move(peers)), send_(o_.mem == "chorus"), recv_(o_.mem == "chorus") {
     chorusCommUserRank(comm, &rank_);
     chorusCommCount(comm, &nranks_);
+    if (o_.mem == "device") {
+      device_ = std::make_unique<chorus::bench::DeviceMemory>(rank_);
+      stream_ = device_->stream();
+    }
   }
 
   int run();
@@ -349,7 +354,8 @@ class Bench {
     if (result != chorusSuccess) die(what, result);
   }
 
-  // Runs the op once on the buffers fillInputs or selectBuffers last chose.
+  // Runs the op once on the buffers fillInputs or selectBuffers last chose. With device buffers
+  // the call is enqueued on the stream; with -z 1 it is waited for.
   void once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count);
   Result measure(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
   // What a turn times: one of chorus's algorithms ("" for the tuner's), or a peer's.
@@ -379,8 +385,15 @@ class Bench {
   Result resultOf(Op op, chorusDataType_t type, size_t count, double seconds, int iters);
   uint64_t checkOnce(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
   void fillInputs(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
-  // Points sendPtr_ and recvPtr_ into the buffers fillInputs sized, for the in-place form or not.
+  // Points sendPtr_ and recvPtr_ into the buffers fillInputs sized, for the in-place form or not
+  // (and callSend_ and callRecv_ at the same places of the device buffers with --mem device).
   void selectBuffers(Op op, size_t count, size_t typeSize, bool inPlace);
+  // With device buffers: waits until every call enqueued so far is done (the end of a timed loop).
+  void finishCalls() {
+    if (device_) device_->synchronize();
+  }
+  // The device buffer's address of a host copy's byte (itself with host buffers).
+  char* onDevice(char* host) const;
   double busFactor(Op op) const { return ::busFactor(op, nranks_); }
   // Every rank copies a buffer larger than the caches at once: the sum of their rates, GB/s.
   CopyRates measureCopyGBps();
@@ -402,10 +415,18 @@ class Bench {
   std::string peerAlgorithm_;
   int rank_ = 0;
   int nranks_ = 1;
-  HostBuffer send_;
+  HostBuffer send_;  // with --mem device: the host copy of the device's buffer
   HostBuffer recv_;
+  size_t sendBytes_ = 0;  // of send_ and recv_ in use by this row
+  size_t recvBytes_ = 0;
   char* sendPtr_ = nullptr;  // where this call reads (may point into recv_ when in place)
   char* recvPtr_ = nullptr;
+  std::unique_ptr<chorus::bench::DeviceMemory> device_;  // --mem device
+  chorusStream_t stream_ = nullptr;                      // NULL with host buffers
+  char* deviceSend_ = nullptr;
+  char* deviceRecv_ = nullptr;
+  char* callSend_ = nullptr;  // what chorus is given: sendPtr_ and recvPtr_, or their device places
+  char* callRecv_ = nullptr;
 };
 
 // Buffers: send holds the call's input, recv its output; sizes per op in elements:
@@ -420,14 +441,30 @@ void Bench::fillInputs(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t
   const bool spreadOut = op == Op::kAllGather || op == Op::kGather || op == Op::kAllToAll;
   const size_t inCount = spreadIn ? count * n : count;
   const size_t outCount = spreadOut ? count * n : count;
-  send_.assign(inCount * size + 64, 0);
-  recv_.assign(std::max(outCount, inCount) * size + 64, 0);
+  sendBytes_ = inCount * size + 64;
+  recvBytes_ = std::max(outCount, inCount) * size + 64;
+  send_.assign(sendBytes_, 0);
+  recv_.assign(recvBytes_, 0);
+  if (device_) {
+    deviceSend_ = device_->reserve(0, sendBytes_);
+    deviceRecv_ = device_->reserve(1, recvBytes_);
+  }
   selectBuffers(op, count, size, inPlace);
   const bool reduces = op == Op::kAllReduce || op == Op::kReduceScatter || op == Op::kReduce;
   for (size_t i = 0; i < inCount; ++i) {
     store(sendPtr_, i, type,
           reduces ? chorus::pattern::reduceInput(redop, type, rank_, i) : chorus::pattern::moveInput(rank_, i));
   }
+  if (device_) {
+    device_->upload(deviceSend_, send_.data(), sendBytes_);
+    device_->upload(deviceRecv_, recv_.data(), recvBytes_);
+  }
+}
+
+char* Bench::onDevice(char* host) const {
+  if (!device_) return host;
+  const bool inSend = host >= send_.data() && host < send_.data() + sendBytes_;
+  return inSend ? deviceSend_ + (host - send_.data()) : deviceRecv_ + (host - recv_.data());
 }
 
 void Bench::selectBuffers(Op op, size_t count, size_t size, bool inPlace) {
@@ -457,6 +494,8 @@ void Bench::selectBuffers(Op op, size_t count, size_t size, bool inPlace) {
         break;
     }
   }
+  callSend_ = onDevice(sendPtr_);
+  callRecv_ = onDevice(recvPtr_);
 }
 
 void Bench::once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count) {
@@ -472,49 +511,54 @@ void Bench::once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count
   }
   switch (op) {
     case Op::kAllReduce:
-      call("allreduce", chorusAllReduce(sendPtr_, recvPtr_, count, type, redop, comm_, nullptr));
+      call("allreduce", chorusAllReduce(callSend_, callRecv_, count, type, redop, comm_, stream_));
       break;
     case Op::kAllGather:
-      call("allgather", chorusAllGather(sendPtr_, recvPtr_, count, type, comm_, nullptr));
+      call("allgather", chorusAllGather(callSend_, callRecv_, count, type, comm_, stream_));
       break;
     case Op::kReduceScatter:
-      call("reducescatter", chorusReduceScatter(sendPtr_, recvPtr_, count, type, redop, comm_, nullptr));
+      call("reducescatter", chorusReduceScatter(callSend_, callRecv_, count, type, redop, comm_, stream_));
       break;
     case Op::kBroadcast:
-      call("broadcast", chorusBroadcast(sendPtr_, recvPtr_, count, type, o_.root, comm_, nullptr));
+      call("broadcast", chorusBroadcast(callSend_, callRecv_, count, type, o_.root, comm_, stream_));
       break;
     case Op::kReduce:
-      call("reduce", chorusReduce(sendPtr_, recvPtr_, count, type, redop, o_.root, comm_, nullptr));
+      call("reduce", chorusReduce(callSend_, callRecv_, count, type, redop, o_.root, comm_, stream_));
       break;
     case Op::kAllToAll:
-      call("alltoall", chorusAllToAll(sendPtr_, recvPtr_, count, type, comm_, nullptr));
+      call("alltoall", chorusAllToAll(callSend_, callRecv_, count, type, comm_, stream_));
       break;
     case Op::kGather:
-      call("gather", chorusGather(sendPtr_, recvPtr_, count, type, o_.root, comm_, nullptr));
+      call("gather", chorusGather(callSend_, callRecv_, count, type, o_.root, comm_, stream_));
       break;
     case Op::kScatter:
-      call("scatter", chorusScatter(sendPtr_, recvPtr_, count, type, o_.root, comm_, nullptr));
+      call("scatter", chorusScatter(callSend_, callRecv_, count, type, o_.root, comm_, stream_));
       break;
     case Op::kBarrier:
-      call("barrier", chorusBarrier(comm_, nullptr));
+      call("barrier", chorusBarrier(comm_, stream_));
       break;
     case Op::kSendRecv: {
       const int next = (rank_ + 1) % nranks_;
       const int prev = (rank_ + nranks_ - 1) % nranks_;
-      char* into = recvPtr_;
+      char* into = callRecv_;
       call("group start", chorusGroupStart());
-      call("send", chorusSend(sendPtr_, count, type, next, comm_, nullptr));
-      call("recv", chorusRecv(into, count, type, prev, comm_, nullptr));
+      call("send", chorusSend(callSend_, count, type, next, comm_, stream_));
+      call("recv", chorusRecv(into, count, type, prev, comm_, stream_));
       call("group end", chorusGroupEnd());
       break;
     }
   }
+  if (o_.blocking) finishCalls();
 }
 
 uint64_t Bench::checkOnce(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace) {
   using namespace chorus::pattern;
   fillInputs(op, type, redop, count, inPlace);
   once(op, type, redop, count);
+  if (device_) {
+    finishCalls();
+    device_->download(recv_.data(), deviceRecv_, recvBytes_);
+  }
   if (o_.injectWrong && rank_ == (op == Op::kReduce || op == Op::kGather ? o_.root : 0) && count > 0) {
     recvPtr_[0] = static_cast<char>(~recvPtr_[0]);  // test hook: spoil one received element
   }
@@ -574,9 +618,11 @@ Result Bench::measure(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t 
   Result result;
   fillInputs(op, type, redop, count, inPlace);
   for (int i = 0; i < o_.warmup; ++i) once(op, type, redop, count);
+  finishCalls();
   call("barrier", chorusBarrier(comm_, nullptr));
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < o_.iters; ++i) once(op, type, redop, count);
+  finishCalls();
   result = resultOf(op, type, count, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
                     o_.iters);
   if (o_.check) result.wrong = checkOnce(op, type, redop, count, inPlace);
@@ -598,6 +644,20 @@ Result Bench::resultOf(Op op, chorusDataType_t type, size_t count, double second
 }
 
 CopyRates Bench::measureCopyGBps() {
+  if (device_) {
+    // Device memory: cudaMemcpyAsync device to device, timed by events, 256 MiB per rank (beyond
+    // the L2 cache of the GPUs we know, 50-60 MiB); the fastest of 5 blocks.
+    constexpr size_t kDeviceBytes = size_t{256} << 20;
+    CopyRates result;
+    for (int b = 0; b < 5; ++b) {
+      call("barrier", chorusBarrier(comm_, nullptr));
+      double mine = device_->copyBytesPerSecond(kDeviceBytes, 3) / 1e9, sum = 0;
+      call("allreduce of copy rates", chorusAllReduce(&mine, &sum, 1, chorusFloat64, chorusSum, comm_, nullptr));
+      result.memcpyGBps = std::max(result.memcpyGBps, sum);
+    }
+    result.GBps = result.memcpyGBps;
+    return result;
+  }
   // 64 MiB per rank: beyond the last-level cache of machines like ours (tens of MiB); on a
   // machine with a larger cache C is a cache speed and %bound comes out low. Each block times
   // memcpy and the streaming copy (kernels/cpu/copy.h) one after the other; each rate is its
@@ -708,6 +768,7 @@ void Bench::settle(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t cou
   int more = 0;
   do {
     once(op, type, redop, count);
+    finishCalls();
     more = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() < kSettleUs;
     call("broadcast", chorusBroadcast(&more, &more, 1, chorusInt32, 0, comm_, nullptr));
   } while (more != 0);
@@ -724,6 +785,7 @@ std::vector<std::pair<Result, Result>> Bench::measureInTurns(const char* opName,
     for (int side = 0; side < sides; ++side) {
       fillInputs(op, type, redop, count, side == 1);
       for (int i = 0; i < plan.warmup; ++i) once(op, type, redop, count);
+      finishCalls();
     }
   }
   std::vector<double> seconds(2 * contestants.size(), 0);  // [2a]: out of place, [2a + 1]: in place
@@ -741,6 +803,7 @@ std::vector<std::pair<Result, Result>> Bench::measureInTurns(const char* opName,
         call("barrier", chorusBarrier(comm_, nullptr));
         const auto start = std::chrono::steady_clock::now();
         for (int i = 0; i < iters; ++i) once(op, type, redop, count);
+        finishCalls();
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         seconds[2 * a + side] += elapsed;
         turnUs[2 * a + side].push_back(elapsed * 1e6 / iters);
@@ -805,18 +868,25 @@ int Bench::run() {
     int32_t pid;
     char host[60];
     char cpus[64];
-  } mine{static_cast<int32_t>(getpid()), {}, {}};
+    char device[64];
+  } mine{static_cast<int32_t>(getpid()), {}, {}, {}};
   std::memcpy(mine.host, host, sizeof(mine.host) - 1);
   std::snprintf(mine.cpus, sizeof(mine.cpus), "%s", allowedCpus().c_str());
+  if (device_) std::snprintf(mine.device, sizeof(mine.device), " %s", device_->describe().c_str());
   std::vector<RankLine> lines(static_cast<size_t>(nranks_));
   call("allgather of rank lines", chorusAllGather(&mine, lines.data(), sizeof(RankLine), chorusUint8, comm_, nullptr));
   if (print) {
     const char* transport = std::getenv("CHORUS_TRANSPORT");
     for (int r = 0; r < nranks_; ++r) {
-      std::printf("#  Rank %3d Pid %7d on %10s cpus %s transport %s\n", r, lines[r].pid, lines[r].host, lines[r].cpus,
-                  transport ? transport : "auto");
+      std::printf("#  Rank %3d Pid %7d on %10s cpus %s transport %s%s\n", r, lines[r].pid, lines[r].host, lines[r].cpus,
+                  transport ? transport : "auto", lines[r].device);
     }
-    std::printf("#  Buffers: %s\n", o_.mem == "chorus" ? "chorusMemAlloc (--mem chorus)" : "the heap (--mem host)");
+    if (device_) {
+      std::printf("#  Buffers: device memory (--mem device), calls on one stream per rank, %s\n",
+                  o_.blocking ? "each waited for (-z 1)" : "waited for at the end of each timed loop (-z 0)");
+    } else {
+      std::printf("#  Buffers: %s\n", o_.mem == "chorus" ? "chorusMemAlloc (--mem chorus)" : "the heap (--mem host)");
+    }
   }
   std::vector<std::string> peerNames;
   for (const auto& peer : peers_) peerNames.push_back(peer->name());
@@ -828,7 +898,16 @@ int Bench::run() {
   }
   double copyGBps = 0;
   CopyRates copyRates;
-  if (o_.bound) {
+  if (o_.bound && device_) {
+    copyRates = measureCopyGBps();
+    copyGBps = copyRates.GBps;
+    if (print) {
+      std::printf(
+          "#  Bound: copy bandwidth %.2f GB/s (%d ranks each copying 256 MiB device to device at once, summed, fastest "
+          "of 5); %%bound = out-of-place algbw * copies / copy bandwidth, copies = %g for %s (README)\n",
+          copyGBps, nranks_, boundCopies(opInfo->op, nranks_), opInfo->name);
+    }
+  } else if (o_.bound) {
     copyRates = measureCopyGBps();
     copyGBps = copyRates.GBps;
     if (print) {

@@ -77,7 +77,9 @@ int parseOptions(int argc, const char* const* argv, Options* o) {
       ->capture_default_str();
   app.add_option("-o,--redop", o->redop, "reduction: sum prod max min avg, or all")->capture_default_str();
   app.add_option("-r,--root", o->root, "root rank of broadcast and reduce")->capture_default_str();
-  app.add_option("-z,--blocking", o->blocking, "blocking collectives (0/1); chorus host calls always block")
+  app.add_option("-z,--blocking", o->blocking,
+                 "blocking collectives (0/1); chorus host calls always block, and with --mem device 1 waits for each "
+                 "call's stream, 0 only at the end of each timed loop")
       ->capture_default_str();
   app.add_option("--coll,--collective", o->op, "allreduce allgather reducescatter broadcast reduce sendrecv")
       ->capture_default_str();
@@ -116,10 +118,11 @@ int parseOptions(int argc, const char* const* argv, Options* o) {
                  "--compare gloo: make Gloo's rendezvous file store under this directory (default TMPDIR or /tmp; "
                  "ranks on several hosts need a shared one)");
   app.add_option("--mem", o->mem,
-                 "where the buffers come from: host (the heap) or chorus (chorusMemAlloc: shareable, so shm moves "
-                 "large messages with one copy; README)")
+                 "where the buffers come from: host (the heap), chorus (chorusMemAlloc: shareable, so shm moves "
+                 "large messages with one copy; README) or device (CUDA memory of device rank % devices, calls on a "
+                 "stream)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"host", "chorus"}));
+      ->check(CLI::IsMember({"host", "chorus", "device"}));
   app.add_flag("--bound", o->bound,
                "measure the copy bandwidth of all ranks at once first and print each row's share of the bound "
                "(least traffic over copy bandwidth; README)");
@@ -148,6 +151,19 @@ int parseOptions(int argc, const char* const* argv, Options* o) {
     return 2;
   }
   if (o->maxBytes < o->minBytes) o->maxBytes = o->minBytes;
+  if (o->mem == "device" && !o->simulate) {
+    // Peers, the calibration and the compressed all-reduce take host buffers; chorus has no device
+    // send and receive inside a group, which sendrecv's ring needs.
+    const char* refused = !o->compare.empty()     ? "--compare"
+                          : !o->calibrate.empty() ? "--calibrate"
+                          : !o->compress.empty()  ? "--compress"
+                          : o->op == "sendrecv"   ? "--op sendrecv"
+                                                  : nullptr;
+    if (refused != nullptr) {
+      std::fprintf(stderr, "collbench: %s takes host buffers; it cannot be used with --mem device\n", refused);
+      return 2;
+    }
+  }
   return -1;
 }
 

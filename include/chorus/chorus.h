@@ -8,11 +8,12 @@
  *  - Host buffers take NULL, and the call returns when the operation is complete on this rank (its
  *    buffers may be reused). Non-blocking forms (chorusIAllReduce, ...) return a request instead,
  *    for chorusTest/chorusWait.
- *  - Device buffers (CUDA memory of the current device) take a stream (a cudaStream_t; for the
- *    legacy default stream pass cudaStreamLegacy, not NULL). The call is enqueued on that stream,
- *    ordered with the caller's other work on it, and returns at once; it may be captured in a
- *    CUDA graph. The first such call on a communicator is collective (every rank sets up its
- *    device path in it). Failures surface through chorusCommGetAsyncError. Ranks on one host map
+ *  - Device buffers (CUDA memory of the current device) take a stream (a cudaStream_t). Given
+ *    NULL with a device buffer, the call takes CUDA's legacy default stream, as NCCL does (found
+ *    by asking the CUDA driver about the buffers once the program has loaded it). The call is
+ *    enqueued on that stream, ordered with the caller's other work on it, and returns at once;
+ *    it may be captured in a CUDA graph. The first such call on a communicator is collective
+ *    (every rank sets up its device path in it). Failures surface through chorusCommGetAsyncError. Ranks on one host map
  *    each other's GPU memory (CUDA IPC) and the ring collectives run as one kernel; other cases go
  *    through pinned host memory (CHORUS_DEVICE_TRANSPORT). Device sends and receives cannot be in
  *    a group, and non-blocking forms take host buffers only.

@@ -180,6 +180,9 @@ void submit(Communicator& c, chorusComm_t comm, PreparedOp op) {
 void submitOn(Communicator& c, chorusComm_t comm, chorusStream_t stream, const char* call, Collective collective,
               const void* input, void* output, size_t count, chorusDataType_t type, chorusRedOp_t op, int rootOrPeer,
               const size_t* const* vector = nullptr) {
+#if defined(CHORUS_HAVE_DEVICE)
+  if (stream == nullptr) stream = chorus::streamForNull(input, output);
+#endif
   if (stream == nullptr) {
     submit(c, comm, c.prepare(collective, input, output, count, type, op, rootOrPeer, vector));
     return;

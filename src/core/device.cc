@@ -2,7 +2,11 @@
 // src/transport/cuda_ipc*.cu.
 #include "src/core/device.h"
 
+#include <cuda.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <fmt/ranges.h>
+#include <link.h>
 
 #include <algorithm>
 #include <atomic>
@@ -10,6 +14,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <numeric>
 #include <thread>
 #include <vector>
 
@@ -18,6 +23,8 @@
 #include "src/core/config.h"
 #include "src/core/error.h"
 #include "src/core/log.h"
+#include "src/core/placement.h"
+#include "src/topology/search.h"
 #include "src/transport/cuda_ipc.h"
 
 namespace chorus {
@@ -160,7 +167,49 @@ void checkDeviceCall(const DeviceCall& call, int rank, int nranks, const char* n
   checkBuffer(call.output, outCount * size, "recvbuff", name, rank, device);
 }
 
-namespace {}  // namespace
+namespace {
+
+// The driver's cuPointerGetAttribute, once the program has loaded the driver (never loaded here:
+// a program that never loaded it has no device memory, and loading it costs a CUDA start-up).
+using PointerAttributeFn = CUresult (*)(void* data, CUpointer_attribute attribute, CUdeviceptr pointer);
+std::atomic<PointerAttributeFn> driverPointerAttribute{nullptr};
+std::atomic<unsigned long long> objectsSeen{~0ull};  // the loader's dlpi_adds at the last look
+
+PointerAttributeFn loadedDriver() {
+  if (PointerAttributeFn fn = driverPointerAttribute.load(std::memory_order_acquire)) return fn;
+  // dlopen with RTLD_NOLOAD costs about 17 us when the library is absent; the loader's count of
+  // objects added costs a lock, so the library is looked for only when that count moved.
+  unsigned long long adds = 0;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        *static_cast<unsigned long long*>(data) = info->dlpi_adds;
+        return 1;
+      },
+      &adds);
+  if (objectsSeen.exchange(adds) == adds) return nullptr;
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (driver == nullptr) return nullptr;
+  auto fn = reinterpret_cast<PointerAttributeFn>(dlsym(driver, "cuPointerGetAttribute"));
+  dlclose(driver);  // the program's own handle keeps it loaded
+  if (fn != nullptr) driverPointerAttribute.store(fn, std::memory_order_release);
+  return fn;
+}
+
+bool isDeviceMemory(const void* p) {
+  if (p == nullptr) return false;
+  const PointerAttributeFn fn = loadedDriver();
+  if (fn == nullptr) return false;
+  unsigned int type = 0;  // host and unregistered pointers: an error, or a host type
+  if (fn(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS) return false;
+  return type == CU_MEMORYTYPE_DEVICE;
+}
+
+}  // namespace
+
+chorusStream_t streamForNull(const void* input, const void* output) {
+  if (isDeviceMemory(input) || isDeviceMemory(output)) return reinterpret_cast<chorusStream_t>(cudaStreamLegacy);
+  return nullptr;
+}
 
 // A staged call as the proxy runs it: on the proxy's communicator, from and to pinned memory.
 // Host functions enqueued on streams (and captured in graphs) point at these, so they live as
@@ -194,6 +243,13 @@ struct DeviceEngine::Impl {
   ipc::ChannelInbox* inbox = nullptr;
   ipc::ChannelInbox* nextInbox = nullptr;
   ipc::ChannelInbox* prevInbox = nullptr;
+  // The ipc ring: ranks in the order the topology search laid them (position -> rank), this
+  // rank's position, its neighbours, and the order in device memory (NULL when it is by number).
+  std::vector<int> ringOrder;
+  std::vector<int> positionOf;
+  int nextRank = 0;
+  int prevRank = 0;
+  int* rankAtDevice = nullptr;
   std::vector<void*> opened;  // peers' inboxes, mapped
   ipc::ChannelCounters* counters = nullptr;
   uint64_t* waits = nullptr;
@@ -223,6 +279,7 @@ struct DeviceEngine::Impl {
 
   void setUp();
   void setUpIpc();
+  void layRing(const std::vector<IpcInfo>& all);
   void closeIpc();
   void ensureStaging(size_t bytes, cudaStream_t stream);
   void order(cudaStream_t stream);
@@ -263,6 +320,8 @@ void DeviceEngine::Impl::setUp() {
     fail(chorusInvalidArgument, "rank {}: {}={}: expected auto, ipc or staged", rank, knobName(Knob::kDeviceTransport),
          mode);
   }
+  nextRank = (rank + 1) % nranks;
+  prevRank = (rank + nranks - 1) % nranks;
   if (mode != "staged") setUpIpc();
   if (mode == "ipc" && !ipc) {
     fail(chorusInvalidUsage, "rank {}: {}=ipc, but {}", rank, knobName(Knob::kDeviceTransport),
@@ -293,10 +352,11 @@ void DeviceEngine::Impl::setUpIpc() {
   bool everyone = comm.singleHost();
   for (const auto& info : all) everyone = everyone && info.ok != 0;
   int32_t mapped = 0;
+  if (everyone) layRing(all);
   if (everyone) {
     mapped = 1;
-    const int next = (rank + 1) % nranks;
-    const int prev = (rank + nranks - 1) % nranks;
+    const int next = nextRank;
+    const int prev = prevRank;
     auto open = [&](int peer) -> ipc::ChannelInbox* {
       if (peer == rank) return inbox;
       int peerDevice = -1;
@@ -319,6 +379,38 @@ void DeviceEngine::Impl::setUpIpc() {
   comm.run({comm.prepare(Collective::kAllGather, &mapped, agreed.data(), 1, chorusInt32, chorusSum, 0)});
   ipc = std::all_of(agreed.begin(), agreed.end(), [](int32_t v) { return v != 0; });
   if (!ipc) closeIpc();
+}
+
+// The ring over the GPUs: rank 0 searches it on this host's topology (NVLink before PCIe) from
+// every rank's bus id, and sends it to all; rank order where the search cannot place a GPU.
+void DeviceEngine::Impl::layRing(const std::vector<IpcInfo>& all) {
+  std::vector<int32_t> order(nranks);
+  std::iota(order.begin(), order.end(), 0);
+  if (rank == 0 && nranks > 2) {
+    std::vector<std::string> busIds;
+    for (const IpcInfo& info : all) busIds.emplace_back(info.busId);
+    try {
+      const std::vector<int> searched = topology::gpuRingOrder(thisHostTopology(), busIds);
+      std::copy(searched.begin(), searched.end(), order.begin());
+    } catch (const std::invalid_argument& e) {
+      logAt(LogLevel::kInfo, "rank 0: device ring in rank order ({})", e.what());
+    }
+  }
+  comm.run({comm.prepare(Collective::kBroadcast, order.data(), order.data(), order.size(), chorusInt32, chorusSum, 0)});
+  ringOrder.assign(order.begin(), order.end());
+  positionOf.assign(nranks, 0);
+  for (int p = 0; p < nranks; ++p) positionOf[ringOrder[p]] = p;
+  const int position = positionOf[rank];
+  nextRank = ringOrder[(position + 1) % nranks];
+  prevRank = ringOrder[(position + nranks - 1) % nranks];
+  bool byNumber = true;
+  for (int p = 0; p < nranks; ++p) byNumber = byNumber && ringOrder[p] == p;
+  if (!byNumber) {
+    check(cudaMalloc(reinterpret_cast<void**>(&rankAtDevice), sizeof(int) * nranks), rank, "cudaMalloc (ring order)");
+    check(cudaMemcpy(rankAtDevice, ringOrder.data(), sizeof(int) * nranks, cudaMemcpyHostToDevice), rank,
+          "cudaMemcpy (ring order)");
+    if (rank == 0) logAt(LogLevel::kInfo, "rank 0: device ring {}", fmt::join(ringOrder, " "));
+  }
 }
 
 void DeviceEngine::Impl::closeIpc() {
@@ -356,9 +448,9 @@ void DeviceEngine::Impl::enqueueRing(const DeviceCall& call, cudaStream_t stream
   args.input = call.input;
   args.output = call.output;
   args.count = call.count;
-  args.rank = rank;
+  args.rank = positionOf[rank];
   args.nranks = nranks;
-  args.root = call.rootOrPeer;
+  args.root = positionOf[call.rootOrPeer];
   // Small calls: one channel per 8 KiB, up to the bulk count.
   args.channels = ll ? static_cast<int>(std::clamp<size_t>(bytes / 8192, 1, static_cast<size_t>(channels))) : channels;
   args.average = call.op == chorusAvg;
@@ -368,6 +460,7 @@ void DeviceEngine::Impl::enqueueRing(const DeviceCall& call, cudaStream_t stream
   args.counters = counters;
   args.control = controlDevice;
   args.timeoutNs = timeoutNs;
+  args.rankAt = rankAtDevice;
   const int error = ipc::launchRing(args, call.type, call.op, ll, threads, stream);
   if (error != 0) check(static_cast<cudaError_t>(error), rank, "launching the ring kernel");
 }
@@ -551,6 +644,7 @@ DeviceEngine::~DeviceEngine() {
   if (m.staging != nullptr) cudaFreeHost(m.staging);
   if (m.inbox != nullptr) cudaFree(m.inbox);
   if (m.counters != nullptr) cudaFree(m.counters);
+  if (m.rankAtDevice != nullptr) cudaFree(m.rankAtDevice);
   if (m.pinned != nullptr) cudaFreeHost(m.pinned);
   cudaGetLastError();
 }
@@ -590,7 +684,7 @@ chorusResult_t DeviceEngine::asyncError(std::string* message) const {
   }
   const uint32_t status = std::atomic_ref<uint32_t>(m.control->status).load();
   if (status == ipc::kStatusOk) return chorusSuccess;
-  const int peer = m.control->what == ipc::kWaitData ? (m.rank + m.nranks - 1) % m.nranks : (m.rank + 1) % m.nranks;
+  const int peer = m.control->what == ipc::kWaitData ? m.prevRank : m.nextRank;
   if (status == ipc::kStatusAborted) {
     *message = fmt::format("rank {}: a device call was aborted", m.rank);
     return chorusAborted;

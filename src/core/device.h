@@ -69,4 +69,9 @@ class DeviceEngine {
 // chorusInvalidArgument naming what is wrong.
 void checkDeviceCall(const DeviceCall& call, int rank, int nranks, const char* name);
 
+// The stream a call given a NULL stream runs on: NULL (host buffers), or CUDA's legacy default
+// stream when one of its buffers is device memory, as NCCL takes NULL. Until the program loads
+// the CUDA driver this costs one look at the loader's count of loaded objects.
+chorusStream_t streamForNull(const void* input, const void* output);
+
 }  // namespace chorus

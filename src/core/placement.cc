@@ -101,6 +101,8 @@ std::string bindOnce(const Topology& host, int rank, int localRank, int localSiz
 
 }  // namespace
 
+topology::Topology thisHostTopology() { return hostTopology(machine(), 0); }
+
 std::vector<int> placeRanks(Bootstrap& bootstrap, int rank, const std::vector<PeerInfo>& peers,
                             const std::vector<int>& hostOfRank, Deadline deadline) {
   const int nranks = static_cast<int>(peers.size());

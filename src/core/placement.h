@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "src/core/bootstrap.h"
+#include "src/topology/topology.h"
 #include "src/transport/transport.h"
 
 namespace chorus {
@@ -20,5 +21,9 @@ namespace chorus {
 // chorusRemoteError when the exchange fails.
 std::vector<int> placeRanks(Bootstrap& bootstrap, int rank, const std::vector<PeerInfo>& peers,
                             const std::vector<int>& hostOfRank, Deadline deadline);
+
+// This process's host out of the machine's topology (discovered, or CHORUS_TOPO_FILE's), read
+// once per process; an empty topology where discovery failed.
+topology::Topology thisHostTopology();
 
 }  // namespace chorus

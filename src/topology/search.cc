@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <limits>
 #include <map>
 #include <stdexcept>
@@ -321,6 +322,28 @@ std::vector<int> searchRankOrder(const std::vector<Topology>& hostTopologies, co
     rankNode.push_back(node);
   }
   const Plan plan = search(cluster, rankNode);
+  if (plan.rings.empty()) throw std::invalid_argument("the search found no ring");
+  return plan.rings[0].order;
+}
+
+std::vector<int> gpuRingOrder(const Topology& host, const std::vector<std::string>& busIdOfRank) {
+  if (host.hosts.empty()) throw std::invalid_argument("the topology has no host");
+  auto lower = [](std::string text) {
+    std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
+    return text;
+  };
+  const std::vector<int> gpus = host.nodesOf(0, NodeKind::kGpu);
+  std::vector<int> rankNode;
+  for (size_t r = 0; r < busIdOfRank.size(); ++r) {
+    const std::string busId = lower(busIdOfRank[r]);
+    const auto gpu = std::find_if(gpus.begin(), gpus.end(), [&](int n) { return lower(host.nodes[n].busId) == busId; });
+    if (gpu == gpus.end()) {
+      throw std::invalid_argument(fmt::format("rank {}'s GPU {} is not among the {} GPUs of {}'s topology", r,
+                                              busIdOfRank[r], gpus.size(), host.hosts[0]));
+    }
+    rankNode.push_back(*gpu);
+  }
+  const Plan plan = search(host, rankNode);
   if (plan.rings.empty()) throw std::invalid_argument("the search found no ring");
   return plan.rings[0].order;
 }

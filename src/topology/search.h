@@ -62,4 +62,10 @@ namespace chorus::topology {
 std::vector<int> searchRankOrder(const std::vector<Topology>& hostTopologies, const std::vector<int>& hostOfRank,
                                  const std::vector<std::string>& nodeOfRank);
 
+// The ring order for ranks on the GPUs of one host (its host 0), each given by its GPU's PCI bus
+// id as CUDA writes it (any case; several ranks may share a GPU): the first ring searched over
+// them, position -> rank, so the device path's ring follows NVLink where there is some. Throws
+// std::invalid_argument naming a rank whose bus id is none of the host's GPUs.
+std::vector<int> gpuRingOrder(const Topology& host, const std::vector<std::string>& busIdOfRank);
+
 }  // namespace chorus::topology

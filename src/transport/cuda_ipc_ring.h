@@ -84,6 +84,10 @@ struct RingArgs {
   ChannelCounters* counters;
   Control* control;
   uint64_t timeoutNs;
+  // The rank at each ring position (memory the kernel reads: device memory there), or NULL when
+  // the ring visits the ranks by number. Only block placement (all-gather, reduce-scatter) needs
+  // ranks; everything else works in positions.
+  const int* rankAt;
 };
 
 // ---- element types and ops, the same on host and device ----
@@ -287,7 +291,10 @@ class RingChannel {
     for (size_t i = begin + S::thread(); i < end; i += S::threads()) out[i] = in[i];
   }
 
-  CHORUS_HD size_t block(int position) const { return a_.count * static_cast<size_t>(position); }
+  // Where the block of the rank at a ring position lies in a spread buffer.
+  CHORUS_HD size_t block(int position) const {
+    return a_.count * static_cast<size_t>(a_.rankAt != nullptr ? a_.rankAt[position] : position);
+  }
 
   CHORUS_HD C finish(C value, bool divide) const {
     if (!divide) return value;

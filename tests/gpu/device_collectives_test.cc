@@ -211,6 +211,31 @@ TEST_P(DeviceCollectivesTest, CallsAreStreamOrderedAndDoNotBlock) {
   });
 }
 
+// A NULL stream with device buffers is CUDA's legacy default stream, as NCCL takes it: the call
+// runs after the legacy stream's earlier work (the upload below is enqueued there, not waited
+// for), and the host buffers of the next call still take the host path.
+TEST_P(DeviceCollectivesTest, NullStreamWithDeviceBuffersRunsOnTheLegacyStream) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  run([&](int rank, chorusComm_t comm, cudaStream_t) {
+    const int n = GetParam().nranks;
+    const size_t count = 300000;
+    std::vector<float> host(count, static_cast<float>(rank + 1));
+    Device in(count * 4), out(count * 4);
+    CUDA_OK(cudaMemcpyAsync(in.p, host.data(), count * 4, cudaMemcpyHostToDevice, cudaStreamLegacy));
+    ASSERT_EQ(chorusAllReduce(in.p, out.p, count, chorusFloat32, chorusSum, comm, nullptr), chorusSuccess)
+        << chorusGetLastError(comm);
+    CUDA_OK(cudaStreamSynchronize(cudaStreamLegacy));
+    std::vector<float> got(count);
+    CUDA_OK(cudaMemcpy(got.data(), out.p, count * 4, cudaMemcpyDeviceToHost));
+    const float expected = static_cast<float>(n * (n + 1) / 2);
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(got[i], expected) << "element " << i;
+    std::vector<float> hostIn(5, 1.0f), hostOut(5, 0.0f);
+    ASSERT_EQ(chorusAllReduce(hostIn.data(), hostOut.data(), 5, chorusFloat32, chorusSum, comm, nullptr), chorusSuccess)
+        << chorusGetLastError(comm);
+    EXPECT_EQ(hostOut[4], static_cast<float>(n));
+  });
+}
+
 // A captured all-reduce replays as a fresh call each time: the flags and counters it uses live in
 // device memory and move on by themselves.
 TEST_P(DeviceCollectivesTest, CapturedInAGraphAndReplayed) {

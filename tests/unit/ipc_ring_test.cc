@@ -63,39 +63,50 @@ struct HostSync {
 };
 
 // The ring's ranks: each one's inbox, counters and control live as long as the ring, so calls
-// one after another reuse them as the device's do.
+// one after another reuse them as the device's do. The ring visits the ranks in `order`
+// (position -> rank; empty: by number), as a topology-searched device ring does.
 class HostRing {
  public:
-  explicit HostRing(int nranks) : nranks_(nranks), ranks_(nranks) {
+  explicit HostRing(int nranks, std::vector<int> order = {}) : nranks_(nranks), ranks_(nranks), order_(order) {
     for (auto& r : ranks_) {
       r.inbox = std::make_unique<ChannelInbox[]>(kMaxChannels);
       r.counters = std::make_unique<ChannelCounters[]>(kMaxChannels);
     }
+    if (order_.empty()) {
+      for (int r = 0; r < nranks; ++r) order_.push_back(r);
+    } else {
+      rankAt_ = order_.data();
+    }
+    position_.resize(nranks);
+    for (int p = 0; p < nranks; ++p) position_[order_[p]] = p;
   }
 
-  // Runs one collective on every rank (or only those in `only`), all channels at once.
+  // Runs one collective on every rank (or only those in `only`), all channels at once; inputs,
+  // outputs and root by rank.
   void run(Kind kind, bool ll, int channels, chorusDataType_t type, chorusRedOp_t op, int root,
            const std::vector<const void*>& inputs, const std::vector<void*>& outputs, size_t count,
            uint64_t timeoutNs = 20'000'000'000ull, const std::vector<int>& only = {}) {
     std::vector<RingArgs> args(nranks_);
     for (int r = 0; r < nranks_; ++r) {
       auto& rank = ranks_[r];
+      const int p = position_[r];
       rank.control = Control{};
       args[r] = RingArgs{kind,
                          inputs[r],
                          outputs[r],
                          count,
-                         r,
+                         p,
                          nranks_,
-                         root,
+                         position_[root],
                          channels,
                          op == chorusAvg,
                          rank.inbox.get(),
-                         ranks_[(r + 1) % nranks_].inbox.get(),
-                         ranks_[(r + nranks_ - 1) % nranks_].inbox.get(),
+                         ranks_[order_[(p + 1) % nranks_]].inbox.get(),
+                         ranks_[order_[(p + nranks_ - 1) % nranks_]].inbox.get(),
                          rank.counters.get(),
                          &rank.control,
-                         timeoutNs};
+                         timeoutNs,
+                         rankAt_};
     }
     std::vector<std::thread> threads;
     for (int r = 0; r < nranks_; ++r) {
@@ -123,7 +134,17 @@ class HostRing {
   };
   int nranks_;
   std::vector<Rank> ranks_;
+  std::vector<int> order_;
+  std::vector<int> position_;
+  const int* rankAt_ = nullptr;
 };
+
+// Each ring order the block-placing tests run: by number, and one that visits the ranks out of
+// it (as a topology search may).
+std::vector<std::vector<int>> ordersOf(int n) {
+  static const std::vector<int> shuffled[] = {{}, {0}, {1, 0}, {1, 0, 2}, {2, 0, 3, 1}};
+  return {{}, shuffled[n]};
+}
 
 using Buffers = std::vector<std::vector<char>>;
 
@@ -190,68 +211,74 @@ TEST(IpcRingTest, AllReduceInPlaceOnFourRanksAndManyChannels) {
 
 TEST(IpcRingTest, AllGatherAndReduceScatterPlaceEveryBlock) {
   for (const int n : {2, 3, 4}) {
-    HostRing ring(n);
-    for (const bool ll : {true, false}) {
-      for (const auto type : {chorusFloat32, chorusFloat16, chorusInt8}) {
-        const size_t size = kernels::typeSize(type);
-        for (const size_t count : countsFor(ll, type)) {
-          Buffers in(n, std::vector<char>(count * size)), out(n, std::vector<char>(n * count * size));
-          for (int r = 0; r < n; ++r) {
-            for (size_t i = 0; i < count; ++i) pattern::store(in[r].data(), i, type, pattern::moveInput(r, i));
-          }
-          ring.run(Kind::kAllGather, ll, 3, type, chorusSum, 0, inputs(in), outputs(out), count);
-          for (int r = 0; r < n; ++r) {
-            const size_t wrong = pattern::countWrong(out[r].data(), n * count, type, [&](size_t i) {
-              return pattern::asStored(type, pattern::moveInput(static_cast<int>(i / count), i % count));
-            });
-            ASSERT_EQ(wrong, 0u) << "all-gather rank " << r << " of " << n << " count " << count;
-          }
-          // Reduce-scatter: rank r's input block k holds reduceInput of (r, k * count + i).
-          Buffers rsIn(n, std::vector<char>(n * count * size)), rsOut(n, std::vector<char>(count * size));
-          for (int r = 0; r < n; ++r) {
-            for (size_t i = 0; i < n * count; ++i) {
-              pattern::store(rsIn[r].data(), i, type, pattern::reduceInput(chorusSum, type, r, i));
+    for (const std::vector<int>& order : ordersOf(n)) {
+      HostRing ring(n, order);
+      for (const bool ll : {true, false}) {
+        for (const auto type : {chorusFloat32, chorusFloat16, chorusInt8}) {
+          const size_t size = kernels::typeSize(type);
+          for (const size_t count : countsFor(ll, type)) {
+            Buffers in(n, std::vector<char>(count * size)), out(n, std::vector<char>(n * count * size));
+            for (int r = 0; r < n; ++r) {
+              for (size_t i = 0; i < count; ++i) pattern::store(in[r].data(), i, type, pattern::moveInput(r, i));
             }
-          }
-          ring.run(Kind::kReduceScatter, ll, 3, type, chorusSum, 0, inputs(rsIn), outputs(rsOut), count);
-          for (int r = 0; r < n; ++r) {
-            const size_t wrong = pattern::countWrong(rsOut[r].data(), count, type, [&](size_t i) {
-              return pattern::expectedReduce(chorusSum, type, n, r * count + i);
-            });
-            ASSERT_EQ(wrong, 0u) << "reduce-scatter rank " << r << " of " << n << " count " << count;
+            ring.run(Kind::kAllGather, ll, 3, type, chorusSum, 0, inputs(in), outputs(out), count);
+            for (int r = 0; r < n; ++r) {
+              const size_t wrong = pattern::countWrong(out[r].data(), n * count, type, [&](size_t i) {
+                return pattern::asStored(type, pattern::moveInput(static_cast<int>(i / count), i % count));
+              });
+              ASSERT_EQ(wrong, 0u) << "all-gather rank " << r << " of " << n << " count " << count;
+            }
+            // Reduce-scatter: rank r's input block k holds reduceInput of (r, k * count + i).
+            Buffers rsIn(n, std::vector<char>(n * count * size)), rsOut(n, std::vector<char>(count * size));
+            for (int r = 0; r < n; ++r) {
+              for (size_t i = 0; i < n * count; ++i) {
+                pattern::store(rsIn[r].data(), i, type, pattern::reduceInput(chorusSum, type, r, i));
+              }
+            }
+            ring.run(Kind::kReduceScatter, ll, 3, type, chorusSum, 0, inputs(rsIn), outputs(rsOut), count);
+            for (int r = 0; r < n; ++r) {
+              const size_t wrong = pattern::countWrong(rsOut[r].data(), count, type, [&](size_t i) {
+                return pattern::expectedReduce(chorusSum, type, n, r * count + i);
+              });
+              ASSERT_EQ(wrong, 0u) << "reduce-scatter rank " << r << " of " << n << " count " << count;
+            }
           }
         }
       }
+      checkAllReduce(ring, n, false, 2, chorusFloat32, chorusSum, false);
     }
   }
 }
 
 TEST(IpcRingTest, BroadcastAndReduceFromEveryRoot) {
   for (const int n : {2, 3, 4}) {
-    HostRing ring(n);
-    for (const bool ll : {true, false}) {
-      const auto type = chorusInt32;
-      for (const size_t count : countsFor(ll, type)) {
-        for (int root = 0; root < n; ++root) {
-          Buffers in(n, std::vector<char>(count * 4)), out(n, std::vector<char>(count * 4, 0x55));
-          for (int r = 0; r < n; ++r) {
-            for (size_t i = 0; i < count; ++i) pattern::store(in[r].data(), i, type, pattern::moveInput(r, i));
-          }
-          ring.run(Kind::kBroadcast, ll, 2, type, chorusSum, root, inputs(in), outputs(out), count);
-          for (int r = 0; r < n; ++r) {
-            const size_t wrong =
-                pattern::countWrong(out[r].data(), count, type, [&](size_t i) { return pattern::moveInput(root, i); });
-            ASSERT_EQ(wrong, 0u) << "broadcast root " << root << " rank " << r << " count " << count;
-          }
-          for (int r = 0; r < n; ++r) {
-            for (size_t i = 0; i < count; ++i) {
-              pattern::store(in[r].data(), i, type, pattern::reduceInput(chorusProd, type, r, i));
+    for (const std::vector<int>& order : ordersOf(n)) {
+      HostRing ring(n, order);
+      for (const bool ll : {true, false}) {
+        const auto type = chorusInt32;
+        for (const size_t count : countsFor(ll, type)) {
+          for (int root = 0; root < n; ++root) {
+            Buffers in(n, std::vector<char>(count * 4)), out(n, std::vector<char>(count * 4, 0x55));
+            for (int r = 0; r < n; ++r) {
+              for (size_t i = 0; i < count; ++i) pattern::store(in[r].data(), i, type, pattern::moveInput(r, i));
             }
+            ring.run(Kind::kBroadcast, ll, 2, type, chorusSum, root, inputs(in), outputs(out), count);
+            for (int r = 0; r < n; ++r) {
+              const size_t wrong = pattern::countWrong(out[r].data(), count, type,
+                                                       [&](size_t i) { return pattern::moveInput(root, i); });
+              ASSERT_EQ(wrong, 0u) << "broadcast root " << root << " rank " << r << " count " << count;
+            }
+            for (int r = 0; r < n; ++r) {
+              for (size_t i = 0; i < count; ++i) {
+                pattern::store(in[r].data(), i, type, pattern::reduceInput(chorusProd, type, r, i));
+              }
+            }
+            ring.run(Kind::kReduce, ll, 2, type, chorusProd, root, inputs(in), outputs(out), count);
+            const size_t wrong = pattern::countWrong(out[root].data(), count, type, [&](size_t i) {
+              return pattern::expectedReduce(chorusProd, type, n, i);
+            });
+            ASSERT_EQ(wrong, 0u) << "reduce root " << root << " count " << count;
           }
-          ring.run(Kind::kReduce, ll, 2, type, chorusProd, root, inputs(in), outputs(out), count);
-          const size_t wrong = pattern::countWrong(
-              out[root].data(), count, type, [&](size_t i) { return pattern::expectedReduce(chorusProd, type, n, i); });
-          ASSERT_EQ(wrong, 0u) << "reduce root " << root << " count " << count;
         }
       }
     }

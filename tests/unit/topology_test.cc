@@ -300,6 +300,52 @@ TEST(RingSearch, ALinkCrossedTwiceInOneDirectionGivesEachCrossingHalf) {
   EXPECT_DOUBLE_EQ(interleaved.rings[0].bandwidth, 5);
 }
 
+// The device path's ring: ranks given by their GPUs' PCI bus ids (as CUDA writes them, upper
+// case), two ranks sharing a GPU, on a machine whose NVLinks join the GPUs out of bus order.
+TEST(RingSearch, GpuRingOrderFollowsNvLinkFromBusIds) {
+  Topology t;
+  t.addHost("h");
+  const int cpu = addNode(t, 0, NodeKind::kCpu, "cpu0");
+  std::vector<int> gpus;
+  for (int g = 0; g < 4; ++g) {
+    Node n;
+    n.kind = NodeKind::kGpu;
+    n.host = 0;
+    n.id = named("gpu", g);
+    n.index = g;
+    n.busId = fmt::format("0000:{:02x}:00.0", 0xa0 + g);
+    gpus.push_back(t.addNode(n));
+    t.addLink(cpu, gpus.back(), LinkKind::kPcie);
+  }
+  // NVLink ring gpu0 - gpu2 - gpu1 - gpu3 - gpu0.
+  for (auto [a, b] : {std::pair{0, 2}, std::pair{2, 1}, std::pair{1, 3}, std::pair{3, 0}}) {
+    t.addLink(gpus[a], gpus[b], LinkKind::kNvLink);
+  }
+  // Ranks 0..4 on gpu0, gpu1, gpu2, gpu3, gpu3.
+  const std::vector<std::string> busIds = {"0000:A0:00.0", "0000:A1:00.0", "0000:A2:00.0", "0000:A3:00.0",
+                                           "0000:a3:00.0"};
+  const std::vector<int> order = gpuRingOrder(t, busIds);
+  ASSERT_EQ(order.size(), 5u);
+  std::vector<int> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, (std::vector<int>{0, 1, 2, 3, 4}));
+  const std::vector<int> gpuOfRank = {0, 1, 2, 3, 3};
+  for (size_t p = 0; p < order.size(); ++p) {
+    const int a = gpuOfRank[order[p]], b = gpuOfRank[order[(p + 1) % order.size()]];
+    if (a == b) continue;  // the two ranks of gpu3, side by side
+    const Link* link = linkBetween(t, gpus[a], gpus[b]);
+    ASSERT_NE(link, nullptr);
+    EXPECT_EQ(link->kind, LinkKind::kNvLink) << "gpu" << a << " to gpu" << b << " in the ring";
+  }
+  try {
+    gpuRingOrder(t, {"0000:A0:00.0", "0000:B7:00.0"});
+    ADD_FAILURE() << "an unknown bus id was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1's GPU 0000:B7:00.0 is not among the 4 GPUs"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(RingSearch, RejectsRanksOffDevicesAndHostsWithoutNic) {
   Topology t = readTopologyFile(data("pcie-2socket-8gpu.hwloc.xml"));
   try {
