@@ -269,6 +269,11 @@ CHORUS_API const char* chorusAlgorithmNames(const char* collective);
 CHORUS_API chorusResult_t chorusCommCount(const chorusComm_t comm, int* count);
 CHORUS_API chorusResult_t chorusCommUserRank(const chorusComm_t comm, int* rank);
 
+/* 1 when ptr points into CUDA device memory (cudaMalloc, cudaMallocManaged, ...), else 0: host
+ * memory, NULL, a program that has not loaded the CUDA driver, or a build without CUDA. Asks the
+ * driver (no CUDA start-up of its own). Any thread. */
+CHORUS_API int chorusIsDeviceMemory(const void* ptr);
+
 /* Collectives. Common rules:
  *  - count is in elements of datatype; count 0 is valid and moves nothing (buffers may be NULL).
  *  - Every rank of the communicator calls the same collective with the same count, datatype, op

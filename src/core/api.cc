@@ -729,6 +729,15 @@ chorusResult_t chorusCommUserRank(const chorusComm_t comm, int* rank) {
   });
 }
 
+int chorusIsDeviceMemory(const void* ptr) {
+#if defined(CHORUS_HAVE_DEVICE)
+  return chorus::isDeviceMemory(ptr) ? 1 : 0;
+#else
+  (void)ptr;
+  return 0;
+#endif
+}
+
 chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                                chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {

@@ -195,6 +195,8 @@ PointerAttributeFn loadedDriver() {
   return fn;
 }
 
+}  // namespace
+
 bool isDeviceMemory(const void* p) {
   if (p == nullptr) return false;
   const PointerAttributeFn fn = loadedDriver();
@@ -203,8 +205,6 @@ bool isDeviceMemory(const void* p) {
   if (fn(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS) return false;
   return type == CU_MEMORYTYPE_DEVICE;
 }
-
-}  // namespace
 
 chorusStream_t streamForNull(const void* input, const void* output) {
   if (isDeviceMemory(input) || isDeviceMemory(output)) return reinterpret_cast<chorusStream_t>(cudaStreamLegacy);

@@ -69,6 +69,10 @@ class DeviceEngine {
 // chorusInvalidArgument naming what is wrong.
 void checkDeviceCall(const DeviceCall& call, int rank, int nranks, const char* name);
 
+// Whether p points into CUDA device memory (cudaMalloc, cudaMallocManaged, ...), asked of the
+// CUDA driver once the program has loaded it; false until then, and for host memory.
+bool isDeviceMemory(const void* p);
+
 // The stream a call given a NULL stream runs on: NULL (host buffers), or CUDA's legacy default
 // stream when one of its buffers is device memory, as NCCL takes NULL. Until the program loads
 // the CUDA driver this costs one look at the loader's count of loaded objects.
