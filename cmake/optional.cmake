@@ -73,3 +73,29 @@ chorus_report("Gloo" CHORUS_HAVE_GLOO "${GLOO_LIBRARY}")
 function(chorus_print_summary)
   message(STATUS "chorus ${PROJECT_VERSION} optional parts:\n${CHORUS_SUMMARY}--   sanitizers: ${CHORUS_SANITIZE}, build type: ${CMAKE_BUILD_TYPE}")
 endfunction()
+
+# PyTorch (Debian's python3-torch and libtorch-dev, seen by /usr/bin/python3): the
+# torch.distributed backend (src/torch), built as a Python extension module against it.
+set(CHORUS_HAVE_TORCH OFF)
+option(CHORUS_WITH_TORCH "Build the torch.distributed backend when PyTorch's C++ headers are found" ON)
+if(CHORUS_WITH_TORCH AND NOT CHORUS_SANITIZE AND NOT CHORUS_FUZZ AND NOT CHORUS_TSAN)
+  find_program(CHORUS_TORCH_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
+  if(CHORUS_TORCH_PYTHON)
+    execute_process(COMMAND ${CHORUS_TORCH_PYTHON} -c
+      "import os, sysconfig, torch; print(os.path.dirname(torch.__file__)); print(sysconfig.get_paths()['include']); print(sysconfig.get_config_var('EXT_SUFFIX')); print(torch.__version__)"
+      OUTPUT_VARIABLE CHORUS_TORCH_QUERY OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE CHORUS_TORCH_QUERY_RESULT
+      ERROR_QUIET)
+    if(CHORUS_TORCH_QUERY_RESULT EQUAL 0)
+      string(REPLACE "\n" ";" CHORUS_TORCH_QUERY "${CHORUS_TORCH_QUERY}")
+      list(GET CHORUS_TORCH_QUERY 0 CHORUS_TORCH_DIR)
+      list(GET CHORUS_TORCH_QUERY 1 CHORUS_TORCH_PYTHON_INCLUDE)
+      list(GET CHORUS_TORCH_QUERY 2 CHORUS_TORCH_EXT_SUFFIX)
+      list(GET CHORUS_TORCH_QUERY 3 CHORUS_TORCH_VERSION)
+      if(EXISTS ${CHORUS_TORCH_DIR}/include/torch/csrc/distributed/c10d/ProcessGroup.hpp
+         AND EXISTS ${CHORUS_TORCH_PYTHON_INCLUDE}/Python.h AND EXISTS /usr/include/pybind11/pybind11.h)
+        set(CHORUS_HAVE_TORCH ON)
+      endif()
+    endif()
+  endif()
+endif()
+chorus_report("torch.distributed backend" CHORUS_HAVE_TORCH "PyTorch ${CHORUS_TORCH_VERSION}")

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # cmake --install gives libchorus.so, the headers, collbench, chorusrun, chorus-train, chorus-plan, chorus-plot,
-# a CMake package and a pkg-config file; a program built against each of the last two runs on 2
-# ranks, and the installed chorus-train runs a short job on 2 ranks and draws its loss curve with the
-# installed chorus-plot.
+# a CMake package, a pkg-config file and (with the CUDA toolkit's nccl.h) libchorus_nccl.so; the
+# examples (examples/: find_package, pkg-config, an NCCL program) are built against the installed
+# copy and run, and the installed chorus-train runs a short job on 2 ranks and draws its loss
+# curve with the installed chorus-plot.
 source "$(dirname "$0")/lib.sh"
 prefix="$work/prefix"
 cmake --install "$build" --prefix "$prefix" >/dev/null
@@ -12,16 +13,24 @@ done
 libdir=$(dirname "$(find "$prefix" -name 'libchorus.so' | head -n 1)")
 [ -n "$libdir" ] || fail "libchorus.so not installed"
 export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# CMake package
-cmake -S "$source_dir/tests/e2e/consumer" -B "$work/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
-cmake --build "$work/consumer" >/dev/null
-"$prefix/bin/chorusrun" -n 2 "$work/consumer/consumer_cxx" | tee "$work/cxx.txt"
-[ "$(grep -c 'consumer ok' "$work/cxx.txt")" = 2 ] || fail "C++ consumer (find_package) did not pass on both ranks"
-# pkg-config, from C
-export PKG_CONFIG_PATH="$libdir/pkgconfig"
-cc -std=c11 -Wall -Werror "$source_dir/tests/e2e/consumer/consumer.c" -o "$work/consumer_c" $(pkg-config --cflags --libs chorus)
-"$prefix/bin/chorusrun" -n 3 "$work/consumer_c" | tee "$work/c.txt"
-[ "$(grep -c 'consumer ok' "$work/c.txt")" = 3 ] || fail "C consumer (pkg-config) did not pass on every rank"
+# examples/find_package: CMake package
+cmake -S "$source_dir/examples/find_package" -B "$work/find_package" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$work/find_package" >/dev/null
+"$prefix/bin/chorusrun" -n 2 "$work/find_package/allgather" | tee "$work/cxx.txt"
+[ "$(grep -c 'example ok' "$work/cxx.txt")" = 2 ] || fail "examples/find_package did not pass on both ranks"
+# examples/pkg_config: C, with pkg-config
+PKG_CONFIG_PATH="$libdir/pkgconfig" make -s -C "$source_dir/examples/pkg_config" OUT="$work/allreduce_c" >/dev/null
+"$prefix/bin/chorusrun" -n 3 "$work/allreduce_c" | tee "$work/c.txt"
+[ "$(grep -c 'example ok' "$work/c.txt")" = 3 ] || fail "examples/pkg_config did not pass on every rank"
+# examples/nccl: an NCCL program linked to the installed libchorus_nccl
+nccl_header=$(ls /usr/local/cuda/include/nccl.h 2>/dev/null || true)
+if [ -n "$nccl_header" ] && [ -e "$build/libchorus_nccl.so" ]; then
+  [ -e "$libdir/libchorus_nccl.so" ] || fail "libchorus_nccl.so not installed"
+  cc -std=c11 -Wall -Werror "$source_dir/examples/nccl/allreduce.c" -I"$(dirname "$nccl_header")" -L"$libdir" \
+    -lchorus_nccl -o "$work/allreduce_nccl"
+  "$work/allreduce_nccl" | tee "$work/nccl.txt"
+  grep -q "example ok (NCCL API" "$work/nccl.txt" || fail "examples/nccl did not pass"
+fi
 "$prefix/bin/collbench" -g 2 -b 1K -e 1K >/dev/null || fail "installed collbench failed"
 "$prefix/bin/chorus-plan" --model gpt2-124m --devices 8 --micro 4 --global 32 | grep -q "fits in memory" ||
   fail "installed chorus-plan failed"

@@ -1,4 +1,5 @@
-// consumer.cc: a C++ program using the installed chorus through find_package and chorus.hpp.
+// allgather.cc: a C++ program using the installed chorus through find_package and chorus.hpp: every
+// rank gathers every rank's number and checks it. Start it with chorusrun (or torchrun, srun, mpiexec).
 #include <chorus/chorus.hpp>
 #include <cstdio>
 #include <numeric>
@@ -18,7 +19,7 @@ int main() {
         }
       }
     }
-    std::printf("consumer ok (rank %d of %d)\n", comm.rank(), comm.size());
+    std::printf("example ok (rank %d of %d)\n", comm.rank(), comm.size());
   } catch (const chorus::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;

@@ -1,4 +1,5 @@
-/* consumer.c: a C program using the installed chorus (built with pkg-config). */
+/* allreduce.c: a C program using the installed chorus, built with pkg-config (Makefile): every rank
+ * sums rank + 1 and checks the closed form. Start it with chorusrun (or torchrun, srun, mpiexec). */
 #include <chorus/chorus.h>
 #include <stdio.h>
 
@@ -21,6 +22,6 @@ int main(void) {
     fprintf(stderr, "rank %d: sum %g, expected %g\n", rank, sum, nranks * (nranks + 1) / 2.0);
     return 1;
   }
-  printf("consumer ok (rank %d of %d)\n", rank, nranks);
+  printf("example ok (rank %d of %d)\n", rank, nranks);
   return 0;
 }

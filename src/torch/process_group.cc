@@ -1,0 +1,542 @@
+// process_group.cc: chorus as a torch.distributed backend (python/chorus_torch registers it as
+// "chorus"). A c10d::ProcessGroup whose collectives run on a chorus communicator, each call handed
+// to the group's one worker thread in call order, so they return at once with a Work (and its
+// Future, which DistributedDataParallel waits on) as Gloo's do. Sends and receives start as
+// chorus non-blocking operations, so an exchange posted send-first on both sides cannot deadlock;
+// the worker finishes them as chorus reports them done.
+//
+// The ranks meet through the store torch.distributed gives the backend (rank 0 puts a chorus
+// unique id there); the group's timeout becomes chorus's per-operation timeout. CPU tensors of
+// float, double, half, bfloat16, int8, uint8, int32 and int64 (bool for MIN and MAX, and for
+// the collectives that only move data); SUM, PRODUCT, MIN, MAX and AVG. Anything else is refused
+// with a message naming it. Send and receive tags are not matched: messages between two ranks
+// pair in the order they are posted, as chorus's do.
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "chorus/chorus.h"
+
+namespace chorus::torch {
+namespace {
+
+using c10d::OpType;
+using c10d::ReduceOp;
+using c10d::Work;
+
+[[noreturn]] void raise(const std::string& what) { throw std::runtime_error("chorus: " + what); }
+
+void check(chorusResult_t result, chorusComm_t comm, const char* call) {
+  if (result != chorusSuccess) raise(std::string(call) + ": " + chorusGetLastError(comm));
+}
+
+chorusDataType_t typeOf(const at::Tensor& t, const char* call) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return chorusFloat32;
+    case at::kDouble:
+      return chorusFloat64;
+    case at::kHalf:
+      return chorusFloat16;
+    case at::kBFloat16:
+      return chorusBfloat16;
+    case at::kChar:
+      return chorusInt8;
+    case at::kByte:
+    case at::kBool:
+      return chorusUint8;
+    case at::kInt:
+      return chorusInt32;
+    case at::kLong:
+      return chorusInt64;
+    default:
+      raise(std::string(call) + ": tensors of type " + c10::toString(t.scalar_type()) + " are not supported");
+  }
+}
+
+chorusRedOp_t opOf(const ReduceOp& op, const at::Tensor& t, const char* call) {
+  const bool boolean = t.scalar_type() == at::kBool;
+  switch (op.op_) {
+    case ReduceOp::SUM:
+      if (!boolean) return chorusSum;
+      break;
+    case ReduceOp::PRODUCT:
+      if (!boolean) return chorusProd;
+      break;
+    case ReduceOp::MIN:
+      return chorusMin;
+    case ReduceOp::MAX:
+      return chorusMax;
+    case ReduceOp::AVG:
+      if (!boolean) return chorusAvg;
+      break;
+    default:
+      break;
+  }
+  raise(std::string(call) + ": reduce op " + std::to_string(static_cast<int>(op.op_)) + " is not supported" +
+        (boolean ? " on bool tensors" : " (SUM, PRODUCT, MIN, MAX and AVG are)"));
+}
+
+// A CPU tensor laid out densely, as chorus reads and writes buffers.
+void checkTensor(const at::Tensor& t, const char* call) {
+  if (!t.device().is_cpu()) raise(std::string(call) + ": only CPU tensors are supported (this PyTorch has no CUDA)");
+  if (!t.is_contiguous()) raise(std::string(call) + ": tensors must be contiguous");
+}
+
+void checkSingle(const std::vector<at::Tensor>& tensors, const char* call) {
+  if (tensors.size() != 1) {
+    raise(std::string(call) + ": takes one tensor per call (got " + std::to_string(tensors.size()) + ")");
+  }
+  checkTensor(tensors[0], call);
+}
+
+// The Work of one call: done when the worker has run it; its Future carries the output tensors.
+class ChorusWork : public Work {
+ public:
+  ChorusWork(int rank, OpType type, std::vector<at::Tensor> outputs)
+      : Work(rank, type),
+        outputs_(std::move(outputs)),
+        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+  void complete(std::exception_ptr error) {
+    finish(error);
+    if (error) {
+      future_->setError(error);
+    } else {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+  }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+class ProcessGroupChorus : public c10d::ProcessGroup {
+ public:
+  ProcessGroupChorus(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                     std::chrono::milliseconds timeout)
+      : ProcessGroup(rank, size) {
+    chorusUniqueId id;
+    const std::string key = "chorus/unique_id";
+    if (rank == 0) {
+      check(chorusGetUniqueId(&id), nullptr, "chorusGetUniqueId");
+      store->set(key, std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id + 1)));
+    } else {
+      const std::vector<uint8_t> got = store->get(key);  // waits for rank 0, within the store's timeout
+      if (got.size() != sizeof(id)) raise("the unique id in the store has " + std::to_string(got.size()) + " bytes");
+      std::memcpy(&id, got.data(), sizeof(id));
+    }
+    chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
+    if (timeout.count() > 0 && timeout.count() < INT32_MAX) config.timeoutMs = static_cast<int>(timeout.count());
+    check(chorusCommInitRankConfig(&comm_, size, id, rank, &config), nullptr, "chorusCommInitRankConfig");
+    worker_ = std::thread([this] { work(); });
+  }
+
+  ~ProcessGroupChorus() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    ready_.notify_all();
+    // The worker may be dropping the last reference to a tensor Python also knew, which takes the
+    // GIL: a destructor run from Python (holding it) lets it go while it waits.
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      pybind11::gil_scoped_release release;
+      worker_.join();
+    } else {
+      worker_.join();
+    }
+    chorusCommDestroy(comm_);
+  }
+
+  const std::string getBackendName() const override { return "chorus"; }
+
+  c10::intrusive_ptr<Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override {
+    checkSingle(tensors, "broadcast");
+    at::Tensor t = tensors[0];
+    const chorusDataType_t type = typeOf(t, "broadcast");
+    const int root = static_cast<int>(opts.rootRank);
+    return post(OpType::BROADCAST, {t}, [=, this] {
+      check(chorusBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), type, root, comm_, nullptr), comm_,
+            "broadcast");
+    });
+  }
+
+  c10::intrusive_ptr<Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
+    checkSingle(tensors, "allreduce");
+    at::Tensor t = tensors[0];
+    const chorusDataType_t type = typeOf(t, "allreduce");
+    const chorusRedOp_t op = opOf(opts.reduceOp, t, "allreduce");
+    return post(OpType::ALLREDUCE, {t}, [=, this] {
+      check(chorusAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), type, op, comm_, nullptr), comm_, "allreduce");
+    });
+  }
+
+  c10::intrusive_ptr<Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                               const c10d::AllreduceCoalescedOptions& opts) override {
+    if (tensors.empty()) raise("allreduce_coalesced: no tensors");
+    for (const at::Tensor& t : tensors) {
+      checkTensor(t, "allreduce_coalesced");
+      if (t.scalar_type() != tensors[0].scalar_type()) raise("allreduce_coalesced: tensors of different types");
+    }
+    const chorusDataType_t type = typeOf(tensors[0], "allreduce_coalesced");
+    const chorusRedOp_t op = opOf(opts.reduceOp, tensors[0], "allreduce_coalesced");
+    std::vector<at::Tensor> all = tensors;
+    return post(OpType::ALLREDUCE_COALESCED, all, [=, this] {
+      std::vector<at::Tensor> flat;
+      for (const at::Tensor& t : all) flat.push_back(t.reshape(-1));
+      at::Tensor joined = at::cat(flat);
+      check(chorusAllReduce(joined.data_ptr(), joined.data_ptr(), joined.numel(), type, op, comm_, nullptr), comm_,
+            "allreduce_coalesced");
+      int64_t offset = 0;
+      for (const at::Tensor& t : all) {
+        t.copy_(joined.narrow(0, offset, t.numel()).view_as(t));
+        offset += t.numel();
+      }
+    });
+  }
+
+  c10::intrusive_ptr<Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
+    checkSingle(tensors, "reduce");
+    at::Tensor t = tensors[0];
+    const chorusDataType_t type = typeOf(t, "reduce");
+    const chorusRedOp_t op = opOf(opts.reduceOp, t, "reduce");
+    const int root = static_cast<int>(opts.rootRank);
+    return post(OpType::REDUCE, {t}, [=, this] {
+      check(chorusReduce(t.data_ptr(), t.data_ptr(), t.numel(), type, op, root, comm_, nullptr), comm_, "reduce");
+    });
+  }
+
+  c10::intrusive_ptr<Work> allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                     const c10d::AllgatherOptions&) override {
+    checkSingle(inputs, "allgather");
+    if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != getSize()) {
+      raise("allgather: expects one list of " + std::to_string(getSize()) + " output tensors");
+    }
+    at::Tensor in = inputs[0];
+    for (const at::Tensor& out : outputs[0]) {
+      if (out.numel() != in.numel() || out.scalar_type() != in.scalar_type()) {
+        raise("allgather: every output tensor must have the input's size and type");
+      }
+    }
+    const chorusDataType_t type = typeOf(in, "allgather");
+    std::vector<at::Tensor> outs = outputs[0];
+    return post(OpType::ALLGATHER, outs, [=, this] {
+      at::Tensor flat = at::empty({static_cast<int64_t>(outs.size()) * in.numel()}, in.options());
+      check(chorusAllGather(in.data_ptr(), flat.data_ptr(), in.numel(), type, comm_, nullptr), comm_, "allgather");
+      for (size_t r = 0; r < outs.size(); ++r) outs[r].copy_(flat.narrow(0, r * in.numel(), in.numel()).view_as(outs[r]));
+    });
+  }
+
+  c10::intrusive_ptr<Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                           const c10d::AllgatherOptions&) override {
+    checkTensor(input, "_allgather_base");
+    checkTensor(output, "_allgather_base");
+    if (output.numel() != input.numel() * getSize()) raise("_allgather_base: output must hold size x input");
+    const chorusDataType_t type = typeOf(input, "_allgather_base");
+    at::Tensor in = input, out = output;
+    return post(OpType::_ALLGATHER_BASE, {out}, [=, this] {
+      check(chorusAllGather(in.data_ptr(), out.data_ptr(), in.numel(), type, comm_, nullptr), comm_,
+            "_allgather_base");
+    });
+  }
+
+  c10::intrusive_ptr<Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                          std::vector<std::vector<at::Tensor>>& inputs,
+                                          const c10d::ReduceScatterOptions& opts) override {
+    checkSingle(outputs, "reduce_scatter");
+    if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != getSize()) {
+      raise("reduce_scatter: expects one list of " + std::to_string(getSize()) + " input tensors");
+    }
+    at::Tensor out = outputs[0];
+    const chorusDataType_t type = typeOf(out, "reduce_scatter");
+    const chorusRedOp_t op = opOf(opts.reduceOp, out, "reduce_scatter");
+    std::vector<at::Tensor> ins = inputs[0];
+    for (const at::Tensor& in : ins) {
+      if (in.numel() != out.numel() || in.scalar_type() != out.scalar_type()) {
+        raise("reduce_scatter: every input tensor must have the output's size and type");
+      }
+    }
+    return post(OpType::REDUCE_SCATTER, {out}, [=, this] {
+      std::vector<at::Tensor> flat;
+      for (const at::Tensor& in : ins) flat.push_back(in.reshape(-1));
+      at::Tensor joined = at::cat(flat);
+      check(chorusReduceScatter(joined.data_ptr(), out.data_ptr(), out.numel(), type, op, comm_, nullptr), comm_,
+            "reduce_scatter");
+    });
+  }
+
+  c10::intrusive_ptr<Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                const c10d::ReduceScatterOptions& opts) override {
+    checkTensor(input, "_reduce_scatter_base");
+    checkTensor(output, "_reduce_scatter_base");
+    if (input.numel() != output.numel() * getSize()) raise("_reduce_scatter_base: input must hold size x output");
+    const chorusDataType_t type = typeOf(output, "_reduce_scatter_base");
+    const chorusRedOp_t op = opOf(opts.reduceOp, output, "_reduce_scatter_base");
+    at::Tensor in = input, out = output;
+    return post(OpType::_REDUCE_SCATTER_BASE, {out}, [=, this] {
+      check(chorusReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), type, op, comm_, nullptr), comm_,
+            "_reduce_scatter_base");
+    });
+  }
+
+  c10::intrusive_ptr<Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplits,
+                                         std::vector<int64_t>& inputSplits, const c10d::AllToAllOptions&) override {
+    checkTensor(input, "alltoall_base");
+    checkTensor(output, "alltoall_base");
+    const chorusDataType_t type = typeOf(input, "alltoall_base");
+    const size_t n = static_cast<size_t>(getSize());
+    at::Tensor in = input, out = output;
+    if (outputSplits.empty() && inputSplits.empty()) {
+      if (in.numel() % getSize() != 0 || out.numel() != in.numel()) {
+        raise("alltoall_base: input and output must be equal and divide among the ranks");
+      }
+      return post(OpType::ALLTOALL_BASE, {out}, [=, this] {
+        check(chorusAllToAll(in.data_ptr(), out.data_ptr(), in.numel() / n, type, comm_, nullptr), comm_,
+              "alltoall_base");
+      });
+    }
+    // Uneven: splits are in rows of dimension 0.
+    auto counts = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* which) {
+      const int64_t row = t.dim() > 0 && t.size(0) > 0 ? t.numel() / t.size(0) : 0;
+      std::vector<size_t> c(n);
+      if (splits.empty()) {
+        if (t.dim() == 0 || t.size(0) % getSize() != 0) raise(std::string("alltoall_base: ") + which + " does not divide");
+        for (size_t r = 0; r < n; ++r) c[r] = static_cast<size_t>(t.size(0) / getSize() * row);
+      } else {
+        if (splits.size() != n) raise(std::string("alltoall_base: ") + which + " splits must name every rank");
+        for (size_t r = 0; r < n; ++r) c[r] = static_cast<size_t>(splits[r] * row);
+      }
+      return c;
+    };
+    const std::vector<size_t> sendCounts = counts(in, inputSplits, "input");
+    const std::vector<size_t> recvCounts = counts(out, outputSplits, "output");
+    return post(OpType::ALLTOALL_BASE, {out}, [=, this] {
+      std::vector<size_t> sendDispls(n, 0), recvDispls(n, 0);
+      for (size_t r = 1; r < n; ++r) {
+        sendDispls[r] = sendDispls[r - 1] + sendCounts[r - 1];
+        recvDispls[r] = recvDispls[r - 1] + recvCounts[r - 1];
+      }
+      check(chorusAllToAllv(in.data_ptr(), sendCounts.data(), sendDispls.data(), out.data_ptr(), recvCounts.data(),
+                            recvDispls.data(), type, comm_, nullptr),
+            comm_, "alltoall_base");
+    });
+  }
+
+  c10::intrusive_ptr<Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                    const c10d::AllToAllOptions&) override {
+    const size_t n = static_cast<size_t>(getSize());
+    if (outputs.size() != n || inputs.size() != n) raise("alltoall: expects one input and one output tensor per rank");
+    for (const at::Tensor& t : inputs) checkTensor(t, "alltoall");
+    for (const at::Tensor& t : outputs) checkTensor(t, "alltoall");
+    const chorusDataType_t type = typeOf(inputs[0], "alltoall");
+    std::vector<at::Tensor> ins = inputs, outs = outputs;
+    return post(OpType::ALLTOALL, outs, [=, this] {
+      std::vector<size_t> sendCounts(n), recvCounts(n), sendDispls(n, 0), recvDispls(n, 0);
+      std::vector<at::Tensor> flat;
+      for (size_t r = 0; r < n; ++r) {
+        sendCounts[r] = static_cast<size_t>(ins[r].numel());
+        recvCounts[r] = static_cast<size_t>(outs[r].numel());
+        if (r > 0) {
+          sendDispls[r] = sendDispls[r - 1] + sendCounts[r - 1];
+          recvDispls[r] = recvDispls[r - 1] + recvCounts[r - 1];
+        }
+        flat.push_back(ins[r].reshape(-1));
+      }
+      at::Tensor joined = at::cat(flat);
+      at::Tensor received = at::empty({static_cast<int64_t>(recvDispls[n - 1] + recvCounts[n - 1])}, outs[0].options());
+      check(chorusAllToAllv(joined.data_ptr(), sendCounts.data(), sendDispls.data(), received.data_ptr(),
+                            recvCounts.data(), recvDispls.data(), type, comm_, nullptr),
+            comm_, "alltoall");
+      for (size_t r = 0; r < n; ++r) {
+        outs[r].copy_(received.narrow(0, recvDispls[r], recvCounts[r]).view_as(outs[r]));
+      }
+    });
+  }
+
+  c10::intrusive_ptr<Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                  const c10d::GatherOptions& opts) override {
+    checkSingle(inputs, "gather");
+    const int root = static_cast<int>(opts.rootRank);
+    at::Tensor in = inputs[0];
+    std::vector<at::Tensor> outs;
+    if (getRank() == root) {
+      if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != getSize()) {
+        raise("gather: the root expects one list of " + std::to_string(getSize()) + " output tensors");
+      }
+      outs = outputs[0];
+    }
+    const chorusDataType_t type = typeOf(in, "gather");
+    return post(OpType::GATHER, outs, [=, this] {
+      at::Tensor flat = at::empty({outs.empty() ? 0 : getSize() * in.numel()}, in.options());
+      check(chorusGather(in.data_ptr(), outs.empty() ? nullptr : flat.data_ptr(), in.numel(), type, root, comm_,
+                         nullptr),
+            comm_, "gather");
+      for (size_t r = 0; r < outs.size(); ++r) outs[r].copy_(flat.narrow(0, r * in.numel(), in.numel()).view_as(outs[r]));
+    });
+  }
+
+  c10::intrusive_ptr<Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                   const c10d::ScatterOptions& opts) override {
+    checkSingle(outputs, "scatter");
+    const int root = static_cast<int>(opts.rootRank);
+    at::Tensor out = outputs[0];
+    std::vector<at::Tensor> ins;
+    if (getRank() == root) {
+      if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != getSize()) {
+        raise("scatter: the root expects one list of " + std::to_string(getSize()) + " input tensors");
+      }
+      ins = inputs[0];
+    }
+    const chorusDataType_t type = typeOf(out, "scatter");
+    return post(OpType::SCATTER, {out}, [=, this] {
+      at::Tensor joined;
+      if (!ins.empty()) {
+        std::vector<at::Tensor> flat;
+        for (const at::Tensor& t : ins) flat.push_back(t.reshape(-1));
+        joined = at::cat(flat);
+      }
+      check(chorusScatter(ins.empty() ? nullptr : joined.data_ptr(), out.data_ptr(), out.numel(), type, root, comm_,
+                          nullptr),
+            comm_, "scatter");
+    });
+  }
+
+  c10::intrusive_ptr<Work> send(std::vector<at::Tensor>& tensors, int dstRank, int) override {
+    checkSingle(tensors, "send");
+    at::Tensor t = tensors[0];
+    const chorusDataType_t type = typeOf(t, "send");
+    return postPointToPoint(OpType::SEND, t, [=, this](chorusRequest_t* request) {
+      check(chorusISend(t.data_ptr(), t.numel(), type, dstRank, comm_, request), comm_, "send");
+    });
+  }
+
+  c10::intrusive_ptr<Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int) override {
+    checkSingle(tensors, "recv");
+    at::Tensor t = tensors[0];
+    const chorusDataType_t type = typeOf(t, "recv");
+    return postPointToPoint(OpType::RECV, t, [=, this](chorusRequest_t* request) {
+      check(chorusIRecv(t.data_ptr(), t.numel(), type, srcRank, comm_, request), comm_, "recv");
+    });
+  }
+
+  c10::intrusive_ptr<Work> barrier(const c10d::BarrierOptions&) override {
+    return post(OpType::BARRIER, {}, [this] { check(chorusBarrier(comm_, nullptr), comm_, "barrier"); });
+  }
+
+ private:
+  struct Task {
+    c10::intrusive_ptr<ChorusWork> work;
+    std::function<void()> run;                              // a blocking call
+    std::function<void(chorusRequest_t*)> start;            // or a non-blocking one to start
+  };
+  struct InFlight {
+    c10::intrusive_ptr<ChorusWork> work;
+    chorusRequest_t request;
+  };
+
+  c10::intrusive_ptr<Work> post(OpType type, std::vector<at::Tensor> outputs, std::function<void()> run) {
+    auto work = c10::make_intrusive<ChorusWork>(getRank(), type, std::move(outputs));
+    enqueue({work, std::move(run), nullptr});
+    return work;
+  }
+
+  c10::intrusive_ptr<Work> postPointToPoint(OpType type, at::Tensor t, std::function<void(chorusRequest_t*)> start) {
+    auto work = c10::make_intrusive<ChorusWork>(getRank(), type, std::vector<at::Tensor>{t});
+    enqueue({work, nullptr, std::move(start)});
+    return work;
+  }
+
+  void enqueue(Task task) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      tasks_.push_back(std::move(task));
+    }
+    ready_.notify_one();
+  }
+
+  // The worker: calls in the order they were made; non-blocking ones tested between calls and
+  // while idle (every millisecond), so their progress never waits for the next call.
+  void work() {
+    std::vector<InFlight> inFlight;
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (inFlight.empty()) {
+          ready_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+        } else {
+          ready_.wait_for(lock, std::chrono::milliseconds(1), [&] { return stop_ || !tasks_.empty(); });
+        }
+        if (tasks_.empty() && stop_ && inFlight.empty()) return;
+        if (!tasks_.empty()) {
+          task = std::move(tasks_.front());
+          tasks_.pop_front();
+        }
+      }
+      if (task.work) {
+        try {
+          if (task.run) {
+            task.run();
+            task.work->complete(nullptr);
+          } else {
+            chorusRequest_t request = nullptr;
+            task.start(&request);
+            inFlight.push_back({task.work, request});
+          }
+        } catch (...) {
+          task.work->complete(std::current_exception());
+        }
+      }
+      for (size_t i = 0; i < inFlight.size();) {
+        int done = 0;
+        const chorusResult_t tested = chorusTest(&inFlight[i].request, &done);
+        if (tested != chorusSuccess || done != 0) {
+          std::exception_ptr error;
+          if (tested != chorusSuccess) {
+            error = std::make_exception_ptr(std::runtime_error(std::string("chorus: ") + chorusGetLastError(comm_)));
+          }
+          inFlight[i].work->complete(error);
+          inFlight.erase(inFlight.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+      }
+    }
+  }
+
+  chorusComm_t comm_ = nullptr;
+  std::thread worker_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<Task> tasks_;
+  bool stop_ = false;
+};
+
+c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                              const std::chrono::duration<float>& timeout) {
+  return c10::make_intrusive<ProcessGroupChorus>(
+      store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+}
+
+}  // namespace
+}  // namespace chorus::torch
+
+PYBIND11_MODULE(_C, module) {
+  module.doc() = "chorus's torch.distributed backend (import chorus_torch to register it as \"chorus\")";
+  module.def("create_process_group", &chorus::torch::create, pybind11::arg("store"), pybind11::arg("rank"),
+             pybind11::arg("world_size"), pybind11::arg("timeout"));
+}
