@@ -1588,7 +1588,9 @@ bool launchedAsRank() {
   for (const char* name : {"CHORUS_RANK", "RANK", "PMI_RANK"}) {
     if (std::getenv(name) != nullptr) return true;
   }
-  return false;
+  // A task of an srun step of several tasks (one task forks -g ranks itself).
+  const char* tasks = std::getenv("SLURM_STEP_NUM_TASKS");
+  return std::getenv("SLURM_PROCID") != nullptr && tasks != nullptr && std::string(tasks) != "1";
 }
 
 #ifdef CHORUS_COLLBENCH_GLOO

@@ -188,8 +188,11 @@ CHORUS_API chorusResult_t chorusCommInitRankConfig(chorusComm_t* comm, int nrank
  *     MASTER_ADDR, CHORUS_MASTER_PORT / MASTER_PORT (CHORUS_ spellings win). Rank 0 hosts the
  *     bootstrap root on MASTER_PORT. CHORUS_SECRET, if set, must match on every rank.
  *  2. Under MPICH's mpiexec (PMI_RANK, PMI_SIZE, PMI_FD): rank 0 creates a unique id and hands
- *     it to the others through the process manager's key-value space.
- * Blocking and collective. Errors: chorusInvalidArgument when neither is present or a value is
+ *     it to the others through the process manager's key-value space (also srun --mpi=pmi2).
+ *  3. A task of Slurm's srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST): the
+ *     step's first node hosts the bootstrap root (MASTER_ADDR overrides it) on CHORUS_MASTER_PORT
+ *     / MASTER_PORT, else on a port derived from SLURM_JOB_ID and SLURM_STEP_ID.
+ * Blocking and collective. Errors: chorusInvalidArgument when none is present or a value is
  * malformed (the message names the variable), and those of chorusCommInitRank. */
 CHORUS_API chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm, const chorusConfig_t* config);
 

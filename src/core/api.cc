@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_set>
 
@@ -18,6 +19,7 @@
 #include "src/core/config.h"
 #include "src/core/device.h"
 #include "src/core/error.h"
+#include "src/core/launcher.h"
 #include "src/core/log.h"
 #include "src/core/memory.h"
 #include "src/core/pmi.h"
@@ -581,6 +583,35 @@ chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId
   return chorusCommInitRankConfig(comm, nranks, uniqueId, rank, nullptr);
 }
 
+namespace {
+
+// torchrun style (and srun): every rank knows the root's address and port; rank 0 listens there.
+void meetAt(chorusComm_t* comm, const std::string& addr, int port, const std::string& secret, int rank, int nranks,
+            const chorusConfig_t* config) {
+  chorus::UniqueIdData id;
+  id.magic = chorus::wire::kUniqueIdMagic;
+  id.version = chorus::wire::kVersion;
+  id.secret = secret.empty() ? 0 : std::hash<std::string>{}(secret);
+  const chorus::SocketAddress root = chorus::SocketAddress::parse(addr, static_cast<uint16_t>(port));
+  id.root = chorus::pack(root);
+  if (rank == 0) {
+    // Listen where the others knock: the address on the agreed port; every address of its family
+    // only where it is none of this host's (a name behind NAT, say).
+    chorus::Socket listener;
+    try {
+      listener = chorus::listenOn(root);
+    } catch (const Error& e) {
+      chorus::logAt(chorus::LogLevel::kInfo, "chorusCommInitFromEnv: {}; listening on every address instead", e.what());
+      listener = chorus::listenOn(chorus::SocketAddress::parse(root.storage.ss_family == AF_INET6 ? "::" : "0.0.0.0",
+                                                               static_cast<uint16_t>(port)));
+    }
+    chorus::startBootstrapRoot(std::move(listener), id.secret);
+  }
+  initCommunicator(comm, nranks, id, rank, config);
+}
+
+}  // namespace
+
 chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm, const chorusConfig_t* config) {
   return guarded([&] {
     using chorus::firstEnv;
@@ -591,41 +622,19 @@ chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm, const chorusConfig_t* c
     const std::string addr = firstEnv({"CHORUS_MASTER_ADDR", "MASTER_ADDR"});
     const char* portName = nullptr;
     const std::string portText = firstEnv({"CHORUS_MASTER_PORT", "MASTER_PORT"}, &portName);
-    const chorus::CommSettings settings = chorus::CommSettings::resolve(config);
 
     if (!rankText.empty() && !sizeText.empty() && !addr.empty() && !portText.empty()) {
-      // torchrun style: rank 0 hosts the root on MASTER_PORT.
       const int rank = envInt(rankName, rankText);
       const int nranks = envInt(sizeName, sizeText);
       const int port = envInt(portName, portText);
       if (port < 1 || port > 65535)
         fail(chorusInvalidArgument, "chorusCommInitFromEnv: {}={} is not a port", portName, port);
-      chorus::UniqueIdData id;
-      id.magic = chorus::wire::kUniqueIdMagic;
-      id.version = chorus::wire::kVersion;
-      const std::string secretText = firstEnv({"CHORUS_SECRET"});
-      id.secret = secretText.empty() ? 0 : std::hash<std::string>{}(secretText);
-      const chorus::SocketAddress root = chorus::SocketAddress::parse(addr, static_cast<uint16_t>(port));
-      id.root = chorus::pack(root);
-      if (rank == 0) {
-        // Listen where the others knock: MASTER_ADDR on the agreed port; every address of its
-        // family only where MASTER_ADDR is none of this host's (a name behind NAT, say).
-        chorus::Socket listener;
-        try {
-          listener = chorus::listenOn(root);
-        } catch (const Error& e) {
-          chorus::logAt(chorus::LogLevel::kInfo, "chorusCommInitFromEnv: {}; listening on every address instead",
-                        e.what());
-          listener = chorus::listenOn(chorus::SocketAddress::parse(
-              root.storage.ss_family == AF_INET6 ? "::" : "0.0.0.0", static_cast<uint16_t>(port)));
-        }
-        chorus::startBootstrapRoot(std::move(listener), id.secret);
-      }
-      initCommunicator(comm, nranks, id, rank, config);
+      meetAt(comm, addr, port, firstEnv({"CHORUS_SECRET"}), rank, nranks, config);
       return;
     }
     if (auto pmi = chorus::PmiClient::fromEnvironment()) {
-      // Under mpiexec: rank 0 makes an id and publishes it in the process manager's key-value space.
+      // Under mpiexec (or srun --mpi=pmi2): rank 0 makes an id and publishes it in the process
+      // manager's key-value space.
       chorus::UniqueIdData id;
       if (pmi->rank() == 0) {
         id = chorus::createUniqueId();
@@ -637,9 +646,20 @@ chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm, const chorusConfig_t* c
       initCommunicator(comm, pmi->size(), id, pmi->rank(), config);
       return;
     }
+    std::optional<chorus::SlurmStep> step;
+    try {
+      step = chorus::slurmStepFromEnvironment();
+    } catch (const std::invalid_argument& e) {
+      fail(chorusInvalidArgument, "chorusCommInitFromEnv: {}", e.what());
+    }
+    if (step) {
+      // A task of srun: the step's first node hosts the root (launcher.h).
+      meetAt(comm, addr.empty() ? step->firstHost : addr, step->port, step->secret, step->rank, step->nranks, config);
+      return;
+    }
     fail(chorusInvalidArgument,
          "chorusCommInitFromEnv: no launcher environment found: set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
-         "(or their CHORUS_ spellings), or start under mpiexec");
+         "(or their CHORUS_ spellings), or start under mpiexec or srun");
   });
 }
 
