@@ -6,78 +6,14 @@
 #include <limits>
 
 #include "src/core/error.h"
+#include "src/core/knob_table.h"
 #include "src/core/log.h"
 
 namespace chorus {
 namespace {
 
-struct KnobSpec {
-  const char* name;
-  const char* defaultValue;
-  const char* meaning;
-};
-
-// One line per knob: environment name, default, meaning.
-constexpr KnobSpec kKnobs[] = {
-    {"CHORUS_DEBUG", "WARN", "log level: WARN, INFO or TRACE"},
-    {"CHORUS_TRANSPORT", "auto", "auto (shm within a host, ucx across), or shm, tcp or ucx for every peer"},
-    {"CHORUS_TIMEOUT_MS", "300000", "how long one operation waits for a peer before failing"},
-    {"CHORUS_INIT_TIMEOUT_MS", "120000", "how long init waits for every rank to arrive"},
-    {"CHORUS_CHUNK_BYTES", "524288", "pipelining chunk of every call, bytes (unset: the tuner picks it per call)"},
-    {"CHORUS_SHM_SLOT_BYTES", "262144", "bytes per shared-memory FIFO slot"},
-    {"CHORUS_SHM_SLOTS", "8", "slots per shared-memory FIFO (one FIFO per ordered pair of ranks)"},
-    {"CHORUS_SHM_READ_BYTES", "0",
-     "shm messages of at least this many bytes are read by the receiver straight from the sender's memory "
-     "(process_vm_readv: one copy instead of two); 0: never"},
-    {"CHORUS_SHM_MAP_BYTES", "65536",
-     "shm messages of at least this many bytes whose buffer lies in a chorusMemAlloc allocation are copied by the "
-     "receiver straight from the sender's pages, mapped (one copy at memory speed); 0: never"},
-    {"CHORUS_SHM_DIRECT_BYTES", "65536",
-     "blocking all-reduces and reduce-scatters with at least this many input bytes among ranks all on shm, whose "
-     "buffers on every rank lie in chorusMemAlloc allocations, reduce straight from every rank's input into the "
-     "outputs; 0: never"},
-    {"CHORUS_SPIN_US", "20", "how long a wait spins before it blocks (ranks may outnumber cores)"},
-    {"CHORUS_BOOTSTRAP_ADDR", "", "IP address to listen on (default: chosen by CHORUS_SOCKET_IFNAME)"},
-    {"CHORUS_SOCKET_IFNAME", "",
-     "interfaces to listen on: name prefixes, comma-separated; ^ excludes them, = matches whole names (default: the "
-     "first interface that is up and not loopback, else loopback)"},
-    {"CHORUS_ALGO", "", "algorithm per collective, e.g. allreduce:ring,allgather:bruck (default: chosen per call)"},
-    {"CHORUS_TUNING_FILE", "", "tuner cost parameters per transport (lines: shm alpha_us=5 beta_GBps=5 ...)"},
-    {"CHORUS_RANK_ORDER", "",
-     "order in which rings, chains and trees visit the ranks, e.g. 0,2,1,3 (default 0..n-1; used by "
-     "communicators of that many ranks)"},
-    {"CHORUS_DUMP_SIGNAL", "0",
-     "1: SIGUSR1 makes every communicator of the process print its pending operations, the step each waits on "
-     "and what each link has moved (as chorusCommDumpState), the next time a call of it waits"},
-    {"CHORUS_BIND", "auto",
-     "auto: bind each process to a CPU node of its host (local ranks in blocks over the NUMA nodes) unless a "
-     "launcher bound it; none: leave it"},
-    {"CHORUS_TOPO_FILE", "",
-     "topology file (chorus, hwloc or NCCL XML) read instead of discovering the machine, for binding and the "
-     "rank order"},
-    {"CHORUS_TCP_RATE_LIMIT", "",
-     "rate each rank may send at over the tcp connections of one communicator, all its peers together, e.g. 50mbit or "
-     "1gbit (bit, kbit, mbit, gbit; "
-     "headers count): a slow link emulated in user space (default: unlimited)"},
-    {"CHORUS_TCP_DELAY", "",
-     "latency added to every tcp message before its first byte leaves, e.g. 5ms (us, ms, s; default: none)"},
-    {"CHORUS_COMPRESS", "",
-     "compressor of compressed all-reduces created without one, e.g. powersgd:4 or topk:0.01 (names: none, fp16, "
-     "bf16, powersgd, topk, randomk, qsgd, sign; default: none)"},
-    {"CHORUS_DEVICE_TRANSPORT", "auto",
-     "how collectives on device buffers move data: ipc (kernels that read and write the peers' GPU memory, mapped "
-     "with CUDA IPC; every rank on one host), staged (through pinned host buffers and the host transports, any "
-     "ranks), auto (ipc where every rank can, else staged)"},
-    {"CHORUS_DEVICE_LL_BYTES", "65536",
-     "device calls whose per-rank buffer is at most this many bytes use the low-latency protocol (flags in line "
-     "with the data); larger ones the bulk protocol"},
-    {"CHORUS_DEVICE_CHANNELS", "8", "channels (thread blocks) of a bulk-protocol device call, 1 to 16"},
-    {"CHORUS_DEVICE_THREADS", "512", "threads per channel of a device call, 32 to 1024, a multiple of 32"},
-    {"CHORUS_DEVICE_STAGE_BYTES", "4194304",
-     "chunk of the staged device path: the device-to-host copy of one chunk overlaps the transfer of the one "
-     "before"},
-};
-static_assert(sizeof(kKnobs) / sizeof(kKnobs[0]) == static_cast<size_t>(Knob::kCount));
+static_assert(kRuntimeKnobs == static_cast<int>(Knob::kCount),
+              "knob_table.h lists the Knob enum's knobs first, in order");
 
 const KnobSpec& spec(Knob knob) { return kKnobs[static_cast<size_t>(knob)]; }
 
@@ -163,7 +99,8 @@ int64_t knobMicroseconds(Knob knob) {
 }
 
 void logKnobs(int rank) {
-  for (const KnobSpec& k : kKnobs) {
+  for (int i = 0; i < kRuntimeKnobs; ++i) {
+    const KnobSpec& k = kKnobs[i];
     const char* env = std::getenv(k.name);
     const bool fromEnv = env != nullptr && env[0] != '\0';
     logAt(LogLevel::kInfo, "rank {}: {}={} ({}) - {}", rank, k.name, fromEnv ? env : k.defaultValue,
