@@ -622,6 +622,7 @@ chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm, const chorusConfig_t* c
     const std::string addr = firstEnv({"CHORUS_MASTER_ADDR", "MASTER_ADDR"});
     const char* portName = nullptr;
     const std::string portText = firstEnv({"CHORUS_MASTER_PORT", "MASTER_PORT"}, &portName);
+    chorus::CommSettings::resolve(config);  // a malformed knob is reported before anything starts
 
     if (!rankText.empty() && !sizeText.empty() && !addr.empty() && !portText.empty()) {
       const int rank = envInt(rankName, rankText);

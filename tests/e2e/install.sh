@@ -7,7 +7,8 @@
 source "$(dirname "$0")/lib.sh"
 prefix="$work/prefix"
 cmake --install "$build" --prefix "$prefix" >/dev/null
-for f in include/chorus/chorus.h include/chorus/chorus.hpp bin/collbench bin/chorusrun bin/chorus-train bin/chorus-plan bin/chorus-plot; do
+for f in include/chorus/chorus.h include/chorus/chorus.hpp include/chorus/chorus_mpi.h bin/collbench bin/chorusrun \
+  bin/chorus-train bin/chorus-plan bin/chorus-plot bin/chorus-knobs; do
   [ -e "$prefix/$f" ] || fail "missing $f"
 done
 libdir=$(dirname "$(find "$prefix" -name 'libchorus.so' | head -n 1)")
@@ -30,6 +31,26 @@ if [ -n "$nccl_header" ] && [ -e "$build/libchorus_nccl.so" ]; then
     -lchorus_nccl -o "$work/allreduce_nccl"
   "$work/allreduce_nccl" | tee "$work/nccl.txt"
   grep -q "example ok (NCCL API" "$work/nccl.txt" || fail "examples/nccl did not pass"
+fi
+# The installed torch.distributed backend, imported from the prefix, on 2 processes.
+if [ -d "$libdir/python3/dist-packages/chorus_torch" ]; then
+  cat >"$work/torch_check.py" <<'PY'
+import torch, torch.distributed as dist, torch.multiprocessing as mp, socket
+import chorus_torch
+assert chorus_torch.__file__.startswith(__import__("os").environ["PYTHONPATH"]), chorus_torch.__file__
+def run(rank, port):
+    dist.init_process_group("chorus", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t)
+    assert t.tolist() == [3.0] * 4, t
+    dist.destroy_process_group()
+if __name__ == "__main__":
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    mp.spawn(run, args=(port,), nprocs=2, join=True)
+    print("installed chorus_torch ok")
+PY
+  PYTHONPATH="$libdir/python3/dist-packages" /usr/bin/python3 "$work/torch_check.py" 2>&1 | grep -v semaphore |
+    grep -q "installed chorus_torch ok" || fail "the installed chorus_torch failed"
 fi
 "$prefix/bin/collbench" -g 2 -b 1K -e 1K >/dev/null || fail "installed collbench failed"
 "$prefix/bin/chorus-plan" --model gpt2-124m --devices 8 --micro 4 --global 32 | grep -q "fits in memory" ||
