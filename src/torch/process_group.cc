@@ -13,8 +13,6 @@
 // pair in the order they are posted, as chorus's do.
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/utils/pybind.h>
 
 #include <condition_variable>
@@ -23,6 +21,8 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "chorus/chorus.h"
 
@@ -99,6 +99,31 @@ void checkSingle(const std::vector<at::Tensor>& tensors, const char* call) {
   checkTensor(tensors[0], call);
 }
 
+// The tensors' elements end to end, as one flat tensor.
+at::Tensor joined(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& t : tensors) flat.push_back(t.reshape(-1));
+  return at::cat(flat);
+}
+
+// Copies a flat tensor's consecutive blocks into the tensors, each of its own size.
+void spread(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
+  int64_t offset = 0;
+  for (const at::Tensor& t : tensors) {
+    t.copy_(flat.narrow(0, offset, t.numel()).view_as(t));
+    offset += t.numel();
+  }
+}
+
+// The one list of one tensor per rank a gather's or scatter's root passes (what: "output" / "input").
+std::vector<at::Tensor> rootList(const std::vector<std::vector<at::Tensor>>& lists, int size, const char* call,
+                                 const char* what) {
+  if (lists.size() != 1 || static_cast<int>(lists[0].size()) != size) {
+    raise(std::string(call) + ": the root expects one list of " + std::to_string(size) + " " + what + " tensors");
+  }
+  return lists[0];
+}
+
 // The Work of one call: done when the worker has run it; its Future carries the output tensors.
 class ChorusWork : public Work {
  public:
@@ -170,8 +195,7 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
     const chorusDataType_t type = typeOf(t, "broadcast");
     const int root = static_cast<int>(opts.rootRank);
     return post(OpType::BROADCAST, {t}, [=, this] {
-      check(chorusBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), type, root, comm_, nullptr), comm_,
-            "broadcast");
+      check(chorusBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), type, root, comm_, nullptr), comm_, "broadcast");
     });
   }
 
@@ -196,16 +220,10 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
     const chorusRedOp_t op = opOf(opts.reduceOp, tensors[0], "allreduce_coalesced");
     std::vector<at::Tensor> all = tensors;
     return post(OpType::ALLREDUCE_COALESCED, all, [=, this] {
-      std::vector<at::Tensor> flat;
-      for (const at::Tensor& t : all) flat.push_back(t.reshape(-1));
-      at::Tensor joined = at::cat(flat);
-      check(chorusAllReduce(joined.data_ptr(), joined.data_ptr(), joined.numel(), type, op, comm_, nullptr), comm_,
+      at::Tensor flat = joined(all);
+      check(chorusAllReduce(flat.data_ptr(), flat.data_ptr(), flat.numel(), type, op, comm_, nullptr), comm_,
             "allreduce_coalesced");
-      int64_t offset = 0;
-      for (const at::Tensor& t : all) {
-        t.copy_(joined.narrow(0, offset, t.numel()).view_as(t));
-        offset += t.numel();
-      }
+      spread(flat, all);
     });
   }
 
@@ -237,7 +255,7 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
     return post(OpType::ALLGATHER, outs, [=, this] {
       at::Tensor flat = at::empty({static_cast<int64_t>(outs.size()) * in.numel()}, in.options());
       check(chorusAllGather(in.data_ptr(), flat.data_ptr(), in.numel(), type, comm_, nullptr), comm_, "allgather");
-      for (size_t r = 0; r < outs.size(); ++r) outs[r].copy_(flat.narrow(0, r * in.numel(), in.numel()).view_as(outs[r]));
+      spread(flat, outs);
     });
   }
 
@@ -249,8 +267,7 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
     const chorusDataType_t type = typeOf(input, "_allgather_base");
     at::Tensor in = input, out = output;
     return post(OpType::_ALLGATHER_BASE, {out}, [=, this] {
-      check(chorusAllGather(in.data_ptr(), out.data_ptr(), in.numel(), type, comm_, nullptr), comm_,
-            "_allgather_base");
+      check(chorusAllGather(in.data_ptr(), out.data_ptr(), in.numel(), type, comm_, nullptr), comm_, "_allgather_base");
     });
   }
 
@@ -271,10 +288,8 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
       }
     }
     return post(OpType::REDUCE_SCATTER, {out}, [=, this] {
-      std::vector<at::Tensor> flat;
-      for (const at::Tensor& in : ins) flat.push_back(in.reshape(-1));
-      at::Tensor joined = at::cat(flat);
-      check(chorusReduceScatter(joined.data_ptr(), out.data_ptr(), out.numel(), type, op, comm_, nullptr), comm_,
+      const at::Tensor flat = joined(ins);
+      check(chorusReduceScatter(flat.data_ptr(), out.data_ptr(), out.numel(), type, op, comm_, nullptr), comm_,
             "reduce_scatter");
     });
   }
@@ -314,7 +329,8 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
       const int64_t row = t.dim() > 0 && t.size(0) > 0 ? t.numel() / t.size(0) : 0;
       std::vector<size_t> c(n);
       if (splits.empty()) {
-        if (t.dim() == 0 || t.size(0) % getSize() != 0) raise(std::string("alltoall_base: ") + which + " does not divide");
+        if (t.dim() == 0 || t.size(0) % getSize() != 0)
+          raise(std::string("alltoall_base: ") + which + " does not divide");
         for (size_t r = 0; r < n; ++r) c[r] = static_cast<size_t>(t.size(0) / getSize() * row);
       } else {
         if (splits.size() != n) raise(std::string("alltoall_base: ") + which + " splits must name every rank");
@@ -346,7 +362,6 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
     std::vector<at::Tensor> ins = inputs, outs = outputs;
     return post(OpType::ALLTOALL, outs, [=, this] {
       std::vector<size_t> sendCounts(n), recvCounts(n), sendDispls(n, 0), recvDispls(n, 0);
-      std::vector<at::Tensor> flat;
       for (size_t r = 0; r < n; ++r) {
         sendCounts[r] = static_cast<size_t>(ins[r].numel());
         recvCounts[r] = static_cast<size_t>(outs[r].numel());
@@ -354,16 +369,13 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
           sendDispls[r] = sendDispls[r - 1] + sendCounts[r - 1];
           recvDispls[r] = recvDispls[r - 1] + recvCounts[r - 1];
         }
-        flat.push_back(ins[r].reshape(-1));
       }
-      at::Tensor joined = at::cat(flat);
+      const at::Tensor flat = joined(ins);
       at::Tensor received = at::empty({static_cast<int64_t>(recvDispls[n - 1] + recvCounts[n - 1])}, outs[0].options());
-      check(chorusAllToAllv(joined.data_ptr(), sendCounts.data(), sendDispls.data(), received.data_ptr(),
+      check(chorusAllToAllv(flat.data_ptr(), sendCounts.data(), sendDispls.data(), received.data_ptr(),
                             recvCounts.data(), recvDispls.data(), type, comm_, nullptr),
             comm_, "alltoall");
-      for (size_t r = 0; r < n; ++r) {
-        outs[r].copy_(received.narrow(0, recvDispls[r], recvCounts[r]).view_as(outs[r]));
-      }
+      spread(received, outs);
     });
   }
 
@@ -372,20 +384,15 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
     checkSingle(inputs, "gather");
     const int root = static_cast<int>(opts.rootRank);
     at::Tensor in = inputs[0];
-    std::vector<at::Tensor> outs;
-    if (getRank() == root) {
-      if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != getSize()) {
-        raise("gather: the root expects one list of " + std::to_string(getSize()) + " output tensors");
-      }
-      outs = outputs[0];
-    }
+    const std::vector<at::Tensor> outs =
+        getRank() == root ? rootList(outputs, getSize(), "gather", "output") : std::vector<at::Tensor>{};
     const chorusDataType_t type = typeOf(in, "gather");
     return post(OpType::GATHER, outs, [=, this] {
       at::Tensor flat = at::empty({outs.empty() ? 0 : getSize() * in.numel()}, in.options());
-      check(chorusGather(in.data_ptr(), outs.empty() ? nullptr : flat.data_ptr(), in.numel(), type, root, comm_,
-                         nullptr),
-            comm_, "gather");
-      for (size_t r = 0; r < outs.size(); ++r) outs[r].copy_(flat.narrow(0, r * in.numel(), in.numel()).view_as(outs[r]));
+      check(
+          chorusGather(in.data_ptr(), outs.empty() ? nullptr : flat.data_ptr(), in.numel(), type, root, comm_, nullptr),
+          comm_, "gather");
+      spread(flat, outs);
     });
   }
 
@@ -394,22 +401,12 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
     checkSingle(outputs, "scatter");
     const int root = static_cast<int>(opts.rootRank);
     at::Tensor out = outputs[0];
-    std::vector<at::Tensor> ins;
-    if (getRank() == root) {
-      if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != getSize()) {
-        raise("scatter: the root expects one list of " + std::to_string(getSize()) + " input tensors");
-      }
-      ins = inputs[0];
-    }
+    const std::vector<at::Tensor> ins =
+        getRank() == root ? rootList(inputs, getSize(), "scatter", "input") : std::vector<at::Tensor>{};
     const chorusDataType_t type = typeOf(out, "scatter");
     return post(OpType::SCATTER, {out}, [=, this] {
-      at::Tensor joined;
-      if (!ins.empty()) {
-        std::vector<at::Tensor> flat;
-        for (const at::Tensor& t : ins) flat.push_back(t.reshape(-1));
-        joined = at::cat(flat);
-      }
-      check(chorusScatter(ins.empty() ? nullptr : joined.data_ptr(), out.data_ptr(), out.numel(), type, root, comm_,
+      const at::Tensor flat = ins.empty() ? at::Tensor() : joined(ins);
+      check(chorusScatter(ins.empty() ? nullptr : flat.data_ptr(), out.data_ptr(), out.numel(), type, root, comm_,
                           nullptr),
             comm_, "scatter");
     });
@@ -440,8 +437,8 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
  private:
   struct Task {
     c10::intrusive_ptr<ChorusWork> work;
-    std::function<void()> run;                              // a blocking call
-    std::function<void(chorusRequest_t*)> start;            // or a non-blocking one to start
+    std::function<void()> run;                    // a blocking call
+    std::function<void(chorusRequest_t*)> start;  // or a non-blocking one to start
   };
   struct InFlight {
     c10::intrusive_ptr<ChorusWork> work;
@@ -528,8 +525,8 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
 
 c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                               const std::chrono::duration<float>& timeout) {
-  return c10::make_intrusive<ProcessGroupChorus>(
-      store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+  return c10::make_intrusive<ProcessGroupChorus>(store, rank, size,
+                                                 std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
 }
 
 }  // namespace
