@@ -152,12 +152,10 @@ int parseOptions(int argc, const char* const* argv, Options* o) {
   }
   if (o->maxBytes < o->minBytes) o->maxBytes = o->minBytes;
   if (o->mem == "device" && !o->simulate) {
-    // Peers, the calibration and the compressed all-reduce take host buffers; chorus has no device
-    // send and receive inside a group, which sendrecv's ring needs.
+    // Peers, the calibration and the compressed all-reduce take host buffers.
     const char* refused = !o->compare.empty()     ? "--compare"
                           : !o->calibrate.empty() ? "--calibrate"
                           : !o->compress.empty()  ? "--compress"
-                          : o->op == "sendrecv"   ? "--op sendrecv"
                                                   : nullptr;
     if (refused != nullptr) {
       std::fprintf(stderr, "collbench: %s takes host buffers; it cannot be used with --mem device\n", refused);

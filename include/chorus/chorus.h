@@ -15,8 +15,9 @@
  *    it may be captured in a CUDA graph. The first such call on a communicator is collective
  *    (every rank sets up its device path in it). Failures surface through chorusCommGetAsyncError. Ranks on one host map
  *    each other's GPU memory (CUDA IPC) and the ring collectives run as one kernel; other cases go
- *    through pinned host memory (CHORUS_DEVICE_TRANSPORT). Device sends and receives cannot be in
- *    a group, and non-blocking forms take host buffers only.
+ *    through pinned host memory (CHORUS_DEVICE_TRANSPORT). A group's device sends and receives
+ *    are enqueued together at chorusGroupEnd, on one stream (the group's calls must share it),
+ *    and non-blocking forms take host buffers only.
  *  - A build without CUDA, or a machine without a device, rejects a non-NULL stream with
  *    chorusInvalidArgument and touches nothing.
  *

@@ -63,6 +63,8 @@ struct GroupState {
   std::vector<PreparedOp> ops;
   chorusResult_t deferred = chorusSuccess;
   std::string deferredMessage;
+  std::vector<chorus::DeviceCall> deviceOps;  // device sends and receives, enqueued together at the end
+  chorusStream_t deviceStream = nullptr;
 };
 thread_local GroupState group;
 
@@ -195,15 +197,24 @@ void submitOn(Communicator& c, chorusComm_t comm, chorusStream_t stream, const c
          "asynchronous",
          c.rank(), call);
   }
-  if (group.depth > 0 && (collective == Collective::kSend || collective == Collective::kRecv)) {
-    fail(chorusInvalidUsage,
-         "rank {}: {}: sends and receives of device buffers inside a group are not supported (call them outside the "
-         "group, in the same order on both ranks)",
-         c.rank(), call);
-  }
 #if defined(CHORUS_HAVE_DEVICE)
   const chorus::DeviceCall device{collective, input, output, count, type, op, rootOrPeer, vector};
   chorus::checkDeviceCall(device, c.rank(), c.nranks(), call);
+  if (group.depth > 0 && (collective == Collective::kSend || collective == Collective::kRecv)) {
+    // Kept for chorusGroupEnd, which enqueues the group's sends and receives as one step.
+    if (group.comm != nullptr && group.comm != comm) {
+      fail(chorusInvalidUsage, "rank {}: {}: a group may use one communicator only (this call uses another)", c.rank(),
+           call);
+    }
+    if (!group.deviceOps.empty() && group.deviceStream != stream) {
+      fail(chorusInvalidUsage, "rank {}: {}: the device sends and receives of one group must use one stream", c.rank(),
+           call);
+    }
+    group.comm = comm;
+    group.deviceStream = stream;
+    group.deviceOps.push_back(device);
+    return;
+  }
   c.device().enqueue(device, stream, call);
 #else
   fail(chorusInvalidArgument,
@@ -1101,6 +1112,8 @@ chorusResult_t chorusGroupEnd(void) {
     if (group.depth == 0) fail(chorusInvalidUsage, "chorusGroupEnd without chorusGroupStart");
     if (--group.depth > 0) return;
     std::vector<PreparedOp> ops = std::move(group.ops);
+    const std::vector<chorus::DeviceCall> deviceOps = std::move(group.deviceOps);
+    const chorusStream_t deviceStream = group.deviceStream;
     chorusComm_t comm = group.comm;
     const chorusResult_t deferred = group.deferred;
     const std::string message = group.deferredMessage;
@@ -1108,8 +1121,14 @@ chorusResult_t chorusGroupEnd(void) {
     if (deferred != chorusSuccess) {
       fail(deferred, "a call in the group failed, so none of the group's calls ran: {}", message);
     }
-    if (ops.empty()) return;
-    live(comm, "chorusGroupEnd")->run(std::move(ops));
+    if (ops.empty() && deviceOps.empty()) return;
+    const Lease held = live(comm, "chorusGroupEnd");
+    if (!ops.empty()) held->run(std::move(ops));
+#if defined(CHORUS_HAVE_DEVICE)
+    if (!deviceOps.empty()) held->device().enqueueGroup(deviceOps, deviceStream, "chorusGroupEnd");
+#else
+    (void)deviceStream;
+#endif
   });
 }
 

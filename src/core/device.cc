@@ -219,6 +219,7 @@ struct StagedCall {
   DeviceCall call;  // input / output: pinned staging memory
   std::vector<size_t> vectorData;
   const size_t* vector[4] = {};
+  std::vector<DeviceCall> group;  // a group's sends and receives instead of call, made together
 };
 
 struct DeviceEngine::Impl {
@@ -286,6 +287,8 @@ struct DeviceEngine::Impl {
   void finish(cudaStream_t stream);
   void enqueueRing(const DeviceCall& call, cudaStream_t stream);
   void enqueueStaged(const DeviceCall& call, cudaStream_t stream);
+  void enqueueStagedGroup(const std::vector<DeviceCall>& calls, cudaStream_t stream);
+  const StagedCall* stagedGroup(const std::vector<DeviceCall>& calls);
   const StagedCall* stagedCall(const DeviceCall& call, const void* input, void* output);
   void post(const StagedCall* staged, cudaStream_t stream);
   void proxyLoop();
@@ -490,6 +493,22 @@ const StagedCall* DeviceEngine::Impl::stagedCall(const DeviceCall& call, const v
   return &kept;
 }
 
+// The kept StagedCall of a group whose buffers are already the staging areas'.
+const StagedCall* DeviceEngine::Impl::stagedGroup(const std::vector<DeviceCall>& calls) {
+  auto same = [](const DeviceCall& a, const DeviceCall& b) {
+    return a.collective == b.collective && a.input == b.input && a.output == b.output && a.count == b.count &&
+           a.type == b.type && a.rootOrPeer == b.rootOrPeer;
+  };
+  for (const auto& s : stagedCalls) {
+    if (s.group.size() == calls.size() && std::equal(calls.begin(), calls.end(), s.group.begin(), same)) return &s;
+  }
+  StagedCall kept;
+  kept.engine = this;
+  kept.group = calls;
+  stagedCalls.push_back(std::move(kept));
+  return &stagedCalls.back();
+}
+
 // Grows the staging areas to bytes each. The old ones may be in use by calls in flight: wait for
 // them first, which a stream being captured cannot do.
 void DeviceEngine::Impl::ensureStaging(size_t bytes, cudaStream_t stream) {
@@ -593,6 +612,46 @@ void DeviceEngine::Impl::enqueueStaged(const DeviceCall& call, cudaStream_t stre
   }
 }
 
+void DeviceEngine::Impl::enqueueStagedGroup(const std::vector<DeviceCall>& calls, cudaStream_t stream) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &capturing), rank, "cudaStreamIsCapturing");
+  // Sends packed into the input area, receives into the output area, each 64-byte aligned.
+  std::vector<size_t> offsets(calls.size());
+  size_t sent = 0, received = 0;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    size_t& end = calls[i].collective == Collective::kSend ? sent : received;
+    offsets[i] = end;
+    end += (calls[i].count * kernels::typeSize(calls[i].type) + 63) / 64 * 64;
+  }
+  ensureStaging(std::max({sent, received, size_t{64}}), stream);  // before anything is enqueued
+  capturedStaged = capturedStaged || capturing != cudaStreamCaptureStatusNone;
+  char* in = static_cast<char*>(staging);
+  char* out = in + slotBytes;
+  std::vector<DeviceCall> staged = calls;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const size_t bytes = calls[i].count * kernels::typeSize(calls[i].type);
+    if (calls[i].collective == Collective::kSend) {
+      staged[i].input = in + offsets[i];
+      if (bytes > 0) {
+        check(cudaMemcpyAsync(in + offsets[i], calls[i].input, bytes, cudaMemcpyDeviceToHost, stream), rank,
+              "cudaMemcpyAsync (staged send)");
+      }
+    } else {
+      staged[i].output = out + offsets[i];
+    }
+  }
+  post(stagedGroup(staged), stream);
+  const int error = ipc::launchWait(waits, doneDevice, controlDevice, timeoutNs, stream);
+  if (error != 0) check(static_cast<cudaError_t>(error), rank, "launching the wait kernel");
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const size_t bytes = calls[i].count * kernels::typeSize(calls[i].type);
+    if (calls[i].collective == Collective::kRecv && bytes > 0) {
+      check(cudaMemcpyAsync(calls[i].output, out + offsets[i], bytes, cudaMemcpyHostToDevice, stream), rank,
+            "cudaMemcpyAsync (staged receive)");
+    }
+  }
+}
+
 void DeviceEngine::Impl::proxyLoop() {
   while (true) {
     const StagedCall* staged = nullptr;
@@ -610,9 +669,12 @@ void DeviceEngine::Impl::proxyLoop() {
     }
     if (!failed) {
       try {
-        const DeviceCall& c = staged->call;
-        proxyComm->run(
-            {proxyComm->prepare(c.collective, c.input, c.output, c.count, c.type, c.op, c.rootOrPeer, c.vector)});
+        std::vector<PreparedOp> ops;
+        for (const DeviceCall& c : staged->group.empty() ? std::vector<DeviceCall>{staged->call} : staged->group) {
+          ops.push_back(
+              proxyComm->prepare(c.collective, c.input, c.output, c.count, c.type, c.op, c.rootOrPeer, c.vector));
+        }
+        proxyComm->run(std::move(ops));
       } catch (const Error& e) {
         std::lock_guard<std::mutex> lock(mutex);
         proxyFailure = e.what();
@@ -649,8 +711,9 @@ DeviceEngine::~DeviceEngine() {
   cudaGetLastError();
 }
 
-void DeviceEngine::enqueue(const DeviceCall& call, chorusStream_t stream, const char* name) {
-  Impl& m = *impl_;
+// A new call may be enqueued: no earlier one failed, and the current device is the engine's.
+void DeviceEngine::admit(const char* name) const {
+  const Impl& m = *impl_;
   std::string failure;
   if (asyncError(&failure) != chorusSuccess) {
     fail(chorusInvalidUsage, "rank {}: {}: an earlier device call failed: {}", m.rank, name, failure);
@@ -662,6 +725,11 @@ void DeviceEngine::enqueue(const DeviceCall& call, chorusStream_t stream, const 
          "rank {}: {}: the current device is GPU {}, but this communicator's device calls use GPU {}", m.rank, name,
          current, m.device);
   }
+}
+
+void DeviceEngine::enqueue(const DeviceCall& call, chorusStream_t stream, const char* name) {
+  Impl& m = *impl_;
+  admit(name);
   checkDeviceCall(call, m.rank, m.nranks, name);
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   m.order(s);
@@ -670,6 +738,16 @@ void DeviceEngine::enqueue(const DeviceCall& call, chorusStream_t stream, const 
   } else {
     m.enqueueStaged(call, s);
   }
+  m.finish(s);
+}
+
+void DeviceEngine::enqueueGroup(const std::vector<DeviceCall>& calls, chorusStream_t stream, const char* name) {
+  Impl& m = *impl_;
+  admit(name);
+  for (const DeviceCall& call : calls) checkDeviceCall(call, m.rank, m.nranks, name);
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  m.order(s);
+  m.enqueueStagedGroup(calls, s);
   m.finish(s);
 }
 

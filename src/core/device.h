@@ -5,7 +5,8 @@
 //  - ipc: every rank on one host, each inbox mapped by its ring neighbours with CUDA IPC: one
 //    kernel launch per call (src/transport/cuda_ipc_ring.h), for all-reduce, all-gather,
 //    reduce-scatter, broadcast and reduce;
-//  - staged: anything else (ranks on several hosts, the other collectives, send and receive):
+//  - staged: anything else (ranks on several hosts, the other collectives, send and receive, and
+//    a group's sends and receives, made together):
 //    the stream copies the input to pinned host memory, a host function hands the call to the
 //    engine's proxy thread, which runs it with the host transports on its own communicator, and
 //    a one-thread kernel holds the stream until the proxy is done; then the stream copies the
@@ -17,6 +18,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "chorus/chorus.h"
 #include "src/collectives/schedule.h"
@@ -50,6 +52,10 @@ class DeviceEngine {
   // Enqueues the call on stream (a cudaStream_t) and returns. Throws as checkDeviceCall, and
   // chorusInvalidUsage when an earlier call failed or the current device is not the engine's.
   void enqueue(const DeviceCall& call, chorusStream_t stream, const char* name);
+  // Enqueues a group's device sends and receives (kSend / kRecv calls) on stream, as one staged
+  // step: every send's input goes to pinned memory, the proxy makes them all as one group with
+  // the host transports, and every receive's output comes back. Throws as enqueue.
+  void enqueueGroup(const std::vector<DeviceCall>& calls, chorusStream_t stream, const char* name);
   // chorusSuccess, or the first failure of an enqueued call (timeout, abort, a peer's failure),
   // with its message.
   chorusResult_t asyncError(std::string* message) const;
@@ -61,6 +67,7 @@ class DeviceEngine {
   struct Impl;  // device.cc
 
  private:
+  void admit(const char* name) const;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# collbench --mem device: every collective on CUDA buffers, 2 and 4 ranks sharing the machine's
+# collbench --mem device: every collective (and sendrecv, a group of device sends and receives) on CUDA buffers, 2 and 4 ranks sharing the machine's
 # GPUs (rank % devices), over both device paths (cuda_ipc and staged), sizes from the LL protocol's
 # to the bulk one's, each checked (#wrong 0), and a spoiled value still caught. Without a usable
 # device collbench must refuse by saying so; then the test is skipped (exit 77).
 source "$(dirname "$0")/lib.sh"
-if "$collbench" -g 2 --mem device --op sendrecv >"$work/out.txt" 2>&1; then fail "--op sendrecv accepted with --mem device"; fi
+if "$collbench" -g 2 --mem device --compare gloo >"$work/out.txt" 2>&1; then fail "--compare accepted with --mem device"; fi
 grep -q "cannot be used with --mem device" "$work/out.txt" || { cat "$work/out.txt"; fail "no message naming --mem device"; }
 if ! "$collbench" -g 1 --mem device -b 8 -e 8 -n 1 -w 0 >"$work/probe.txt" 2>&1; then
   cat "$work/probe.txt"
@@ -15,7 +15,7 @@ fi
 for ranks in 2 4; do
   for transport in ipc staged; do
     export CHORUS_DEVICE_TRANSPORT=$transport
-    for op in allreduce allgather reducescatter broadcast reduce alltoall gather scatter; do
+    for op in allreduce allgather reducescatter broadcast reduce alltoall gather scatter sendrecv; do
       run_clean "$collbench" -g "$ranks" --mem device --op "$op" -b 4 -e 8M -f 16 -n 3 -w 1
     done
     run_clean "$collbench" -g "$ranks" --mem device --op allreduce -d all -o all -b 1K -e 1M -f 1024 -n 2 -w 1
@@ -32,7 +32,7 @@ assert doc["mem"] == "device", doc["mem"]
 assert doc["copy_GBps"] > 0, doc
 assert doc["rows"][0]["out_of_place"]["wrong"] == 0
 PY
-for op in allreduce broadcast reduce; do
+for op in allreduce broadcast reduce sendrecv; do
   if "$collbench" -g 2 --mem device --op "$op" -b 64 -e 64 -n 1 -w 0 -r 1 --inject-wrong >"$work/out.txt" 2>&1; then
     cat "$work/out.txt"; fail "$op: a spoiled device result was not caught"
   fi

@@ -236,6 +236,47 @@ TEST_P(DeviceCollectivesTest, NullStreamWithDeviceBuffersRunsOnTheLegacyStream) 
   });
 }
 
+// A group of device sends and receives: a ring exchange, then an all-to-all made of sends and
+// receives to every rank (itself included), each group one staged step on the stream.
+TEST_P(DeviceCollectivesTest, GroupedSendsAndReceivesOfDeviceBuffers) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  run([&](int rank, chorusComm_t comm, cudaStream_t stream) {
+    const int n = GetParam().nranks;
+    const size_t count = 50001;
+    std::vector<int32_t> mine(count * n);
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<int32_t>(rank * 1000000 + i);
+    Device in(count * n * 4), out(count * n * 4);
+    CUDA_OK(cudaMemcpy(in.p, mine.data(), count * n * 4, cudaMemcpyHostToDevice));
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    ASSERT_EQ(chorusSend(in.p, count, chorusInt32, (rank + 1) % n, comm, stream), chorusSuccess)
+        << chorusGetLastError(comm);
+    ASSERT_EQ(chorusRecv(out.p, count, chorusInt32, (rank + n - 1) % n, comm, stream), chorusSuccess)
+        << chorusGetLastError(comm);
+    ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(comm);
+    CUDA_OK(cudaStreamSynchronize(stream));
+    std::vector<int32_t> got(count * n);
+    CUDA_OK(cudaMemcpy(got.data(), out.p, count * 4, cudaMemcpyDeviceToHost));
+    const int prev = (rank + n - 1) % n;
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(got[i], static_cast<int32_t>(prev * 1000000 + i)) << "ring " << i;
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    for (int peer = 0; peer < n; ++peer) {
+      auto* from = static_cast<int32_t*>(in.p) + peer * count;
+      auto* into = static_cast<int32_t*>(out.p) + peer * count;
+      ASSERT_EQ(chorusSend(from, count, chorusInt32, peer, comm, stream), chorusSuccess) << chorusGetLastError(comm);
+      ASSERT_EQ(chorusRecv(into, count, chorusInt32, peer, comm, stream), chorusSuccess) << chorusGetLastError(comm);
+    }
+    ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(comm);
+    CUDA_OK(cudaStreamSynchronize(stream));
+    CUDA_OK(cudaMemcpy(got.data(), out.p, count * n * 4, cudaMemcpyDeviceToHost));
+    for (int peer = 0; peer < n; ++peer) {
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(got[peer * count + i], static_cast<int32_t>(peer * 1000000 + rank * count + i))
+            << "from " << peer << " element " << i;
+      }
+    }
+  });
+}
+
 // A captured all-reduce replays as a fresh call each time: the flags and counters it uses live in
 // device memory and move on by themselves.
 TEST_P(DeviceCollectivesTest, CapturedInAGraphAndReplayed) {
