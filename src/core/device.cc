@@ -291,6 +291,7 @@ struct DeviceEngine::Impl {
   const StagedCall* stagedGroup(const std::vector<DeviceCall>& calls);
   const StagedCall* stagedCall(const DeviceCall& call, const void* input, void* output);
   void post(const StagedCall* staged, cudaStream_t stream);
+  void waitForProxy(cudaStream_t stream);
   void proxyLoop();
   static void CUDART_CB hostPost(void* data);
 };
@@ -546,6 +547,12 @@ void CUDART_CB DeviceEngine::Impl::hostPost(void* data) {
   self->wake.notify_one();
 }
 
+// Holds the stream until the proxy has done the call posted last (the one-thread wait kernel).
+void DeviceEngine::Impl::waitForProxy(cudaStream_t stream) {
+  const int error = ipc::launchWait(waits, doneDevice, controlDevice, timeoutNs, stream);
+  if (error != 0) check(static_cast<cudaError_t>(error), rank, "launching the wait kernel");
+}
+
 void DeviceEngine::Impl::post(const StagedCall* staged, cudaStream_t stream) {
   check(cudaLaunchHostFunc(stream, &Impl::hostPost, const_cast<StagedCall*>(staged)), rank, "cudaLaunchHostFunc");
 }
@@ -560,10 +567,7 @@ void DeviceEngine::Impl::enqueueStaged(const DeviceCall& call, cudaStream_t stre
   auto area = [&](int slot, int which) {
     return static_cast<char*>(staging) + (static_cast<size_t>(slot) * 2 + static_cast<size_t>(which)) * slotBytes;
   };
-  auto wait = [&] {
-    const int error = ipc::launchWait(waits, doneDevice, controlDevice, timeoutNs, stream);
-    if (error != 0) check(static_cast<cudaError_t>(error), rank, "launching the wait kernel");
-  };
+  auto wait = [&] { waitForProxy(stream); };
   if (call.collective == Collective::kAllReduce && call.count * size > stageBytes) {
     // In chunks through two slots: chunk c's copy in overlaps the proxy's work on chunk c - 1.
     ensureStaging(stageBytes, stream);
@@ -641,8 +645,7 @@ void DeviceEngine::Impl::enqueueStagedGroup(const std::vector<DeviceCall>& calls
     }
   }
   post(stagedGroup(staged), stream);
-  const int error = ipc::launchWait(waits, doneDevice, controlDevice, timeoutNs, stream);
-  if (error != 0) check(static_cast<cudaError_t>(error), rank, "launching the wait kernel");
+  waitForProxy(stream);
   for (size_t i = 0; i < calls.size(); ++i) {
     const size_t bytes = calls[i].count * kernels::typeSize(calls[i].type);
     if (calls[i].collective == Collective::kRecv && bytes > 0) {
