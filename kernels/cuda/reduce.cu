@@ -30,19 +30,60 @@ struct Native {
   __device__ static T store(Compute v) { return v; }
 };
 // The hardware conversions round to nearest even as the reference does; only NaN differs (the
-// hardware writes one canonical NaN), so NaN goes through the reference's own function.
+// hardware's cvt reads and writes one canonical NaN, dropping sign and payload), so NaN goes
+// through the reference's own functions both ways. Widening bf16 is a shift: the reference's.
 struct Half {
   using Compute = float;
-  __device__ static float load(__half v) { return __half2float(v); }
+  __device__ static float load(__half v) {
+    const uint16_t bits = __half_as_ushort(v);
+    return (bits & 0x7fffu) > 0x7c00u ? halfToFloat(bits) : __half2float(v);
+  }
   __device__ static __half store(float v) { return v != v ? __ushort_as_half(floatToHalf(v)) : __float2half_rn(v); }
 };
 struct Bfloat {
   using Compute = float;
-  __device__ static float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+  __device__ static float load(__nv_bfloat16 v) { return bfloat16ToFloat(__bfloat16_as_ushort(v)); }
   __device__ static __nv_bfloat16 store(float v) {
     return v != v ? __ushort_as_bfloat16(floatToBfloat16(v)) : __float2bfloat16_rn(v);
   }
 };
+
+// A chorus type's storage type T and conversions Conv, as a tag for withType.
+template <typename T, typename C>
+struct Typed {
+  using Storage = T;
+  using Conv = C;
+};
+
+// f(Typed<T, Conv>{}) for the storage type and conversions of `type`; cudaErrorInvalidValue for a
+// type that is none of chorus's.
+template <typename F>
+int withType(chorusDataType_t type, F&& f) {
+  switch (type) {
+    case chorusInt8:
+      return f(Typed<int8_t, Native<int8_t>>{});
+    case chorusUint8:
+      return f(Typed<uint8_t, Native<uint8_t>>{});
+    case chorusInt32:
+      return f(Typed<int32_t, Native<int32_t>>{});
+    case chorusUint32:
+      return f(Typed<uint32_t, Native<uint32_t>>{});
+    case chorusInt64:
+      return f(Typed<int64_t, Native<int64_t>>{});
+    case chorusUint64:
+      return f(Typed<uint64_t, Native<uint64_t>>{});
+    case chorusFloat32:
+      return f(Typed<float, Native<float>>{});
+    case chorusFloat64:
+      return f(Typed<double, Native<double>>{});
+    case chorusFloat16:
+      return f(Typed<__half, Half>{});
+    case chorusBfloat16:
+      return f(Typed<__nv_bfloat16, Bfloat>{});
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
+  }
+}
 
 constexpr size_t kVectorBytes = 16;
 
@@ -93,6 +134,80 @@ unsigned gridFor(size_t items) {
   return static_cast<unsigned>(blocks < 4096 ? (blocks == 0 ? 1 : blocks) : 4096);
 }
 
+// The sources of one reduceMany, by value.
+struct Sources {
+  const void* at[kMaxReduceSources];
+  int count;
+};
+
+// dst = fold of the sources, 16 bytes at a time where every pointer allows, then the tail.
+template <typename T, typename Conv, typename Op>
+__global__ void reduceManyKernel(T* dst, Sources srcs, size_t count, size_t vectors, int divisor) {
+  using C = typename Conv::Compute;
+  constexpr size_t kLanes = kVectorBytes / sizeof(T);
+  const size_t stride = gridThreads();
+  auto finish = [&](C value) -> T {
+    if (divisor <= 1) return Conv::store(value);
+    const C sum = Conv::load(Conv::store(value));  // stored, then divided once, as the reference
+    if constexpr (std::is_integral_v<C>) {
+      using Wide = std::conditional_t<std::is_signed_v<C>, int64_t, uint64_t>;
+      return static_cast<T>(static_cast<Wide>(sum) / static_cast<Wide>(divisor));
+    } else {
+      return Conv::store(sum / static_cast<C>(divisor));
+    }
+  };
+  for (size_t v = threadIndex(); v < vectors; v += stride) {
+    C acc[kLanes];
+    {
+      const uint4 first = *(reinterpret_cast<const uint4*>(srcs.at[0]) + v);
+      const T* e = reinterpret_cast<const T*>(&first);
+#pragma unroll
+      for (size_t j = 0; j < kLanes; ++j) acc[j] = Conv::load(e[j]);
+    }
+    for (int s = 1; s < srcs.count; ++s) {
+      const uint4 next = *(reinterpret_cast<const uint4*>(srcs.at[s]) + v);
+      const T* e = reinterpret_cast<const T*>(&next);
+#pragma unroll
+      for (size_t j = 0; j < kLanes; ++j) acc[j] = Op::apply(acc[j], Conv::load(e[j]));
+    }
+    uint4 out;
+    T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (size_t j = 0; j < kLanes; ++j) o[j] = finish(acc[j]);
+    reinterpret_cast<uint4*>(dst)[v] = out;
+  }
+  for (size_t i = vectors * kLanes + threadIndex(); i < count; i += stride) {
+    C acc = Conv::load(static_cast<const T*>(srcs.at[0])[i]);
+    for (int s = 1; s < srcs.count; ++s) acc = Op::apply(acc, Conv::load(static_cast<const T*>(srcs.at[s])[i]));
+    dst[i] = finish(acc);
+  }
+}
+
+// Loading only (no launch): srcs.count == 0 asks for the kernel's module to be loaded now.
+template <typename T, typename Conv, typename Op>
+int launchReduceMany(void* dst, const Sources& srcs, size_t count, int divisor, cudaStream_t stream) {
+  if (srcs.count == 0) {
+    cudaFuncAttributes attributes;
+    return static_cast<int>(cudaFuncGetAttributes(&attributes, reduceManyKernel<T, Conv, Op>));
+  }
+  constexpr size_t kLanes = kVectorBytes / sizeof(T);
+  bool aligned = vectorAligned(dst);
+  for (int s = 0; s < srcs.count; ++s) aligned = aligned && vectorAligned(srcs.at[s]);
+  const size_t vectors = aligned ? count / kLanes : 0;
+  reduceManyKernel<T, Conv, Op><<<gridFor(vectors > 0 ? vectors : count), 256, 0, stream>>>(static_cast<T*>(dst), srcs,
+                                                                                           count, vectors, divisor);
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <typename Op>
+int reduceManyTyped(void* dst, const Sources& srcs, size_t count, chorusDataType_t type, int divisor,
+                    cudaStream_t s) {
+  return withType(type, [&](auto typed) {
+    using Tag = decltype(typed);
+    return launchReduceMany<typename Tag::Storage, typename Tag::Conv, Op>(dst, srcs, count, divisor, s);
+  });
+}
+
 template <typename T, typename Conv, typename Op>
 int launchReduce(void* dst, const void* a, const void* b, size_t count, cudaStream_t stream) {
   constexpr size_t kLanes = kVectorBytes / sizeof(T);
@@ -104,30 +219,10 @@ int launchReduce(void* dst, const void* a, const void* b, size_t count, cudaStre
 
 template <typename Op>
 int reduceTyped(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, cudaStream_t s) {
-  switch (type) {
-    case chorusInt8:
-      return launchReduce<int8_t, Native<int8_t>, Op>(dst, a, b, count, s);
-    case chorusUint8:
-      return launchReduce<uint8_t, Native<uint8_t>, Op>(dst, a, b, count, s);
-    case chorusInt32:
-      return launchReduce<int32_t, Native<int32_t>, Op>(dst, a, b, count, s);
-    case chorusUint32:
-      return launchReduce<uint32_t, Native<uint32_t>, Op>(dst, a, b, count, s);
-    case chorusInt64:
-      return launchReduce<int64_t, Native<int64_t>, Op>(dst, a, b, count, s);
-    case chorusUint64:
-      return launchReduce<uint64_t, Native<uint64_t>, Op>(dst, a, b, count, s);
-    case chorusFloat32:
-      return launchReduce<float, Native<float>, Op>(dst, a, b, count, s);
-    case chorusFloat64:
-      return launchReduce<double, Native<double>, Op>(dst, a, b, count, s);
-    case chorusFloat16:
-      return launchReduce<__half, Half, Op>(dst, a, b, count, s);
-    case chorusBfloat16:
-      return launchReduce<__nv_bfloat16, Bfloat, Op>(dst, a, b, count, s);
-    default:
-      return static_cast<int>(cudaErrorInvalidValue);
-  }
+  return withType(type, [&](auto typed) {
+    using Tag = decltype(typed);
+    return launchReduce<typename Tag::Storage, typename Tag::Conv, Op>(dst, a, b, count, s);
+  });
 }
 
 template <typename T, typename Conv>
@@ -227,33 +322,51 @@ int reduce(void* dst, const void* a, const void* b, size_t count, chorusDataType
   }
 }
 
-int divide(void* buf, size_t count, chorusDataType_t type, int divisor, void* stream) {
+int reduceMany(void* dst, const void* const* srcs, int sources, size_t count, chorusDataType_t type,
+               chorusRedOp_t op, int divisor, void* stream) {
   if (count == 0) return 0;
-  const auto s = static_cast<cudaStream_t>(stream);
-  switch (type) {
-    case chorusInt8:
-      return launchDivide<int8_t, Native<int8_t>>(buf, count, divisor, s);
-    case chorusUint8:
-      return launchDivide<uint8_t, Native<uint8_t>>(buf, count, divisor, s);
-    case chorusInt32:
-      return launchDivide<int32_t, Native<int32_t>>(buf, count, divisor, s);
-    case chorusUint32:
-      return launchDivide<uint32_t, Native<uint32_t>>(buf, count, divisor, s);
-    case chorusInt64:
-      return launchDivide<int64_t, Native<int64_t>>(buf, count, divisor, s);
-    case chorusUint64:
-      return launchDivide<uint64_t, Native<uint64_t>>(buf, count, divisor, s);
-    case chorusFloat32:
-      return launchDivide<float, Native<float>>(buf, count, divisor, s);
-    case chorusFloat64:
-      return launchDivide<double, Native<double>>(buf, count, divisor, s);
-    case chorusFloat16:
-      return launchDivide<__half, Half>(buf, count, divisor, s);
-    case chorusBfloat16:
-      return launchDivide<__nv_bfloat16, Bfloat>(buf, count, divisor, s);
+  if (sources < 1 || sources > kMaxReduceSources) return static_cast<int>(cudaErrorInvalidValue);
+  Sources all{};
+  all.count = sources;
+  for (int s = 0; s < sources; ++s) all.at[s] = srcs[s];
+  const auto st = static_cast<cudaStream_t>(stream);
+  switch (op) {
+    case chorusSum:
+      return reduceManyTyped<SumOp>(dst, all, count, type, 1, st);
+    case chorusAvg:
+      return reduceManyTyped<SumOp>(dst, all, count, type, divisor, st);
+    case chorusProd:
+      return reduceManyTyped<ProdOp>(dst, all, count, type, 1, st);
+    case chorusMax:
+      return reduceManyTyped<MaxOp>(dst, all, count, type, 1, st);
+    case chorusMin:
+      return reduceManyTyped<MinOp>(dst, all, count, type, 1, st);
     default:
       return static_cast<int>(cudaErrorInvalidValue);
   }
+}
+
+int preloadReduceMany() {
+  const Sources none{};
+  for (int t = 0; t < chorusNumTypes; ++t) {
+    const auto type = static_cast<chorusDataType_t>(t);
+    for (const int error : {reduceManyTyped<SumOp>(nullptr, none, 0, type, 1, nullptr),
+                            reduceManyTyped<ProdOp>(nullptr, none, 0, type, 1, nullptr),
+                            reduceManyTyped<MaxOp>(nullptr, none, 0, type, 1, nullptr),
+                            reduceManyTyped<MinOp>(nullptr, none, 0, type, 1, nullptr)}) {
+      if (error != 0) return error;
+    }
+  }
+  return 0;
+}
+
+int divide(void* buf, size_t count, chorusDataType_t type, int divisor, void* stream) {
+  if (count == 0) return 0;
+  const auto s = static_cast<cudaStream_t>(stream);
+  return withType(type, [&](auto typed) {
+    using Tag = decltype(typed);
+    return launchDivide<typename Tag::Storage, typename Tag::Conv>(buf, count, divisor, s);
+  });
 }
 
 }  // namespace chorus::kernels::cuda

@@ -9,10 +9,19 @@
 #include <sstream>
 #include <stdexcept>
 
+#if defined(CHORUS_HAVE_BLAS)
 #include "kernels/cpu/matmul.h"
+#endif
 
 namespace chorus::collectives {
 namespace {
+
+#if !defined(CHORUS_HAVE_BLAS)
+// Built without a BLAS: parseCompressor refuses PowerSGD, so no compressor reaches a product.
+void gemmMissing() {
+  throw std::invalid_argument("compressor powersgd: this build of chorus has no BLAS (build with libopenblas-dev)");
+}
+#endif
 
 struct Named {
   const char* name;
@@ -71,6 +80,9 @@ CompressorSpec CompressorSpec::parse(const std::string& text) {
     }
   }
   if (!known) bad(text, "unknown compressor '" + name + "'");
+#if !defined(CHORUS_HAVE_BLAS)
+  if (spec.kind == CompressorKind::kPowerSgd) bad(text, "powersgd needs a BLAS, and this build of chorus has none");
+#endif
   // Error feedback is on where the compressor is biased.
   spec.errorFeedback = spec.kind == CompressorKind::kSign || spec.kind == CompressorKind::kTopK ||
                        spec.kind == CompressorKind::kRandomK || spec.kind == CompressorKind::kPowerSgd;
@@ -432,6 +444,11 @@ CompressedAllReduce::PowerSgdCounts CompressedAllReduce::powerSgdCounts() const 
 }
 
 void CompressedAllReduce::runPowerSgd(float* output, Exchange& exchange) {
+#if !defined(CHORUS_HAVE_BLAS)
+  (void)output;
+  (void)exchange;
+  gemmMissing();
+#else
   const size_t r = static_cast<size_t>(spec_.rank);
   // First message: each compressed matrix's P = M Q, then (whole=fp32) every uncompressed tensor.
   const bool encoded = spec_.wholeEncoded;
@@ -522,6 +539,7 @@ void CompressedAllReduce::runPowerSgd(float* output, Exchange& exchange) {
     qAt += cols * r;
   }
   keepError();
+#endif
 }
 
 uint64_t CompressedAllReduce::payloadBytes() const { return payloadBytesFor(nranks_); }

@@ -91,6 +91,9 @@ CommSettings CommSettings::resolve(const chorusConfig_t* config) {
     fail(chorusInvalidArgument, "transport '{}' (CHORUS_TRANSPORT or config) is not one of auto, shm, tcp, ucx",
          s.transport);
   }
+  if (s.transport == "ucx" && !transportBuilt("ucx")) {
+    fail(chorusInvalidArgument, "transport 'ucx' (CHORUS_TRANSPORT or config): this build of chorus has no UCX");
+  }
   if (s.chunkBytes == 0) fail(chorusInvalidArgument, "CHORUS_CHUNK_BYTES must be positive");
   return s;
 }

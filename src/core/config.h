@@ -30,11 +30,12 @@ enum class Knob {
   kTcpRateLimit,      // CHORUS_TCP_RATE_LIMIT: bits per second each rank may send over tcp
   kTcpDelay,          // CHORUS_TCP_DELAY: latency added to every tcp message
   kCompress,          // CHORUS_COMPRESS: the compressor of compressed all-reduces given none
-  kDeviceTransport,   // CHORUS_DEVICE_TRANSPORT: auto | ipc | staged: how device buffers move
+  kDeviceTransport,   // CHORUS_DEVICE_TRANSPORT: auto | direct | ipc | staged: how device buffers move
   kDeviceLlBytes,     // CHORUS_DEVICE_LL_BYTES: device calls this small use the LL protocol
   kDeviceChannels,    // CHORUS_DEVICE_CHANNELS: blocks (channels) of a bulk device call
   kDeviceThreads,     // CHORUS_DEVICE_THREADS: threads per channel
   kDeviceStageBytes,  // CHORUS_DEVICE_STAGE_BYTES: pinned staging chunk of the staged path
+  kDeviceDirectBytes,  // CHORUS_DEVICE_DIRECT_BYTES: each of the direct path's two publishing buffers
   kCount
 };
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernels/cpu/reduce.h"
+#include "kernels/cuda/reduce.h"
 #include "src/core/communicator.h"
 #include "src/core/config.h"
 #include "src/core/error.h"
@@ -39,6 +40,20 @@ void check(cudaError_t error, int rank, const char* what) {
          static_cast<int>(error));
   }
 }
+
+// Lets this thread make calls CUDA refuses while one of its streams is being captured in the
+// default (global) mode: allocations and the setup's own synchronization, none of which touch a
+// captured stream. The mode before is restored at scope exit.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
 
 // Where a ring kernel's collective goes, by chorus collective; -1: staged only.
 int ringKind(Collective c) {
@@ -121,6 +136,34 @@ void extents(const DeviceCall& call, int rank, int nranks, size_t* in, size_t* o
   }
   *in = *out = 0;
 }
+
+// Whether the direct path serves a collective, and how much of a rank's input it publishes per
+// element of the call's count: 1 (one block), n (n blocks), or 0 (nothing: not served).
+int directBlocks(Collective c, int nranks) {
+  switch (c) {
+    case Collective::kAllReduce:
+    case Collective::kReduce:
+    case Collective::kBroadcast:
+    case Collective::kAllGather:
+    case Collective::kGather:
+      return 1;
+    case Collective::kReduceScatter:
+    case Collective::kAllToAll:
+    case Collective::kScatter:
+      return nranks;
+    default:
+      return 0;
+  }
+}
+
+// What the direct path's setup exchanges: the publishing buffer's handle and the events'.
+struct DirectInfo {
+  cudaIpcMemHandle_t buffer;
+  cudaIpcEventHandle_t ready[2];
+  cudaIpcEventHandle_t read[2];
+  int32_t ok;
+  int32_t pad;
+};
 
 // What the IPC setup exchanges: the inbox's handle and where the rank's GPU is.
 struct IpcInfo {
@@ -260,11 +303,31 @@ struct DeviceEngine::Impl {
   cudaEvent_t lastDone = nullptr;
   bool anyCall = false;
 
-  // Staging: two slots, each an input and an output area, pinned.
+  // The engine's own stream, for its setup's copies: waiting on it waits for nothing of the
+  // caller's (a caller's stream may be held by a host function, or being captured).
+  cudaStream_t setupStream = nullptr;
+
+  // The direct path (ranks sharing one GPU): each rank's two publishing buffers (device memory,
+  // mapped by every peer), and per buffer an event recorded when this rank has published into it
+  // (ready) and one when it has read the peers' (read), all shared with the peers by CUDA IPC.
+  // Call piece k uses buffer k % 2 on every rank.
+  bool direct = false;
+  size_t directBytes = 0;  // per buffer
+  char* directBuffer = nullptr;
+  std::vector<char*> peerDirect;  // by rank (this rank's own too)
+  cudaEvent_t ready[2] = {};
+  cudaEvent_t readDone[2] = {};
+  std::vector<cudaEvent_t> peerReady[2];  // by rank; this rank's own entry unused
+  std::vector<cudaEvent_t> peerRead[2];
+  uint64_t directPieces = 0;
+
+  // Staging: two slots, each an input and an output area, pinned. A larger call gets larger
+  // areas; the old ones are kept (calls in flight and captured graphs point into them) until the
+  // engine goes, as are the StagedCalls that host functions point at.
   void* staging = nullptr;
   size_t slotBytes = 0;  // per area
+  std::vector<void*> retiredStaging;
   std::deque<StagedCall> stagedCalls;
-  bool capturedStaged = false;  // a graph holds host nodes that point into stagedCalls
 
   // The proxy: its communicator (a split of comm), thread and queue.
   std::unique_ptr<Communicator> proxyComm;
@@ -279,7 +342,12 @@ struct DeviceEngine::Impl {
   explicit Impl(Communicator& c) : comm(c), rank(c.rank()), nranks(c.nranks()) {}
 
   void setUp();
-  void setUpIpc();
+  bool setUpIpc();
+  bool setUpDirect(bool oneGpu);
+  void closeDirect();
+  bool directServes(const DeviceCall& call, cudaStream_t stream) const;
+  void enqueueDirect(const DeviceCall& call, cudaStream_t stream);
+  void directPiece(const DeviceCall& call, size_t first, size_t m, cudaStream_t stream);
   void layRing(const std::vector<IpcInfo>& all);
   void closeIpc();
   void ensureStaging(size_t bytes, cudaStream_t stream);
@@ -297,7 +365,16 @@ struct DeviceEngine::Impl {
 };
 
 void DeviceEngine::Impl::setUp() {
+  RelaxedCapture relaxed;  // the first call may come while a stream of this thread is being captured
   check(cudaGetDevice(&device), rank, "cudaGetDevice");
+  check(cudaStreamCreateWithFlags(&setupStream, cudaStreamNonBlocking), rank, "cudaStreamCreate (setup)");
+  // Every kernel this engine may launch, loaded now: CUDA loads a kernel at its first launch
+  // otherwise, and loading may wait for the whole device, so a later call enqueued behind a
+  // blocked stream would wait with it.
+  if (const int error = ipc::preload(); error != 0) check(static_cast<cudaError_t>(error), rank, "loading the ipc kernels");
+  if (const int error = kernels::cuda::preloadReduceMany(); error != 0) {
+    check(static_cast<cudaError_t>(error), rank, "loading the reduction kernels");
+  }
   llBytes = static_cast<size_t>(knobInt(Knob::kDeviceLlBytes));
   channels = static_cast<int>(std::clamp<int64_t>(knobInt(Knob::kDeviceChannels), 1, ipc::kMaxChannels));
   threads = static_cast<int>(std::clamp<int64_t>(knobInt(Knob::kDeviceThreads), 32, 1024) / 32 * 32);
@@ -314,38 +391,49 @@ void DeviceEngine::Impl::setUp() {
   doneDevice = reinterpret_cast<const volatile uint64_t*>(static_cast<char*>(devicePinned) + 256);
   check(cudaMalloc(reinterpret_cast<void**>(&counters), sizeof(ipc::ChannelCounters) * ipc::kMaxChannels + 256), rank,
         "cudaMalloc (counters)");
-  check(cudaMemset(counters, 0, sizeof(ipc::ChannelCounters) * ipc::kMaxChannels + 256), rank, "cudaMemset");
+  check(cudaMemsetAsync(counters, 0, sizeof(ipc::ChannelCounters) * ipc::kMaxChannels + 256, setupStream), rank,
+        "cudaMemsetAsync (counters)");
+  check(cudaStreamSynchronize(setupStream), rank, "cudaStreamSynchronize (setup)");
   waits =
       reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(counters) + sizeof(ipc::ChannelCounters) * ipc::kMaxChannels);
   check(cudaEventCreateWithFlags(&lastDone, cudaEventDisableTiming), rank, "cudaEventCreate");
 
   const std::string mode = knobString(Knob::kDeviceTransport);
-  if (mode != "auto" && mode != "ipc" && mode != "staged") {
-    fail(chorusInvalidArgument, "rank {}: {}={}: expected auto, ipc or staged", rank, knobName(Knob::kDeviceTransport),
-         mode);
+  if (mode != "auto" && mode != "direct" && mode != "ipc" && mode != "staged") {
+    fail(chorusInvalidArgument, "rank {}: {}={}: expected auto, direct, ipc or staged", rank,
+         knobName(Knob::kDeviceTransport), mode);
   }
+  directBytes = std::max<size_t>(static_cast<size_t>(knobInt(Knob::kDeviceDirectBytes)), 4096) / 256 * 256;
   nextRank = (rank + 1) % nranks;
   prevRank = (rank + nranks - 1) % nranks;
-  if (mode != "staged") setUpIpc();
+  bool oneGpu = false;
+  if (mode != "staged") oneGpu = setUpIpc();
   if (mode == "ipc" && !ipc) {
     fail(chorusInvalidUsage, "rank {}: {}=ipc, but {}", rank, knobName(Knob::kDeviceTransport),
          comm.singleHost() ? "a rank could not map its neighbours' GPU memory (CUDA IPC)" : "the ranks span hosts");
+  }
+  if (mode == "auto" || mode == "direct") direct = setUpDirect(oneGpu);
+  if (mode == "direct" && !direct) {
+    fail(chorusInvalidUsage, "rank {}: {}=direct, but {}", rank, knobName(Knob::kDeviceTransport),
+         !oneGpu ? "the ranks do not all share one GPU"
+                 : "a rank could not share its buffers or events with the others (CUDA IPC)");
   }
   // The proxy's own communicator: it runs calls while the caller's thread keeps using comm.
   CommSettings settings = comm.settings();
   proxyComm = comm.split(0, rank, settings);
   proxy = std::thread([this] { proxyLoop(); });
   logAt(LogLevel::kInfo, "rank {}: device path {} on GPU {} ({} channels of {} threads, LL up to {} bytes)", rank,
-        ipc ? "ipc" : "staged", device, channels, threads, llBytes);
+        direct ? "direct" : ipc ? "ipc" : "staged", device, channels, threads, llBytes);
 }
 
 // Every rank makes its inbox and a handle to it; all on one host, each maps its ring neighbours'.
-// The ranks agree: ipc only if every rank could.
-void DeviceEngine::Impl::setUpIpc() {
+// The ranks agree: ipc only if every rank could. Returns whether every rank is on this rank's GPU.
+bool DeviceEngine::Impl::setUpIpc() {
   IpcInfo mine{};
   const size_t inboxBytes = sizeof(ipc::ChannelInbox) * ipc::kMaxChannels;
   if (cudaMalloc(reinterpret_cast<void**>(&inbox), inboxBytes) == cudaSuccess &&
-      cudaMemset(inbox, 0, inboxBytes) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess &&
+      cudaMemsetAsync(inbox, 0, inboxBytes, setupStream) == cudaSuccess &&
+      cudaStreamSynchronize(setupStream) == cudaSuccess &&
       cudaIpcGetMemHandle(&mine.inbox, inbox) == cudaSuccess &&
       cudaDeviceGetPCIBusId(mine.busId, sizeof(mine.busId), device) == cudaSuccess) {
     mine.ok = 1;
@@ -383,6 +471,205 @@ void DeviceEngine::Impl::setUpIpc() {
   comm.run({comm.prepare(Collective::kAllGather, &mapped, agreed.data(), 1, chorusInt32, chorusSum, 0)});
   ipc = std::all_of(agreed.begin(), agreed.end(), [](int32_t v) { return v != 0; });
   if (!ipc) closeIpc();
+  bool oneGpu = comm.singleHost();
+  for (const auto& info : all) oneGpu = oneGpu && std::strncmp(info.busId, all[rank].busId, sizeof info.busId) == 0;
+  return oneGpu && all[rank].busId[0] != '\0';
+}
+
+// The direct path: every rank shares one GPU. Each makes its publishing buffers and events and
+// maps the others'; the ranks agree, direct only if every rank could.
+bool DeviceEngine::Impl::setUpDirect(bool oneGpu) {
+  int32_t mine = 0;
+  DirectInfo info{};
+  if (oneGpu && nranks <= kernels::cuda::kMaxReduceSources) {
+    bool ok = cudaMalloc(reinterpret_cast<void**>(&directBuffer), directBytes * 2) == cudaSuccess &&
+              cudaIpcGetMemHandle(&info.buffer, directBuffer) == cudaSuccess;
+    for (int q = 0; q < 2 && ok; ++q) {
+      ok = cudaEventCreateWithFlags(&ready[q], cudaEventInterprocess | cudaEventDisableTiming) == cudaSuccess &&
+           cudaEventCreateWithFlags(&readDone[q], cudaEventInterprocess | cudaEventDisableTiming) == cudaSuccess &&
+           cudaIpcGetEventHandle(&info.ready[q], ready[q]) == cudaSuccess &&
+           cudaIpcGetEventHandle(&info.read[q], readDone[q]) == cudaSuccess;
+    }
+    info.ok = ok ? 1 : 0;
+    cudaGetLastError();
+  }
+  // Every rank takes part in the exchanges, whatever it found (they are collective).
+  std::vector<DirectInfo> all(nranks);
+  comm.run({comm.prepare(Collective::kAllGather, &info, all.data(), sizeof(DirectInfo), chorusUint8, chorusSum, 0)});
+  bool everyone = true;
+  for (const auto& i : all) everyone = everyone && i.ok != 0;
+  if (everyone) {
+    peerDirect.assign(nranks, nullptr);
+    for (int q = 0; q < 2; ++q) {
+      peerReady[q].assign(nranks, nullptr);
+      peerRead[q].assign(nranks, nullptr);
+    }
+    mine = 1;
+    for (int p = 0; p < nranks && mine != 0; ++p) {
+      if (p == rank) {
+        peerDirect[p] = directBuffer;
+        continue;
+      }
+      void* mapped = nullptr;
+      if (cudaIpcOpenMemHandle(&mapped, all[p].buffer, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
+        mine = 0;
+        break;
+      }
+      peerDirect[p] = static_cast<char*>(mapped);
+      for (int q = 0; q < 2 && mine != 0; ++q) {
+        if (cudaIpcOpenEventHandle(&peerReady[q][p], all[p].ready[q]) != cudaSuccess ||
+            cudaIpcOpenEventHandle(&peerRead[q][p], all[p].read[q]) != cudaSuccess) {
+          mine = 0;
+        }
+      }
+    }
+    cudaGetLastError();
+  }
+  std::vector<int32_t> agreed(nranks);
+  comm.run({comm.prepare(Collective::kAllGather, &mine, agreed.data(), 1, chorusInt32, chorusSum, 0)});
+  const bool ok = std::all_of(agreed.begin(), agreed.end(), [](int32_t v) { return v != 0; });
+  if (!ok) closeDirect();
+  return ok;
+}
+
+void DeviceEngine::Impl::closeDirect() {
+  for (int p = 0; p < static_cast<int>(peerDirect.size()); ++p) {
+    if (p != rank && peerDirect[p] != nullptr) cudaIpcCloseMemHandle(peerDirect[p]);
+  }
+  peerDirect.clear();
+  for (int q = 0; q < 2; ++q) {
+    // Opened IPC events are destroyed as any event.
+    for (int p = 0; p < static_cast<int>(peerReady[q].size()); ++p) {
+      if (p == rank) continue;
+      if (peerReady[q][p] != nullptr) cudaEventDestroy(peerReady[q][p]);
+      if (peerRead[q][p] != nullptr) cudaEventDestroy(peerRead[q][p]);
+    }
+    peerReady[q].clear();
+    peerRead[q].clear();
+    if (ready[q] != nullptr) cudaEventDestroy(ready[q]);
+    if (readDone[q] != nullptr) cudaEventDestroy(readDone[q]);
+    ready[q] = readDone[q] = nullptr;
+  }
+  if (directBuffer != nullptr) cudaFree(directBuffer);
+  directBuffer = nullptr;
+  cudaGetLastError();
+}
+
+// The direct path takes the collectives it knows, out of graph capture (its order across processes
+// is set when each call is enqueued, which a replay would not repeat).
+bool DeviceEngine::Impl::directServes(const DeviceCall& call, cudaStream_t stream) const {
+  if (!direct || directBlocks(call.collective, nranks) == 0) return false;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &capturing), rank, "cudaStreamIsCapturing");
+  return capturing == cudaStreamCaptureStatusNone;
+}
+
+// A call in pieces of at most directBytes of published input per rank.
+void DeviceEngine::Impl::enqueueDirect(const DeviceCall& call, cudaStream_t stream) {
+  const size_t size = kernels::typeSize(call.type);
+  const size_t blocks = static_cast<size_t>(directBlocks(call.collective, nranks));
+  const size_t per = std::max<size_t>(1, directBytes / (size * blocks) / 16 * 16);
+  for (size_t first = 0; first < call.count || first == 0; first += per) {
+    directPiece(call, first, std::min(per, call.count - first), stream);
+    if (call.count == 0) break;
+  }
+}
+
+// One piece: elements [first, first + m) of the call (of every block, for the collectives whose
+// input is n blocks). On this rank's stream, with q = the piece's buffer:
+//   1. wait until every peer has read this rank's buffer q (their read event of the piece before last);
+//   2. publish: copy the input's piece into buffer q; record ready[q];
+//   3. host barrier: every rank has recorded its ready[q] (and its read of two pieces ago);
+//   4. wait for every peer's ready[q];
+//   5. compute the output's piece from the buffers (and this rank's own input);
+//   6. record read[q].
+// Why the events are the right records: a peer waits on this rank's ready[q] in step 4 after the
+// barrier of this piece, which follows this rank's record; this rank records ready[q] again two
+// pieces later, after the next barrier, which the peer reaches only after its step 4. The same
+// holds for read[q] with steps 6 and 1. So no kernel waits on another process: the streams do.
+void DeviceEngine::Impl::directPiece(const DeviceCall& call, size_t first, size_t m, cudaStream_t stream) {
+  const size_t size = kernels::typeSize(call.type);
+  const size_t n = static_cast<size_t>(nranks);
+  const size_t blocks = static_cast<size_t>(directBlocks(call.collective, nranks));
+  const int q = static_cast<int>(directPieces++ % 2);
+  const bool root = call.rootOrPeer == rank;
+  const auto* in = static_cast<const char*>(call.input);
+  auto* out = static_cast<char*>(call.output);
+  char* mine = directBuffer + static_cast<size_t>(q) * directBytes;
+  auto slot = [&](int p) { return peerDirect[p] + static_cast<size_t>(q) * directBytes; };
+  for (int p = 0; p < nranks; ++p) {
+    if (p != rank) check(cudaStreamWaitEvent(stream, peerRead[q][p], 0), rank, "cudaStreamWaitEvent (direct read)");
+  }
+  // Publish: only what the peers read (the root's input of a broadcast or scatter).
+  const bool publishes = (call.collective != Collective::kBroadcast && call.collective != Collective::kScatter) || root;
+  if (publishes && m > 0) {
+    if (blocks == 1) {
+      check(cudaMemcpyAsync(mine, in + first * size, m * size, cudaMemcpyDeviceToDevice, stream), rank,
+            "cudaMemcpyAsync (direct publish)");
+    } else if (call.count * size < (size_t{1} << 31)) {
+      // n blocks of the call's count: the piece of each, packed (one strided copy).
+      check(cudaMemcpy2DAsync(mine, m * size, in + first * size, call.count * size, m * size, n,
+                              cudaMemcpyDeviceToDevice, stream),
+            rank, "cudaMemcpy2DAsync (direct publish)");
+    } else {  // a stride past what a strided copy takes: a copy per block
+      for (size_t b = 0; b < n; ++b) {
+        check(cudaMemcpyAsync(mine + b * m * size, in + (b * call.count + first) * size, m * size,
+                              cudaMemcpyDeviceToDevice, stream),
+              rank, "cudaMemcpyAsync (direct publish)");
+      }
+    }
+  }
+  check(cudaEventRecord(ready[q], stream), rank, "cudaEventRecord (direct ready)");
+  comm.run({comm.prepare(Collective::kBarrier, nullptr, nullptr, 0, chorusUint8, chorusSum, 0)});
+  for (int p = 0; p < nranks; ++p) {
+    if (p != rank) check(cudaStreamWaitEvent(stream, peerReady[q][p], 0), rank, "cudaStreamWaitEvent (direct ready)");
+  }
+  auto copy = [&](void* to, const void* from, size_t elements) {
+    if (elements == 0 || to == from) return;
+    check(cudaMemcpyAsync(to, from, elements * size, cudaMemcpyDeviceToDevice, stream), rank,
+          "cudaMemcpyAsync (direct)");
+  };
+  auto reduceAll = [&](void* to, size_t offset) {
+    std::vector<const void*> sources(n);
+    for (int p = 0; p < nranks; ++p) sources[p] = slot(p) + offset * size;
+    const int error = kernels::cuda::reduceMany(to, sources.data(), nranks, m, call.type, call.op, nranks,
+                                                reinterpret_cast<void*>(stream));
+    if (error != 0) check(static_cast<cudaError_t>(error), rank, "launching the direct reduction");
+  };
+  if (m > 0) {
+    switch (call.collective) {
+      case Collective::kAllReduce:
+        reduceAll(out + first * size, 0);
+        break;
+      case Collective::kReduce:
+        if (root) reduceAll(out + first * size, 0);
+        break;
+      case Collective::kReduceScatter:
+        reduceAll(out + first * size, static_cast<size_t>(rank) * m);
+        break;
+      case Collective::kBroadcast:
+        copy(out + first * size, slot(call.rootOrPeer), m);
+        break;
+      case Collective::kAllGather:
+      case Collective::kGather:
+        if (call.collective == Collective::kAllGather || root) {
+          for (int p = 0; p < nranks; ++p) copy(out + (static_cast<size_t>(p) * call.count + first) * size, slot(p), m);
+        }
+        break;
+      case Collective::kAllToAll:
+        for (int p = 0; p < nranks; ++p) {
+          copy(out + (static_cast<size_t>(p) * call.count + first) * size, slot(p) + static_cast<size_t>(rank) * m * size,
+               m);
+        }
+        break;
+      case Collective::kScatter:
+        copy(out + first * size, slot(call.rootOrPeer) + static_cast<size_t>(rank) * m * size, m);
+        break;
+      default:
+        break;
+    }
+  }
+  check(cudaEventRecord(readDone[q], stream), rank, "cudaEventRecord (direct read)");
 }
 
 // The ring over the GPUs: rank 0 searches it on this host's topology (NVLink before PCIe) from
@@ -411,8 +698,9 @@ void DeviceEngine::Impl::layRing(const std::vector<IpcInfo>& all) {
   for (int p = 0; p < nranks; ++p) byNumber = byNumber && ringOrder[p] == p;
   if (!byNumber) {
     check(cudaMalloc(reinterpret_cast<void**>(&rankAtDevice), sizeof(int) * nranks), rank, "cudaMalloc (ring order)");
-    check(cudaMemcpy(rankAtDevice, ringOrder.data(), sizeof(int) * nranks, cudaMemcpyHostToDevice), rank,
-          "cudaMemcpy (ring order)");
+    check(cudaMemcpyAsync(rankAtDevice, ringOrder.data(), sizeof(int) * nranks, cudaMemcpyHostToDevice, setupStream),
+          rank, "cudaMemcpyAsync (ring order)");
+    check(cudaStreamSynchronize(setupStream), rank, "cudaStreamSynchronize (ring order)");
     if (rank == 0) logAt(LogLevel::kInfo, "rank 0: device ring {}", fmt::join(ringOrder, " "));
   }
 }
@@ -510,31 +798,20 @@ const StagedCall* DeviceEngine::Impl::stagedGroup(const std::vector<DeviceCall>&
   return &stagedCalls.back();
 }
 
-// Grows the staging areas to bytes each. The old ones may be in use by calls in flight: wait for
-// them first, which a stream being captured cannot do.
-void DeviceEngine::Impl::ensureStaging(size_t bytes, cudaStream_t stream) {
+// Grows the staging areas to at least bytes each (doubling, so a run of growing calls allocates
+// few times). Nothing waits: the old areas stay for the calls in flight and the graphs captured
+// with them, and are freed with the engine. Allowed while a stream is being captured.
+void DeviceEngine::Impl::ensureStaging(size_t bytes, cudaStream_t) {
   if (bytes <= slotBytes) return;
-  if (capturedStaged) {
-    fail(chorusInvalidUsage,
-         "rank {}: a staged device call needs {} bytes of pinned staging but has {}, and growing it would break the "
-         "CUDA graphs captured with it: raise {} or make the largest call before capturing",
-         rank, bytes, slotBytes, knobName(Knob::kDeviceStageBytes));
+  const size_t grown = std::max(bytes, slotBytes * 2);
+  void* fresh = nullptr;
+  {
+    RelaxedCapture relaxed;
+    check(cudaHostAlloc(&fresh, grown * 4, cudaHostAllocPortable), rank, "cudaHostAlloc (staging)");
   }
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  check(cudaStreamIsCapturing(stream, &capturing), rank, "cudaStreamIsCapturing");
-  if (capturing != cudaStreamCaptureStatusNone) {
-    fail(chorusInvalidUsage,
-         "rank {}: a staged device call needs {} bytes of pinned staging but has {} and a stream being captured cannot "
-         "wait to grow it: run one such call before capturing, or raise {}",
-         rank, bytes, slotBytes, knobName(Knob::kDeviceStageBytes));
-  }
-  if (anyCall) check(cudaEventSynchronize(lastDone), rank, "cudaEventSynchronize");
-  if (staging != nullptr) cudaFreeHost(staging);
-  staging = nullptr;
-  slotBytes = 0;
-  stagedCalls.clear();
-  check(cudaHostAlloc(&staging, bytes * 4, cudaHostAllocPortable), rank, "cudaHostAlloc (staging)");
-  slotBytes = bytes;
+  if (staging != nullptr) retiredStaging.push_back(staging);
+  staging = fresh;
+  slotBytes = grown;
 }
 
 void CUDART_CB DeviceEngine::Impl::hostPost(void* data) {
@@ -558,8 +835,6 @@ void DeviceEngine::Impl::post(const StagedCall* staged, cudaStream_t stream) {
 }
 
 void DeviceEngine::Impl::enqueueStaged(const DeviceCall& call, cudaStream_t stream) {
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  check(cudaStreamIsCapturing(stream, &capturing), rank, "cudaStreamIsCapturing");
   const size_t size = kernels::typeSize(call.type);
   size_t inCount, outCount;
   extents(call, rank, nranks, &inCount, &outCount);
@@ -585,7 +860,6 @@ void DeviceEngine::Impl::enqueueStaged(const DeviceCall& call, cudaStream_t stre
                             cudaMemcpyHostToDevice, stream),
             rank, "cudaMemcpyAsync (staged result)");
     };
-    capturedStaged = capturedStaged || capturing != cudaStreamCaptureStatusNone;
     for (size_t c = 0; c < chunks; ++c) {
       const int slot = static_cast<int>(c % 2);
       const size_t n = std::min(per, call.count - c * per);
@@ -603,7 +877,6 @@ void DeviceEngine::Impl::enqueueStaged(const DeviceCall& call, cudaStream_t stre
     return;
   }
   ensureStaging(std::max({inCount * size, outCount * size, size_t{64}}), stream);
-  capturedStaged = capturedStaged || capturing != cudaStreamCaptureStatusNone;
   if (inCount > 0) {
     check(cudaMemcpyAsync(area(0, 0), call.input, inCount * size, cudaMemcpyDeviceToHost, stream), rank,
           "cudaMemcpyAsync (staged input)");
@@ -617,8 +890,6 @@ void DeviceEngine::Impl::enqueueStaged(const DeviceCall& call, cudaStream_t stre
 }
 
 void DeviceEngine::Impl::enqueueStagedGroup(const std::vector<DeviceCall>& calls, cudaStream_t stream) {
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  check(cudaStreamIsCapturing(stream, &capturing), rank, "cudaStreamIsCapturing");
   // Sends packed into the input area, receives into the output area, each 64-byte aligned.
   std::vector<size_t> offsets(calls.size());
   size_t sent = 0, received = 0;
@@ -628,7 +899,6 @@ void DeviceEngine::Impl::enqueueStagedGroup(const std::vector<DeviceCall>& calls
     end += (calls[i].count * kernels::typeSize(calls[i].type) + 63) / 64 * 64;
   }
   ensureStaging(std::max({sent, received, size_t{64}}), stream);  // before anything is enqueued
-  capturedStaged = capturedStaged || capturing != cudaStreamCaptureStatusNone;
   char* in = static_cast<char*>(staging);
   char* out = in + slotBytes;
   std::vector<DeviceCall> staged = calls;
@@ -705,8 +975,11 @@ DeviceEngine::~DeviceEngine() {
   if (m.proxy.joinable()) m.proxy.join();
   m.proxyComm.reset();
   m.closeIpc();
+  m.closeDirect();
   if (m.lastDone != nullptr) cudaEventDestroy(m.lastDone);
   if (m.staging != nullptr) cudaFreeHost(m.staging);
+  for (void* old : m.retiredStaging) cudaFreeHost(old);
+  if (m.setupStream != nullptr) cudaStreamDestroy(m.setupStream);
   if (m.inbox != nullptr) cudaFree(m.inbox);
   if (m.counters != nullptr) cudaFree(m.counters);
   if (m.rankAtDevice != nullptr) cudaFree(m.rankAtDevice);
@@ -736,7 +1009,9 @@ void DeviceEngine::enqueue(const DeviceCall& call, chorusStream_t stream, const 
   checkDeviceCall(call, m.rank, m.nranks, name);
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   m.order(s);
-  if (m.ipc && ringKind(call.collective) >= 0) {
+  if (m.directServes(call, s)) {
+    m.enqueueDirect(call, s);
+  } else if (m.ipc && ringKind(call.collective) >= 0) {
     m.enqueueRing(call, s);
   } else {
     m.enqueueStaged(call, s);
@@ -782,6 +1057,6 @@ void DeviceEngine::abort() {
   if (impl_->proxyComm != nullptr) impl_->proxyComm->abort();
 }
 
-const char* DeviceEngine::path() const { return impl_->ipc ? "ipc" : "staged"; }
+const char* DeviceEngine::path() const { return impl_->direct ? "direct" : impl_->ipc ? "ipc" : "staged"; }
 
 }  // namespace chorus

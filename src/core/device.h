@@ -2,6 +2,13 @@
 // DeviceEngine at its first call with a stream (every rank makes it in the same call, so its
 // setup may talk to the peers), and from then on such calls are enqueued on the caller's stream
 // and return without waiting:
+//  - direct: every rank on one GPU (several ranks sharing a device). Each rank publishes its input
+//    in a device buffer every peer maps with CUDA IPC; the ranks' streams are ordered by CUDA IPC
+//    events (a host barrier per call orders the records before the waits), and each rank's own
+//    kernels and copies read what it needs from the published buffers: no kernel waits on another
+//    process, so ranks that take turns on the GPU (no MPS) pay no time slice per step. All-reduce,
+//    reduce, reduce-scatter, broadcast, all-gather, gather, all-to-all, scatter; not in graph
+//    capture (the order is set at enqueue time).
 //  - ipc: every rank on one host, each inbox mapped by its ring neighbours with CUDA IPC: one
 //    kernel launch per call (src/transport/cuda_ipc_ring.h), for all-reduce, all-gather,
 //    reduce-scatter, broadcast and reduce;
@@ -61,7 +68,7 @@ class DeviceEngine {
   chorusResult_t asyncError(std::string* message) const;
   // Raises the abort word: every waiting kernel and the proxy give up. Safe from any thread.
   void abort();
-  // "ipc" or "staged", for logs and tests.
+  // "direct", "ipc" or "staged", for logs and tests.
   const char* path() const;
 
   struct Impl;  // device.cc

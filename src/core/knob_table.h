@@ -70,9 +70,12 @@ inline constexpr KnobSpec kKnobs[] = {
      "compressor of compressed all-reduces created without one, e.g. powersgd:4 or topk:0.01 (names: none, fp16, "
      "bf16, powersgd, topk, randomk, qsgd, sign; default: none)"},
     {"CHORUS_DEVICE_TRANSPORT", "auto",
-     "how collectives on device buffers move data: ipc (kernels that read and write the peers' GPU memory, mapped "
-     "with CUDA IPC; every rank on one host), staged (through pinned host buffers and the host transports, any "
-     "ranks), auto (ipc where every rank can, else staged)"},
+     "how collectives on device buffers move data: direct (ranks sharing one GPU: each publishes its input in a "
+     "buffer the others map with CUDA IPC, the streams are ordered by IPC events, and each rank's own kernels read "
+     "what it needs; no kernel waits on another process), ipc (ring kernels that read and write the peers' GPU "
+     "memory, mapped with CUDA IPC; every rank on one host), staged (through pinned host buffers and the host "
+     "transports, any ranks), auto (direct where every rank shares one GPU, else ipc where every rank can, else "
+     "staged; a call being captured in a CUDA graph takes ipc or staged)"},
     {"CHORUS_DEVICE_LL_BYTES", "65536",
      "device calls whose per-rank buffer is at most this many bytes use the low-latency protocol (flags in line "
      "with the data); larger ones the bulk protocol"},
@@ -81,6 +84,9 @@ inline constexpr KnobSpec kKnobs[] = {
     {"CHORUS_DEVICE_STAGE_BYTES", "4194304",
      "chunk of the staged device path: the device-to-host copy of one chunk overlaps the transfer of the one "
      "before"},
+    {"CHORUS_DEVICE_DIRECT_BYTES", "33554432",
+     "bytes of each of the two buffers in which a rank of the direct device path publishes its input; larger calls "
+     "go in pieces of this size"},
 
     // Launchers (chorusCommInitFromEnv; the CHORUS_ spellings win over the plain ones).
     {"CHORUS_RANK", "", "this process's rank (also RANK, as torchrun sets it)", "launcher"},

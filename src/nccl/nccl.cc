@@ -343,6 +343,9 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   return fromChorus(chorusCommAbort(toChorus(comm)));
 }
 
+#if !defined(NCCL_REVOKE_DEFAULT)  // an nccl.h older than 2.28 does not name it
+#define NCCL_REVOKE_DEFAULT 0
+#endif
 ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   if (revokeFlags != NCCL_REVOKE_DEFAULT) {
     return refuse(ncclInvalidArgument, "ncclCommRevoke: revokeFlags %d (must be NCCL_REVOKE_DEFAULT)", revokeFlags);

@@ -2,14 +2,15 @@
 #include "src/topology/bind.h"
 
 #include <fmt/format.h>
-#include <hwloc.h>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 
 namespace chorus::topology {
@@ -134,16 +135,26 @@ std::vector<int> onlineCpus() {
 
 std::string bindProcess(const std::vector<int>& cpus, int numaNode) {
   std::string failed;
-  hwloc_topology_t topology = nullptr;
-  hwloc_bitmap_t set = hwloc_bitmap_alloc();
-  for (int cpu : cpus) hwloc_bitmap_set(set, static_cast<unsigned>(cpu));
-  if (hwloc_topology_init(&topology) != 0 || hwloc_topology_load(topology) != 0) {
-    failed = "hwloc could not load this machine's topology";
-  } else if (hwloc_set_cpubind(topology, set, HWLOC_CPUBIND_PROCESS) != 0) {
+  cpu_set_t* set = CPU_ALLOC(kMaxCpus);
+  const size_t setBytes = CPU_ALLOC_SIZE(kMaxCpus);
+  CPU_ZERO_S(setBytes, set);
+  for (int cpu : cpus) CPU_SET_S(static_cast<size_t>(cpu), setBytes, set);
+  // The whole process: every thread it has now (later threads inherit the binding).
+  std::error_code error;
+  bool any = false;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", error)) {
+    const pid_t tid = static_cast<pid_t>(std::atol(task.path().filename().c_str()));
+    if (tid <= 0) continue;
+    if (sched_setaffinity(tid, setBytes, set) != 0 && errno != ESRCH) {
+      failed = fmt::format("binding to processors {} failed: {}", formatCpuList(cpus), std::strerror(errno));
+      break;
+    }
+    any = true;
+  }
+  if (failed.empty() && !any && sched_setaffinity(0, setBytes, set) != 0) {
     failed = fmt::format("binding to processors {} failed: {}", formatCpuList(cpus), std::strerror(errno));
   }
-  hwloc_bitmap_free(set);
-  if (topology != nullptr) hwloc_topology_destroy(topology);
+  CPU_FREE(set);
   if (failed.empty() && numaNode >= 0 && numaNode < 1024) {
     unsigned long mask[1024 / (8 * sizeof(unsigned long))] = {};
     mask[numaNode / (8 * sizeof(unsigned long))] = 1ul << (numaNode % (8 * sizeof(unsigned long)));

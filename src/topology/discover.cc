@@ -8,33 +8,32 @@
 // PCIe link of the bridge's link speed; GPUs (class 03xx) and NICs (02xx) are nodes under their
 // bridge, each NIC joined to the network at its port speed. Other PCI devices are left out. NVML
 // adds NVLinks: GPU to GPU, or to the NVSwitches, taken together as one switch.
+//
+// Built without hwloc, discovery reads sysfs instead: one CPU node per NUMA node (processors,
+// cores, memory), each network device on a PCI bus a NIC under the first node, and GPUs from NVML;
+// no PCIe switches. hwloc XML files are then refused by name.
 #include "src/topology/discover.h"
 
 #include <dlfcn.h>
 #include <fmt/format.h>
-#include <hwloc.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <stdexcept>
+
+#include "src/topology/bind.h"
+
+#if defined(CHORUS_HAVE_HWLOC)
+#include <hwloc.h>
+#endif
 
 namespace chorus::topology {
 namespace {
-
-std::string busIdOf(const hwloc_obj_attr_u::hwloc_pcidev_attr_s& pci) {
-  return fmt::format("{:04x}:{:02x}:{:02x}.{:x}", pci.domain, pci.bus, pci.dev, pci.func);
-}
-
-std::string listOf(hwloc_const_bitmap_t set) {
-  char* text = nullptr;
-  if (hwloc_bitmap_list_asprintf(&text, set) < 0 || text == nullptr) return "";
-  std::string out(text);
-  std::free(text);
-  return out;
-}
 
 // NIC port speed in GB/s from sysfs, 0 when unknown (virtual NICs say -1).
 double portSpeed(const std::string& netName, const std::string& fabricName) {
@@ -49,6 +48,19 @@ double portSpeed(const std::string& netName, const std::string& fabricName) {
     if (speed >> mbits && mbits > 0) return mbits / 8000;
   }
   return 0;
+}
+
+#if defined(CHORUS_HAVE_HWLOC)
+std::string busIdOf(const hwloc_obj_attr_u::hwloc_pcidev_attr_s& pci) {
+  return fmt::format("{:04x}:{:02x}:{:02x}.{:x}", pci.domain, pci.bus, pci.dev, pci.func);
+}
+
+std::string listOf(hwloc_const_bitmap_t set) {
+  char* text = nullptr;
+  if (hwloc_bitmap_list_asprintf(&text, set) < 0 || text == nullptr) return "";
+  std::string out(text);
+  std::free(text);
+  return out;
 }
 
 class Converter {
@@ -193,6 +205,82 @@ HwlocTopology loadHwloc(const std::string* text, const std::string& name) {
   }
   return hw;
 }
+#else
+// The first line of a sysfs file, "" when it cannot be read.
+std::string sysfsLine(const std::filesystem::path& path) {
+  std::ifstream file(path);
+  std::string line;
+  std::getline(file, line);
+  return line;
+}
+
+// This host from sysfs: CPU nodes by NUMA node, and the network devices on a PCI bus as NICs.
+void addSysfs(Topology& t, int host) {
+  namespace fs = std::filesystem;
+  std::map<int, std::vector<int>> cpusOfNuma;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator("/sys/devices/system/node", error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("node", 0) != 0 || name.find_first_not_of("0123456789", 4) != std::string::npos) continue;
+    try {
+      cpusOfNuma[std::atoi(name.c_str() + 4)] = parseCpuList(sysfsLine(entry.path() / "cpulist"));
+    } catch (const std::invalid_argument&) {
+    }
+  }
+  std::erase_if(cpusOfNuma, [](const auto& numa) { return numa.second.empty(); });
+  if (cpusOfNuma.empty()) cpusOfNuma[0] = onlineCpus();  // no NUMA in sysfs: one node of every processor
+  const long pageBytes = sysconf(_SC_PAGESIZE);
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  for (const auto& [numa, cpus] : cpusOfNuma) {
+    Node node;
+    node.kind = NodeKind::kCpu;
+    node.host = host;
+    node.index = numa;
+    node.id = fmt::format("cpu{}", numa);
+    node.cpus = formatCpuList(cpus);
+    std::set<std::pair<std::string, std::string>> cores;  // (package, core)
+    for (int cpu : cpus) {
+      const fs::path topo = fmt::format("/sys/devices/system/cpu/cpu{}/topology", cpu);
+      cores.insert({sysfsLine(topo / "physical_package_id"), sysfsLine(topo / "core_id")});
+    }
+    node.package = std::max(
+        0, std::atoi(sysfsLine(fmt::format("/sys/devices/system/cpu/cpu{}/topology/physical_package_id", cpus[0])).c_str()));
+    node.cores = static_cast<int>(cores.size());
+    // "Node 0 MemTotal:  123456 kB"; the whole memory when there is one node and no such line.
+    std::ifstream meminfo(fmt::format("/sys/devices/system/node/node{}/meminfo", numa));
+    for (std::string line; std::getline(meminfo, line);) {
+      unsigned long long kb = 0;
+      if (std::sscanf(line.c_str(), "Node %*d MemTotal: %llu kB", &kb) == 1) node.memoryBytes = kb * 1024;
+    }
+    if (node.memoryBytes == 0 && cpusOfNuma.size() == 1 && pageBytes > 0 && pages > 0) {
+      node.memoryBytes = static_cast<uint64_t>(pageBytes) * static_cast<uint64_t>(pages);
+    }
+    const int id = t.addNode(node);
+    for (int other : t.nodesOf(host, NodeKind::kCpu)) {
+      if (other == id) continue;
+      t.addLink(other, id, t.nodes[other].package == node.package ? LinkKind::kPackage : LinkKind::kInterSocket);
+    }
+  }
+  const int first = t.nodesOf(host, NodeKind::kCpu).front();
+  for (const auto& entry : fs::directory_iterator("/sys/class/net", error)) {
+    if (sysfsLine(entry.path() / "device" / "class").rfind("0x02", 0) != 0) continue;  // virtual, or not a NIC
+    const fs::path device = fs::canonical(entry.path() / "device", error);
+    if (error) continue;
+    Node node;
+    node.kind = NodeKind::kNic;
+    node.host = host;
+    node.index = static_cast<int>(t.nodesOf(host, NodeKind::kNic).size());
+    node.id = fmt::format("nic{}", node.index);
+    node.busId = device.filename().string();
+    node.device = entry.path().filename().string();
+    const int id = t.addNode(node);
+    t.addLink(first, id, LinkKind::kHostBridge);
+    const double speed = portSpeed(node.device, "");
+    t.addLink(id, t.network(), LinkKind::kNic, speed > 0 ? speed : defaultBandwidth(LinkKind::kNic),
+              defaultLatencyUs(LinkKind::kNic));
+  }
+}
+#endif
 
 // ---- NVML, loaded at run time: the few calls we use, declared as NVML's ABI has them ----
 struct NvmlPciInfo {
@@ -312,16 +400,26 @@ std::string hostName() {
 }  // namespace
 
 Topology discover() {
-  HwlocTopology hw = loadHwloc(nullptr, "this machine");
   Topology t;
   const int host = t.addHost(hostName());
+#if defined(CHORUS_HAVE_HWLOC)
+  HwlocTopology hw = loadHwloc(nullptr, "this machine");
   Converter(hw.get(), t, host, true).run();
+#else
+  addSysfs(t, host);
+#endif
   addNvml(t, host);
   t.validate();
   return t;
 }
 
 Topology parseHwlocXml(const std::string& text, const std::string& name) {
+#if !defined(CHORUS_HAVE_HWLOC)
+  (void)text;
+  throw std::invalid_argument(
+      fmt::format("{}: an hwloc XML file, but this build of chorus has no hwloc to read it (build with libhwloc-dev)",
+                  name));
+#else
   HwlocTopology hw = loadHwloc(&text, name);
   Topology t;
   const char* recorded = hwloc_obj_get_info_by_name(hwloc_get_root_obj(hw.get()), "HostName");
@@ -329,6 +427,7 @@ Topology parseHwlocXml(const std::string& text, const std::string& name) {
   Converter(hw.get(), t, host, false).run();
   t.validate(name);
   return t;
+#endif
 }
 
 Topology localTopology() {

@@ -16,8 +16,10 @@
 // per direction, latency in microseconds (both optional: the kind's defaults). Top-level links
 // name nodes as host/id, network nodes by id.
 #include <fmt/format.h>
+#if defined(CHORUS_HAVE_LIBXML2)
 #include <libxml/parser.h>
 #include <libxml/tree.h>
+#endif
 
 #include <cerrno>
 #include <cmath>
@@ -35,6 +37,7 @@
 
 namespace chorus::topology {
 namespace {
+#if defined(CHORUS_HAVE_LIBXML2)
 
 struct DocDeleter {
   void operator()(xmlDoc* doc) const { xmlFreeDoc(doc); }
@@ -426,6 +429,8 @@ class ChorusReader : public Reader {
   std::map<std::string, int> hostIndex_;  // -1 while a copy is not made yet
 };
 
+#endif  // CHORUS_HAVE_LIBXML2
+
 std::string escape(const std::string& text) {
   std::string out;
   for (char c : text) {
@@ -464,6 +469,7 @@ std::string nodeXml(const Node& node) {
 
 }  // namespace
 
+#if defined(CHORUS_HAVE_LIBXML2)
 namespace {
 
 // A parsed document read by one of the readers, once its root is the one the format has.
@@ -500,6 +506,20 @@ Topology parseTopology(const std::string& text, const std::string& name) {
       "{}: the root element <{}> is none of <chorus-topology> (chorus), <system> (NCCL), <topology> (hwloc)", name,
       rootName));
 }
+#else
+namespace {
+
+[[noreturn]] void noReader(const std::string& name) {
+  throw std::invalid_argument(fmt::format(
+      "{}: this build of chorus has no libxml2, which reads topology XML files (build with libxml2-dev)", name));
+}
+
+}  // namespace
+
+Topology parseNcclXml(const std::string&, const std::string& name) { noReader(name); }
+Topology parseChorusXml(const std::string&, const std::string& name) { noReader(name); }
+Topology parseTopology(const std::string&, const std::string& name) { noReader(name); }
+#endif  // CHORUS_HAVE_LIBXML2
 
 Topology readTopologyFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -1,6 +1,6 @@
-// cuda_ipc.cu: the cuda_ipc transport's wait kernel, and the ring launch that picks a protocol
-// (each protocol's kernels are their own translation unit, cuda_ipc_ll.cu and cuda_ipc_bulk.cu,
-// so the build compiles them in parallel).
+// cuda_ipc.cu: the cuda_ipc transport's wait kernel, and the ring launch that picks the kernel of
+// the call's type and protocol (each compiled in a translation unit of its own, generated from
+// cuda_ipc_kernel.cu.in, so the build compiles them in parallel).
 #include <cuda_runtime.h>
 
 #include "src/transport/cuda_ipc_device.cuh"
@@ -32,7 +32,50 @@ __global__ void waitKernel(uint64_t* waits, const volatile uint64_t* done, Contr
 }  // namespace
 
 int launchRing(const RingArgs& args, chorusDataType_t type, chorusRedOp_t op, bool ll, int threads, void* stream) {
-  return ll ? launchRingLl(args, type, op, threads, stream) : launchRingBulk(args, type, op, threads, stream);
+  auto launch = [&](auto element) {
+    using E = decltype(element);
+    return ll ? launchRingOf<E, true>(args, op, threads, stream) : launchRingOf<E, false>(args, op, threads, stream);
+  };
+  switch (type) {
+    case chorusInt8:
+      return launch(Plain<int8_t>{});
+    case chorusUint8:
+      return launch(Plain<uint8_t>{});
+    case chorusInt32:
+      return launch(Plain<int32_t>{});
+    case chorusUint32:
+      return launch(Plain<uint32_t>{});
+    case chorusInt64:
+      return launch(Plain<int64_t>{});
+    case chorusUint64:
+      return launch(Plain<uint64_t>{});
+    case chorusFloat32:
+      return launch(Plain<float>{});
+    case chorusFloat64:
+      return launch(Plain<double>{});
+    case chorusFloat16:
+      return launch(Fp16{});
+    case chorusBfloat16:
+      return launch(Bf16{});
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
+  }
+}
+
+int preload() {
+  cudaFuncAttributes attributes;
+  if (const cudaError_t error = cudaFuncGetAttributes(&attributes, waitKernel); error != cudaSuccess) {
+    return static_cast<int>(error);
+  }
+  const RingArgs none{};
+  for (int t = 0; t < chorusNumTypes; ++t) {
+    for (const bool ll : {true, false}) {
+      if (const int error = launchRing(none, static_cast<chorusDataType_t>(t), chorusSum, ll, 0, nullptr); error != 0) {
+        return error;
+      }
+    }
+  }
+  return 0;
 }
 
 int launchWait(uint64_t* waits, const volatile uint64_t* done, Control* control, uint64_t timeoutNs, void* stream) {

@@ -13,6 +13,10 @@ namespace chorus::ipc {
 // running RingChannel for the type and op. Returns 0 or the launch's cudaError_t.
 int launchRing(const RingArgs& args, chorusDataType_t type, chorusRedOp_t op, bool ll, int threads, void* stream);
 
+// Loads every kernel above now (threads == 0 in launchRing does the same for one): CUDA loads
+// kernels lazily, at first launch, which may wait for the whole device. 0 or the cudaError_t.
+int preload();
+
 // Enqueues a one-thread kernel that counts itself in *waits (device memory) and spins until
 // *done (host memory mapped to the device) reaches that count, or control reports a failure, or
 // the abort word is raised, or timeoutNs passes (recorded in control as kStatusTimeout).

@@ -26,8 +26,17 @@ struct DeviceSync {
   }
   __device__ static void acquire() { __threadfence_system(); }
   __device__ static void release() { __threadfence_system(); }
-  __device__ static uint64_t loadWord(uint64_t* p) { return *reinterpret_cast<volatile uint64_t*>(p); }
-  __device__ static void storeWord(uint64_t* p, uint64_t v) { *reinterpret_cast<volatile uint64_t*>(p) = v; }
+  // Flag words another process's kernel writes and reads (mapped with CUDA IPC): an acquire load
+  // and a release store at system scope, so the data a flag publishes is seen by the thread that
+  // sees the flag, and through the block barrier that follows, by every thread of the block.
+  __device__ static uint64_t loadWord(uint64_t* p) {
+    uint64_t v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+  }
+  __device__ static void storeWord(uint64_t* p, uint64_t v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+  }
   __device__ static LlLine loadLine(const LlLine* p) {
     LlLine v;
     asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -62,7 +71,8 @@ struct DeviceSync {
   __device__ static uint32_t loadStatus(Control* c) { return *reinterpret_cast<volatile uint32_t*>(&c->status); }
   __device__ static uint32_t loadAbort(Control* c) { return *reinterpret_cast<volatile uint32_t*>(&c->abort); }
   __device__ static void fail(Control* c, uint32_t why, uint32_t channel, uint32_t what, uint64_t message) {
-    if (atomicCAS(&c->status, kStatusOk, why) == kStatusOk) {
+    // System scope: the host reads this word, and writes it too when the proxy fails.
+    if (atomicCAS_system(&c->status, kStatusOk, why) == kStatusOk) {
       c->channel = channel;
       c->what = what;
       c->message = message;
@@ -77,13 +87,34 @@ struct DeviceSync {
   __device__ static void pause() { __nanosleep(32); }
 };
 
-template <bool Ll>
-__global__ void __launch_bounds__(1024) ringKernel(RingArgs args, chorusDataType_t type, chorusRedOp_t op) {
-  runChannel<DeviceSync, Ll>(args, static_cast<int>(blockIdx.x), type, op);
+// The ring kernel of one element type E and protocol: one block per channel, the op chosen inside.
+template <class E, bool Ll>
+__global__ void __launch_bounds__(1024) ringKernel(RingArgs args, chorusRedOp_t op) {
+  runTyped<DeviceSync, E, Ll>(args, static_cast<int>(blockIdx.x), op);
 }
 
-// launchRing for each protocol (cuda_ipc_ll.cu, cuda_ipc_bulk.cu).
-int launchRingLl(const RingArgs& args, chorusDataType_t type, chorusRedOp_t op, int threads, void* stream);
-int launchRingBulk(const RingArgs& args, chorusDataType_t type, chorusRedOp_t op, int threads, void* stream);
+// threads == 0: load the kernel now (no launch).
+template <class E, bool Ll>
+int launchRingOf(const RingArgs& args, chorusRedOp_t op, int threads, void* stream) {
+  if (threads == 0) {
+    cudaFuncAttributes attributes;
+    return static_cast<int>(cudaFuncGetAttributes(&attributes, ringKernel<E, Ll>));
+  }
+  ringKernel<E, Ll><<<dim3(static_cast<unsigned>(args.channels)), dim3(static_cast<unsigned>(threads)), 0,
+                      static_cast<cudaStream_t>(stream)>>>(args, op);
+  return static_cast<int>(cudaGetLastError());
+}
+
+// Each (type, protocol) is compiled in a translation unit of its own (the build generates them
+// from cuda_ipc_kernel.cu.in), so the kernels compile in parallel; elsewhere they are only named.
+#define CHORUS_IPC_KERNELS(X)                                                                              \
+  X(Plain<int8_t>) X(Plain<uint8_t>) X(Plain<int32_t>) X(Plain<uint32_t>) X(Plain<int64_t>) X(Plain<uint64_t>) \
+      X(Plain<float>) X(Plain<double>) X(Fp16) X(Bf16)
+#define CHORUS_IPC_EXTERN(E)                                                          \
+  extern template int launchRingOf<E, true>(const RingArgs&, chorusRedOp_t, int, void*); \
+  extern template int launchRingOf<E, false>(const RingArgs&, chorusRedOp_t, int, void*);
+#if !defined(CHORUS_IPC_KERNEL_UNIT)
+CHORUS_IPC_KERNELS(CHORUS_IPC_EXTERN)
+#endif
 
 }  // namespace chorus::ipc

@@ -12,6 +12,7 @@ const std::vector<TransportKind>& transportRegistry() {
          return (c.mode == "auto" || c.mode == "shm") && c.peers[peer].hostHash == c.peers[c.rank].hostHash;
        },
        createShmTransport},
+#if defined(CHORUS_HAVE_UCX)
       // auto: peers on other hosts. Every rank then has a UCX peer (ucx.cc relies on it).
       {"ucx",
        [](const TransportContext& c, int peer) {
@@ -19,8 +20,23 @@ const std::vector<TransportKind>& transportRegistry() {
        },
        createUcxTransport},
       {"tcp", [](const TransportContext& c, int) { return c.mode == "tcp"; }, createTcpTransport},
+#else
+      // Built without UCX: auto takes tcp to peers on other hosts.
+      {"tcp",
+       [](const TransportContext& c, int peer) {
+         return c.mode == "tcp" || (c.mode == "auto" && c.peers[peer].hostHash != c.peers[c.rank].hostHash);
+       },
+       createTcpTransport},
+#endif
   };
   return kinds;
+}
+
+bool transportBuilt(const std::string& name) {
+  for (const TransportKind& kind : transportRegistry()) {
+    if (kind.name == name) return true;
+  }
+  return false;
 }
 
 }  // namespace chorus

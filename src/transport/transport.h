@@ -194,6 +194,8 @@ struct TransportKind {
 };
 
 const std::vector<TransportKind>& transportRegistry();
+// Whether this build has the transport of that name (ucx only where UCX was found).
+bool transportBuilt(const std::string& name);
 
 // Constructors, one per transport file.
 std::unique_ptr<Transport> createSelfTransport(TransportContext& context, const std::vector<int>& peers);

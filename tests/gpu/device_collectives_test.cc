@@ -1,6 +1,6 @@
 // device_collectives_test.cc: collectives on device buffers, on real ranks (forked processes)
 // sharing the machine's GPUs (all on GPU 0 where there is one: CUDA IPC within one device), over
-// both device paths (ipc kernels, staged through the host). Checks closed-form results for every
+// the three device paths (direct, ipc kernels, staged through the host). Checks closed-form results for every
 // type and op, every collective, stream order (the call returns before its stream runs it) and
 // CUDA graph capture and replay. Skipped, saying why, without a CUDA device.
 #include <cuda_runtime.h>
@@ -50,11 +50,19 @@ class DeviceCollectivesTest : public ::testing::TestWithParam<Path> {
   }
 };
 
+// host -> device, finished when this returns. A plain cudaMemcpy from pageable memory may return
+// before its copy has landed (it runs on the legacy stream, which the tests' non-blocking streams
+// do not wait for), so a call enqueued next could read the buffer's old contents.
+void upload(void* device, const void* host, size_t bytes) {
+  EXPECT_EQ(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
+}
+
 struct Device {
   explicit Device(size_t bytes) : bytes(bytes) { EXPECT_EQ(cudaMalloc(&p, bytes + 1), cudaSuccess); }
   ~Device() { cudaFree(p); }
   void put(const std::vector<char>& host) const {
-    EXPECT_EQ(cudaMemcpy(p, host.data(), host.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    upload(p, host.data(), host.size());
   }
   std::vector<char> get() const {
     std::vector<char> host(bytes);
@@ -183,7 +191,9 @@ TEST_P(DeviceCollectivesTest, EveryOtherCollective) {
 }
 
 // The call returns with its work still queued behind a host function the test holds; releasing it
-// lets the stream run the copy in and the all-reduce, in that order.
+// lets the stream run the copy in and the all-reduce, in that order. (The communicator's first
+// device call, which sets its device path up with the peers and loads its kernels, is made first:
+// loading may wait for the device. Every later call only enqueues.)
 TEST_P(DeviceCollectivesTest, CallsAreStreamOrderedAndDoNotBlock) {
   CHORUS_REQUIRE_CUDA_DEVICE();
   run([&](int rank, chorusComm_t comm, cudaStream_t stream) {
@@ -191,6 +201,8 @@ TEST_P(DeviceCollectivesTest, CallsAreStreamOrderedAndDoNotBlock) {
     const size_t count = 100000;
     std::vector<float> host(count, static_cast<float>(rank + 1));
     Device in(count * 4), out(count * 4);
+    ASSERT_EQ(chorusAllReduce(in.p, out.p, 1, chorusFloat32, chorusSum, comm, stream), chorusSuccess);
+    CUDA_OK(cudaStreamSynchronize(stream));
     static std::atomic<int> gate{0};
     gate = 0;
     CUDA_OK(cudaLaunchHostFunc(
@@ -246,7 +258,7 @@ TEST_P(DeviceCollectivesTest, GroupedSendsAndReceivesOfDeviceBuffers) {
     std::vector<int32_t> mine(count * n);
     for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<int32_t>(rank * 1000000 + i);
     Device in(count * n * 4), out(count * n * 4);
-    CUDA_OK(cudaMemcpy(in.p, mine.data(), count * n * 4, cudaMemcpyHostToDevice));
+    upload(in.p, mine.data(), count * n * 4);
     ASSERT_EQ(chorusGroupStart(), chorusSuccess);
     ASSERT_EQ(chorusSend(in.p, count, chorusInt32, (rank + 1) % n, comm, stream), chorusSuccess)
         << chorusGetLastError(comm);
@@ -300,7 +312,7 @@ TEST_P(DeviceCollectivesTest, CapturedInAGraphAndReplayed) {
       for (int replay = 0; replay < 3; ++replay) {
         const float value = static_cast<float>(rank + replay);
         std::vector<float> input(count, value);
-        CUDA_OK(cudaMemcpy(in.p, input.data(), count * 4, cudaMemcpyHostToDevice));
+        upload(in.p, input.data(), count * 4);
         CUDA_OK(cudaGraphLaunch(exec, stream));
         CUDA_OK(cudaStreamSynchronize(stream));
         std::vector<float> got(count);
@@ -326,7 +338,8 @@ TEST_P(DeviceCollectivesTest, HostBuffersWithAStreamAreRefusedByName) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, DeviceCollectivesTest,
-                         ::testing::Values(Path{"ipc", 2}, Path{"ipc", 4}, Path{"staged", 2}, Path{"staged", 4}),
+                         ::testing::Values(Path{"direct", 2}, Path{"direct", 4}, Path{"ipc", 2}, Path{"ipc", 4},
+                                           Path{"staged", 2}, Path{"staged", 4}),
                          [](const ::testing::TestParamInfo<Path>& info) {
                            return std::string(info.param.transport) + "_" + std::to_string(info.param.nranks);
                          });

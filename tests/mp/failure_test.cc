@@ -54,6 +54,7 @@ class FailureTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(FailureTest, MismatchedCountsFailOnEveryRankAndLeaveTheCommunicatorUnusable) {
   const char* transport = GetParam();
+  CHORUS_REQUIRE_TRANSPORT(transport);
   expectAllZero(runProcesses(2, [&](int rank, const chorusUniqueId& id) {
     chorusComm_t comm = initOrDie(id, 2, rank, transport);
     std::vector<float> buffer(64, 1.0f);
@@ -73,6 +74,7 @@ TEST_P(FailureTest, MismatchedCountsFailOnEveryRankAndLeaveTheCommunicatorUnusab
 
 TEST_P(FailureTest, DifferentCollectivesFailInsteadOfHanging) {
   const char* transport = GetParam();
+  CHORUS_REQUIRE_TRANSPORT(transport);
   expectAllZero(runProcesses(2, [&](int rank, const chorusUniqueId& id) {
     chorusComm_t comm = initOrDie(id, 2, rank, transport);
     std::vector<float> buffer(8, 1.0f);
@@ -86,6 +88,7 @@ TEST_P(FailureTest, DifferentCollectivesFailInsteadOfHanging) {
 
 TEST_P(FailureTest, ADeadPeerIsReportedLongBeforeTheTimeout) {
   const char* transport = GetParam();
+  CHORUS_REQUIRE_TRANSPORT(transport);
   expectAllZero(runProcesses(
       3,
       [&](int rank, const chorusUniqueId& id) {
@@ -108,6 +111,7 @@ TEST_P(FailureTest, AsyncErrorReportsAMismatchFoundWhileNonBlockingOperationsRun
   // on both ranks with the call named (on rank 0 found by the polling alone, no chorusTest or
   // chorusWait made), and it stays so.
   const char* transport = GetParam();
+  CHORUS_REQUIRE_TRANSPORT(transport);
   int posted0[2];  // rank 0 writes a byte here once its mismatched call is posted
   ASSERT_EQ(pipe(posted0), 0);
   expectAllZero(runProcesses(2, [&](int rank, const chorusUniqueId& id) {
@@ -213,6 +217,7 @@ TEST_P(FailureTest, EveryKindOfDisagreementFailsOnEveryRankNamingBothCalls) {
   // test's deadline); the messages of ranks 0 and 1 name both their calls. Where ranks 0 and 1 only
   // send (two roots of one broadcast), rank 2 fails in the call and they in their next.
   const char* transport = GetParam();
+  CHORUS_REQUIRE_TRANSPORT(transport);
   for (const Mismatch& mismatch : kMismatches) {
     SCOPED_TRACE(mismatch.name);
     expectAllZero(runProcesses(
@@ -360,6 +365,7 @@ TEST_P(AbortFromAnotherThreadTest, ReleasesTheBlockedCallsAndTellsThePeers) {
   // chorusAborted, and ranks 1-3 (rank 2 is no ring neighbour of rank 0: the word is passed on)
   // end with chorusRemoteError naming rank 0's abort, all long before the timeout.
   const char* transport = GetParam();
+  CHORUS_REQUIRE_TRANSPORT(transport);
   struct Shared {
     std::atomic<int64_t> abortNs{0};
     std::atomic<int64_t> returnNs[4];

@@ -138,6 +138,7 @@ TEST_P(NonBlockingTest, SendsAndReceivesWithoutAGroup) {
 // The C++ API: Request objects, waited explicitly or by their destructor.
 TEST_P(NonBlockingTest, CppRequests) {
   const TransportRanks param = GetParam();
+  CHORUS_REQUIRE_TRANSPORT(param.transport);
   const auto codes = runProcesses(param.nranks, [&](int rank, const chorusUniqueId& id) {
     chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
     config.transport = param.transport;

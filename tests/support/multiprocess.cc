@@ -144,6 +144,7 @@ std::string transportRanksName(const ::testing::TestParamInfo<TransportRanks>& i
 }
 
 void runRanks(const RanksOptions& options, const std::function<void(int rank, chorusComm_t comm)>& body) {
+  CHORUS_REQUIRE_TRANSPORT(options.transport);
   const auto codes = runProcesses(
       options.nranks,
       [&](int rank, const chorusUniqueId& id) {

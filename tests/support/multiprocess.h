@@ -17,6 +17,25 @@
 
 namespace chorus::testing {
 
+// Whether this build of chorus has the transport (ucx only where UCX was found at build time).
+inline bool transportBuilt(const std::string& name) {
+#if defined(CHORUS_TEST_HAVE_UCX)
+  (void)name;
+  return true;
+#else
+  return name != "ucx";
+#endif
+}
+
+// Skips the test, naming the reason, where the build lacks the transport.
+#define CHORUS_REQUIRE_TRANSPORT(name)                                                                 \
+  do {                                                                                                 \
+    if (!::chorus::testing::transportBuilt(name)) {                                                    \
+      GTEST_SKIP() << "this build of chorus has no " << (name) << " transport (UCX was not found when it was " \
+                   << "built)";                                                                        \
+    }                                                                                                  \
+  } while (0)
+
 struct RanksOptions {
   int nranks = 2;
   const char* transport = "auto";  // auto | shm | tcp | ucx

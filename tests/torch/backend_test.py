@@ -12,7 +12,14 @@
    quarter of the data (so the gradients were really averaged).
 
     PYTHONPATH=build/release/python /usr/bin/python3 tests/torch/backend_test.py
+    PYTHONPATH=build/gpu/python python3 tests/torch/backend_test.py --device cuda --sizes 2
+
+With --device cuda (a PyTorch 2 with CUDA, and chorus_torch built against it) every tensor lives on
+the GPU (rank r on GPU r % GPUs: ranks may share one), and DDP trains the model there; on CUDA the
+parameters must match gloo's within float32 rounding (cuBLAS may order its sums differently run to
+run), not bitwise.
 """
+import argparse
 import os
 import socket
 import sys
@@ -31,6 +38,19 @@ def free_port():
         return s.getsockname()[1]
 
 
+DEVICE = "cpu"  # --device
+
+
+def device_of(rank):
+    """The device rank's tensors live on; CUDA: made current and the default for new tensors."""
+    if DEVICE != "cuda":
+        return torch.device("cpu")
+    index = rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    torch.set_default_device(f"cuda:{index}")
+    return torch.device(f"cuda:{index}")
+
+
 def init(backend, rank, size, port):
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
 
@@ -40,7 +60,10 @@ def check(cond, what):
         raise AssertionError(what)
 
 
-def every_call(rank, size, port):
+def every_call(rank, size, port, device):
+    global DEVICE
+    DEVICE = device
+    device_of(rank)
     init("chorus", rank, size, port)
     n = size
     # all_reduce: every type, every op it supports.
@@ -159,19 +182,23 @@ class Net(torch.nn.Module):
         return self.b(torch.tanh(self.a(x)))
 
 
-def train(rank, size, port, backend, out, steps=20):
+def train(rank, size, port, backend, out, device, steps=20):
     """20 SGD steps (momentum) under DDP; rank r takes its slice of each global batch."""
+    global DEVICE
+    DEVICE = device
+    dev = device_of(rank)
     if backend is not None:
         init(backend, rank, size, port)
     torch.manual_seed(1234 + rank)  # different starting weights: DDP must broadcast rank 0's
-    model = Net()
+    model = Net().to(dev)
     if backend is not None:
-        model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001)  # several buckets
+        ids = [dev.index] if dev.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=0.001)  # several buckets
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     data = torch.Generator().manual_seed(99)
     for step in range(steps):
-        x = torch.randn(8 * size, 16, generator=data)
-        y = torch.randn(8 * size, 4, generator=data)
+        x = torch.randn(8 * size, 16, generator=data, device="cpu").to(dev)
+        y = torch.randn(8 * size, 4, generator=data, device="cpu").to(dev)
         lo = rank * 8
         loss = torch.nn.functional.mse_loss(model(x[lo:lo + 8]), y[lo:lo + 8])
         opt.zero_grad()
@@ -179,7 +206,7 @@ def train(rank, size, port, backend, out, steps=20):
         opt.step()
     if rank == 0:
         state = model.module.state_dict() if backend is not None else model.state_dict()
-        torch.save(state, out)
+        torch.save({k: v.cpu() for k, v in state.items()}, out)
     if backend is not None:
         dist.destroy_process_group()
 
@@ -189,26 +216,34 @@ def spawn(fn, size, *args):
 
 
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--sizes", default="2,4", help="process counts, e.g. 2,4")
+    args = parser.parse_args()
+    sizes = [int(n) for n in args.sizes.split(",")]
+    if args.device == "cuda":
+        check(torch.cuda.is_available(), "--device cuda: this PyTorch sees no CUDA device")
+        check(chorus_torch.CUDA, "--device cuda: chorus_torch was built without CUDA tensors")
     torch.set_num_threads(1)
-    for size in (2, 4):
-        spawn(every_call, size)
-        print(f"every call: {size} processes ok", flush=True)
+    for size in sizes:
+        spawn(every_call, size, args.device)
+        print(f"every call on {args.device}: {size} processes ok", flush=True)
     with tempfile.TemporaryDirectory() as work:
-        for size in (2, 4):
+        for size in sizes:
             results = {}
             for backend in ("chorus", "gloo"):
                 path = os.path.join(work, f"{backend}_{size}.pt")
-                spawn(train, size, backend, path)
+                spawn(train, size, backend, path, args.device)
                 results[backend] = torch.load(path)
             alone = os.path.join(work, f"alone_{size}.pt")
-            train(0, size, 0, None, alone)
+            train(0, size, 0, None, alone, args.device)
             alone_state = torch.load(alone)
             worst = 0.0
             for name, value in results["chorus"].items():
                 other = results["gloo"][name]
                 diff = (value - other).abs().max().item() / max(other.abs().max().item(), 1e-30)
                 worst = max(worst, diff)
-                if size == 2:
+                if size == 2 and args.device == "cpu":
                     check(torch.equal(value, other), f"{size} processes: {name} differs from gloo's (rel {diff:.3g})")
                 else:
                     check(diff < 1e-5, f"{size} processes: {name} differs from gloo's by {diff:.3g} (relative)")

@@ -17,6 +17,16 @@
 #include "src/topology/discover.h"
 #include "src/topology/search.h"
 
+// Skips a test that reads topology files where this build has no reader for them.
+#if defined(CHORUS_HAVE_LIBXML2) && defined(CHORUS_HAVE_HWLOC)
+#define CHORUS_REQUIRE_FILE_READERS() \
+  do {                                \
+  } while (0)
+#else
+#define CHORUS_REQUIRE_FILE_READERS() \
+  GTEST_SKIP() << "this build of chorus has no libxml2 or no hwloc, which read topology files"
+#endif
+
 namespace chorus::topology {
 namespace {
 
@@ -80,6 +90,7 @@ std::string errorOf(const std::string& path) {
 constexpr double kPcieGen5x16 = 32.0 * 128 / 130 / 8 * 16;  // GB/s per direction after encoding
 
 TEST(TopologyFiles, NcclXmlOfAnNvSwitchServerGivesItsDevicesAndLinks) {
+  CHORUS_REQUIRE_FILE_READERS();
   const Topology t = readTopologyFile(data("dgx-h100.nccl.xml"));
   ASSERT_EQ(t.hosts.size(), 1u);
   EXPECT_EQ(t.nodesOf(0, NodeKind::kCpu).size(), 2u);
@@ -111,6 +122,7 @@ TEST(TopologyFiles, NcclXmlOfAnNvSwitchServerGivesItsDevicesAndLinks) {
 }
 
 TEST(TopologyFiles, HwlocXmlOfAPcieServerGivesSocketsSwitchesAndGpus) {
+  CHORUS_REQUIRE_FILE_READERS();
   const Topology t = readTopologyFile(data("pcie-2socket-8gpu.hwloc.xml"));
   ASSERT_EQ(t.hosts.size(), 1u);
   EXPECT_EQ(t.hosts[0], "pcie-8gpu");
@@ -138,6 +150,7 @@ TEST(TopologyFiles, HwlocXmlOfAPcieServerGivesSocketsSwitchesAndGpus) {
 }
 
 TEST(TopologyFiles, ChorusXmlRoundTripsEveryNodeAndLink) {
+  CHORUS_REQUIRE_FILE_READERS();
   for (const char* file :
        {"dgx-h100.nccl.xml", "pcie-2socket-8gpu.hwloc.xml", "cpu-2socket.hwloc.xml", "dgx-h100-cluster4.chorus.xml"}) {
     const Topology t = readTopologyFile(data(file));
@@ -149,6 +162,7 @@ TEST(TopologyFiles, ChorusXmlRoundTripsEveryNodeAndLink) {
 }
 
 TEST(TopologyFiles, ClusterFileCopiesHostsAndJoinsEachNicToItsRail) {
+  CHORUS_REQUIRE_FILE_READERS();
   const Topology t = readTopologyFile(data("dgx-h100-cluster4.chorus.xml"));
   ASSERT_EQ(t.hosts.size(), 4u);
   for (int h = 0; h < 4; ++h) {
@@ -165,6 +179,7 @@ TEST(TopologyFiles, ClusterFileCopiesHostsAndJoinsEachNicToItsRail) {
 }
 
 TEST(RingSearch, NvSwitchServerGetsOneRingAtTheGpusNvLinkBandwidth) {
+  CHORUS_REQUIRE_FILE_READERS();
   const Topology t = readTopologyFile(data("dgx-h100.nccl.xml"));
   const std::vector<int> ranks = place(t, {"gpu0", "gpu1", "gpu2", "gpu3", "gpu4", "gpu5", "gpu6", "gpu7"});
   const Plan plan = search(t, ranks);
@@ -178,6 +193,7 @@ TEST(RingSearch, NvSwitchServerGetsOneRingAtTheGpusNvLinkBandwidth) {
 }
 
 TEST(RingSearch, PcieServerRingCrossesTheSocketsOnceEachWayAndKeepsSwitchesTogether) {
+  CHORUS_REQUIRE_FILE_READERS();
   const Topology t = readTopologyFile(data("pcie-2socket-8gpu.hwloc.xml"));
   // Ranks given the GPUs in a scattered order: the ring must still follow the machine.
   const std::vector<std::string> ids = {"gpu0", "gpu4", "gpu2", "gpu6", "gpu1", "gpu5", "gpu3", "gpu7"};
@@ -202,6 +218,7 @@ TEST(RingSearch, PcieServerRingCrossesTheSocketsOnceEachWayAndKeepsSwitchesToget
 }
 
 TEST(RingSearch, CpuServerRingGroupsRanksByNumaNodeAndSocket) {
+  CHORUS_REQUIRE_FILE_READERS();
   const Topology t = readTopologyFile(data("cpu-2socket.hwloc.xml"));
   ASSERT_EQ(t.nodesOf(0, NodeKind::kCpu).size(), 4u);
   // Two ranks per NUMA node, given round-robin over the nodes.
@@ -218,6 +235,7 @@ TEST(RingSearch, CpuServerRingGroupsRanksByNumaNodeAndSocket) {
 }
 
 TEST(RingSearch, ClusterRingsAreRailAlignedOnePerNic) {
+  CHORUS_REQUIRE_FILE_READERS();
   const Topology t = readTopologyFile(data("dgx-h100-cluster4.chorus.xml"));
   std::vector<int> ranks;  // rank 8h + g on GPU g of host h
   for (int h = 0; h < 4; ++h) {
@@ -256,6 +274,7 @@ TEST(RingSearch, ClusterRingsAreRailAlignedOnePerNic) {
 }
 
 TEST(RingSearch, TreesOverManyHostsMakeEveryInteriorHostALeafOfTheOtherTree) {
+  CHORUS_REQUIRE_FILE_READERS();
   Topology t = readTopologyFile(data("cpu-2socket.hwloc.xml"));
   for (int h = 1; h < 7; ++h) t.cloneHost(0, named("h", h));
   std::vector<int> ranks;
@@ -347,6 +366,7 @@ TEST(RingSearch, GpuRingOrderFollowsNvLinkFromBusIds) {
 }
 
 TEST(RingSearch, RejectsRanksOffDevicesAndHostsWithoutNic) {
+  CHORUS_REQUIRE_FILE_READERS();
   Topology t = readTopologyFile(data("pcie-2socket-8gpu.hwloc.xml"));
   try {
     search(t, {node(t, 0, "gpu0"), node(t, 0, "nic0")});
@@ -376,6 +396,7 @@ TEST(Binding, ProcessorListsParseAndPrintBack) {
 }
 
 TEST(Binding, LocalRanksGoInBlocksOverTheNumaNodesOfATwoSocketServer) {
+  CHORUS_REQUIRE_FILE_READERS();
   // 4 NUMA nodes (processors 0-3, 4-7 on socket 0; 8-11, 12-15 on socket 1).
   const Topology t = readTopologyFile(data("cpu-2socket.hwloc.xml"));
   std::vector<std::vector<int>> nodeCpus;
@@ -407,6 +428,7 @@ TEST(Binding, LocalRanksGoInBlocksOverTheNumaNodesOfATwoSocketServer) {
 }
 
 TEST(Binding, ALaunchersBindingIsKeptAndNoneOrASharedProcessBindsNothing) {
+  CHORUS_REQUIRE_FILE_READERS();
   const Topology t = readTopologyFile(data("cpu-2socket.hwloc.xml"));
   std::vector<std::vector<int>> nodeCpus;
   for (int node : t.nodesOf(0, NodeKind::kCpu)) nodeCpus.push_back(parseCpuList(t.nodes[node].cpus));
@@ -429,6 +451,7 @@ TEST(Binding, ALaunchersBindingIsKeptAndNoneOrASharedProcessBindsNothing) {
 }
 
 TEST(RingSearch, RankOrderOverHostsJoinsTheirTopologiesAndGroupsRanksByHostAndSocket) {
+  CHORUS_REQUIRE_FILE_READERS();
   // Two two-socket CPU servers; ranks alternate between the hosts (hosts numbered by their lowest
   // rank: rank 0 on host 0, rank 1 on host 1) and, on each host, over its four NUMA nodes.
   const Topology server = readTopologyFile(data("cpu-2socket.hwloc.xml"));  // one NIC, on socket 0
@@ -524,6 +547,7 @@ TEST(Discovery, FindsThisMachinesProcessorsMemoryAndNics) {
 }
 
 TEST(TopologyFiles, BadFilesAreRejectedNamingFileLineAndProblem) {
+  CHORUS_REQUIRE_FILE_READERS();
   const std::string dangling = writeTemp("dangling.xml",
                                          "<chorus-topology version=\"1\">\n"
                                          "  <host name=\"a\">\n"
