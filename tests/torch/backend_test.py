@@ -20,6 +20,7 @@ parameters must match gloo's within float32 rounding (cuBLAS may order its sums 
 run), not bitwise.
 """
 import argparse
+import faulthandler
 import os
 import socket
 import sys
@@ -30,6 +31,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import chorus_torch  # registers "chorus"
+
+faulthandler.enable()  # a crash in native code prints each process's Python stack
 
 
 def free_port():
