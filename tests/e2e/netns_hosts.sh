@@ -13,7 +13,9 @@ if ! "$hosts" check; then echo "SKIP: namespace hosts cannot be made here (see a
 trap '"$hosts" down; rm -rf "$work"' EXIT
 "$hosts" up 2
 export CHORUS_SECRET=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-port=$((20000 + $$ % 20000))
+# Below Linux's ephemeral range (32768 and up): the ranks' own listeners take ports from that range,
+# and one of them could hold the next root port before the root binds it.
+port=$((20000 + $$ % 10000))
 
 # Runs "$@" as 2 ranks on each of the 2 hosts; each host's output goes to $work/$tag.hN.
 across() {
