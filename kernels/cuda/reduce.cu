@@ -183,13 +183,16 @@ __global__ void reduceManyKernel(T* dst, Sources srcs, size_t count, size_t vect
   }
 }
 
-// Loading only (no launch): srcs.count == 0 asks for the kernel's module to be loaded now.
+// Loads a kernel's module now (no launch), so a first call made during graph capture, or while
+// the stream is held, does not load it then.
+template <typename Kernel>
+int loadKernel(Kernel* kernel) {
+  cudaFuncAttributes attributes;
+  return static_cast<int>(cudaFuncGetAttributes(&attributes, kernel));
+}
+
 template <typename T, typename Conv, typename Op>
 int launchReduceMany(void* dst, const Sources& srcs, size_t count, int divisor, cudaStream_t stream) {
-  if (srcs.count == 0) {
-    cudaFuncAttributes attributes;
-    return static_cast<int>(cudaFuncGetAttributes(&attributes, reduceManyKernel<T, Conv, Op>));
-  }
   constexpr size_t kLanes = kVectorBytes / sizeof(T);
   bool aligned = vectorAligned(dst);
   for (int s = 0; s < srcs.count; ++s) aligned = aligned && vectorAligned(srcs.at[s]);
@@ -347,15 +350,18 @@ int reduceMany(void* dst, const void* const* srcs, int sources, size_t count, ch
 }
 
 int preloadReduceMany() {
-  const Sources none{};
   for (int t = 0; t < chorusNumTypes; ++t) {
-    const auto type = static_cast<chorusDataType_t>(t);
-    for (const int error : {reduceManyTyped<SumOp>(nullptr, none, 0, type, 1, nullptr),
-                            reduceManyTyped<ProdOp>(nullptr, none, 0, type, 1, nullptr),
-                            reduceManyTyped<MaxOp>(nullptr, none, 0, type, 1, nullptr),
-                            reduceManyTyped<MinOp>(nullptr, none, 0, type, 1, nullptr)}) {
-      if (error != 0) return error;
-    }
+    const int error = withType(static_cast<chorusDataType_t>(t), [](auto typed) {
+      using Tag = decltype(typed);
+      using T = typename Tag::Storage;
+      using Conv = typename Tag::Conv;
+      for (const int e : {loadKernel(reduceManyKernel<T, Conv, SumOp>), loadKernel(reduceManyKernel<T, Conv, ProdOp>),
+                          loadKernel(reduceManyKernel<T, Conv, MaxOp>), loadKernel(reduceManyKernel<T, Conv, MinOp>)}) {
+        if (e != 0) return e;
+      }
+      return 0;
+    });
+    if (error != 0) return error;
   }
   return 0;
 }

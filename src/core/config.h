@@ -36,6 +36,7 @@ enum class Knob {
   kDeviceThreads,     // CHORUS_DEVICE_THREADS: threads per channel
   kDeviceStageBytes,  // CHORUS_DEVICE_STAGE_BYTES: pinned staging chunk of the staged path
   kDeviceDirectBytes,  // CHORUS_DEVICE_DIRECT_BYTES: each of the direct path's two publishing buffers
+  kDeviceDirectInPlaceBytes,  // CHORUS_DEVICE_DIRECT_INPLACE_BYTES: direct all-reduces this large read in place
   kCount
 };
 

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <numeric>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/cpu/reduce.h"
@@ -23,6 +24,7 @@
 #include "src/core/communicator.h"
 #include "src/core/config.h"
 #include "src/core/error.h"
+#include "src/core/growing_areas.h"
 #include "src/core/log.h"
 #include "src/core/placement.h"
 #include "src/topology/search.h"
@@ -137,30 +139,62 @@ void extents(const DeviceCall& call, int rank, int nranks, size_t* in, size_t* o
   *in = *out = 0;
 }
 
-// Whether the direct path serves a collective, and how much of a rank's input it publishes per
-// element of the call's count: 1 (one block), n (n blocks), or 0 (nothing: not served).
-int directBlocks(Collective c, int nranks) {
+// The collectives the direct path serves: every one whose ranks read fixed blocks of the others'
+// inputs (not all-to-allv, sends and receives, barrier).
+bool directCollective(Collective c) {
   switch (c) {
     case Collective::kAllReduce:
     case Collective::kReduce:
     case Collective::kBroadcast:
     case Collective::kAllGather:
     case Collective::kGather:
-      return 1;
     case Collective::kReduceScatter:
     case Collective::kAllToAll:
     case Collective::kScatter:
-      return nranks;
+      return true;
     default:
-      return 0;
+      return false;
   }
 }
 
-// What the direct path's setup exchanges: the publishing buffer's handle and the events'.
+// Blocks of the call's count a rank of the direct path publishes: the input the root has (1, or n
+// where the input is a block per rank), as extents gives it.
+size_t directBlocks(const DeviceCall& call, int nranks) {
+  if (call.count == 0) return 1;
+  size_t in, out;
+  extents(call, call.rootOrPeer, nranks, &in, &out);
+  return std::max<size_t>(1, in / call.count);
+}
+
+// What the direct path's setup exchanges: the publishing buffer's handle, the events', and the
+// rank's CHORUS_DEVICE_DIRECT_INPLACE_BYTES (the ranks take the least, so all choose alike).
 struct DirectInfo {
   cudaIpcMemHandle_t buffer;
   cudaIpcEventHandle_t ready[2];
   cudaIpcEventHandle_t read[2];
+  cudaIpcEventHandle_t gathered[2];
+  uint64_t inPlaceBytes;
+  int32_t ok;
+  int32_t pad;
+};
+
+// Where a device buffer lies, for a peer to map it: its allocation's IPC handle, the allocation's
+// id (unique for the process's life, so an allocation freed and made again at the same address is
+// told apart), the allocation's address range, and the buffer's offset in it.
+struct ExposedBuffer {
+  cudaIpcMemHandle_t handle;
+  uint64_t id;
+  uint64_t base;
+  uint64_t size;
+  uint64_t offset;
+};
+
+// What an in-place direct call exchanges: where the rank's input and output lie, or ok = 0 when
+// it cannot share them (memory from a pool, or from the virtual memory API): then every rank
+// publishes a copy instead.
+struct InPlaceInfo {
+  ExposedBuffer input;
+  ExposedBuffer output;
   int32_t ok;
   int32_t pad;
 };
@@ -321,12 +355,33 @@ struct DeviceEngine::Impl {
   std::vector<cudaEvent_t> peerRead[2];
   uint64_t directPieces = 0;
 
-  // Staging: two slots, each an input and an output area, pinned. A larger call gets larger
-  // areas; the old ones are kept (calls in flight and captured graphs point into them) until the
-  // engine goes, as are the StagedCalls that host functions point at.
-  void* staging = nullptr;
-  size_t slotBytes = 0;  // per area
-  std::vector<void*> retiredStaging;
+  // In place: direct all-reduces of directInPlaceBytes or more (0: none) read the peers' buffers
+  // where they lie instead of a published copy. This rank's allocations' handles by id; the peers'
+  // allocations it has mapped, by rank; per piece buffer an event recorded once this rank has
+  // gathered the peers' blocks (gathered), shared with the peers as ready and read are.
+  size_t directInPlaceBytes = 0;
+  std::unordered_map<uint64_t, cudaIpcMemHandle_t> exposedHandles;
+  struct PeerAllocation {
+    uint64_t id;
+    uint64_t base;
+    uint64_t size;
+    char* mapped;
+  };
+  std::vector<std::vector<PeerAllocation>> peerAllocations;
+  cudaEvent_t gathered[2] = {};
+  std::vector<cudaEvent_t> peerGathered[2];
+
+  // Staging: two slots, each an input and an output area (area slot * 2 + which), pinned. A
+  // larger call gets larger areas; the old ones are kept (calls in flight and captured graphs
+  // point into them) until the engine goes, as are the StagedCalls that host functions point at.
+  GrowingAreas staging{4,
+                       [this](size_t bytes) {
+                         void* fresh = nullptr;
+                         RelaxedCapture relaxed;  // allowed while a stream is being captured
+                         check(cudaHostAlloc(&fresh, bytes, cudaHostAllocPortable), rank, "cudaHostAlloc (staging)");
+                         return fresh;
+                       },
+                       [](void* old) { cudaFreeHost(old); }};
   std::deque<StagedCall> stagedCalls;
 
   // The proxy: its communicator (a split of comm), thread and queue.
@@ -348,9 +403,12 @@ struct DeviceEngine::Impl {
   bool directServes(const DeviceCall& call, cudaStream_t stream) const;
   void enqueueDirect(const DeviceCall& call, cudaStream_t stream);
   void directPiece(const DeviceCall& call, size_t first, size_t m, cudaStream_t stream);
+  bool inPlaceServes(const DeviceCall& call) const;
+  bool enqueueInPlace(const DeviceCall& call, cudaStream_t stream);
+  bool expose(const void* p, ExposedBuffer* out);
+  char* mapPeer(int peer, const ExposedBuffer& buffer);
   void layRing(const std::vector<IpcInfo>& all);
   void closeIpc();
-  void ensureStaging(size_t bytes, cudaStream_t stream);
   void order(cudaStream_t stream);
   void finish(cudaStream_t stream);
   void enqueueRing(const DeviceCall& call, cudaStream_t stream);
@@ -487,9 +545,12 @@ bool DeviceEngine::Impl::setUpDirect(bool oneGpu) {
     for (int q = 0; q < 2 && ok; ++q) {
       ok = cudaEventCreateWithFlags(&ready[q], cudaEventInterprocess | cudaEventDisableTiming) == cudaSuccess &&
            cudaEventCreateWithFlags(&readDone[q], cudaEventInterprocess | cudaEventDisableTiming) == cudaSuccess &&
+           cudaEventCreateWithFlags(&gathered[q], cudaEventInterprocess | cudaEventDisableTiming) == cudaSuccess &&
            cudaIpcGetEventHandle(&info.ready[q], ready[q]) == cudaSuccess &&
-           cudaIpcGetEventHandle(&info.read[q], readDone[q]) == cudaSuccess;
+           cudaIpcGetEventHandle(&info.read[q], readDone[q]) == cudaSuccess &&
+           cudaIpcGetEventHandle(&info.gathered[q], gathered[q]) == cudaSuccess;
     }
+    info.inPlaceBytes = static_cast<uint64_t>(std::max<int64_t>(knobInt(Knob::kDeviceDirectInPlaceBytes), 0));
     info.ok = ok ? 1 : 0;
     cudaGetLastError();
   }
@@ -500,9 +561,13 @@ bool DeviceEngine::Impl::setUpDirect(bool oneGpu) {
   for (const auto& i : all) everyone = everyone && i.ok != 0;
   if (everyone) {
     peerDirect.assign(nranks, nullptr);
+    peerAllocations.assign(nranks, {});
+    directInPlaceBytes = static_cast<size_t>(all[0].inPlaceBytes);
+    for (const auto& i : all) directInPlaceBytes = std::min(directInPlaceBytes, static_cast<size_t>(i.inPlaceBytes));
     for (int q = 0; q < 2; ++q) {
       peerReady[q].assign(nranks, nullptr);
       peerRead[q].assign(nranks, nullptr);
+      peerGathered[q].assign(nranks, nullptr);
     }
     mine = 1;
     for (int p = 0; p < nranks && mine != 0; ++p) {
@@ -518,7 +583,8 @@ bool DeviceEngine::Impl::setUpDirect(bool oneGpu) {
       peerDirect[p] = static_cast<char*>(mapped);
       for (int q = 0; q < 2 && mine != 0; ++q) {
         if (cudaIpcOpenEventHandle(&peerReady[q][p], all[p].ready[q]) != cudaSuccess ||
-            cudaIpcOpenEventHandle(&peerRead[q][p], all[p].read[q]) != cudaSuccess) {
+            cudaIpcOpenEventHandle(&peerRead[q][p], all[p].read[q]) != cudaSuccess ||
+            cudaIpcOpenEventHandle(&peerGathered[q][p], all[p].gathered[q]) != cudaSuccess) {
           mine = 0;
         }
       }
@@ -537,18 +603,28 @@ void DeviceEngine::Impl::closeDirect() {
     if (p != rank && peerDirect[p] != nullptr) cudaIpcCloseMemHandle(peerDirect[p]);
   }
   peerDirect.clear();
+  for (auto& mapped : peerAllocations) {
+    for (const PeerAllocation& a : mapped) cudaIpcCloseMemHandle(a.mapped);
+  }
+  peerAllocations.clear();
+  exposedHandles.clear();
   for (int q = 0; q < 2; ++q) {
     // Opened IPC events are destroyed as any event.
     for (int p = 0; p < static_cast<int>(peerReady[q].size()); ++p) {
       if (p == rank) continue;
       if (peerReady[q][p] != nullptr) cudaEventDestroy(peerReady[q][p]);
       if (peerRead[q][p] != nullptr) cudaEventDestroy(peerRead[q][p]);
+      if (p < static_cast<int>(peerGathered[q].size()) && peerGathered[q][p] != nullptr) {
+        cudaEventDestroy(peerGathered[q][p]);
+      }
     }
     peerReady[q].clear();
     peerRead[q].clear();
+    peerGathered[q].clear();
     if (ready[q] != nullptr) cudaEventDestroy(ready[q]);
     if (readDone[q] != nullptr) cudaEventDestroy(readDone[q]);
-    ready[q] = readDone[q] = nullptr;
+    if (gathered[q] != nullptr) cudaEventDestroy(gathered[q]);
+    ready[q] = readDone[q] = gathered[q] = nullptr;
   }
   if (directBuffer != nullptr) cudaFree(directBuffer);
   directBuffer = nullptr;
@@ -558,7 +634,7 @@ void DeviceEngine::Impl::closeDirect() {
 // The direct path takes the collectives it knows, out of graph capture (its order across processes
 // is set when each call is enqueued, which a replay would not repeat).
 bool DeviceEngine::Impl::directServes(const DeviceCall& call, cudaStream_t stream) const {
-  if (!direct || directBlocks(call.collective, nranks) == 0) return false;
+  if (!direct || !directCollective(call.collective)) return false;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   check(cudaStreamIsCapturing(stream, &capturing), rank, "cudaStreamIsCapturing");
   return capturing == cudaStreamCaptureStatusNone;
@@ -567,8 +643,7 @@ bool DeviceEngine::Impl::directServes(const DeviceCall& call, cudaStream_t strea
 // A call in pieces of at most directBytes of published input per rank.
 void DeviceEngine::Impl::enqueueDirect(const DeviceCall& call, cudaStream_t stream) {
   const size_t size = kernels::typeSize(call.type);
-  const size_t blocks = static_cast<size_t>(directBlocks(call.collective, nranks));
-  const size_t per = std::max<size_t>(1, directBytes / (size * blocks) / 16 * 16);
+  const size_t per = std::max<size_t>(1, directBytes / (size * directBlocks(call, nranks)) / 16 * 16);
   for (size_t first = 0; first < call.count || first == 0; first += per) {
     directPiece(call, first, std::min(per, call.count - first), stream);
     if (call.count == 0) break;
@@ -581,7 +656,8 @@ void DeviceEngine::Impl::enqueueDirect(const DeviceCall& call, cudaStream_t stre
 //   2. publish: copy the input's piece into buffer q; record ready[q];
 //   3. host barrier: every rank has recorded its ready[q] (and its read of two pieces ago);
 //   4. wait for every peer's ready[q];
-//   5. compute the output's piece from the buffers (and this rank's own input);
+//   5. compute the output's piece from the published buffers (this rank's own too, so an in-place
+//      call reads every input before any output is written);
 //   6. record read[q].
 // Why the events are the right records: a peer waits on this rank's ready[q] in step 4 after the
 // barrier of this piece, which follows this rank's record; this rank records ready[q] again two
@@ -590,7 +666,7 @@ void DeviceEngine::Impl::enqueueDirect(const DeviceCall& call, cudaStream_t stre
 void DeviceEngine::Impl::directPiece(const DeviceCall& call, size_t first, size_t m, cudaStream_t stream) {
   const size_t size = kernels::typeSize(call.type);
   const size_t n = static_cast<size_t>(nranks);
-  const size_t blocks = static_cast<size_t>(directBlocks(call.collective, nranks));
+  const size_t blocks = directBlocks(call, nranks);
   const int q = static_cast<int>(directPieces++ % 2);
   const bool root = call.rootOrPeer == rank;
   const auto* in = static_cast<const char*>(call.input);
@@ -670,6 +746,139 @@ void DeviceEngine::Impl::directPiece(const DeviceCall& call, size_t first, size_
     }
   }
   check(cudaEventRecord(readDone[q], stream), rank, "cudaEventRecord (direct read)");
+}
+
+// Whether an all-reduce goes in place: large enough (every rank decides alike: the count, type and
+// threshold agree) and with a block per rank.
+bool DeviceEngine::Impl::inPlaceServes(const DeviceCall& call) const {
+  return call.collective == Collective::kAllReduce && directInPlaceBytes > 0 &&
+         call.count * kernels::typeSize(call.type) >= directInPlaceBytes && call.count >= static_cast<size_t>(nranks);
+}
+
+// Where p lies (its allocation's handle, made once per allocation), for the peers to map; false
+// when CUDA cannot share it (memory from a pool or from the virtual memory API, managed memory).
+bool DeviceEngine::Impl::expose(const void* p, ExposedBuffer* out) {
+  const PointerAttributeFn attribute = loadedDriver();
+  if (attribute == nullptr) return false;
+  const auto address = reinterpret_cast<CUdeviceptr>(p);
+  unsigned long long id = 0;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  if (attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, address) != CUDA_SUCCESS ||
+      attribute(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, address) != CUDA_SUCCESS ||
+      attribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, address) != CUDA_SUCCESS) {
+    return false;
+  }
+  auto found = exposedHandles.find(id);
+  if (found == exposedHandles.end()) {
+    cudaIpcMemHandle_t handle;
+    if (cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base)) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    if (exposedHandles.size() >= 4096) exposedHandles.clear();  // ids of allocations long freed
+    found = exposedHandles.emplace(id, handle).first;
+  }
+  out->handle = found->second;
+  out->id = id;
+  out->base = static_cast<uint64_t>(base);
+  out->size = size;
+  out->offset = static_cast<uint64_t>(address - base);
+  return true;
+}
+
+// This process's address of a peer's buffer, mapping its allocation the first time. A new
+// allocation of the peer over the range of one mapped before means the peer freed that one; its
+// mapping goes. (The peer freed it only after its stream had waited for this rank's last read of
+// it, step 5 of enqueueInPlace, so nothing of this rank's still reads it.)
+char* DeviceEngine::Impl::mapPeer(int peer, const ExposedBuffer& buffer) {
+  std::vector<PeerAllocation>& mapped = peerAllocations[peer];
+  for (const PeerAllocation& a : mapped) {
+    if (a.id == buffer.id) return a.mapped + buffer.offset;
+  }
+  for (auto it = mapped.begin(); it != mapped.end();) {
+    if (it->base < buffer.base + buffer.size && buffer.base < it->base + it->size) {
+      cudaIpcCloseMemHandle(it->mapped);
+      it = mapped.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  void* address = nullptr;
+  check(cudaIpcOpenMemHandle(&address, buffer.handle, cudaIpcMemLazyEnablePeerAccess), rank,
+        fmt::format("cudaIpcOpenMemHandle (rank {}'s buffer of {} bytes)", peer, buffer.size).c_str());
+  mapped.push_back({buffer.id, buffer.base, buffer.size, static_cast<char*>(address)});
+  return static_cast<char*>(address) + buffer.offset;
+}
+
+// An all-reduce that reads the ranks' buffers where they lie (no published copy): block b of the
+// count is rank b's to reduce. On this rank's stream, with q = the piece's event pair:
+//   1. record ready[q]: the input is final once the stream gets here;
+//   2. host: every rank says where its input and output lie (an all-gather, which also orders
+//      every rank's record before any wait); if one cannot share them, all publish instead;
+//   3. wait for every peer's ready[q]; reduce block r (this rank's) of every input into this
+//      rank's output block r; record read[q];
+//   4. host barrier; wait for every peer's read[q] (their reads of this rank's input are done, and
+//      their output blocks final); copy each peer's output block into this rank's output; record
+//      gathered[q];
+//   5. host barrier; wait for every peer's gathered[q]: no peer reads this rank's buffers any more,
+//      so what follows on its stream may write them.
+// In place (output == input), step 3 writes only block r of this rank's buffer, which no peer
+// reads there; step 4 writes block p only after rank p has read it. Three waits across processes
+// per call against the published path's one, but each input is read once where it lies, and a
+// rank writes only its output: what large calls are bound by.
+bool DeviceEngine::Impl::enqueueInPlace(const DeviceCall& call, cudaStream_t stream) {
+  const size_t size = kernels::typeSize(call.type);
+  const size_t n = static_cast<size_t>(nranks);
+  const int q = static_cast<int>(directPieces++ % 2);
+  check(cudaEventRecord(ready[q], stream), rank, "cudaEventRecord (direct ready)");
+  InPlaceInfo mine{};
+  mine.ok = expose(call.input, &mine.input) && expose(call.output, &mine.output) ? 1 : 0;
+  std::vector<InPlaceInfo> all(n);
+  comm.run({comm.prepare(Collective::kAllGather, &mine, all.data(), sizeof(InPlaceInfo), chorusUint8, chorusSum, 0)});
+  for (const InPlaceInfo& info : all) {
+    if (info.ok == 0) return false;
+  }
+  std::vector<const char*> inputs(n);
+  std::vector<char*> outputs(n);
+  for (int p = 0; p < nranks; ++p) {
+    inputs[p] = p == rank ? static_cast<const char*>(call.input) : mapPeer(p, all[p].input);
+    outputs[p] = p == rank ? static_cast<char*>(call.output) : mapPeer(p, all[p].output);
+  }
+  // Blocks start on 16-byte boundaries of the buffers, so the reduction's vector loads apply.
+  const size_t align = std::max<size_t>(1, 16 / size);
+  const size_t chunk = ((call.count + n - 1) / n + align - 1) / align * align;
+  auto first = [&](int b) { return std::min(call.count, static_cast<size_t>(b) * chunk); };
+  auto length = [&](int b) { return std::min(call.count, first(b) + chunk) - first(b); };
+  auto waitAll = [&](const std::vector<cudaEvent_t>& events, const char* what) {
+    for (int p = 0; p < nranks; ++p) {
+      if (p != rank) check(cudaStreamWaitEvent(stream, events[p], 0), rank, what);
+    }
+  };
+  auto barrier = [&] { comm.run({comm.prepare(Collective::kBarrier, nullptr, nullptr, 0, chorusUint8, chorusSum, 0)}); };
+
+  waitAll(peerReady[q], "cudaStreamWaitEvent (direct ready)");
+  if (length(rank) > 0) {
+    std::vector<const void*> sources(n);
+    for (int p = 0; p < nranks; ++p) sources[p] = inputs[p] + first(rank) * size;
+    const int error = kernels::cuda::reduceMany(outputs[rank] + first(rank) * size, sources.data(), nranks,
+                                                length(rank), call.type, call.op, nranks,
+                                                reinterpret_cast<void*>(stream));
+    if (error != 0) check(static_cast<cudaError_t>(error), rank, "launching the direct reduction");
+  }
+  check(cudaEventRecord(readDone[q], stream), rank, "cudaEventRecord (direct read)");
+  barrier();
+  waitAll(peerRead[q], "cudaStreamWaitEvent (direct read)");
+  for (int p = 0; p < nranks; ++p) {
+    if (p == rank || length(p) == 0) continue;
+    check(cudaMemcpyAsync(outputs[rank] + first(p) * size, outputs[p] + first(p) * size, length(p) * size,
+                          cudaMemcpyDeviceToDevice, stream),
+          rank, "cudaMemcpyAsync (direct gather)");
+  }
+  check(cudaEventRecord(gathered[q], stream), rank, "cudaEventRecord (direct gathered)");
+  barrier();
+  waitAll(peerGathered[q], "cudaStreamWaitEvent (direct gathered)");
+  return true;
 }
 
 // The ring over the GPUs: rank 0 searches it on this host's topology (NVLink before PCIe) from
@@ -798,22 +1007,6 @@ const StagedCall* DeviceEngine::Impl::stagedGroup(const std::vector<DeviceCall>&
   return &stagedCalls.back();
 }
 
-// Grows the staging areas to at least bytes each (doubling, so a run of growing calls allocates
-// few times). Nothing waits: the old areas stay for the calls in flight and the graphs captured
-// with them, and are freed with the engine. Allowed while a stream is being captured.
-void DeviceEngine::Impl::ensureStaging(size_t bytes, cudaStream_t) {
-  if (bytes <= slotBytes) return;
-  const size_t grown = std::max(bytes, slotBytes * 2);
-  void* fresh = nullptr;
-  {
-    RelaxedCapture relaxed;
-    check(cudaHostAlloc(&fresh, grown * 4, cudaHostAllocPortable), rank, "cudaHostAlloc (staging)");
-  }
-  if (staging != nullptr) retiredStaging.push_back(staging);
-  staging = fresh;
-  slotBytes = grown;
-}
-
 void CUDART_CB DeviceEngine::Impl::hostPost(void* data) {
   const auto* staged = static_cast<const StagedCall*>(data);
   Impl* self = staged->engine;
@@ -840,12 +1033,12 @@ void DeviceEngine::Impl::enqueueStaged(const DeviceCall& call, cudaStream_t stre
   extents(call, rank, nranks, &inCount, &outCount);
   // Staging is sized before anything is enqueued, so a refusal leaves the stream untouched.
   auto area = [&](int slot, int which) {
-    return static_cast<char*>(staging) + (static_cast<size_t>(slot) * 2 + static_cast<size_t>(which)) * slotBytes;
+    return staging.area(static_cast<size_t>(slot) * 2 + static_cast<size_t>(which));
   };
   auto wait = [&] { waitForProxy(stream); };
   if (call.collective == Collective::kAllReduce && call.count * size > stageBytes) {
     // In chunks through two slots: chunk c's copy in overlaps the proxy's work on chunk c - 1.
-    ensureStaging(stageBytes, stream);
+    staging.ensure(stageBytes);
     const size_t per = stageBytes / size;
     const size_t chunks = (call.count + per - 1) / per;
     auto chunkCall = [&](size_t c, int slot) {
@@ -876,7 +1069,7 @@ void DeviceEngine::Impl::enqueueStaged(const DeviceCall& call, cudaStream_t stre
     copyOut(chunks - 1);
     return;
   }
-  ensureStaging(std::max({inCount * size, outCount * size, size_t{64}}), stream);
+  staging.ensure(std::max({inCount * size, outCount * size, size_t{64}}));
   if (inCount > 0) {
     check(cudaMemcpyAsync(area(0, 0), call.input, inCount * size, cudaMemcpyDeviceToHost, stream), rank,
           "cudaMemcpyAsync (staged input)");
@@ -898,9 +1091,9 @@ void DeviceEngine::Impl::enqueueStagedGroup(const std::vector<DeviceCall>& calls
     offsets[i] = end;
     end += (calls[i].count * kernels::typeSize(calls[i].type) + 63) / 64 * 64;
   }
-  ensureStaging(std::max({sent, received, size_t{64}}), stream);  // before anything is enqueued
-  char* in = static_cast<char*>(staging);
-  char* out = in + slotBytes;
+  staging.ensure(std::max({sent, received, size_t{64}}));  // before anything is enqueued
+  char* in = staging.area(0);
+  char* out = staging.area(1);
   std::vector<DeviceCall> staged = calls;
   for (size_t i = 0; i < calls.size(); ++i) {
     const size_t bytes = calls[i].count * kernels::typeSize(calls[i].type);
@@ -977,8 +1170,6 @@ DeviceEngine::~DeviceEngine() {
   m.closeIpc();
   m.closeDirect();
   if (m.lastDone != nullptr) cudaEventDestroy(m.lastDone);
-  if (m.staging != nullptr) cudaFreeHost(m.staging);
-  for (void* old : m.retiredStaging) cudaFreeHost(old);
   if (m.setupStream != nullptr) cudaStreamDestroy(m.setupStream);
   if (m.inbox != nullptr) cudaFree(m.inbox);
   if (m.counters != nullptr) cudaFree(m.counters);
@@ -1010,7 +1201,7 @@ void DeviceEngine::enqueue(const DeviceCall& call, chorusStream_t stream, const 
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   m.order(s);
   if (m.directServes(call, s)) {
-    m.enqueueDirect(call, s);
+    if (!m.inPlaceServes(call) || !m.enqueueInPlace(call, s)) m.enqueueDirect(call, s);
   } else if (m.ipc && ringKind(call.collective) >= 0) {
     m.enqueueRing(call, s);
   } else {

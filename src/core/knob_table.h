@@ -87,6 +87,10 @@ inline constexpr KnobSpec kKnobs[] = {
     {"CHORUS_DEVICE_DIRECT_BYTES", "33554432",
      "bytes of each of the two buffers in which a rank of the direct device path publishes its input; larger calls "
      "go in pieces of this size"},
+    {"CHORUS_DEVICE_DIRECT_INPLACE_BYTES", "0",
+     "direct device all-reduces of at least this many bytes per rank read the ranks' buffers where they lie (CUDA "
+     "IPC handles of the callers' allocations, mapped once each) as a reduce-scatter then an all-gather, instead of "
+     "publishing a copy; 0: never (the default until it is measured on a GPU)"},
 
     // Launchers (chorusCommInitFromEnv; the CHORUS_ spellings win over the plain ones).
     {"CHORUS_RANK", "", "this process's rank (also RANK, as torchrun sets it)", "launcher"},

@@ -542,6 +542,9 @@ class ProcessGroupChorus : public BackendBase {
     c10::intrusive_ptr<ChorusWork> work;
     chorusRequest_t request;
     std::function<void()> finish;
+    // What start captured (a CUDA tensor's host copy being sent) lives until the operation is
+    // done: chorus reads the buffer while it is in flight.
+    std::function<void(chorusRequest_t*)> start;
   };
 
   // A call on tensors on like's device (CPU when like is undefined): CPU ones go to the worker,
@@ -629,7 +632,7 @@ class ProcessGroupChorus : public BackendBase {
           } else {
             chorusRequest_t request = nullptr;
             task.start(&request);
-            inFlight.push_back({task.work, request, task.finish});
+            inFlight.push_back({task.work, request, std::move(task.finish), std::move(task.start)});
           }
         } catch (...) {
           task.work->complete(std::current_exception());

@@ -29,37 +29,42 @@ __global__ void waitKernel(uint64_t* waits, const volatile uint64_t* done, Contr
   }
 }
 
-}  // namespace
-
-int launchRing(const RingArgs& args, chorusDataType_t type, chorusRedOp_t op, bool ll, int threads, void* stream) {
-  auto launch = [&](auto element) {
-    using E = decltype(element);
-    return ll ? launchRingOf<E, true>(args, op, threads, stream) : launchRingOf<E, false>(args, op, threads, stream);
-  };
+// f(E{}) for the ring's element type of type (an unknown type: cudaErrorInvalidValue).
+template <class F>
+int withElement(chorusDataType_t type, F&& f) {
   switch (type) {
     case chorusInt8:
-      return launch(Plain<int8_t>{});
+      return f(Plain<int8_t>{});
     case chorusUint8:
-      return launch(Plain<uint8_t>{});
+      return f(Plain<uint8_t>{});
     case chorusInt32:
-      return launch(Plain<int32_t>{});
+      return f(Plain<int32_t>{});
     case chorusUint32:
-      return launch(Plain<uint32_t>{});
+      return f(Plain<uint32_t>{});
     case chorusInt64:
-      return launch(Plain<int64_t>{});
+      return f(Plain<int64_t>{});
     case chorusUint64:
-      return launch(Plain<uint64_t>{});
+      return f(Plain<uint64_t>{});
     case chorusFloat32:
-      return launch(Plain<float>{});
+      return f(Plain<float>{});
     case chorusFloat64:
-      return launch(Plain<double>{});
+      return f(Plain<double>{});
     case chorusFloat16:
-      return launch(Fp16{});
+      return f(Fp16{});
     case chorusBfloat16:
-      return launch(Bf16{});
+      return f(Bf16{});
     default:
       return static_cast<int>(cudaErrorInvalidValue);
   }
+}
+
+}  // namespace
+
+int launchRing(const RingArgs& args, chorusDataType_t type, chorusRedOp_t op, bool ll, int threads, void* stream) {
+  return withElement(type, [&](auto element) {
+    using E = decltype(element);
+    return ll ? launchRingOf<E, true>(args, op, threads, stream) : launchRingOf<E, false>(args, op, threads, stream);
+  });
 }
 
 int preload() {
@@ -67,13 +72,13 @@ int preload() {
   if (const cudaError_t error = cudaFuncGetAttributes(&attributes, waitKernel); error != cudaSuccess) {
     return static_cast<int>(error);
   }
-  const RingArgs none{};
   for (int t = 0; t < chorusNumTypes; ++t) {
-    for (const bool ll : {true, false}) {
-      if (const int error = launchRing(none, static_cast<chorusDataType_t>(t), chorusSum, ll, 0, nullptr); error != 0) {
-        return error;
-      }
-    }
+    const int error = withElement(static_cast<chorusDataType_t>(t), [](auto element) {
+      using E = decltype(element);
+      const int ll = loadRingOf<E, true>();
+      return ll != 0 ? ll : loadRingOf<E, false>();
+    });
+    if (error != 0) return error;
   }
   return 0;
 }

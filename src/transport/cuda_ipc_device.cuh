@@ -93,16 +93,19 @@ __global__ void __launch_bounds__(1024) ringKernel(RingArgs args, chorusRedOp_t 
   runTyped<DeviceSync, E, Ll>(args, static_cast<int>(blockIdx.x), op);
 }
 
-// threads == 0: load the kernel now (no launch).
 template <class E, bool Ll>
 int launchRingOf(const RingArgs& args, chorusRedOp_t op, int threads, void* stream) {
-  if (threads == 0) {
-    cudaFuncAttributes attributes;
-    return static_cast<int>(cudaFuncGetAttributes(&attributes, ringKernel<E, Ll>));
-  }
   ringKernel<E, Ll><<<dim3(static_cast<unsigned>(args.channels)), dim3(static_cast<unsigned>(threads)), 0,
                       static_cast<cudaStream_t>(stream)>>>(args, op);
   return static_cast<int>(cudaGetLastError());
+}
+
+// Loads the kernel's module now (no launch), so a first call made during graph capture, or while
+// the stream is held, does not load it then.
+template <class E, bool Ll>
+int loadRingOf() {
+  cudaFuncAttributes attributes;
+  return static_cast<int>(cudaFuncGetAttributes(&attributes, ringKernel<E, Ll>));
 }
 
 // Each (type, protocol) is compiled in a translation unit of its own (the build generates them
@@ -112,7 +115,9 @@ int launchRingOf(const RingArgs& args, chorusRedOp_t op, int threads, void* stre
       X(Plain<float>) X(Plain<double>) X(Fp16) X(Bf16)
 #define CHORUS_IPC_EXTERN(E)                                                          \
   extern template int launchRingOf<E, true>(const RingArgs&, chorusRedOp_t, int, void*); \
-  extern template int launchRingOf<E, false>(const RingArgs&, chorusRedOp_t, int, void*);
+  extern template int launchRingOf<E, false>(const RingArgs&, chorusRedOp_t, int, void*); \
+  extern template int loadRingOf<E, true>();                                            \
+  extern template int loadRingOf<E, false>();
 #if !defined(CHORUS_IPC_KERNEL_UNIT)
 CHORUS_IPC_KERNELS(CHORUS_IPC_EXTERN)
 #endif

@@ -16,9 +16,10 @@ for ranks in 2 4; do
   for transport in direct ipc staged; do
     export CHORUS_DEVICE_TRANSPORT=$transport
     # The ipc ring's kernels wait on each other across processes: on one GPU without MPS every
-    # step waits for a time slice (milliseconds), so that path goes to 64 KiB here.
+    # step waits for a time slice (milliseconds), so that path goes to 256 KiB here (its bulk
+    # protocol starts below that).
     top=8M
-    [ "$transport" = ipc ] && top=64K
+    [ "$transport" = ipc ] && top=256K
     for op in allreduce allgather reducescatter broadcast reduce alltoall gather scatter sendrecv; do
       run_clean "$collbench" -g "$ranks" --mem device --op "$op" -b 4 -e "$top" -f 16 -n 3 -w 1
     done

@@ -25,8 +25,12 @@ namespace {
 struct Path {
   const char* transport;  // CHORUS_DEVICE_TRANSPORT
   int nranks;
+  const char* inPlaceBytes = "0";  // CHORUS_DEVICE_DIRECT_INPLACE_BYTES (direct: "1" reads in place)
 };
-void PrintTo(const Path& p, std::ostream* os) { *os << p.transport << "_" << p.nranks; }
+std::string nameOf(const Path& p) {
+  return std::string(p.transport) + (std::string(p.inPlaceBytes) != "0" ? "_inplace_" : "_") + std::to_string(p.nranks);
+}
+void PrintTo(const Path& p, std::ostream* os) { *os << nameOf(p); }
 
 class DeviceCollectivesTest : public ::testing::TestWithParam<Path> {
  protected:
@@ -39,8 +43,10 @@ class DeviceCollectivesTest : public ::testing::TestWithParam<Path> {
   // Runs body on every rank, all on GPU 0, with the path set, before the first device call.
   void run(const std::function<void(int, chorusComm_t, cudaStream_t)>& body) {
     const char* transport = GetParam().transport;
+    const char* inPlaceBytes = GetParam().inPlaceBytes;
     runRanks(options(), [&](int rank, chorusComm_t comm) {
       setenv("CHORUS_DEVICE_TRANSPORT", transport, 1);
+      setenv("CHORUS_DEVICE_DIRECT_INPLACE_BYTES", inPlaceBytes, 1);
       CUDA_OK(cudaSetDevice(0));
       cudaStream_t stream;
       CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -223,6 +229,49 @@ TEST_P(DeviceCollectivesTest, CallsAreStreamOrderedAndDoNotBlock) {
   });
 }
 
+// All-reduces in place (one buffer) and out of place, on buffers inside larger allocations at
+// offsets that differ between ranks, with the allocations freed and made again between calls (the
+// in-place direct path maps each peer allocation once and must notice a new one at an old
+// address). Counts that do not divide by the ranks; each rank's element i is (rank + 1) * (i % 7
+// + 1), so every sum is n (n + 1) / 2 * (i % 7 + 1), exact in float.
+TEST_P(DeviceCollectivesTest, InPlaceAndOffsetBuffersReallocatedBetweenCalls) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  run([&](int rank, chorusComm_t comm, cudaStream_t stream) {
+    const int n = GetParam().nranks;
+    for (int round = 0; round < 4; ++round) {
+      const size_t count = round % 2 == 0 ? 70001 : 1000003;
+      const size_t offset = static_cast<size_t>(rank + round);  // elements; unaligned for most ranks
+      float* base = nullptr;
+      CUDA_OK(cudaMalloc(&base, (count + offset + 64) * sizeof(float)));
+      float* buffer = base + offset;
+      std::vector<float> host(count);
+      for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>((rank + 1) * static_cast<int>(i % 7 + 1));
+      upload(buffer, host.data(), count * sizeof(float));
+      const bool inPlace = round != 3;
+      float* out = inPlace ? buffer : nullptr;
+      if (!inPlace) {
+        CUDA_OK(cudaMalloc(&out, count * sizeof(float)));
+      }
+      ASSERT_EQ(chorusAllReduce(buffer, out, count, chorusFloat32, chorusSum, comm, stream), chorusSuccess)
+          << chorusGetLastError(comm);
+      CUDA_OK(cudaStreamSynchronize(stream));
+      std::vector<float> got(count);
+      CUDA_OK(cudaMemcpy(got.data(), out, count * sizeof(float), cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(got[i], static_cast<float>(n * (n + 1) / 2 * static_cast<int>(i % 7 + 1)))
+            << "round " << round << (inPlace ? " in place" : " out of place") << ", element " << i;
+      }
+      if (!inPlace) {
+        // The input is untouched.
+        CUDA_OK(cudaMemcpy(got.data(), buffer, count * sizeof(float), cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < count; i += 997) ASSERT_EQ(got[i], host[i]) << "input element " << i;
+        CUDA_OK(cudaFree(out));
+      }
+      CUDA_OK(cudaFree(base));
+    }
+  });
+}
+
 // A NULL stream with device buffers is CUDA's legacy default stream, as NCCL takes it: the call
 // runs after the legacy stream's earlier work (the upload below is enqueued there, not waited
 // for), and the host buffers of the next call still take the host path.
@@ -338,11 +387,10 @@ TEST_P(DeviceCollectivesTest, HostBuffersWithAStreamAreRefusedByName) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, DeviceCollectivesTest,
-                         ::testing::Values(Path{"direct", 2}, Path{"direct", 4}, Path{"ipc", 2}, Path{"ipc", 4},
-                                           Path{"staged", 2}, Path{"staged", 4}),
-                         [](const ::testing::TestParamInfo<Path>& info) {
-                           return std::string(info.param.transport) + "_" + std::to_string(info.param.nranks);
-                         });
+                         ::testing::Values(Path{"direct", 2}, Path{"direct", 4}, Path{"direct", 2, "1"},
+                                           Path{"direct", 4, "1"}, Path{"ipc", 2}, Path{"ipc", 4}, Path{"staged", 2},
+                                           Path{"staged", 4}),
+                         [](const ::testing::TestParamInfo<Path>& info) { return nameOf(info.param); });
 
 }  // namespace
 }  // namespace chorus::testing

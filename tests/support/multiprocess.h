@@ -31,8 +31,8 @@ inline bool transportBuilt(const std::string& name) {
 #define CHORUS_REQUIRE_TRANSPORT(name)                                                                 \
   do {                                                                                                 \
     if (!::chorus::testing::transportBuilt(name)) {                                                    \
-      GTEST_SKIP() << "this build of chorus has no " << (name) << " transport (UCX was not found when it was " \
-                   << "built)";                                                                        \
+      GTEST_SKIP() << "this build of chorus has no " << (name) << " transport (UCX was not found, or "   \
+                   << "CHORUS_WITH_UCX was OFF, when it was built)";                                   \
     }                                                                                                  \
   } while (0)
 

@@ -17,14 +17,26 @@
 #include "src/topology/discover.h"
 #include "src/topology/search.h"
 
-// Skips a test that reads topology files where this build has no reader for them.
-#if defined(CHORUS_HAVE_LIBXML2) && defined(CHORUS_HAVE_HWLOC)
-#define CHORUS_REQUIRE_FILE_READERS() \
-  do {                                \
+// Skips a test that reads topology files this build has no reader for: libxml2 reads NCCL's and
+// chorus's XML (and tells the formats apart), hwloc reads its own. A build without them refuses
+// such files by name (WithoutItsReaderAFileIsRefusedNamingTheLibrary, below).
+#if defined(CHORUS_HAVE_LIBXML2)
+#define CHORUS_REQUIRE_XML_READER() \
+  do {                              \
   } while (0)
 #else
-#define CHORUS_REQUIRE_FILE_READERS() \
-  GTEST_SKIP() << "this build of chorus has no libxml2 or no hwloc, which read topology files"
+#define CHORUS_REQUIRE_XML_READER() \
+  GTEST_SKIP() << "this build of chorus has no libxml2 (libxml2-dev), which reads topology XML files"
+#endif
+#if defined(CHORUS_HAVE_LIBXML2) && defined(CHORUS_HAVE_HWLOC)
+#define CHORUS_REQUIRE_HWLOC_READER() \
+  do {                                \
+  } while (0)
+#elif defined(CHORUS_HAVE_LIBXML2)
+#define CHORUS_REQUIRE_HWLOC_READER() \
+  GTEST_SKIP() << "this build of chorus has no hwloc (libhwloc-dev), which reads the hwloc XML files this test reads"
+#else
+#define CHORUS_REQUIRE_HWLOC_READER() CHORUS_REQUIRE_XML_READER()
 #endif
 
 namespace chorus::topology {
@@ -90,7 +102,7 @@ std::string errorOf(const std::string& path) {
 constexpr double kPcieGen5x16 = 32.0 * 128 / 130 / 8 * 16;  // GB/s per direction after encoding
 
 TEST(TopologyFiles, NcclXmlOfAnNvSwitchServerGivesItsDevicesAndLinks) {
-  CHORUS_REQUIRE_FILE_READERS();
+  CHORUS_REQUIRE_XML_READER();
   const Topology t = readTopologyFile(data("dgx-h100.nccl.xml"));
   ASSERT_EQ(t.hosts.size(), 1u);
   EXPECT_EQ(t.nodesOf(0, NodeKind::kCpu).size(), 2u);
@@ -122,7 +134,7 @@ TEST(TopologyFiles, NcclXmlOfAnNvSwitchServerGivesItsDevicesAndLinks) {
 }
 
 TEST(TopologyFiles, HwlocXmlOfAPcieServerGivesSocketsSwitchesAndGpus) {
-  CHORUS_REQUIRE_FILE_READERS();
+  CHORUS_REQUIRE_HWLOC_READER();
   const Topology t = readTopologyFile(data("pcie-2socket-8gpu.hwloc.xml"));
   ASSERT_EQ(t.hosts.size(), 1u);
   EXPECT_EQ(t.hosts[0], "pcie-8gpu");
@@ -150,7 +162,7 @@ TEST(TopologyFiles, HwlocXmlOfAPcieServerGivesSocketsSwitchesAndGpus) {
 }
 
 TEST(TopologyFiles, ChorusXmlRoundTripsEveryNodeAndLink) {
-  CHORUS_REQUIRE_FILE_READERS();
+  CHORUS_REQUIRE_HWLOC_READER();
   for (const char* file :
        {"dgx-h100.nccl.xml", "pcie-2socket-8gpu.hwloc.xml", "cpu-2socket.hwloc.xml", "dgx-h100-cluster4.chorus.xml"}) {
     const Topology t = readTopologyFile(data(file));
@@ -162,7 +174,7 @@ TEST(TopologyFiles, ChorusXmlRoundTripsEveryNodeAndLink) {
 }
 
 TEST(TopologyFiles, ClusterFileCopiesHostsAndJoinsEachNicToItsRail) {
-  CHORUS_REQUIRE_FILE_READERS();
+  CHORUS_REQUIRE_XML_READER();
   const Topology t = readTopologyFile(data("dgx-h100-cluster4.chorus.xml"));
   ASSERT_EQ(t.hosts.size(), 4u);
   for (int h = 0; h < 4; ++h) {
@@ -179,7 +191,7 @@ TEST(TopologyFiles, ClusterFileCopiesHostsAndJoinsEachNicToItsRail) {
 }
 
 TEST(RingSearch, NvSwitchServerGetsOneRingAtTheGpusNvLinkBandwidth) {
-  CHORUS_REQUIRE_FILE_READERS();
+  CHORUS_REQUIRE_XML_READER();
   const Topology t = readTopologyFile(data("dgx-h100.nccl.xml"));
   const std::vector<int> ranks = place(t, {"gpu0", "gpu1", "gpu2", "gpu3", "gpu4", "gpu5", "gpu6", "gpu7"});
   const Plan plan = search(t, ranks);
@@ -193,7 +205,7 @@ TEST(RingSearch, NvSwitchServerGetsOneRingAtTheGpusNvLinkBandwidth) {
 }
 
 TEST(RingSearch, PcieServerRingCrossesTheSocketsOnceEachWayAndKeepsSwitchesTogether) {
-  CHORUS_REQUIRE_FILE_READERS();
+  CHORUS_REQUIRE_HWLOC_READER();
   const Topology t = readTopologyFile(data("pcie-2socket-8gpu.hwloc.xml"));
   // Ranks given the GPUs in a scattered order: the ring must still follow the machine.
   const std::vector<std::string> ids = {"gpu0", "gpu4", "gpu2", "gpu6", "gpu1", "gpu5", "gpu3", "gpu7"};
@@ -218,7 +230,7 @@ TEST(RingSearch, PcieServerRingCrossesTheSocketsOnceEachWayAndKeepsSwitchesToget
 }
 
 TEST(RingSearch, CpuServerRingGroupsRanksByNumaNodeAndSocket) {
-  CHORUS_REQUIRE_FILE_READERS();
+  CHORUS_REQUIRE_HWLOC_READER();
   const Topology t = readTopologyFile(data("cpu-2socket.hwloc.xml"));
   ASSERT_EQ(t.nodesOf(0, NodeKind::kCpu).size(), 4u);
   // Two ranks per NUMA node, given round-robin over the nodes.
@@ -235,7 +247,7 @@ TEST(RingSearch, CpuServerRingGroupsRanksByNumaNodeAndSocket) {
 }
 
 TEST(RingSearch, ClusterRingsAreRailAlignedOnePerNic) {
-  CHORUS_REQUIRE_FILE_READERS();
+  CHORUS_REQUIRE_XML_READER();
   const Topology t = readTopologyFile(data("dgx-h100-cluster4.chorus.xml"));
   std::vector<int> ranks;  // rank 8h + g on GPU g of host h
   for (int h = 0; h < 4; ++h) {
@@ -274,7 +286,7 @@ TEST(RingSearch, ClusterRingsAreRailAlignedOnePerNic) {
 }
 
 TEST(RingSearch, TreesOverManyHostsMakeEveryInteriorHostALeafOfTheOtherTree) {
-  CHORUS_REQUIRE_FILE_READERS();
+  CHORUS_REQUIRE_HWLOC_READER();
   Topology t = readTopologyFile(data("cpu-2socket.hwloc.xml"));
   for (int h = 1; h < 7; ++h) t.cloneHost(0, named("h", h));
   std::vector<int> ranks;
@@ -366,7 +378,7 @@ TEST(RingSearch, GpuRingOrderFollowsNvLinkFromBusIds) {
 }
 
 TEST(RingSearch, RejectsRanksOffDevicesAndHostsWithoutNic) {
-  CHORUS_REQUIRE_FILE_READERS();
+  CHORUS_REQUIRE_HWLOC_READER();
   Topology t = readTopologyFile(data("pcie-2socket-8gpu.hwloc.xml"));
   try {
     search(t, {node(t, 0, "gpu0"), node(t, 0, "nic0")});
@@ -396,7 +408,7 @@ TEST(Binding, ProcessorListsParseAndPrintBack) {
 }
 
 TEST(Binding, LocalRanksGoInBlocksOverTheNumaNodesOfATwoSocketServer) {
-  CHORUS_REQUIRE_FILE_READERS();
+  CHORUS_REQUIRE_HWLOC_READER();
   // 4 NUMA nodes (processors 0-3, 4-7 on socket 0; 8-11, 12-15 on socket 1).
   const Topology t = readTopologyFile(data("cpu-2socket.hwloc.xml"));
   std::vector<std::vector<int>> nodeCpus;
@@ -428,7 +440,7 @@ TEST(Binding, LocalRanksGoInBlocksOverTheNumaNodesOfATwoSocketServer) {
 }
 
 TEST(Binding, ALaunchersBindingIsKeptAndNoneOrASharedProcessBindsNothing) {
-  CHORUS_REQUIRE_FILE_READERS();
+  CHORUS_REQUIRE_HWLOC_READER();
   const Topology t = readTopologyFile(data("cpu-2socket.hwloc.xml"));
   std::vector<std::vector<int>> nodeCpus;
   for (int node : t.nodesOf(0, NodeKind::kCpu)) nodeCpus.push_back(parseCpuList(t.nodes[node].cpus));
@@ -451,7 +463,7 @@ TEST(Binding, ALaunchersBindingIsKeptAndNoneOrASharedProcessBindsNothing) {
 }
 
 TEST(RingSearch, RankOrderOverHostsJoinsTheirTopologiesAndGroupsRanksByHostAndSocket) {
-  CHORUS_REQUIRE_FILE_READERS();
+  CHORUS_REQUIRE_HWLOC_READER();
   // Two two-socket CPU servers; ranks alternate between the hosts (hosts numbered by their lowest
   // rank: rank 0 on host 0, rank 1 on host 1) and, on each host, over its four NUMA nodes.
   const Topology server = readTopologyFile(data("cpu-2socket.hwloc.xml"));  // one NIC, on socket 0
@@ -547,7 +559,7 @@ TEST(Discovery, FindsThisMachinesProcessorsMemoryAndNics) {
 }
 
 TEST(TopologyFiles, BadFilesAreRejectedNamingFileLineAndProblem) {
-  CHORUS_REQUIRE_FILE_READERS();
+  CHORUS_REQUIRE_XML_READER();
   const std::string dangling = writeTemp("dangling.xml",
                                          "<chorus-topology version=\"1\">\n"
                                          "  <host name=\"a\">\n"
@@ -603,10 +615,29 @@ TEST(TopologyFiles, BadFilesAreRejectedNamingFileLineAndProblem) {
   e = errorOf(writeTemp("broken.xml", "<chorus-topology version=\"1\"><host name=\"a\">\n"));
   EXPECT_NE(e.find("broken.xml: not readable XML"), std::string::npos) << e;
   e = errorOf(writeTemp("hwloc.xml", "<topology version=\"2.0\"><object type=\"Banana\"/></topology>\n"));
+#if defined(CHORUS_HAVE_HWLOC)
   EXPECT_NE(e.find("hwloc.xml: hwloc"), std::string::npos) << e;
+#else
+  EXPECT_NE(e.find("hwloc.xml: an hwloc XML file, but this build of chorus has no hwloc"), std::string::npos) << e;
+#endif
   e = errorOf(::testing::TempDir() + "absent.xml");
   EXPECT_NE(e.find("absent.xml: cannot read the file: No such file or directory"), std::string::npos) << e;
 }
+
+#if !defined(CHORUS_HAVE_LIBXML2) || !defined(CHORUS_HAVE_HWLOC)
+// A build without a reader refuses the files it cannot read, naming the file and the library.
+TEST(TopologyFiles, WithoutItsReaderAFileIsRefusedNamingTheLibrary) {
+  const std::string hwloc = errorOf(data("cpu-2socket.hwloc.xml"));
+  EXPECT_NE(hwloc.find("cpu-2socket.hwloc.xml: "), std::string::npos) << hwloc;
+#if !defined(CHORUS_HAVE_LIBXML2)
+  EXPECT_NE(hwloc.find("has no libxml2"), std::string::npos) << hwloc;
+  const std::string nccl = errorOf(data("dgx-h100.nccl.xml"));
+  EXPECT_NE(nccl.find("dgx-h100.nccl.xml: this build of chorus has no libxml2"), std::string::npos) << nccl;
+#else
+  EXPECT_NE(hwloc.find("has no hwloc"), std::string::npos) << hwloc;
+#endif
+}
+#endif
 
 }  // namespace
 }  // namespace chorus::topology
