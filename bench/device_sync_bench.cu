@@ -48,8 +48,7 @@
 namespace {
 
 constexpr int kMaxRanks = 8;
-constexpr const char* kWays[] = {"alone",       "event",      "value-host", "value-device",
-                                 "value-proxy", "spin-kernel", "host"};
+constexpr const char* kWays[] = {"alone", "event", "value-host", "value-device", "value-proxy", "spin-kernel", "host"};
 constexpr int kNumWays = sizeof(kWays) / sizeof(kWays[0]);
 constexpr const char* kWorks[] = {"kernel", "copy"};
 constexpr int kNumWorks = 2;
@@ -64,10 +63,10 @@ struct Shared {
   cudaIpcEventHandle_t events[kMaxRanks][2];
   cudaIpcMemHandle_t flagsMemory[kMaxRanks];
   double microseconds[kNumWays][kNumWorks][kMaxRanks];  // per call; < 0: failed (see status)
-  int status[kNumWays][kNumWorks][kMaxRanks];  // 0 ok, 1 timeout, 2 unsupported, 3 CUDA error, 4 not run
-  alignas(4096) uint32_t hostFlags[kMaxRanks][32];  // value-host and spin-kernel (one cache line each)
-  uint32_t proxyIn[kMaxRanks][32];                  // value-proxy: stream to host thread
-  uint32_t proxyOut[kMaxRanks][32];                 // and back
+  int status[kNumWays][kNumWorks][kMaxRanks];           // 0 ok, 1 timeout, 2 unsupported, 3 CUDA error, 4 not run
+  alignas(4096) uint32_t hostFlags[kMaxRanks][32];      // value-host and spin-kernel (one cache line each)
+  uint32_t proxyIn[kMaxRanks][32];                      // value-proxy: stream to host thread
+  uint32_t proxyOut[kMaxRanks][32];                     // and back
 };
 
 Shared* shared = nullptr;
@@ -160,8 +159,8 @@ struct Rank {
   uint32_t* hostFlags = nullptr;  // shared->hostFlags as the device sees it
   uint32_t* proxyIn = nullptr;    // shared->proxyIn[rank], proxyOut[rank] as the device sees them
   uint32_t* proxyOut = nullptr;
-  int* timedOut = nullptr;        // mapped host memory
-  uint64_t* staging = nullptr;    // pinned, for the host way
+  int* timedOut = nullptr;      // mapped host memory
+  uint64_t* staging = nullptr;  // pinned, for the host way
   WaitValue waitValue = nullptr;
   WriteValue writeValue = nullptr;
 };
@@ -242,9 +241,8 @@ int runWay(Rank& r, int way, int work, double* microseconds) {
       case kValueHost:
       case kValueDevice: {
         auto flag = [&](int q) {
-          return way == kValueHost
-                     ? reinterpret_cast<CUdeviceptr>(r.hostFlags + q * kStride)
-                     : reinterpret_cast<CUdeviceptr>(q == r.rank ? r.deviceFlags : r.peerDeviceFlags[q]);
+          return way == kValueHost ? reinterpret_cast<CUdeviceptr>(r.hostFlags + q * kStride)
+                                   : reinterpret_cast<CUdeviceptr>(q == r.rank ? r.deviceFlags : r.peerDeviceFlags[q]);
         };
         ok = r.writeValue(stream, flag(r.rank), value, CU_STREAM_WRITE_VALUE_DEFAULT) == CUDA_SUCCESS;
         for (int q = 0; q < nranks && ok; ++q) {
@@ -334,7 +332,8 @@ int rankMain(int rank) {
   if (!cudaOk(cudaHostAlloc(&r.timedOut, sizeof(int), cudaHostAllocMapped), rank, "cudaHostAlloc")) return 3;
   if (!cudaOk(cudaHostAlloc(&r.staging, sizeof(uint64_t), 0), rank, "cudaHostAlloc")) return 3;
   for (auto& e : r.own) {
-    if (!cudaOk(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventInterprocess), rank, "cudaEventCreate")) {
+    if (!cudaOk(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventInterprocess), rank,
+                "cudaEventCreate")) {
       return 3;
     }
   }
@@ -350,7 +349,8 @@ int rankMain(int rank) {
   for (int q = 0; q < nranks; ++q) {
     if (q == rank) continue;
     for (int e = 0; e < 2; ++e) {
-      if (!cudaOk(cudaIpcOpenEventHandle(&r.peers[e][q], shared->events[q][e]), rank, "cudaIpcOpenEventHandle")) return 3;
+      if (!cudaOk(cudaIpcOpenEventHandle(&r.peers[e][q], shared->events[q][e]), rank, "cudaIpcOpenEventHandle"))
+        return 3;
     }
     if (!cudaOk(cudaIpcOpenMemHandle(reinterpret_cast<void**>(&r.peerDeviceFlags[q]), shared->flagsMemory[q],
                                      cudaIpcMemLazyEnablePeerAccess),
@@ -431,8 +431,8 @@ int main(int argc, char** argv) {
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
   }
   const char* statusNames[] = {"ok", "timeout", "unsupported", "CUDA error", "not run"};
-  std::printf("# device_sync_bench: %d ranks on device 0, %d calls per way; time per call (the slowest rank)\n",
-              nranks, calls);
+  std::printf("# device_sync_bench: %d ranks on device 0, %d calls per way; time per call (the slowest rank)\n", nranks,
+              calls);
   std::printf("%-14s %-7s %12s  %s\n", "way", "work", "us per call", "status");
   std::string rows;
   for (int way = 0; way < kNumWays; ++way) {
@@ -450,10 +450,9 @@ int main(int argc, char** argv) {
         std::printf("%-14s %-7s %12s  %s\n", kWays[way], kWorks[work], "-", statusNames[status]);
       }
       char row[256];
-      std::snprintf(row, sizeof(row),
-                    "%s{\"way\": \"%s\", \"work\": \"%s\", \"us_per_call\": %.3f, \"status\": \"%s\"}",
-                    rows.empty() ? "" : ", ", kWays[way], kWorks[work], status == 0 ? worst : -1.0,
-                    statusNames[status]);
+      std::snprintf(
+          row, sizeof(row), "%s{\"way\": \"%s\", \"work\": \"%s\", \"us_per_call\": %.3f, \"status\": \"%s\"}",
+          rows.empty() ? "" : ", ", kWays[way], kWorks[work], status == 0 ? worst : -1.0, statusNames[status]);
       rows += row;
     }
   }

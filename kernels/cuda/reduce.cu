@@ -197,14 +197,13 @@ int launchReduceMany(void* dst, const Sources& srcs, size_t count, int divisor, 
   bool aligned = vectorAligned(dst);
   for (int s = 0; s < srcs.count; ++s) aligned = aligned && vectorAligned(srcs.at[s]);
   const size_t vectors = aligned ? count / kLanes : 0;
-  reduceManyKernel<T, Conv, Op><<<gridFor(vectors > 0 ? vectors : count), 256, 0, stream>>>(static_cast<T*>(dst), srcs,
-                                                                                           count, vectors, divisor);
+  reduceManyKernel<T, Conv, Op>
+      <<<gridFor(vectors > 0 ? vectors : count), 256, 0, stream>>>(static_cast<T*>(dst), srcs, count, vectors, divisor);
   return static_cast<int>(cudaGetLastError());
 }
 
 template <typename Op>
-int reduceManyTyped(void* dst, const Sources& srcs, size_t count, chorusDataType_t type, int divisor,
-                    cudaStream_t s) {
+int reduceManyTyped(void* dst, const Sources& srcs, size_t count, chorusDataType_t type, int divisor, cudaStream_t s) {
   return withType(type, [&](auto typed) {
     using Tag = decltype(typed);
     return launchReduceMany<typename Tag::Storage, typename Tag::Conv, Op>(dst, srcs, count, divisor, s);
@@ -325,8 +324,8 @@ int reduce(void* dst, const void* a, const void* b, size_t count, chorusDataType
   }
 }
 
-int reduceMany(void* dst, const void* const* srcs, int sources, size_t count, chorusDataType_t type,
-               chorusRedOp_t op, int divisor, void* stream) {
+int reduceMany(void* dst, const void* const* srcs, int sources, size_t count, chorusDataType_t type, chorusRedOp_t op,
+               int divisor, void* stream) {
   if (count == 0) return 0;
   if (sources < 1 || sources > kMaxReduceSources) return static_cast<int>(cudaErrorInvalidValue);
   Sources all{};

@@ -8,35 +8,36 @@
 namespace chorus {
 
 enum class Knob {
-  kDebug,             // CHORUS_DEBUG: log level
-  kTransport,         // CHORUS_TRANSPORT: auto | shm | tcp | ucx
-  kTimeoutMs,         // CHORUS_TIMEOUT_MS: per-operation wait limit
-  kInitTimeoutMs,     // CHORUS_INIT_TIMEOUT_MS: bootstrap wait limit
-  kChunkBytes,        // CHORUS_CHUNK_BYTES: pipelining chunk of ring and chain algorithms
-  kShmSlotBytes,      // CHORUS_SHM_SLOT_BYTES: bytes per shared-memory FIFO slot
-  kShmSlots,          // CHORUS_SHM_SLOTS: slots per shared-memory FIFO
-  kShmReadBytes,      // CHORUS_SHM_READ_BYTES: messages this large are read from the sender's memory
-  kShmMapBytes,       // CHORUS_SHM_MAP_BYTES: messages this large in chorusMemAlloc buffers are mapped
-  kShmDirectBytes,    // CHORUS_SHM_DIRECT_BYTES: all-reduces this large on chorusMemAlloc buffers go direct
-  kSpinUs,            // CHORUS_SPIN_US: how long a wait spins before it blocks
-  kBootstrapAddr,     // CHORUS_BOOTSTRAP_ADDR: address this process listens on
-  kSocketIfname,      // CHORUS_SOCKET_IFNAME: interfaces to listen on
-  kAlgo,              // CHORUS_ALGO: per-collective algorithm overrides
-  kTuningFile,        // CHORUS_TUNING_FILE: cost-model parameters for the tuner
-  kRankOrder,         // CHORUS_RANK_ORDER: the order rings, chains and trees visit the ranks
-  kDumpSignal,        // CHORUS_DUMP_SIGNAL: SIGUSR1 prints every pending operation
-  kBind,              // CHORUS_BIND: auto | none: bind each rank's process to a CPU node
-  kTopoFile,          // CHORUS_TOPO_FILE: a topology file instead of discovering the machine
-  kTcpRateLimit,      // CHORUS_TCP_RATE_LIMIT: bits per second each rank may send over tcp
-  kTcpDelay,          // CHORUS_TCP_DELAY: latency added to every tcp message
-  kCompress,          // CHORUS_COMPRESS: the compressor of compressed all-reduces given none
-  kDeviceTransport,   // CHORUS_DEVICE_TRANSPORT: auto | direct | ipc | staged: how device buffers move
-  kDeviceLlBytes,     // CHORUS_DEVICE_LL_BYTES: device calls this small use the LL protocol
-  kDeviceChannels,    // CHORUS_DEVICE_CHANNELS: blocks (channels) of a bulk device call
-  kDeviceThreads,     // CHORUS_DEVICE_THREADS: threads per channel
-  kDeviceStageBytes,  // CHORUS_DEVICE_STAGE_BYTES: pinned staging chunk of the staged path
-  kDeviceDirectBytes,  // CHORUS_DEVICE_DIRECT_BYTES: each of the direct path's two publishing buffers
+  kDebug,                     // CHORUS_DEBUG: log level
+  kTransport,                 // CHORUS_TRANSPORT: auto | shm | tcp | ucx
+  kTimeoutMs,                 // CHORUS_TIMEOUT_MS: per-operation wait limit
+  kInitTimeoutMs,             // CHORUS_INIT_TIMEOUT_MS: bootstrap wait limit
+  kChunkBytes,                // CHORUS_CHUNK_BYTES: pipelining chunk of ring and chain algorithms
+  kShmSlotBytes,              // CHORUS_SHM_SLOT_BYTES: bytes per shared-memory FIFO slot
+  kShmSlots,                  // CHORUS_SHM_SLOTS: slots per shared-memory FIFO
+  kShmReadBytes,              // CHORUS_SHM_READ_BYTES: messages this large are read from the sender's memory
+  kShmMapBytes,               // CHORUS_SHM_MAP_BYTES: messages this large in chorusMemAlloc buffers are mapped
+  kShmDirectBytes,            // CHORUS_SHM_DIRECT_BYTES: all-reduces this large on chorusMemAlloc buffers go direct
+  kSpinUs,                    // CHORUS_SPIN_US: how long a wait spins before it blocks
+  kBootstrapAddr,             // CHORUS_BOOTSTRAP_ADDR: address this process listens on
+  kSocketIfname,              // CHORUS_SOCKET_IFNAME: interfaces to listen on
+  kAlgo,                      // CHORUS_ALGO: per-collective algorithm overrides
+  kTuningFile,                // CHORUS_TUNING_FILE: cost-model parameters for the tuner
+  kRankOrder,                 // CHORUS_RANK_ORDER: the order rings, chains and trees visit the ranks
+  kDumpSignal,                // CHORUS_DUMP_SIGNAL: SIGUSR1 prints every pending operation
+  kBind,                      // CHORUS_BIND: auto | none: bind each rank's process to a CPU node
+  kTopoFile,                  // CHORUS_TOPO_FILE: a topology file instead of discovering the machine
+  kTcpRateLimit,              // CHORUS_TCP_RATE_LIMIT: bits per second each rank may send over tcp
+  kTcpDelay,                  // CHORUS_TCP_DELAY: latency added to every tcp message
+  kCompress,                  // CHORUS_COMPRESS: the compressor of compressed all-reduces given none
+  kDeviceTransport,           // CHORUS_DEVICE_TRANSPORT: auto | direct | ipc | staged: how device buffers move
+  kDeviceLlBytes,             // CHORUS_DEVICE_LL_BYTES: device calls this small use the LL protocol
+  kDeviceChannels,            // CHORUS_DEVICE_CHANNELS: blocks (channels) of a bulk device call
+  kDeviceThreads,             // CHORUS_DEVICE_THREADS: threads per channel
+  kDeviceStageBytes,          // CHORUS_DEVICE_STAGE_BYTES: pinned staging chunk of the staged path
+  kDeviceDirectBytes,         // CHORUS_DEVICE_DIRECT_BYTES: each of the direct path's two publishing buffers
   kDeviceDirectInPlaceBytes,  // CHORUS_DEVICE_DIRECT_INPLACE_BYTES: direct all-reduces this large read in place
+  kDeviceStagedPost,          // CHORUS_DEVICE_STAGED_POST: host | value: how staged calls reach the proxy and back
   kCount
 };
 

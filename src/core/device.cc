@@ -10,12 +10,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
 #include <numeric>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -391,6 +393,24 @@ struct DeviceEngine::Impl {
   std::condition_variable wake;
   std::deque<const StagedCall*> queue;
   bool stopping = false;
+
+  // Staged calls posted by stream memory operations instead of host functions and wait kernels
+  // (CHORUS_DEVICE_STAGED_POST=value; calls being captured keep the host functions): the stream
+  // writes the call's number into postedWord once its input is copied out, and waits until the
+  // proxy writes it into doneValueWord. Numbers run 1, 2, ... and compare cyclically (32 bits).
+  // valuePending (under mutex): the numbered calls, in order, that the proxy has yet to run.
+  bool postByValue = false;
+  bool byValue = false;  // the call being enqueued posts by value
+  using StreamValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+  StreamValueFn writeValue = nullptr;
+  StreamValueFn waitValue = nullptr;
+  volatile uint32_t* postedWord = nullptr;
+  volatile uint32_t* doneValueWord = nullptr;
+  CUdeviceptr postedDevice = 0;
+  CUdeviceptr doneValueDevice = 0;
+  std::atomic<uint32_t> valuePosted{0};  // numbers given out (abort reads it)
+  uint32_t valueWaited = 0;              // numbers waited for
+  std::deque<std::pair<const StagedCall*, uint32_t>> valuePending;
   std::string proxyFailure;  // under mutex
   chorusResult_t proxyResult = chorusSuccess;
 
@@ -419,6 +439,9 @@ struct DeviceEngine::Impl {
   void post(const StagedCall* staged, cudaStream_t stream);
   void waitForProxy(cudaStream_t stream);
   void proxyLoop();
+  bool awaitPosted(uint32_t number);
+  void setUpValuePost();
+  bool capturing(cudaStream_t stream) const;
   static void CUDART_CB hostPost(void* data);
 };
 
@@ -429,7 +452,8 @@ void DeviceEngine::Impl::setUp() {
   // Every kernel this engine may launch, loaded now: CUDA loads a kernel at its first launch
   // otherwise, and loading may wait for the whole device, so a later call enqueued behind a
   // blocked stream would wait with it.
-  if (const int error = ipc::preload(); error != 0) check(static_cast<cudaError_t>(error), rank, "loading the ipc kernels");
+  if (const int error = ipc::preload(); error != 0)
+    check(static_cast<cudaError_t>(error), rank, "loading the ipc kernels");
   if (const int error = kernels::cuda::preloadReduceMany(); error != 0) {
     check(static_cast<cudaError_t>(error), rank, "loading the reduction kernels");
   }
@@ -447,6 +471,11 @@ void DeviceEngine::Impl::setUp() {
   check(cudaHostGetDevicePointer(&devicePinned, pinned, 0), rank, "cudaHostGetDevicePointer");
   controlDevice = static_cast<ipc::Control*>(devicePinned);
   doneDevice = reinterpret_cast<const volatile uint64_t*>(static_cast<char*>(devicePinned) + 256);
+  postedWord = reinterpret_cast<volatile uint32_t*>(static_cast<char*>(pinned) + 512);
+  doneValueWord = reinterpret_cast<volatile uint32_t*>(static_cast<char*>(pinned) + 576);
+  postedDevice = reinterpret_cast<CUdeviceptr>(static_cast<char*>(devicePinned) + 512);
+  doneValueDevice = reinterpret_cast<CUdeviceptr>(static_cast<char*>(devicePinned) + 576);
+  setUpValuePost();
   check(cudaMalloc(reinterpret_cast<void**>(&counters), sizeof(ipc::ChannelCounters) * ipc::kMaxChannels + 256), rank,
         "cudaMalloc (counters)");
   check(cudaMemsetAsync(counters, 0, sizeof(ipc::ChannelCounters) * ipc::kMaxChannels + 256, setupStream), rank,
@@ -481,7 +510,10 @@ void DeviceEngine::Impl::setUp() {
   proxyComm = comm.split(0, rank, settings);
   proxy = std::thread([this] { proxyLoop(); });
   logAt(LogLevel::kInfo, "rank {}: device path {} on GPU {} ({} channels of {} threads, LL up to {} bytes)", rank,
-        direct ? "direct" : ipc ? "ipc" : "staged", device, channels, threads, llBytes);
+        direct ? "direct"
+        : ipc  ? "ipc"
+               : "staged",
+        device, channels, threads, llBytes);
 }
 
 // Every rank makes its inbox and a handle to it; all on one host, each maps its ring neighbours'.
@@ -491,8 +523,7 @@ bool DeviceEngine::Impl::setUpIpc() {
   const size_t inboxBytes = sizeof(ipc::ChannelInbox) * ipc::kMaxChannels;
   if (cudaMalloc(reinterpret_cast<void**>(&inbox), inboxBytes) == cudaSuccess &&
       cudaMemsetAsync(inbox, 0, inboxBytes, setupStream) == cudaSuccess &&
-      cudaStreamSynchronize(setupStream) == cudaSuccess &&
-      cudaIpcGetMemHandle(&mine.inbox, inbox) == cudaSuccess &&
+      cudaStreamSynchronize(setupStream) == cudaSuccess && cudaIpcGetMemHandle(&mine.inbox, inbox) == cudaSuccess &&
       cudaDeviceGetPCIBusId(mine.busId, sizeof(mine.busId), device) == cudaSuccess) {
     mine.ok = 1;
   }
@@ -734,8 +765,8 @@ void DeviceEngine::Impl::directPiece(const DeviceCall& call, size_t first, size_
         break;
       case Collective::kAllToAll:
         for (int p = 0; p < nranks; ++p) {
-          copy(out + (static_cast<size_t>(p) * call.count + first) * size, slot(p) + static_cast<size_t>(rank) * m * size,
-               m);
+          copy(out + (static_cast<size_t>(p) * call.count + first) * size,
+               slot(p) + static_cast<size_t>(rank) * m * size, m);
         }
         break;
       case Collective::kScatter:
@@ -855,15 +886,17 @@ bool DeviceEngine::Impl::enqueueInPlace(const DeviceCall& call, cudaStream_t str
       if (p != rank) check(cudaStreamWaitEvent(stream, events[p], 0), rank, what);
     }
   };
-  auto barrier = [&] { comm.run({comm.prepare(Collective::kBarrier, nullptr, nullptr, 0, chorusUint8, chorusSum, 0)}); };
+  auto barrier = [&] {
+    comm.run({comm.prepare(Collective::kBarrier, nullptr, nullptr, 0, chorusUint8, chorusSum, 0)});
+  };
 
   waitAll(peerReady[q], "cudaStreamWaitEvent (direct ready)");
   if (length(rank) > 0) {
     std::vector<const void*> sources(n);
     for (int p = 0; p < nranks; ++p) sources[p] = inputs[p] + first(rank) * size;
-    const int error = kernels::cuda::reduceMany(outputs[rank] + first(rank) * size, sources.data(), nranks,
-                                                length(rank), call.type, call.op, nranks,
-                                                reinterpret_cast<void*>(stream));
+    const int error =
+        kernels::cuda::reduceMany(outputs[rank] + first(rank) * size, sources.data(), nranks, length(rank), call.type,
+                                  call.op, nranks, reinterpret_cast<void*>(stream));
     if (error != 0) check(static_cast<cudaError_t>(error), rank, "launching the direct reduction");
   }
   check(cudaEventRecord(readDone[q], stream), rank, "cudaEventRecord (direct read)");
@@ -1017,17 +1050,95 @@ void CUDART_CB DeviceEngine::Impl::hostPost(void* data) {
   self->wake.notify_one();
 }
 
-// Holds the stream until the proxy has done the call posted last (the one-thread wait kernel).
+// Holds the stream until the proxy has done the earliest call posted and not yet waited for (the
+// one-thread wait kernel, or a stream wait on the call's number).
 void DeviceEngine::Impl::waitForProxy(cudaStream_t stream) {
+  if (byValue) {
+    const CUresult error =
+        waitValue(reinterpret_cast<CUstream>(stream), doneValueDevice, ++valueWaited, CU_STREAM_WAIT_VALUE_GEQ);
+    if (error != CUDA_SUCCESS)
+      fail(chorusUnhandledCudaError, "rank {}: device path: cuStreamWaitValue32 failed ({})", rank, int(error));
+    return;
+  }
   const int error = ipc::launchWait(waits, doneDevice, controlDevice, timeoutNs, stream);
   if (error != 0) check(static_cast<cudaError_t>(error), rank, "launching the wait kernel");
 }
 
 void DeviceEngine::Impl::post(const StagedCall* staged, cudaStream_t stream) {
+  if (byValue) {
+    const uint32_t number = ++valuePosted;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      valuePending.emplace_back(staged, number);
+    }
+    wake.notify_one();
+    const CUresult error =
+        writeValue(reinterpret_cast<CUstream>(stream), postedDevice, number, CU_STREAM_WRITE_VALUE_DEFAULT);
+    if (error != CUDA_SUCCESS)
+      fail(chorusUnhandledCudaError, "rank {}: device path: cuStreamWriteValue32 failed ({})", rank, int(error));
+    return;
+  }
   check(cudaLaunchHostFunc(stream, &Impl::hostPost, const_cast<StagedCall*>(staged)), rank, "cudaLaunchHostFunc");
 }
 
+bool DeviceEngine::Impl::capturing(cudaStream_t stream) const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &status), rank, "cudaStreamIsCapturing");
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// CHORUS_DEVICE_STAGED_POST: host (host functions and a wait kernel) or value (stream memory
+// operations, which need the driver's cuStreamWriteValue32 and cuStreamWaitValue32).
+void DeviceEngine::Impl::setUpValuePost() {
+  const std::string mode = knobString(Knob::kDeviceStagedPost);
+  if (mode != "host" && mode != "value") {
+    fail(chorusInvalidArgument, "rank {}: {}={}: expected host or value", rank, knobName(Knob::kDeviceStagedPost),
+         mode);
+  }
+  if (mode != "value") return;
+  auto entry = [&](const char* name, StreamValueFn* fn) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess || p == nullptr) {
+      cudaGetLastError();
+      fail(chorusInvalidUsage, "rank {}: {}=value, but this CUDA driver has no {}", rank,
+           knobName(Knob::kDeviceStagedPost), name);
+    }
+    *fn = reinterpret_cast<StreamValueFn>(p);
+  };
+  entry("cuStreamWriteValue32", &writeValue);
+  entry("cuStreamWaitValue32", &waitValue);
+  postByValue = true;
+}
+
+// Waits until the stream has posted call `number` (cyclically at or past it). False when a call
+// posted by a host function arrives meanwhile: that one is earlier on the streams (a later one
+// could not run before this call is done) and goes first. An abort ends the wait: the call then
+// fails on the aborted communicator, and its stream is let go.
+bool DeviceEngine::Impl::awaitPosted(uint32_t number) {
+  for (unsigned spin = 0;; ++spin) {
+    if (static_cast<int32_t>(
+            std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(postedWord)).load(std::memory_order_acquire) - number) >=
+        0) {
+      return true;
+    }
+    if (std::atomic_ref<uint32_t>(control->abort).load() != 0) return true;
+    if (spin % 64 == 63) {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!queue.empty()) return false;
+    }
+    // Spin while the call is likely near (a small call's copy is microseconds), then nap.
+    if (spin < 4096) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+}
+
 void DeviceEngine::Impl::enqueueStaged(const DeviceCall& call, cudaStream_t stream) {
+  byValue = postByValue && !capturing(stream);
   const size_t size = kernels::typeSize(call.type);
   size_t inCount, outCount;
   extents(call, rank, nranks, &inCount, &outCount);
@@ -1083,6 +1194,7 @@ void DeviceEngine::Impl::enqueueStaged(const DeviceCall& call, cudaStream_t stre
 }
 
 void DeviceEngine::Impl::enqueueStagedGroup(const std::vector<DeviceCall>& calls, cudaStream_t stream) {
+  byValue = postByValue && !capturing(stream);
   // Sends packed into the input area, receives into the output area, each 64-byte aligned.
   std::vector<size_t> offsets(calls.size());
   size_t sent = 0, received = 0;
@@ -1121,12 +1233,23 @@ void DeviceEngine::Impl::enqueueStagedGroup(const std::vector<DeviceCall>& calls
 void DeviceEngine::Impl::proxyLoop() {
   while (true) {
     const StagedCall* staged = nullptr;
+    uint32_t number = 0;  // a call posted by value: its number
     {
       std::unique_lock<std::mutex> lock(mutex);
-      wake.wait(lock, [&] { return stopping || !queue.empty(); });
-      if (queue.empty()) return;
-      staged = queue.front();
-      queue.pop_front();
+      wake.wait(lock, [&] { return stopping || !queue.empty() || !valuePending.empty(); });
+      if (!queue.empty()) {
+        staged = queue.front();
+        queue.pop_front();
+      } else if (!valuePending.empty()) {
+        std::tie(staged, number) = valuePending.front();
+      } else {
+        return;
+      }
+    }
+    if (number != 0) {
+      if (!awaitPosted(number)) continue;
+      std::lock_guard<std::mutex> lock(mutex);
+      valuePending.pop_front();
     }
     bool failed;
     {
@@ -1149,7 +1272,11 @@ void DeviceEngine::Impl::proxyLoop() {
         std::atomic_ref<uint32_t>(control->status).store(ipc::kStatusAborted);
       }
     }
-    std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(done)).fetch_add(1, std::memory_order_release);
+    if (number != 0) {
+      std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(doneValueWord)).store(number, std::memory_order_release);
+    } else {
+      std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(done)).fetch_add(1, std::memory_order_release);
+    }
   }
 }
 
@@ -1245,6 +1372,8 @@ chorusResult_t DeviceEngine::asyncError(std::string* message) const {
 
 void DeviceEngine::abort() {
   std::atomic_ref<uint32_t>(impl_->control->abort).store(1);
+  // Streams waiting on calls posted by value go on (the proxy fails what it has not run).
+  std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(impl_->doneValueWord)).store(impl_->valuePosted.load());
   if (impl_->proxyComm != nullptr) impl_->proxyComm->abort();
 }
 

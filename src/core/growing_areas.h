@@ -4,10 +4,10 @@
 // owner goes. Growth at least doubles, so a run of growing calls allocates a few times only.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <limits>
-#include <algorithm>
 #include <vector>
 
 #include "src/core/error.h"

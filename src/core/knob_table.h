@@ -91,6 +91,10 @@ inline constexpr KnobSpec kKnobs[] = {
      "direct device all-reduces of at least this many bytes per rank read the ranks' buffers where they lie (CUDA "
      "IPC handles of the callers' allocations, mapped once each) as a reduce-scatter then an all-gather, instead of "
      "publishing a copy; 0: never (the default until it is measured on a GPU)"},
+    {"CHORUS_DEVICE_STAGED_POST", "host",
+     "how a staged device call reaches the proxy thread and back: host (a host function, then a one-thread kernel "
+     "that waits) or value (the stream writes the call's number into pinned memory and waits on another, no "
+     "kernel; not yet measured on a GPU). Calls being captured in a graph always use host"},
 
     // Launchers (chorusCommInitFromEnv; the CHORUS_ spellings win over the plain ones).
     {"CHORUS_RANK", "", "this process's rank (also RANK, as torchrun sets it)", "launcher"},

@@ -22,7 +22,6 @@
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/utils/pybind.h>
-
 #include <torch/version.h>
 
 #include <atomic>
@@ -528,7 +527,8 @@ class ProcessGroupChorus : public BackendBase {
   }
 
   c10::intrusive_ptr<Work> barrier(const c10d::BarrierOptions&) override {
-    return post(OpType::BARRIER, at::Tensor(), {}, [this](chorusStream_t stream) { check(chorusBarrier(comm_, stream), comm_, "barrier"); });
+    return post(OpType::BARRIER, at::Tensor(), {},
+                [this](chorusStream_t stream) { check(chorusBarrier(comm_, stream), comm_, "barrier"); });
   }
 
  private:
@@ -677,7 +677,7 @@ class ProcessGroupChorus : public BackendBase {
 };
 
 c10::intrusive_ptr<BackendBase> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                              const std::chrono::duration<float>& timeout) {
+                                       const std::chrono::duration<float>& timeout) {
   return c10::make_intrusive<ProcessGroupChorus>(store, rank, size,
                                                  std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
 }

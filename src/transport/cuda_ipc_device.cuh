@@ -110,13 +110,15 @@ int loadRingOf() {
 
 // Each (type, protocol) is compiled in a translation unit of its own (the build generates them
 // from cuda_ipc_kernel.cu.in), so the kernels compile in parallel; elsewhere they are only named.
+// clang-format off
 #define CHORUS_IPC_KERNELS(X)                                                                              \
   X(Plain<int8_t>) X(Plain<uint8_t>) X(Plain<int32_t>) X(Plain<uint32_t>) X(Plain<int64_t>) X(Plain<uint64_t>) \
-      X(Plain<float>) X(Plain<double>) X(Fp16) X(Bf16)
-#define CHORUS_IPC_EXTERN(E)                                                          \
-  extern template int launchRingOf<E, true>(const RingArgs&, chorusRedOp_t, int, void*); \
+  X(Plain<float>) X(Plain<double>) X(Fp16) X(Bf16)
+// clang-format on
+#define CHORUS_IPC_EXTERN(E)                                                              \
+  extern template int launchRingOf<E, true>(const RingArgs&, chorusRedOp_t, int, void*);  \
   extern template int launchRingOf<E, false>(const RingArgs&, chorusRedOp_t, int, void*); \
-  extern template int loadRingOf<E, true>();                                            \
+  extern template int loadRingOf<E, true>();                                              \
   extern template int loadRingOf<E, false>();
 #if !defined(CHORUS_IPC_KERNEL_UNIT)
 CHORUS_IPC_KERNELS(CHORUS_IPC_EXTERN)

@@ -25,11 +25,19 @@ namespace {
 struct Path {
   const char* transport;  // CHORUS_DEVICE_TRANSPORT
   int nranks;
-  const char* inPlaceBytes = "0";  // CHORUS_DEVICE_DIRECT_INPLACE_BYTES (direct: "1" reads in place)
+  // A variant of the path: a knob set for it, and the word its name takes.
+  const char* knob = nullptr;
+  const char* value = nullptr;
+  const char* variant = nullptr;
 };
 std::string nameOf(const Path& p) {
-  return std::string(p.transport) + (std::string(p.inPlaceBytes) != "0" ? "_inplace_" : "_") + std::to_string(p.nranks);
+  return std::string(p.transport) + (p.variant != nullptr ? std::string("_") + p.variant : "") + "_" +
+         std::to_string(p.nranks);
 }
+// The variants: the direct path's in-place all-reduce for every all-reduce, and staged calls
+// posted by stream memory operations.
+constexpr const char* kInPlace = "CHORUS_DEVICE_DIRECT_INPLACE_BYTES";
+constexpr const char* kStagedPost = "CHORUS_DEVICE_STAGED_POST";
 void PrintTo(const Path& p, std::ostream* os) { *os << nameOf(p); }
 
 class DeviceCollectivesTest : public ::testing::TestWithParam<Path> {
@@ -42,11 +50,10 @@ class DeviceCollectivesTest : public ::testing::TestWithParam<Path> {
   }
   // Runs body on every rank, all on GPU 0, with the path set, before the first device call.
   void run(const std::function<void(int, chorusComm_t, cudaStream_t)>& body) {
-    const char* transport = GetParam().transport;
-    const char* inPlaceBytes = GetParam().inPlaceBytes;
+    const Path path = GetParam();
     runRanks(options(), [&](int rank, chorusComm_t comm) {
-      setenv("CHORUS_DEVICE_TRANSPORT", transport, 1);
-      setenv("CHORUS_DEVICE_DIRECT_INPLACE_BYTES", inPlaceBytes, 1);
+      setenv("CHORUS_DEVICE_TRANSPORT", path.transport, 1);
+      if (path.knob != nullptr) setenv(path.knob, path.value, 1);
       CUDA_OK(cudaSetDevice(0));
       cudaStream_t stream;
       CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -67,9 +74,7 @@ void upload(void* device, const void* host, size_t bytes) {
 struct Device {
   explicit Device(size_t bytes) : bytes(bytes) { EXPECT_EQ(cudaMalloc(&p, bytes + 1), cudaSuccess); }
   ~Device() { cudaFree(p); }
-  void put(const std::vector<char>& host) const {
-    upload(p, host.data(), host.size());
-  }
+  void put(const std::vector<char>& host) const { upload(p, host.data(), host.size()); }
   std::vector<char> get() const {
     std::vector<char> host(bytes);
     EXPECT_EQ(cudaMemcpy(host.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -387,9 +392,12 @@ TEST_P(DeviceCollectivesTest, HostBuffersWithAStreamAreRefusedByName) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, DeviceCollectivesTest,
-                         ::testing::Values(Path{"direct", 2}, Path{"direct", 4}, Path{"direct", 2, "1"},
-                                           Path{"direct", 4, "1"}, Path{"ipc", 2}, Path{"ipc", 4}, Path{"staged", 2},
-                                           Path{"staged", 4}),
+                         ::testing::Values(Path{"direct", 2}, Path{"direct", 4},
+                                           Path{"direct", 2, kInPlace, "1", "inplace"},
+                                           Path{"direct", 4, kInPlace, "1", "inplace"}, Path{"ipc", 2}, Path{"ipc", 4},
+                                           Path{"staged", 2}, Path{"staged", 4},
+                                           Path{"staged", 2, kStagedPost, "value", "value"},
+                                           Path{"staged", 4, kStagedPost, "value", "value"}),
                          [](const ::testing::TestParamInfo<Path>& info) { return nameOf(info.param); });
 
 }  // namespace
