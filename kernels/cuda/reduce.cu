@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/half.h"
+#include "kernels/cuda/load.cuh"
 #include "kernels/cuda/reduce.h"
 #include "kernels/reduce_ops.h"
 
@@ -181,14 +182,6 @@ __global__ void reduceManyKernel(T* dst, Sources srcs, size_t count, size_t vect
     for (int s = 1; s < srcs.count; ++s) acc = Op::apply(acc, Conv::load(static_cast<const T*>(srcs.at[s])[i]));
     dst[i] = finish(acc);
   }
-}
-
-// Loads a kernel's module now (no launch), so a first call made during graph capture, or while
-// the stream is held, does not load it then.
-template <typename Kernel>
-int loadKernel(Kernel* kernel) {
-  cudaFuncAttributes attributes;
-  return static_cast<int>(cudaFuncGetAttributes(&attributes, kernel));
 }
 
 template <typename T, typename Conv, typename Op>

@@ -423,6 +423,8 @@ struct DeviceEngine::Impl {
   bool directServes(const DeviceCall& call, cudaStream_t stream) const;
   void enqueueDirect(const DeviceCall& call, cudaStream_t stream);
   void directPiece(const DeviceCall& call, size_t first, size_t m, cudaStream_t stream);
+  void hostBarrier();
+  void waitForPeers(const std::vector<cudaEvent_t>& events, cudaStream_t stream, const char* what);
   bool inPlaceServes(const DeviceCall& call) const;
   bool enqueueInPlace(const DeviceCall& call, cudaStream_t stream);
   bool expose(const void* p, ExposedBuffer* out);
@@ -452,8 +454,9 @@ void DeviceEngine::Impl::setUp() {
   // Every kernel this engine may launch, loaded now: CUDA loads a kernel at its first launch
   // otherwise, and loading may wait for the whole device, so a later call enqueued behind a
   // blocked stream would wait with it.
-  if (const int error = ipc::preload(); error != 0)
+  if (const int error = ipc::preload(); error != 0) {
     check(static_cast<cudaError_t>(error), rank, "loading the ipc kernels");
+  }
   if (const int error = kernels::cuda::preloadReduceMany(); error != 0) {
     check(static_cast<cudaError_t>(error), rank, "loading the reduction kernels");
   }
@@ -509,10 +512,8 @@ void DeviceEngine::Impl::setUp() {
   CommSettings settings = comm.settings();
   proxyComm = comm.split(0, rank, settings);
   proxy = std::thread([this] { proxyLoop(); });
-  logAt(LogLevel::kInfo, "rank {}: device path {} on GPU {} ({} channels of {} threads, LL up to {} bytes)", rank,
-        direct ? "direct"
-        : ipc  ? "ipc"
-               : "staged",
+  const char* path = direct ? "direct" : (ipc ? "ipc" : "staged");
+  logAt(LogLevel::kInfo, "rank {}: device path {} on GPU {} ({} channels of {} threads, LL up to {} bytes)", rank, path,
         device, channels, threads, llBytes);
 }
 
@@ -704,9 +705,7 @@ void DeviceEngine::Impl::directPiece(const DeviceCall& call, size_t first, size_
   auto* out = static_cast<char*>(call.output);
   char* mine = directBuffer + static_cast<size_t>(q) * directBytes;
   auto slot = [&](int p) { return peerDirect[p] + static_cast<size_t>(q) * directBytes; };
-  for (int p = 0; p < nranks; ++p) {
-    if (p != rank) check(cudaStreamWaitEvent(stream, peerRead[q][p], 0), rank, "cudaStreamWaitEvent (direct read)");
-  }
+  waitForPeers(peerRead[q], stream, "cudaStreamWaitEvent (direct read)");
   // Publish: only what the peers read (the root's input of a broadcast or scatter).
   const bool publishes = (call.collective != Collective::kBroadcast && call.collective != Collective::kScatter) || root;
   if (publishes && m > 0) {
@@ -727,10 +726,8 @@ void DeviceEngine::Impl::directPiece(const DeviceCall& call, size_t first, size_
     }
   }
   check(cudaEventRecord(ready[q], stream), rank, "cudaEventRecord (direct ready)");
-  comm.run({comm.prepare(Collective::kBarrier, nullptr, nullptr, 0, chorusUint8, chorusSum, 0)});
-  for (int p = 0; p < nranks; ++p) {
-    if (p != rank) check(cudaStreamWaitEvent(stream, peerReady[q][p], 0), rank, "cudaStreamWaitEvent (direct ready)");
-  }
+  hostBarrier();
+  waitForPeers(peerReady[q], stream, "cudaStreamWaitEvent (direct ready)");
   auto copy = [&](void* to, const void* from, size_t elements) {
     if (elements == 0 || to == from) return;
     check(cudaMemcpyAsync(to, from, elements * size, cudaMemcpyDeviceToDevice, stream), rank,
@@ -777,6 +774,19 @@ void DeviceEngine::Impl::directPiece(const DeviceCall& call, size_t first, size_
     }
   }
   check(cudaEventRecord(readDone[q], stream), rank, "cudaEventRecord (direct read)");
+}
+
+// The direct path's host barrier: every rank has enqueued its records up to here, so a wait that
+// follows names the record this call made (not an older one of the same event).
+void DeviceEngine::Impl::hostBarrier() {
+  comm.run({comm.prepare(Collective::kBarrier, nullptr, nullptr, 0, chorusUint8, chorusSum, 0)});
+}
+
+// stream waits for every peer's event (this rank's own entry is unused).
+void DeviceEngine::Impl::waitForPeers(const std::vector<cudaEvent_t>& events, cudaStream_t stream, const char* what) {
+  for (int p = 0; p < nranks; ++p) {
+    if (p != rank) check(cudaStreamWaitEvent(stream, events[p], 0), rank, what);
+  }
 }
 
 // Whether an all-reduce goes in place: large enough (every rank decides alike: the count, type and
@@ -881,16 +891,8 @@ bool DeviceEngine::Impl::enqueueInPlace(const DeviceCall& call, cudaStream_t str
   const size_t chunk = ((call.count + n - 1) / n + align - 1) / align * align;
   auto first = [&](int b) { return std::min(call.count, static_cast<size_t>(b) * chunk); };
   auto length = [&](int b) { return std::min(call.count, first(b) + chunk) - first(b); };
-  auto waitAll = [&](const std::vector<cudaEvent_t>& events, const char* what) {
-    for (int p = 0; p < nranks; ++p) {
-      if (p != rank) check(cudaStreamWaitEvent(stream, events[p], 0), rank, what);
-    }
-  };
-  auto barrier = [&] {
-    comm.run({comm.prepare(Collective::kBarrier, nullptr, nullptr, 0, chorusUint8, chorusSum, 0)});
-  };
 
-  waitAll(peerReady[q], "cudaStreamWaitEvent (direct ready)");
+  waitForPeers(peerReady[q], stream, "cudaStreamWaitEvent (direct ready)");
   if (length(rank) > 0) {
     std::vector<const void*> sources(n);
     for (int p = 0; p < nranks; ++p) sources[p] = inputs[p] + first(rank) * size;
@@ -900,8 +902,8 @@ bool DeviceEngine::Impl::enqueueInPlace(const DeviceCall& call, cudaStream_t str
     if (error != 0) check(static_cast<cudaError_t>(error), rank, "launching the direct reduction");
   }
   check(cudaEventRecord(readDone[q], stream), rank, "cudaEventRecord (direct read)");
-  barrier();
-  waitAll(peerRead[q], "cudaStreamWaitEvent (direct read)");
+  hostBarrier();
+  waitForPeers(peerRead[q], stream, "cudaStreamWaitEvent (direct read)");
   for (int p = 0; p < nranks; ++p) {
     if (p == rank || length(p) == 0) continue;
     check(cudaMemcpyAsync(outputs[rank] + first(p) * size, outputs[p] + first(p) * size, length(p) * size,
@@ -909,8 +911,8 @@ bool DeviceEngine::Impl::enqueueInPlace(const DeviceCall& call, cudaStream_t str
           rank, "cudaMemcpyAsync (direct gather)");
   }
   check(cudaEventRecord(gathered[q], stream), rank, "cudaEventRecord (direct gathered)");
-  barrier();
-  waitAll(peerGathered[q], "cudaStreamWaitEvent (direct gathered)");
+  hostBarrier();
+  waitForPeers(peerGathered[q], stream, "cudaStreamWaitEvent (direct gathered)");
   return true;
 }
 

@@ -68,10 +68,7 @@ int launchRing(const RingArgs& args, chorusDataType_t type, chorusRedOp_t op, bo
 }
 
 int preload() {
-  cudaFuncAttributes attributes;
-  if (const cudaError_t error = cudaFuncGetAttributes(&attributes, waitKernel); error != cudaSuccess) {
-    return static_cast<int>(error);
-  }
+  if (const int error = kernels::cuda::loadKernel(waitKernel); error != 0) return error;
   for (int t = 0; t < chorusNumTypes; ++t) {
     const int error = withElement(static_cast<chorusDataType_t>(t), [](auto element) {
       using E = decltype(element);

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/load.cuh"
 #include "src/transport/cuda_ipc.h"
 
 namespace chorus::ipc {
@@ -100,12 +101,10 @@ int launchRingOf(const RingArgs& args, chorusRedOp_t op, int threads, void* stre
   return static_cast<int>(cudaGetLastError());
 }
 
-// Loads the kernel's module now (no launch), so a first call made during graph capture, or while
-// the stream is held, does not load it then.
+// Loads the kernel's module now (no launch): kernels/cuda/load.cuh says why.
 template <class E, bool Ll>
 int loadRingOf() {
-  cudaFuncAttributes attributes;
-  return static_cast<int>(cudaFuncGetAttributes(&attributes, ringKernel<E, Ll>));
+  return kernels::cuda::loadKernel(ringKernel<E, Ll>);
 }
 
 // Each (type, protocol) is compiled in a translation unit of its own (the build generates them
