@@ -55,11 +55,18 @@ NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
 PartitionName=chorus Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
 export SLURM_CONF="$cluster/slurm.conf"
+# The daemons write their state as they stop: wait (up to 10 s each) until they are gone before the
+# directory is removed, or the removal races their last writes.
 stop_cluster() {
-  for pid in "$cluster/slurmd.pid" "$cluster/slurmctld.pid" "$cluster/munge/munged.pid"; do
-    [ -s "$pid" ] && kill "$(cat "$pid")" 2>/dev/null || true
+  local status=$? pid
+  for file in "$cluster/slurmd.pid" "$cluster/slurmctld.pid" "$cluster/munge/munged.pid"; do
+    [ -s "$file" ] || continue
+    pid=$(cat "$file")
+    kill "$pid" 2>/dev/null || continue
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   done
-  rm -rf "$work"
+  rm -rf "$work" 2>/dev/null || { sleep 1; rm -rf "$work" || true; }
+  exit "$status"
 }
 trap stop_cluster EXIT
 slurmctld -f "$SLURM_CONF" -i || skip "slurmctld does not start here: $(tail -n 3 "$cluster/slurmctld.log" 2>/dev/null)"
