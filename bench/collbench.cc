@@ -28,13 +28,13 @@
 
 #include "bench/device_memory.h"
 #include "bench/options.h"
-#include "bench/pattern.h"
 #include "bench/peers.h"
 #include "kernels/cpu/copy.h"
 #include "kernels/cpu/reduce.h"
 #include "src/collectives/algorithm.h"
 #include "src/collectives/simulator.h"
 #include "src/collectives/tuner.h"
+#include "tests/support/pattern.h"
 
 namespace {
 
@@ -251,7 +251,7 @@ double busFactor(Op op, int nranks) {
 // that size (a copy reads and writes each byte once): every input byte a rank needs read once and
 // every output byte written once. An all-reduce reads n inputs and writes n outputs of the size:
 // n copies; a reduce-scatter reads n inputs and writes n outputs of 1/n of it: (n + 1) / 2. The
-// bound's time is copies * bytes over the copy bandwidth of all ranks at once (README: --bound).
+// bound's time is copies * bytes over the copy bandwidth of all ranks at once (docs/collbench.md: --bound).
 double boundCopies(Op op, int nranks) {
   const double n = nranks;
   switch (op) {
@@ -904,7 +904,7 @@ int Bench::run() {
     if (print) {
       std::printf(
           "#  Bound: copy bandwidth %.2f GB/s (%d ranks each copying 256 MiB device to device at once, summed, fastest "
-          "of 5); %%bound = out-of-place algbw * copies / copy bandwidth, copies = %g for %s (README)\n",
+          "of 5); %%bound = out-of-place algbw * copies / copy bandwidth, copies = %g for %s (docs/collbench.md)\n",
           copyGBps, nranks_, boundCopies(opInfo->op, nranks_), opInfo->name);
     }
   } else if (o_.bound) {
@@ -915,7 +915,7 @@ int Bench::run() {
           "#  Bound: copy bandwidth %.2f GB/s (%d ranks each copying 64 MiB at once, summed, fastest of 5; the faster "
           "of memcpy "
           "%.2f and streaming stores %.2f); %%bound = out-of-place algbw * copies / copy bandwidth, copies = %g for %s "
-          "(README)\n",
+          "(docs/collbench.md)\n",
           copyGBps, nranks_, copyRates.memcpyGBps, copyRates.streamingGBps, boundCopies(opInfo->op, nranks_),
           opInfo->name);
     }

@@ -119,13 +119,14 @@ int parseOptions(int argc, const char* const* argv, Options* o) {
                  "ranks on several hosts need a shared one)");
   app.add_option("--mem", o->mem,
                  "where the buffers come from: host (the heap), chorus (chorusMemAlloc: shareable, so shm moves "
-                 "large messages with one copy; README) or device (CUDA memory of device rank % devices, calls on a "
+                 "large messages with one copy; docs/transports.md) or device (CUDA memory of device rank % devices, "
+                 "calls on a "
                  "stream)")
       ->capture_default_str()
       ->check(CLI::IsMember({"host", "chorus", "device"}));
   app.add_flag("--bound", o->bound,
                "measure the copy bandwidth of all ranks at once first and print each row's share of the bound "
-               "(least traffic over copy bandwidth; README)");
+               "(least traffic over copy bandwidth; docs/collbench.md)");
   app.add_option("--compress", o->compress,
                  "time the compressed all-reduce with this compressor (NAME[:param][,key=value...], e.g. powersgd:4, "
                  "topk:0.01, bf16; repeat for several) beside the fp32 all-reduce: wire bytes, ratio, effective busbw")

@@ -12,16 +12,16 @@
 
 #include "chorus/chorus.h"
 #include "kernels/cpu/reduce.h"
+#include "src/base/config.h"
+#include "src/base/error.h"
+#include "src/base/log.h"
+#include "src/base/memory.h"
 #include "src/collectives/algorithm.h"
 #include "src/collectives/tuner.h"
 #include "src/core/bootstrap.h"
 #include "src/core/communicator.h"
-#include "src/core/config.h"
 #include "src/core/device.h"
-#include "src/core/error.h"
 #include "src/core/launcher.h"
-#include "src/core/log.h"
-#include "src/core/memory.h"
 #include "src/core/pmi.h"
 
 using chorus::Communicator;

@@ -12,8 +12,8 @@
 #include <thread>
 #include <utility>
 
-#include "src/core/error.h"
-#include "src/core/log.h"
+#include "src/base/error.h"
+#include "src/base/log.h"
 
 namespace chorus {
 namespace {
@@ -148,8 +148,8 @@ void runRoot(Socket listener, uint64_t secret) {
 
 }  // namespace
 
-Socket acceptPeer(int listenFd, Deadline deadline, const std::string& what, uint64_t secret, uint64_t commId,
-                  int nranks, Purpose purpose, PeerHello* hello) {
+Socket Bootstrap::acceptPeer(int listenFd, Deadline deadline, const std::string& what, Purpose purpose,
+                             PeerHello* hello) const {
   for (;;) {
     Socket candidate = acceptFrom(listenFd, deadline, what);
     // The hello comes at once from a rank; a stranger that sends nothing is not waited for long.
@@ -159,7 +159,7 @@ Socket acceptPeer(int listenFd, Deadline deadline, const std::string& what, uint
       logAt(LogLevel::kWarn, "{}: a connection closed before its hello ({}); turned away", what, e.what());
       continue;
     }
-    const std::string why = wire::checkPeerHello(*hello, secret, commId, nranks, purpose);
+    const std::string why = wire::checkPeerHello(*hello, secret_, commId_, nranks_, purpose);
     if (why.empty()) return candidate;
     logAt(LogLevel::kWarn, "{}: a connection presented {}; turned away", what, why);
   }
@@ -249,8 +249,7 @@ std::vector<std::vector<char>> Bootstrap::join(const UniqueIdData& id, const std
     for (;;) {
       const std::string from = ringWhat + fmt::format(" from rank {}", prev);
       PeerHello theirs{};
-      Socket candidate =
-          acceptPeer(ringListen_.fd(), deadline, from, secret_, commId_, nranks_, Purpose::kRing, &theirs);
+      Socket candidate = acceptPeer(ringListen_.fd(), deadline, from, Purpose::kRing, &theirs);
       if (theirs.rank == prev) {
         prev_ = std::move(candidate);
         break;
@@ -315,7 +314,7 @@ UniqueIdData Bootstrap::agreeOnNewId(const std::vector<int>& remaining, Deadline
   const std::string from = fmt::format("{}: waiting for rank {} to hand over the new id", what, lowest);
   for (;;) {
     PeerHello hello{};
-    Socket socket = acceptPeer(ringListen_.fd(), deadline, from, secret_, commId_, nranks_, Purpose::kShrink, &hello);
+    Socket socket = acceptPeer(ringListen_.fd(), deadline, from, Purpose::kShrink, &hello);
     ShrinkOffer offer{};
     try {
       recvAll(socket.fd(), &offer, sizeof(offer), std::min(deadline, deadlineAfterMs(5000)), from);

@@ -10,20 +10,15 @@
 #include <string>
 #include <vector>
 
-#include "src/core/error.h"
-#include "src/core/socket.h"
-#include "src/core/wire.h"
+#include "src/base/error.h"
+#include "src/base/socket.h"
+#include "src/base/wire.h"
+#include "src/transport/transport.h"
 
 namespace chorus {
 
 // What a chorusUniqueId holds.
 using UniqueIdData = wire::UniqueId;
-
-// Accepts connections on listenFd until one opens with a hello that proves it belongs (a
-// wire::PeerHello for this communicator and purpose), which it stores in *hello; the others are
-// closed and logged. Throws chorusTimeout at the deadline.
-Socket acceptPeer(int listenFd, Deadline deadline, const std::string& what, uint64_t secret, uint64_t commId,
-                  int nranks, wire::Purpose purpose, wire::PeerHello* hello);
 
 // Random 64 bits from the kernel.
 uint64_t randomU64();
@@ -37,7 +32,7 @@ void startBootstrapRoot(Socket listener, uint64_t secret);
 // Makes a unique id whose root runs in this process.
 UniqueIdData createUniqueId();
 
-class Bootstrap {
+class Bootstrap final : public PeerExchange {
  public:
   Bootstrap(int rank, int nranks);
 
@@ -52,13 +47,18 @@ class Bootstrap {
   // data holds nranks slots of bytesPerRank; this rank's slot is filled. Fills the others.
   void allGather(void* data, size_t bytesPerRank, Deadline deadline);
   // Every rank's blob, whatever its length (lengths first, then the blobs padded to the longest).
-  std::vector<std::vector<char>> allGatherBlobs(const std::vector<char>& mine, Deadline deadline);
-  void barrier(Deadline deadline);
+  std::vector<std::vector<char>> allGatherBlobs(const std::vector<char>& mine, Deadline deadline) override;
+  void barrier(Deadline deadline) override;
 
   uint64_t commId() const { return commId_; }
   uint64_t secret() const { return secret_; }
   // The hello that opens this rank's connections to the other ranks.
-  wire::PeerHello peerHello(wire::Purpose purpose) const;
+  wire::PeerHello peerHello(wire::Purpose purpose) const override;
+  // Accepts connections on listenFd until one opens with a hello that proves it belongs (a
+  // wire::PeerHello for this communicator and purpose), which it stores in *hello; the others are
+  // closed and logged. Throws chorusTimeout at the deadline.
+  Socket acceptPeer(int listenFd, Deadline deadline, const std::string& what, wire::Purpose purpose,
+                    wire::PeerHello* hello) const override;
 
   // For a shrink (after join), collective over the ranks in `remaining` (ascending; this rank is
   // one): the lowest makes a new unique id (its root runs in this process) and hands it to the

@@ -19,9 +19,9 @@
 #include <mutex>
 
 #include "kernels/cpu/reduce.h"
-#include "src/core/config.h"
-#include "src/core/error.h"
-#include "src/core/log.h"
+#include "src/base/config.h"
+#include "src/base/error.h"
+#include "src/base/log.h"
 #include "src/core/placement.h"
 
 namespace chorus {
@@ -144,8 +144,7 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
   context.rank = rank;
   context.nranks = nranks;
   context.commId = bootstrap_->commId();
-  context.secret = bootstrap_->secret();
-  context.bootstrap = bootstrap_.get();
+  context.exchange = bootstrap_.get();
   context.dataListener = &dataListener_;
   context.deadline = deadlineAfterMs(settings.initTimeoutMs);
   context.mode = settings.transport;

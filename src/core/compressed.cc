@@ -4,8 +4,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "src/base/error.h"
 #include "src/core/communicator.h"
-#include "src/core/error.h"
 
 namespace chorus {
 namespace {

@@ -20,10 +20,10 @@
 
 #include "kernels/cpu/copy.h"
 #include "kernels/cpu/reduce.h"
+#include "src/base/error.h"
+#include "src/base/log.h"
+#include "src/base/memory.h"
 #include "src/core/communicator.h"
-#include "src/core/error.h"
-#include "src/core/log.h"
-#include "src/core/memory.h"
 
 namespace chorus {
 namespace {

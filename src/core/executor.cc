@@ -8,8 +8,8 @@
 
 #include "kernels/cpu/copy.h"
 #include "kernels/cpu/reduce.h"
-#include "src/core/error.h"
-#include "src/core/log.h"
+#include "src/base/error.h"
+#include "src/base/log.h"
 
 namespace chorus {
 namespace {

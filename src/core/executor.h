@@ -18,6 +18,7 @@
 
 #include "chorus/chorus.h"
 #include "src/collectives/schedule.h"
+#include "src/core/bootstrap.h"
 #include "src/transport/transport.h"
 
 namespace chorus {

@@ -10,7 +10,7 @@
 #include <limits>
 #include <vector>
 
-#include "src/core/error.h"
+#include "src/base/error.h"
 
 namespace chorus {
 

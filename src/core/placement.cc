@@ -10,9 +10,9 @@
 #include <optional>
 #include <stdexcept>
 
-#include "src/core/config.h"
-#include "src/core/error.h"
-#include "src/core/log.h"
+#include "src/base/config.h"
+#include "src/base/error.h"
+#include "src/base/log.h"
 #include "src/topology/bind.h"
 #include "src/topology/discover.h"
 #include "src/topology/search.h"

@@ -8,7 +8,7 @@
 #include <map>
 #include <sstream>
 
-#include "src/core/error.h"
+#include "src/base/error.h"
 
 namespace chorus {
 namespace {

@@ -1,32 +1,32 @@
 // registry.cc: the transports in priority order, each asked in turn "can you connect to this peer?".
-#include "src/core/error.h"
+#include "src/base/error.h"
 #include "src/transport/transport.h"
 
 namespace chorus {
 
 const std::vector<TransportKind>& transportRegistry() {
   static const std::vector<TransportKind> kinds = {
-      {"self", [](const TransportContext& c, int peer) { return peer == c.rank; }, createSelfTransport},
-      {"shm",
-       [](const TransportContext& c, int peer) {
-         return (c.mode == "auto" || c.mode == "shm") && c.peers[peer].hostHash == c.peers[c.rank].hostHash;
-       },
-       createShmTransport},
+    {"self", [](const TransportContext& c, int peer) { return peer == c.rank; }, createSelfTransport},
+    {"shm",
+     [](const TransportContext& c, int peer) {
+       return (c.mode == "auto" || c.mode == "shm") && c.peers[peer].hostHash == c.peers[c.rank].hostHash;
+     },
+     createShmTransport},
 #if defined(CHORUS_HAVE_UCX)
-      // auto: peers on other hosts. Every rank then has a UCX peer (ucx.cc relies on it).
-      {"ucx",
-       [](const TransportContext& c, int peer) {
-         return c.mode == "ucx" || (c.mode == "auto" && c.peers[peer].hostHash != c.peers[c.rank].hostHash);
-       },
-       createUcxTransport},
-      {"tcp", [](const TransportContext& c, int) { return c.mode == "tcp"; }, createTcpTransport},
+    // auto: peers on other hosts. Every rank then has a UCX peer (ucx.cc relies on it).
+    {"ucx",
+     [](const TransportContext& c, int peer) {
+       return c.mode == "ucx" || (c.mode == "auto" && c.peers[peer].hostHash != c.peers[c.rank].hostHash);
+     },
+     createUcxTransport},
+    {"tcp", [](const TransportContext& c, int) { return c.mode == "tcp"; }, createTcpTransport},
 #else
-      // Built without UCX: auto takes tcp to peers on other hosts.
-      {"tcp",
-       [](const TransportContext& c, int peer) {
-         return c.mode == "tcp" || (c.mode == "auto" && c.peers[peer].hostHash != c.peers[c.rank].hostHash);
-       },
-       createTcpTransport},
+    // Built without UCX: auto takes tcp to peers on other hosts.
+    {"tcp",
+     [](const TransportContext& c, int peer) {
+       return c.mode == "tcp" || (c.mode == "auto" && c.peers[peer].hostHash != c.peers[c.rank].hostHash);
+     },
+     createTcpTransport},
 #endif
   };
   return kinds;

@@ -2,7 +2,7 @@
 #include <cstring>
 #include <deque>
 
-#include "src/core/error.h"
+#include "src/base/error.h"
 #include "src/transport/transport.h"
 
 namespace chorus {

@@ -14,7 +14,7 @@
 // a peer rings only then, so a message between awake ranks costs no atomic read-modify-write.
 //
 // Large messages (CHORUS_SHM_READ_BYTES and up; off by default, as it measured slower than two
-// copies through the cached FIFO, see README) take one copy instead of two: the sender
+// copies through the cached FIFO, see docs/performance.md) take one copy instead of two: the sender
 // publishes one slot that holds no bytes but the message's address in its own memory, the
 // receiver copies the message straight into its buffer with process_vm_readv (cross-memory
 // attach) and counts the read done in the FIFO, and only then does the send complete. Whether
@@ -62,10 +62,10 @@
 #include <vector>
 
 #include "kernels/cpu/copy.h"
-#include "src/core/config.h"
-#include "src/core/error.h"
-#include "src/core/log.h"
-#include "src/core/memory.h"
+#include "src/base/config.h"
+#include "src/base/error.h"
+#include "src/base/log.h"
+#include "src/base/memory.h"
 #include "src/transport/transport.h"
 
 namespace chorus {
@@ -303,7 +303,7 @@ class ShmTransport final : public Transport {
       peer.outSlots = peer.outSegment.base() + sizeof(FifoControl);
     }
     // 2. Everyone has created; map the peers' segments.
-    context.bootstrap->barrier(context.deadline);
+    context.exchange->barrier(context.deadline);
     for (Peer& peer : peers_.all()) {
       peer.inSegment = Segment::open(fmt::format("{}-{}-{}", prefix, peer.rank, rank_), fifoBytes);
       peer.in = reinterpret_cast<FifoControl*>(peer.inSegment.base());
@@ -323,7 +323,7 @@ class ShmTransport final : public Transport {
       peer.in->mapProbe.store(canMap ? kCanRead : kCannotRead, std::memory_order_release);
     }
     // 3. Everyone has mapped and probed; remove the names.
-    context.bootstrap->barrier(context.deadline);
+    context.exchange->barrier(context.deadline);
     if (probeFd >= 0) ::close(probeFd);
     for (Peer& peer : peers_.all()) {
       peer.peerReads = peer.out->probe.load(std::memory_order_acquire) == kCanRead;

@@ -17,9 +17,9 @@
 #include <cstring>
 #include <deque>
 
-#include "src/core/config.h"
-#include "src/core/error.h"
-#include "src/core/log.h"
+#include "src/base/config.h"
+#include "src/base/error.h"
+#include "src/base/log.h"
 #include "src/transport/transport.h"
 
 namespace chorus {
@@ -94,7 +94,7 @@ class TcpTransport final : public Transport {
       if (peer.rank < rank_) continue;
       const std::string what = fmt::format("tcp transport: rank {} connecting to rank {}", rank_, peer.rank);
       peer.socket = connectTo(unpack(context.peers[peer.rank].dataAddress), context.deadline, what);
-      const wire::PeerHello hello = context.bootstrap->peerHello(wire::Purpose::kTcpData);
+      const wire::PeerHello hello = context.exchange->peerHello(wire::Purpose::kTcpData);
       sendAll(peer.socket.fd(), &hello, sizeof(hello), context.deadline, what);
     }
     // Accept lower ranks; strangers and other communicators are turned away.
@@ -102,8 +102,8 @@ class TcpTransport final : public Transport {
       const std::string what =
           fmt::format("tcp transport: rank {} waiting for {} lower rank(s)", rank_, expectedAccepts);
       wire::PeerHello hello{};
-      Socket socket = acceptPeer(context.dataListener->fd(), context.deadline, what, context.secret, context.commId,
-                                 context.nranks, wire::Purpose::kTcpData, &hello);
+      Socket socket = context.exchange->acceptPeer(context.dataListener->fd(), context.deadline, what,
+                                                   wire::Purpose::kTcpData, &hello);
       if (hello.rank >= rank_ || !peers_.has(hello.rank) || peers_.at(hello.rank).socket.valid()) {
         logAt(LogLevel::kWarn, "{}: rank {} connected, which this rank does not accept; turned away", what, hello.rank);
         continue;

@@ -15,10 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "src/core/bootstrap.h"
-#include "src/core/error.h"
-#include "src/core/socket.h"
-#include "src/core/wire.h"
+#include "src/base/error.h"
+#include "src/base/socket.h"
+#include "src/base/wire.h"
 
 namespace chorus {
 
@@ -171,13 +170,33 @@ class PeerTable {
   std::vector<Peer> peers_;
 };
 
+// What a transport may ask of the communicator's ranks while it connects: the narrow part of the
+// bootstrap (which implements it) a transport needs. Collective calls (barrier, allGatherBlobs)
+// must be made by every rank, in the same order.
+class PeerExchange {
+ public:
+  // Returns once every rank has called it, or throws chorusTimeout at the deadline.
+  virtual void barrier(Deadline deadline) = 0;
+  // Every rank's blob, in rank order, whatever their lengths.
+  virtual std::vector<std::vector<char>> allGatherBlobs(const std::vector<char>& mine, Deadline deadline) = 0;
+  // The hello that opens this rank's connections to the other ranks (it proves the secret).
+  virtual wire::PeerHello peerHello(wire::Purpose purpose) const = 0;
+  // Accepts connections on listenFd until one opens with a hello for this communicator and
+  // purpose, stored in *hello; strangers are closed and logged. Throws chorusTimeout at the
+  // deadline; `what` names the wait in errors.
+  virtual Socket acceptPeer(int listenFd, Deadline deadline, const std::string& what, wire::Purpose purpose,
+                            wire::PeerHello* hello) const = 0;
+
+ protected:
+  ~PeerExchange() = default;
+};
+
 struct TransportContext {
   int rank = 0;
   int nranks = 0;
-  uint64_t commId = 0;
-  uint64_t secret = 0;  // connections between the ranks prove they know it (wire::PeerHello)
+  uint64_t commId = 0;  // names this communicator's shared objects
   std::vector<PeerInfo> peers;
-  Bootstrap* bootstrap = nullptr;
+  PeerExchange* exchange = nullptr;
   Socket* dataListener = nullptr;
   Deadline deadline;
   std::string mode;  // auto | shm | tcp | ucx

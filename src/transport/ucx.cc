@@ -20,8 +20,8 @@
 #include <list>
 #include <thread>
 
-#include "src/core/error.h"
-#include "src/core/log.h"
+#include "src/base/error.h"
+#include "src/base/log.h"
 #include "src/transport/transport.h"
 
 namespace chorus {
@@ -183,7 +183,7 @@ class UcxTransport final : public Transport {
     const char* bytes = reinterpret_cast<const char*>(address);
     const std::vector<char> mine(bytes, bytes + length);
     ucp_worker_release_address(worker_, address);
-    const std::vector<std::vector<char>> addresses = context.bootstrap->allGatherBlobs(mine, context.deadline);
+    const std::vector<std::vector<char>> addresses = context.exchange->allGatherBlobs(mine, context.deadline);
 
     for (Peer& peer : peers_.all()) {
       if (addresses[peer.rank].empty()) {

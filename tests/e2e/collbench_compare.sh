@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # --compare gloo,mpi times Gloo and MPI on the same calls and checks their results as chorus's;
 # --bound prints each row's share of the copy-bandwidth bound. The JSON's numbers agree with the
-# formulas the README states.
+# formulas docs/collbench.md states.
 source "$(dirname "$0")/lib.sh"
 run_clean "$collbench" -g 2 --op allreduce -b 1K -e 256K -f 16 -n 3 -w 1 --compare gloo,mpi --bound \
   --json "$work/allreduce.json"

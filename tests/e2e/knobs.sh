@@ -14,5 +14,5 @@ missing=0
 while read -r name; do
   grep -q "| \`$name\` |" "$work/knobs.md" || { echo "not on docs/knobs.md: $name"; missing=1; }
 done <"$work/read.txt"
-[ "$missing" = 0 ] || fail "variables read by the sources are missing from src/core/knob_table.h"
+[ "$missing" = 0 ] || fail "variables read by the sources are missing from src/base/knob_table.h"
 echo "docs/knobs.md lists all $(grep -c '^| `CHORUS_' "$work/knobs.md") variables; $(wc -l <"$work/read.txt") are read directly by name"

@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "src/core/wire.h"
+#include "src/base/wire.h"
 
 namespace {
 

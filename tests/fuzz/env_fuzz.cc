@@ -8,9 +8,9 @@
 #include <stdexcept>
 
 #include "chorus/error.hpp"
+#include "src/base/config.h"
+#include "src/base/interfaces.h"
 #include "src/collectives/algorithm.h"
-#include "src/core/config.h"
-#include "src/core/interfaces.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);

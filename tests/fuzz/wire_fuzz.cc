@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "src/core/wire.h"
+#include "src/base/wire.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace chorus::wire;

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "bench/pattern.h"
 #include "kernels/cpu/reduce.h"
 #include "tests/gpu/device.h"
 #include "tests/support/multiprocess.h"
+#include "tests/support/pattern.h"
 
 namespace chorus::testing {
 namespace {

@@ -8,11 +8,11 @@
 #include <limits>
 #include <vector>
 
-#include "bench/pattern.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cuda/reduce.h"
 #include "tests/gpu/device.h"
+#include "tests/support/pattern.h"
 
 namespace chorus::kernels {
 namespace {
@@ -73,8 +73,8 @@ TEST(CudaReduceTest, NanAndInfinitiesMatchCpuReference) {
   CHORUS_REQUIRE_CUDA_DEVICE();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
-  const std::vector<float> specials = {nan, -nan, bitsFloat(0x7fc01234u), bitsFloat(0xffa00001u) /* signalling */,
-                                       inf, -inf, 0.0f, -0.0f, 1.5f, -2.0f};
+  const std::vector<float> specials = {
+      nan, -nan, bitsFloat(0x7fc01234u), bitsFloat(0xffa00001u) /* signalling */, inf, -inf, 0.0f, -0.0f, 1.5f, -2.0f};
   std::vector<float> a, b;
   for (float x : specials) {
     for (float y : specials) {
@@ -111,10 +111,13 @@ TEST(CudaReduceTest, NanAndInfinitiesMatchCpuReference) {
         // Two NaN operands: which one x86 returns depends on the order the compiler gave them to
         // the instruction (a sum commutes), so the reference fixes only that the result is NaN.
         if (a[i] != a[i] && b[i] != b[i] && (op == chorusSum || op == chorusProd)) {
-          const double got = type == chorusFloat32   ? static_cast<double>(bitsFloat(*reinterpret_cast<const uint32_t*>(gpu.data() + i * 4)))
-                             : type == chorusFloat64 ? *reinterpret_cast<const double*>(gpu.data() + i * 8)
-                             : type == chorusFloat16 ? static_cast<double>(halfToFloat(*reinterpret_cast<const uint16_t*>(gpu.data() + i * 2)))
-                                                     : static_cast<double>(bfloat16ToFloat(*reinterpret_cast<const uint16_t*>(gpu.data() + i * 2)));
+          const double got =
+              type == chorusFloat32
+                  ? static_cast<double>(bitsFloat(*reinterpret_cast<const uint32_t*>(gpu.data() + i * 4)))
+              : type == chorusFloat64 ? *reinterpret_cast<const double*>(gpu.data() + i * 8)
+              : type == chorusFloat16
+                  ? static_cast<double>(halfToFloat(*reinterpret_cast<const uint16_t*>(gpu.data() + i * 2)))
+                  : static_cast<double>(bfloat16ToFloat(*reinterpret_cast<const uint16_t*>(gpu.data() + i * 2)));
           EXPECT_NE(got, got) << chorusTypeName(type) << " " << chorusOpName(op) << " of two NaNs is not NaN";
           continue;
         }

@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "bench/pattern.h"
 #include "tests/support/collective_checks.h"
 #include "tests/support/multiprocess.h"
+#include "tests/support/pattern.h"
 
 namespace chorus {
 namespace {

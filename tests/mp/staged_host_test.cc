@@ -9,9 +9,9 @@
 #include <thread>
 #include <vector>
 
-#include "bench/pattern.h"
 #include "kernels/cpu/reduce.h"
 #include "tests/support/multiprocess.h"
+#include "tests/support/pattern.h"
 
 namespace chorus::testing {
 namespace {
@@ -33,11 +33,10 @@ TEST_P(StagedHostTest, AProxyThreadOnASplitReusingTwoAreasGetsEveryResult) {
       for (const size_t count : {size_t{3}, size_t{70001}}) {
         for (size_t i = 0; i < count; ++i) pattern::store(in.data(), i, type, pattern::moveInput(rank, i));
         ASSERT_EQ(chorusAllGather(in.data(), out.data(), count, type, proxy, nullptr), chorusSuccess);
-        EXPECT_EQ(pattern::countWrong(out.data(), n * count, type,
-                                      [&](size_t i) {
-                                        return pattern::moveInput(static_cast<int>(i / count), i % count);
-                                      }),
-                  0u)
+        EXPECT_EQ(
+            pattern::countWrong(out.data(), n * count, type,
+                                [&](size_t i) { return pattern::moveInput(static_cast<int>(i / count), i % count); }),
+            0u)
             << "all-gather count " << count;
         for (size_t i = 0; i < n * count; ++i)
           pattern::store(in.data(), i, type, pattern::reduceInput(chorusSum, type, rank, i));
@@ -49,12 +48,11 @@ TEST_P(StagedHostTest, AProxyThreadOnASplitReusingTwoAreasGetsEveryResult) {
             << "reduce-scatter count " << count;
         for (size_t i = 0; i < n * count; ++i) pattern::store(in.data(), i, type, pattern::moveInput(rank, i));
         ASSERT_EQ(chorusAllToAll(in.data(), out.data(), count, type, proxy, nullptr), chorusSuccess);
-        EXPECT_EQ(pattern::countWrong(out.data(), n * count, type,
-                                      [&](size_t i) {
-                                        return pattern::moveInput(static_cast<int>(i / count),
-                                                                  rank * count + i % count);
-                                      }),
-                  0u)
+        EXPECT_EQ(
+            pattern::countWrong(
+                out.data(), n * count, type,
+                [&](size_t i) { return pattern::moveInput(static_cast<int>(i / count), rank * count + i % count); }),
+            0u)
             << "all-to-all count " << count;
       }
       for (int t = 0; t < chorusNumTypes; ++t) {

@@ -1,5 +1,5 @@
 // stress_test.cc: thousands of random collectives on real forked ranks, every result checked
-// against its closed form (bench/pattern.h). Each call draws its collective, type, reduction op,
+// against its closed form (tests/support/pattern.h). Each call draws its collective, type, reduction op,
 // count (0 and odd ones included), root, placement and buffer kind (heap or chorusMemAlloc);
 // calls come alone and blocking, several in a group, or several non-blocking, waited for in an
 // order each rank draws for itself or polled with chorusTest; now and then the ranks switch
@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "bench/pattern.h"
 #include "tests/support/multiprocess.h"
+#include "tests/support/pattern.h"
 
 namespace chorus {
 namespace {

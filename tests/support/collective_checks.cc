@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/pattern.h"
+#include "tests/support/pattern.h"
 
 namespace chorus::testing {
 namespace {

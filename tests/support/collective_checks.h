@@ -1,5 +1,5 @@
 // collective_checks.h: one call of each collective on this rank with inputs built from (rank,
-// index), and the result compared with the closed form (bench/pattern.h). gtest assertions;
+// index), and the result compared with the closed form (tests/support/pattern.h). gtest assertions;
 // for the forked multi-process tests.
 #pragma once
 

@@ -11,9 +11,9 @@
 #include <thread>
 #include <vector>
 
-#include "bench/pattern.h"
 #include "kernels/cpu/reduce.h"
 #include "src/transport/cuda_ipc_ring.h"
+#include "tests/support/pattern.h"
 
 namespace chorus::ipc {
 namespace {

@@ -10,11 +10,11 @@
 #include <random>
 #include <vector>
 
-#include "bench/pattern.h"
 #include "kernels/cpu/copy.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/reduce.h"
+#include "tests/support/pattern.h"
 
 namespace chorus::kernels {
 namespace {

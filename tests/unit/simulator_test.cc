@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "bench/pattern.h"
 #include "kernels/cpu/reduce.h"
 #include "src/collectives/algorithm.h"
+#include "tests/support/pattern.h"
 
 namespace chorus::collectives {
 namespace {

@@ -1,6 +1,6 @@
-// wire_test.cc: the checks every message gets before it is used (src/core/wire.h), and
-// CHORUS_SOCKET_IFNAME's parser (src/core/interfaces.h), on hand-made good and bad input.
-#include "src/core/wire.h"
+// wire_test.cc: the checks every message gets before it is used (src/base/wire.h), and
+// CHORUS_SOCKET_IFNAME's parser (src/base/interfaces.h), on hand-made good and bad input.
+#include "src/base/wire.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <limits>
 #include <stdexcept>
 
-#include "src/core/interfaces.h"
+#include "src/base/interfaces.h"
 
 namespace chorus {
 namespace {

@@ -1,5 +1,5 @@
 // wire.cc: the checks of wire.h.
-#include "src/core/wire.h"
+#include "src/base/wire.h"
 
 #include <fmt/format.h>
 

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string>
 
-#include "src/core/socket.h"
+#include "src/base/socket.h"
 
 namespace chorus::wire {
 

@@ -1,13 +1,13 @@
 // config.cc: the table of environment knobs.
-#include "src/core/config.h"
+#include "src/base/config.h"
 
 #include <cerrno>
 #include <cstdlib>
 #include <limits>
 
-#include "src/core/error.h"
-#include "src/core/knob_table.h"
-#include "src/core/log.h"
+#include "src/base/error.h"
+#include "src/base/knob_table.h"
+#include "src/base/log.h"
 
 namespace chorus {
 namespace {

@@ -1,5 +1,5 @@
 // socket.cc: TCP socket helpers with deadlines.
-#include "src/core/socket.h"
+#include "src/base/socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -15,9 +15,9 @@
 #include <stdexcept>
 #include <thread>
 
-#include "src/core/config.h"
-#include "src/core/error.h"
-#include "src/core/interfaces.h"
+#include "src/base/config.h"
+#include "src/base/error.h"
+#include "src/base/interfaces.h"
 
 namespace chorus {
 

@@ -1,12 +1,12 @@
 // log.cc: leveled logging.
-#include "src/core/log.h"
+#include "src/base/log.h"
 
 #include <strings.h>
 #include <unistd.h>
 
 #include <cstdio>
 
-#include "src/core/config.h"
+#include "src/base/config.h"
 
 namespace chorus {
 namespace {

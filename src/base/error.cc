@@ -1,5 +1,5 @@
 // error.cc: helpers for chorus::Error.
-#include "src/core/error.h"
+#include "src/base/error.h"
 
 #include <cerrno>
 #include <cstring>

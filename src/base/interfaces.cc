@@ -1,5 +1,5 @@
 // interfaces.cc: CHORUS_SOCKET_IFNAME's parser (interfaces.h).
-#include "src/core/interfaces.h"
+#include "src/base/interfaces.h"
 
 #include <net/if.h>
 

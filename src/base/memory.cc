@@ -1,5 +1,5 @@
 // memory.cc: shareable host allocations (see memory.h).
-#include "src/core/memory.h"
+#include "src/base/memory.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 #include <map>
 #include <mutex>
 
-#include "src/core/error.h"
+#include "src/base/error.h"
 
 namespace chorus {
 namespace {
