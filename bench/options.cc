@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 
 namespace chorus::bench {
@@ -164,6 +165,13 @@ int parseOptions(int argc, const char* const* argv, Options* o) {
     }
   }
   return -1;
+}
+
+std::vector<std::string> splitCommas(const std::string& text) {
+  std::vector<std::string> items;
+  std::istringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) items.push_back(item);
+  return items;
 }
 
 }  // namespace chorus::bench

@@ -59,6 +59,9 @@ size_t nextSize(const Options& o, size_t bytes);
 // transports sent (compressed.cc). Returns the exit code.
 int runCompressed(const Options& o, chorusComm_t comm);
 
+// "a,b,,c" -> {"a", "b", "", "c"} (--compare, --algo lists; callers skip empty items).
+std::vector<std::string> splitCommas(const std::string& text);
+
 // "32M", "1.5K", "4096", "1GB" -> bytes. Throws std::invalid_argument for anything else,
 // negative or at least 2^63 bytes.
 size_t parseBytes(const std::string& text);

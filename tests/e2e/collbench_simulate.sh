@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# collbench --simulate predicts rows without starting ranks: a closed-form case on a given model,
-# 16384 ranks across hosts (log-depth algorithms with every rank simulated; the ring with one
-# host's ranks standing for all), and a clear refusal where a schedule set is too large to hold
-# and its ranks are not shifted copies of one host's.
+# chorus-sim (`collbench --simulate` runs it) predicts rows without starting ranks: a closed-form
+# case on a given model, 16384 ranks across hosts (log-depth algorithms with every rank simulated;
+# the ring with one host's ranks standing for all), and a clear refusal where a schedule set is too
+# large to hold and its ranks are not shifted copies of one host's.
 source "$(dirname "$0")/lib.sh"
 # One message of 1 MiB each way between 2 ranks: alpha + bytes * beta (reduce and copy made free).
 printf 'shm alpha_us=10 beta_GBps=1 gamma_GBps=1000000 copy_GBps=1000000\n' > "$work/model.txt"
-CHORUS_TUNING_FILE="$work/model.txt" "$collbench" --simulate -g 2 --op allreduce -b 1M -e 1M \
+CHORUS_TUNING_FILE="$work/model.txt" "$build/bench/chorus-sim" -g 2 --op allreduce -b 1M -e 1M \
   --algo recursive_doubling --json "$work/two.json" | tee "$work/two.txt"
 python3 - "$work/two.json" <<'PY'
 import json, sys

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# cmake --install gives libchorus.so, the headers, collbench, chorusrun, chorus-train, chorus-plan, chorus-plot,
-# a CMake package, a pkg-config file and (with the CUDA toolkit's nccl.h) libchorus_nccl.so; the
-# examples (examples/: find_package, pkg-config, an NCCL program) are built against the installed
-# copy and run, and the installed chorus-train runs a short job on 2 ranks and draws its loss
-# curve with the installed chorus-plot.
+# cmake --install gives libchorus.so, the headers, collbench (and chorus-tune, chorus-sim, which its
+# --calibrate and --simulate run), chorusrun, chorus-train, chorus-plan, chorus-plot, a CMake
+# package, a pkg-config file and (with the CUDA toolkit's nccl.h) libchorus_nccl.so; the examples
+# (examples/: find_package, pkg-config, an NCCL program) are built against the installed copy and
+# run, and the installed chorus-train runs a short job on 2 ranks and draws its loss curve with the
+# installed chorus-plot.
 source "$(dirname "$0")/lib.sh"
 prefix="$work/prefix"
 cmake --install "$build" --prefix "$prefix" >/dev/null
 for f in include/chorus/chorus.h include/chorus/chorus.hpp include/chorus/chorus_mpi.h bin/collbench bin/chorusrun \
-  bin/chorus-train bin/chorus-plan bin/chorus-plot bin/chorus-knobs; do
+  bin/chorus-tune bin/chorus-sim bin/chorus-train bin/chorus-plan bin/chorus-plot bin/chorus-knobs; do
   [ -e "$prefix/$f" ] || fail "missing $f"
 done
 libdir=$(dirname "$(find "$prefix" -name 'libchorus.so' | head -n 1)")
@@ -53,6 +54,9 @@ PY
     grep -q "installed chorus_torch ok" || fail "the installed chorus_torch failed"
 fi
 "$prefix/bin/collbench" -g 2 -b 1K -e 1K >/dev/null || fail "installed collbench failed"
+"$prefix/bin/collbench" --simulate -g 64 -b 1K -e 1K >"$work/simulate.txt" 2>&1 || true
+grep -q "simulate op: allreduce  nranks: 64" "$work/simulate.txt" ||
+  { cat "$work/simulate.txt"; fail "installed collbench --simulate did not run the installed chorus-sim"; }
 "$prefix/bin/chorus-plan" --model gpt2-124m --devices 8 --micro 4 --global 32 | grep -q "fits in memory" ||
   fail "installed chorus-plan failed"
 train_out="$work/train"

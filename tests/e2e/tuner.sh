@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# collbench --calibrate writes a tuning file the tuner reads through CHORUS_TUNING_FILE: the base
-# model and a measured correction for every algorithm of every collective with a choice; a bad
+# chorus-tune writes a tuning file the tuner reads through CHORUS_TUNING_FILE: the base model and
+# a measured correction for every algorithm of every collective with a choice (`collbench
+# --calibrate` hands its command line to chorus-tune); a bad
 # tuning file stops init with the file and line named; CHORUS_DEBUG=INFO shows the choices.
 # collbench --bind core pins the forked ranks round robin over the CPUs it may use.
 source "$(dirname "$0")/lib.sh"
 file="$work/tuning.txt"
 # Up to 1 MiB: under CI's load the full range (64 MiB) took 7.5 minutes at 3 ranks; this range
 # took 9-10 minutes beside other tests (about 40 s on an idle machine), so ctest runs it alone.
-"$collbench" -g 3 --bind core --calibrate "$file" --calibrate-up-to 1M | tee "$work/cal.txt"
+"$build/bench/chorus-tune" -g 3 --bind core --calibrate "$file" --calibrate-up-to 1M | tee "$work/cal.txt"
+# collbench --calibrate is chorus-tune (its refusal of one rank says so).
+if "$collbench" -g 1 --calibrate "$work/one.txt" >"$work/one.log" 2>&1; then fail "a calibration of one rank ran"; fi
+grep -q "^chorus-tune: the calibration needs at least 2 ranks" "$work/one.log" || { cat "$work/one.log"; fail "collbench --calibrate did not run chorus-tune"; }
 grep -qE '^shm alpha_us=[0-9.]+ beta_GBps=[0-9.]+ gamma_GBps=[0-9.]+ copy_GBps=[0-9.]+ overhead_us=[0-9.]+$' "$file" || { cat "$file"; fail "no shm line"; }
 python3 - "$file" <<'PY'
 import sys

@@ -1,5 +1,6 @@
-// collbench_flags_fuzz.cc: collbench's command line parser on arbitrary arguments (the input,
-// split at newlines). It must return an exit code or go on, never crash.
+// options_fuzz.cc: collbench's command line parser on arbitrary arguments (the input, split at
+// newlines). It must return an exit code or go on, never crash. Built as fuzz_collbench_flags by
+// tests/fuzz (the fuzz preset).
 #include <cstdint>
 #include <string>
 #include <vector>
