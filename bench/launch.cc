@@ -19,6 +19,8 @@
 
 namespace chorus::bench {
 
+namespace {
+
 // The peers --compare names, in order; empty (with the reason on stderr) when one is unknown.
 std::vector<std::string> comparedPeers(const Options& o, bool* ok) {
   std::vector<std::string> peers;
@@ -57,6 +59,8 @@ std::vector<int> allowedCpuList() {
   return cpus;
 }
 
+}  // namespace
+
 // The same as text: "0-3", "0,2", "5".
 std::string allowedCpus() {
   const std::vector<int> cpus = allowedCpuList();
@@ -71,6 +75,8 @@ std::string allowedCpus() {
   }
   return text.empty() ? "?" : text;
 }
+
+namespace {
 
 // Pins this process to the rank-th CPU of those it may run on (round robin when ranks outnumber them).
 bool bindToCore(int rank) {
@@ -143,6 +149,8 @@ std::unique_ptr<Peer> startGloo(const Options& o, chorusComm_t comm, int rank, i
 }
 #endif
 
+}  // namespace
+
 // The peers --compare names, started on every rank; false (the reason on stderr) when one fails
 // on any rank.
 bool startPeers(const Options& o, chorusComm_t comm, std::vector<std::unique_ptr<Peer>>* peers) {
@@ -171,6 +179,8 @@ bool startPeers(const Options& o, chorusComm_t comm, std::vector<std::unique_ptr
   return known;
 }
 
+namespace {
+
 #ifdef CHORUS_COLLBENCH_MPI
 // -g N --compare mpi: runs this collbench again as N ranks of mpiexec, with the same arguments
 // (-g is ignored there); --bind core becomes mpiexec's -bind-to core. Returns only on failure.
@@ -194,6 +204,8 @@ int execUnderMpiexec(const Options& o, int argc, char** argv) {
   return 2;
 }
 #endif
+
+}  // namespace
 
 int runRanks(const Options& o, int* argc, char*** argv, const std::function<int(chorusComm_t)>& perRank) {
   bool peersKnown = true;
