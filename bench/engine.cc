@@ -44,6 +44,19 @@ const char* nameOf(Op op) {
   return "?";
 }
 
+chorusCollectiveInfo_t infoOf(Op op, int nranks, size_t count) {
+  chorusCollectiveInfo_t info{};
+  for (const OpInfo& entry : kOps) {
+    if (entry.op != op) continue;
+    if (chorusGetCollectiveInfo(entry.collective, nranks, count, &info) != chorusSuccess) {
+      throw std::runtime_error(chorusGetLastError(nullptr));
+    }
+    if (op == Op::kSendRecv) info.outputElements = info.inputElements;
+    return info;
+  }
+  throw std::logic_error("collbench: an op without a collective");
+}
+
 const OpInfo* findOp(const std::string& name) {
   for (const OpInfo& info : kOps) {
     if (name == info.name) return &info;
@@ -87,12 +100,6 @@ void printRow(size_t bytes, size_t count, chorusDataType_t type, const char* red
               outOfPlace.busbw, outWrong.c_str(), inPlace.timeUs, inPlace.algbw, inPlace.busbw, inWrong.c_str(),
               tail.c_str());
   std::fflush(stdout);
-}
-
-// Ops whose size is the whole buffer of n blocks, with count per rank (as nccl-tests).
-bool spreads(Op op) {
-  return op == Op::kAllGather || op == Op::kReduceScatter || op == Op::kAllToAll || op == Op::kGather ||
-         op == Op::kScatter;
 }
 
 // nccl-tests' bus bandwidth factor: busbw = algbw * factor.
@@ -144,11 +151,9 @@ double boundCopies(Op op, int nranks) {
 void Bench::fillInputs(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace) {
   using chorus::pattern::store;
   const size_t size = chorusTypeSize(type);
-  const size_t n = static_cast<size_t>(nranks_);
-  const bool spreadIn = op == Op::kReduceScatter || op == Op::kScatter || op == Op::kAllToAll;
-  const bool spreadOut = op == Op::kAllGather || op == Op::kGather || op == Op::kAllToAll;
-  const size_t inCount = spreadIn ? count * n : count;
-  const size_t outCount = spreadOut ? count * n : count;
+  const chorusCollectiveInfo_t info = infoOf(op, nranks_, count);
+  const size_t inCount = info.inputElements;
+  const size_t outCount = info.outputElements;
   sendBytes_ = inCount * size + 64;
   recvBytes_ = std::max(outCount, inCount) * size + 64;
   send_.assign(sendBytes_, 0);
@@ -158,10 +163,9 @@ void Bench::fillInputs(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t
     deviceRecv_ = device_->reserve(1, recvBytes_);
   }
   selectBuffers(op, count, size, inPlace);
-  const bool reduces = op == Op::kAllReduce || op == Op::kReduceScatter || op == Op::kReduce;
   for (size_t i = 0; i < inCount; ++i) {
     store(sendPtr_, i, type,
-          reduces ? chorus::pattern::reduceInput(redop, type, rank_, i) : chorus::pattern::moveInput(rank_, i));
+          info.reduces ? chorus::pattern::reduceInput(redop, type, rank_, i) : chorus::pattern::moveInput(rank_, i));
   }
   if (device_) {
     device_->upload(deviceSend_, send_.data(), sendBytes_);
@@ -343,8 +347,7 @@ Result Bench::resultOf(Op op, chorusDataType_t type, size_t count, double second
   call("allreduce of times", chorusAllReduce(&mine, &sum, 1, chorusFloat64, chorusSum, comm_, nullptr));
   const double avgSeconds = sum / nranks_;  // nccl-tests reports the rank average
   const size_t size = chorusTypeSize(type);
-  const size_t n = static_cast<size_t>(nranks_);
-  const size_t bytes = spreads(op) ? count * n * size : count * size;
+  const size_t bytes = infoOf(op, nranks_, count).wholeElements * size;
   result.timeUs = avgSeconds * 1e6;
   result.algbw = avgSeconds > 0 ? static_cast<double>(bytes) / 1e9 / avgSeconds : 0;
   result.busbw = result.algbw * busFactor(op);
@@ -557,7 +560,7 @@ int Bench::run() {
     }
     return 2;
   }
-  if (!opInfo->reduces) redops = {chorusSum};
+  if (!infoOf(opInfo->op).reduces) redops = {chorusSum};
 
   const bool print = rank_ == 0;
   char host[64] = {};
@@ -655,16 +658,17 @@ int Bench::run() {
   uint64_t totalWrong = 0;
   double busbwSum = 0;
   int busbwCount = 0;
-  const size_t n = static_cast<size_t>(nranks_);
+  // Blocks the size is split into: nranks where a rank's input or output is a block per rank.
+  const size_t blocks = infoOf(opInfo->op, nranks_, 1).wholeElements;
+  const chorusCollectiveInfo_t opTraits = infoOf(opInfo->op);
   for (chorusDataType_t type : types) {
     for (chorusRedOp_t redop : redops) {
       const size_t size = chorusTypeSize(type);
       size_t bytes = o_.minBytes;
       for (;;) {
         // Elements per call, as nccl-tests: ops over n blocks split the size over ranks.
-        size_t count = opInfo->op == Op::kBarrier ? 0 : bytes / size;
-        if (spreads(opInfo->op)) count /= n;
-        const size_t shownBytes = spreads(opInfo->op) ? count * n * size : count * size;
+        const size_t count = opInfo->op == Op::kBarrier ? 0 : bytes / size / blocks;
+        const size_t shownBytes = count * blocks * size;
         // --turns: chorus's algorithms and every peer's, timed round robin.
         std::vector<std::pair<Result, Result>> inTurns;
         std::vector<Result> peersInTurns;
@@ -724,8 +728,8 @@ int Bench::run() {
             }
             tail += cell;
           }
-          printRow(shownBytes, count, type, opInfo->reduces ? chorusOpName(redop) : "none",
-                   opInfo->rooted ? o_.root : -1, o_.algo.empty() ? nullptr : algo.c_str(), outOfPlace,
+          printRow(shownBytes, count, type, opTraits.reduces ? chorusOpName(redop) : "none",
+                   opTraits.rooted ? o_.root : -1, o_.algo.empty() ? nullptr : algo.c_str(), outOfPlace,
                    o_.check ? std::to_string(outOfPlace.wrong) : "N/A", inPlace,
                    o_.check ? std::to_string(inPlace.wrong) : "N/A", tail);
           auto side = [&](const Result& r) {
@@ -738,8 +742,8 @@ int Bench::run() {
                                 {"size_bytes", shownBytes},
                                 {"count", count},
                                 {"type", chorusTypeName(type)},
-                                {"redop", opInfo->reduces ? chorusOpName(redop) : "none"},
-                                {"root", opInfo->rooted ? o_.root : -1},
+                                {"redop", opTraits.reduces ? chorusOpName(redop) : "none"},
+                                {"root", opTraits.rooted ? o_.root : -1},
                                 {"algo", algo.empty() ? "default" : algo},
                                 {"nranks", nranks_},
                                 {"out_of_place", side(outOfPlace)},

@@ -25,23 +25,23 @@ namespace chorus::bench {
 // The median of the values (the mean of the middle two when their number is even); 0 if none.
 double median(std::vector<double> values);
 
+// collbench's ops and the library's collective each is (infoOf says what that is).
 struct OpInfo {
   const char* name;
   Op op;
-  bool reduces;
-  bool rooted;
+  chorusCollective_t collective;
 };
 inline constexpr OpInfo kOps[] = {
-    {"allreduce", Op::kAllReduce, true, false},
-    {"allgather", Op::kAllGather, false, false},
-    {"reducescatter", Op::kReduceScatter, true, false},
-    {"broadcast", Op::kBroadcast, false, true},
-    {"reduce", Op::kReduce, true, true},
-    {"sendrecv", Op::kSendRecv, false, false},
-    {"alltoall", Op::kAllToAll, false, false},
-    {"gather", Op::kGather, false, true},
-    {"scatter", Op::kScatter, false, true},
-    {"barrier", Op::kBarrier, false, false},
+    {"allreduce", Op::kAllReduce, chorusCollAllReduce},
+    {"allgather", Op::kAllGather, chorusCollAllGather},
+    {"reducescatter", Op::kReduceScatter, chorusCollReduceScatter},
+    {"broadcast", Op::kBroadcast, chorusCollBroadcast},
+    {"reduce", Op::kReduce, chorusCollReduce},
+    {"sendrecv", Op::kSendRecv, chorusCollSend},
+    {"alltoall", Op::kAllToAll, chorusCollAllToAll},
+    {"gather", Op::kGather, chorusCollGather},
+    {"scatter", Op::kScatter, chorusCollScatter},
+    {"barrier", Op::kBarrier, chorusCollBarrier},
 };
 
 const char* nameOf(Op op);
@@ -86,8 +86,6 @@ void printRow(size_t bytes, size_t count, chorusDataType_t type, const char* red
               const Result& outOfPlace, const std::string& outWrong, const Result& inPlace, const std::string& inWrong,
               const std::string& tail = "");
 
-// Ops whose size is the whole buffer of n blocks, with count per rank (as nccl-tests).
-bool spreads(Op op);
 // nccl-tests' bus bandwidth factor: busbw = algbw * factor.
 double busFactor(Op op, int nranks);
 

@@ -99,7 +99,7 @@ const gloo::ReductionFunction<T>* reductionOf(chorusRedOp_t op) {
   }
 }
 
-bool reduces(Op op) { return op == Op::kAllReduce || op == Op::kReduceScatter || op == Op::kReduce; }
+bool reduces(Op op) { return infoOf(op).reduces != 0; }
 
 class GlooPeer : public Peer {
  public:

@@ -72,7 +72,7 @@ class MpiPeer : public Peer {
     if (call.op == Op::kBarrier) return {""};
     // MPI counts are ints; larger calls would need derived types.
     if (mpiType(call.type) == MPI_DATATYPE_NULL || call.count * static_cast<size_t>(nranks_) > INT_MAX) return {};
-    const bool reduces = call.op == Op::kAllReduce || call.op == Op::kReduceScatter || call.op == Op::kReduce;
+    const bool reduces = infoOf(call.op).reduces != 0;
     if (reduces && mpiOp(call.redop) == MPI_OP_NULL) return {};
     return {""};
   }

@@ -25,6 +25,10 @@ enum class Op {
   kBarrier
 };
 
+// What an op is, from the library (chorusGetCollectiveInfo) for `count` on nranks ranks: a
+// sendrecv is a send whose rank also receives count elements.
+chorusCollectiveInfo_t infoOf(Op op, int nranks = 1, size_t count = 0);
+
 // One call as collbench makes it of chorus (out of place): count elements per rank, buffers
 // sized as for chorus (see Bench::fillInputs), root for rooted ops.
 struct Call {

@@ -15,6 +15,7 @@
 #include "bench/options.h"
 #include "src/collectives/algorithm.h"
 #include "src/collectives/simulator.h"
+#include "src/collectives/traits.h"
 #include "src/collectives/tuner.h"
 
 namespace {
@@ -111,9 +112,9 @@ int simulateSweep(const Options& o) {
   int failures = 0;
   int standIns = 0;  // rows where one host's ranks stood for all
   for (size_t bytes = o.minBytes;;) {
-    size_t count = opInfo->op == Op::kBarrier ? 0 : bytes / size;
-    if (spreads(opInfo->op)) count /= static_cast<size_t>(n);
-    const size_t shownBytes = spreads(opInfo->op) ? count * n * size : count * size;
+    const size_t blocks = cc::wholeElements(collective, 1, n);  // n where the size is n blocks
+    const size_t count = opInfo->op == Op::kBarrier ? 0 : bytes / size / blocks;
+    const size_t shownBytes = count * blocks * size;
     for (cc::Algorithm algo : algos) {
       cc::ScheduleArgs args;
       args.collective = collective;
@@ -121,7 +122,7 @@ int simulateSweep(const Options& o) {
       args.count = count;
       args.typeSize = size;
       args.root = o.root;
-      args.divide = opInfo->reduces && redopInfo->op == chorusAvg;
+      args.divide = cc::traitsOf(collective).reduces && redopInfo->op == chorusAvg;
       if (algo == cc::Algorithm::kDefault) {
         const cc::TunerChoice choice = cc::choose(collective, n, shownBytes, tunerModel, fixedChunk);
         args.algorithm = choice.algorithm;
@@ -152,8 +153,9 @@ int simulateSweep(const Options& o) {
       predicted.timeUs = timing.timeUs;
       predicted.algbw = timing.timeUs > 0 ? static_cast<double>(shownBytes) / 1e3 / timing.timeUs : 0;
       predicted.busbw = predicted.algbw * busFactor(opInfo->op, n);
-      printRow(shownBytes, count, typeInfo->type, opInfo->reduces ? chorusOpName(redopInfo->op) : "none",
-               opInfo->rooted ? o.root : -1, name.c_str(), predicted, "sim", predicted, "sim");
+      printRow(shownBytes, count, typeInfo->type,
+               cc::traitsOf(collective).reduces ? chorusOpName(redopInfo->op) : "none",
+               cc::traitsOf(collective).rooted ? o.root : -1, name.c_str(), predicted, "sim", predicted, "sim");
       const nlohmann::json side = {
           {"time_us", predicted.timeUs}, {"algbw_GBps", predicted.algbw}, {"busbw_GBps", predicted.busbw}};
       rows.push_back({{"op", opInfo->name},

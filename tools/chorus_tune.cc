@@ -22,6 +22,7 @@
 #include "bench/options.h"
 #include "kernels/cpu/reduce.h"
 #include "src/collectives/algorithm.h"
+#include "src/collectives/traits.h"
 #include "src/collectives/tuner.h"
 
 namespace {
@@ -211,7 +212,7 @@ std::string calibrateCorrections(Bench& bench, const chorus::collectives::CostPa
   auto countsOf = [&](cc::Collective collective) {
     std::vector<size_t> counts;
     for (size_t bytes : sizes) {
-      const size_t count = bytes / sizeof(float) / (spreads(findOp(cc::collectiveName(collective))->op) ? n : 1);
+      const size_t count = bytes / sizeof(float) / cc::wholeElements(collective, 1, static_cast<int>(n));
       if (count > 0) counts.push_back(count);
     }
     return counts;
@@ -334,14 +335,14 @@ std::string calibrateCorrections(Bench& bench, const chorus::collectives::CostPa
   std::string lines = "# corrections: measured time / formula's time per size, all ranks busy\n";
   for (size_t c = 0; c < collectives.size(); ++c) {
     const char* name = cc::collectiveName(collectives[c]);
-    const bool spread = spreads(findOp(name)->op);
+    const size_t blocks = cc::wholeElements(collectives[c], 1, static_cast<int>(n));
     const auto& algorithms = cc::algorithmsFor(collectives[c]);
     const std::vector<size_t> counts = countsOf(collectives[c]);
     for (size_t a = 0; a < algorithms.size(); ++a) {
       if (!applies(c, a)) continue;
       std::vector<double> factors(counts.size());
       for (size_t s = 0; s < counts.size(); ++s) {
-        const size_t bytes = counts[s] * sizeof(float) * (spread ? n : 1);
+        const size_t bytes = counts[s] * sizeof(float) * blocks;
         const size_t chunk = cc::chooseChunkBytes(collectives[c], algorithms[a], bench.nranks(), bytes, inUse);
         factors[s] = typical(c, s * algorithms.size() + a) /
                      cc::formulaUs(collectives[c], algorithms[a], bench.nranks(), bytes, chunk, fitted);
@@ -354,7 +355,7 @@ std::string calibrateCorrections(Bench& bench, const chorus::collectives::CostPa
       for (size_t s = 1; s + 1 < factors.size(); ++s) smooth[s] = median({factors[s - 1], factors[s], factors[s + 1]});
       std::string bytesList, factorList;
       for (size_t s = 0; s < counts.size(); ++s) {
-        const size_t bytes = counts[s] * sizeof(float) * (spread ? n : 1);
+        const size_t bytes = counts[s] * sizeof(float) * blocks;
         char factor[32];
         // Significant digits, not decimals: a base fitted in a slow spell can put a factor far
         // below 0.001, and a factor written as 0 would make the file unreadable.

@@ -13,11 +13,10 @@
  *    by asking the CUDA driver about the buffers once the program has loaded it). The call is
  *    enqueued on that stream, ordered with the caller's other work on it, and returns at once;
  *    it may be captured in a CUDA graph. The first such call on a communicator is collective
- *    (every rank sets up its device path in it). Failures surface through chorusCommGetAsyncError. Ranks on one host map
- *    each other's GPU memory (CUDA IPC) and the ring collectives run as one kernel; other cases go
- *    through pinned host memory (CHORUS_DEVICE_TRANSPORT). A group's device sends and receives
- *    are enqueued together at chorusGroupEnd, on one stream (the group's calls must share it),
- *    and non-blocking forms take host buffers only.
+ *    (every rank sets up its device path in it). Failures surface through chorusCommGetAsyncError. Ranks on one host
+ * map each other's GPU memory (CUDA IPC) and the ring collectives run as one kernel; other cases go through pinned host
+ * memory (CHORUS_DEVICE_TRANSPORT). A group's device sends and receives are enqueued together at chorusGroupEnd, on one
+ * stream (the group's calls must share it), and non-blocking forms take host buffers only.
  *  - A build without CUDA, or a machine without a device, rejects a non-NULL stream with
  *    chorusInvalidArgument and touches nothing.
  *
@@ -142,6 +141,11 @@ typedef enum {
   chorusCollReduce = 4,
   chorusCollAllToAll = 5,
   chorusCollSend = 6,
+  chorusCollRecv = 7,
+  chorusCollBarrier = 8,
+  chorusCollAllToAllv = 9,
+  chorusCollGather = 10,
+  chorusCollScatter = 11,
   /* Makes the type 32 bits wide, so that an out-of-range value from a caller is one the library
    * can check and reject instead of undefined behaviour. */
   chorusCollectiveForce32 = 0x7fffffff
@@ -156,6 +160,27 @@ typedef struct {
 } chorusLinkModel_t;
 CHORUS_API chorusResult_t chorusPredictTime(chorusCollective_t collective, int nranks, size_t bytes,
                                             const chorusLinkModel_t* link, double* microseconds);
+
+/* What a collective is, for programs that size and check its buffers (collbench does):
+ * chorusGetCollectiveInfo fills *info for one call of `collective` with `count` (the count its
+ * entry point takes) on nranks ranks. Input and output are of a rank that has them: only the
+ * root's input is read where inputAtRootOnly (broadcast, scatter), only the root's output written
+ * where outputAtRootOnly (reduce, gather). All-to-allv's come with the call: 0 here. Any thread;
+ * no communicator needed. chorusPredictTime predicts the collectives up to chorusCollSend. */
+typedef struct {
+  const char* name;      /* as CHORUS_ALGO spells it: "allreduce" */
+  int reduces;           /* takes a reduction operator */
+  int rooted;            /* has a root (broadcast, reduce, gather, scatter) */
+  int pointToPoint;      /* has a peer (send, recv) */
+  int inPlace;           /* sendbuff and recvbuff may be one buffer */
+  int inputAtRootOnly;   /* broadcast, scatter */
+  int outputAtRootOnly;  /* reduce, gather */
+  size_t inputElements;  /* of a rank's sendbuff */
+  size_t outputElements; /* of a rank's recvbuff */
+  size_t wholeElements;  /* the size nccl-tests reports: the buffer, or all nranks blocks of it */
+} chorusCollectiveInfo_t;
+CHORUS_API chorusResult_t chorusGetCollectiveInfo(chorusCollective_t collective, int nranks, size_t count,
+                                                  chorusCollectiveInfo_t* info);
 
 /* Returns a static string naming a result code. Any thread. */
 CHORUS_API const char* chorusGetErrorString(chorusResult_t result);

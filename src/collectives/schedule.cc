@@ -3,37 +3,11 @@
 
 #include <algorithm>
 
+#include "src/collectives/traits.h"
+
 namespace chorus::collectives {
 
-const char* collectiveName(Collective collective) {
-  switch (collective) {
-    case Collective::kAllReduce:
-      return "allreduce";
-    case Collective::kAllGather:
-      return "allgather";
-    case Collective::kReduceScatter:
-      return "reducescatter";
-    case Collective::kBroadcast:
-      return "broadcast";
-    case Collective::kReduce:
-      return "reduce";
-    case Collective::kSend:
-      return "send";
-    case Collective::kRecv:
-      return "recv";
-    case Collective::kBarrier:
-      return "barrier";
-    case Collective::kAllToAll:
-      return "alltoall";
-    case Collective::kAllToAllv:
-      return "alltoallv";
-    case Collective::kGather:
-      return "gather";
-    case Collective::kScatter:
-      return "scatter";
-  }
-  return "unknown";
-}
+const char* collectiveName(Collective collective) { return traitsOf(collective).name; }
 
 const char* stepKindName(StepKind kind) {
   switch (kind) {

@@ -2,6 +2,7 @@
 // result codes and the per-thread last-error message, and collects calls made inside groups.
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <limits>
@@ -17,6 +18,7 @@
 #include "src/base/log.h"
 #include "src/base/memory.h"
 #include "src/collectives/algorithm.h"
+#include "src/collectives/traits.h"
 #include "src/collectives/tuner.h"
 #include "src/core/bootstrap.h"
 #include "src/core/communicator.h"
@@ -29,6 +31,7 @@ using chorus::Error;
 using chorus::fail;
 using chorus::PreparedOp;
 using chorus::collectives::Collective;
+namespace collectives = chorus::collectives;
 
 // The handle's hold on its communicator; every call holds it too while it runs (Lease), so an
 // abort from another thread frees the handle at once and the communicator when the last call
@@ -101,6 +104,19 @@ Lease live(const chorusComm* comm, const char* call) {
     fail(chorusInvalidUsage, "{}: the communicator handle is not live (destroyed, aborted or never initialized)", call);
   }
   return comm->impl;
+}
+
+// The library's collective for the C ABI's name of it.
+Collective internalCollective(chorusCollective_t collective, const char* call) {
+  static constexpr Collective kOf[] = {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter,
+                                       Collective::kBroadcast, Collective::kReduce,    Collective::kAllToAll,
+                                       Collective::kSend,      Collective::kRecv,      Collective::kBarrier,
+                                       Collective::kAllToAllv, Collective::kGather,    Collective::kScatter};
+  const int which = static_cast<int>(collective);
+  if (which < 0 || which >= static_cast<int>(std::size(kOf))) {
+    fail(chorusInvalidArgument, "{}: collective {} is not a chorusCollective_t", call, which);
+  }
+  return kOf[which];
 }
 
 void checkType(chorusDataType_t type, const char* call, int rank) {
@@ -221,6 +237,76 @@ void submitOn(Communicator& c, chorusComm_t comm, chorusStream_t stream, const c
        "rank {}: {}: a non-NULL stream was given, but this build of chorus has no CUDA (host buffers take NULL)",
        c.rank(), call);
 #endif
+}
+
+// One call of the C ABI as its entry point received it (NCCL's ncclInfo): the entry points fill
+// it and enqueue() does the rest.
+struct CallInfo {
+  const char* call;  // the entry point's name, for messages
+  Collective collective;
+  chorusComm_t comm;
+  chorusStream_t stream;
+  const void* input = nullptr;
+  void* output = nullptr;
+  size_t count = 0;
+  chorusDataType_t type = chorusUint8;
+  chorusRedOp_t op = chorusSum;
+  int rootOrPeer = 0;
+  // All-to-allv: send counts, send displacements, receive counts, receive displacements.
+  std::array<const size_t*, 4> vector{};
+};
+
+// Checks a call's arguments by what its collective is (collectives/traits.h), then runs it: direct
+// between shareable buffers where that applies, else on the executor or the device path.
+void enqueue(const CallInfo& info) {
+  using collectives::Extent;
+  const Lease held = live(info.comm, info.call);
+  Communicator& c = *held;
+  const char* call = info.call;
+  const int rank = c.rank();
+  const collectives::CollectiveTraits& t = collectives::traitsOf(info.collective);
+  checkType(info.type, call, rank);
+  if (t.reduces) checkOp(info.op, call, rank);
+  if (t.rooted) checkRank(info.rootOrPeer, c.nranks(), "root", call, rank);
+  if (t.pointToPoint) checkRank(info.rootOrPeer, c.nranks(), "peer", call, rank);
+  const bool isRoot = t.rooted && info.rootOrPeer == rank;
+  size_t inCount = info.count, outCount = info.count;
+  if (t.input == Extent::kVector) {
+    const auto& v = info.vector;
+    if (v[0] == nullptr || v[1] == nullptr || v[2] == nullptr || v[3] == nullptr) {
+      fail(chorusInvalidArgument, "rank {}: {}: a count or displacement array is NULL", rank, call);
+    }
+    inCount = outCount = 0;
+    for (int peer = 0; peer < c.nranks(); ++peer) {
+      checkCount(v[0][peer], 1, info.type, call, rank);
+      checkCount(v[2][peer], 1, info.type, call, rank);
+      checkCount(v[1][peer], 2, info.type, call, rank);
+      checkCount(v[3][peer], 2, info.type, call, rank);
+      inCount += v[0][peer];
+      outCount += v[2][peer];
+    }
+  } else {
+    const bool perRank = t.input == Extent::kCountPerRank || t.output == Extent::kCountPerRank;
+    checkCount(info.count, perRank ? static_cast<size_t>(c.nranks()) : 1, info.type, call, rank);
+  }
+  if (t.input != Extent::kNone && (!t.inputAtRootOnly || isRoot))
+    checkBuffer(info.input, inCount, "sendbuff", call, rank);
+  if (t.output != Extent::kNone && (!t.outputAtRootOnly || isRoot)) {
+    checkBuffer(info.output, outCount, "recvbuff", call, rank);
+  }
+  if (!t.inPlace && t.input != Extent::kNone && t.output != Extent::kNone && inCount > 0 && info.input == info.output) {
+    fail(chorusInvalidArgument, "rank {}: {}: sendbuff and recvbuff are the same buffer (no in-place {})", rank, call,
+         t.name);
+  }
+  if (t.pointToPoint) checkSelfOutsideGroup(info.rootOrPeer, rank, call);
+  // Blocking reductions outside a group may go direct between shareable buffers.
+  if (t.reduces && !t.rooted && info.stream == nullptr && group.depth == 0 && nonBlockingTarget == nullptr &&
+      c.reduceDirect(info.collective, info.input, info.output, info.count, info.type, info.op)) {
+    return;
+  }
+  const size_t* const* vector = t.input == Extent::kVector ? info.vector.data() : nullptr;
+  submitOn(c, info.comm, info.stream, call, info.collective, info.input, info.output, info.count, info.type, info.op,
+           t.rooted || t.pointToPoint ? info.rootOrPeer : 0, vector);
 }
 
 // In a group, an argument error is reported again at chorusGroupEnd and drops the group.
@@ -349,6 +435,33 @@ chorusResult_t chorusGetVersion(int* version) {
   });
 }
 
+chorusResult_t chorusGetCollectiveInfo(chorusCollective_t collective, int nranks, size_t count,
+                                       chorusCollectiveInfo_t* info) {
+  return guarded([&] {
+    const char* call = "chorusGetCollectiveInfo";
+    if (info == nullptr) fail(chorusInvalidArgument, "{}: info is NULL", call);
+    const Collective which = internalCollective(collective, call);
+    if (nranks < 1) fail(chorusInvalidArgument, "{}: {} ranks (at least 1)", call, nranks);
+    const collectives::CollectiveTraits& t = collectives::traitsOf(which);
+    const bool perRank =
+        t.input == collectives::Extent::kCountPerRank || t.output == collectives::Extent::kCountPerRank;
+    if (perRank && count > std::numeric_limits<size_t>::max() / 2 / static_cast<size_t>(nranks)) {
+      fail(chorusInvalidArgument, "{}: count {} on {} ranks overflows", call, count, nranks);
+    }
+    info->name = t.name;
+    info->reduces = t.reduces;
+    info->rooted = t.rooted;
+    info->pointToPoint = t.pointToPoint;
+    info->inPlace = t.inPlace;
+    info->inputAtRootOnly = t.inputAtRootOnly;
+    info->outputAtRootOnly = t.outputAtRootOnly;
+    info->inputElements = collectives::inputElements(which, count, nranks, true);
+    info->outputElements = collectives::outputElements(which, count, nranks, true);
+    info->wholeElements =
+        t.input == collectives::Extent::kVector ? 0 : collectives::wholeElements(which, count, nranks);
+  });
+}
+
 chorusResult_t chorusPredictTime(chorusCollective_t collective, int nranks, size_t bytes, const chorusLinkModel_t* link,
                                  double* microseconds) {
   return guarded([&] {
@@ -374,19 +487,17 @@ chorusResult_t chorusPredictTime(chorusCollective_t collective, int nranks, size
     p.hosts = link->hosts;
     p.localAlphaUs = link->hosts > 1 ? link->localAlphaUs : link->alphaUs;
     p.localBetaUsPerByte = link->hosts > 1 ? 1.0 / (link->localBandwidthGBps * 1e3) : p.betaUsPerByte;
-    static constexpr coll::Collective kOf[] = {coll::Collective::kAllReduce,     coll::Collective::kAllGather,
-                                               coll::Collective::kReduceScatter, coll::Collective::kBroadcast,
-                                               coll::Collective::kReduce,        coll::Collective::kAllToAll};
-    const int which = static_cast<int>(collective);
-    if (which < 0 || which > static_cast<int>(chorusCollSend)) {
-      fail(chorusInvalidArgument, "chorusPredictTime: collective {} is not a chorusCollective_t", which);
+    const Collective which = internalCollective(collective, "chorusPredictTime");
+    if (static_cast<int>(collective) > static_cast<int>(chorusCollSend)) {
+      fail(chorusInvalidArgument, "chorusPredictTime: the cost model does not predict {} (collective {})",
+           coll::collectiveName(which), static_cast<int>(collective));
     }
     if (nranks == 1 || bytes == 0) {
       *microseconds = 0.0;
     } else if (collective == chorusCollSend) {
       *microseconds = p.alphaUs + static_cast<double>(bytes) * p.betaUsPerByte;
     } else {
-      *microseconds = coll::choose(kOf[which], nranks, bytes, p).predictedUs;
+      *microseconds = coll::choose(which, nranks, bytes, p).predictedUs;
     }
   });
 }
@@ -773,102 +884,44 @@ int chorusIsDeviceMemory(const void* ptr) {
 chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                                chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
-    const Lease held = live(comm, "chorusAllReduce");
-    Communicator& c = *held;
-    const char* call = "chorusAllReduce";
-    checkType(datatype, call, c.rank());
-    checkOp(op, call, c.rank());
-    checkCount(count, 1, datatype, call, c.rank());
-    checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
-    checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
-    // Blocking calls outside a group may go direct between shareable buffers.
-    if (stream == nullptr && group.depth == 0 && nonBlockingTarget == nullptr &&
-        c.reduceDirect(Collective::kAllReduce, sendbuff, recvbuff, count, datatype, op)) {
-      return;
-    }
-    submitOn(c, comm, stream, call, Collective::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0);
+    enqueue({"chorusAllReduce", Collective::kAllReduce, comm, stream, sendbuff, recvbuff, count, datatype, op});
   }));
 }
 
 chorusResult_t chorusAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
                                chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
-    const Lease held = live(comm, "chorusAllGather");
-    Communicator& c = *held;
-    const char* call = "chorusAllGather";
-    checkType(datatype, call, c.rank());
-    checkCount(sendcount, static_cast<size_t>(c.nranks()), datatype, call, c.rank());
-    checkBuffer(sendbuff, sendcount, "sendbuff", call, c.rank());
-    checkBuffer(recvbuff, sendcount, "recvbuff", call, c.rank());
-    submitOn(c, comm, stream, call, Collective::kAllGather, sendbuff, recvbuff, sendcount, datatype, chorusSum, 0);
+    enqueue({"chorusAllGather", Collective::kAllGather, comm, stream, sendbuff, recvbuff, sendcount, datatype});
   }));
 }
 
 chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
                                    chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
-    const Lease held = live(comm, "chorusReduceScatter");
-    Communicator& c = *held;
-    const char* call = "chorusReduceScatter";
-    checkType(datatype, call, c.rank());
-    checkOp(op, call, c.rank());
-    checkCount(recvcount, static_cast<size_t>(c.nranks()), datatype, call, c.rank());
-    checkBuffer(sendbuff, recvcount, "sendbuff", call, c.rank());
-    checkBuffer(recvbuff, recvcount, "recvbuff", call, c.rank());
-    if (stream == nullptr && group.depth == 0 && nonBlockingTarget == nullptr &&
-        c.reduceDirect(Collective::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op)) {
-      return;
-    }
-    submitOn(c, comm, stream, call, Collective::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0);
+    enqueue(
+        {"chorusReduceScatter", Collective::kReduceScatter, comm, stream, sendbuff, recvbuff, recvcount, datatype, op});
   }));
 }
 
 chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype, int root,
                                chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
-    const Lease held = live(comm, "chorusBroadcast");
-    Communicator& c = *held;
-    const char* call = "chorusBroadcast";
-    checkType(datatype, call, c.rank());
-    checkRank(root, c.nranks(), "root", call, c.rank());
-    checkCount(count, 1, datatype, call, c.rank());
-    if (c.rank() == root) checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
-    checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
-    submitOn(c, comm, stream, call, Collective::kBroadcast, sendbuff, recvbuff, count, datatype, chorusSum, root);
+    enqueue({"chorusBroadcast", Collective::kBroadcast, comm, stream, sendbuff, recvbuff, count, datatype, chorusSum,
+             root});
   }));
 }
 
 chorusResult_t chorusReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                             chorusRedOp_t op, int root, chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
-    const Lease held = live(comm, "chorusReduce");
-    Communicator& c = *held;
-    const char* call = "chorusReduce";
-    checkType(datatype, call, c.rank());
-    checkOp(op, call, c.rank());
-    checkRank(root, c.nranks(), "root", call, c.rank());
-    checkCount(count, 1, datatype, call, c.rank());
-    checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
-    if (c.rank() == root) checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
-    submitOn(c, comm, stream, call, Collective::kReduce, sendbuff, recvbuff, count, datatype, op, root);
+    enqueue({"chorusReduce", Collective::kReduce, comm, stream, sendbuff, recvbuff, count, datatype, op, root});
   }));
 }
 
 chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                               chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
-    const Lease held = live(comm, "chorusAllToAll");
-    Communicator& c = *held;
-    const char* call = "chorusAllToAll";
-    checkType(datatype, call, c.rank());
-    checkCount(count, static_cast<size_t>(c.nranks()), datatype, call, c.rank());
-    checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
-    checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
-    if (count > 0 && sendbuff == recvbuff) {
-      fail(chorusInvalidArgument, "rank {}: {}: sendbuff and recvbuff are the same buffer (no in-place all-to-all)",
-           c.rank(), call);
-    }
-    submitOn(c, comm, stream, call, Collective::kAllToAll, sendbuff, recvbuff, count, datatype, chorusSum, 0);
+    enqueue({"chorusAllToAll", Collective::kAllToAll, comm, stream, sendbuff, recvbuff, count, datatype});
   }));
 }
 
@@ -876,56 +929,25 @@ chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, c
                                const size_t* recvcounts, const size_t* rdispls, chorusDataType_t datatype,
                                chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
-    const Lease held = live(comm, "chorusAllToAllv");
-    Communicator& c = *held;
-    const char* call = "chorusAllToAllv";
-    checkType(datatype, call, c.rank());
-    if (sendcounts == nullptr || sdispls == nullptr || recvcounts == nullptr || rdispls == nullptr) {
-      fail(chorusInvalidArgument, "rank {}: {}: a count or displacement array is NULL", c.rank(), call);
-    }
-    size_t sendTotal = 0, recvTotal = 0;
-    for (int peer = 0; peer < c.nranks(); ++peer) {
-      checkCount(sendcounts[peer], 1, datatype, call, c.rank());
-      checkCount(recvcounts[peer], 1, datatype, call, c.rank());
-      checkCount(sdispls[peer], 2, datatype, call, c.rank());
-      checkCount(rdispls[peer], 2, datatype, call, c.rank());
-      sendTotal += sendcounts[peer];
-      recvTotal += recvcounts[peer];
-    }
-    checkBuffer(sendbuff, sendTotal, "sendbuff", call, c.rank());
-    checkBuffer(recvbuff, recvTotal, "recvbuff", call, c.rank());
-    const size_t* vector[4] = {sendcounts, sdispls, recvcounts, rdispls};
-    submitOn(c, comm, stream, call, Collective::kAllToAllv, sendbuff, recvbuff, 0, datatype, chorusSum, 0, vector);
+    CallInfo info{"chorusAllToAllv", Collective::kAllToAllv, comm, stream, sendbuff, recvbuff, 0, datatype};
+    info.vector = {sendcounts, sdispls, recvcounts, rdispls};
+    enqueue(info);
   }));
 }
 
 chorusResult_t chorusGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype, int root,
                             chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
-    const Lease held = live(comm, "chorusGather");
-    Communicator& c = *held;
-    const char* call = "chorusGather";
-    checkType(datatype, call, c.rank());
-    checkRank(root, c.nranks(), "root", call, c.rank());
-    checkCount(sendcount, static_cast<size_t>(c.nranks()), datatype, call, c.rank());
-    checkBuffer(sendbuff, sendcount, "sendbuff", call, c.rank());
-    if (c.rank() == root) checkBuffer(recvbuff, sendcount, "recvbuff", call, c.rank());
-    submitOn(c, comm, stream, call, Collective::kGather, sendbuff, recvbuff, sendcount, datatype, chorusSum, root);
+    enqueue(
+        {"chorusGather", Collective::kGather, comm, stream, sendbuff, recvbuff, sendcount, datatype, chorusSum, root});
   }));
 }
 
 chorusResult_t chorusScatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
                              int root, chorusComm_t comm, chorusStream_t stream) {
   return record(guarded([&] {
-    const Lease held = live(comm, "chorusScatter");
-    Communicator& c = *held;
-    const char* call = "chorusScatter";
-    checkType(datatype, call, c.rank());
-    checkRank(root, c.nranks(), "root", call, c.rank());
-    checkCount(recvcount, static_cast<size_t>(c.nranks()), datatype, call, c.rank());
-    if (c.rank() == root) checkBuffer(sendbuff, recvcount, "sendbuff", call, c.rank());
-    checkBuffer(recvbuff, recvcount, "recvbuff", call, c.rank());
-    submitOn(c, comm, stream, call, Collective::kScatter, sendbuff, recvbuff, recvcount, datatype, chorusSum, root);
+    enqueue({"chorusScatter", Collective::kScatter, comm, stream, sendbuff, recvbuff, recvcount, datatype, chorusSum,
+             root});
   }));
 }
 
@@ -941,40 +963,19 @@ chorusResult_t chorusCommSetAlgorithms(chorusComm_t comm, const char* algorithms
 chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
                           chorusStream_t stream) {
   return record(guarded([&] {
-    const Lease held = live(comm, "chorusSend");
-    Communicator& c = *held;
-    const char* call = "chorusSend";
-    checkType(datatype, call, c.rank());
-    checkRank(peer, c.nranks(), "peer", call, c.rank());
-    checkCount(count, 1, datatype, call, c.rank());
-    checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
-    checkSelfOutsideGroup(peer, c.rank(), call);
-    submitOn(c, comm, stream, call, Collective::kSend, sendbuff, nullptr, count, datatype, chorusSum, peer);
+    enqueue({"chorusSend", Collective::kSend, comm, stream, sendbuff, nullptr, count, datatype, chorusSum, peer});
   }));
 }
 
 chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
                           chorusStream_t stream) {
   return record(guarded([&] {
-    const Lease held = live(comm, "chorusRecv");
-    Communicator& c = *held;
-    const char* call = "chorusRecv";
-    checkType(datatype, call, c.rank());
-    checkRank(peer, c.nranks(), "peer", call, c.rank());
-    checkCount(count, 1, datatype, call, c.rank());
-    checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
-    checkSelfOutsideGroup(peer, c.rank(), call);
-    submitOn(c, comm, stream, call, Collective::kRecv, nullptr, recvbuff, count, datatype, chorusSum, peer);
+    enqueue({"chorusRecv", Collective::kRecv, comm, stream, nullptr, recvbuff, count, datatype, chorusSum, peer});
   }));
 }
 
 chorusResult_t chorusBarrier(chorusComm_t comm, chorusStream_t stream) {
-  return record(guarded([&] {
-    const Lease held = live(comm, "chorusBarrier");
-    Communicator& c = *held;
-    const char* call = "chorusBarrier";
-    submitOn(c, comm, stream, call, Collective::kBarrier, nullptr, nullptr, 0, chorusUint8, chorusSum, 0);
-  }));
+  return record(guarded([&] { enqueue({"chorusBarrier", Collective::kBarrier, comm, stream}); }));
 }
 
 chorusResult_t chorusIAllReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,

@@ -22,6 +22,7 @@
 #include "src/base/config.h"
 #include "src/base/error.h"
 #include "src/base/log.h"
+#include "src/collectives/traits.h"
 #include "src/core/placement.h"
 
 namespace chorus {
@@ -351,10 +352,7 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   const bool forced = args.algorithm != collectives::Algorithm::kDefault;
   if (collective != Collective::kSend && collective != Collective::kRecv) {
     // The tuner picks the algorithm unless it is forced, and the chunk unless CHORUS_CHUNK_BYTES is set.
-    const bool spread = collective == Collective::kAllGather || collective == Collective::kReduceScatter ||
-                        collective == Collective::kAllToAll || collective == Collective::kGather ||
-                        collective == Collective::kScatter;
-    const size_t bytes = count * args.typeSize * (spread ? static_cast<size_t>(nranks_) : 1);
+    const size_t bytes = collectives::wholeElements(collective, count, nranks_) * args.typeSize;
     const size_t fixedChunk = settings_.chunkForced ? settings_.chunkBytes : 0;
     if (!forced || !settings_.chunkForced) {
       // The tuner weighs every algorithm at every chunk size (microseconds, as much as a small
@@ -389,6 +387,7 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
     args.recvDispls = vector[3];
   }
 
+  const collectives::CollectiveTraits& traits = collectives::traitsOf(collective);
   PreparedOp prepared;
   prepared.schedule = scheduleFor(args);
   prepared.input = input;
@@ -398,9 +397,11 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   prepared.collective = collective;
   prepared.count = count;
   {
-    // Every rank's input and output together, which decides streaming stores.
+    // Every rank's input and output together, which decides streaming stores (a rooted
+    // collective's root counted for every rank: the bound streaming is weighed against).
     const size_t n = static_cast<size_t>(nranks_);
-    size_t in = count * args.typeSize, out = in;
+    size_t in = collectives::inputElements(collective, count, nranks_, true) * args.typeSize;
+    size_t out = collectives::outputElements(collective, count, nranks_, true) * args.typeSize;
     if (vector != nullptr) {
       in = out = 0;
       size_t inExtent = 0;
@@ -410,22 +411,13 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
         inExtent = std::max(inExtent, (vector[1][r] + vector[0][r]) * args.typeSize);
       }
       prepared.inputBytes = inExtent;
-    } else if (collective == Collective::kAllGather || collective == Collective::kGather) {
-      out *= n;
-    } else if (collective == Collective::kReduceScatter || collective == Collective::kScatter) {
-      in *= n;
-    } else if (collective == Collective::kAllToAll) {
-      in *= n;
-      out *= n;
     }
-    const bool pair = collective == Collective::kSend || collective == Collective::kRecv;
-    prepared.footprint = pair ? in + out : n * (in + out);
+    // A message's footprint is its two ends.
+    prepared.footprint = traits.pointToPoint ? 2 * count * args.typeSize : n * (in + out);
     if (vector == nullptr) prepared.inputBytes = in;
   }
-  const bool reduces = collective == Collective::kAllReduce || collective == Collective::kReduceScatter ||
-                       collective == Collective::kReduce;
-  const bool rooted = collective == Collective::kBroadcast || collective == Collective::kReduce ||
-                      collective == Collective::kGather || collective == Collective::kScatter;
+  const bool reduces = traits.reduces;
+  const bool rooted = traits.rooted;
   if (collective == Collective::kSend || collective == Collective::kRecv) {
     uint64_t& sequence = collective == Collective::kSend ? sendSequence_[rootOrPeer] : recvSequence_[rootOrPeer];
     prepared.tag = makeTag(TagKind::kPointToPoint, sequence, signatureOf(Collective::kSend, count, type, chorusSum, 0));

@@ -26,6 +26,7 @@
 #include "src/base/config.h"
 #include "src/base/error.h"
 #include "src/base/log.h"
+#include "src/collectives/traits.h"
 #include "src/core/communicator.h"
 #include "src/core/growing_areas.h"
 #include "src/core/placement.h"
@@ -79,84 +80,28 @@ int ringKind(Collective c) {
 
 // Elements of this rank's input and output for a call (0 where the rank has none).
 void extents(const DeviceCall& call, int rank, int nranks, size_t* in, size_t* out) {
-  const size_t n = static_cast<size_t>(nranks);
-  const bool root = call.rootOrPeer == rank;
-  switch (call.collective) {
-    case Collective::kAllReduce:
-      *in = call.count;
-      *out = call.count;
-      return;
-    case Collective::kBroadcast:  // only the root's input is read
-      *in = root ? call.count : 0;
-      *out = call.count;
-      return;
-    case Collective::kReduce:  // only the root's output is written
-      *in = call.count;
-      *out = root ? call.count : 0;
-      return;
-    case Collective::kAllGather:
-      *in = call.count;
-      *out = n * call.count;
-      return;
-    case Collective::kReduceScatter:
-      *in = n * call.count;
-      *out = call.count;
-      return;
-    case Collective::kAllToAll:
-      *in = n * call.count;
-      *out = n * call.count;
-      return;
-    case Collective::kAllToAllv: {
-      // vector: send counts, send displacements, recv counts, recv displacements.
-      size_t inEnd = 0, outEnd = 0;
-      for (size_t r = 0; r < n; ++r) {
-        inEnd = std::max(inEnd, call.vector[1][r] + call.vector[0][r]);
-        outEnd = std::max(outEnd, call.vector[3][r] + call.vector[2][r]);
-      }
-      *in = inEnd;
-      *out = outEnd;
-      return;
+  if (call.collective == Collective::kAllToAllv) {
+    // vector: send counts, send displacements, recv counts, recv displacements.
+    size_t inEnd = 0, outEnd = 0;
+    for (size_t r = 0; r < static_cast<size_t>(nranks); ++r) {
+      inEnd = std::max(inEnd, call.vector[1][r] + call.vector[0][r]);
+      outEnd = std::max(outEnd, call.vector[3][r] + call.vector[2][r]);
     }
-    case Collective::kGather:
-      *in = call.count;
-      *out = root ? n * call.count : 0;
-      return;
-    case Collective::kScatter:
-      *in = root ? n * call.count : 0;
-      *out = call.count;
-      return;
-    case Collective::kSend:
-      *in = call.count;
-      *out = 0;
-      return;
-    case Collective::kRecv:
-      *in = 0;
-      *out = call.count;
-      return;
-    case Collective::kBarrier:
-      *in = 0;
-      *out = 0;
-      return;
+    *in = inEnd;
+    *out = outEnd;
+    return;
   }
-  *in = *out = 0;
+  const bool root = call.rootOrPeer == rank;
+  *in = collectives::inputElements(call.collective, call.count, nranks, root);
+  *out = collectives::outputElements(call.collective, call.count, nranks, root);
 }
 
 // The collectives the direct path serves: every one whose ranks read fixed blocks of the others'
 // inputs (not all-to-allv, sends and receives, barrier).
 bool directCollective(Collective c) {
-  switch (c) {
-    case Collective::kAllReduce:
-    case Collective::kReduce:
-    case Collective::kBroadcast:
-    case Collective::kAllGather:
-    case Collective::kGather:
-    case Collective::kReduceScatter:
-    case Collective::kAllToAll:
-    case Collective::kScatter:
-      return true;
-    default:
-      return false;
-  }
+  using collectives::Extent;
+  const collectives::CollectiveTraits& t = collectives::traitsOf(c);
+  return !t.pointToPoint && t.input != Extent::kNone && t.input != Extent::kVector;
 }
 
 // Blocks of the call's count a rank of the direct path publishes: the input the root has (1, or n
@@ -707,7 +652,7 @@ void DeviceEngine::Impl::directPiece(const DeviceCall& call, size_t first, size_
   auto slot = [&](int p) { return peerDirect[p] + static_cast<size_t>(q) * directBytes; };
   waitForPeers(peerRead[q], stream, "cudaStreamWaitEvent (direct read)");
   // Publish: only what the peers read (the root's input of a broadcast or scatter).
-  const bool publishes = (call.collective != Collective::kBroadcast && call.collective != Collective::kScatter) || root;
+  const bool publishes = !collectives::traitsOf(call.collective).inputAtRootOnly || root;
   if (publishes && m > 0) {
     if (blocks == 1) {
       check(cudaMemcpyAsync(mine, in + first * size, m * size, cudaMemcpyDeviceToDevice, stream), rank,

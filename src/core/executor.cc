@@ -10,6 +10,7 @@
 #include "kernels/cpu/reduce.h"
 #include "src/base/error.h"
 #include "src/base/log.h"
+#include "src/collectives/traits.h"
 
 namespace chorus {
 namespace {
@@ -33,10 +34,8 @@ std::string PreparedOp::what() const {
     return fmt::format("{} #{} (count {} {}, {} rank {})", name, sequence, count, chorusTypeName(type),
                        collective == Collective::kSend ? "to" : "from", rootOrPeer);
   }
-  const bool reduces = collective == Collective::kAllReduce || collective == Collective::kReduceScatter ||
-                       collective == Collective::kReduce;
   std::string detail = fmt::format("count {} {}", count, chorusTypeName(type));
-  if (reduces) detail += fmt::format(" {}", chorusOpName(op));
+  if (collectives::traitsOf(collective).reduces) detail += fmt::format(" {}", chorusOpName(op));
   if (rootOrPeer >= 0) detail += fmt::format(" root {}", rootOrPeer);
   return fmt::format("{} #{} ({}, {})", name, sequence, detail, schedule ? schedule->algorithm : "");
 }

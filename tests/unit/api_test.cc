@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -79,6 +80,40 @@ TEST(ApiTest, PredictTimeFollowsTheLinks) {
   EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("bandwidth 0 GB/s"), std::string::npos)
       << chorusGetLastError(nullptr);
   EXPECT_EQ(chorusPredictTime(static_cast<chorusCollective_t>(42), 8, bytes, &fast, &us), chorusInvalidArgument);
+  EXPECT_EQ(chorusPredictTime(chorusCollGather, 8, bytes, &fast, &us), chorusInvalidArgument);
+  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("does not predict gather"), std::string::npos)
+      << chorusGetLastError(nullptr);
+}
+
+TEST(ApiTest, CollectiveInfoSizesEachRanksBuffers) {
+  chorusCollectiveInfo_t info{};
+  ASSERT_EQ(chorusGetCollectiveInfo(chorusCollReduceScatter, 4, 10, &info), chorusSuccess);
+  EXPECT_STREQ(info.name, "reducescatter");
+  EXPECT_TRUE(info.reduces);
+  EXPECT_FALSE(info.rooted);
+  EXPECT_EQ(info.inputElements, 40u);
+  EXPECT_EQ(info.outputElements, 10u);
+  EXPECT_EQ(info.wholeElements, 40u);
+  ASSERT_EQ(chorusGetCollectiveInfo(chorusCollGather, 3, 5, &info), chorusSuccess);
+  EXPECT_TRUE(info.rooted);
+  EXPECT_TRUE(info.outputAtRootOnly);
+  EXPECT_FALSE(info.inputAtRootOnly);
+  EXPECT_EQ(info.inputElements, 5u);
+  EXPECT_EQ(info.outputElements, 15u);
+  ASSERT_EQ(chorusGetCollectiveInfo(chorusCollAllToAll, 3, 5, &info), chorusSuccess);
+  EXPECT_FALSE(info.inPlace);
+  EXPECT_EQ(info.outputElements, 15u);
+  ASSERT_EQ(chorusGetCollectiveInfo(chorusCollRecv, 3, 5, &info), chorusSuccess);
+  EXPECT_TRUE(info.pointToPoint);
+  EXPECT_EQ(info.inputElements, 0u);
+  EXPECT_EQ(info.outputElements, 5u);
+  EXPECT_EQ(chorusGetCollectiveInfo(static_cast<chorusCollective_t>(12), 3, 5, &info), chorusInvalidArgument);
+  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("collective 12 is not a chorusCollective_t"),
+            std::string::npos)
+      << chorusGetLastError(nullptr);
+  EXPECT_EQ(chorusGetCollectiveInfo(chorusCollAllReduce, 0, 5, &info), chorusInvalidArgument);
+  EXPECT_EQ(chorusGetCollectiveInfo(chorusCollAllGather, 4, SIZE_MAX / 4, &info), chorusInvalidArgument);
+  EXPECT_EQ(chorusGetCollectiveInfo(chorusCollAllReduce, 4, 5, nullptr), chorusInvalidArgument);
 }
 
 TEST_F(OneRankTest, RankCountAndEveryCollectiveOnOneRank) {
@@ -180,7 +215,7 @@ TEST_F(OneRankTest, GroupMisuseIsReported) {
 TEST_F(OneRankTest, AllToAllMisuseIsRejected) {
   int32_t buffer[4] = {1, 2, 3, 4};
   EXPECT_TRUE(failsWith(chorusAllToAll(buffer, buffer, 4, chorusInt32, comm_, nullptr), chorusInvalidArgument,
-                        "no in-place all-to-all"));
+                        "no in-place alltoall"));
   size_t counts[1] = {1}, displs[1] = {0};
   EXPECT_TRUE(
       failsWith(chorusAllToAllv(buffer, counts, nullptr, buffer + 2, counts, displs, chorusInt32, comm_, nullptr),
@@ -189,6 +224,8 @@ TEST_F(OneRankTest, AllToAllMisuseIsRejected) {
             chorusSuccess)
       << chorusGetLastError(comm_);
   EXPECT_EQ(buffer[2], 1);
+  EXPECT_TRUE(failsWith(chorusAllToAllv(buffer, counts, displs, buffer, counts, displs, chorusInt32, comm_, nullptr),
+                        chorusInvalidArgument, "no in-place alltoallv"));
   expectStillWorks();
 }
 
