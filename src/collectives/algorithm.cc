@@ -1,56 +1,46 @@
-// algorithm.cc: the table of algorithms per collective, and the dispatch to their builders.
+// algorithm.cc: the list of algorithms (their descriptors), names, CHORUS_ALGO parsing, and the
+// dispatch to their builders.
 #include "src/collectives/algorithm.h"
 
 #include <algorithm>
 #include <stdexcept>
 
+#include "src/collectives/descriptor.h"
+
 namespace chorus::collectives {
 namespace {
 
-// How an algorithm follows the rank order (ScheduleArgs::order).
-enum class Follows : uint8_t {
-  kPositions,  // whole-buffer data: built over positions, then each peer mapped to its rank
-  kItself,     // handles the order itself (blocks stay at their ranks' offsets)
-  kNumbers,    // pairs ranks by number: the order does not apply
-};
-
-struct Entry {
-  Collective collective;
-  Algorithm algorithm;
-  Schedule (*build)(const ScheduleArgs&);
-  Follows follows;
-};
-
-// One line per (collective, algorithm); the first line of a collective is its default.
-const Entry kEntries[] = {
-    {Collective::kAllReduce, Algorithm::kRing, ringAllReduce, Follows::kPositions},
-    {Collective::kAllReduce, Algorithm::kTree, doubleTreeAllReduce, Follows::kPositions},
-    {Collective::kAllReduce, Algorithm::kRecursiveDoubling, recursiveDoublingAllReduce, Follows::kPositions},
-    {Collective::kAllReduce, Algorithm::kRabenseifner, rabenseifnerAllReduce, Follows::kPositions},
-    {Collective::kAllReduce, Algorithm::kHierarchical, hierarchicalAllReduce, Follows::kNumbers},
-    {Collective::kAllGather, Algorithm::kRing, ringAllGather, Follows::kItself},
-    {Collective::kAllGather, Algorithm::kRecursiveDoubling, recursiveDoublingAllGather, Follows::kNumbers},
-    {Collective::kAllGather, Algorithm::kBruck, bruckAllGather, Follows::kNumbers},
-    {Collective::kAllGather, Algorithm::kHierarchical, hierarchicalAllGather, Follows::kNumbers},
-    {Collective::kReduceScatter, Algorithm::kRing, ringReduceScatter, Follows::kItself},
-    {Collective::kReduceScatter, Algorithm::kRecursiveHalving, recursiveHalvingReduceScatter, Follows::kNumbers},
-    {Collective::kReduceScatter, Algorithm::kHierarchical, hierarchicalReduceScatter, Follows::kNumbers},
-    {Collective::kBroadcast, Algorithm::kChain, chainBroadcast, Follows::kPositions},
-    {Collective::kBroadcast, Algorithm::kBinomial, binomialBroadcast, Follows::kPositions},
-    {Collective::kBroadcast, Algorithm::kScatterAllGather, scatterAllGatherBroadcast, Follows::kPositions},
-    {Collective::kBroadcast, Algorithm::kHierarchical, hierarchicalBroadcast, Follows::kNumbers},
-    {Collective::kReduce, Algorithm::kChain, chainReduce, Follows::kPositions},
-    {Collective::kReduce, Algorithm::kBinomial, binomialReduce, Follows::kPositions},
-    {Collective::kReduce, Algorithm::kReduceScatterGather, reduceScatterGatherReduce, Follows::kPositions},
-    {Collective::kReduce, Algorithm::kHierarchical, hierarchicalReduce, Follows::kNumbers},
-    {Collective::kSend, Algorithm::kPairwise, pointToPoint, Follows::kNumbers},
-    {Collective::kRecv, Algorithm::kPairwise, pointToPoint, Follows::kNumbers},
-    {Collective::kBarrier, Algorithm::kDissemination, disseminationBarrier, Follows::kPositions},
-    {Collective::kAllToAll, Algorithm::kPairwise, pairwiseAllToAll, Follows::kNumbers},
-    {Collective::kAllToAll, Algorithm::kBruck, bruckAllToAll, Follows::kNumbers},
-    {Collective::kAllToAllv, Algorithm::kPairwise, pairwiseAllToAllv, Follows::kNumbers},
-    {Collective::kGather, Algorithm::kBinomial, binomialGather, Follows::kNumbers},
-    {Collective::kScatter, Algorithm::kBinomial, binomialScatter, Follows::kNumbers},
+// Every algorithm, in order of preference: the first line of a collective is its default (its
+// descriptor, defined beside its builder, says the rest).
+const AlgorithmDescriptor* const kAlgorithms[] = {
+    &kRingAllReduce,
+    &kDoubleTreeAllReduce,
+    &kRecursiveDoublingAllReduce,
+    &kRabenseifnerAllReduce,
+    &kHierarchicalAllReduce,
+    &kRingAllGather,
+    &kRecursiveDoublingAllGather,
+    &kBruckAllGather,
+    &kHierarchicalAllGather,
+    &kRingReduceScatter,
+    &kRecursiveHalvingReduceScatter,
+    &kHierarchicalReduceScatter,
+    &kChainBroadcast,
+    &kBinomialBroadcast,
+    &kScatterAllGatherBroadcast,
+    &kHierarchicalBroadcast,
+    &kChainReduce,
+    &kBinomialReduce,
+    &kReduceScatterGatherReduce,
+    &kHierarchicalReduce,
+    &kPointToPointSend,
+    &kPointToPointRecv,
+    &kDisseminationBarrier,
+    &kPairwiseAllToAll,
+    &kBruckAllToAll,
+    &kPairwiseAllToAllv,
+    &kBinomialGather,
+    &kBinomialScatter,
 };
 
 struct Name {
@@ -79,14 +69,14 @@ const Name kAliases[] = {{Algorithm::kRecursiveDoubling, "rd"},
                          {Algorithm::kTree, "double_binary_tree"},
                          {Algorithm::kHierarchical, "hier"}};
 
-const Entry* find(Collective collective, Algorithm algorithm) {
-  for (const Entry& e : kEntries) {
-    if (e.collective == collective && (e.algorithm == algorithm || algorithm == Algorithm::kDefault)) return &e;
+}  // namespace
+
+const AlgorithmDescriptor* descriptorOf(Collective collective, Algorithm algorithm) {
+  for (const AlgorithmDescriptor* d : kAlgorithms) {
+    if (d->collective == collective && (d->algorithm == algorithm || algorithm == Algorithm::kDefault)) return d;
   }
   return nullptr;
 }
-
-}  // namespace
 
 const char* algorithmName(Algorithm algorithm) {
   for (const Name& n : kNames) {
@@ -115,14 +105,14 @@ bool parseCollective(const std::string& text, Collective* out) {
 const std::vector<Algorithm>& algorithmsFor(Collective collective) {
   static const auto table = [] {
     std::array<std::vector<Algorithm>, kCollectiveCount> t;
-    for (const Entry& e : kEntries) t[static_cast<int>(e.collective)].push_back(e.algorithm);
+    for (const AlgorithmDescriptor* d : kAlgorithms) t[static_cast<int>(d->collective)].push_back(d->algorithm);
     return t;
   }();
   return table[static_cast<int>(collective)];
 }
 
 bool appliesTo(Algorithm algorithm, Collective collective) {
-  return algorithm == Algorithm::kDefault || find(collective, algorithm) != nullptr;
+  return algorithm == Algorithm::kDefault || descriptorOf(collective, algorithm) != nullptr;
 }
 
 std::vector<std::string> splitCommas(const std::string& text) {
@@ -158,7 +148,7 @@ AlgorithmOverrides parseAlgorithmOverrides(const std::string& text) {
 }
 
 Schedule buildSchedule(const ScheduleArgs& args) {
-  const Entry* entry = find(args.collective, args.algorithm);
+  const AlgorithmDescriptor* entry = descriptorOf(args.collective, args.algorithm);
   if (entry == nullptr) {
     throw std::invalid_argument(std::string(algorithmName(args.algorithm)) + " does not implement " +
                                 collectiveName(args.collective));

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "src/collectives/descriptor.h"
 #include "src/collectives/schedule.h"
 
 namespace chorus::collectives {
@@ -72,5 +73,13 @@ Schedule bruckAllToAll(const ScheduleArgs& args) {
   }
   return s;
 }
+
+// Descriptors (descriptor.h: the notation).
+constinit const AlgorithmDescriptor kBruckAllGather{
+    Collective::kAllGather, Algorithm::kBruck, bruckAllGather,
+    [](const Cost& c) { return c.L * c.a + (c.n - 1) / c.n * c.m * c.b + 2 * c.m * c.cp; }, Follows::kNumbers};
+constinit const AlgorithmDescriptor kBruckAllToAll{
+    Collective::kAllToAll, Algorithm::kBruck, bruckAllToAll,
+    [](const Cost& c) { return c.L * c.a + c.L * c.m / 2 * c.b + (2 + c.L) * c.m * c.cp; }, Follows::kNumbers};
 
 }  // namespace chorus::collectives

@@ -14,6 +14,7 @@
 // scratch slot, and sends that on; the root reduces into its output, and for Avg divides there.
 #include <algorithm>
 
+#include "src/collectives/descriptor.h"
 #include "src/collectives/schedule.h"
 
 namespace chorus::collectives {
@@ -86,5 +87,13 @@ Schedule chainReduce(const ScheduleArgs& args) {
   }
   return schedule;
 }
+
+// Descriptors: a pipeline of n-1 hops (descriptor.h: the notation).
+constinit const AlgorithmDescriptor kChainBroadcast{
+    Collective::kBroadcast, Algorithm::kChain, chainBroadcast,
+    [](const Cost& c) { return c.pipeline(c.n - 1, c.b, c.m) + c.m * c.cp; }, Follows::kPositions};
+constinit const AlgorithmDescriptor kChainReduce{Collective::kReduce, Algorithm::kChain, chainReduce,
+                                                 [](const Cost& c) { return c.pipeline(c.n - 1, c.b + c.g, c.m); },
+                                                 Follows::kPositions};
 
 }  // namespace chorus::collectives

@@ -5,6 +5,7 @@
 // them conflicts), so all n-1 exchanges are in flight together and each link carries one block
 // each way: bandwidth-optimal, n-1 messages per rank. All-to-allv is the same with each block's
 // size and place given per peer.
+#include "src/collectives/descriptor.h"
 #include "src/collectives/schedule.h"
 
 namespace chorus::collectives {
@@ -47,5 +48,14 @@ Schedule pairwiseAllToAllv(const ScheduleArgs& args) {
       args, [&](int peer) { return args.sendCounts[peer]; }, [&](int peer) { return args.sendDispls[peer]; },
       [&](int peer) { return args.recvCounts[peer]; }, [&](int peer) { return args.recvDispls[peer]; });
 }
+
+// Descriptors (descriptor.h: the notation). Every exchange is posted at once: one latency, plus
+// the overhead of each further message.
+constinit const AlgorithmDescriptor kPairwiseAllToAll{
+    Collective::kAllToAll, Algorithm::kPairwise, pairwiseAllToAll,
+    [](const Cost& c) { return c.a + (c.n - 2) * c.o + (c.n - 1) / c.n * c.m * c.b + c.m / c.n * c.cp; },
+    Follows::kNumbers};
+constinit const AlgorithmDescriptor kPairwiseAllToAllv{Collective::kAllToAllv, Algorithm::kPairwise, pairwiseAllToAllv,
+                                                       onlyAlgorithmCost, Follows::kNumbers};
 
 }  // namespace chorus::collectives

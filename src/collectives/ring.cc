@@ -25,6 +25,7 @@
 // rank's offset, so the output is laid out by rank whatever the order.
 #include <algorithm>
 
+#include "src/collectives/descriptor.h"
 #include "src/collectives/schedule.h"
 
 namespace chorus::collectives {
@@ -192,5 +193,18 @@ Schedule ringReduceScatter(const ScheduleArgs& args) {
   }
   return schedule;
 }
+
+// Descriptors: 2(n-1) ring steps of a block for the all-reduce, n-1 for the all-gather and
+// reduce-scatter (descriptor.h: the notation).
+constinit const AlgorithmDescriptor kRingAllReduce{
+    Collective::kAllReduce, Algorithm::kRing, ringAllReduce,
+    [](const Cost& c) { return c.ringSteps(2 * (c.n - 1), c.m / c.n, c.b) + (c.n - 1) * c.m / c.n * c.g; },
+    Follows::kPositions};
+constinit const AlgorithmDescriptor kRingAllGather{
+    Collective::kAllGather, Algorithm::kRing, ringAllGather,
+    [](const Cost& c) { return c.ringSteps(c.n - 1, c.m / c.n, c.b) + c.m / c.n * c.cp; }, Follows::kItself};
+constinit const AlgorithmDescriptor kRingReduceScatter{
+    Collective::kReduceScatter, Algorithm::kRing, ringReduceScatter,
+    [](const Cost& c) { return c.ringSteps(c.n - 1, c.m / c.n, c.b + c.g); }, Follows::kItself};
 
 }  // namespace chorus::collectives

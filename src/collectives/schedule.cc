@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "src/collectives/descriptor.h"
 #include "src/collectives/traits.h"
 
 namespace chorus::collectives {
@@ -74,5 +75,11 @@ Schedule pointToPoint(const ScheduleArgs& args) {
   schedule.steps.push_back(step);
   return schedule;
 }
+
+// Sends and receives: one message each (their cost is the message's, chorusPredictTime).
+constinit const AlgorithmDescriptor kPointToPointSend{Collective::kSend, Algorithm::kPairwise, pointToPoint,
+                                                      onlyAlgorithmCost, Follows::kNumbers};
+constinit const AlgorithmDescriptor kPointToPointRecv{Collective::kRecv, Algorithm::kPairwise, pointToPoint,
+                                                      onlyAlgorithmCost, Follows::kNumbers};
 
 }  // namespace chorus::collectives

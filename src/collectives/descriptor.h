@@ -1,0 +1,89 @@
+// descriptor.h: an algorithm described once, beside its builder: which collective it implements,
+// how its schedule is built, what the tuner predicts it costs, and how it follows a rank order.
+// Each algorithm's file defines its descriptors; algorithm.cc lists them in order of preference
+// (the first of a collective is its default) and everything else (CHORUS_ALGO, the tuner, the
+// simulator, chorusAlgorithmNames) reads that list.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "src/collectives/schedule.h"
+#include "src/collectives/tuner.h"
+
+namespace chorus::collectives {
+
+// What a cost formula is given, in tuner.cc's notation: n ranks, p the largest power of two <= n
+// (recursive algorithms fold the rest in and out), lg = log2 p, L = ceil(log2 n), m bytes, and the
+// model's terms: a (alpha) per message, b (beta) per byte through the busiest link, g (gamma) per
+// byte reduced, cp per byte copied locally, o per further message a rank has in flight at once.
+// Two levels (hierarchical algorithms): h hosts of l ranks, local messages cost la + lb per byte.
+struct Cost {
+  double n = 1, m = 0, p = 1, lg = 0, L = 0, chunk = 1;
+  bool folds = false;
+  double a = 0, b = 0, g = 0, cp = 0, o = 0;
+  bool twoLevels = false;  // several hosts of equal rank counts
+  double h = 1, l = 1, la = 0, lb = 0;
+
+  // Folding the ranks past p in and out: two full-buffer messages and a reduction.
+  double fold() const { return folds ? 2 * a + 2 * m * b + m * g : 0; }
+  // Chunked pipelines (chain, tree): k chunks through `hops` hops cost (hops + k - 1) chunk-times.
+  double pipeline(double hops, double chunkCost, double bytesPerHop) const {
+    const double k = std::ceil(bytesPerHop / chunk);
+    const double piece = bytesPerHop / k;
+    return (hops + k - 1) * (a + piece * chunkCost);
+  }
+  // Ring steps: each step of a chunk waits for the step before it (a rank forwards what it just
+  // received), and a rank posts one chunk's steps before the next chunk's, so chunks add latency
+  // (k messages per step) but no overlap: `steps` steps of `bytesPerStep` bytes each.
+  double ringSteps(double steps, double bytesPerStep, double perByte) const {
+    const double k = std::ceil(bytesPerStep / chunk);
+    return steps * (k * a + bytesPerStep * perByte);
+  }
+  // A chain through `hops` network hops, then `localHops` local ones (broadcast, reduce), with
+  // `reduce` per byte at each hop: chunks move one hop per step, paced by the slower level.
+  double twoLevelChain(double hops, double localHops, double reduce) const {
+    const double k = std::ceil(m / chunk);
+    const double network = a + m / k * (b + reduce), within = la + m / k * (lb + reduce);
+    return hops * network + localHops * within + (k - 1) * std::max(network, within);
+  }
+};
+Cost costOf(int nranks, size_t bytes, size_t chunkBytes, const CostParams& params);
+// What a formula returns where its algorithm cannot run (hierarchical on one host).
+inline constexpr double kCannot = std::numeric_limits<double>::infinity();
+// The cost of a collective's only algorithm: it does not matter for the choice.
+double onlyAlgorithmCost(const Cost& c);
+
+// How an algorithm follows the rank order (ScheduleArgs::order).
+enum class Follows : uint8_t {
+  kPositions,  // whole-buffer data: built over positions, then each peer mapped to its rank
+  kItself,     // handles the order itself (blocks stay at their ranks' offsets)
+  kNumbers,    // pairs ranks by number: the order does not apply
+};
+
+struct AlgorithmDescriptor {
+  Collective collective;
+  Algorithm algorithm;
+  Schedule (*build)(const ScheduleArgs&);
+  double (*cost)(const Cost&);  // microseconds of one call; kCannot where it cannot run
+  Follows follows;
+};
+
+// The descriptors, each defined in its algorithm's file.
+extern const AlgorithmDescriptor kRingAllReduce, kRingAllGather, kRingReduceScatter;
+extern const AlgorithmDescriptor kChainBroadcast, kChainReduce;
+extern const AlgorithmDescriptor kDoubleTreeAllReduce, kBinomialBroadcast, kBinomialReduce, kBinomialGather,
+    kBinomialScatter, kScatterAllGatherBroadcast, kReduceScatterGatherReduce, kDisseminationBarrier;
+extern const AlgorithmDescriptor kRecursiveDoublingAllReduce, kRabenseifnerAllReduce, kRecursiveDoublingAllGather,
+    kRecursiveHalvingReduceScatter;
+extern const AlgorithmDescriptor kBruckAllGather, kBruckAllToAll;
+extern const AlgorithmDescriptor kPairwiseAllToAll, kPairwiseAllToAllv, kPointToPointSend, kPointToPointRecv;
+extern const AlgorithmDescriptor kHierarchicalAllReduce, kHierarchicalAllGather, kHierarchicalReduceScatter,
+    kHierarchicalBroadcast, kHierarchicalReduce;
+
+// The descriptor of (collective, algorithm), the collective's default for kDefault; null where
+// the algorithm does not implement the collective.
+const AlgorithmDescriptor* descriptorOf(Collective collective, Algorithm algorithm);
+
+}  // namespace chorus::collectives
