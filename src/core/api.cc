@@ -23,6 +23,7 @@
 #include "src/core/bootstrap.h"
 #include "src/core/communicator.h"
 #include "src/core/device.h"
+#include "src/core/group.h"
 #include "src/core/launcher.h"
 #include "src/core/pmi.h"
 
@@ -60,16 +61,8 @@ thread_local std::string lastError = "no error";
 std::mutex liveMutex;
 std::unordered_set<const chorusComm*> liveComms;
 
-struct GroupState {
-  int depth = 0;
-  chorusComm_t comm = nullptr;
-  std::vector<PreparedOp> ops;
-  chorusResult_t deferred = chorusSuccess;
-  std::string deferredMessage;
-  std::vector<chorus::DeviceCall> deviceOps;  // device sends and receives, enqueued together at the end
-  chorusStream_t deviceStream = nullptr;
-};
-thread_local GroupState group;
+// The thread's open group (src/core/group.h).
+thread_local chorus::Group group;
 
 // Live request handles, as liveComms; and where the call being made returns its request (set by
 // the non-blocking entry points around the blocking one's validation and preparation).
@@ -170,7 +163,8 @@ void checkSelfOutsideGroup(int peer, int rank, const char* call) {
 }
 
 // Runs the op now, starts it for a non-blocking call, or adds it to the open group.
-void submit(Communicator& c, chorusComm_t comm, PreparedOp op) {
+void submit(const Lease& held, chorusComm_t comm, PreparedOp op) {
+  Communicator& c = *held;
   if (nonBlockingTarget != nullptr) {
     auto request = std::make_unique<chorusRequest>();
     request->comm = comm;
@@ -183,11 +177,7 @@ void submit(Communicator& c, chorusComm_t comm, PreparedOp op) {
     return;
   }
   if (group.depth > 0) {
-    if (group.comm != nullptr && group.comm != comm) {
-      fail(chorusInvalidUsage, "{}: a group may use one communicator only (this call uses another)", op.what());
-    }
-    group.comm = comm;
-    group.ops.push_back(std::move(op));
+    group.partFor(comm, held).ops.push_back(std::move(op));
     return;
   }
   std::vector<PreparedOp> ops;
@@ -197,14 +187,15 @@ void submit(Communicator& c, chorusComm_t comm, PreparedOp op) {
 
 // Host buffers (a NULL stream): submit. Device buffers: enqueued on the stream by the
 // communicator's device path (src/core/device.h), which returns at once.
-void submitOn(Communicator& c, chorusComm_t comm, chorusStream_t stream, const char* call, Collective collective,
+void submitOn(const Lease& held, chorusComm_t comm, chorusStream_t stream, const char* call, Collective collective,
               const void* input, void* output, size_t count, chorusDataType_t type, chorusRedOp_t op, int rootOrPeer,
               const size_t* const* vector = nullptr) {
+  Communicator& c = *held;
 #if defined(CHORUS_HAVE_DEVICE)
   if (stream == nullptr) stream = chorus::streamForNull(input, output);
 #endif
   if (stream == nullptr) {
-    submit(c, comm, c.prepare(collective, input, output, count, type, op, rootOrPeer, vector));
+    submit(held, comm, c.prepare(collective, input, output, count, type, op, rootOrPeer, vector));
     return;
   }
   if (nonBlockingTarget != nullptr) {
@@ -218,17 +209,7 @@ void submitOn(Communicator& c, chorusComm_t comm, chorusStream_t stream, const c
   chorus::checkDeviceCall(device, c.rank(), c.nranks(), call);
   if (group.depth > 0 && (collective == Collective::kSend || collective == Collective::kRecv)) {
     // Kept for chorusGroupEnd, which enqueues the group's sends and receives as one step.
-    if (group.comm != nullptr && group.comm != comm) {
-      fail(chorusInvalidUsage, "rank {}: {}: a group may use one communicator only (this call uses another)", c.rank(),
-           call);
-    }
-    if (!group.deviceOps.empty() && group.deviceStream != stream) {
-      fail(chorusInvalidUsage, "rank {}: {}: the device sends and receives of one group must use one stream", c.rank(),
-           call);
-    }
-    group.comm = comm;
-    group.deviceStream = stream;
-    group.deviceOps.push_back(device);
+    group.keepDevice(comm, held, device, stream, c.rank(), call);
     return;
   }
   c.device().enqueue(device, stream, call);
@@ -305,7 +286,7 @@ void enqueue(const CallInfo& info) {
     return;
   }
   const size_t* const* vector = t.input == Extent::kVector ? info.vector.data() : nullptr;
-  submitOn(c, info.comm, info.stream, call, info.collective, info.input, info.output, info.count, info.type, info.op,
+  submitOn(held, info.comm, info.stream, call, info.collective, info.input, info.output, info.count, info.type, info.op,
            t.rooted || t.pointToPoint ? info.rootOrPeer : 0, vector);
 }
 
@@ -1112,24 +1093,15 @@ chorusResult_t chorusGroupEnd(void) {
   return guarded([&] {
     if (group.depth == 0) fail(chorusInvalidUsage, "chorusGroupEnd without chorusGroupStart");
     if (--group.depth > 0) return;
-    std::vector<PreparedOp> ops = std::move(group.ops);
-    const std::vector<chorus::DeviceCall> deviceOps = std::move(group.deviceOps);
-    const chorusStream_t deviceStream = group.deviceStream;
-    chorusComm_t comm = group.comm;
     const chorusResult_t deferred = group.deferred;
     const std::string message = group.deferredMessage;
-    group = GroupState{};
+    std::vector<chorus::GroupPart> parts = group.take();
     if (deferred != chorusSuccess) {
       fail(deferred, "a call in the group failed, so none of the group's calls ran: {}", message);
     }
-    if (ops.empty() && deviceOps.empty()) return;
-    const Lease held = live(comm, "chorusGroupEnd");
-    if (!ops.empty()) held->run(std::move(ops));
-#if defined(CHORUS_HAVE_DEVICE)
-    if (!deviceOps.empty()) held->device().enqueueGroup(deviceOps, deviceStream, "chorusGroupEnd");
-#else
-    (void)deviceStream;
-#endif
+    // A communicator destroyed or aborted inside the group is refused before anything runs.
+    for (const chorus::GroupPart& part : parts) live(static_cast<const chorusComm*>(part.handle), "chorusGroupEnd");
+    chorus::runGroup(std::move(parts));
   });
 }
 

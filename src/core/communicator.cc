@@ -494,6 +494,15 @@ bool Communicator::test(const Completion& completion) {
   }
 }
 
+bool Communicator::poll(const Completion& completion) {
+  try {
+    return executor_->poll(completion);
+  } catch (const Error& e) {
+    breakWith(e);
+    throw;
+  }
+}
+
 std::unique_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclude, const CommSettings& settings) {
   std::vector<bool> excluded(nranks_, false);
   for (int r : exclude) {

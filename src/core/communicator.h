@@ -85,6 +85,7 @@ class Communicator {
   // Progresses until the ops of `completion` are done (wait) or as far as possible (test).
   void wait(const Completion& completion);
   bool test(const Completion& completion);
+  bool poll(const Completion& completion);  // test, with the timeout and abort (group.h)
   // start + wait.
   void run(std::vector<PreparedOp> ops) { wait(*start(std::move(ops))); }
   // Operations started and not yet done.

@@ -369,6 +369,28 @@ bool Executor::test(const Completion& completion) {
   return completion.done;
 }
 
+bool Executor::poll(const Completion& completion) {
+  if (!completion.done) {
+    try {
+      if (aborted_ != nullptr && aborted_->load(std::memory_order_relaxed)) {
+        fail(chorusAborted, "the communicator was aborted while a group's calls were pending");
+      }
+      advance();
+      const auto now = Clock::now();
+      if (moved_) {
+        lastProgress_ = now;
+        moved_ = false;
+      } else if (now - lastProgress_ > std::chrono::milliseconds(options_.timeoutMs)) {
+        timeout();
+      }
+    } catch (const Error& e) {
+      failAll(e);
+    }
+  }
+  if (completion.done && completion.result != chorusSuccess) throw Error(completion.result, completion.message);
+  return completion.done;
+}
+
 void Executor::progress() {
   if (batches_.empty()) return;
   try {

@@ -78,6 +78,9 @@ class Executor {
   void wait(const Completion& completion);
   // Progresses without blocking; true when `completion` is done (errors as wait).
   bool test(const Completion& completion);
+  // test() for a wait spread over several communicators (a group driven by one thread): also
+  // fails the ops with the timeout's message when nothing moved for the timeout, or when aborted.
+  bool poll(const Completion& completion);
   // Progresses without blocking, with no completion to watch; a failure ends every submission in
   // the stream and is thrown (as wait).
   void progress();

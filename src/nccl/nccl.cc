@@ -8,12 +8,12 @@
 //  - Result codes: chorus's are NCCL's plus two; chorusTimeout maps to ncclRemoteError (a peer
 //    that never came) and chorusAborted to ncclInvalidUsage (the communicator is gone), with the
 //    reason in ncclGetLastError.
-//  - Groups: calls inside ncclGroupStart/End are kept and made at ncclGroupEnd, as one chorus
-//    group per communicator; where the group spans several communicators (one thread driving
-//    several ranks, as NCCL allows), each communicator's group runs on a thread of its own, since
-//    chorus's calls block until their peers take part. ncclCommInitRank* inside a group are
-//    likewise started together at its end. An argument error of a call in a group is reported
-//    by ncclGroupEnd.
+//  - Groups: calls inside ncclGroupStart/End are kept and made at ncclGroupEnd as one chorus
+//    group, which may span communicators (one thread driving several ranks, as NCCL allows).
+//    Device calls spanning several communicators are the exception: each communicator's run on
+//    a thread of its own (the device path meets its peers on the host as a call is enqueued).
+//    ncclCommInitRank* inside a group are started together at its end, one thread each (an init
+//    waits for its peers). An argument error of a call in a group is reported by ncclGroupEnd.
 //  - ncclGetVersion reports the NCCL API version implemented (NCCL_VERSION_CODE of the header),
 //    which is what programs test for features.
 // What chorus lacks is refused with ncclInvalidUsage and a message naming it: fp8 types,
@@ -164,14 +164,15 @@ thread_local std::vector<PendingInit> pendingInits;
 // A call made inside a group, kept for ncclGroupEnd.
 struct GroupCall {
   chorusComm_t comm;
+  bool device;  // on device buffers (a stream)
   std::function<chorusResult_t()> call;
 };
 thread_local std::vector<GroupCall> groupCalls;
 
 // Makes a collective now, or keeps it for the end of the open group.
-ncclResult_t dispatch(ncclComm_t comm, std::function<chorusResult_t()> call) {
+ncclResult_t dispatch(ncclComm_t comm, chorusStream_t on, std::function<chorusResult_t()> call) {
   if (groupDepth > 0) {
-    groupCalls.push_back({toChorus(comm), std::move(call)});
+    groupCalls.push_back({toChorus(comm), on != nullptr, std::move(call)});
     return ncclSuccess;
   }
   return fromChorus(call());
@@ -189,22 +190,27 @@ chorusResult_t runGroupOf(chorusComm_t comm, const std::vector<GroupCall>& calls
   return result;
 }
 
-// The kept calls at the end of the outermost group: on this thread where they use one
-// communicator, else one thread per communicator.
+// The kept calls at the end of the outermost group: one chorus group on this thread (chorus's
+// groups span communicators), except where device calls span several communicators: each
+// communicator's then runs on a thread of its own, on its device, since the device path's setup
+// meets its peers on the host as each call is enqueued.
 ncclResult_t runGroupCalls() {
   std::vector<GroupCall> calls;
   calls.swap(groupCalls);
   std::vector<chorusComm_t> comms;
+  bool device = false;
   for (const GroupCall& call : calls) {
     if (std::find(comms.begin(), comms.end(), call.comm) == comms.end()) comms.push_back(call.comm);
+    device = device || call.device;
   }
   if (comms.empty()) return ncclSuccess;
+  if (comms.size() == 1 || !device) {
+    chorusGroupStart();
+    for (const GroupCall& call : calls) call.call();  // a failure is kept for chorusGroupEnd
+    return fromChorus(chorusGroupEnd());
+  }
   std::vector<chorusResult_t> results(comms.size(), chorusSuccess);
   std::vector<std::string> errors(comms.size());
-  if (comms.size() == 1) {
-    results[0] = runGroupOf(comms[0], calls, &errors[0]);
-    return fromChorus(results[0]);
-  }
   std::vector<int> commDevices(comms.size(), -1);
   {
     std::lock_guard<std::mutex> lock(devicesMutex);
@@ -511,14 +517,15 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
   CHORUS_NCCL_TYPE("ncclAllReduce");
   CHORUS_NCCL_OP("ncclAllReduce");
   CHORUS_NCCL_STREAM(sendbuff, recvbuff, "ncclAllReduce");
-  return dispatch(comm, [=] { return chorusAllReduce(sendbuff, recvbuff, count, type, redOp, toChorus(comm), on); });
+  return dispatch(comm, on,
+                  [=] { return chorusAllReduce(sendbuff, recvbuff, count, type, redOp, toChorus(comm), on); });
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
   CHORUS_NCCL_TYPE("ncclBroadcast");
   CHORUS_NCCL_STREAM(sendbuff, recvbuff, "ncclBroadcast");
-  return dispatch(comm, [=] { return chorusBroadcast(sendbuff, recvbuff, count, type, root, toChorus(comm), on); });
+  return dispatch(comm, on, [=] { return chorusBroadcast(sendbuff, recvbuff, count, type, root, toChorus(comm), on); });
 }
 
 ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
@@ -531,14 +538,15 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
   CHORUS_NCCL_TYPE("ncclReduce");
   CHORUS_NCCL_OP("ncclReduce");
   CHORUS_NCCL_STREAM(sendbuff, recvbuff, "ncclReduce");
-  return dispatch(comm, [=] { return chorusReduce(sendbuff, recvbuff, count, type, redOp, root, toChorus(comm), on); });
+  return dispatch(comm, on,
+                  [=] { return chorusReduce(sendbuff, recvbuff, count, type, redOp, root, toChorus(comm), on); });
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
   CHORUS_NCCL_TYPE("ncclAllGather");
   CHORUS_NCCL_STREAM(sendbuff, recvbuff, "ncclAllGather");
-  return dispatch(comm, [=] { return chorusAllGather(sendbuff, recvbuff, sendcount, type, toChorus(comm), on); });
+  return dispatch(comm, on, [=] { return chorusAllGather(sendbuff, recvbuff, sendcount, type, toChorus(comm), on); });
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
@@ -546,7 +554,7 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   CHORUS_NCCL_TYPE("ncclReduceScatter");
   CHORUS_NCCL_OP("ncclReduceScatter");
   CHORUS_NCCL_STREAM(sendbuff, recvbuff, "ncclReduceScatter");
-  return dispatch(comm,
+  return dispatch(comm, on,
                   [=] { return chorusReduceScatter(sendbuff, recvbuff, recvcount, type, redOp, toChorus(comm), on); });
 }
 
@@ -554,35 +562,35 @@ ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, nc
                           cudaStream_t stream) {
   CHORUS_NCCL_TYPE("ncclAlltoAll");
   CHORUS_NCCL_STREAM(sendbuff, recvbuff, "ncclAlltoAll");
-  return dispatch(comm, [=] { return chorusAllToAll(sendbuff, recvbuff, count, type, toChorus(comm), on); });
+  return dispatch(comm, on, [=] { return chorusAllToAll(sendbuff, recvbuff, count, type, toChorus(comm), on); });
 }
 
 ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                         ncclComm_t comm, cudaStream_t stream) {
   CHORUS_NCCL_TYPE("ncclGather");
   CHORUS_NCCL_STREAM(sendbuff, recvbuff, "ncclGather");
-  return dispatch(comm, [=] { return chorusGather(sendbuff, recvbuff, count, type, root, toChorus(comm), on); });
+  return dispatch(comm, on, [=] { return chorusGather(sendbuff, recvbuff, count, type, root, toChorus(comm), on); });
 }
 
 ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                          ncclComm_t comm, cudaStream_t stream) {
   CHORUS_NCCL_TYPE("ncclScatter");
   CHORUS_NCCL_STREAM(sendbuff, recvbuff, "ncclScatter");
-  return dispatch(comm, [=] { return chorusScatter(sendbuff, recvbuff, count, type, root, toChorus(comm), on); });
+  return dispatch(comm, on, [=] { return chorusScatter(sendbuff, recvbuff, count, type, root, toChorus(comm), on); });
 }
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
   CHORUS_NCCL_TYPE("ncclSend");
   CHORUS_NCCL_STREAM(sendbuff, nullptr, "ncclSend");
-  return dispatch(comm, [=] { return chorusSend(sendbuff, count, type, peer, toChorus(comm), on); });
+  return dispatch(comm, on, [=] { return chorusSend(sendbuff, count, type, peer, toChorus(comm), on); });
 }
 
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
   CHORUS_NCCL_TYPE("ncclRecv");
   CHORUS_NCCL_STREAM(nullptr, recvbuff, "ncclRecv");
-  return dispatch(comm, [=] { return chorusRecv(recvbuff, count, type, peer, toChorus(comm), on); });
+  return dispatch(comm, on, [=] { return chorusRecv(recvbuff, count, type, peer, toChorus(comm), on); });
 }
 
 #undef CHORUS_NCCL_TYPE

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -287,3 +288,68 @@ TEST(ApiInitTest, InitFromEnvWithoutLauncherNamesTheVariables) {
 }
 
 }  // namespace
+
+// Communicators of several ranks in this process, made on threads (an init waits for its peers);
+// `timeoutMs` for each (-1: the default).
+static std::vector<chorusComm_t> ranksOfOneJob(int n, int timeoutMs = -1) {
+  chorusUniqueId id;
+  EXPECT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  std::vector<chorusComm_t> comms(n, nullptr);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
+      config.timeoutMs = timeoutMs;
+      EXPECT_EQ(chorusCommInitRankConfig(&comms[r], n, id, r, &config), chorusSuccess);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return comms;
+}
+
+// One thread drives every rank of a job through one group (as NCCL's groups allow): every
+// communicator's calls are started before any is waited for.
+TEST(GroupTest, OneThreadDrivesEveryRankThroughOneGroup) {
+  const int n = 3;
+  std::vector<chorusComm_t> comms = ranksOfOneJob(n);
+  std::vector<std::vector<float>> sums(n, std::vector<float>(1000));
+  std::vector<std::vector<int32_t>> gathered(n, std::vector<int32_t>(2 * n, -1));
+  std::vector<int32_t> mine(2 * n);
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < sums[r].size(); ++i) sums[r][i] = static_cast<float>(r + i);
+    mine[2 * r] = 10 * r;
+    mine[2 * r + 1] = 10 * r + 1;
+  }
+  ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(
+        chorusAllReduce(sums[r].data(), sums[r].data(), sums[r].size(), chorusFloat32, chorusSum, comms[r], nullptr),
+        chorusSuccess);
+    ASSERT_EQ(chorusAllGather(&mine[2 * r], gathered[r].data(), 2, chorusInt32, comms[r], nullptr), chorusSuccess);
+  }
+  ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(nullptr);
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < sums[r].size(); ++i) {
+      ASSERT_EQ(sums[r][i], static_cast<float>(0 + 1 + 2 + 3 * i)) << "rank " << r << " element " << i;
+    }
+    EXPECT_EQ(gathered[r], mine) << "rank " << r;
+  }
+  for (chorusComm_t comm : comms) EXPECT_EQ(chorusCommDestroy(comm), chorusSuccess);
+}
+
+// A group over two ranks of three, whose third never calls: the group fails at the timeout,
+// naming the wait, instead of hanging.
+TEST(GroupTest, AGroupWhosePeerNeverComesTimesOut) {
+  const int n = 3;
+  std::vector<chorusComm_t> comms = ranksOfOneJob(n, 300);
+  float values[2] = {1, 2};
+  ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(chorusAllReduce(&values[r], &values[r], 1, chorusFloat32, chorusSum, comms[r], nullptr), chorusSuccess);
+  }
+  const chorusResult_t ended = chorusGroupEnd();
+  EXPECT_TRUE(ended == chorusTimeout || ended == chorusRemoteError) << chorusGetErrorString(ended);
+  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("nothing moved"), std::string::npos)
+      << chorusGetLastError(nullptr);
+  for (chorusComm_t comm : comms) chorusCommAbort(comm);
+}
