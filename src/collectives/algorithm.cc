@@ -10,38 +10,21 @@
 namespace chorus::collectives {
 namespace {
 
-// Every algorithm, in order of preference: the first line of a collective is its default (its
-// descriptor, defined beside its builder, says the rest).
-const AlgorithmDescriptor* const kAlgorithms[] = {
-    &kRingAllReduce,
-    &kDoubleTreeAllReduce,
-    &kRecursiveDoublingAllReduce,
-    &kRabenseifnerAllReduce,
-    &kHierarchicalAllReduce,
-    &kRingAllGather,
-    &kRecursiveDoublingAllGather,
-    &kBruckAllGather,
-    &kHierarchicalAllGather,
-    &kRingReduceScatter,
-    &kRecursiveHalvingReduceScatter,
-    &kHierarchicalReduceScatter,
-    &kChainBroadcast,
-    &kBinomialBroadcast,
-    &kScatterAllGatherBroadcast,
-    &kHierarchicalBroadcast,
-    &kChainReduce,
-    &kBinomialReduce,
-    &kReduceScatterGatherReduce,
-    &kHierarchicalReduce,
-    &kPointToPointSend,
-    &kPointToPointRecv,
-    &kDisseminationBarrier,
-    &kPairwiseAllToAll,
-    &kBruckAllToAll,
-    &kPairwiseAllToAllv,
-    &kBinomialGather,
-    &kBinomialScatter,
-};
+// Every algorithm, in order of preference: the first of a collective is its default. The files
+// are read in an order that keeps each collective's list as docs/algorithms.md gives it (ring
+// before tree, recursive and hierarchical; chain before the tree file's broadcast and reduce;
+// pairwise before bruck), each file's descriptors in its own order.
+const std::vector<const AlgorithmDescriptor*>& allAlgorithms() {
+  static const auto all = [] {
+    std::vector<const AlgorithmDescriptor*> list;
+    for (auto file : {ringAlgorithms, chainAlgorithms, pairwiseAlgorithms, treeAlgorithms, recursiveAlgorithms,
+                      bruckAlgorithms, hierarchicalAlgorithms, pointToPointAlgorithms}) {
+      for (const AlgorithmDescriptor& d : file()) list.push_back(&d);
+    }
+    return list;
+  }();
+  return all;
+}
 
 struct Name {
   Algorithm algorithm;
@@ -72,7 +55,7 @@ const Name kAliases[] = {{Algorithm::kRecursiveDoubling, "rd"},
 }  // namespace
 
 const AlgorithmDescriptor* descriptorOf(Collective collective, Algorithm algorithm) {
-  for (const AlgorithmDescriptor* d : kAlgorithms) {
+  for (const AlgorithmDescriptor* d : allAlgorithms()) {
     if (d->collective == collective && (d->algorithm == algorithm || algorithm == Algorithm::kDefault)) return d;
   }
   return nullptr;
@@ -105,7 +88,7 @@ bool parseCollective(const std::string& text, Collective* out) {
 const std::vector<Algorithm>& algorithmsFor(Collective collective) {
   static const auto table = [] {
     std::array<std::vector<Algorithm>, kCollectiveCount> t;
-    for (const AlgorithmDescriptor* d : kAlgorithms) t[static_cast<int>(d->collective)].push_back(d->algorithm);
+    for (const AlgorithmDescriptor* d : allAlgorithms()) t[static_cast<int>(d->collective)].push_back(d->algorithm);
     return t;
   }();
   return table[static_cast<int>(collective)];

@@ -75,11 +75,14 @@ Schedule bruckAllToAll(const ScheduleArgs& args) {
 }
 
 // Descriptors (descriptor.h: the notation).
-constinit const AlgorithmDescriptor kBruckAllGather{
-    Collective::kAllGather, Algorithm::kBruck, bruckAllGather,
-    [](const Cost& c) { return c.L * c.a + (c.n - 1) / c.n * c.m * c.b + 2 * c.m * c.cp; }, Follows::kNumbers};
-constinit const AlgorithmDescriptor kBruckAllToAll{
-    Collective::kAllToAll, Algorithm::kBruck, bruckAllToAll,
-    [](const Cost& c) { return c.L * c.a + c.L * c.m / 2 * c.b + (2 + c.L) * c.m * c.cp; }, Follows::kNumbers};
+std::span<const AlgorithmDescriptor> bruckAlgorithms() {
+  static constexpr AlgorithmDescriptor kAll[] = {
+      {Collective::kAllGather, Algorithm::kBruck, bruckAllGather,
+       [](const Cost& c) { return c.L * c.a + (c.n - 1) / c.n * c.m * c.b + 2 * c.m * c.cp; }, Follows::kNumbers},
+      {Collective::kAllToAll, Algorithm::kBruck, bruckAllToAll,
+       [](const Cost& c) { return c.L * c.a + c.L * c.m / 2 * c.b + (2 + c.L) * c.m * c.cp; }, Follows::kNumbers},
+  };
+  return kAll;
+}
 
 }  // namespace chorus::collectives

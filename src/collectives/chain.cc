@@ -89,11 +89,14 @@ Schedule chainReduce(const ScheduleArgs& args) {
 }
 
 // Descriptors: a pipeline of n-1 hops (descriptor.h: the notation).
-constinit const AlgorithmDescriptor kChainBroadcast{
-    Collective::kBroadcast, Algorithm::kChain, chainBroadcast,
-    [](const Cost& c) { return c.pipeline(c.n - 1, c.b, c.m) + c.m * c.cp; }, Follows::kPositions};
-constinit const AlgorithmDescriptor kChainReduce{Collective::kReduce, Algorithm::kChain, chainReduce,
-                                                 [](const Cost& c) { return c.pipeline(c.n - 1, c.b + c.g, c.m); },
-                                                 Follows::kPositions};
+std::span<const AlgorithmDescriptor> chainAlgorithms() {
+  static constexpr AlgorithmDescriptor kAll[] = {
+      {Collective::kBroadcast, Algorithm::kChain, chainBroadcast,
+       [](const Cost& c) { return c.pipeline(c.n - 1, c.b, c.m) + c.m * c.cp; }, Follows::kPositions},
+      {Collective::kReduce, Algorithm::kChain, chainReduce,
+       [](const Cost& c) { return c.pipeline(c.n - 1, c.b + c.g, c.m); }, Follows::kPositions},
+  };
+  return kAll;
+}
 
 }  // namespace chorus::collectives

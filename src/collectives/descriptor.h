@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 
 #include "src/collectives/schedule.h"
 #include "src/collectives/tuner.h"
@@ -70,17 +71,16 @@ struct AlgorithmDescriptor {
   Follows follows;
 };
 
-// The descriptors, each defined in its algorithm's file.
-extern const AlgorithmDescriptor kRingAllReduce, kRingAllGather, kRingReduceScatter;
-extern const AlgorithmDescriptor kChainBroadcast, kChainReduce;
-extern const AlgorithmDescriptor kDoubleTreeAllReduce, kBinomialBroadcast, kBinomialReduce, kBinomialGather,
-    kBinomialScatter, kScatterAllGatherBroadcast, kReduceScatterGatherReduce, kDisseminationBarrier;
-extern const AlgorithmDescriptor kRecursiveDoublingAllReduce, kRabenseifnerAllReduce, kRecursiveDoublingAllGather,
-    kRecursiveHalvingReduceScatter;
-extern const AlgorithmDescriptor kBruckAllGather, kBruckAllToAll;
-extern const AlgorithmDescriptor kPairwiseAllToAll, kPairwiseAllToAllv, kPointToPointSend, kPointToPointRecv;
-extern const AlgorithmDescriptor kHierarchicalAllReduce, kHierarchicalAllGather, kHierarchicalReduceScatter,
-    kHierarchicalBroadcast, kHierarchicalReduce;
+// Each algorithm file's descriptors, in its order of preference. algorithm.cc reads the files in
+// an order that keeps every collective's list as the docs give it (its default first).
+std::span<const AlgorithmDescriptor> ringAlgorithms();
+std::span<const AlgorithmDescriptor> chainAlgorithms();
+std::span<const AlgorithmDescriptor> pairwiseAlgorithms();
+std::span<const AlgorithmDescriptor> treeAlgorithms();
+std::span<const AlgorithmDescriptor> recursiveAlgorithms();
+std::span<const AlgorithmDescriptor> bruckAlgorithms();
+std::span<const AlgorithmDescriptor> hierarchicalAlgorithms();
+std::span<const AlgorithmDescriptor> pointToPointAlgorithms();  // schedule.cc
 
 // The descriptor of (collective, algorithm), the collective's default for kDefault; null where
 // the algorithm does not implement the collective.

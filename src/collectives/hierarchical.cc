@@ -323,42 +323,42 @@ Schedule hierarchicalReduce(const ScheduleArgs& args) {
 // A ring within each host of l ranks (local costs), and for each chunk a rank owns, a ring of one
 // rank per host over it. A host's l ranks cross the network at once, sharing its link: 2(h-1)/h
 // of the buffer goes through it.
-constinit const AlgorithmDescriptor kHierarchicalAllReduce{
-    Collective::kAllReduce, Algorithm::kHierarchical, hierarchicalAllReduce,
-    [](const Cost& c) {
-      if (!c.twoLevels) return kCannot;
-      const double k = std::ceil(c.m / c.l / c.chunk);
-      const double local = 2 * (c.l - 1) * (k * c.la + c.m / c.l * c.lb);
-      const double across = 2 * (c.h - 1) * k * c.a + 2 * (c.h - 1) / c.h * c.m * c.b;
-      return local + across + ((c.l - 1) / c.l * c.m + (c.h - 1) / c.h * c.m / c.l) * c.g;
-    },
-    Follows::kNumbers};
-// The rail's ring (h-1 steps of a block), then h ring all-gathers within the host.
-constinit const AlgorithmDescriptor kHierarchicalAllGather{
-    Collective::kAllGather, Algorithm::kHierarchical, hierarchicalAllGather,
-    [](const Cost& c) {
-      if (!c.twoLevels) return kCannot;
-      const double k = std::ceil(c.m / c.n / c.chunk);
-      return (c.h - 1) * k * c.a + (c.h - 1) / c.h * c.m * c.b + (c.l - 1) * c.h * k * c.la +
-             (c.l - 1) / c.l * c.m * c.lb + c.m / c.n * c.cp;
-    },
-    Follows::kNumbers};
-// h ring reduce-scatters within the host, then the rail's ring over the partial sums.
-constinit const AlgorithmDescriptor kHierarchicalReduceScatter{
-    Collective::kReduceScatter, Algorithm::kHierarchical, hierarchicalReduceScatter,
-    [](const Cost& c) {
-      if (!c.twoLevels) return kCannot;
-      const double k = std::ceil(c.m / c.n / c.chunk);
-      return (c.l - 1) * c.h * k * c.la + (c.l - 1) / c.l * c.m * (c.lb + c.g) + (c.h - 1) * k * c.a +
-             (c.h - 1) / c.h * c.m * c.b + (c.h - 1) / c.h * c.m / c.l * c.g;
-    },
-    Follows::kNumbers};
-constinit const AlgorithmDescriptor kHierarchicalBroadcast{
-    Collective::kBroadcast, Algorithm::kHierarchical, hierarchicalBroadcast,
-    [](const Cost& c) { return c.twoLevels ? c.twoLevelChain(c.h - 1, c.l - 1, 0) + c.m * c.cp : kCannot; },
-    Follows::kNumbers};
-constinit const AlgorithmDescriptor kHierarchicalReduce{
-    Collective::kReduce, Algorithm::kHierarchical, hierarchicalReduce,
-    [](const Cost& c) { return c.twoLevels ? c.twoLevelChain(c.h - 1, c.l - 1, c.g) : kCannot; }, Follows::kNumbers};
+std::span<const AlgorithmDescriptor> hierarchicalAlgorithms() {
+  static constexpr AlgorithmDescriptor kAll[] = {
+      {Collective::kAllReduce, Algorithm::kHierarchical, hierarchicalAllReduce,
+       [](const Cost& c) {
+         if (!c.twoLevels) return kCannot;
+         const double k = std::ceil(c.m / c.l / c.chunk);
+         const double local = 2 * (c.l - 1) * (k * c.la + c.m / c.l * c.lb);
+         const double across = 2 * (c.h - 1) * k * c.a + 2 * (c.h - 1) / c.h * c.m * c.b;
+         return local + across + ((c.l - 1) / c.l * c.m + (c.h - 1) / c.h * c.m / c.l) * c.g;
+       },
+       Follows::kNumbers},
+      // The rail's ring (h-1 steps of a block), then h ring all-gathers within the host.
+      {Collective::kAllGather, Algorithm::kHierarchical, hierarchicalAllGather,
+       [](const Cost& c) {
+         if (!c.twoLevels) return kCannot;
+         const double k = std::ceil(c.m / c.n / c.chunk);
+         return (c.h - 1) * k * c.a + (c.h - 1) / c.h * c.m * c.b + (c.l - 1) * c.h * k * c.la +
+                (c.l - 1) / c.l * c.m * c.lb + c.m / c.n * c.cp;
+       },
+       Follows::kNumbers},
+      // h ring reduce-scatters within the host, then the rail's ring over the partial sums.
+      {Collective::kReduceScatter, Algorithm::kHierarchical, hierarchicalReduceScatter,
+       [](const Cost& c) {
+         if (!c.twoLevels) return kCannot;
+         const double k = std::ceil(c.m / c.n / c.chunk);
+         return (c.l - 1) * c.h * k * c.la + (c.l - 1) / c.l * c.m * (c.lb + c.g) + (c.h - 1) * k * c.a +
+                (c.h - 1) / c.h * c.m * c.b + (c.h - 1) / c.h * c.m / c.l * c.g;
+       },
+       Follows::kNumbers},
+      {Collective::kBroadcast, Algorithm::kHierarchical, hierarchicalBroadcast,
+       [](const Cost& c) { return c.twoLevels ? c.twoLevelChain(c.h - 1, c.l - 1, 0) + c.m * c.cp : kCannot; },
+       Follows::kNumbers},
+      {Collective::kReduce, Algorithm::kHierarchical, hierarchicalReduce,
+       [](const Cost& c) { return c.twoLevels ? c.twoLevelChain(c.h - 1, c.l - 1, c.g) : kCannot; }, Follows::kNumbers},
+  };
+  return kAll;
+}
 
 }  // namespace chorus::collectives

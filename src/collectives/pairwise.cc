@@ -51,11 +51,14 @@ Schedule pairwiseAllToAllv(const ScheduleArgs& args) {
 
 // Descriptors (descriptor.h: the notation). Every exchange is posted at once: one latency, plus
 // the overhead of each further message.
-constinit const AlgorithmDescriptor kPairwiseAllToAll{
-    Collective::kAllToAll, Algorithm::kPairwise, pairwiseAllToAll,
-    [](const Cost& c) { return c.a + (c.n - 2) * c.o + (c.n - 1) / c.n * c.m * c.b + c.m / c.n * c.cp; },
-    Follows::kNumbers};
-constinit const AlgorithmDescriptor kPairwiseAllToAllv{Collective::kAllToAllv, Algorithm::kPairwise, pairwiseAllToAllv,
-                                                       onlyAlgorithmCost, Follows::kNumbers};
+std::span<const AlgorithmDescriptor> pairwiseAlgorithms() {
+  static constexpr AlgorithmDescriptor kAll[] = {
+      {Collective::kAllToAll, Algorithm::kPairwise, pairwiseAllToAll,
+       [](const Cost& c) { return c.a + (c.n - 2) * c.o + (c.n - 1) / c.n * c.m * c.b + c.m / c.n * c.cp; },
+       Follows::kNumbers},
+      {Collective::kAllToAllv, Algorithm::kPairwise, pairwiseAllToAllv, onlyAlgorithmCost, Follows::kNumbers},
+  };
+  return kAll;
+}
 
 }  // namespace chorus::collectives

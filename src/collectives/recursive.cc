@@ -286,37 +286,38 @@ Schedule recursiveHalvingReduceScatter(const ScheduleArgs& args) {
 }
 
 // Descriptors (descriptor.h: the notation).
-constinit const AlgorithmDescriptor kRecursiveDoublingAllReduce{
-    Collective::kAllReduce, Algorithm::kRecursiveDoubling, recursiveDoublingAllReduce,
-    [](const Cost& c) { return c.lg * (c.a + c.m * c.b + c.m * c.g) + c.fold() + c.m * c.cp; }, Follows::kPositions};
-constinit const AlgorithmDescriptor kRabenseifnerAllReduce{
-    Collective::kAllReduce, Algorithm::kRabenseifner, rabenseifnerAllReduce,
-    [](const Cost& c) {
-      return 2 * c.lg * c.a + 2 * (c.p - 1) / c.p * c.m * c.b + (c.p - 1) / c.p * c.m * c.g + c.fold() + c.m * c.cp;
-    },
-    Follows::kPositions};
-// Rounds overlap (a round's first chunks need nothing from the one before): lg latencies, and
-// each further chunk message the overhead of one more in flight.
-constinit const AlgorithmDescriptor kRecursiveDoublingAllGather{
-    Collective::kAllGather, Algorithm::kRecursiveDoubling, recursiveDoublingAllGather,
-    [](const Cost& c) {
-      const double block = c.m / c.n;
-      double messages = 0;
-      for (double d = 1; d < c.p; d *= 2) {
-        if (d * block <= c.chunk) {
-          messages += 1;  // all it holds in one message
-          continue;
-        }
-        messages += std::ceil(block / c.chunk);
-        for (double e = 1; e < d; e *= 2) messages += std::ceil(e * block / c.chunk);
-      }
-      return c.lg * c.a + (messages - c.lg) * c.o + (c.n - 1) / c.n * c.m * c.b + (c.folds ? 2 * c.a + c.m * c.b : 0) +
-             c.m / c.n * c.cp;
-    },
-    Follows::kNumbers};
-constinit const AlgorithmDescriptor kRecursiveHalvingReduceScatter{
-    Collective::kReduceScatter, Algorithm::kRecursiveHalving, recursiveHalvingReduceScatter,
-    [](const Cost& c) { return c.lg * c.a + (c.p - 1) / c.p * c.m * (c.b + c.g) + c.fold() + 2 * c.m * c.cp; },
-    Follows::kNumbers};
+std::span<const AlgorithmDescriptor> recursiveAlgorithms() {
+  static constexpr AlgorithmDescriptor kAll[] = {
+      {Collective::kAllReduce, Algorithm::kRecursiveDoubling, recursiveDoublingAllReduce,
+       [](const Cost& c) { return c.lg * (c.a + c.m * c.b + c.m * c.g) + c.fold() + c.m * c.cp; }, Follows::kPositions},
+      {Collective::kAllReduce, Algorithm::kRabenseifner, rabenseifnerAllReduce,
+       [](const Cost& c) {
+         return 2 * c.lg * c.a + 2 * (c.p - 1) / c.p * c.m * c.b + (c.p - 1) / c.p * c.m * c.g + c.fold() + c.m * c.cp;
+       },
+       Follows::kPositions},
+      // Rounds overlap (a round's first chunks need nothing from the one before): lg latencies, and
+      // each further chunk message the overhead of one more in flight.
+      {Collective::kAllGather, Algorithm::kRecursiveDoubling, recursiveDoublingAllGather,
+       [](const Cost& c) {
+         const double block = c.m / c.n;
+         double messages = 0;
+         for (double d = 1; d < c.p; d *= 2) {
+           if (d * block <= c.chunk) {
+             messages += 1;  // all it holds in one message
+             continue;
+           }
+           messages += std::ceil(block / c.chunk);
+           for (double e = 1; e < d; e *= 2) messages += std::ceil(e * block / c.chunk);
+         }
+         return c.lg * c.a + (messages - c.lg) * c.o + (c.n - 1) / c.n * c.m * c.b +
+                (c.folds ? 2 * c.a + c.m * c.b : 0) + c.m / c.n * c.cp;
+       },
+       Follows::kNumbers},
+      {Collective::kReduceScatter, Algorithm::kRecursiveHalving, recursiveHalvingReduceScatter,
+       [](const Cost& c) { return c.lg * c.a + (c.p - 1) / c.p * c.m * (c.b + c.g) + c.fold() + 2 * c.m * c.cp; },
+       Follows::kNumbers},
+  };
+  return kAll;
+}
 
 }  // namespace chorus::collectives

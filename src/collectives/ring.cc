@@ -196,15 +196,17 @@ Schedule ringReduceScatter(const ScheduleArgs& args) {
 
 // Descriptors: 2(n-1) ring steps of a block for the all-reduce, n-1 for the all-gather and
 // reduce-scatter (descriptor.h: the notation).
-constinit const AlgorithmDescriptor kRingAllReduce{
-    Collective::kAllReduce, Algorithm::kRing, ringAllReduce,
-    [](const Cost& c) { return c.ringSteps(2 * (c.n - 1), c.m / c.n, c.b) + (c.n - 1) * c.m / c.n * c.g; },
-    Follows::kPositions};
-constinit const AlgorithmDescriptor kRingAllGather{
-    Collective::kAllGather, Algorithm::kRing, ringAllGather,
-    [](const Cost& c) { return c.ringSteps(c.n - 1, c.m / c.n, c.b) + c.m / c.n * c.cp; }, Follows::kItself};
-constinit const AlgorithmDescriptor kRingReduceScatter{
-    Collective::kReduceScatter, Algorithm::kRing, ringReduceScatter,
-    [](const Cost& c) { return c.ringSteps(c.n - 1, c.m / c.n, c.b + c.g); }, Follows::kItself};
+std::span<const AlgorithmDescriptor> ringAlgorithms() {
+  static constexpr AlgorithmDescriptor kAll[] = {
+      {Collective::kAllReduce, Algorithm::kRing, ringAllReduce,
+       [](const Cost& c) { return c.ringSteps(2 * (c.n - 1), c.m / c.n, c.b) + (c.n - 1) * c.m / c.n * c.g; },
+       Follows::kPositions},
+      {Collective::kAllGather, Algorithm::kRing, ringAllGather,
+       [](const Cost& c) { return c.ringSteps(c.n - 1, c.m / c.n, c.b) + c.m / c.n * c.cp; }, Follows::kItself},
+      {Collective::kReduceScatter, Algorithm::kRing, ringReduceScatter,
+       [](const Cost& c) { return c.ringSteps(c.n - 1, c.m / c.n, c.b + c.g); }, Follows::kItself},
+  };
+  return kAll;
+}
 
 }  // namespace chorus::collectives

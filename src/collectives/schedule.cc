@@ -77,9 +77,12 @@ Schedule pointToPoint(const ScheduleArgs& args) {
 }
 
 // Sends and receives: one message each (their cost is the message's, chorusPredictTime).
-constinit const AlgorithmDescriptor kPointToPointSend{Collective::kSend, Algorithm::kPairwise, pointToPoint,
-                                                      onlyAlgorithmCost, Follows::kNumbers};
-constinit const AlgorithmDescriptor kPointToPointRecv{Collective::kRecv, Algorithm::kPairwise, pointToPoint,
-                                                      onlyAlgorithmCost, Follows::kNumbers};
+std::span<const AlgorithmDescriptor> pointToPointAlgorithms() {
+  static constexpr AlgorithmDescriptor kAll[] = {
+      {Collective::kSend, Algorithm::kPairwise, pointToPoint, onlyAlgorithmCost, Follows::kNumbers},
+      {Collective::kRecv, Algorithm::kPairwise, pointToPoint, onlyAlgorithmCost, Follows::kNumbers},
+  };
+  return kAll;
+}
 
 }  // namespace chorus::collectives

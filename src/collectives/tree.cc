@@ -337,31 +337,30 @@ Schedule doubleTreeAllReduce(const ScheduleArgs& args) {
 // other (one out, one in): five transfers and two reductions per byte of a half, through its one
 // port. Each level waits for the one below, chunk by chunk (as the ring's steps do), so the 2L
 // levels cost k latencies each.
-constinit const AlgorithmDescriptor kDoubleTreeAllReduce{Collective::kAllReduce, Algorithm::kTree, doubleTreeAllReduce,
-                                                         [](const Cost& c) {
-                                                           const double k = std::ceil(c.m / 2 / c.chunk);
-                                                           return 2 * c.L * k * c.a + c.m / 2 * (5 * c.b + 2 * c.g);
-                                                         },
-                                                         Follows::kPositions};
-constinit const AlgorithmDescriptor kBinomialBroadcast{
-    Collective::kBroadcast, Algorithm::kBinomial, binomialBroadcast,
-    [](const Cost& c) { return c.L * (std::ceil(c.m / c.chunk) * c.a + c.m * c.b) + c.m * c.cp; }, Follows::kPositions};
-constinit const AlgorithmDescriptor kScatterAllGatherBroadcast{
-    Collective::kBroadcast, Algorithm::kScatterAllGather, scatterAllGatherBroadcast,
-    [](const Cost& c) { return (c.L + c.n - 1) * c.a + 2 * (c.n - 1) / c.n * c.m * c.b + c.m * c.cp; },
-    Follows::kPositions};
-constinit const AlgorithmDescriptor kBinomialReduce{
-    Collective::kReduce, Algorithm::kBinomial, binomialReduce,
-    [](const Cost& c) { return c.L * (std::ceil(c.m / c.chunk) * c.a + c.m * (c.b + c.g)); }, Follows::kPositions};
-constinit const AlgorithmDescriptor kReduceScatterGatherReduce{
-    Collective::kReduce, Algorithm::kReduceScatterGather, reduceScatterGatherReduce,
-    [](const Cost& c) { return 2 * (c.n - 1) * c.a + (c.n - 1) / c.n * c.m * (2 * c.b + c.g) + c.m * c.cp; },
-    Follows::kPositions};
-constinit const AlgorithmDescriptor kBinomialGather{Collective::kGather, Algorithm::kBinomial, binomialGather,
-                                                    onlyAlgorithmCost, Follows::kNumbers};
-constinit const AlgorithmDescriptor kBinomialScatter{Collective::kScatter, Algorithm::kBinomial, binomialScatter,
-                                                     onlyAlgorithmCost, Follows::kNumbers};
-constinit const AlgorithmDescriptor kDisseminationBarrier{Collective::kBarrier, Algorithm::kDissemination,
-                                                          disseminationBarrier, onlyAlgorithmCost, Follows::kPositions};
+std::span<const AlgorithmDescriptor> treeAlgorithms() {
+  static constexpr AlgorithmDescriptor kAll[] = {
+      {Collective::kAllReduce, Algorithm::kTree, doubleTreeAllReduce,
+       [](const Cost& c) {
+         const double k = std::ceil(c.m / 2 / c.chunk);
+         return 2 * c.L * k * c.a + c.m / 2 * (5 * c.b + 2 * c.g);
+       },
+       Follows::kPositions},
+      {Collective::kBroadcast, Algorithm::kBinomial, binomialBroadcast,
+       [](const Cost& c) { return c.L * (std::ceil(c.m / c.chunk) * c.a + c.m * c.b) + c.m * c.cp; },
+       Follows::kPositions},
+      {Collective::kBroadcast, Algorithm::kScatterAllGather, scatterAllGatherBroadcast,
+       [](const Cost& c) { return (c.L + c.n - 1) * c.a + 2 * (c.n - 1) / c.n * c.m * c.b + c.m * c.cp; },
+       Follows::kPositions},
+      {Collective::kReduce, Algorithm::kBinomial, binomialReduce,
+       [](const Cost& c) { return c.L * (std::ceil(c.m / c.chunk) * c.a + c.m * (c.b + c.g)); }, Follows::kPositions},
+      {Collective::kReduce, Algorithm::kReduceScatterGather, reduceScatterGatherReduce,
+       [](const Cost& c) { return 2 * (c.n - 1) * c.a + (c.n - 1) / c.n * c.m * (2 * c.b + c.g) + c.m * c.cp; },
+       Follows::kPositions},
+      {Collective::kGather, Algorithm::kBinomial, binomialGather, onlyAlgorithmCost, Follows::kNumbers},
+      {Collective::kScatter, Algorithm::kBinomial, binomialScatter, onlyAlgorithmCost, Follows::kNumbers},
+      {Collective::kBarrier, Algorithm::kDissemination, disseminationBarrier, onlyAlgorithmCost, Follows::kPositions},
+  };
+  return kAll;
+}
 
 }  // namespace chorus::collectives
