@@ -463,44 +463,34 @@ std::shared_ptr<const collectives::Schedule> Communicator::scheduleFor(const col
   return schedule;
 }
 
+template <typename Call>
+auto Communicator::breakingOnError(Call&& call) {
+  try {
+    return call();
+  } catch (const Error& e) {
+    breakWith(e);
+    throw;
+  }
+}
+
 std::shared_ptr<Completion> Communicator::start(std::vector<PreparedOp> ops) {
   if (aborted()) fail(chorusAborted, "rank {}: the communicator was aborted", rank_);
   if (!broken_.empty()) {
     fail(chorusInvalidUsage, "rank {}: the communicator failed earlier and cannot be used: {}", rank_, broken_);
   }
-  try {
-    return executor_->submit(std::move(ops));
-  } catch (const Error& e) {
-    breakWith(e);
-    throw;
-  }
+  return breakingOnError([&] { return executor_->submit(std::move(ops)); });
 }
 
 void Communicator::wait(const Completion& completion) {
-  try {
-    executor_->wait(completion);
-  } catch (const Error& e) {
-    breakWith(e);
-    throw;
-  }
+  breakingOnError([&] { executor_->wait(completion); });
 }
 
 bool Communicator::test(const Completion& completion) {
-  try {
-    return executor_->test(completion);
-  } catch (const Error& e) {
-    breakWith(e);
-    throw;
-  }
+  return breakingOnError([&] { return executor_->test(completion); });
 }
 
 bool Communicator::poll(const Completion& completion) {
-  try {
-    return executor_->poll(completion);
-  } catch (const Error& e) {
-    breakWith(e);
-    throw;
-  }
+  return breakingOnError([&] { return executor_->poll(completion); });
 }
 
 std::unique_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclude, const CommSettings& settings) {

@@ -168,6 +168,9 @@ class Communicator {
   std::string broken_;
   chorusResult_t brokenResult_ = chorusSuccess;  // the result of the failure broken_ describes
   void breakWith(const Error& e);                // records the first failure
+  // call(), recording a chorus::Error it throws (breakWith) before passing it on.
+  template <typename Call>
+  auto breakingOnError(Call&& call);
 };
 
 }  // namespace chorus

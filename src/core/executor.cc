@@ -312,12 +312,7 @@ void Executor::waitUntil(Done done) {
   Clock::time_point idleSince{};
   try {
     while (!done()) {
-      if (aborted_ != nullptr && aborted_->load(std::memory_order_relaxed)) {
-        const Item* item = oldestPending();
-        fail(chorusAborted, "the communicator was aborted while step {} ({} with rank {}) was pending",
-             item ? item->index : 0, item ? collectives::stepKindName(item->step->kind) : "none",
-             item ? item->step->peer : -1);
-      }
+      failIfAborted();
       if (advance()) {
         idlePolls = 0;
         continue;
@@ -327,16 +322,13 @@ void Executor::waitUntil(Done done) {
         continue;
       }
       const auto now = Clock::now();
-      if (moved_) {
-        lastProgress_ = now;
-        moved_ = false;
-      }
+      noteProgress(now);
       if (idlePolls == kBusyPolls + 1) idleSince = now;
       if (now - idleSince < spin) {
         sched_yield();
         continue;
       }
-      if (now - lastProgress_ > std::chrono::milliseconds(options_.timeoutMs)) timeout();
+      if (stalled(now)) timeout();
       if (options_.failureLine != nullptr) options_.failureLine->watch(0);
       if (options_.whileBlocked) options_.whileBlocked();
       // Block in the transports that have work: one alone may sleep long; several take turns.
@@ -352,9 +344,32 @@ void Executor::waitUntil(Done done) {
   }
 }
 
+void Executor::failIfAborted() const {
+  if (aborted_ == nullptr || !aborted_->load(std::memory_order_relaxed)) return;
+  const Item* item = oldestPending();
+  fail(chorusAborted, "the communicator was aborted while step {} ({} with rank {}) was pending",
+       item ? item->index : 0, item ? collectives::stepKindName(item->step->kind) : "none",
+       item ? item->step->peer : -1);
+}
+
+void Executor::noteProgress(Clock::time_point now) {
+  if (!moved_) return;
+  lastProgress_ = now;
+  moved_ = false;
+}
+
+bool Executor::stalled(Clock::time_point now) const {
+  return now - lastProgress_ > std::chrono::milliseconds(options_.timeoutMs);
+}
+
+bool Executor::settled(const Completion& completion) {
+  if (completion.done && completion.result != chorusSuccess) throw Error(completion.result, completion.message);
+  return completion.done;
+}
+
 void Executor::wait(const Completion& completion) {
   waitUntil([&] { return completion.done; });
-  if (completion.result != chorusSuccess) throw Error(completion.result, completion.message);
+  settled(completion);
 }
 
 bool Executor::test(const Completion& completion) {
@@ -365,30 +380,22 @@ bool Executor::test(const Completion& completion) {
       failAll(e);
     }
   }
-  if (completion.done && completion.result != chorusSuccess) throw Error(completion.result, completion.message);
-  return completion.done;
+  return settled(completion);
 }
 
 bool Executor::poll(const Completion& completion) {
   if (!completion.done) {
     try {
-      if (aborted_ != nullptr && aborted_->load(std::memory_order_relaxed)) {
-        fail(chorusAborted, "the communicator was aborted while a group's calls were pending");
-      }
+      failIfAborted();
       advance();
       const auto now = Clock::now();
-      if (moved_) {
-        lastProgress_ = now;
-        moved_ = false;
-      } else if (now - lastProgress_ > std::chrono::milliseconds(options_.timeoutMs)) {
-        timeout();
-      }
+      noteProgress(now);
+      if (stalled(now)) timeout();
     } catch (const Error& e) {
       failAll(e);
     }
   }
-  if (completion.done && completion.result != chorusSuccess) throw Error(completion.result, completion.message);
-  return completion.done;
+  return settled(completion);
 }
 
 void Executor::progress() {

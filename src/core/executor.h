@@ -145,6 +145,13 @@ class Executor {
   template <typename Done>
   void waitUntil(Done done);
   [[noreturn]] void timeout();
+  // The waits' shared watch: chorusAborted naming the oldest pending step once aborted; moved_
+  // read into the no-progress clock; whether nothing moved for the timeout.
+  void failIfAborted() const;
+  void noteProgress(Clock::time_point now);
+  bool stalled(Clock::time_point now) const;
+  // Whether completion is done; throws its failure.
+  static bool settled(const Completion& completion);
   [[noreturn]] void failAll(const Error& failure);
   const Item* oldestPending() const;
   bool conflicts(const Item& earlier, const Item& later) const;

@@ -45,30 +45,20 @@ std::vector<GroupPart> Group::take() {
   return parts;
 }
 
-void runGroup(std::vector<GroupPart> parts) {
+namespace {
+
+// Several communicators' host calls, started all before any is waited for, then progressed in
+// turn until none is left (one thread may be driving every rank). Throws the first failure.
+void runTogether(std::vector<GroupPart>& parts) {
   std::exception_ptr first;
-  auto keep = [&](std::exception_ptr e) {
-    if (!first) first = std::move(e);
-  };
-  // One communicator: its own wait (which blocks in the transports when idle).
-  if (parts.size() == 1) {
-    if (!parts[0].ops.empty()) parts[0].comm->run(std::move(parts[0].ops));
-#if defined(CHORUS_HAVE_DEVICE)
-    if (!parts[0].deviceOps.empty()) {
-      parts[0].comm->device().enqueueGroup(parts[0].deviceOps, parts[0].deviceStream, "chorusGroupEnd");
-    }
-#endif
-    return;
-  }
   std::vector<std::shared_ptr<Completion>> completions(parts.size());
   for (size_t i = 0; i < parts.size(); ++i) {
     try {
       if (!parts[i].ops.empty()) completions[i] = parts[i].comm->start(std::move(parts[i].ops));
     } catch (const Error&) {
-      keep(std::current_exception());
+      if (!first) first = std::current_exception();
     }
   }
-  // Every communicator's calls are in flight: progress them in turn until none is left.
   for (size_t left = parts.size(); left > 0;) {
     left = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
@@ -80,15 +70,26 @@ void runGroup(std::vector<GroupPart> parts) {
           ++left;
         }
       } catch (const Error&) {
-        keep(std::current_exception());
+        if (!first) first = std::current_exception();
         completions[i] = nullptr;
       }
     }
     if (left > 0) sched_yield();
   }
   if (first) std::rethrow_exception(first);
-    // Then the device sends and receives (one communicator's at most): their staged step makes host
-    // calls of its own on the communicator, after the group's.
+}
+
+}  // namespace
+
+void runGroup(std::vector<GroupPart> parts) {
+  if (parts.size() == 1) {
+    // One communicator: its own wait, which blocks in the transports when idle.
+    if (!parts[0].ops.empty()) parts[0].comm->run(std::move(parts[0].ops));
+  } else {
+    runTogether(parts);
+  }
+  // Then the device sends and receives (one communicator's at most): their staged step makes
+  // host calls of its own on the communicator, after the group's.
 #if defined(CHORUS_HAVE_DEVICE)
   for (GroupPart& part : parts) {
     if (!part.deviceOps.empty()) part.comm->device().enqueueGroup(part.deviceOps, part.deviceStream, "chorusGroupEnd");
