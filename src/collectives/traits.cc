@@ -1,6 +1,8 @@
 // traits.cc: the table of collectives.
 #include "src/collectives/traits.h"
 
+#include <algorithm>
+
 namespace chorus::collectives {
 namespace {
 
@@ -59,10 +61,17 @@ size_t outputElements(Collective collective, size_t count, int nranks, bool isRo
   return t.outputAtRootOnly && !isRoot ? 0 : elementsOf(t.output, count, nranks);
 }
 
-size_t wholeElements(Collective collective, size_t count, int nranks) {
+size_t blocksOf(Collective collective, int nranks) {
   const CollectiveTraits& t = traitsOf(collective);
-  const bool perRank = t.input == kCountPerRank || t.output == kCountPerRank;
-  return perRank ? count * static_cast<size_t>(nranks) : count;
+  return t.input == kCountPerRank || t.output == kCountPerRank ? static_cast<size_t>(nranks) : 1;
 }
+
+size_t vectorExtent(const size_t* counts, const size_t* displs, int nranks) {
+  size_t end = 0;
+  for (int r = 0; r < nranks; ++r) end = std::max(end, displs[r] + counts[r]);
+  return end;
+}
+
+size_t wholeElements(Collective collective, size_t count, int nranks) { return count * blocksOf(collective, nranks); }
 
 }  // namespace chorus::collectives

@@ -35,6 +35,13 @@ size_t elementsOf(Extent extent, size_t count, int nranks);
 size_t inputElements(Collective collective, size_t count, int nranks, bool isRoot);
 size_t outputElements(Collective collective, size_t count, int nranks, bool isRoot);
 
+// The count's multiple in a collective's whole size: nranks where a rank's input or output is a
+// block per rank, else 1.
+size_t blocksOf(Collective collective, int nranks);
+// All-to-allv: the elements a buffer must hold for its per-peer counts and displacements (the
+// end of the furthest block).
+size_t vectorExtent(const size_t* counts, const size_t* displs, int nranks);
+
 // The size a tuner and a cost model see: the buffer for all-reduce, broadcast and reduce; the
 // whole nranks-block buffer where a rank's input or output is a block per rank (nccl-tests' size).
 size_t wholeElements(Collective collective, size_t count, int nranks);

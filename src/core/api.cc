@@ -124,10 +124,14 @@ void checkOp(chorusRedOp_t op, const char* call, int rank) {
   }
 }
 
-// count elements times `multiple` (1 or nranks) must fit in bytes.
+// Whether count elements of typeSize bytes, times `multiple` (1 or nranks), fit in bytes (with
+// room for offsets past them).
+bool countFits(size_t count, size_t multiple, size_t typeSize) {
+  return count <= std::numeric_limits<size_t>::max() / 2 / typeSize / multiple;
+}
+
 void checkCount(size_t count, size_t multiple, chorusDataType_t type, const char* call, int rank) {
-  const size_t limit = std::numeric_limits<size_t>::max() / 2 / chorus::kernels::typeSize(type) / multiple;
-  if (count > limit) {
+  if (!countFits(count, multiple, chorus::kernels::typeSize(type))) {
     fail(chorusInvalidArgument, "rank {}: {}: count {} of {} (x{} ranks) overflows the byte size", rank, call, count,
          chorusTypeName(type), multiple);
   }
@@ -162,6 +166,23 @@ void checkSelfOutsideGroup(int peer, int rank, const char* call) {
   }
 }
 
+// One call of the C ABI as its entry point received it (NCCL's ncclInfo): the entry points fill
+// it and enqueue() does the rest.
+struct CallInfo {
+  const char* call;  // the entry point's name, for messages
+  Collective collective;
+  chorusComm_t comm;
+  chorusStream_t stream;
+  const void* input = nullptr;
+  void* output = nullptr;
+  size_t count = 0;
+  chorusDataType_t type = chorusUint8;
+  chorusRedOp_t op = chorusSum;
+  int rootOrPeer = 0;
+  // All-to-allv: send counts, send displacements, receive counts, receive displacements.
+  std::array<const size_t*, 4> vector{};
+};
+
 // Runs the op now, starts it for a non-blocking call, or adds it to the open group.
 void submit(const Lease& held, chorusComm_t comm, PreparedOp op) {
   Communicator& c = *held;
@@ -187,55 +208,40 @@ void submit(const Lease& held, chorusComm_t comm, PreparedOp op) {
 
 // Host buffers (a NULL stream): submit. Device buffers: enqueued on the stream by the
 // communicator's device path (src/core/device.h), which returns at once.
-void submitOn(const Lease& held, chorusComm_t comm, chorusStream_t stream, const char* call, Collective collective,
-              const void* input, void* output, size_t count, chorusDataType_t type, chorusRedOp_t op, int rootOrPeer,
-              const size_t* const* vector = nullptr) {
+// rootOrPeer is the call's root or peer (0 for the others), vector its all-to-allv arrays or null.
+void submitOn(const Lease& held, const CallInfo& info, int rootOrPeer, const size_t* const* vector) {
   Communicator& c = *held;
+  chorusStream_t stream = info.stream;
 #if defined(CHORUS_HAVE_DEVICE)
-  if (stream == nullptr) stream = chorus::streamForNull(input, output);
+  if (stream == nullptr) stream = chorus::streamForNull(info.input, info.output);
 #endif
   if (stream == nullptr) {
-    submit(held, comm, c.prepare(collective, input, output, count, type, op, rootOrPeer, vector));
+    submit(held, info.comm,
+           c.prepare(info.collective, info.input, info.output, info.count, info.type, info.op, rootOrPeer, vector));
     return;
   }
   if (nonBlockingTarget != nullptr) {
     fail(chorusInvalidUsage,
          "rank {}: {}: non-blocking calls take host buffers (a NULL stream); a call with a stream is already "
          "asynchronous",
-         c.rank(), call);
+         c.rank(), info.call);
   }
 #if defined(CHORUS_HAVE_DEVICE)
-  const chorus::DeviceCall device{collective, input, output, count, type, op, rootOrPeer, vector};
-  chorus::checkDeviceCall(device, c.rank(), c.nranks(), call);
-  if (group.depth > 0 && (collective == Collective::kSend || collective == Collective::kRecv)) {
+  const chorus::DeviceCall device{info.collective, info.input, info.output, info.count,
+                                  info.type,       info.op,    rootOrPeer,  vector};
+  chorus::checkDeviceCall(device, c.rank(), c.nranks(), info.call);
+  if (group.depth > 0 && (info.collective == Collective::kSend || info.collective == Collective::kRecv)) {
     // Kept for chorusGroupEnd, which enqueues the group's sends and receives as one step.
-    group.keepDevice(comm, held, device, stream, c.rank(), call);
+    group.keepDevice(info.comm, held, device, stream, c.rank(), info.call);
     return;
   }
-  c.device().enqueue(device, stream, call);
+  c.device().enqueue(device, stream, info.call);
 #else
   fail(chorusInvalidArgument,
        "rank {}: {}: a non-NULL stream was given, but this build of chorus has no CUDA (host buffers take NULL)",
-       c.rank(), call);
+       c.rank(), info.call);
 #endif
 }
-
-// One call of the C ABI as its entry point received it (NCCL's ncclInfo): the entry points fill
-// it and enqueue() does the rest.
-struct CallInfo {
-  const char* call;  // the entry point's name, for messages
-  Collective collective;
-  chorusComm_t comm;
-  chorusStream_t stream;
-  const void* input = nullptr;
-  void* output = nullptr;
-  size_t count = 0;
-  chorusDataType_t type = chorusUint8;
-  chorusRedOp_t op = chorusSum;
-  int rootOrPeer = 0;
-  // All-to-allv: send counts, send displacements, receive counts, receive displacements.
-  std::array<const size_t*, 4> vector{};
-};
 
 // Checks a call's arguments by what its collective is (collectives/traits.h), then runs it: direct
 // between shareable buffers where that applies, else on the executor or the device path.
@@ -267,8 +273,7 @@ void enqueue(const CallInfo& info) {
       outCount += v[2][peer];
     }
   } else {
-    const bool perRank = t.input == Extent::kCountPerRank || t.output == Extent::kCountPerRank;
-    checkCount(info.count, perRank ? static_cast<size_t>(c.nranks()) : 1, info.type, call, rank);
+    checkCount(info.count, collectives::blocksOf(info.collective, c.nranks()), info.type, call, rank);
   }
   if (t.input != Extent::kNone && (!t.inputAtRootOnly || isRoot))
     checkBuffer(info.input, inCount, "sendbuff", call, rank);
@@ -286,8 +291,7 @@ void enqueue(const CallInfo& info) {
     return;
   }
   const size_t* const* vector = t.input == Extent::kVector ? info.vector.data() : nullptr;
-  submitOn(held, info.comm, info.stream, call, info.collective, info.input, info.output, info.count, info.type, info.op,
-           t.rooted || t.pointToPoint ? info.rootOrPeer : 0, vector);
+  submitOn(held, info, t.rooted || t.pointToPoint ? info.rootOrPeer : 0, vector);
 }
 
 // In a group, an argument error is reported again at chorusGroupEnd and drops the group.
@@ -424,9 +428,7 @@ chorusResult_t chorusGetCollectiveInfo(chorusCollective_t collective, int nranks
     const Collective which = internalCollective(collective, call);
     if (nranks < 1) fail(chorusInvalidArgument, "{}: {} ranks (at least 1)", call, nranks);
     const collectives::CollectiveTraits& t = collectives::traitsOf(which);
-    const bool perRank =
-        t.input == collectives::Extent::kCountPerRank || t.output == collectives::Extent::kCountPerRank;
-    if (perRank && count > std::numeric_limits<size_t>::max() / 2 / static_cast<size_t>(nranks)) {
+    if (!countFits(count, collectives::blocksOf(which, nranks), 1)) {
       fail(chorusInvalidArgument, "{}: count {} on {} ranks overflows", call, count, nranks);
     }
     info->name = t.name;

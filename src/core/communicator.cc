@@ -17,6 +17,7 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <numeric>
 
 #include "kernels/cpu/reduce.h"
 #include "src/base/config.h"
@@ -402,19 +403,14 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
     const size_t n = static_cast<size_t>(nranks_);
     size_t in = collectives::inputElements(collective, count, nranks_, true) * args.typeSize;
     size_t out = collectives::outputElements(collective, count, nranks_, true) * args.typeSize;
+    prepared.inputBytes = in;
     if (vector != nullptr) {
-      in = out = 0;
-      size_t inExtent = 0;
-      for (size_t r = 0; r < n; ++r) {
-        in += vector[0][r] * args.typeSize;
-        out += vector[2][r] * args.typeSize;
-        inExtent = std::max(inExtent, (vector[1][r] + vector[0][r]) * args.typeSize);
-      }
-      prepared.inputBytes = inExtent;
+      in = std::accumulate(vector[0], vector[0] + n, size_t{0}) * args.typeSize;
+      out = std::accumulate(vector[2], vector[2] + n, size_t{0}) * args.typeSize;
+      prepared.inputBytes = collectives::vectorExtent(vector[0], vector[1], nranks_) * args.typeSize;
     }
     // A message's footprint is its two ends.
     prepared.footprint = traits.pointToPoint ? 2 * count * args.typeSize : n * (in + out);
-    if (vector == nullptr) prepared.inputBytes = in;
   }
   const bool reduces = traits.reduces;
   const bool rooted = traits.rooted;

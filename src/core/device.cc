@@ -82,13 +82,8 @@ int ringKind(Collective c) {
 void extents(const DeviceCall& call, int rank, int nranks, size_t* in, size_t* out) {
   if (call.collective == Collective::kAllToAllv) {
     // vector: send counts, send displacements, recv counts, recv displacements.
-    size_t inEnd = 0, outEnd = 0;
-    for (size_t r = 0; r < static_cast<size_t>(nranks); ++r) {
-      inEnd = std::max(inEnd, call.vector[1][r] + call.vector[0][r]);
-      outEnd = std::max(outEnd, call.vector[3][r] + call.vector[2][r]);
-    }
-    *in = inEnd;
-    *out = outEnd;
+    *in = collectives::vectorExtent(call.vector[0], call.vector[1], nranks);
+    *out = collectives::vectorExtent(call.vector[2], call.vector[3], nranks);
     return;
   }
   const bool root = call.rootOrPeer == rank;

@@ -98,6 +98,10 @@ TEST(TraitsTest, WholeSizeIsNcclTestsSize) {
   EXPECT_EQ(inputElements(Collective::kBroadcast, 10, 4, false), 0u);
   EXPECT_EQ(outputElements(Collective::kReduce, 10, 4, false), 0u);
   EXPECT_EQ(outputElements(Collective::kGather, 10, 4, true), 40u);
+  EXPECT_EQ(blocksOf(Collective::kScatter, 4), 4u);
+  EXPECT_EQ(blocksOf(Collective::kReduce, 4), 1u);
+  const size_t counts[3] = {2, 0, 3}, displs[3] = {5, 9, 1};  // blocks end at 7, 9 and 4
+  EXPECT_EQ(vectorExtent(counts, displs, 3), 9u);
 }
 
 }  // namespace
