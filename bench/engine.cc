@@ -560,7 +560,8 @@ int Bench::run() {
     }
     return 2;
   }
-  if (!infoOf(opInfo->op).reduces) redops = {chorusSum};
+  const chorusCollectiveInfo_t opTraits = infoOf(opInfo->op);  // reduces? rooted?
+  if (!opTraits.reduces) redops = {chorusSum};
 
   const bool print = rank_ == 0;
   char host[64] = {};
@@ -660,7 +661,6 @@ int Bench::run() {
   int busbwCount = 0;
   // Blocks the size is split into: nranks where a rank's input or output is a block per rank.
   const size_t blocks = infoOf(opInfo->op, nranks_, 1).wholeElements;
-  const chorusCollectiveInfo_t opTraits = infoOf(opInfo->op);
   for (chorusDataType_t type : types) {
     for (chorusRedOp_t redop : redops) {
       const size_t size = chorusTypeSize(type);
