@@ -135,15 +135,20 @@ unsigned gridFor(size_t items) {
   return static_cast<unsigned>(blocks < 4096 ? (blocks == 0 ? 1 : blocks) : 4096);
 }
 
-// The sources of one reduceMany, by value.
+// The sources and destinations of one reduceMany, by value.
 struct Sources {
   const void* at[kMaxReduceSources];
   int count;
 };
+struct Destinations {
+  void* at[kMaxReduceSources];
+  int count;
+};
 
-// dst = fold of the sources, 16 bytes at a time where every pointer allows, then the tail.
+// Every destination = fold of the sources, 16 bytes at a time where every pointer allows, then the
+// tail. A thread loads its element of every source before it stores any destination's.
 template <typename T, typename Conv, typename Op>
-__global__ void reduceManyKernel(T* dst, Sources srcs, size_t count, size_t vectors, int divisor) {
+__global__ void reduceManyKernel(Destinations dsts, Sources srcs, size_t count, size_t vectors, int divisor) {
   using C = typename Conv::Compute;
   constexpr size_t kLanes = kVectorBytes / sizeof(T);
   const size_t stride = gridThreads();
@@ -175,31 +180,34 @@ __global__ void reduceManyKernel(T* dst, Sources srcs, size_t count, size_t vect
     T* o = reinterpret_cast<T*>(&out);
 #pragma unroll
     for (size_t j = 0; j < kLanes; ++j) o[j] = finish(acc[j]);
-    reinterpret_cast<uint4*>(dst)[v] = out;
+    for (int d = 0; d < dsts.count; ++d) reinterpret_cast<uint4*>(dsts.at[d])[v] = out;
   }
   for (size_t i = vectors * kLanes + threadIndex(); i < count; i += stride) {
     C acc = Conv::load(static_cast<const T*>(srcs.at[0])[i]);
     for (int s = 1; s < srcs.count; ++s) acc = Op::apply(acc, Conv::load(static_cast<const T*>(srcs.at[s])[i]));
-    dst[i] = finish(acc);
+    const T value = finish(acc);
+    for (int d = 0; d < dsts.count; ++d) static_cast<T*>(dsts.at[d])[i] = value;
   }
 }
 
 template <typename T, typename Conv, typename Op>
-int launchReduceMany(void* dst, const Sources& srcs, size_t count, int divisor, cudaStream_t stream) {
+int launchReduceMany(const Destinations& dsts, const Sources& srcs, size_t count, int divisor, cudaStream_t stream) {
   constexpr size_t kLanes = kVectorBytes / sizeof(T);
-  bool aligned = vectorAligned(dst);
+  bool aligned = true;
+  for (int d = 0; d < dsts.count; ++d) aligned = aligned && vectorAligned(dsts.at[d]);
   for (int s = 0; s < srcs.count; ++s) aligned = aligned && vectorAligned(srcs.at[s]);
   const size_t vectors = aligned ? count / kLanes : 0;
   reduceManyKernel<T, Conv, Op>
-      <<<gridFor(vectors > 0 ? vectors : count), 256, 0, stream>>>(static_cast<T*>(dst), srcs, count, vectors, divisor);
+      <<<gridFor(vectors > 0 ? vectors : count), 256, 0, stream>>>(dsts, srcs, count, vectors, divisor);
   return static_cast<int>(cudaGetLastError());
 }
 
 template <typename Op>
-int reduceManyTyped(void* dst, const Sources& srcs, size_t count, chorusDataType_t type, int divisor, cudaStream_t s) {
+int reduceManyTyped(const Destinations& dsts, const Sources& srcs, size_t count, chorusDataType_t type, int divisor,
+                    cudaStream_t s) {
   return withType(type, [&](auto typed) {
     using Tag = decltype(typed);
-    return launchReduceMany<typename Tag::Storage, typename Tag::Conv, Op>(dst, srcs, count, divisor, s);
+    return launchReduceMany<typename Tag::Storage, typename Tag::Conv, Op>(dsts, srcs, count, divisor, s);
   });
 }
 
@@ -317,25 +325,30 @@ int reduce(void* dst, const void* a, const void* b, size_t count, chorusDataType
   }
 }
 
-int reduceMany(void* dst, const void* const* srcs, int sources, size_t count, chorusDataType_t type, chorusRedOp_t op,
-               int divisor, void* stream) {
+int reduceMany(void* const* dsts, int destinations, const void* const* srcs, int sources, size_t count,
+               chorusDataType_t type, chorusRedOp_t op, int divisor, void* stream) {
   if (count == 0) return 0;
-  if (sources < 1 || sources > kMaxReduceSources) return static_cast<int>(cudaErrorInvalidValue);
-  Sources all{};
-  all.count = sources;
-  for (int s = 0; s < sources; ++s) all.at[s] = srcs[s];
+  if (sources < 1 || sources > kMaxReduceSources || destinations < 1 || destinations > kMaxReduceSources) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  Sources from{};
+  from.count = sources;
+  for (int s = 0; s < sources; ++s) from.at[s] = srcs[s];
+  Destinations to{};
+  to.count = destinations;
+  for (int d = 0; d < destinations; ++d) to.at[d] = dsts[d];
   const auto st = static_cast<cudaStream_t>(stream);
   switch (op) {
     case chorusSum:
-      return reduceManyTyped<SumOp>(dst, all, count, type, 1, st);
+      return reduceManyTyped<SumOp>(to, from, count, type, 1, st);
     case chorusAvg:
-      return reduceManyTyped<SumOp>(dst, all, count, type, divisor, st);
+      return reduceManyTyped<SumOp>(to, from, count, type, divisor, st);
     case chorusProd:
-      return reduceManyTyped<ProdOp>(dst, all, count, type, 1, st);
+      return reduceManyTyped<ProdOp>(to, from, count, type, 1, st);
     case chorusMax:
-      return reduceManyTyped<MaxOp>(dst, all, count, type, 1, st);
+      return reduceManyTyped<MaxOp>(to, from, count, type, 1, st);
     case chorusMin:
-      return reduceManyTyped<MinOp>(dst, all, count, type, 1, st);
+      return reduceManyTyped<MinOp>(to, from, count, type, 1, st);
     default:
       return static_cast<int>(cudaErrorInvalidValue);
   }

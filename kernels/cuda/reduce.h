@@ -20,17 +20,20 @@ int cast(void* dst, chorusDataType_t dstType, const void* src, chorusDataType_t 
 // buf[i] = buf[i] / divisor on the device, as kernels::divide.
 int divide(void* buf, size_t count, chorusDataType_t type, int divisor, void* stream);
 
-// The most sources one reduceMany takes.
+// The most sources, and the most destinations, one reduceMany takes.
 constexpr int kMaxReduceSources = 8;
 
-// dst[i] = srcs[0][i] (op) srcs[1][i] (op) ... (op) srcs[sources - 1][i], folded left to right in
-// the compute type (fp16 and bf16: fp32) and stored once; with divisor > 1 (Avg) the stored sum is
-// then divided by it, as kernels::reduce then kernels::divide do. 1 <= sources <=
-// kMaxReduceSources; dst may be one of the sources (element i is read before it is written).
-// Sources may be any device memory the current device can read (peers' buffers mapped with CUDA
-// IPC among them). Enqueued on stream; returns 0 or the launch's cudaError_t.
-int reduceMany(void* dst, const void* const* srcs, int sources, size_t count, chorusDataType_t type,
-               chorusRedOp_t op, int divisor, void* stream);
+// For every destination j and i < count: dsts[j][i] = srcs[0][i] (op) srcs[1][i] (op) ... (op)
+// srcs[sources - 1][i], folded left to right in the compute type (fp16 and bf16: fp32) and stored
+// once per destination; with divisor > 1 (Avg) the stored sum is then divided by it, as
+// kernels::reduce then kernels::divide do. 1 <= sources, destinations <= kMaxReduceSources. A
+// destination may be one of the sources (exactly: element i of every source is read before element
+// i of any destination is written); destinations must not overlap one another. Sources and
+// destinations may be any device memory the current device can reach (peers' buffers mapped with
+// CUDA IPC among them): one pass that reads each source once and writes each destination once, as
+// kernels::reduceMany on the CPU. Enqueued on stream; returns 0 or the launch's cudaError_t.
+int reduceMany(void* const* dsts, int destinations, const void* const* srcs, int sources, size_t count,
+               chorusDataType_t type, chorusRedOp_t op, int divisor, void* stream);
 
 // Loads every reduceMany kernel now (CUDA loads kernels lazily, at their first launch, which may
 // wait for the whole device: a call enqueued behind a blocked stream would wait with it). 0 or the

@@ -89,8 +89,9 @@ inline constexpr KnobSpec kKnobs[] = {
      "go in pieces of this size"},
     {"CHORUS_DEVICE_DIRECT_INPLACE_BYTES", "0",
      "direct device all-reduces of at least this many bytes per rank read the ranks' buffers where they lie (CUDA "
-     "IPC handles of the callers' allocations, mapped once each) as a reduce-scatter then an all-gather, instead of "
-     "publishing a copy; 0: never (the default until it is measured on a GPU)"},
+     "IPC handles of the callers' allocations, mapped once each), each rank reducing its block of every input into "
+     "that block of every output, instead of publishing a copy; 0: never (the default until each size is measured "
+     "on a GPU)"},
     {"CHORUS_DEVICE_STAGED_POST", "host",
      "how a staged device call reaches the proxy thread and back: host (a host function, then a one-thread kernel "
      "that waits) or value (the stream writes the call's number into pinned memory and waits on another, no "

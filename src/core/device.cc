@@ -114,7 +114,6 @@ struct DirectInfo {
   cudaIpcMemHandle_t buffer;
   cudaIpcEventHandle_t ready[2];
   cudaIpcEventHandle_t read[2];
-  cudaIpcEventHandle_t gathered[2];
   uint64_t inPlaceBytes;
   int32_t ok;
   int32_t pad;
@@ -297,10 +296,9 @@ struct DeviceEngine::Impl {
   std::vector<cudaEvent_t> peerRead[2];
   uint64_t directPieces = 0;
 
-  // In place: direct all-reduces of directInPlaceBytes or more (0: none) read the peers' buffers
-  // where they lie instead of a published copy. This rank's allocations' handles by id; the peers'
-  // allocations it has mapped, by rank; per piece buffer an event recorded once this rank has
-  // gathered the peers' blocks (gathered), shared with the peers as ready and read are.
+  // In place: direct all-reduces of directInPlaceBytes or more (0: none) read and write the peers'
+  // buffers where they lie instead of a published copy. This rank's allocations' handles by id;
+  // the peers' allocations it has mapped, by rank.
   size_t directInPlaceBytes = 0;
   std::unordered_map<uint64_t, cudaIpcMemHandle_t> exposedHandles;
   struct PeerAllocation {
@@ -310,8 +308,6 @@ struct DeviceEngine::Impl {
     char* mapped;
   };
   std::vector<std::vector<PeerAllocation>> peerAllocations;
-  cudaEvent_t gathered[2] = {};
-  std::vector<cudaEvent_t> peerGathered[2];
 
   // Staging: two slots, each an input and an output area (area slot * 2 + which), pinned. A
   // larger call gets larger areas; the old ones are kept (calls in flight and captured graphs
@@ -517,10 +513,8 @@ bool DeviceEngine::Impl::setUpDirect(bool oneGpu) {
     for (int q = 0; q < 2 && ok; ++q) {
       ok = cudaEventCreateWithFlags(&ready[q], cudaEventInterprocess | cudaEventDisableTiming) == cudaSuccess &&
            cudaEventCreateWithFlags(&readDone[q], cudaEventInterprocess | cudaEventDisableTiming) == cudaSuccess &&
-           cudaEventCreateWithFlags(&gathered[q], cudaEventInterprocess | cudaEventDisableTiming) == cudaSuccess &&
            cudaIpcGetEventHandle(&info.ready[q], ready[q]) == cudaSuccess &&
-           cudaIpcGetEventHandle(&info.read[q], readDone[q]) == cudaSuccess &&
-           cudaIpcGetEventHandle(&info.gathered[q], gathered[q]) == cudaSuccess;
+           cudaIpcGetEventHandle(&info.read[q], readDone[q]) == cudaSuccess;
     }
     info.inPlaceBytes = static_cast<uint64_t>(std::max<int64_t>(knobInt(Knob::kDeviceDirectInPlaceBytes), 0));
     info.ok = ok ? 1 : 0;
@@ -539,7 +533,6 @@ bool DeviceEngine::Impl::setUpDirect(bool oneGpu) {
     for (int q = 0; q < 2; ++q) {
       peerReady[q].assign(nranks, nullptr);
       peerRead[q].assign(nranks, nullptr);
-      peerGathered[q].assign(nranks, nullptr);
     }
     mine = 1;
     for (int p = 0; p < nranks && mine != 0; ++p) {
@@ -555,8 +548,7 @@ bool DeviceEngine::Impl::setUpDirect(bool oneGpu) {
       peerDirect[p] = static_cast<char*>(mapped);
       for (int q = 0; q < 2 && mine != 0; ++q) {
         if (cudaIpcOpenEventHandle(&peerReady[q][p], all[p].ready[q]) != cudaSuccess ||
-            cudaIpcOpenEventHandle(&peerRead[q][p], all[p].read[q]) != cudaSuccess ||
-            cudaIpcOpenEventHandle(&peerGathered[q][p], all[p].gathered[q]) != cudaSuccess) {
+            cudaIpcOpenEventHandle(&peerRead[q][p], all[p].read[q]) != cudaSuccess) {
           mine = 0;
         }
       }
@@ -586,17 +578,12 @@ void DeviceEngine::Impl::closeDirect() {
       if (p == rank) continue;
       if (peerReady[q][p] != nullptr) cudaEventDestroy(peerReady[q][p]);
       if (peerRead[q][p] != nullptr) cudaEventDestroy(peerRead[q][p]);
-      if (p < static_cast<int>(peerGathered[q].size()) && peerGathered[q][p] != nullptr) {
-        cudaEventDestroy(peerGathered[q][p]);
-      }
     }
     peerReady[q].clear();
     peerRead[q].clear();
-    peerGathered[q].clear();
     if (ready[q] != nullptr) cudaEventDestroy(ready[q]);
     if (readDone[q] != nullptr) cudaEventDestroy(readDone[q]);
-    if (gathered[q] != nullptr) cudaEventDestroy(gathered[q]);
-    ready[q] = readDone[q] = gathered[q] = nullptr;
+    ready[q] = readDone[q] = nullptr;
   }
   if (directBuffer != nullptr) cudaFree(directBuffer);
   directBuffer = nullptr;
@@ -676,7 +663,7 @@ void DeviceEngine::Impl::directPiece(const DeviceCall& call, size_t first, size_
   auto reduceAll = [&](void* to, size_t offset) {
     std::vector<const void*> sources(n);
     for (int p = 0; p < nranks; ++p) sources[p] = slot(p) + offset * size;
-    const int error = kernels::cuda::reduceMany(to, sources.data(), nranks, m, call.type, call.op, nranks,
+    const int error = kernels::cuda::reduceMany(&to, 1, sources.data(), nranks, m, call.type, call.op, nranks,
                                                 reinterpret_cast<void*>(stream));
     if (error != 0) check(static_cast<cudaError_t>(error), rank, "launching the direct reduction");
   };
@@ -771,7 +758,7 @@ bool DeviceEngine::Impl::expose(const void* p, ExposedBuffer* out) {
 // This process's address of a peer's buffer, mapping its allocation the first time. A new
 // allocation of the peer over the range of one mapped before means the peer freed that one; its
 // mapping goes. (The peer freed it only after its stream had waited for this rank's last read of
-// it, step 5 of enqueueInPlace, so nothing of this rank's still reads it.)
+// it, step 4 of enqueueInPlace, so nothing of this rank's still reads it.)
 char* DeviceEngine::Impl::mapPeer(int peer, const ExposedBuffer& buffer) {
   std::vector<PeerAllocation>& mapped = peerAllocations[peer];
   for (const PeerAllocation& a : mapped) {
@@ -792,22 +779,19 @@ char* DeviceEngine::Impl::mapPeer(int peer, const ExposedBuffer& buffer) {
   return static_cast<char*>(address) + buffer.offset;
 }
 
-// An all-reduce that reads the ranks' buffers where they lie (no published copy): block b of the
-// count is rank b's to reduce. On this rank's stream, with q = the piece's event pair:
-//   1. record ready[q]: the input is final once the stream gets here;
+// An all-reduce that reads and writes the ranks' buffers where they lie (no published copy):
+// block b of the count is rank b's to reduce. On this rank's stream, with q = the call's event pair:
+//   1. record ready[q]: the input is final, and the output free to write, once the stream gets here;
 //   2. host: every rank says where its input and output lie (an all-gather, which also orders
 //      every rank's record before any wait); if one cannot share them, all publish instead;
-//   3. wait for every peer's ready[q]; reduce block r (this rank's) of every input into this
-//      rank's output block r; record read[q];
-//   4. host barrier; wait for every peer's read[q] (their reads of this rank's input are done, and
-//      their output blocks final); copy each peer's output block into this rank's output; record
-//      gathered[q];
-//   5. host barrier; wait for every peer's gathered[q]: no peer reads this rank's buffers any more,
-//      so what follows on its stream may write them.
-// In place (output == input), step 3 writes only block r of this rank's buffer, which no peer
-// reads there; step 4 writes block p only after rank p has read it. Three waits across processes
-// per call against the published path's one, but each input is read once where it lies, and a
-// rank writes only its output: what large calls are bound by.
+//   3. wait for every peer's ready[q]; reduce block r (this rank's) of every input into block r of
+//      every output, in one kernel; record read[q];
+//   4. host barrier; wait for every peer's read[q]: every block of this rank's output is final,
+//      and no peer reads this rank's input any more, so what follows on its stream may touch them.
+// Every input byte is read once and every output byte written once over the ranks together (the
+// bound of an all-reduce on one GPU), with two waits across processes per call. In place (output ==
+// input), a thread reads element i of every input before it writes element i of any output, and
+// ranks touch disjoint blocks, so no block is written before every rank has read it.
 bool DeviceEngine::Impl::enqueueInPlace(const DeviceCall& call, cudaStream_t stream) {
   const size_t size = kernels::typeSize(call.type);
   const size_t n = static_cast<size_t>(nranks);
@@ -820,39 +804,29 @@ bool DeviceEngine::Impl::enqueueInPlace(const DeviceCall& call, cudaStream_t str
   for (const InPlaceInfo& info : all) {
     if (info.ok == 0) return false;
   }
-  std::vector<const char*> inputs(n);
-  std::vector<char*> outputs(n);
-  for (int p = 0; p < nranks; ++p) {
-    inputs[p] = p == rank ? static_cast<const char*>(call.input) : mapPeer(p, all[p].input);
-    outputs[p] = p == rank ? static_cast<char*>(call.output) : mapPeer(p, all[p].output);
-  }
-  // Blocks start on 16-byte boundaries of the buffers, so the reduction's vector loads apply.
+  // Block r of every input and output: blocks start on 16-byte boundaries of the buffers, so the
+  // reduction's vector loads apply.
   const size_t align = std::max<size_t>(1, 16 / size);
   const size_t chunk = ((call.count + n - 1) / n + align - 1) / align * align;
-  auto first = [&](int b) { return std::min(call.count, static_cast<size_t>(b) * chunk); };
-  auto length = [&](int b) { return std::min(call.count, first(b) + chunk) - first(b); };
-
+  const size_t first = std::min(call.count, static_cast<size_t>(rank) * chunk);
+  const size_t length = std::min(call.count, first + chunk) - first;
+  std::vector<const void*> inputs(n);
+  std::vector<void*> outputs(n);
+  for (int p = 0; p < nranks; ++p) {
+    const char* in = p == rank ? static_cast<const char*>(call.input) : mapPeer(p, all[p].input);
+    char* out = p == rank ? static_cast<char*>(call.output) : mapPeer(p, all[p].output);
+    inputs[p] = in + first * size;
+    outputs[p] = out + first * size;
+  }
   waitForPeers(peerReady[q], stream, "cudaStreamWaitEvent (direct ready)");
-  if (length(rank) > 0) {
-    std::vector<const void*> sources(n);
-    for (int p = 0; p < nranks; ++p) sources[p] = inputs[p] + first(rank) * size;
-    const int error =
-        kernels::cuda::reduceMany(outputs[rank] + first(rank) * size, sources.data(), nranks, length(rank), call.type,
-                                  call.op, nranks, reinterpret_cast<void*>(stream));
+  if (length > 0) {
+    const int error = kernels::cuda::reduceMany(outputs.data(), nranks, inputs.data(), nranks, length, call.type,
+                                                call.op, nranks, reinterpret_cast<void*>(stream));
     if (error != 0) check(static_cast<cudaError_t>(error), rank, "launching the direct reduction");
   }
   check(cudaEventRecord(readDone[q], stream), rank, "cudaEventRecord (direct read)");
   hostBarrier();
   waitForPeers(peerRead[q], stream, "cudaStreamWaitEvent (direct read)");
-  for (int p = 0; p < nranks; ++p) {
-    if (p == rank || length(p) == 0) continue;
-    check(cudaMemcpyAsync(outputs[rank] + first(p) * size, outputs[p] + first(p) * size, length(p) * size,
-                          cudaMemcpyDeviceToDevice, stream),
-          rank, "cudaMemcpyAsync (direct gather)");
-  }
-  check(cudaEventRecord(gathered[q], stream), rank, "cudaEventRecord (direct gathered)");
-  hostBarrier();
-  waitForPeers(peerGathered[q], stream, "cudaStreamWaitEvent (direct gathered)");
   return true;
 }
 

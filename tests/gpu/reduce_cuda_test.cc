@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "kernels/cpu/half.h"
@@ -65,6 +66,52 @@ TEST(CudaReduceTest, MatchesCpuReferenceForEveryTypeAndOp) {
       EXPECT_EQ(std::memcmp(cpu.data(), gpu.data(), bytes), 0) << chorusTypeName(type) << " " << chorusOpName(op);
     }
   }
+}
+
+// reduceMany into several destinations at once, one of them a source (in place), as the direct
+// all-reduce on one GPU calls it: every destination equals kernels::reduceMany's on the CPU, for
+// every type x op, on whole vectors and, shifted by one element, on the element path.
+TEST(CudaReduceTest, ReduceManyIntoEveryDestinationMatchesCpuReference) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  constexpr size_t kCount = 70001;
+  constexpr int kSources = 3;
+  for (int t = 0; t < chorusNumTypes; ++t) {
+    const auto type = static_cast<chorusDataType_t>(t);
+    const size_t size = typeSize(type);
+    const size_t bytes = (kCount + 1) * size;
+    for (int o = 0; o < chorusNumOps; ++o) {
+      const auto op = static_cast<chorusRedOp_t>(o);
+      std::vector<std::vector<char>> in(kSources, std::vector<char>(bytes));
+      for (int s = 0; s < kSources; ++s) {
+        for (size_t i = 0; i < kCount + 1; ++i)
+          pattern::store(in[s].data(), i, type, pattern::reduceInput(op, type, s, i));
+      }
+      for (const size_t shift : {size_t{0}, size_t{1}}) {
+        std::vector<char> cpu(kCount * size);
+        void* cpuTo[] = {cpu.data()};
+        const void* cpuFrom[kSources];
+        for (int s = 0; s < kSources; ++s) cpuFrom[s] = in[s].data() + shift * size;
+        reduceMany(cpuTo, 1, cpuFrom, kSources, kCount, type, op, nullptr);
+        std::vector<std::unique_ptr<DeviceBuffer<char>>> sources;
+        for (int s = 0; s < kSources; ++s) sources.push_back(std::make_unique<DeviceBuffer<char>>(in[s]));
+        DeviceBuffer<char> other{std::vector<char>(bytes)}, third{std::vector<char>(bytes)};
+        // Destinations: a buffer of their own, source 1 itself (in place), another of their own.
+        void* to[] = {other.data + shift * size, sources[1]->data + shift * size, third.data + shift * size};
+        const void* from[kSources];
+        for (int s = 0; s < kSources; ++s) from[s] = sources[s]->data + shift * size;
+        ASSERT_EQ(cuda::reduceMany(to, 3, from, kSources, kCount, type, op, kSources, nullptr), 0);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        for (const DeviceBuffer<char>* d : {&other, sources[1].get(), &third}) {
+          const std::vector<char> gpu = d->read();
+          EXPECT_EQ(std::memcmp(cpu.data(), gpu.data() + shift * size, kCount * size), 0)
+              << chorusTypeName(type) << " " << chorusOpName(op) << " shift " << shift;
+        }
+      }
+    }
+  }
+  const void* from[1] = {nullptr};
+  void* to[cuda::kMaxReduceSources + 1] = {};
+  EXPECT_NE(cuda::reduceMany(to, cuda::kMaxReduceSources + 1, from, 1, 1, chorusFloat32, chorusSum, 1, nullptr), 0);
 }
 
 // NaN and infinities: a NaN operand keeps its sign and payload (quieted), an invalid operation
