@@ -280,16 +280,18 @@ CHORUS_API chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key,
  * CHORUS_ALGO's syntax: "allreduce:rabenseifner,allgather:bruck"; a collective not named keeps
  * its setting, and "allreduce:default" returns it to the library's choice. Every rank must set
  * the same, between the same calls. Algorithms: allreduce ring tree recursive_doubling
- * rabenseifner hierarchical; allgather ring recursive_doubling bruck hierarchical; reducescatter
- * ring recursive_halving hierarchical; broadcast chain binomial scatter_allgather hierarchical;
- * reduce chain binomial reducescatter_gather hierarchical (hierarchical: for ranks on several hosts);
+ * rabenseifner hierarchical direct; allgather ring recursive_doubling bruck hierarchical;
+ * reducescatter ring recursive_halving hierarchical direct; broadcast chain binomial
+ * scatter_allgather hierarchical; reduce chain binomial reducescatter_gather hierarchical
+ * (hierarchical: for ranks on several hosts; direct: for blocking calls outside a group among
+ * ranks all on shm, on chorusMemAlloc buffers, else the library's choice);
  * alltoall pairwise bruck; alltoallv pairwise; gather binomial; scatter binomial; barrier
  * dissemination. Errors: chorusInvalidArgument naming an entry that is malformed or names an
  * algorithm the collective does not have (nothing is changed then); chorusInvalidUsage. */
 CHORUS_API chorusResult_t chorusCommSetAlgorithms(chorusComm_t comm, const char* algorithms);
 
 /* The algorithms of a collective ("allreduce", "alltoall", ...), comma-separated, default first,
- * e.g. "ring,tree,recursive_doubling,rabenseifner,hierarchical"; NULL for an unknown collective. Static
+ * e.g. "ring,tree,recursive_doubling,rabenseifner,hierarchical,direct"; NULL for an unknown collective. Static
  * string; any thread. */
 CHORUS_API const char* chorusAlgorithmNames(const char* collective);
 

@@ -18,7 +18,7 @@ const std::vector<const AlgorithmDescriptor*>& allAlgorithms() {
   static const auto all = [] {
     std::vector<const AlgorithmDescriptor*> list;
     for (auto file : {ringAlgorithms, chainAlgorithms, pairwiseAlgorithms, treeAlgorithms, recursiveAlgorithms,
-                      bruckAlgorithms, hierarchicalAlgorithms, pointToPointAlgorithms}) {
+                      bruckAlgorithms, hierarchicalAlgorithms, directAlgorithms, pointToPointAlgorithms}) {
       for (const AlgorithmDescriptor& d : file()) list.push_back(&d);
     }
     return list;
@@ -45,6 +45,7 @@ const Name kNames[] = {
     {Algorithm::kReduceScatterGather, "reducescatter_gather"},
     {Algorithm::kDissemination, "dissemination"},
     {Algorithm::kHierarchical, "hierarchical"},
+    {Algorithm::kDirect, "direct"},
 };
 const Name kAliases[] = {{Algorithm::kRecursiveDoubling, "rd"},
                          {Algorithm::kRecursiveHalving, "rh"},

@@ -26,6 +26,7 @@ struct Cost {
   double a = 0, b = 0, g = 0, cp = 0, o = 0;
   bool twoLevels = false;  // several hosts of equal rank counts
   double h = 1, l = 1, la = 0, lb = 0;
+  double directFrom = 0;  // the direct algorithm runs from this many bytes (0: it cannot run)
 
   // Folding the ranks past p in and out: two full-buffer messages and a reduction.
   double fold() const { return folds ? 2 * a + 2 * m * b + m * g : 0; }
@@ -80,6 +81,7 @@ std::span<const AlgorithmDescriptor> treeAlgorithms();
 std::span<const AlgorithmDescriptor> recursiveAlgorithms();
 std::span<const AlgorithmDescriptor> bruckAlgorithms();
 std::span<const AlgorithmDescriptor> hierarchicalAlgorithms();
+std::span<const AlgorithmDescriptor> directAlgorithms();
 std::span<const AlgorithmDescriptor> pointToPointAlgorithms();  // schedule.cc
 
 // The descriptor of (collective, algorithm), the collective's default for kDefault; null where

@@ -24,6 +24,8 @@ const char* stepKindName(StepKind kind) {
       return "divide";
     case StepKind::kReduce:
       return "reduce";
+    case StepKind::kReducePeers:
+      return "reduce-peers";
   }
   return "unknown";
 }
@@ -53,6 +55,11 @@ int stepAccesses(const Step& step, Access out[4]) {
       break;
     case StepKind::kDivide:
       out[n++] = {step.dst, step.bytes, true};
+      break;
+    case StepKind::kReducePeers:  // this rank's share of it (the peers' are ordered by the ranks' meetings)
+      out[n++] = {step.src, step.bytes, false};
+      out[n++] = {step.dst, step.bytes, true};
+      out[n++] = {step.tmp, 1, true};
       break;
   }
   return n;

@@ -1,5 +1,6 @@
 // schedule.h: collectives as schedules. A schedule is one rank's list of steps (send, recv,
-// recv-reduce, copy, divide) over byte ranges of its input, output and scratch buffers, made by a
+// recv-reduce, copy, divide, reduce, reduce-peers) over byte ranges of its input, output and
+// scratch buffers, made by a
 // pure function of (collective, nranks, rank, count, type size, root/peer, chunking, rank order). No I/O and
 // no threads here: src/core/executor runs schedules over the transports.
 //
@@ -51,7 +52,14 @@ enum class StepKind : uint8_t {
   kCopy,        // dst = src
   kDivide,      // dst = dst / nranks (the last step of Avg)
   kReduce,      // dst = src (op) tmp, local: after a kRecv into tmp, when dst is still being sent
+  // dst = the fold (op; Avg: then divided by nranks) over every rank's input at src, read where
+  // the peers' inputs lie (mapped: PreparedOp::peers), into this rank's output at dst, or with
+  // peer == kEveryRank into every rank's output at dst; then tmp (one scratch byte) is written,
+  // so the steps that read it (a barrier's first send) follow. The ranks must have met before
+  // (every input final, every output free): the swap that mapped the buffers is that meeting.
+  kReducePeers,
 };
+inline constexpr int kEveryRank = -2;
 const char* stepKindName(StepKind kind);
 
 struct Step {
@@ -86,6 +94,7 @@ enum class Algorithm : uint8_t {
   kDissemination,        // barrier
   kHierarchical,         // across hosts: within hosts, along rails across them (all-reduce, all-gather,
                          // reduce-scatter, broadcast, reduce)
+  kDirect,               // all-reduce, reduce-scatter: read every rank's buffers where they lie (one host)
   kCount
 };
 
@@ -134,6 +143,9 @@ inline Step copyStep(Span src, Span dst, size_t bytes) { return {StepKind::kCopy
 inline Step divideStep(Span dst, size_t bytes) { return {StepKind::kDivide, -1, {}, dst, {}, bytes}; }
 inline Step reduceStep(Span src, Span tmp, Span dst, size_t bytes) {
   return {StepKind::kReduce, -1, src, dst, tmp, bytes};
+}
+inline Step reducePeersStep(Span src, Span dst, Span mark, size_t bytes, bool everyOutput) {
+  return {StepKind::kReducePeers, everyOutput ? kEveryRank : -1, src, dst, mark, bytes};
 }
 inline Span at(BufferId buffer, size_t offset) { return {buffer, offset}; }
 // Rotating chunk-sized slots in scratch, starting at `base`.
@@ -198,6 +210,8 @@ Schedule reduceScatterGatherReduce(const ScheduleArgs& args);
 Schedule disseminationBarrier(const ScheduleArgs& args);
 Schedule doubleTreeAllReduce(const ScheduleArgs& args);
 Schedule hierarchicalAllReduce(const ScheduleArgs& args);
+Schedule directAllReduce(const ScheduleArgs& args);
+Schedule directReduceScatter(const ScheduleArgs& args);
 Schedule hierarchicalAllGather(const ScheduleArgs& args);
 Schedule hierarchicalReduceScatter(const ScheduleArgs& args);
 Schedule hierarchicalBroadcast(const ScheduleArgs& args);

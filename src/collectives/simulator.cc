@@ -175,6 +175,21 @@ SimulationResult simulate(std::vector<SimulatedRank>& ranks, chorusDataType_t ty
           case StepKind::kReduce:
             kernels::reduce(dst, src, tmp, step.bytes / size, type, op);
             break;
+          case StepKind::kReducePeers: {
+            // Every rank's input read where it lies: the simulation holds them all.
+            std::vector<const void*> from(n);
+            std::vector<void*> to;
+            for (int p = 0; p < n; ++p) from[p] = states[p].base(step.src.buffer) + step.src.offset;
+            if (step.peer == kEveryRank) {
+              for (int p = 0; p < n; ++p) to.push_back(states[p].base(step.dst.buffer) + step.dst.offset);
+            } else {
+              to.push_back(dst);
+            }
+            kernels::reduceMany(to.data(), static_cast<int>(to.size()), from.data(), n, step.bytes / size, type, op,
+                                nullptr);
+            *tmp = 1;
+            break;
+          }
         }
         ++state.next;
         moved = true;
@@ -363,9 +378,12 @@ TimingResult simulateTime(const std::vector<Schedule>& schedules, const NetworkM
           switch (step.kind) {
             case StepKind::kCopy:
             case StepKind::kDivide:
-            case StepKind::kReduce: {
+            case StepKind::kReduce:
+            case StepKind::kReducePeers: {
               const double perByte = step.kind == StepKind::kCopy ? model.copyUsPerByte : model.gammaUsPerByte;
-              now = std::max(now, state.coreFree) + static_cast<double>(step.bytes) * perByte;
+              // A reduce-peers step folds n slices of its bytes.
+              const double folded = step.kind == StepKind::kReducePeers ? n : 1;
+              now = std::max(now, state.coreFree) + folded * static_cast<double>(step.bytes) * perByte;
               state.coreFree = now;
               state.finished = std::max(state.finished, now);
               break;

@@ -174,6 +174,7 @@ Cost costOf(int nranks, size_t bytes, size_t chunkBytes, const CostParams& param
   c.l = c.n / c.h;
   c.la = params.localAlphaUs;
   c.lb = params.localBetaUsPerByte;
+  c.directFrom = static_cast<double>(params.directMinBytes);
   return c;
 }
 

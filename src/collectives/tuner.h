@@ -41,6 +41,10 @@ struct CostParams {
   int hosts = 1;
   double localAlphaUs = 5;
   double localBetaUsPerByte = 2e-4;
+  // The direct algorithm (every rank's buffers mapped, src/collectives/direct.cc) for calls of at
+  // least this many bytes; 0: it cannot run (ranks not all on shm, or a call that cannot swap
+  // buffer descriptors first: in a group, non-blocking).
+  size_t directMinBytes = 0;
   std::array<std::array<Correction, static_cast<int>(Algorithm::kCount)>, kCollectiveCount> corrections;
   Correction& correction(Collective c, Algorithm a) { return corrections[static_cast<int>(c)][static_cast<int>(a)]; }
   const Correction& correction(Collective c, Algorithm a) const {

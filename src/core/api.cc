@@ -216,8 +216,11 @@ void submitOn(const Lease& held, const CallInfo& info, int rootOrPeer, const siz
   if (stream == nullptr) stream = chorus::streamForNull(info.input, info.output);
 #endif
   if (stream == nullptr) {
-    submit(held, info.comm,
-           c.prepare(info.collective, info.input, info.output, info.count, info.type, info.op, rootOrPeer, vector));
+    // A blocking call outside a group may take the direct algorithm, which meets the peers first.
+    const bool alone = group.depth == 0 && nonBlockingTarget == nullptr;
+    submit(
+        held, info.comm,
+        c.prepare(info.collective, info.input, info.output, info.count, info.type, info.op, rootOrPeer, vector, alone));
     return;
   }
   if (nonBlockingTarget != nullptr) {
@@ -243,8 +246,8 @@ void submitOn(const Lease& held, const CallInfo& info, int rootOrPeer, const siz
 #endif
 }
 
-// Checks a call's arguments by what its collective is (collectives/traits.h), then runs it: direct
-// between shareable buffers where that applies, else on the executor or the device path.
+// Checks a call's arguments by what its collective is (collectives/traits.h), then runs it on the
+// executor or the device path.
 void enqueue(const CallInfo& info) {
   using collectives::Extent;
   const Lease held = live(info.comm, info.call);
@@ -285,11 +288,6 @@ void enqueue(const CallInfo& info) {
          t.name);
   }
   if (t.pointToPoint) checkSelfOutsideGroup(info.rootOrPeer, rank, call);
-  // Blocking reductions outside a group may go direct between shareable buffers.
-  if (t.reduces && !t.rooted && info.stream == nullptr && group.depth == 0 && nonBlockingTarget == nullptr &&
-      c.reduceDirect(info.collective, info.input, info.output, info.count, info.type, info.op)) {
-    return;
-  }
   const size_t* const* vector = t.input == Extent::kVector ? info.vector.data() : nullptr;
   submitOn(held, info, t.rooted || t.pointToPoint ? info.rootOrPeer : 0, vector);
 }

@@ -244,7 +244,9 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
   for (int peer = 0; peer < nranks; ++peer) {
     allShm = allShm && (peer == rank || std::string(transportOfPeer_[peer]->name()) == "shm");
   }
+  directCapable_ = allShm;
   directBytes_ = allShm ? static_cast<size_t>(std::max<int64_t>(knobInt(Knob::kShmDirectBytes), 0)) : 0;
+  costs_.directMinBytes = directBytes_;
 
   std::vector<Transport*> all;
   for (auto& t : transports_) all.push_back(t.get());
@@ -336,7 +338,8 @@ void Communicator::setAlgorithms(const std::string& text) {
 }
 
 PreparedOp Communicator::prepare(collectives::Collective collective, const void* input, void* output, size_t count,
-                                 chorusDataType_t type, chorusRedOp_t op, int rootOrPeer, const size_t* const* vector) {
+                                 chorusDataType_t type, chorusRedOp_t op, int rootOrPeer, const size_t* const* vector,
+                                 bool alone) {
   using collectives::Collective;
   collectives::ScheduleArgs args;
   args.collective = collective;
@@ -350,36 +353,18 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   args.algorithm = algorithms_[static_cast<int>(collective)];
   args.order = order_.empty() ? nullptr : order_.data();
   args.hosts = hosts_.empty() ? nullptr : hosts_.data();
+  // The direct algorithm needs the ranks to swap where their buffers lie first, which only a
+  // blocking call alone can do, on ranks all on shm; forced where it cannot run, the tuner picks.
+  const bool mayGoDirect = alone && directCapable_;
+  if (args.algorithm == collectives::Algorithm::kDirect && !mayGoDirect)
+    args.algorithm = collectives::Algorithm::kDefault;
   const bool forced = args.algorithm != collectives::Algorithm::kDefault;
-  if (collective != Collective::kSend && collective != Collective::kRecv) {
+  const size_t bytes = collectives::wholeElements(collective, count, nranks_) * args.typeSize;
+  if (collective != Collective::kSend && collective != Collective::kRecv && (!forced || !settings_.chunkForced)) {
     // The tuner picks the algorithm unless it is forced, and the chunk unless CHORUS_CHUNK_BYTES is set.
-    const size_t bytes = collectives::wholeElements(collective, count, nranks_) * args.typeSize;
-    const size_t fixedChunk = settings_.chunkForced ? settings_.chunkBytes : 0;
-    if (!forced || !settings_.chunkForced) {
-      // The tuner weighs every algorithm at every chunk size (microseconds, as much as a small
-      // call itself): remember its answer per (collective, forced algorithm, bytes).
-      const uint64_t key = (static_cast<uint64_t>(collective) << 59) ^ (static_cast<uint64_t>(args.algorithm) << 54) ^
-                           static_cast<uint64_t>(bytes);
-      auto found = tunerChoices_.find(key);
-      if (found == tunerChoices_.end()) {
-        if (tunerChoices_.size() >= 4096) tunerChoices_.clear();
-        collectives::TunerChoice choice;
-        if (!forced) {
-          choice = collectives::choose(collective, nranks_, bytes, costs_, fixedChunk);
-        } else {
-          choice = {args.algorithm, collectives::chooseChunkBytes(collective, args.algorithm, nranks_, bytes, costs_)};
-        }
-        found = tunerChoices_.emplace(key, choice).first;
-        if (rank_ == 0 && !forced) {
-          logAt(LogLevel::kInfo,
-                "rank 0: tuner: {} of {} bytes on {} ranks ({} host(s)): {}, chunk {} (predicted {:.1f} us)",
-                collectives::collectiveName(collective), bytes, nranks_, costs_.hosts,
-                collectives::algorithmName(choice.algorithm), choice.chunkBytes, choice.predictedUs);
-        }
-      }
-      args.algorithm = found->second.algorithm;
-      args.chunkBytes = found->second.chunkBytes;
-    }
+    const collectives::TunerChoice choice = tunerChoice(collective, args.algorithm, bytes, mayGoDirect);
+    args.algorithm = choice.algorithm;
+    args.chunkBytes = choice.chunkBytes;
   }
   if (vector != nullptr) {
     args.sendCounts = vector[0];
@@ -423,10 +408,23 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   }
   const uint64_t sequence = collectiveSequence_++;
   // The algorithm is part of the signature: ranks that chose differently fail instead of mixing.
-  prepared.tag = makeTag(TagKind::kCollective, sequence,
-                         signatureOf(collective, count, type, reduces ? op : chorusSum,
-                                     static_cast<uint64_t>(rooted ? rootOrPeer : 0) +
-                                         65536 * static_cast<uint64_t>(args.algorithm) + (orderHash_ << 24)));
+  auto tagOf = [&](collectives::Algorithm algorithm) {
+    return makeTag(TagKind::kCollective, sequence,
+                   signatureOf(collective, count, type, reduces ? op : chorusSum,
+                               static_cast<uint64_t>(rooted ? rootOrPeer : 0) +
+                                   65536 * static_cast<uint64_t>(algorithm) + (orderHash_ << 24)));
+  };
+  prepared.tag = tagOf(args.algorithm);
+  if (args.algorithm == collectives::Algorithm::kDirect) {
+    // Where some rank's buffers cannot be mapped (start() finds out), what the tuner picks without it.
+    collectives::ScheduleArgs instead = args;
+    const collectives::TunerChoice choice =
+        tunerChoice(collective, collectives::Algorithm::kDefault, bytes, /*mayGoDirect=*/false);
+    instead.algorithm = choice.algorithm;
+    instead.chunkBytes = settings_.chunkForced ? settings_.chunkBytes : choice.chunkBytes;
+    prepared.fallback = scheduleFor(instead);
+    prepared.fallbackTag = tagOf(instead.algorithm);
+  }
   prepared.sequence = sequence;
   prepared.rootOrPeer = rooted ? rootOrPeer : -1;
   const std::pair<int, int> choice{static_cast<int>(collective), static_cast<int>(args.algorithm)};
@@ -440,6 +438,37 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
           settings_.chunkForced ? "CHORUS_CHUNK_BYTES" : "the tuner's chunk");
   }
   return prepared;
+}
+
+// The tuner weighs every algorithm at every chunk size (microseconds, as much as a small call
+// itself): its answer is remembered per (collective, forced algorithm, bytes, whether the direct
+// algorithm may run). A forced algorithm gets its best chunk; CHORUS_CHUNK_BYTES fixes the chunk.
+collectives::TunerChoice Communicator::tunerChoice(collectives::Collective collective, collectives::Algorithm forced,
+                                                   size_t bytes, bool mayGoDirect) {
+  const uint64_t key = (static_cast<uint64_t>(collective) << 59) ^ (static_cast<uint64_t>(forced) << 54) ^
+                       (static_cast<uint64_t>(mayGoDirect) << 53) ^ static_cast<uint64_t>(bytes);
+  auto found = tunerChoices_.find(key);
+  if (found != tunerChoices_.end()) return found->second;
+  if (tunerChoices_.size() >= 4096) tunerChoices_.clear();
+  const collectives::CostParams* costs = &costs_;
+  collectives::CostParams apart;
+  if (!mayGoDirect && costs_.directMinBytes > 0) {  // the direct algorithm cannot run
+    apart = costs_;
+    apart.directMinBytes = 0;
+    costs = &apart;
+  }
+  collectives::TunerChoice choice;
+  if (forced == collectives::Algorithm::kDefault) {
+    choice = collectives::choose(collective, nranks_, bytes, *costs, settings_.chunkForced ? settings_.chunkBytes : 0);
+  } else {
+    choice = {forced, collectives::chooseChunkBytes(collective, forced, nranks_, bytes, *costs)};
+  }
+  if (rank_ == 0 && forced == collectives::Algorithm::kDefault) {
+    logAt(LogLevel::kInfo, "rank 0: tuner: {} of {} bytes on {} ranks ({} host(s)): {}, chunk {} (predicted {:.1f} us)",
+          collectives::collectiveName(collective), bytes, nranks_, costs_.hosts,
+          collectives::algorithmName(choice.algorithm), choice.chunkBytes, choice.predictedUs);
+  }
+  return tunerChoices_.emplace(key, choice).first->second;
 }
 
 // Schedules depend on the call's shape only (steps name buffers by role and offset), so a loop
@@ -473,6 +502,9 @@ std::shared_ptr<Completion> Communicator::start(std::vector<PreparedOp> ops) {
   if (aborted()) fail(chorusAborted, "rank {}: the communicator was aborted", rank_);
   if (!broken_.empty()) {
     fail(chorusInvalidUsage, "rank {}: the communicator failed earlier and cannot be used: {}", rank_, broken_);
+  }
+  for (PreparedOp& op : ops) {
+    if (op.fallback != nullptr) mapPeers(op);
   }
   return breakingOnError([&] { return executor_->submit(std::move(ops)); });
 }

@@ -48,18 +48,12 @@ class Communicator {
 
   // Builds the schedule and tag of a call (arguments checked). `vector` holds all-to-allv's
   // counts and displacements (send counts, send displs, recv counts, recv displs).
+  // `alone`: a blocking call outside any group (every rank must call it alike), which may take the
+  // direct algorithm (src/collectives/direct.cc) where every peer is on shm: start() then swaps
+  // where the ranks' buffers lie first.
   PreparedOp prepare(collectives::Collective collective, const void* input, void* output, size_t count,
-                     chorusDataType_t type, chorusRedOp_t op, int rootOrPeer, const size_t* const* vector = nullptr);
-
-  // A blocking all-reduce or reduce-scatter outside a group (all ranks must call it alike): where
-  // every peer is on shm and the call's input has CHORUS_SHM_DIRECT_BYTES or more, the ranks first
-  // swap where their buffers lie; where every rank's input and output are chorusMemAlloc
-  // allocations, each rank reduces its part straight from every rank's input (all-reduce: its 1/n
-  // of the elements, into every rank's output; reduce-scatter: its own block, into its output)
-  // and returns true. False (after the swap, or without one) leaves the call to the schedule.
-  // count is the output's, as in the C calls.
-  bool reduceDirect(collectives::Collective collective, const void* input, void* output, size_t count,
-                    chorusDataType_t type, chorusRedOp_t op);
+                     chorusDataType_t type, chorusRedOp_t op, int rootOrPeer, const size_t* const* vector = nullptr,
+                     bool alone = false);
 
   // Collective over the ranks not in `exclude` (they do not call it): a new communicator of those
   // ranks, in their order here, with `settings`. Works on a communicator that has failed (a dead
@@ -80,7 +74,8 @@ class Communicator {
   void setAlgorithms(const std::string& text);
 
   // Starts prepared ops (a single call, or a group) after those already in flight; they progress
-  // inside later calls on this communicator.
+  // inside later calls on this communicator. An op of the direct algorithm first meets its peers
+  // (mapPeers).
   std::shared_ptr<Completion> start(std::vector<PreparedOp> ops);
   // Progresses until the ops of `completion` are done (wait) or as far as possible (test).
   void wait(const Completion& completion);
@@ -124,6 +119,11 @@ class Communicator {
  private:
   // Follows `order` (position -> rank) in rings, chains and trees from now on.
   void followOrder(std::vector<int> order);
+  collectives::TunerChoice tunerChoice(collectives::Collective collective, collectives::Algorithm forced, size_t bytes,
+                                       bool mayGoDirect);
+  // A direct op's meeting (direct.cc): the ranks swap where their buffers lie and map each
+  // other's; where some rank's cannot be mapped, every rank's op takes its fallback schedule.
+  void mapPeers(PreparedOp& op);
 
   int rank_;
   int nranks_;
@@ -158,7 +158,8 @@ class Communicator {
   static constexpr size_t kCachedSchedules = 16;
   std::shared_ptr<const collectives::Schedule> scheduleFor(const collectives::ScheduleArgs& args);
   std::vector<std::pair<ScheduleKey, std::shared_ptr<const collectives::Schedule>>> schedules_;
-  size_t directBytes_ = 0;  // CHORUS_SHM_DIRECT_BYTES where every peer is on shm, else 0
+  bool directCapable_ = false;  // every peer on shm: the direct algorithm can run
+  size_t directBytes_ = 0;      // CHORUS_SHM_DIRECT_BYTES where every peer is on shm, else 0: the tuner's floor
   bool directLogged_ = false;
   int directSkips_ = 0;  // eligible calls left that skip the swap (a heap buffer was found)
   std::atomic<bool> aborted_{false};

@@ -1,24 +1,17 @@
-// direct.cc: the direct all-reduce and reduce-scatter among ranks of one host whose buffers are
-// chorusMemAlloc allocations (Communicator::reduceDirect).
+// direct.cc: the meeting before a call of the direct algorithm (src/collectives/direct.cc) among
+// ranks of one host whose buffers are chorusMemAlloc allocations.
 //
-// The ranks first swap where their input and output lie (a 64-byte all-gather of descriptors:
-// memfd number, serial, size, offset). If every rank's buffers are shareable and every peer can
-// map them, each rank maps the peers' inputs (all-reduce: their outputs too; once per
-// allocation: the shm transport keeps the mappings) and reduces its part over every rank's input
-// in one pass (kernels::reduceMany), streamed past the cache for large calls: an all-reduce rank
-// takes its 1/n of the elements, cut at cache lines, and stores each result into every rank's
-// output; a reduce-scatter rank takes its own block and stores it into its output. A barrier then
-// tells every rank that its output is complete and its input no longer read.
-//
-// Each input byte is read once and each output byte written once, by one rank, in one pass: the
-// copy bound, where the ring through the FIFOs reads and writes each byte twice (with mapped
-// messages, reads the reduced parts back once more). It costs two exchanges of small messages,
-// so it starts at CHORUS_SHM_DIRECT_BYTES of input; where a swap finds a heap buffer, the next 63
-// eligible calls skip it, so heap buffers pay one swap per 64 calls.
+// The ranks swap where their input and output lie (a 64-byte all-gather of descriptors: memfd
+// number, serial, size, offset). If every rank's buffers are shareable and every peer can map
+// them, each rank maps the peers' inputs (all-reduce: their outputs too; once per allocation:
+// the shm transport keeps the mappings) and the op runs its schedule: one reduce-peers step, then
+// a barrier. The swap is also the meeting that step needs: once a rank has every descriptor,
+// every rank is in the call, so the inputs are final and the outputs free. Where a swap finds a
+// heap buffer, every rank's op takes its fallback schedule (the tuner's choice without direct),
+// and the next 63 direct calls take it without a swap, so heap buffers pay one swap per 64 calls.
 #include <algorithm>
 #include <memory>
 
-#include "kernels/cpu/copy.h"
 #include "kernels/cpu/reduce.h"
 #include "src/base/error.h"
 #include "src/base/log.h"
@@ -44,27 +37,29 @@ constexpr int kDirectBackoff = 63;
 
 }  // namespace
 
-bool Communicator::reduceDirect(collectives::Collective collective, const void* input, void* output, size_t count,
-                                chorusDataType_t type, chorusRedOp_t op) {
-  const bool allReduce = collective == collectives::Collective::kAllReduce;
-  if (!allReduce && collective != collectives::Collective::kReduceScatter) return false;
-  const char* name = allReduce ? "all-reduce" : "reduce-scatter";
-  const size_t size = kernels::typeSize(type);
-  const size_t outBytes = count * size;
-  const size_t inBytes = allReduce ? outBytes : outBytes * static_cast<size_t>(nranks_);
-  if (directBytes_ == 0 || inBytes < directBytes_) return false;
+void Communicator::mapPeers(PreparedOp& op) {
+  const bool allReduce = op.collective == collectives::Collective::kAllReduce;
+  const char* name = collectives::collectiveName(op.collective);
+  const size_t inBytes = op.inputBytes;
+  const size_t outBytes = op.count * kernels::typeSize(op.type);
+  auto fallBack = [&] {
+    op.schedule = std::move(op.fallback);
+    op.tag = op.fallbackTag;
+    op.fallback.reset();
+  };
   // After a swap found a heap buffer, the next kDirectBackoff such calls skip the swap (with 4
   // ranks on 2 cores a 64-byte all-gather took 62-89 us in the host tables, a 64 KiB all-reduce
   // 90 us, so heap buffers pay about 1% more): every rank saw the same descriptors, so all skip
   // alike.
   if (directSkips_ > 0) {
     --directSkips_;
-    return false;
+    fallBack();
+    return;
   }
 
   DirectBuffers mine;
   SharedRange in, out;
-  bool shareable = findShared(input, inBytes, &in) && findShared(output, outBytes, &out);
+  bool shareable = findShared(op.input, inBytes, &in) && findShared(op.output, outBytes, &out);
   for (int peer = 0; peer < nranks_; ++peer) {
     shareable = shareable && (peer == rank_ || transportOfPeer_[peer]->peerMapsMemory(peer));
   }
@@ -79,14 +74,16 @@ bool Communicator::reduceDirect(collectives::Collective collective, const void* 
   for (const DirectBuffers& theirs : all) {
     if (!theirs.shareable) {  // every rank sees the same descriptors and decides alike
       directSkips_ = kDirectBackoff;
-      return false;
+      fallBack();
+      return;
     }
   }
 
   try {
     // Every rank's input (all-reduce: and output), mapped here.
-    std::vector<const char*> inputs(nranks_);
-    std::vector<char*> outputs(allReduce ? nranks_ : 1, static_cast<char*>(output));
+    auto peers = std::make_shared<PeerBuffers>();
+    peers->inputs.assign(nranks_, nullptr);
+    peers->outputs.assign(nranks_, nullptr);
     for (int peer = 0; peer < nranks_; ++peer) {
       const DirectBuffers& d = all[peer];
       if (d.inOffset > d.inBytes || inBytes > d.inBytes - d.inOffset || d.outOffset > d.outBytes ||
@@ -97,15 +94,18 @@ bool Communicator::reduceDirect(collectives::Collective collective, const void* 
              rank_, peer, d.inOffset, d.outOffset, d.inBytes, d.outBytes, name, inBytes, outBytes);
       }
       if (peer == rank_) {
-        inputs[peer] = static_cast<const char*>(input);
+        peers->inputs[peer] = static_cast<const char*>(op.input);
+        peers->outputs[peer] = static_cast<char*>(op.output);
         continue;
       }
       Transport* transport = transportOfPeer_[peer];
-      inputs[peer] = transport->mapPeerMemory(peer, d.inFd, d.inSerial, d.inBytes) + d.inOffset;
+      peers->inputs[peer] = transport->mapPeerMemory(peer, d.inFd, d.inSerial, d.inBytes) + d.inOffset;
       if (allReduce) {
-        outputs[peer] = transport->mapPeerMemory(peer, d.outFd, d.outSerial, d.outBytes) + d.outOffset;
+        peers->outputs[peer] = transport->mapPeerMemory(peer, d.outFd, d.outSerial, d.outBytes) + d.outOffset;
       }
     }
+    op.peers = std::move(peers);
+    op.fallback.reset();
     if (!directLogged_ && logEnabled(LogLevel::kInfo)) {
       directLogged_ = true;
       logAt(LogLevel::kInfo,
@@ -113,45 +113,14 @@ bool Communicator::reduceDirect(collectives::Collective collective, const void* 
             "logged once",
             rank_, name, inBytes, directBytes_);
     }
-
-    // This rank's part, reduced from every input into every output it goes to in one pass: an
-    // all-reduce's slice in whole cache lines (elements are at most 8 bytes), a reduce-scatter's
-    // own block. Outputs of large calls are streamed past the cache, except where a rank's output
-    // is its input (reduceMany: those lines were just read into the cache). The call's footprint
-    // decides (all-reduce out of place: 2 ranks 1 MiB 37-39 us plain vs 94-104 streamed, 4 MiB
-    // alike, 340-400 us, 16 MiB 2.4-2.7 ms plain vs 1.3-1.5; 4 ranks 1 MiB 115-171 us plain vs
-    // 190-242, 4 MiB 801-1047 vs 690-692; 8 ranks 1 MiB alike, 429-467 us, 4 MiB 2629-2778 vs
-    // 1697-1757).
-    size_t begin = 0, end = count, at = static_cast<size_t>(rank_) * count;
-    if (allReduce) {
-      const size_t perLine = 64 / size;
-      const size_t slice = ((count + nranks_ - 1) / nranks_ + perLine - 1) / perLine * perLine;
-      begin = std::min(count, slice * static_cast<size_t>(rank_));
-      end = std::min(count, begin + slice);
-      at = begin;
-    }
-    std::vector<const void*> from(nranks_);
-    for (int peer = 0; peer < nranks_; ++peer) from[peer] = inputs[peer] + at * size;
-    std::vector<void*> to(outputs.size());
-    for (size_t j = 0; j < outputs.size(); ++j) to[j] = outputs[j] + begin * size;
-    const std::unique_ptr<bool[]> stream(new bool[to.size()]);
-    const size_t footprint = (inBytes + outBytes) * static_cast<size_t>(nranks_);
-    std::fill_n(stream.get(), to.size(), kernels::streamingPays(footprint, outBytes));
-    kernels::reduceMany(to.data(), static_cast<int>(to.size()), from.data(), nranks_, end - begin, type, op,
-                        stream.get());
   } catch (const Error& e) {
-    // The peers hear of it at the barrier below.
+    // The peers hear of it at the barrier of the op, which this rank never reaches.
     const Error told(e.code(), bootstrap_->failed(e, fmt::format("rank {}: {} of {} input bytes between "
                                                                  "chorusMemAlloc buffers",
                                                                  rank_, name, inBytes)));
     breakWith(told);
     throw told;
   }
-  // Every output complete, every input read (the barrier's messages order the stores before).
-  std::vector<PreparedOp> barrier;
-  barrier.push_back(prepare(collectives::Collective::kBarrier, nullptr, nullptr, 0, chorusUint8, chorusSum, 0));
-  run(std::move(barrier));
-  return true;
 }
 
 }  // namespace chorus

@@ -192,7 +192,38 @@ void Executor::issue(Item& item) {
       item.request.done = true;
       break;
     }
+    case StepKind::kReducePeers:
+      reducePeers(item);
+      item.request.done = true;
+      break;
   }
+}
+
+// This rank's share of a direct call: its part of every rank's input, folded in one pass into its
+// output or every rank's. Outputs of large calls are streamed past the cache, except where an
+// output is its input (reduceMany: those lines were just read into the cache).
+void Executor::reducePeers(Item& item) {
+  const collectives::Step& step = *item.step;
+  const PreparedOp& op = *item.op;
+  const size_t n = static_cast<size_t>(options_.nranks);
+  if (op.peers == nullptr || op.peers->inputs.size() != n || op.peers->outputs.size() != n) {
+    fail(chorusInternalError, "rank {}: {}: a reduce-peers step without every rank's buffers mapped", options_.rank,
+         op.what());
+  }
+  std::vector<const void*> from(n);
+  for (size_t p = 0; p < n; ++p) from[p] = op.peers->inputs[p] + step.src.offset;
+  std::vector<void*> to;
+  if (step.peer == collectives::kEveryRank) {
+    for (size_t p = 0; p < n; ++p) to.push_back(op.peers->outputs[p] + step.dst.offset);
+  } else {
+    to.push_back(item.dst);
+  }
+  const std::unique_ptr<bool[]> stream(new bool[to.size()]);
+  std::fill_n(stream.get(), to.size(), kernels::streamingPays(op.footprint, op.count * kernels::typeSize(op.type)));
+  const size_t typeSize = kernels::typeSize(op.type);
+  kernels::reduceMany(to.data(), static_cast<int>(to.size()), from.data(), static_cast<int>(n), step.bytes / typeSize,
+                      op.type, op.op, stream.get());
+  *item.tmp = 1;
 }
 
 Executor::Item* Executor::forwardOf(Item& item) {

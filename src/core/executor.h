@@ -23,6 +23,13 @@
 
 namespace chorus {
 
+// Every rank's input and output (by rank, this rank's own too) as this process reaches them:
+// what a reduce-peers step reads and writes.
+struct PeerBuffers {
+  std::vector<const char*> inputs;
+  std::vector<char*> outputs;
+};
+
 // One operation ready to run: its schedule (shared with later calls of the same shape), its
 // buffers, and what to call it in messages.
 struct PreparedOp {
@@ -39,6 +46,12 @@ struct PreparedOp {
   size_t footprint = 0;   // bytes of every rank's input and output together (kernels::streamingPays)
   size_t inputBytes = 0;  // this rank's input spans [input, input + inputBytes)
   int rootOrPeer = -1;    // rooted collectives: the root; send and recv: the peer; else -1
+  // The direct algorithm only: every rank's buffers, mapped before the op starts
+  // (Communicator::start); and the schedule and tag the call takes instead where some rank's
+  // buffers cannot be mapped.
+  std::shared_ptr<const PeerBuffers> peers;
+  std::shared_ptr<const collectives::Schedule> fallback;
+  uint64_t fallbackTag = 0;
 
   // "allreduce #12 (count 1024 float32 sum, ring)", "send #3 (count 4 int32, to rank 1)".
   std::string what() const;
@@ -136,6 +149,7 @@ class Executor {
   bool issueReady();  // posts steps in stream order until one conflicts with an in-flight step
   bool poll();        // progresses transports, completes finished items
   void issue(Item& item);
+  void reducePeers(Item& item);
   // The item after `item` in its batch when it sends exactly what `item` (a receive-reduce) writes,
   // through the same transport, and may be posted now; else null.
   Item* forwardOf(Item& item);

@@ -381,6 +381,46 @@ TEST(ShmDirectTest, RanksAgreeToGoTheScheduledWayWhenOneBufferIsNotShareable) {
   unsetenv("CHORUS_SHM_MAP_BYTES");
 }
 
+TEST(ShmDirectTest, ForcedDirectRunsBelowTheFloorAndOnlyWhereItCan) {
+  // CHORUS_ALGO's direct: a blocking all-reduce of 8000 bytes, under CHORUS_SHM_DIRECT_BYTES, goes
+  // direct when forced (each of 3 ranks maps its peers' inputs and outputs), and not when the
+  // tuner picks (below its floor); forced in a group, where the ranks cannot swap descriptors
+  // first, the tuner picks too. Every result against the closed form.
+  ASSERT_EQ(setenv("CHORUS_SHM_MAP_BYTES", "0", 1), 0);
+  ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", "65536", 1), 0);
+  runRanks(onShm(3), [&](int rank, chorusComm_t comm) {
+    constexpr size_t kCount = 1000;
+    SharedArray<int64_t> sendArray(kCount), recvArray(kCount);
+    ASSERT_TRUE(sendArray.allocated() && recvArray.allocated());
+    int64_t* send = sendArray.get();
+    int64_t* recv = recvArray.get();
+    for (size_t i = 0; i < kCount; ++i) send[i] = static_cast<int64_t>(i * 7 + rank + 1);
+    auto allReduce = [&](bool inGroup, int mapped, const char* what) {
+      std::fill(recv, recv + kCount, -1);
+      const auto before = chorusBuffersMapped();
+      if (inGroup) {
+        ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+      }
+      ASSERT_EQ(chorusAllReduce(send, recv, kCount, chorusInt64, chorusSum, comm, nullptr), chorusSuccess)
+          << chorusGetLastError(comm);
+      if (inGroup) {
+        ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(comm);
+      }
+      EXPECT_EQ(chorusBuffersMapped().first, before.first + mapped) << "rank " << rank << ": " << what;
+      for (size_t i = 0; i < kCount; ++i) {
+        ASSERT_EQ(recv[i], static_cast<int64_t>(3 * (i * 7 + 1) + 0 + 1 + 2)) << "rank " << rank << " at " << i;
+      }
+      ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess);  // the peers are done with both
+    };
+    allReduce(false, 0, "the tuner's choice under its floor");
+    ASSERT_EQ(chorusCommSetAlgorithms(comm, "allreduce:direct"), chorusSuccess) << chorusGetLastError(comm);
+    allReduce(true, 0, "forced direct in a group");
+    allReduce(false, 2 * (3 - 1), "forced direct");
+  });
+  unsetenv("CHORUS_SHM_DIRECT_BYTES");
+  unsetenv("CHORUS_SHM_MAP_BYTES");
+}
+
 TEST(ShmMapTest, MemAllocRejectsWhatItDidNotAllocate) {
   void* buffer = nullptr;
   EXPECT_EQ(chorusMemAlloc(&buffer, 0), chorusInvalidArgument);

@@ -231,7 +231,7 @@ TEST_F(OneRankTest, AllToAllMisuseIsRejected) {
 }
 
 TEST(ApiTest, AlgorithmNamesListEachCollectivesAlgorithms) {
-  EXPECT_STREQ(chorusAlgorithmNames("allreduce"), "ring,tree,recursive_doubling,rabenseifner,hierarchical");
+  EXPECT_STREQ(chorusAlgorithmNames("allreduce"), "ring,tree,recursive_doubling,rabenseifner,hierarchical,direct");
   EXPECT_STREQ(chorusAlgorithmNames("broadcast"), "chain,binomial,scatter_allgather,hierarchical");
   EXPECT_STREQ(chorusAlgorithmNames("alltoall"), "pairwise,bruck");
   EXPECT_EQ(chorusAlgorithmNames("nosuch"), nullptr);

@@ -1,10 +1,13 @@
 // traits_test.cc: each collective's traits against its schedules, computed another way: for every
 // algorithm of every collective, on 1 to 5 ranks, every rank's steps read exactly the input and
-// write exactly the output the traits give that rank (every byte of them, none past them).
+// write exactly the output the traits give that rank (every byte of them, none past them); the
+// direct algorithm's ranks, which read and write one another's buffers, all of them together.
 #include "src/collectives/traits.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +47,11 @@ TEST(TraitsTest, SchedulesTouchWhatTheTraitsSay) {
     for (Algorithm algorithm : algorithmsFor(collective)) {
       for (int n = 1; n <= 5; ++n) {
         for (size_t count : {size_t{1}, size_t{7}, size_t{300}}) {
+          // A reduce-peers step reads every rank's input at its offsets (all-reduce: writes every
+          // output), so such a schedule covers the buffers together with its peers': checked as one.
+          std::optional<Touched> together[2];
+          std::string togetherWhere;
+          bool writtenTogether = false;
           for (int rank = 0; rank < n; ++rank) {
             ScheduleArgs args;
             args.collective = collective;
@@ -60,15 +68,26 @@ TEST(TraitsTest, SchedulesTouchWhatTheTraitsSay) {
             const size_t out = outputElements(collective, count, n, isRoot) * kTypeSize;
             const Schedule schedule = buildSchedule(args);
             Touched read{std::vector<bool>(in)}, written{std::vector<bool>(out)};
+            const bool readsPeers = std::any_of(schedule.steps.begin(), schedule.steps.end(),
+                                                [](const Step& s) { return s.kind == StepKind::kReducePeers; });
+            const bool writesPeers = std::any_of(schedule.steps.begin(), schedule.steps.end(), [](const Step& s) {
+              return s.kind == StepKind::kReducePeers && s.peer == kEveryRank;
+            });
+            if (readsPeers && !together[0]) {
+              together[0] = Touched{std::vector<bool>(in)};
+              together[1] = Touched{std::vector<bool>(out)};
+            }
             for (const Step& step : schedule.steps) {
               Access access[4];
               const int k = stepAccesses(step, access);
               for (int i = 0; i < k; ++i) {
+                Touched& r = readsPeers ? *together[0] : read;
+                Touched& w = readsPeers && step.peer == kEveryRank ? *together[1] : written;
                 if (access[i].span.buffer == BufferId::kInput) {
                   EXPECT_FALSE(access[i].write);
-                  read.mark(access[i].span.offset, access[i].bytes);
+                  r.mark(access[i].span.offset, access[i].bytes);
                 } else if (access[i].span.buffer == BufferId::kOutput && access[i].write) {
-                  written.mark(access[i].span.offset, access[i].bytes);
+                  w.mark(access[i].span.offset, access[i].bytes);
                 }
               }
             }
@@ -76,9 +95,24 @@ TEST(TraitsTest, SchedulesTouchWhatTheTraitsSay) {
                                       " rank " + std::to_string(rank) + " count " + std::to_string(count);
             EXPECT_FALSE(read.past) << where << ": read past the input of " << in << " bytes";
             EXPECT_FALSE(written.past) << where << ": wrote past the output of " << out << " bytes";
-            EXPECT_TRUE(read.all()) << where << ": left some of the input of " << in << " bytes unread";
-            EXPECT_TRUE(written.all()) << where << ": left some of the output of " << out << " bytes unwritten";
+            if (!readsPeers) {
+              EXPECT_TRUE(read.all()) << where << ": left some of the input of " << in << " bytes unread";
+            }
+            if (!writesPeers) {
+              EXPECT_TRUE(written.all()) << where << ": left some of the output of " << out << " bytes unwritten";
+            } else {
+              writtenTogether = true;
+            }
+            togetherWhere = where;
             ++checked;
+          }
+          if (together[0]) {
+            EXPECT_FALSE(together[0]->past || together[1]->past)
+                << togetherWhere << ": past a buffer, the ranks together";
+            EXPECT_TRUE(together[0]->all()) << togetherWhere << ": the ranks together left some input unread";
+            if (writtenTogether) {
+              EXPECT_TRUE(together[1]->all()) << togetherWhere << ": the ranks together left some output unwritten";
+            }
           }
         }
       }

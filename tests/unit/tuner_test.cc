@@ -40,6 +40,25 @@ TEST(TunerTest, PredictionsGrowWithSize) {
   }
 }
 
+TEST(TunerTest, DirectIsPickedFromItsFloorWhereItCanRun) {
+  // On shm's defaults, one pass over the buffers beats every scheduled all-reduce and
+  // reduce-scatter from the floor up (what CHORUS_SHM_DIRECT_BYTES chose before the tuner priced
+  // it); below the floor, and where it cannot run (floor 0), never.
+  CostParams params = defaultCostParams(false);
+  for (Collective collective : {Collective::kAllReduce, Collective::kReduceScatter}) {
+    for (int n : {2, 3, 4, 8}) {
+      for (size_t bytes = 1024; bytes <= (size_t{1} << 30); bytes *= 4) {
+        params.directMinBytes = 65536;
+        const Algorithm chosen = choose(collective, n, bytes, params).algorithm;
+        EXPECT_EQ(chosen == Algorithm::kDirect, bytes >= 65536)
+            << collectiveName(collective) << " n=" << n << " bytes=" << bytes << ": " << algorithmName(chosen);
+        params.directMinBytes = 0;
+        EXPECT_NE(choose(collective, n, bytes, params).algorithm, Algorithm::kDirect);
+      }
+    }
+  }
+}
+
 TEST(TunerTest, LatencyBoundSizesPickLogDepthAndLargeSizesBandwidthOptimal) {
   const CostParams params = defaultCostParams(false);
   const Algorithm small = chooseAlgorithm(Collective::kAllReduce, 64, 64, kChunk, params);
