@@ -35,9 +35,9 @@ inline constexpr KnobSpec kKnobs[] = {
      "take its peer's descriptors (pidfd_getfd: another PID namespace, ptrace restrictions) the pair keeps two "
      "copies, logged at INFO"},
     {"CHORUS_SHM_DIRECT_BYTES", "65536",
-     "blocking all-reduces and reduce-scatters with at least this many input bytes among ranks all on shm, whose "
-     "buffers on every rank lie in chorusMemAlloc allocations, reduce straight from every rank's input into the "
-     "outputs; 0: never"},
+     "the tuner weighs the direct algorithm for blocking all-reduces and reduce-scatters with at least this many "
+     "input bytes among ranks all on shm (where every rank's buffers lie in chorusMemAlloc allocations, each reduces "
+     "straight from every rank's input into the outputs); 0: never, unless CHORUS_ALGO forces it"},
     {"CHORUS_SPIN_US", "20", "how long a wait spins before it blocks (ranks may outnumber cores)"},
     {"CHORUS_BOOTSTRAP_ADDR", "", "IP address to listen on (default: chosen by CHORUS_SOCKET_IFNAME)"},
     {"CHORUS_SOCKET_IFNAME", "",

@@ -161,7 +161,11 @@ class Communicator {
   bool directCapable_ = false;  // every peer on shm: the direct algorithm can run
   size_t directBytes_ = 0;      // CHORUS_SHM_DIRECT_BYTES where every peer is on shm, else 0: the tuner's floor
   bool directLogged_ = false;
-  int directSkips_ = 0;  // eligible calls left that skip the swap (a heap buffer was found)
+  bool fallbackLogged_ = false;
+  // Direct calls left that skip the swap (a heap buffer was found), by (collective, input bytes):
+  // every rank counts the same calls, and calls of other shapes (a benchmark's bookkeeping on the
+  // heap between its timed calls) do not hold back those on shareable buffers.
+  std::unordered_map<uint64_t, int> directSkips_;
   std::atomic<bool> aborted_{false};
   std::shared_ptr<DeviceEngine> device_;  // shared_ptr: destroyed here without its definition (no-CUDA builds)
   std::atomic<DeviceEngine*> deviceLive_{nullptr};  // device_, for abort() from another thread

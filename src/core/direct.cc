@@ -47,12 +47,13 @@ void Communicator::mapPeers(PreparedOp& op) {
     op.tag = op.fallbackTag;
     op.fallback.reset();
   };
-  // After a swap found a heap buffer, the next kDirectBackoff such calls skip the swap (with 4
-  // ranks on 2 cores a 64-byte all-gather took 62-89 us in the host tables, a 64 KiB all-reduce
-  // 90 us, so heap buffers pay about 1% more): every rank saw the same descriptors, so all skip
-  // alike.
-  if (directSkips_ > 0) {
-    --directSkips_;
+  // After a swap found a heap buffer, the next kDirectBackoff calls of the shape skip the swap
+  // (with 4 ranks on 2 cores a 64-byte all-gather took 62-89 us in the host tables, a 64 KiB
+  // all-reduce 90 us, so heap buffers pay about 1% more): every rank saw the same descriptors and
+  // counts the same calls, so all skip alike.
+  const uint64_t shape = (static_cast<uint64_t>(op.collective) << 56) ^ inBytes;
+  if (auto skips = directSkips_.find(shape); skips != directSkips_.end()) {
+    if (--skips->second == 0) directSkips_.erase(skips);
     fallBack();
     return;
   }
@@ -72,8 +73,16 @@ void Communicator::mapPeers(PreparedOp& op) {
       prepare(collectives::Collective::kAllGather, &mine, all.data(), sizeof(mine), chorusUint8, chorusSum, 0));
   run(std::move(swap));
   for (const DirectBuffers& theirs : all) {
-    if (!theirs.shareable) {  // every rank sees the same descriptors and decides alike
-      directSkips_ = kDirectBackoff;
+    if (!theirs.shareable) {                                  // every rank sees the same descriptors and decides alike
+      if (directSkips_.size() >= 1024) directSkips_.clear();  // shapes long gone
+      directSkips_[shape] = kDirectBackoff;
+      if (!fallbackLogged_ && logEnabled(LogLevel::kInfo)) {
+        fallbackLogged_ = true;
+        logAt(LogLevel::kInfo,
+              "rank {}: {} of {} input bytes takes {} instead of direct: a rank's buffer is not a chorusMemAlloc "
+              "allocation (the next {} such calls skip the swap); logged once",
+              rank_, name, inBytes, op.fallback->algorithm, kDirectBackoff);
+      }
       fallBack();
       return;
     }

@@ -381,6 +381,34 @@ TEST(ShmDirectTest, RanksAgreeToGoTheScheduledWayWhenOneBufferIsNotShareable) {
   unsetenv("CHORUS_SHM_MAP_BYTES");
 }
 
+TEST(ShmDirectTest, AHeapBufferHoldsBackOnlyCallsOfItsShape) {
+  // After a swap finds rank 1's output on the heap, the next calls of that shape (collective and
+  // size) skip the swap, on shareable buffers too; a call of another size still goes direct.
+  // Fresh allocations per call show which went direct: only a direct call maps them.
+  ASSERT_EQ(setenv("CHORUS_SHM_MAP_BYTES", "0", 1), 0);
+  ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", "4096", 1), 0);
+  runRanks(onShm(3), [&](int rank, chorusComm_t comm) {
+    auto allReduce = [&](size_t count, bool heapOnRank1, int mapped, const char* what) {
+      SharedArray<float> send(count), recv(count);
+      ASSERT_TRUE(send.allocated() && recv.allocated());
+      std::vector<float> heap(count);
+      float* out = heapOnRank1 && rank == 1 ? heap.data() : recv.get();
+      for (size_t i = 0; i < count; ++i) send.get()[i] = static_cast<float>(i % 1000 + rank);
+      const auto before = chorusBuffersMapped();
+      ASSERT_EQ(chorusAllReduce(send.get(), out, count, chorusFloat32, chorusSum, comm, nullptr), chorusSuccess)
+          << chorusGetLastError(comm);
+      EXPECT_EQ(chorusBuffersMapped().first, before.first + mapped) << "rank " << rank << ": " << what;
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], static_cast<float>(3 * (i % 1000) + 3)) << what << " " << i;
+      ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess);  // the peers are done with both
+    };
+    allReduce(2000, true, 0, "a heap buffer on rank 1");
+    allReduce(3000, false, 2 * (3 - 1), "another size");
+    allReduce(2000, false, 0, "the heap call's size");
+  });
+  unsetenv("CHORUS_SHM_DIRECT_BYTES");
+  unsetenv("CHORUS_SHM_MAP_BYTES");
+}
+
 TEST(ShmDirectTest, ForcedDirectRunsBelowTheFloorAndOnlyWhereItCan) {
   // CHORUS_ALGO's direct: a blocking all-reduce of 8000 bytes, under CHORUS_SHM_DIRECT_BYTES, goes
   // direct when forced (each of 3 ranks maps its peers' inputs and outputs), and not when the
