@@ -22,13 +22,9 @@ namespace chorus::collectives {
 Schedule directAllReduce(const ScheduleArgs& args) {
   Schedule s = disseminationBarrier(args);
   const size_t size = args.typeSize;
-  const size_t n = static_cast<size_t>(args.nranks);
-  const size_t perLine = std::max<size_t>(1, 64 / size);
-  const size_t slice = ((args.count + n - 1) / n + perLine - 1) / perLine * perLine;
-  const size_t begin = std::min(args.count, slice * static_cast<size_t>(args.rank));
-  const size_t end = std::min(args.count, begin + slice);
-  const Step reduce = reducePeersStep(at(BufferId::kInput, begin * size), at(BufferId::kOutput, begin * size),
-                                      at(BufferId::kScratch, 0), (end - begin) * size, /*everyOutput=*/true);
+  const Slice mine = alignedSlice(args.count, args.nranks, args.rank, size, 64);
+  const Step reduce = reducePeersStep(at(BufferId::kInput, mine.begin * size), at(BufferId::kOutput, mine.begin * size),
+                                      at(BufferId::kScratch, 0), (mine.end - mine.begin) * size, /*everyOutput=*/true);
   s.steps.insert(s.steps.begin(), reduce);
   s.scratchBytes = std::max<size_t>(s.scratchBytes, 1);
   return s;

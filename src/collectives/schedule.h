@@ -53,10 +53,10 @@ enum class StepKind : uint8_t {
   kDivide,      // dst = dst / nranks (the last step of Avg)
   kReduce,      // dst = src (op) tmp, local: after a kRecv into tmp, when dst is still being sent
   // dst = the fold (op; Avg: then divided by nranks) over every rank's input at src, read where
-  // the peers' inputs lie (mapped: PreparedOp::peers), into this rank's output at dst, or with
-  // peer == kEveryRank into every rank's output at dst; then tmp (one scratch byte) is written,
-  // so the steps that read it (a barrier's first send) follow. The ranks must have met before
-  // (every input final, every output free): the swap that mapped the buffers is that meeting.
+  // the peers' inputs lie (whoever runs the schedule maps them), into this rank's output at dst,
+  // or with peer == kEveryRank into every rank's output at dst; then tmp (one scratch byte) is
+  // written, so the steps that read it (a barrier's first send) follow. The ranks must have met
+  // before (every input final, every output free): the swap that mapped the buffers is that meeting.
   kReducePeers,
 };
 inline constexpr int kEveryRank = -2;
@@ -148,6 +148,36 @@ inline Step reducePeersStep(Span src, Span dst, Span mark, size_t bytes, bool ev
   return {StepKind::kReducePeers, everyOutput ? kEveryRank : -1, src, dst, mark, bytes};
 }
 inline Span at(BufferId buffer, size_t offset) { return {buffer, offset}; }
+
+// A reduce-peers step's operands, given where each rank's input and output begin in this address
+// space (inputOf(p), outputOf(p)): every rank's input at src; this rank's output at dst, or with
+// peer == kEveryRank every rank's. What the executor and the simulator hand the reduction.
+template <typename InputOf, typename OutputOf>
+void reducePeersOperands(const Step& step, int nranks, int rank, InputOf inputOf, OutputOf outputOf,
+                         std::vector<const void*>* from, std::vector<void*>* to) {
+  from->resize(static_cast<size_t>(nranks));
+  for (int p = 0; p < nranks; ++p) (*from)[p] = inputOf(p) + step.src.offset;
+  to->clear();
+  for (int p = 0; p < nranks; ++p) {
+    if (step.peer == kEveryRank || p == rank) to->push_back(outputOf(p) + step.dst.offset);
+  }
+}
+
+// Rank r's share [begin, end) of count elements cut into nranks equal slices of whole
+// `alignBytes` (each starts on an alignBytes boundary of the buffer; the last may be short or
+// empty): the direct all-reduces' split, on the host (cache lines, so no two ranks write one) and
+// on the device (16-byte vectors).
+struct Slice {
+  size_t begin;
+  size_t end;
+};
+inline Slice alignedSlice(size_t count, int nranks, int rank, size_t typeSize, size_t alignBytes) {
+  const size_t n = static_cast<size_t>(nranks);
+  const size_t perAlign = std::max<size_t>(1, alignBytes / typeSize);
+  const size_t slice = ((count + n - 1) / n + perAlign - 1) / perAlign * perAlign;
+  const size_t begin = std::min(count, slice * static_cast<size_t>(rank));
+  return {begin, std::min(count, begin + slice)};
+}
 // Rotating chunk-sized slots in scratch, starting at `base`.
 struct SlotRing {
   size_t base;

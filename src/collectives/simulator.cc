@@ -177,14 +177,11 @@ SimulationResult simulate(std::vector<SimulatedRank>& ranks, chorusDataType_t ty
             break;
           case StepKind::kReducePeers: {
             // Every rank's input read where it lies: the simulation holds them all.
-            std::vector<const void*> from(n);
+            std::vector<const void*> from;
             std::vector<void*> to;
-            for (int p = 0; p < n; ++p) from[p] = states[p].base(step.src.buffer) + step.src.offset;
-            if (step.peer == kEveryRank) {
-              for (int p = 0; p < n; ++p) to.push_back(states[p].base(step.dst.buffer) + step.dst.offset);
-            } else {
-              to.push_back(dst);
-            }
+            reducePeersOperands(
+                step, n, r, [&](int p) { return states[p].base(step.src.buffer); },
+                [&](int p) { return states[p].base(step.dst.buffer); }, &from, &to);
             kernels::reduceMany(to.data(), static_cast<int>(to.size()), from.data(), n, step.bytes / size, type, op,
                                 nullptr);
             *tmp = 1;

@@ -245,8 +245,7 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
     allShm = allShm && (peer == rank || std::string(transportOfPeer_[peer]->name()) == "shm");
   }
   directCapable_ = allShm;
-  directBytes_ = allShm ? static_cast<size_t>(std::max<int64_t>(knobInt(Knob::kShmDirectBytes), 0)) : 0;
-  costs_.directMinBytes = directBytes_;
+  costs_.directMinBytes = allShm ? static_cast<size_t>(std::max<int64_t>(knobInt(Knob::kShmDirectBytes), 0)) : 0;
 
   std::vector<Transport*> all;
   for (auto& t : transports_) all.push_back(t.get());

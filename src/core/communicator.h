@@ -159,7 +159,6 @@ class Communicator {
   std::shared_ptr<const collectives::Schedule> scheduleFor(const collectives::ScheduleArgs& args);
   std::vector<std::pair<ScheduleKey, std::shared_ptr<const collectives::Schedule>>> schedules_;
   bool directCapable_ = false;  // every peer on shm: the direct algorithm can run
-  size_t directBytes_ = 0;      // CHORUS_SHM_DIRECT_BYTES where every peer is on shm, else 0: the tuner's floor
   bool directLogged_ = false;
   bool fallbackLogged_ = false;
   // Direct calls left that skip the swap (a heap buffer was found), by (collective, input bytes):

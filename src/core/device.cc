@@ -806,10 +806,9 @@ bool DeviceEngine::Impl::enqueueInPlace(const DeviceCall& call, cudaStream_t str
   }
   // Block r of every input and output: blocks start on 16-byte boundaries of the buffers, so the
   // reduction's vector loads apply.
-  const size_t align = std::max<size_t>(1, 16 / size);
-  const size_t chunk = ((call.count + n - 1) / n + align - 1) / align * align;
-  const size_t first = std::min(call.count, static_cast<size_t>(rank) * chunk);
-  const size_t length = std::min(call.count, first + chunk) - first;
+  const collectives::Slice block = collectives::alignedSlice(call.count, nranks, rank, size, 16);
+  const size_t first = block.begin;
+  const size_t length = block.end - block.begin;
   std::vector<const void*> inputs(n);
   std::vector<void*> outputs(n);
   for (int p = 0; p < nranks; ++p) {

@@ -120,7 +120,7 @@ void Communicator::mapPeers(PreparedOp& op) {
       logAt(LogLevel::kInfo,
             "rank {}: {} of {} input bytes goes direct between chorusMemAlloc buffers (CHORUS_SHM_DIRECT_BYTES {}); "
             "logged once",
-            rank_, name, inBytes, directBytes_);
+            rank_, name, inBytes, costs_.directMinBytes);
     }
   } catch (const Error& e) {
     // The peers hear of it at the barrier of the op, which this rank never reaches.

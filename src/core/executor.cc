@@ -210,17 +210,14 @@ void Executor::reducePeers(Item& item) {
     fail(chorusInternalError, "rank {}: {}: a reduce-peers step without every rank's buffers mapped", options_.rank,
          op.what());
   }
-  std::vector<const void*> from(n);
-  for (size_t p = 0; p < n; ++p) from[p] = op.peers->inputs[p] + step.src.offset;
+  std::vector<const void*> from;
   std::vector<void*> to;
-  if (step.peer == collectives::kEveryRank) {
-    for (size_t p = 0; p < n; ++p) to.push_back(op.peers->outputs[p] + step.dst.offset);
-  } else {
-    to.push_back(item.dst);
-  }
-  const std::unique_ptr<bool[]> stream(new bool[to.size()]);
-  std::fill_n(stream.get(), to.size(), kernels::streamingPays(op.footprint, op.count * kernels::typeSize(op.type)));
+  collectives::reducePeersOperands(
+      step, options_.nranks, options_.rank, [&](int p) { return op.peers->inputs[p]; },
+      [&](int p) { return op.peers->outputs[p]; }, &from, &to);
   const size_t typeSize = kernels::typeSize(op.type);
+  const std::unique_ptr<bool[]> stream(new bool[to.size()]);
+  std::fill_n(stream.get(), to.size(), kernels::streamingPays(op.footprint, op.count * typeSize));
   kernels::reduceMany(to.data(), static_cast<int>(to.size()), from.data(), static_cast<int>(n), step.bytes / typeSize,
                       op.type, op.op, stream.get());
   *item.tmp = 1;

@@ -279,18 +279,23 @@ std::pair<int, int> chorusBuffersMapped() {
 }
 
 // Runs body on 3 shm ranks with mapped messages off (CHORUS_SHM_MAP_BYTES=0), so that only the
-// direct path maps peers' allocations: once with it on (CHORUS_SHM_DIRECT_BYTES=65536), once off.
-void onThreeRanksDirectOnAndOff(const std::function<void(bool direct, int rank, chorusComm_t comm)>& body) {
+// direct algorithm maps peers' allocations, and CHORUS_SHM_DIRECT_BYTES=directBytes.
+void onThreeShmRanksDirectFrom(const char* directBytes, const std::function<void(int rank, chorusComm_t comm)>& body) {
   ASSERT_EQ(setenv("CHORUS_SHM_MAP_BYTES", "0", 1), 0);
-  for (const bool direct : {true, false}) {
-    ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", direct ? "65536" : "0", 1), 0);
-    runRanks(onShm(3), [&](int rank, chorusComm_t comm) {
-      SCOPED_TRACE(std::string("CHORUS_SHM_DIRECT_BYTES=") + (direct ? "65536" : "0"));
-      body(direct, rank, comm);
-    });
-  }
+  ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", directBytes, 1), 0);
+  runRanks(onShm(3), [&](int rank, chorusComm_t comm) {
+    SCOPED_TRACE(std::string("CHORUS_SHM_DIRECT_BYTES=") + directBytes);
+    body(rank, comm);
+  });
   unsetenv("CHORUS_SHM_DIRECT_BYTES");
   unsetenv("CHORUS_SHM_MAP_BYTES");
+}
+
+// The same, once with the direct algorithm on (from 64 KiB), once off.
+void onThreeRanksDirectOnAndOff(const std::function<void(bool direct, int rank, chorusComm_t comm)>& body) {
+  for (const bool direct : {true, false}) {
+    onThreeShmRanksDirectFrom(direct ? "65536" : "0", [&](int rank, chorusComm_t comm) { body(direct, rank, comm); });
+  }
 }
 
 TEST(ShmDirectTest, EachRankWritesEveryRanksOutput) {
@@ -351,9 +356,7 @@ TEST(ShmDirectTest, RanksAgreeToGoTheScheduledWayWhenOneBufferIsNotShareable) {
   // Rank 1's output is on the heap: every rank learns it from the swap of descriptors and all
   // take the scheduled all-reduce (no peer allocation mapped), with the right sums. The next 63
   // calls skip the swap, on shareable buffers too; the 64th swaps and goes direct.
-  ASSERT_EQ(setenv("CHORUS_SHM_MAP_BYTES", "0", 1), 0);
-  ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", "4096", 1), 0);
-  runRanks(onShm(3), [&](int rank, chorusComm_t comm) {
+  onThreeShmRanksDirectFrom("4096", [&](int rank, chorusComm_t comm) {
     constexpr size_t kCount = 30011;
     SharedArray<float> sendArray(kCount), sharedArray(kCount);
     ASSERT_TRUE(sendArray.allocated() && sharedArray.allocated());
@@ -377,17 +380,13 @@ TEST(ShmDirectTest, RanksAgreeToGoTheScheduledWayWhenOneBufferIsNotShareable) {
     }
     ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess);  // the peers are done with both
   });
-  unsetenv("CHORUS_SHM_DIRECT_BYTES");
-  unsetenv("CHORUS_SHM_MAP_BYTES");
 }
 
 TEST(ShmDirectTest, AHeapBufferHoldsBackOnlyCallsOfItsShape) {
   // After a swap finds rank 1's output on the heap, the next calls of that shape (collective and
   // size) skip the swap, on shareable buffers too; a call of another size still goes direct.
   // Fresh allocations per call show which went direct: only a direct call maps them.
-  ASSERT_EQ(setenv("CHORUS_SHM_MAP_BYTES", "0", 1), 0);
-  ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", "4096", 1), 0);
-  runRanks(onShm(3), [&](int rank, chorusComm_t comm) {
+  onThreeShmRanksDirectFrom("4096", [&](int rank, chorusComm_t comm) {
     auto allReduce = [&](size_t count, bool heapOnRank1, int mapped, const char* what) {
       SharedArray<float> send(count), recv(count);
       ASSERT_TRUE(send.allocated() && recv.allocated());
@@ -405,8 +404,6 @@ TEST(ShmDirectTest, AHeapBufferHoldsBackOnlyCallsOfItsShape) {
     allReduce(3000, false, 2 * (3 - 1), "another size");
     allReduce(2000, false, 0, "the heap call's size");
   });
-  unsetenv("CHORUS_SHM_DIRECT_BYTES");
-  unsetenv("CHORUS_SHM_MAP_BYTES");
 }
 
 TEST(ShmDirectTest, ForcedDirectRunsBelowTheFloorAndOnlyWhereItCan) {
@@ -414,9 +411,7 @@ TEST(ShmDirectTest, ForcedDirectRunsBelowTheFloorAndOnlyWhereItCan) {
   // direct when forced (each of 3 ranks maps its peers' inputs and outputs), and not when the
   // tuner picks (below its floor); forced in a group, where the ranks cannot swap descriptors
   // first, the tuner picks too. Every result against the closed form.
-  ASSERT_EQ(setenv("CHORUS_SHM_MAP_BYTES", "0", 1), 0);
-  ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", "65536", 1), 0);
-  runRanks(onShm(3), [&](int rank, chorusComm_t comm) {
+  onThreeShmRanksDirectFrom("65536", [&](int rank, chorusComm_t comm) {
     constexpr size_t kCount = 1000;
     SharedArray<int64_t> sendArray(kCount), recvArray(kCount);
     ASSERT_TRUE(sendArray.allocated() && recvArray.allocated());
@@ -445,8 +440,6 @@ TEST(ShmDirectTest, ForcedDirectRunsBelowTheFloorAndOnlyWhereItCan) {
     allReduce(true, 0, "forced direct in a group");
     allReduce(false, 2 * (3 - 1), "forced direct");
   });
-  unsetenv("CHORUS_SHM_DIRECT_BYTES");
-  unsetenv("CHORUS_SHM_MAP_BYTES");
 }
 
 TEST(ShmMapTest, MemAllocRejectsWhatItDidNotAllocate) {
