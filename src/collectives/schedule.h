@@ -6,9 +6,10 @@
 //
 // Order and dependencies: steps are listed in the order a rank posts them. A step depends on the
 // earlier steps whose byte ranges it conflicts with (it reads what they write, or writes what they
-// read or write): stepAccesses() gives those ranges, and the executor waits for exactly those
-// conflicts. Messages between a pair of ranks match in posting order, so each schedule posts, for
-// every pair, its sends in the order the peer's schedule posts the matching receives.
+// read or write): stepAccesses() gives those ranges, and every runner of schedules (the executor,
+// the simulator) waits for exactly those conflicts (the issue rule, mustWait below). Messages between a pair of ranks
+// match in posting order, so each schedule posts, for every pair, its sends in the order the peer's schedule posts the
+// matching receives.
 #pragma once
 
 #include <algorithm>
@@ -203,15 +204,53 @@ struct Access {
 };
 int stepAccesses(const Step& step, Access out[4]);
 
-// Whether two steps' ranges conflict: some pair overlaps and one of the two writes. Range has
-// begin, end (pointers or integer addresses) and write; the executor and both simulator modes
-// order steps by this one test.
-template <typename Range>
-bool rangesConflict(const Range* a, int aCount, const Range* b, int bCount) {
-  for (int i = 0; i < aCount; ++i) {
-    for (int j = 0; j < bCount; ++j) {
-      if ((a[i].write || b[j].write) && a[i].begin < b[j].end && b[j].begin < a[i].end) return true;
+// The issue rule, one for every runner of schedules (the executor, both simulator modes): a rank
+// issues its steps in order, and the next waits while a step in flight conflicts with it, that
+// is, some range of one overlaps a range of the other and one of the two writes it. A runner
+// places each step's ranges (PlacedStep) in its own addresses: pointers into real buffers, or
+// integers of a virtual address space.
+template <typename Address>
+struct PlacedStep {
+  struct Range {
+    Address begin;
+    Address end;
+    bool write;
+  };
+  Range ranges[4];
+  int count = 0;
+
+  bool conflictsWith(const PlacedStep& other) const {
+    for (int i = 0; i < count; ++i) {
+      for (int j = 0; j < other.count; ++j) {
+        const Range& a = ranges[i];
+        const Range& b = other.ranges[j];
+        if ((a.write || b.write) && a.begin < b.end && b.begin < a.end) return true;
+      }
     }
+    return false;
+  }
+};
+
+// step's ranges with each buffer starting at base(BufferId).
+template <typename Address, typename Base>
+PlacedStep<Address> placeStep(const Step& step, Base base) {
+  Access accesses[4];
+  PlacedStep<Address> placed;
+  placed.count = stepAccesses(step, accesses);
+  for (int i = 0; i < placed.count; ++i) {
+    const Address begin = base(accesses[i].span.buffer) + accesses[i].span.offset;
+    placed.ranges[i] = {begin, begin + accesses[i].bytes, accesses[i].write};
+  }
+  return placed;
+}
+
+// Whether `next` must wait: some entry of inFlight, placed by placedOf (null for an entry that has
+// finished), conflicts with it.
+template <typename Address, typename InFlight, typename PlacedOf>
+bool mustWait(const PlacedStep<Address>& next, const InFlight& inFlight, PlacedOf placedOf) {
+  for (const auto& entry : inFlight) {
+    const PlacedStep<Address>* earlier = placedOf(entry);
+    if (earlier != nullptr && earlier->conflictsWith(next)) return true;
   }
   return false;
 }

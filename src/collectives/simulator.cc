@@ -15,16 +15,9 @@
 namespace chorus::collectives {
 namespace {
 
-struct Range {
-  const char* begin;
-  const char* end;
-  bool write;
-};
-
 struct Pending {
   size_t step;
-  Range ranges[4];
-  int rangeCount;
+  PlacedStep<const char*> placed;
   bool done = false;
 };
 
@@ -63,8 +56,10 @@ struct Message {
   size_t bytes;
 };
 
-bool conflicts(const Pending& a, const Pending& b) {
-  return rangesConflict(a.ranges, a.rangeCount, b.ranges, b.rangeCount);
+// The issue rule's view of a step in flight (Pending, TimedStep): its ranges until it is done.
+template <typename Entry>
+const auto* placedIfPending(const Entry& entry) {
+  return entry.done ? nullptr : &entry.placed;
 }
 
 // " rank r at step s (kind peer p);" for each rank with steps left (about 600 characters at most).
@@ -129,24 +124,18 @@ SimulationResult simulate(std::vector<SimulatedRank>& ranks, chorusDataType_t ty
       std::erase_if(state.inFlight, [](const Pending& p) { return p.done; });
       while (state.next < steps.size()) {
         const Step& step = steps[state.next];
-        Pending pending{state.next, {}, 0};
         Access accesses[4];
-        pending.rangeCount = stepAccesses(step, accesses);
-        for (int i = 0; i < pending.rangeCount; ++i) {
-          const BufferId buffer = accesses[i].span.buffer;
-          const size_t limit = state.extent(buffer);
+        for (int i = 0, count = stepAccesses(step, accesses); i < count; ++i) {
+          const size_t limit = state.extent(accesses[i].span.buffer);
           if (accesses[i].span.offset + accesses[i].bytes > limit) {
             return fail("rank " + std::to_string(r) + " step " + std::to_string(state.next) + " (" +
                         stepKindName(step.kind) + ") reaches past its buffer: offset " +
                         std::to_string(accesses[i].span.offset) + " + " + std::to_string(accesses[i].bytes) +
                         " bytes > " + std::to_string(limit));
           }
-          const char* begin = state.base(buffer) + accesses[i].span.offset;
-          pending.ranges[i] = {begin, begin + accesses[i].bytes, accesses[i].write};
         }
-        bool blocked = false;
-        for (const Pending& p : state.inFlight) blocked = blocked || (!p.done && conflicts(p, pending));
-        if (blocked) break;
+        const Pending pending{state.next, placeStep<const char*>(step, [&](BufferId b) { return state.base(b); })};
+        if (mustWait(pending.placed, state.inFlight, placedIfPending<Pending>)) break;
         char* src = state.base(step.src.buffer) + step.src.offset;
         char* dst = state.base(step.dst.buffer) + step.dst.offset;
         char* tmp = state.base(step.tmp.buffer) + step.tmp.offset;
@@ -255,22 +244,12 @@ namespace chorus::collectives {
 namespace {
 
 // A step's byte ranges in a virtual address space per rank: buffer b lives at (b + 1) << 48.
-struct VirtualRange {
-  uint64_t begin;
-  uint64_t end;
-  bool write;
-};
-
 struct TimedStep {
   size_t step;
-  VirtualRange ranges[4];
-  int rangeCount;
+  PlacedStep<uint64_t> placed;
   bool done;
 };
-
-bool overlaps(const TimedStep& a, const TimedStep& b) {
-  return rangesConflict(a.ranges, a.rangeCount, b.ranges, b.rangeCount);
-}
+uint64_t virtualBase(BufferId buffer) { return (static_cast<uint64_t>(buffer) + 1) << 48; }
 
 enum class EventKind : uint8_t { kReady, kSend, kArrive, kDone };
 struct Event {
@@ -357,17 +336,8 @@ TimingResult simulateTime(const std::vector<Schedule>& schedules, const NetworkM
         std::erase_if(state.inFlight, [](const TimedStep& t) { return t.done; });
         while (state.next < steps.size()) {
           const Step& step = steps[state.next];
-          TimedStep timed{state.next, {}, 0, false};
-          Access accesses[4];
-          timed.rangeCount = stepAccesses(step, accesses);
-          for (int i = 0; i < timed.rangeCount; ++i) {
-            const uint64_t begin =
-                ((static_cast<uint64_t>(accesses[i].span.buffer) + 1) << 48) + accesses[i].span.offset;
-            timed.ranges[i] = {begin, begin + accesses[i].bytes, accesses[i].write};
-          }
-          bool blocked = false;
-          for (const TimedStep& t : state.inFlight) blocked = blocked || (!t.done && overlaps(t, timed));
-          if (blocked) {
+          const TimedStep timed{state.next, placeStep<uint64_t>(step, virtualBase), false};
+          if (mustWait(timed.placed, state.inFlight, placedIfPending<TimedStep>)) {
             state.blocked = true;
             break;
           }

@@ -24,7 +24,6 @@ inline void cpuRelax() {
 
 }  // namespace
 
-using collectives::Access;
 using collectives::StepKind;
 
 std::string PreparedOp::what() const {
@@ -50,8 +49,8 @@ Executor::Executor(ExecutorOptions options, std::vector<Transport*> transportOfP
 
 Executor::~Executor() { abandon(chorusInvalidUsage, "the communicator was destroyed before the operation completed"); }
 
-bool Executor::conflicts(const Item& earlier, const Item& later) const {
-  return collectives::rangesConflict(earlier.ranges, earlier.rangeCount, later.ranges, later.rangeCount);
+bool Executor::mustWait(const Item& item) const {
+  return collectives::mustWait(item.placed, inFlight_, [](const Item* earlier) { return &earlier->placed; });
 }
 
 std::shared_ptr<Completion> Executor::submit(std::vector<PreparedOp> ops) {
@@ -96,12 +95,8 @@ std::shared_ptr<Completion> Executor::submit(std::vector<PreparedOp> ops) {
       item.needsReduce = false;
       item.forwardsNext = false;
       item.index = index;
-      Access accesses[4];
-      item.rangeCount = collectives::stepAccesses(step, accesses);
-      for (int i = 0; i < item.rangeCount; ++i) {
-        const char* begin = bases[static_cast<int>(accesses[i].span.buffer)] + accesses[i].span.offset;
-        item.ranges[i] = {begin, begin + accesses[i].bytes, accesses[i].write};
-      }
+      item.placed = collectives::placeStep<const char*>(
+          step, [&](collectives::BufferId buffer) -> const char* { return bases[static_cast<int>(buffer)]; });
       ++index;
     }
   }
@@ -123,9 +118,7 @@ bool Executor::issueReady() {
     Batch& batch = *batches_[b];
     while (batch.issued < batch.count) {
       Item& item = batch.items[batch.issued];
-      for (const Item* earlier : inFlight_) {
-        if (conflicts(*earlier, item)) return moved;
-      }
+      if (mustWait(item)) return moved;
       ++batch.issued;
       issue(item);
       moved = true;
@@ -233,10 +226,7 @@ Executor::Item* Executor::forwardOf(Item& item) {
       transportOfPeer_[step.peer] != transportOfPeer_[item.step->peer]) {
     return nullptr;
   }
-  for (const Item* earlier : inFlight_) {
-    if (conflicts(*earlier, next)) return nullptr;
-  }
-  return &next;
+  return mustWait(next) ? nullptr : &next;
 }
 
 void Executor::Item::consume(size_t offset, const void* piece, size_t bytes, void* also) {

@@ -107,11 +107,7 @@ class Executor {
   std::string describeState() const;
 
  private:
-  struct Range {
-    const char* begin;
-    const char* end;
-    bool write;
-  };
+  using Placed = collectives::PlacedStep<const char*>;
   struct Batch;
   // One step in the stream. A receive-reduce whose transport delivers pieces reduces each piece
   // as it arrives (consume), so the received bytes are never stored; where the next step sends
@@ -128,8 +124,7 @@ class Executor {
     char* src;
     char* dst;
     char* tmp;
-    Range ranges[4];
-    int rangeCount;
+    Placed placed;  // the ranges the issue rule compares
     Request request;
     bool needsReduce;
     bool forwardsNext;  // a receive-reduce posted with the next item, the send of its result
@@ -168,7 +163,8 @@ class Executor {
   static bool settled(const Completion& completion);
   [[noreturn]] void failAll(const Error& failure);
   const Item* oldestPending() const;
-  bool conflicts(const Item& earlier, const Item& later) const;
+  // The issue rule (schedule.h): whether item must wait for a step in flight.
+  bool mustWait(const Item& item) const;
 
   // What one peer link has moved: completed sends and receives, and the operation the last
   // received message belonged to (which says whether a silent peer has reached a given call).

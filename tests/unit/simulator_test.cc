@@ -368,6 +368,50 @@ TEST(ScheduleShapeTest, HierarchicalCollectivesCrossHostsOnlyOnRails) {
   }
 }
 
+// The issue rule every runner shares (schedule.h): a step waits for exactly the steps in flight
+// that write what it touches or touch what it writes, placed in the runner's own addresses.
+TEST(IssueRuleTest, AStepWaitsOnlyForConflictingStepsStillInFlight) {
+  auto step = [](StepKind kind, BufferId buffer, size_t offset, size_t bytes) {
+    Step s;
+    s.kind = kind;
+    s.peer = 1;
+    s.src = s.dst = Span{buffer, offset};
+    s.bytes = bytes;
+    return s;
+  };
+  struct Entry {
+    PlacedStep<uint64_t> placed;
+    bool done;
+  };
+  auto base = [](BufferId b) { return (static_cast<uint64_t>(b) + 1) << 48; };
+  std::vector<Entry> inFlight{{placeStep<uint64_t>(step(StepKind::kSend, BufferId::kInput, 0, 64), base), false},
+                              {placeStep<uint64_t>(step(StepKind::kRecv, BufferId::kOutput, 0, 64), base), false}};
+  auto waits = [&](const Step& next) {
+    return mustWait(placeStep<uint64_t>(next, base), inFlight,
+                    [](const Entry& e) { return e.done ? nullptr : &e.placed; });
+  };
+  // Reading what a send reads: no wait. Writing it, or touching what a receive writes: wait.
+  EXPECT_FALSE(waits(step(StepKind::kSend, BufferId::kInput, 0, 64)));
+  EXPECT_TRUE(waits(step(StepKind::kRecv, BufferId::kInput, 32, 64)));
+  EXPECT_TRUE(waits(step(StepKind::kSend, BufferId::kOutput, 63, 1)));
+  // Ranges that only touch ends, or lie in another buffer at the same offsets: no wait.
+  EXPECT_FALSE(waits(step(StepKind::kRecv, BufferId::kOutput, 64, 64)));
+  EXPECT_FALSE(waits(step(StepKind::kRecv, BufferId::kScratch, 0, 64)));
+  // A copy reads src and writes dst: it waits for the receive into its source.
+  Step copy = step(StepKind::kCopy, BufferId::kOutput, 0, 16);
+  copy.dst = Span{BufferId::kScratch, 0};
+  EXPECT_TRUE(waits(copy));
+  // Once the receive is done, nothing holds the copy (the send only reads the input).
+  inFlight[1].done = true;
+  EXPECT_FALSE(waits(copy));
+  // Placed on real pointers, the same rule.
+  char buffers[3][128];
+  auto at = [&](BufferId b) -> const char* { return buffers[static_cast<int>(b)]; };
+  const auto recv = placeStep<const char*>(step(StepKind::kRecv, BufferId::kOutput, 0, 64), at);
+  EXPECT_TRUE(recv.conflictsWith(placeStep<const char*>(copy, at)));
+  EXPECT_FALSE(recv.conflictsWith(placeStep<const char*>(step(StepKind::kSend, BufferId::kOutput, 64, 64), at)));
+}
+
 TEST(SimulatorTest, ReportsADeadlock) {
   // Two ranks that both receive before they send can never finish.
   std::vector<SimulatedRank> ranks(2);
