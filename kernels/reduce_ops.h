@@ -1,5 +1,5 @@
 // reduce_ops.h: the reduction ops as CHORUS_HD functors, for the device code (kernels/cuda and the
-// cuda_ipc protocol) and its host-side tests: integer Sum and Prod wrap (computed unsigned), as
+// device ring) and its host-side tests: integer Sum and Prod wrap (computed unsigned), as
 // kernels/cpu/reduce.cc does; Max and Min compare with <.
 #pragma once
 

@@ -1,12 +1,10 @@
 // device.cc: the DeviceEngine (see device.h). CUDA runtime calls only; the kernels are in
-// src/transport/cuda_ipc*.cu.
+// device_kernels.cu and the ring's units (device_ring.h, device_ring.cuh).
 #include "src/core/device.h"
 
 #include <cuda.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 #include <fmt/ranges.h>
-#include <link.h>
 
 #include <algorithm>
 #include <atomic>
@@ -28,6 +26,7 @@
 #include "src/base/log.h"
 #include "src/collectives/traits.h"
 #include "src/core/communicator.h"
+#include "src/core/device_kernels.h"
 #include "src/core/growing_areas.h"
 #include "src/core/placement.h"
 #include "src/topology/search.h"
@@ -119,23 +118,12 @@ struct DirectInfo {
   int32_t pad;
 };
 
-// Where a device buffer lies, for a peer to map it: its allocation's IPC handle, the allocation's
-// id (unique for the process's life, so an allocation freed and made again at the same address is
-// told apart), the allocation's address range, and the buffer's offset in it.
-struct ExposedBuffer {
-  cudaIpcMemHandle_t handle;
-  uint64_t id;
-  uint64_t base;
-  uint64_t size;
-  uint64_t offset;
-};
-
 // What an in-place direct call exchanges: where the rank's input and output lie, or ok = 0 when
 // it cannot share them (memory from a pool, or from the virtual memory API): then every rank
 // publishes a copy instead.
 struct InPlaceInfo {
-  ExposedBuffer input;
-  ExposedBuffer output;
+  cudaipc::ExposedBuffer input;
+  cudaipc::ExposedBuffer output;
   int32_t ok;
   int32_t pad;
 };
@@ -185,39 +173,22 @@ void checkDeviceCall(const DeviceCall& call, int rank, int nranks, const char* n
   checkBuffer(call.output, outCount * size, "recvbuff", name, rank, device);
 }
 
-namespace {
-
-// The driver's cuPointerGetAttribute, once the program has loaded the driver (never loaded here:
-// a program that never loaded it has no device memory, and loading it costs a CUDA start-up).
-using PointerAttributeFn = CUresult (*)(void* data, CUpointer_attribute attribute, CUdeviceptr pointer);
-std::atomic<PointerAttributeFn> driverPointerAttribute{nullptr};
-std::atomic<unsigned long long> objectsSeen{~0ull};  // the loader's dlpi_adds at the last look
-
-PointerAttributeFn loadedDriver() {
-  if (PointerAttributeFn fn = driverPointerAttribute.load(std::memory_order_acquire)) return fn;
-  // dlopen with RTLD_NOLOAD costs about 17 us when the library is absent; the loader's count of
-  // objects added costs a lock, so the library is looked for only when that count moved.
-  unsigned long long adds = 0;
-  dl_iterate_phdr(
-      [](dl_phdr_info* info, size_t, void* data) {
-        *static_cast<unsigned long long*>(data) = info->dlpi_adds;
-        return 1;
-      },
-      &adds);
-  if (objectsSeen.exchange(adds) == adds) return nullptr;
-  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (driver == nullptr) return nullptr;
-  auto fn = reinterpret_cast<PointerAttributeFn>(dlsym(driver, "cuPointerGetAttribute"));
-  dlclose(driver);  // the program's own handle keeps it loaded
-  if (fn != nullptr) driverPointerAttribute.store(fn, std::memory_order_release);
-  return fn;
+int currentCudaDevice() {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return device;
 }
 
-}  // namespace
+void useCudaDevice(int device) {
+  if (device >= 0 && device != currentCudaDevice()) cudaSetDevice(device);
+}
 
 bool isDeviceMemory(const void* p) {
   if (p == nullptr) return false;
-  const PointerAttributeFn fn = loadedDriver();
+  const cudaipc::PointerAttributeFn fn = cudaipc::loadedDriver();
   if (fn == nullptr) return false;
   unsigned int type = 0;  // host and unregistered pointers: an error, or a host type
   if (fn(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS) return false;
@@ -297,17 +268,9 @@ struct DeviceEngine::Impl {
   uint64_t directPieces = 0;
 
   // In place: direct all-reduces of directInPlaceBytes or more (0: none) read and write the peers'
-  // buffers where they lie instead of a published copy. This rank's allocations' handles by id;
-  // the peers' allocations it has mapped, by rank.
+  // buffers where they lie instead of a published copy, mapped by CUDA IPC (the transport's).
   size_t directInPlaceBytes = 0;
-  std::unordered_map<uint64_t, cudaIpcMemHandle_t> exposedHandles;
-  struct PeerAllocation {
-    uint64_t id;
-    uint64_t base;
-    uint64_t size;
-    char* mapped;
-  };
-  std::vector<std::vector<PeerAllocation>> peerAllocations;
+  cudaipc::Mappings mappings;
 
   // Staging: two slots, each an input and an output area (area slot * 2 + which), pinned. A
   // larger call gets larger areas; the old ones are kept (calls in flight and captured graphs
@@ -357,20 +320,20 @@ struct DeviceEngine::Impl {
   bool setUpDirect(bool oneGpu);
   void closeDirect();
   bool directServes(const DeviceCall& call, cudaStream_t stream) const;
-  void enqueueDirect(const DeviceCall& call, cudaStream_t stream);
+  bool enqueueDirect(const DeviceCall& call, cudaStream_t stream);
   void directPiece(const DeviceCall& call, size_t first, size_t m, cudaStream_t stream);
   void hostBarrier();
   void waitForPeers(const std::vector<cudaEvent_t>& events, cudaStream_t stream, const char* what);
-  bool inPlaceServes(const DeviceCall& call) const;
+  bool inPlaceServes(const DeviceCall& call, cudaStream_t stream) const;
   bool enqueueInPlace(const DeviceCall& call, cudaStream_t stream);
-  bool expose(const void* p, ExposedBuffer* out);
-  char* mapPeer(int peer, const ExposedBuffer& buffer);
   void layRing(const std::vector<IpcInfo>& all);
   void closeIpc();
   void order(cudaStream_t stream);
   void finish(cudaStream_t stream);
-  void enqueueRing(const DeviceCall& call, cudaStream_t stream);
-  void enqueueStaged(const DeviceCall& call, cudaStream_t stream);
+  bool ringServes(const DeviceCall& call, cudaStream_t stream) const;
+  bool enqueueRing(const DeviceCall& call, cudaStream_t stream);
+  bool stagedServes(const DeviceCall& call, cudaStream_t stream) const;
+  bool enqueueStaged(const DeviceCall& call, cudaStream_t stream);
   void enqueueStagedGroup(const std::vector<DeviceCall>& calls, cudaStream_t stream);
   const StagedCall* stagedGroup(const std::vector<DeviceCall>& calls);
   const StagedCall* stagedCall(const DeviceCall& call, const void* input, void* output);
@@ -527,7 +490,7 @@ bool DeviceEngine::Impl::setUpDirect(bool oneGpu) {
   for (const auto& i : all) everyone = everyone && i.ok != 0;
   if (everyone) {
     peerDirect.assign(nranks, nullptr);
-    peerAllocations.assign(nranks, {});
+    mappings.reset(rank, nranks);
     directInPlaceBytes = static_cast<size_t>(all[0].inPlaceBytes);
     for (const auto& i : all) directInPlaceBytes = std::min(directInPlaceBytes, static_cast<size_t>(i.inPlaceBytes));
     for (int q = 0; q < 2; ++q) {
@@ -567,11 +530,7 @@ void DeviceEngine::Impl::closeDirect() {
     if (p != rank && peerDirect[p] != nullptr) cudaIpcCloseMemHandle(peerDirect[p]);
   }
   peerDirect.clear();
-  for (auto& mapped : peerAllocations) {
-    for (const PeerAllocation& a : mapped) cudaIpcCloseMemHandle(a.mapped);
-  }
-  peerAllocations.clear();
-  exposedHandles.clear();
+  mappings.reset(rank, 0);
   for (int q = 0; q < 2; ++q) {
     // Opened IPC events are destroyed as any event.
     for (int p = 0; p < static_cast<int>(peerReady[q].size()); ++p) {
@@ -600,13 +559,14 @@ bool DeviceEngine::Impl::directServes(const DeviceCall& call, cudaStream_t strea
 }
 
 // A call in pieces of at most directBytes of published input per rank.
-void DeviceEngine::Impl::enqueueDirect(const DeviceCall& call, cudaStream_t stream) {
+bool DeviceEngine::Impl::enqueueDirect(const DeviceCall& call, cudaStream_t stream) {
   const size_t size = kernels::typeSize(call.type);
   const size_t per = std::max<size_t>(1, directBytes / (size * directBlocks(call, nranks)) / 16 * 16);
   for (size_t first = 0; first < call.count || first == 0; first += per) {
     directPiece(call, first, std::min(per, call.count - first), stream);
     if (call.count == 0) break;
   }
+  return true;
 }
 
 // One piece: elements [first, first + m) of the call (of every block, for the collectives whose
@@ -718,65 +678,10 @@ void DeviceEngine::Impl::waitForPeers(const std::vector<cudaEvent_t>& events, cu
 
 // Whether an all-reduce goes in place: large enough (every rank decides alike: the count, type and
 // threshold agree) and with a block per rank.
-bool DeviceEngine::Impl::inPlaceServes(const DeviceCall& call) const {
+bool DeviceEngine::Impl::inPlaceServes(const DeviceCall& call, cudaStream_t stream) const {
   return call.collective == Collective::kAllReduce && directInPlaceBytes > 0 &&
-         call.count * kernels::typeSize(call.type) >= directInPlaceBytes && call.count >= static_cast<size_t>(nranks);
-}
-
-// Where p lies (its allocation's handle, made once per allocation), for the peers to map; false
-// when CUDA cannot share it (memory from a pool or from the virtual memory API, managed memory).
-bool DeviceEngine::Impl::expose(const void* p, ExposedBuffer* out) {
-  const PointerAttributeFn attribute = loadedDriver();
-  if (attribute == nullptr) return false;
-  const auto address = reinterpret_cast<CUdeviceptr>(p);
-  unsigned long long id = 0;
-  CUdeviceptr base = 0;
-  size_t size = 0;
-  if (attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, address) != CUDA_SUCCESS ||
-      attribute(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, address) != CUDA_SUCCESS ||
-      attribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, address) != CUDA_SUCCESS) {
-    return false;
-  }
-  auto found = exposedHandles.find(id);
-  if (found == exposedHandles.end()) {
-    cudaIpcMemHandle_t handle;
-    if (cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base)) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    if (exposedHandles.size() >= 4096) exposedHandles.clear();  // ids of allocations long freed
-    found = exposedHandles.emplace(id, handle).first;
-  }
-  out->handle = found->second;
-  out->id = id;
-  out->base = static_cast<uint64_t>(base);
-  out->size = size;
-  out->offset = static_cast<uint64_t>(address - base);
-  return true;
-}
-
-// This process's address of a peer's buffer, mapping its allocation the first time. A new
-// allocation of the peer over the range of one mapped before means the peer freed that one; its
-// mapping goes. (The peer freed it only after its stream had waited for this rank's last read of
-// it, step 4 of enqueueInPlace, so nothing of this rank's still reads it.)
-char* DeviceEngine::Impl::mapPeer(int peer, const ExposedBuffer& buffer) {
-  std::vector<PeerAllocation>& mapped = peerAllocations[peer];
-  for (const PeerAllocation& a : mapped) {
-    if (a.id == buffer.id) return a.mapped + buffer.offset;
-  }
-  for (auto it = mapped.begin(); it != mapped.end();) {
-    if (it->base < buffer.base + buffer.size && buffer.base < it->base + it->size) {
-      cudaIpcCloseMemHandle(it->mapped);
-      it = mapped.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  void* address = nullptr;
-  check(cudaIpcOpenMemHandle(&address, buffer.handle, cudaIpcMemLazyEnablePeerAccess), rank,
-        fmt::format("cudaIpcOpenMemHandle (rank {}'s buffer of {} bytes)", peer, buffer.size).c_str());
-  mapped.push_back({buffer.id, buffer.base, buffer.size, static_cast<char*>(address)});
-  return static_cast<char*>(address) + buffer.offset;
+         call.count * kernels::typeSize(call.type) >= directInPlaceBytes && call.count >= static_cast<size_t>(nranks) &&
+         directServes(call, stream);
 }
 
 // An all-reduce that reads and writes the ranks' buffers where they lie (no published copy):
@@ -798,7 +703,7 @@ bool DeviceEngine::Impl::enqueueInPlace(const DeviceCall& call, cudaStream_t str
   const int q = static_cast<int>(directPieces++ % 2);
   check(cudaEventRecord(ready[q], stream), rank, "cudaEventRecord (direct ready)");
   InPlaceInfo mine{};
-  mine.ok = expose(call.input, &mine.input) && expose(call.output, &mine.output) ? 1 : 0;
+  mine.ok = mappings.expose(call.input, &mine.input) && mappings.expose(call.output, &mine.output) ? 1 : 0;
   std::vector<InPlaceInfo> all(n);
   comm.run({comm.prepare(Collective::kAllGather, &mine, all.data(), sizeof(InPlaceInfo), chorusUint8, chorusSum, 0)});
   for (const InPlaceInfo& info : all) {
@@ -812,8 +717,10 @@ bool DeviceEngine::Impl::enqueueInPlace(const DeviceCall& call, cudaStream_t str
   std::vector<const void*> inputs(n);
   std::vector<void*> outputs(n);
   for (int p = 0; p < nranks; ++p) {
-    const char* in = p == rank ? static_cast<const char*>(call.input) : mapPeer(p, all[p].input);
-    char* out = p == rank ? static_cast<char*>(call.output) : mapPeer(p, all[p].output);
+    // A peer's allocation mapped before and since freed was last read here before step 4 of the
+    // call that read it, which the peer's stream waited for before it could free it.
+    const char* in = p == rank ? static_cast<const char*>(call.input) : mappings.map(p, all[p].input);
+    char* out = p == rank ? static_cast<char*>(call.output) : mappings.map(p, all[p].output);
     inputs[p] = in + first * size;
     outputs[p] = out + first * size;
   }
@@ -889,7 +796,12 @@ void DeviceEngine::Impl::finish(cudaStream_t stream) {
   anyCall = true;
 }
 
-void DeviceEngine::Impl::enqueueRing(const DeviceCall& call, cudaStream_t stream) {
+// The ring serves the collectives its kernel knows, where every rank mapped its neighbours' inboxes.
+bool DeviceEngine::Impl::ringServes(const DeviceCall& call, cudaStream_t) const {
+  return ipc && ringKind(call.collective) >= 0;
+}
+
+bool DeviceEngine::Impl::enqueueRing(const DeviceCall& call, cudaStream_t stream) {
   const size_t bytes = call.count * kernels::typeSize(call.type);
   const bool ll = bytes <= llBytes;
   ipc::RingArgs args{};
@@ -912,6 +824,7 @@ void DeviceEngine::Impl::enqueueRing(const DeviceCall& call, cudaStream_t stream
   args.rankAt = rankAtDevice;
   const int error = ipc::launchRing(args, call.type, call.op, ll, threads, stream);
   if (error != 0) check(static_cast<cudaError_t>(error), rank, "launching the ring kernel");
+  return true;
 }
 
 const StagedCall* DeviceEngine::Impl::stagedCall(const DeviceCall& call, const void* input, void* output) {
@@ -1052,7 +965,10 @@ bool DeviceEngine::Impl::awaitPosted(uint32_t number) {
   }
 }
 
-void DeviceEngine::Impl::enqueueStaged(const DeviceCall& call, cudaStream_t stream) {
+// Staging serves every call.
+bool DeviceEngine::Impl::stagedServes(const DeviceCall&, cudaStream_t) const { return true; }
+
+bool DeviceEngine::Impl::enqueueStaged(const DeviceCall& call, cudaStream_t stream) {
   byValue = postByValue && !capturing(stream);
   const size_t size = kernels::typeSize(call.type);
   size_t inCount, outCount;
@@ -1093,7 +1009,7 @@ void DeviceEngine::Impl::enqueueStaged(const DeviceCall& call, cudaStream_t stre
     }
     wait();
     copyOut(chunks - 1);
-    return;
+    return true;
   }
   staging.ensure(std::max({inCount * size, outCount * size, size_t{64}}));
   if (inCount > 0) {
@@ -1106,6 +1022,7 @@ void DeviceEngine::Impl::enqueueStaged(const DeviceCall& call, cudaStream_t stre
     check(cudaMemcpyAsync(call.output, area(0, 1), outCount * size, cudaMemcpyHostToDevice, stream), rank,
           "cudaMemcpyAsync (staged result)");
   }
+  return true;
 }
 
 void DeviceEngine::Impl::enqueueStagedGroup(const std::vector<DeviceCall>& calls, cudaStream_t stream) {
@@ -1195,6 +1112,26 @@ void DeviceEngine::Impl::proxyLoop() {
   }
 }
 
+namespace {
+
+// The device engine's algorithms, in order of preference: a call goes to the first that serves it.
+// Every rank answers serves() alike (from what the ranks agreed at set-up and the call's
+// arguments); enqueue() returns false where the ranks found together at enqueue time that it
+// cannot run the call (a buffer CUDA cannot share), and the next is tried.
+struct DeviceAlgorithm {
+  const char* name;
+  bool (DeviceEngine::Impl::*serves)(const DeviceCall&, cudaStream_t) const;
+  bool (DeviceEngine::Impl::*enqueue)(const DeviceCall&, cudaStream_t);
+};
+const DeviceAlgorithm kDeviceAlgorithms[] = {
+    {"direct-inplace", &DeviceEngine::Impl::inPlaceServes, &DeviceEngine::Impl::enqueueInPlace},
+    {"direct", &DeviceEngine::Impl::directServes, &DeviceEngine::Impl::enqueueDirect},
+    {"ipc", &DeviceEngine::Impl::ringServes, &DeviceEngine::Impl::enqueueRing},
+    {"staged", &DeviceEngine::Impl::stagedServes, &DeviceEngine::Impl::enqueueStaged},
+};
+
+}  // namespace
+
 DeviceEngine::DeviceEngine(Communicator& comm) : impl_(std::make_unique<Impl>(comm)) { impl_->setUp(); }
 
 DeviceEngine::~DeviceEngine() {
@@ -1242,12 +1179,10 @@ void DeviceEngine::enqueue(const DeviceCall& call, chorusStream_t stream, const 
   checkDeviceCall(call, m.rank, m.nranks, name);
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   m.order(s);
-  if (m.directServes(call, s)) {
-    if (!m.inPlaceServes(call) || !m.enqueueInPlace(call, s)) m.enqueueDirect(call, s);
-  } else if (m.ipc && ringKind(call.collective) >= 0) {
-    m.enqueueRing(call, s);
-  } else {
-    m.enqueueStaged(call, s);
+  for (const DeviceAlgorithm& algorithm : kDeviceAlgorithms) {
+    if (!(m.*algorithm.serves)(call, s) || !(m.*algorithm.enqueue)(call, s)) continue;
+    logAt(LogLevel::kTrace, "rank {}: {} (count {}) on the device, {}", m.rank, name, call.count, algorithm.name);
+    break;
   }
   m.finish(s);
 }

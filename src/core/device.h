@@ -10,7 +10,7 @@
 //    reduce, reduce-scatter, broadcast, all-gather, gather, all-to-all, scatter; not in graph
 //    capture (the order is set at enqueue time).
 //  - ipc: every rank on one host, each inbox mapped by its ring neighbours with CUDA IPC: one
-//    kernel launch per call (src/transport/cuda_ipc_ring.h), for all-reduce, all-gather,
+//    kernel launch per call (src/core/device_ring.h), for all-reduce, all-gather,
 //    reduce-scatter, broadcast and reduce;
 //  - staged: anything else (ranks on several hosts, the other collectives, send and receive, and
 //    a group's sends and receives, made together):
@@ -19,7 +19,9 @@
 //    a one-thread kernel holds the stream until the proxy is done; then the stream copies the
 //    result back. All-reduces go in chunks, so one chunk's copy overlaps the transfer of the
 //    one before.
-// Both are captured in CUDA graphs as they are: kernels, copies and host nodes, with flags and
+// The paths are the engine's algorithms, one table in device.cc (kDeviceAlgorithms): a call goes to
+// the first, in the order above, that is set up and serves it.
+// ipc and staged are captured in CUDA graphs as they are: kernels, copies and host nodes, with flags and
 // counters kept in device memory so each replay is a fresh call.
 #pragma once
 
@@ -82,6 +84,12 @@ class DeviceEngine {
 // device here, and the call's buffers are device memory of the current device. Throws
 // chorusInvalidArgument naming what is wrong.
 void checkDeviceCall(const DeviceCall& call, int rank, int nranks, const char* name);
+
+// The calling thread's current CUDA device (-1 where CUDA has none), and making one current (a
+// negative device: nothing changes). A group's device calls are enqueued on the device current
+// when each was made.
+int currentCudaDevice();
+void useCudaDevice(int device);
 
 // Whether p points into CUDA device memory (cudaMalloc, cudaMallocManaged, ...), asked of the
 // CUDA driver once the program has loaded it; false until then, and for host memory.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # collbench --mem device: every collective (and sendrecv, a group of device sends and receives) on CUDA buffers, 2 and 4 ranks sharing the machine's
-# GPUs (rank % devices), over the three device paths (direct, cuda_ipc, staged), sizes from the LL protocol's
+# GPUs (rank % devices), over the three device paths (direct, ipc, staged), sizes from the LL protocol's
 # to the bulk one's, each checked (#wrong 0), and a spoiled value still caught. Without a usable
 # device collbench must refuse by saying so; then the test is skipped (exit 77).
 source "$(dirname "$0")/lib.sh"

@@ -1,4 +1,4 @@
-// ipc_ring_test.cc: the cuda_ipc transport's protocol (src/transport/cuda_ipc_ring.h) run on host
+// ipc_ring_test.cc: the device engine's ring, the ipc algorithm (src/core/device_ring.h), run on host
 // threads: each rank's channel is a thread, inboxes are host memory, the kernel's volatile words
 // and fences are atomics. The code under test is the kernel's own, so its slicing, ring steps,
 // slots, credits, LL flags, counters across launches and failure paths are checked here without
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "kernels/cpu/reduce.h"
-#include "src/transport/cuda_ipc_ring.h"
+#include "src/core/device_ring.h"
 #include "tests/support/pattern.h"
 
 namespace chorus::ipc {

@@ -1,9 +1,9 @@
-// cuda_ipc.cu: the cuda_ipc transport's wait kernel, and the ring launch that picks the kernel of
-// the call's type and protocol (each compiled in a translation unit of its own, generated from
-// cuda_ipc_kernel.cu.in, so the build compiles them in parallel).
+// device_kernels.cu: the device engine's wait kernel (the staged path), and the ring launch that
+// picks the kernel of the call's type and protocol (each compiled in a translation unit of its own,
+// generated from device_ring_kernel.cu.in, so the build compiles them in parallel).
 #include <cuda_runtime.h>
 
-#include "src/transport/cuda_ipc_device.cuh"
+#include "src/core/device_ring.cuh"
 
 namespace chorus::ipc {
 namespace {

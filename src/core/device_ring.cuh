@@ -1,11 +1,11 @@
-// cuda_ipc_device.cuh: the device's primitives for the cuda_ipc protocol (the S of
-// cuda_ipc_ring.h), shared by the kernels' translation units.
+// device_ring.cuh: the device's primitives for the ring (the S of device_ring.h), shared by the
+// kernels' translation units.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/load.cuh"
-#include "src/transport/cuda_ipc.h"
+#include "src/core/device_kernels.h"
 
 namespace chorus::ipc {
 
@@ -108,7 +108,7 @@ int loadRingOf() {
 }
 
 // Each (type, protocol) is compiled in a translation unit of its own (the build generates them
-// from cuda_ipc_kernel.cu.in), so the kernels compile in parallel; elsewhere they are only named.
+// from device_ring_kernel.cu.in), so the kernels compile in parallel; elsewhere they are only named.
 // clang-format off
 #define CHORUS_IPC_KERNELS(X)                                                                              \
   X(Plain<int8_t>) X(Plain<uint8_t>) X(Plain<int32_t>) X(Plain<uint32_t>) X(Plain<int64_t>) X(Plain<uint64_t>) \

@@ -1,6 +1,6 @@
-// cuda_ipc_ring.h: the cuda_ipc transport's protocol, as code that runs both in the CUDA kernel
-// (src/transport/cuda_ipc.cu) and on host threads (tests/unit/ipc_ring_test.cc), so the
-// protocol's logic is tested on machines without a GPU.
+// device_ring.h: the device engine's ring (the "ipc" device algorithm), as code that runs both in
+// the CUDA kernel (device_kernels.cu, device_ring.cuh) and on host threads
+// (tests/unit/ipc_ring_test.cc), so the algorithm's logic is tested on machines without a GPU.
 //
 // Each rank owns an inbox in its device memory that its ring neighbours map (CUDA IPC): its
 // predecessor writes messages into it, its successor writes back how many it has consumed. A
@@ -121,7 +121,7 @@ using kernels::OpSum;
 
 // ---- one channel of one collective ----
 
-// S: where the code runs, as DeviceSync in cuda_ipc.cu and HostSync in the test: thread() and
+// S: where the code runs, as DeviceSync in device_ring.cuh and HostSync in the test: thread() and
 // threads() of the block, barrier(), uniform(v) (barrier, then every thread gets thread 0's v),
 // acquire() / release() fences, loadWord / storeWord (volatile 64-bit words), loadLine /
 // storeLine (a 16-byte LL line, each 8-byte half in one access), loadData (a slot element, not
