@@ -15,8 +15,8 @@
  *    it may be captured in a CUDA graph. The first such call on a communicator is collective
  *    (every rank sets up its device path in it). Failures surface through chorusCommGetAsyncError. Ranks on one host
  * map each other's GPU memory (CUDA IPC) and the ring collectives run as one kernel; other cases go through pinned host
- * memory (CHORUS_DEVICE_TRANSPORT). A group's device sends and receives are enqueued together at chorusGroupEnd, on one
- * stream (the group's calls must share it), and non-blocking forms take host buffers only.
+ * memory (CHORUS_DEVICE_TRANSPORT). A group's device calls are enqueued at chorusGroupEnd (a communicator's sends and
+ * receives together, on one stream they must share), and non-blocking forms take host buffers only.
  *  - A build without CUDA, or a machine without a device, rejects a non-NULL stream with
  *    chorusInvalidArgument and touches nothing.
  *
@@ -379,9 +379,11 @@ CHORUS_API chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataTyp
 /* Groups: calls between chorusGroupStart and chorusGroupEnd are collected on this thread and run
  * together at chorusGroupEnd, each rank posting all of them before waiting for any. Calls in a
  * group return chorusSuccess after validating their arguments; their buffers must stay valid
- * until chorusGroupEnd returns. Groups nest (only the outermost end runs them). All calls of one
- * group must use one communicator. Errors at chorusGroupEnd: those of the collected calls;
- * chorusInvalidUsage for chorusGroupEnd without a start or two communicators in one group. */
+ * until chorusGroupEnd returns (device buffers: until their stream has run them). Groups nest
+ * (only the outermost end runs them). A group may span communicators: one thread may drive
+ * several ranks of a job, one communicator each, as NCCL's groups allow. Errors at
+ * chorusGroupEnd: those of the collected calls; chorusInvalidUsage for chorusGroupEnd without a
+ * start, or one communicator's device sends and receives on two streams. */
 CHORUS_API chorusResult_t chorusGroupStart(void);
 CHORUS_API chorusResult_t chorusGroupEnd(void);
 

@@ -233,8 +233,8 @@ void submitOn(const Lease& held, const CallInfo& info, int rootOrPeer, const siz
   const chorus::DeviceCall device{info.collective, info.input, info.output, info.count,
                                   info.type,       info.op,    rootOrPeer,  vector};
   chorus::checkDeviceCall(device, c.rank(), c.nranks(), info.call);
-  if (group.depth > 0 && (info.collective == Collective::kSend || info.collective == Collective::kRecv)) {
-    // Kept for chorusGroupEnd, which enqueues the group's sends and receives as one step.
+  if (group.depth > 0) {
+    // Kept for chorusGroupEnd: the collectives in call order, the sends and receives as one step.
     group.keepDevice(info.comm, held, device, stream, c.rank(), info.call);
     return;
   }

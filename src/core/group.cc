@@ -3,7 +3,9 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <exception>
+#include <thread>
 #include <utility>
 
 #include "src/base/error.h"
@@ -23,18 +25,29 @@ GroupPart& Group::partFor(const void* handle, std::shared_ptr<Communicator> comm
 
 void Group::keepDevice(const void* handle, std::shared_ptr<Communicator> comm, const DeviceCall& call,
                        chorusStream_t stream, int rank, const char* name) {
-  for (const GroupPart& part : parts_) {
-    if (part.handle != handle && !part.deviceOps.empty()) {
-      fail(chorusInvalidUsage,
-           "rank {}: {}: the device sends and receives of one group must use one communicator (this call uses "
-           "another)",
-           rank, name);
-    }
-  }
   GroupPart& part = partFor(handle, std::move(comm));
-  if (!part.deviceOps.empty() && part.deviceStream != stream) {
-    fail(chorusInvalidUsage, "rank {}: {}: the device sends and receives of one group must use one stream", rank, name);
+#if defined(CHORUS_HAVE_DEVICE)
+  const int cudaDevice = currentCudaDevice();
+#else
+  const int cudaDevice = -1;
+#endif
+  if (call.collective != collectives::Collective::kSend && call.collective != collectives::Collective::kRecv) {
+    KeptDeviceCall& kept = part.deviceCalls.emplace_back();
+    kept.call = call;
+    if (call.vector != nullptr) {
+      std::copy(call.vector, call.vector + kept.vector.size(), kept.vector.begin());
+      kept.call.vector = nullptr;  // pointed at kept.vector when enqueued (the part may move)
+    }
+    kept.stream = stream;
+    kept.name = name;
+    kept.cudaDevice = cudaDevice;
+    return;
   }
+  if (!part.deviceOps.empty() && part.deviceStream != stream) {
+    fail(chorusInvalidUsage,
+         "rank {}: {}: the device sends and receives of one communicator in a group must use one stream", rank, name);
+  }
+  if (part.deviceOps.empty()) part.deviceOpsCudaDevice = cudaDevice;
   part.deviceStream = stream;
   part.deviceOps.push_back(call);
 }
@@ -81,6 +94,62 @@ void runTogether(std::vector<GroupPart>& parts) {
 
 }  // namespace
 
+#if defined(CHORUS_HAVE_DEVICE)
+namespace {
+
+// One communicator's device calls of the group: its collectives in call order, then its sends and
+// receives as one staged step (after the group's host calls, which that step's host side follows),
+// each on the CUDA device current when it was made; the caller's device is current again after.
+void enqueueDeviceCalls(GroupPart& part) {
+  struct Restore {
+    int device = currentCudaDevice();
+    ~Restore() { useCudaDevice(device); }
+  } restore;
+  DeviceEngine& engine = part.comm->device();
+  for (KeptDeviceCall& kept : part.deviceCalls) {
+    useCudaDevice(kept.cudaDevice);
+    DeviceCall call = kept.call;
+    if (kept.vector[0] != nullptr) call.vector = kept.vector.data();
+    engine.enqueue(call, kept.stream, kept.name);
+  }
+  if (!part.deviceOps.empty()) {
+    useCudaDevice(part.deviceOpsCudaDevice);
+    engine.enqueueGroup(part.deviceOps, part.deviceStream, "chorusGroupEnd");
+  }
+}
+
+// Every part's device calls. Enqueueing may wait for the communicator's peers on the host (the
+// engine's set-up at a first device call, the direct algorithm's meetings), and one thread may be
+// driving all of them: where several communicators have device calls, each is enqueued on a
+// thread of its own. Throws the first failure once every thread is done.
+void enqueueDeviceParts(std::vector<GroupPart>& parts) {
+  std::vector<GroupPart*> device;
+  for (GroupPart& part : parts) {
+    if (!part.deviceCalls.empty() || !part.deviceOps.empty()) device.push_back(&part);
+  }
+  if (device.size() == 1) enqueueDeviceCalls(*device[0]);
+  if (device.size() <= 1) return;
+  std::vector<std::exception_ptr> failures(device.size());
+  std::vector<std::thread> threads;
+  threads.reserve(device.size());
+  for (size_t i = 0; i < device.size(); ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        enqueueDeviceCalls(*device[i]);
+      } catch (...) {
+        failures[i] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const std::exception_ptr& failure : failures) {
+    if (failure) std::rethrow_exception(failure);
+  }
+}
+
+}  // namespace
+#endif
+
 void runGroup(std::vector<GroupPart> parts) {
   if (parts.size() == 1) {
     // One communicator: its own wait, which blocks in the transports when idle.
@@ -88,12 +157,8 @@ void runGroup(std::vector<GroupPart> parts) {
   } else {
     runTogether(parts);
   }
-  // Then the device sends and receives (one communicator's at most): their staged step makes
-  // host calls of its own on the communicator, after the group's.
 #if defined(CHORUS_HAVE_DEVICE)
-  for (GroupPart& part : parts) {
-    if (!part.deviceOps.empty()) part.comm->device().enqueueGroup(part.deviceOps, part.deviceStream, "chorusGroupEnd");
-  }
+  enqueueDeviceParts(parts);
 #endif
 }
 

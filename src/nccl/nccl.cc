@@ -9,9 +9,8 @@
 //    that never came) and chorusAborted to ncclInvalidUsage (the communicator is gone), with the
 //    reason in ncclGetLastError.
 //  - Groups: calls inside ncclGroupStart/End are kept and made at ncclGroupEnd as one chorus
-//    group, which may span communicators (one thread driving several ranks, as NCCL allows).
-//    Device calls spanning several communicators are the exception: each communicator's run on
-//    a thread of its own (the device path meets its peers on the host as a call is enqueued).
+//    group, which may span communicators (one thread driving several ranks, as NCCL allows), on
+//    host or device buffers; each call is made on its communicator's device.
 //    ncclCommInitRank* inside a group are started together at its end, one thread each (an init
 //    waits for its peers). An argument error of a call in a group is reported by ncclGroupEnd.
 //  - ncclGetVersion reports the NCCL API version implemented (NCCL_VERSION_CODE of the header),
@@ -178,58 +177,25 @@ ncclResult_t dispatch(ncclComm_t comm, chorusStream_t on, std::function<chorusRe
   return fromChorus(call());
 }
 
-// One communicator's calls of the group, as one chorus group; the message of a failure in *error.
-chorusResult_t runGroupOf(chorusComm_t comm, const std::vector<GroupCall>& calls, std::string* error) {
-  chorusResult_t result = chorusGroupStart();
-  for (const GroupCall& call : calls) {
-    if (call.comm == comm && result == chorusSuccess) call.call();  // a failure is kept for chorusGroupEnd
-  }
-  const chorusResult_t ended = chorusGroupEnd();
-  if (result == chorusSuccess) result = ended;
-  if (result != chorusSuccess) *error = chorusGetLastError(comm);
-  return result;
-}
-
-// The kept calls at the end of the outermost group: one chorus group on this thread (chorus's
-// groups span communicators), except where device calls span several communicators: each
-// communicator's then runs on a thread of its own, on its device, since the device path's setup
-// meets its peers on the host as each call is enqueued.
+// The kept calls at the end of the outermost group, as one chorus group (chorus's groups span
+// communicators, their device calls too), each made on its communicator's device, as NCCL uses a
+// communicator's own device whatever is current; the caller's device is current again after.
 ncclResult_t runGroupCalls() {
   std::vector<GroupCall> calls;
   calls.swap(groupCalls);
-  std::vector<chorusComm_t> comms;
-  bool device = false;
+  if (calls.empty()) return ncclSuccess;
+  const int caller = currentDevice();
+  chorusGroupStart();
   for (const GroupCall& call : calls) {
-    if (std::find(comms.begin(), comms.end(), call.comm) == comms.end()) comms.push_back(call.comm);
-    device = device || call.device;
-  }
-  if (comms.empty()) return ncclSuccess;
-  if (comms.size() == 1 || !device) {
-    chorusGroupStart();
-    for (const GroupCall& call : calls) call.call();  // a failure is kept for chorusGroupEnd
-    return fromChorus(chorusGroupEnd());
-  }
-  std::vector<chorusResult_t> results(comms.size(), chorusSuccess);
-  std::vector<std::string> errors(comms.size());
-  std::vector<int> commDevices(comms.size(), -1);
-  {
-    std::lock_guard<std::mutex> lock(devicesMutex);
-    for (size_t i = 0; i < comms.size(); ++i) {
-      if (const auto it = devices.find(comms[i]); it != devices.end()) commDevices[i] = it->second;
+    if (call.device) {
+      std::lock_guard<std::mutex> lock(devicesMutex);
+      if (const auto it = devices.find(call.comm); it != devices.end() && it->second >= 0) cudaSetDevice(it->second);
     }
+    call.call();  // a failure is kept for chorusGroupEnd
   }
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < comms.size(); ++i) {
-    threads.emplace_back([&, i] {
-      if (commDevices[i] >= 0) cudaSetDevice(commDevices[i]);
-      results[i] = runGroupOf(comms[i], calls, &errors[i]);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (size_t i = 0; i < comms.size(); ++i) {
-    if (results[i] != chorusSuccess) return refuse(fromChorus(results[i]), "%s", errors[i].c_str());
-  }
-  return ncclSuccess;
+  const ncclResult_t result = fromChorus(chorusGroupEnd());
+  if (caller >= 0) cudaSetDevice(caller);
+  return result;
 }
 
 ncclResult_t initRank(ncclComm_t* comm, int nranks, const ncclUniqueId& id, int rank, const char* call) {

@@ -5,11 +5,14 @@
 // CUDA graph capture and replay. Skipped, saying why, without a CUDA device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/cpu/reduce.h"
@@ -399,6 +402,96 @@ INSTANTIATE_TEST_SUITE_P(Paths, DeviceCollectivesTest,
                                            Path{"staged", 2, kStagedPost, "value", "value"},
                                            Path{"staged", 4, kStagedPost, "value", "value"}),
                          [](const ::testing::TestParamInfo<Path>& info) { return nameOf(info.param); });
+
+// One thread drives every rank (one communicator each, all on GPU 0) through one group of device
+// calls: an all-reduce and a ring of sends and receives per rank. Each communicator's first device
+// call sets its path up with its peers, which one thread cannot do for all of them in turn:
+// chorusGroupEnd enqueues each communicator's calls on a thread of its own. Without that the
+// first call waits for its peers until the timeout. Run in a child process: the test process
+// keeps CUDA untouched for the tests that fork ranks.
+int oneThreadDrivesEveryRank() {
+  constexpr int n = 3;
+  constexpr size_t count = 40000;
+  auto failed = [](const char* what, chorusComm_t comm) {
+    std::fprintf(stderr, "%s: %s\n", what, chorusGetLastError(comm));
+    return 1;
+  };
+  chorusUniqueId id;
+  if (chorusGetUniqueId(&id) != chorusSuccess) return failed("chorusGetUniqueId", nullptr);
+  std::vector<chorusComm_t> comms(n, nullptr);
+  std::vector<chorusResult_t> made(n, chorusSuccess);
+  {
+    std::vector<std::thread> inits;
+    for (int r = 0; r < n; ++r) inits.emplace_back([&, r] { made[r] = chorusCommInitRank(&comms[r], n, id, r); });
+    for (std::thread& t : inits) t.join();
+  }
+  for (int r = 0; r < n; ++r) {
+    if (made[r] != chorusSuccess) return failed("chorusCommInitRank", nullptr);
+  }
+  if (cudaSetDevice(0) != cudaSuccess) return failed("cudaSetDevice", nullptr);
+  std::vector<float*> in(n), sum(n), got(n);
+  std::vector<cudaStream_t> streams(n);
+  for (int r = 0; r < n; ++r) {
+    std::vector<float> mine(count);
+    for (size_t i = 0; i < count; ++i) mine[i] = static_cast<float>((r + 1) * 100 + static_cast<int>(i % 97));
+    if (cudaMalloc(&in[r], count * 4) != cudaSuccess || cudaMalloc(&sum[r], count * 4) != cudaSuccess ||
+        cudaMalloc(&got[r], count * 4) != cudaSuccess ||
+        cudaMemcpy(in[r], mine.data(), count * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking) != cudaSuccess) {
+      return failed("cudaMalloc, cudaMemcpy or cudaStreamCreate", nullptr);
+    }
+  }
+  if (cudaDeviceSynchronize() != cudaSuccess) return failed("cudaDeviceSynchronize", nullptr);
+  if (chorusGroupStart() != chorusSuccess) return failed("chorusGroupStart", nullptr);
+  for (int r = 0; r < n; ++r) {
+    if (chorusAllReduce(in[r], sum[r], count, chorusFloat32, chorusSum, comms[r], streams[r]) != chorusSuccess ||
+        chorusSend(in[r], count, chorusFloat32, (r + 1) % n, comms[r], streams[r]) != chorusSuccess ||
+        chorusRecv(got[r], count, chorusFloat32, (r + n - 1) % n, comms[r], streams[r]) != chorusSuccess) {
+      return failed("a call inside the group", comms[r]);
+    }
+  }
+  if (chorusGroupEnd() != chorusSuccess) return failed("chorusGroupEnd", comms[0]);
+  for (int r = 0; r < n; ++r) {
+    if (cudaStreamSynchronize(streams[r]) != cudaSuccess) return failed("cudaStreamSynchronize", nullptr);
+    std::vector<float> total(count), from(count);
+    cudaMemcpy(total.data(), sum[r], count * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(from.data(), got[r], count * 4, cudaMemcpyDeviceToHost);
+    const int prev = (r + n - 1) % n;
+    for (size_t i = 0; i < count; ++i) {
+      const float expected = static_cast<float>((1 + 2 + 3) * 100 + n * static_cast<int>(i % 97));
+      const float sent = static_cast<float>((prev + 1) * 100 + static_cast<int>(i % 97));
+      if (total[i] != expected || from[i] != sent) {
+        std::fprintf(stderr, "rank %d element %zu: sum %g (expected %g), received %g (expected %g)\n", r, i, total[i],
+                     expected, from[i], sent);
+        return 1;
+      }
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    chorusResult_t async = chorusSuccess;
+    if (chorusCommGetAsyncError(comms[r], &async) != chorusSuccess || async != chorusSuccess) {
+      return failed("chorusCommGetAsyncError", comms[r]);
+    }
+  }
+  std::vector<std::thread> ends;
+  for (int r = 0; r < n; ++r) ends.emplace_back([&, r] { chorusCommDestroy(comms[r]); });
+  for (std::thread& t : ends) t.join();
+  return 0;
+}
+
+TEST(DeviceGroupTest, OneThreadDrivesEveryRankThroughOneGroup) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setenv("CHORUS_TIMEOUT_MS", "30000", 1);
+    _exit(oneThreadDrivesEveryRank());
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child ended by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "see the child's message above";
+}
 
 }  // namespace
 }  // namespace chorus::testing
