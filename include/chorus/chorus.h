@@ -286,13 +286,16 @@ CHORUS_API chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key,
  * (hierarchical: for ranks on several hosts; direct: for blocking calls outside a group among
  * ranks all on shm, on chorusMemAlloc buffers, else the library's choice);
  * alltoall pairwise bruck; alltoallv pairwise; gather binomial; scatter binomial; barrier
- * dissemination. Errors: chorusInvalidArgument naming an entry that is malformed or names an
+ * dissemination. On device buffers (calls with a stream): direct (ranks sharing one GPU; every
+ * collective but alltoallv, send, recv and barrier), ipc (the ring kernel; allreduce, allgather,
+ * reducescatter, broadcast, reduce) and staged (every collective), each used where it can run,
+ * else the device engine's choice; direct applies to both. Errors: chorusInvalidArgument naming an entry that is malformed or names an
  * algorithm the collective does not have (nothing is changed then); chorusInvalidUsage. */
 CHORUS_API chorusResult_t chorusCommSetAlgorithms(chorusComm_t comm, const char* algorithms);
 
 /* The algorithms of a collective ("allreduce", "alltoall", ...), comma-separated, default first,
- * e.g. "ring,tree,recursive_doubling,rabenseifner,hierarchical,direct"; NULL for an unknown collective. Static
- * string; any thread. */
+ * e.g. "ring,tree,recursive_doubling,rabenseifner,hierarchical,direct", on host buffers; NULL for an
+ * unknown collective. Static string; any thread. */
 CHORUS_API const char* chorusAlgorithmNames(const char* collective);
 
 /* Writes the number of ranks / this process's rank. Errors: chorusInvalidUsage for a handle that

@@ -44,7 +44,9 @@ inline constexpr KnobSpec kKnobs[] = {
      "interfaces to listen on: name prefixes, comma-separated; ^ excludes them, = matches whole names (default: the "
      "first interface that is up and not loopback, else loopback), as NCCL_SOCKET_IFNAME: eth,ib or ^docker,lo or "
      "=eth0. A name that matches nothing fails init, listing the interfaces there are"},
-    {"CHORUS_ALGO", "", "algorithm per collective, e.g. allreduce:ring,allgather:bruck (default: chosen per call)"},
+    {"CHORUS_ALGO", "",
+     "algorithm per collective, e.g. allreduce:ring,allgather:bruck; on device buffers direct, ipc or staged "
+     "(default: chosen per call)"},
     {"CHORUS_TUNING_FILE", "", "tuner cost parameters per transport (lines: shm alpha_us=5 beta_GBps=5 ...)"},
     {"CHORUS_RANK_ORDER", "",
      "order in which rings, chains and trees visit the ranks, e.g. 0,2,1,3 (default 0..n-1; used by "

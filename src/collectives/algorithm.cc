@@ -17,8 +17,9 @@ namespace {
 const std::vector<const AlgorithmDescriptor*>& allAlgorithms() {
   static const auto all = [] {
     std::vector<const AlgorithmDescriptor*> list;
-    for (auto file : {ringAlgorithms, chainAlgorithms, pairwiseAlgorithms, treeAlgorithms, recursiveAlgorithms,
-                      bruckAlgorithms, hierarchicalAlgorithms, directAlgorithms, pointToPointAlgorithms}) {
+    for (auto file :
+         {ringAlgorithms, chainAlgorithms, pairwiseAlgorithms, treeAlgorithms, recursiveAlgorithms, bruckAlgorithms,
+          hierarchicalAlgorithms, directAlgorithms, pointToPointAlgorithms, deviceAlgorithms}) {
       for (const AlgorithmDescriptor& d : file()) list.push_back(&d);
     }
     return list;
@@ -46,6 +47,8 @@ const Name kNames[] = {
     {Algorithm::kDissemination, "dissemination"},
     {Algorithm::kHierarchical, "hierarchical"},
     {Algorithm::kDirect, "direct"},
+    {Algorithm::kIpc, "ipc"},
+    {Algorithm::kStaged, "staged"},
 };
 const Name kAliases[] = {{Algorithm::kRecursiveDoubling, "rd"},
                          {Algorithm::kRecursiveHalving, "rh"},
@@ -55,11 +58,31 @@ const Name kAliases[] = {{Algorithm::kRecursiveDoubling, "rd"},
 
 }  // namespace
 
-const AlgorithmDescriptor* descriptorOf(Collective collective, Algorithm algorithm) {
+namespace {
+
+const AlgorithmDescriptor* find(Engine engine, Collective collective, Algorithm algorithm) {
   for (const AlgorithmDescriptor* d : allAlgorithms()) {
-    if (d->collective == collective && (d->algorithm == algorithm || algorithm == Algorithm::kDefault)) return d;
+    if (d->engine == engine && d->collective == collective &&
+        (d->algorithm == algorithm || algorithm == Algorithm::kDefault)) {
+      return d;
+    }
   }
   return nullptr;
+}
+
+// Each collective's algorithms of one engine, in table order.
+std::array<std::vector<Algorithm>, kCollectiveCount> listOf(Engine engine) {
+  std::array<std::vector<Algorithm>, kCollectiveCount> t;
+  for (const AlgorithmDescriptor* d : allAlgorithms()) {
+    if (d->engine == engine) t[static_cast<int>(d->collective)].push_back(d->algorithm);
+  }
+  return t;
+}
+
+}  // namespace
+
+const AlgorithmDescriptor* descriptorOf(Collective collective, Algorithm algorithm) {
+  return find(Engine::kHost, collective, algorithm);
 }
 
 const char* algorithmName(Algorithm algorithm) {
@@ -87,16 +110,25 @@ bool parseCollective(const std::string& text, Collective* out) {
 }
 
 const std::vector<Algorithm>& algorithmsFor(Collective collective) {
-  static const auto table = [] {
-    std::array<std::vector<Algorithm>, kCollectiveCount> t;
-    for (const AlgorithmDescriptor* d : allAlgorithms()) t[static_cast<int>(d->collective)].push_back(d->algorithm);
-    return t;
-  }();
+  static const auto table = listOf(Engine::kHost);
   return table[static_cast<int>(collective)];
 }
 
+const std::vector<Algorithm>& deviceAlgorithmsFor(Collective collective) {
+  static const auto table = listOf(Engine::kDevice);
+  return table[static_cast<int>(collective)];
+}
+
+bool runsOnHost(Algorithm algorithm, Collective collective) {
+  return algorithm != Algorithm::kDefault && find(Engine::kHost, collective, algorithm) != nullptr;
+}
+
+bool runsOnDevice(Algorithm algorithm, Collective collective) {
+  return algorithm != Algorithm::kDefault && find(Engine::kDevice, collective, algorithm) != nullptr;
+}
+
 bool appliesTo(Algorithm algorithm, Collective collective) {
-  return algorithm == Algorithm::kDefault || descriptorOf(collective, algorithm) != nullptr;
+  return algorithm == Algorithm::kDefault || runsOnHost(algorithm, collective) || runsOnDevice(algorithm, collective);
 }
 
 std::vector<std::string> splitCommas(const std::string& text) {
@@ -121,10 +153,14 @@ AlgorithmOverrides parseAlgorithmOverrides(const std::string& text) {
       throw std::invalid_argument("'" + item + "' is not collective:algorithm (e.g. allreduce:ring)");
     }
     if (!appliesTo(algorithm, collective)) {
-      std::string known;
-      for (Algorithm a : algorithmsFor(collective)) known += std::string(known.empty() ? "" : ", ") + algorithmName(a);
+      auto names = [](const std::vector<Algorithm>& list) {
+        std::string text;
+        for (Algorithm a : list) text += std::string(text.empty() ? "" : ", ") + algorithmName(a);
+        return text;
+      };
       throw std::invalid_argument("'" + item + "': " + algorithmName(algorithm) + " does not implement " +
-                                  collectiveName(collective) + " (it has: " + known + ")");
+                                  collectiveName(collective) + " (it has: " + names(algorithmsFor(collective)) +
+                                  "; on device buffers: " + names(deviceAlgorithmsFor(collective)) + ")");
     }
     overrides[static_cast<int>(collective)] = algorithm;
   }

@@ -64,12 +64,19 @@ enum class Follows : uint8_t {
   kNumbers,    // pairs ranks by number: the order does not apply
 };
 
+// Which engine runs an algorithm: the executor (host buffers: a schedule), or the device engine
+// (device buffers: enqueued on a stream by src/core/device.cc, which runs each device algorithm;
+// its descriptor says which collectives it takes, in the engine's order of preference, and has
+// no builder or cost).
+enum class Engine : uint8_t { kHost, kDevice };
+
 struct AlgorithmDescriptor {
   Collective collective;
   Algorithm algorithm;
   Schedule (*build)(const ScheduleArgs&);
   double (*cost)(const Cost&);  // microseconds of one call; kCannot where it cannot run
   Follows follows;
+  Engine engine = Engine::kHost;
 };
 
 // Each algorithm file's descriptors, in its order of preference. algorithm.cc reads the files in
@@ -83,9 +90,10 @@ std::span<const AlgorithmDescriptor> bruckAlgorithms();
 std::span<const AlgorithmDescriptor> hierarchicalAlgorithms();
 std::span<const AlgorithmDescriptor> directAlgorithms();
 std::span<const AlgorithmDescriptor> pointToPointAlgorithms();  // schedule.cc
+std::span<const AlgorithmDescriptor> deviceAlgorithms();        // device_algorithms.cc
 
-// The descriptor of (collective, algorithm), the collective's default for kDefault; null where
-// the algorithm does not implement the collective.
+// The host descriptor of (collective, algorithm), the collective's default for kDefault; null
+// where the algorithm does not implement the collective on host buffers.
 const AlgorithmDescriptor* descriptorOf(Collective collective, Algorithm algorithm);
 
 }  // namespace chorus::collectives

@@ -95,7 +95,10 @@ enum class Algorithm : uint8_t {
   kDissemination,        // barrier
   kHierarchical,         // across hosts: within hosts, along rails across them (all-reduce, all-gather,
                          // reduce-scatter, broadcast, reduce)
-  kDirect,               // all-reduce, reduce-scatter: read every rank's buffers where they lie (one host)
+  kDirect,               // all-reduce, reduce-scatter: read every rank's buffers where they lie (one host);
+                         // on device buffers, every collective of fixed blocks, ranks sharing one GPU
+  kIpc,                  // device buffers only: the ring kernel over inboxes mapped with CUDA IPC (one host)
+  kStaged,               // device buffers only: through pinned host memory to the host engine
   kCount
 };
 

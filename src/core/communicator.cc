@@ -350,6 +350,7 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   args.divide = op == chorusAvg;
   args.chunkBytes = settings_.chunkBytes;
   args.algorithm = algorithms_[static_cast<int>(collective)];
+  if (!collectives::runsOnHost(args.algorithm, collective)) args.algorithm = collectives::Algorithm::kDefault;
   args.order = order_.empty() ? nullptr : order_.data();
   args.hosts = hosts_.empty() ? nullptr : hosts_.data();
   // The direct algorithm needs the ranks to swap where their buffers lie first, which only a

@@ -72,6 +72,11 @@ class Communicator {
 
   // Applies overrides in CHORUS_ALGO syntax (throws chorusInvalidArgument; nothing changes then).
   void setAlgorithms(const std::string& text);
+  // The algorithm forced for a collective (kDefault: none): a host or a device one; each engine
+  // follows it where it is one of its own.
+  collectives::Algorithm forcedAlgorithm(collectives::Collective collective) const {
+    return algorithms_[static_cast<int>(collective)];
+  }
 
   // Starts prepared ops (a single call, or a group) after those already in flight; they progress
   // inside later calls on this communicator. An op of the direct algorithm first meets its peers

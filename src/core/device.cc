@@ -24,6 +24,7 @@
 #include "src/base/config.h"
 #include "src/base/error.h"
 #include "src/base/log.h"
+#include "src/collectives/algorithm.h"
 #include "src/collectives/traits.h"
 #include "src/core/communicator.h"
 #include "src/core/device_kernels.h"
@@ -88,14 +89,6 @@ void extents(const DeviceCall& call, int rank, int nranks, size_t* in, size_t* o
   const bool root = call.rootOrPeer == rank;
   *in = collectives::inputElements(call.collective, call.count, nranks, root);
   *out = collectives::outputElements(call.collective, call.count, nranks, root);
-}
-
-// The collectives the direct path serves: every one whose ranks read fixed blocks of the others'
-// inputs (not all-to-allv, sends and receives, barrier).
-bool directCollective(Collective c) {
-  using collectives::Extent;
-  const collectives::CollectiveTraits& t = collectives::traitsOf(c);
-  return !t.pointToPoint && t.input != Extent::kNone && t.input != Extent::kVector;
 }
 
 // Blocks of the call's count a rank of the direct path publishes: the input the root has (1, or n
@@ -321,10 +314,11 @@ struct DeviceEngine::Impl {
   void closeDirect();
   bool directServes(const DeviceCall& call, cudaStream_t stream) const;
   bool enqueueDirect(const DeviceCall& call, cudaStream_t stream);
+  bool enqueuePublished(const DeviceCall& call, cudaStream_t stream);
   void directPiece(const DeviceCall& call, size_t first, size_t m, cudaStream_t stream);
   void hostBarrier();
   void waitForPeers(const std::vector<cudaEvent_t>& events, cudaStream_t stream, const char* what);
-  bool inPlaceServes(const DeviceCall& call, cudaStream_t stream) const;
+  bool inPlaceServes(const DeviceCall& call) const;
   bool enqueueInPlace(const DeviceCall& call, cudaStream_t stream);
   void layRing(const std::vector<IpcInfo>& all);
   void closeIpc();
@@ -549,17 +543,24 @@ void DeviceEngine::Impl::closeDirect() {
   cudaGetLastError();
 }
 
-// The direct path takes the collectives it knows, out of graph capture (its order across processes
-// is set when each call is enqueued, which a replay would not repeat).
-bool DeviceEngine::Impl::directServes(const DeviceCall& call, cudaStream_t stream) const {
-  if (!direct || !directCollective(call.collective)) return false;
+// The direct path serves where it was set up, out of graph capture (its order across processes is
+// set when each call is enqueued, which a replay would not repeat).
+bool DeviceEngine::Impl::directServes(const DeviceCall&, cudaStream_t stream) const {
+  if (!direct) return false;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   check(cudaStreamIsCapturing(stream, &capturing), rank, "cudaStreamIsCapturing");
   return capturing == cudaStreamCaptureStatusNone;
 }
 
-// A call in pieces of at most directBytes of published input per rank.
+// The direct algorithm: large all-reduces in place where every rank's buffers can be mapped, the
+// rest through the published buffers.
 bool DeviceEngine::Impl::enqueueDirect(const DeviceCall& call, cudaStream_t stream) {
+  if (inPlaceServes(call) && enqueueInPlace(call, stream)) return true;
+  return enqueuePublished(call, stream);
+}
+
+// A call in pieces of at most directBytes of published input per rank.
+bool DeviceEngine::Impl::enqueuePublished(const DeviceCall& call, cudaStream_t stream) {
   const size_t size = kernels::typeSize(call.type);
   const size_t per = std::max<size_t>(1, directBytes / (size * directBlocks(call, nranks)) / 16 * 16);
   for (size_t first = 0; first < call.count || first == 0; first += per) {
@@ -678,10 +679,9 @@ void DeviceEngine::Impl::waitForPeers(const std::vector<cudaEvent_t>& events, cu
 
 // Whether an all-reduce goes in place: large enough (every rank decides alike: the count, type and
 // threshold agree) and with a block per rank.
-bool DeviceEngine::Impl::inPlaceServes(const DeviceCall& call, cudaStream_t stream) const {
+bool DeviceEngine::Impl::inPlaceServes(const DeviceCall& call) const {
   return call.collective == Collective::kAllReduce && directInPlaceBytes > 0 &&
-         call.count * kernels::typeSize(call.type) >= directInPlaceBytes && call.count >= static_cast<size_t>(nranks) &&
-         directServes(call, stream);
+         call.count * kernels::typeSize(call.type) >= directInPlaceBytes && call.count >= static_cast<size_t>(nranks);
 }
 
 // An all-reduce that reads and writes the ranks' buffers where they lie (no published copy):
@@ -796,7 +796,7 @@ void DeviceEngine::Impl::finish(cudaStream_t stream) {
   anyCall = true;
 }
 
-// The ring serves the collectives its kernel knows, where every rank mapped its neighbours' inboxes.
+// The ring serves where every rank mapped its neighbours' inboxes.
 bool DeviceEngine::Impl::ringServes(const DeviceCall& call, cudaStream_t) const {
   return ipc && ringKind(call.collective) >= 0;
 }
@@ -1114,21 +1114,29 @@ void DeviceEngine::Impl::proxyLoop() {
 
 namespace {
 
-// The device engine's algorithms, in order of preference: a call goes to the first that serves it.
-// Every rank answers serves() alike (from what the ranks agreed at set-up and the call's
-// arguments); enqueue() returns false where the ranks found together at enqueue time that it
-// cannot run the call (a buffer CUDA cannot share), and the next is tried.
+// How the engine runs each device algorithm of the algorithm table (src/collectives/
+// device_algorithms.cc, which says which collectives each takes, in order of preference). Every
+// rank answers serves() alike (from what the ranks agreed at set-up and the call's arguments);
+// enqueue() returns false where the ranks found together at enqueue time that it cannot run the
+// call, and the next is tried.
 struct DeviceAlgorithm {
-  const char* name;
+  collectives::Algorithm algorithm;
   bool (DeviceEngine::Impl::*serves)(const DeviceCall&, cudaStream_t) const;
   bool (DeviceEngine::Impl::*enqueue)(const DeviceCall&, cudaStream_t);
 };
 const DeviceAlgorithm kDeviceAlgorithms[] = {
-    {"direct-inplace", &DeviceEngine::Impl::inPlaceServes, &DeviceEngine::Impl::enqueueInPlace},
-    {"direct", &DeviceEngine::Impl::directServes, &DeviceEngine::Impl::enqueueDirect},
-    {"ipc", &DeviceEngine::Impl::ringServes, &DeviceEngine::Impl::enqueueRing},
-    {"staged", &DeviceEngine::Impl::stagedServes, &DeviceEngine::Impl::enqueueStaged},
+    {collectives::Algorithm::kDirect, &DeviceEngine::Impl::directServes, &DeviceEngine::Impl::enqueueDirect},
+    {collectives::Algorithm::kIpc, &DeviceEngine::Impl::ringServes, &DeviceEngine::Impl::enqueueRing},
+    {collectives::Algorithm::kStaged, &DeviceEngine::Impl::stagedServes, &DeviceEngine::Impl::enqueueStaged},
 };
+
+// Whether the algorithm ran the call (enqueued it on the stream).
+bool ranOn(DeviceEngine::Impl& m, collectives::Algorithm algorithm, const DeviceCall& call, cudaStream_t stream) {
+  for (const DeviceAlgorithm& d : kDeviceAlgorithms) {
+    if (d.algorithm == algorithm) return (m.*d.serves)(call, stream) && (m.*d.enqueue)(call, stream);
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -1179,11 +1187,20 @@ void DeviceEngine::enqueue(const DeviceCall& call, chorusStream_t stream, const 
   checkDeviceCall(call, m.rank, m.nranks, name);
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   m.order(s);
-  for (const DeviceAlgorithm& algorithm : kDeviceAlgorithms) {
-    if (!(m.*algorithm.serves)(call, s) || !(m.*algorithm.enqueue)(call, s)) continue;
-    logAt(LogLevel::kTrace, "rank {}: {} (count {}) on the device, {}", m.rank, name, call.count, algorithm.name);
-    break;
+  // The algorithm CHORUS_ALGO forces for the collective where it is a device one that serves the
+  // call, else the table's first that does (staged serves every call).
+  const collectives::Algorithm forced = m.comm.forcedAlgorithm(call.collective);
+  collectives::Algorithm ran = collectives::Algorithm::kDefault;
+  if (collectives::runsOnDevice(forced, call.collective) && ranOn(m, forced, call, s)) ran = forced;
+  for (collectives::Algorithm a : collectives::deviceAlgorithmsFor(call.collective)) {
+    if (ran != collectives::Algorithm::kDefault) break;
+    if (a != forced && ranOn(m, a, call, s)) ran = a;
   }
+  if (ran == collectives::Algorithm::kDefault) {
+    fail(chorusInternalError, "rank {}: {}: no device algorithm took the call", m.rank, name);
+  }
+  logAt(LogLevel::kTrace, "rank {}: {} (count {}) on the device: {}", m.rank, name, call.count,
+        collectives::algorithmName(ran));
   m.finish(s);
 }
 

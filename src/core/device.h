@@ -19,8 +19,10 @@
 //    a one-thread kernel holds the stream until the proxy is done; then the stream copies the
 //    result back. All-reduces go in chunks, so one chunk's copy overlaps the transfer of the
 //    one before.
-// The paths are the engine's algorithms, one table in device.cc (kDeviceAlgorithms): a call goes to
-// the first, in the order above, that is set up and serves it.
+// The paths are the device algorithms of the one algorithm table (src/collectives/
+// device_algorithms.cc: which collectives each takes, in this order of preference); device.cc
+// runs them. A call goes to the algorithm CHORUS_ALGO forces for its collective where that one
+// is set up and serves it, else to the first in the order above that does.
 // ipc and staged are captured in CUDA graphs as they are: kernels, copies and host nodes, with flags and
 // counters kept in device memory so each replay is a fresh call.
 #pragma once

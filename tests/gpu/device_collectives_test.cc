@@ -32,6 +32,8 @@ struct Path {
   const char* knob = nullptr;
   const char* value = nullptr;
   const char* variant = nullptr;
+  // Algorithms forced for the communicator (chorusCommSetAlgorithms), or null.
+  const char* algorithms = nullptr;
 };
 std::string nameOf(const Path& p) {
   return std::string(p.transport) + (p.variant != nullptr ? std::string("_") + p.variant : "") + "_" +
@@ -41,6 +43,9 @@ std::string nameOf(const Path& p) {
 // posted by stream memory operations.
 constexpr const char* kInPlace = "CHORUS_DEVICE_DIRECT_INPLACE_BYTES";
 constexpr const char* kStagedPost = "CHORUS_DEVICE_STAGED_POST";
+// Every device algorithm forced for some collective where all three are set up (auto, ranks on
+// one GPU): each runs what the engine would otherwise give another.
+constexpr const char* kForced = "allreduce:staged,allgather:ipc,reducescatter:ipc,broadcast:staged,alltoall:staged";
 void PrintTo(const Path& p, std::ostream* os) { *os << nameOf(p); }
 
 class DeviceCollectivesTest : public ::testing::TestWithParam<Path> {
@@ -57,6 +62,9 @@ class DeviceCollectivesTest : public ::testing::TestWithParam<Path> {
     runRanks(options(), [&](int rank, chorusComm_t comm) {
       setenv("CHORUS_DEVICE_TRANSPORT", path.transport, 1);
       if (path.knob != nullptr) setenv(path.knob, path.value, 1);
+      if (path.algorithms != nullptr) {
+        ASSERT_EQ(chorusCommSetAlgorithms(comm, path.algorithms), chorusSuccess) << chorusGetLastError(comm);
+      }
       CUDA_OK(cudaSetDevice(0));
       cudaStream_t stream;
       CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -400,7 +408,8 @@ INSTANTIATE_TEST_SUITE_P(Paths, DeviceCollectivesTest,
                                            Path{"direct", 4, kInPlace, "1", "inplace"}, Path{"ipc", 2}, Path{"ipc", 4},
                                            Path{"staged", 2}, Path{"staged", 4},
                                            Path{"staged", 2, kStagedPost, "value", "value"},
-                                           Path{"staged", 4, kStagedPost, "value", "value"}),
+                                           Path{"staged", 4, kStagedPost, "value", "value"},
+                                           Path{"auto", 2, nullptr, nullptr, "forced", kForced}),
                          [](const ::testing::TestParamInfo<Path>& info) { return nameOf(info.param); });
 
 // One thread drives every rank (one communicator each, all on GPU 0) through one group of device

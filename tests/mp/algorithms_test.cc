@@ -84,6 +84,22 @@ TEST(AlgorithmsApiTest, UnknownOrInapplicableAlgorithmsAreRejected) {
   EXPECT_EQ(codes[0], 0);
 }
 
+// Device algorithms forced for collectives (ipc and staged only run on device buffers; direct
+// also runs on the host, but broadcast has no host direct): host calls take the library's choice
+// and stay right.
+TEST(AlgorithmsApiTest, DeviceAlgorithmsLeaveHostCallsToTheLibrary) {
+  RanksOptions options;
+  options.nranks = 3;
+  runRanks(options, [&](int rank, chorusComm_t comm) {
+    ASSERT_EQ(
+        chorusCommSetAlgorithms(comm, "allreduce:ipc,broadcast:direct,alltoallv:staged,gather:staged,barrier:staged"),
+        chorusSuccess)
+        << chorusGetLastError(comm);
+    checkEveryCollective(comm, rank, 3, {1, 7, 300007}, {chorusInt32, chorusFloat32}, {chorusSum, chorusMax},
+                         /*withSendRecv=*/true);
+  });
+}
+
 TEST(RankOrderTest, EveryAlgorithmIsRightWithAGivenRankOrder) {
   // Rings, chains and trees visit the ranks in CHORUS_RANK_ORDER; every result stays laid out by
   // rank number. Set before the ranks start, so every rank reads the same order.

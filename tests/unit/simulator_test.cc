@@ -13,6 +13,8 @@
 
 #include "kernels/cpu/reduce.h"
 #include "src/collectives/algorithm.h"
+#include "src/collectives/descriptor.h"
+#include "src/collectives/traits.h"
 #include "tests/support/pattern.h"
 
 namespace chorus::collectives {
@@ -722,6 +724,55 @@ TEST(AlgorithmTest, OverridesParseAndRejectWhatDoesNotApply) {
     parseAlgorithmOverrides("gather:ring");
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("it has: binomial"), std::string::npos) << e.what();
+  }
+}
+
+// The device engine's algorithms are rows of the same table: which collectives each takes, in the
+// engine's order of preference. CHORUS_ALGO takes them as it takes the host's; each engine follows
+// only its own (direct is both).
+TEST(AlgorithmTest, DeviceAlgorithmsAreRowsOfTheOneTable) {
+  auto names = [](const std::vector<Algorithm>& list) {
+    std::string text;
+    for (Algorithm a : list) text += std::string(text.empty() ? "" : ",") + algorithmName(a);
+    return text;
+  };
+  const std::string ring = "direct,ipc,staged", blocks = "direct,staged", other = "staged";
+  const std::pair<Collective, std::string> expected[] = {
+      {Collective::kAllReduce, ring}, {Collective::kAllGather, ring}, {Collective::kReduceScatter, ring},
+      {Collective::kBroadcast, ring}, {Collective::kReduce, ring},    {Collective::kAllToAll, blocks},
+      {Collective::kGather, blocks},  {Collective::kScatter, blocks}, {Collective::kAllToAllv, other},
+      {Collective::kSend, other},     {Collective::kRecv, other},     {Collective::kBarrier, other}};
+  for (const auto& [collective, list] : expected) {
+    EXPECT_EQ(names(deviceAlgorithmsFor(collective)), list) << collectiveName(collective);
+    // direct takes exactly the collectives whose ranks read fixed blocks of each other's inputs.
+    const CollectiveTraits& t = traitsOf(collective);
+    EXPECT_EQ(runsOnDevice(Algorithm::kDirect, collective),
+              !t.pointToPoint && t.input != Extent::kNone && t.input != Extent::kVector)
+        << collectiveName(collective);
+    // Device algorithms are not the host's: its lists, its default and its builder never see them.
+    for (Algorithm a : {Algorithm::kIpc, Algorithm::kStaged}) {
+      EXPECT_FALSE(runsOnHost(a, collective));
+      EXPECT_EQ(descriptorOf(collective, a), nullptr);
+    }
+    for (Algorithm a : algorithmsFor(collective)) EXPECT_NE(descriptorOf(collective, a), nullptr);
+  }
+  EXPECT_TRUE(runsOnHost(Algorithm::kDirect, Collective::kAllReduce));
+  EXPECT_FALSE(runsOnHost(Algorithm::kDirect, Collective::kBroadcast));
+  EXPECT_TRUE(runsOnDevice(Algorithm::kDirect, Collective::kBroadcast));
+  EXPECT_FALSE(runsOnDevice(Algorithm::kRing, Collective::kAllReduce));
+  const AlgorithmOverrides o = parseAlgorithmOverrides("allreduce:ipc,broadcast:direct,alltoallv:staged");
+  EXPECT_EQ(o[static_cast<int>(Collective::kAllReduce)], Algorithm::kIpc);
+  EXPECT_EQ(o[static_cast<int>(Collective::kBroadcast)], Algorithm::kDirect);
+  EXPECT_EQ(o[static_cast<int>(Collective::kAllToAllv)], Algorithm::kStaged);
+  ScheduleArgs args;
+  args.collective = Collective::kAllReduce;
+  args.algorithm = Algorithm::kIpc;
+  EXPECT_THROW(buildSchedule(args), std::invalid_argument);
+  try {
+    parseAlgorithmOverrides("alltoallv:ipc");
+    ADD_FAILURE() << "alltoallv:ipc was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("it has: pairwise; on device buffers: staged"), std::string::npos) << e.what();
   }
 }
 
