@@ -199,7 +199,10 @@ CHORUS_API chorusResult_t chorusGetUniqueId(chorusUniqueId* uniqueId);
 
 /* Creates a communicator of nranks ranks; this process is `rank`. Every rank calls it with the
  * same id and nranks; it returns when all have met and every connection is up. Blocking and
- * collective. Errors: chorusInvalidArgument (rank out of [0, nranks), nranks < 1, bad id),
+ * collective. Inside a group (chorusGroupStart), it checks its arguments, sets *comm to NULL and
+ * returns; the group's inits are made together at chorusGroupEnd (each on a thread of its own,
+ * so one thread may init several ranks of a job, as with NCCL), before the group's calls, and
+ * *comm is set then; none is made if a call of the group failed its checks. Errors: chorusInvalidArgument (rank out of [0, nranks), nranks < 1, bad id),
  * chorusTimeout (ranks missing after the init timeout: the message lists them),
  * chorusRemoteError (a rank disagrees on nranks or secret), chorusSystemError. */
 CHORUS_API chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId uniqueId, int rank);

@@ -326,8 +326,8 @@ void publish(chorusComm_t* out, std::shared_ptr<Communicator> impl) {
   *out = comm.release();
 }
 
-void initCommunicator(chorusComm_t* out, int nranks, const chorus::UniqueIdData& id, int rank,
-                      const chorusConfig_t* config) {
+// An init's arguments, checked before anything is made; *out is NULL afterwards.
+void checkInitArguments(chorusComm_t* out, int nranks, int rank, const chorusConfig_t* config) {
   if (out == nullptr) fail(chorusInvalidArgument, "chorusCommInitRank: comm (the output pointer) is NULL");
   *out = nullptr;
   if (nranks < 1) fail(chorusInvalidArgument, "chorusCommInitRank: nranks {} is less than 1", nranks);
@@ -335,6 +335,11 @@ void initCommunicator(chorusComm_t* out, int nranks, const chorus::UniqueIdData&
     fail(chorusInvalidArgument, "chorusCommInitRank: rank {} is out of range [0, {})", rank, nranks);
   }
   checkConfig(config, rank);
+}
+
+void initCommunicator(chorusComm_t* out, int nranks, const chorus::UniqueIdData& id, int rank,
+                      const chorusConfig_t* config) {
+  checkInitArguments(out, nranks, rank, config);
   publish(out, std::make_shared<Communicator>(id, nranks, rank, chorus::CommSettings::resolve(config)));
 }
 
@@ -678,7 +683,30 @@ chorusResult_t chorusCommInitRankConfig(chorusComm_t* comm, int nranks, chorusUn
   return guarded([&] {
     chorus::UniqueIdData id;
     std::memcpy(&id, uniqueId.internal, sizeof(id));
-    initCommunicator(comm, nranks, id, rank, config);
+    if (group.depth == 0) {
+      initCommunicator(comm, nranks, id, rank, config);
+      return;
+    }
+    // In a group: checked now, made at chorusGroupEnd with the group's other inits (one thread may
+    // be initing every rank of a job).
+    checkInitArguments(comm, nranks, rank, config);
+    // The config and its strings copied: the caller's may be gone by the end of the group.
+    std::optional<chorusConfig_t> kept;
+    if (config != nullptr) kept = *config;
+    const std::optional<std::string> transport = config != nullptr && config->transport != nullptr
+                                                     ? std::optional<std::string>(config->transport)
+                                                     : std::nullopt;
+    const std::optional<std::string> algorithms = config != nullptr && config->algorithms != nullptr
+                                                      ? std::optional<std::string>(config->algorithms)
+                                                      : std::nullopt;
+    group.inits.push_back([comm, nranks, id, rank, kept, transport, algorithms] {
+      std::optional<chorusConfig_t> made = kept;
+      if (made) {
+        made->transport = transport ? transport->c_str() : nullptr;
+        made->algorithms = algorithms ? algorithms->c_str() : nullptr;
+      }
+      initCommunicator(comm, nranks, id, rank, made ? &*made : nullptr);
+    });
   });
 }
 
@@ -1095,10 +1123,13 @@ chorusResult_t chorusGroupEnd(void) {
     if (--group.depth > 0) return;
     const chorusResult_t deferred = group.deferred;
     const std::string message = group.deferredMessage;
+    const std::vector<std::function<void()>> inits = std::move(group.inits);
     std::vector<chorus::GroupPart> parts = group.take();
     if (deferred != chorusSuccess) {
       fail(deferred, "a call in the group failed, so none of the group's calls ran: {}", message);
     }
+    // The inits first, together (each waits for its peers), then the calls.
+    chorus::runEachOnItsOwnThread(inits);
     // A communicator destroyed or aborted inside the group is refused before anything runs.
     for (const chorus::GroupPart& part : parts) live(static_cast<const chorusComm*>(part.handle), "chorusGroupEnd");
     chorus::runGroup(std::move(parts));

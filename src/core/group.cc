@@ -123,19 +123,26 @@ void enqueueDeviceCalls(GroupPart& part) {
 // driving all of them: where several communicators have device calls, each is enqueued on a
 // thread of its own. Throws the first failure once every thread is done.
 void enqueueDeviceParts(std::vector<GroupPart>& parts) {
-  std::vector<GroupPart*> device;
+  std::vector<std::function<void()>> jobs;
   for (GroupPart& part : parts) {
-    if (!part.deviceCalls.empty() || !part.deviceOps.empty()) device.push_back(&part);
+    if (!part.deviceCalls.empty() || !part.deviceOps.empty()) jobs.push_back([&part] { enqueueDeviceCalls(part); });
   }
-  if (device.size() == 1) enqueueDeviceCalls(*device[0]);
-  if (device.size() <= 1) return;
-  std::vector<std::exception_ptr> failures(device.size());
+  runEachOnItsOwnThread(jobs);
+}
+
+}  // namespace
+#endif
+
+void runEachOnItsOwnThread(const std::vector<std::function<void()>>& jobs) {
+  if (jobs.size() == 1) jobs[0]();
+  if (jobs.size() <= 1) return;
+  std::vector<std::exception_ptr> failures(jobs.size());
   std::vector<std::thread> threads;
-  threads.reserve(device.size());
-  for (size_t i = 0; i < device.size(); ++i) {
+  threads.reserve(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
     threads.emplace_back([&, i] {
       try {
-        enqueueDeviceCalls(*device[i]);
+        jobs[i]();
       } catch (...) {
         failures[i] = std::current_exception();
       }
@@ -146,9 +153,6 @@ void enqueueDeviceParts(std::vector<GroupPart>& parts) {
     if (failure) std::rethrow_exception(failure);
   }
 }
-
-}  // namespace
-#endif
 
 void runGroup(std::vector<GroupPart> parts) {
   if (parts.size() == 1) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +50,9 @@ class Group {
   // The first argument error of a call inside the group: chorusGroupEnd reports it and runs none.
   chorusResult_t deferred = chorusSuccess;
   std::string deferredMessage;
+  // Communicator inits asked for inside the group (each waits for its peers, whom this thread may
+  // be initing too): made together at chorusGroupEnd, before the group's calls.
+  std::vector<std::function<void()>> inits;
 
   // The part of the communicator behind `handle`, made on its first call.
   GroupPart& partFor(const void* handle, std::shared_ptr<Communicator> comm);
@@ -57,7 +61,7 @@ class Group {
   // staged step on one stream).
   void keepDevice(const void* handle, std::shared_ptr<Communicator> comm, const DeviceCall& call, chorusStream_t stream,
                   int rank, const char* name);
-  // Takes the parts, leaving the group empty and closed.
+  // Takes the parts, leaving the group empty and closed (inits too: take them first).
   std::vector<GroupPart> take();
 
  private:
@@ -70,5 +74,9 @@ class Group {
 // per communicator where several have device calls. Throws the first failure once no part is
 // left running.
 void runGroup(std::vector<GroupPart> parts);
+
+// Runs every job, each on a thread of its own where there are several (a job may wait for another),
+// inline where there is one; returns when all are done, throwing the first failure.
+void runEachOnItsOwnThread(const std::vector<std::function<void()>>& jobs);
 
 }  // namespace chorus

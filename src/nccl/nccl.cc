@@ -11,8 +11,8 @@
 //  - Groups: calls inside ncclGroupStart/End are kept and made at ncclGroupEnd as one chorus
 //    group, which may span communicators (one thread driving several ranks, as NCCL allows), on
 //    host or device buffers; each call is made on its communicator's device.
-//    ncclCommInitRank* inside a group are started together at its end, one thread each (an init
-//    waits for its peers). An argument error of a call in a group is reported by ncclGroupEnd.
+//    ncclCommInitRank* inside a group are kept too: chorus's group makes them together at its
+//    end. An argument error of a call in a group is reported by ncclGroupEnd.
 //  - ncclGetVersion reports the NCCL API version implemented (NCCL_VERSION_CODE of the header),
 //    which is what programs test for features.
 // What chorus lacks is refused with ncclInvalidUsage and a message naming it: fp8 types,
@@ -27,9 +27,9 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -149,12 +149,11 @@ bool checkConfig(const ncclConfig_t* config, const char* call) {
   return true;
 }
 
-// Inits asked for inside a group, started together at its end.
+// Inits asked for inside a group: chorus's group makes them together at its end (a kept call
+// each); here, where each handle goes and the device it was asked on.
 struct PendingInit {
   ncclComm_t* comm;
-  int nranks;
-  chorusUniqueId id;
-  int rank;
+  std::shared_ptr<chorusComm_t> made;  // chorus writes the handle here at the group's end
   int device;
 };
 thread_local int groupDepth = 0;
@@ -204,7 +203,11 @@ ncclResult_t initRank(ncclComm_t* comm, int nranks, const ncclUniqueId& id, int 
   std::memcpy(&chorusId, &id, sizeof(chorusId));
   if (groupDepth > 0) {
     *comm = nullptr;
-    pendingInits.push_back({comm, nranks, chorusId, rank, currentDevice()});
+    auto made = std::make_shared<chorusComm_t>(nullptr);
+    pendingInits.push_back({comm, made, currentDevice()});
+    groupCalls.push_back({nullptr, false, [made, nranks, chorusId, rank] {
+                            return chorusCommInitRank(made.get(), nranks, chorusId, rank);
+                          }});
     return ncclSuccess;
   }
   chorusComm_t made = nullptr;
@@ -214,34 +217,6 @@ ncclResult_t initRank(ncclComm_t* comm, int nranks, const ncclUniqueId& id, int 
     *comm = toNccl(made);
   }
   return result;
-}
-
-// Runs the group's inits at once, one thread each (on the device current when each was asked).
-ncclResult_t runPendingInits() {
-  std::vector<PendingInit> inits;
-  inits.swap(pendingInits);
-  std::vector<ncclResult_t> results(inits.size(), ncclSuccess);
-  std::vector<std::string> errors(inits.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < inits.size(); ++i) {
-    threads.emplace_back([&, i] {
-      const PendingInit& init = inits[i];
-      if (init.device >= 0) cudaSetDevice(init.device);
-      chorusComm_t made = nullptr;
-      results[i] = fromChorus(chorusCommInitRank(&made, init.nranks, init.id, init.rank));
-      if (results[i] == ncclSuccess) {
-        remember(made, init.device);
-        *init.comm = toNccl(made);
-      } else {
-        errors[i] = chorusGetLastError(nullptr);
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (size_t i = 0; i < inits.size(); ++i) {
-    if (results[i] != ncclSuccess) return refuse(results[i], "%s", errors[i].c_str());
-  }
-  return ncclSuccess;
 }
 
 }  // namespace
@@ -571,12 +546,15 @@ ncclResult_t ncclGroupStart() {
 ncclResult_t ncclGroupEnd() {
   if (groupDepth == 0) return refuse(ncclInvalidUsage, "ncclGroupEnd: no group was started (ncclGroupStart)");
   if (--groupDepth > 0) return ncclSuccess;
-  const ncclResult_t inits = pendingInits.empty() ? ncclSuccess : runPendingInits();
-  if (inits != ncclSuccess) {
-    groupCalls.clear();
-    return inits;
+  const ncclResult_t result = runGroupCalls();
+  std::vector<PendingInit> inits;
+  inits.swap(pendingInits);
+  for (const PendingInit& init : inits) {
+    if (*init.made == nullptr) continue;
+    remember(*init.made, init.device);
+    *init.comm = toNccl(*init.made);
   }
-  return runGroupCalls();
+  return result;
 }
 
 ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {

@@ -337,6 +337,63 @@ TEST(GroupTest, OneThreadDrivesEveryRankThroughOneGroup) {
   for (chorusComm_t comm : comms) EXPECT_EQ(chorusCommDestroy(comm), chorusSuccess);
 }
 
+// Inits inside a group (as NCCL's ncclCommInitRank in ncclGroupStart/End): each is checked and
+// its handle left NULL at once, and all are made together at chorusGroupEnd, so one thread inits
+// every rank of a job. The config is copied, its strings too: the caller's are gone by then.
+TEST(GroupTest, OneThreadInitsEveryRankThroughOneGroup) {
+  const int n = 3;
+  chorusUniqueId id;
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  std::vector<chorusComm_t> comms(n, reinterpret_cast<chorusComm_t>(&id));  // not NULL before the call
+  ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+  for (int r = 0; r < n; ++r) {
+    std::string transport = "tcp", algorithms = "allreduce:recursive_doubling";
+    chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
+    config.transport = transport.c_str();
+    config.algorithms = algorithms.c_str();
+    ASSERT_EQ(chorusCommInitRankConfig(&comms[r], n, id, r, &config), chorusSuccess) << chorusGetLastError(nullptr);
+    EXPECT_EQ(comms[r], nullptr);
+    transport.assign(64, 'x');  // what the call was given is gone
+    algorithms.assign(64, 'y');
+  }
+  // An init's own arguments are checked at the call; the group goes on.
+  chorusComm_t bad = nullptr;
+  EXPECT_EQ(chorusCommInitRank(&bad, n, id, n), chorusInvalidArgument);
+  ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(nullptr);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_NE(comms[r], nullptr) << "rank " << r;
+    int rank = -1;
+    ASSERT_EQ(chorusCommUserRank(comms[r], &rank), chorusSuccess);
+    EXPECT_EQ(rank, r);
+  }
+  std::vector<std::vector<double>> values(n, std::vector<double>(501));
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < values[r].size(); ++i) values[r][i] = r + 0.25 * static_cast<double>(i);
+  }
+  ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(chorusAllReduce(values[r].data(), values[r].data(), values[r].size(), chorusFloat64, chorusSum, comms[r],
+                              nullptr),
+              chorusSuccess);
+  }
+  ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(nullptr);
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < values[r].size(); ++i) {
+      ASSERT_EQ(values[r][i], 3.0 + 0.75 * static_cast<double>(i)) << "rank " << r << " element " << i;
+    }
+  }
+  for (chorusComm_t comm : comms) EXPECT_EQ(chorusCommDestroy(comm), chorusSuccess);
+
+  // A group whose call failed its checks makes none of its inits.
+  chorusComm_t never = reinterpret_cast<chorusComm_t>(&id);
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+  ASSERT_EQ(chorusCommInitRank(&never, 2, id, 0), chorusSuccess);
+  EXPECT_EQ(chorusAllReduce(nullptr, nullptr, 1, chorusFloat32, chorusSum, nullptr, nullptr), chorusInvalidUsage);
+  EXPECT_NE(chorusGroupEnd(), chorusSuccess);
+  EXPECT_EQ(never, nullptr);
+}
+
 // A group over two ranks of three, whose third never calls: the group fails at the timeout,
 // naming the wait, instead of hanging.
 TEST(GroupTest, AGroupWhosePeerNeverComesTimesOut) {
