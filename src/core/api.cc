@@ -1123,8 +1123,8 @@ chorusResult_t chorusGroupEnd(void) {
     if (--group.depth > 0) return;
     const chorusResult_t deferred = group.deferred;
     const std::string message = group.deferredMessage;
-    const std::vector<std::function<void()>> inits = std::move(group.inits);
-    std::vector<chorus::GroupPart> parts = group.take();
+    std::vector<std::function<void()>> inits;
+    std::vector<chorus::GroupPart> parts = group.take(&inits);
     if (deferred != chorusSuccess) {
       fail(deferred, "a call in the group failed, so none of the group's calls ran: {}", message);
     }

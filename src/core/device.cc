@@ -796,7 +796,8 @@ void DeviceEngine::Impl::finish(cudaStream_t stream) {
   anyCall = true;
 }
 
-// The ring serves where every rank mapped its neighbours' inboxes.
+// The ring serves where every rank mapped its neighbours' inboxes (the table says which collectives
+// it takes; ringKind's check only keeps a row the kernel lacks from reaching it).
 bool DeviceEngine::Impl::ringServes(const DeviceCall& call, cudaStream_t) const {
   return ipc && ringKind(call.collective) >= 0;
 }

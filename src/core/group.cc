@@ -52,7 +52,8 @@ void Group::keepDevice(const void* handle, std::shared_ptr<Communicator> comm, c
   part.deviceOps.push_back(call);
 }
 
-std::vector<GroupPart> Group::take() {
+std::vector<GroupPart> Group::take(std::vector<std::function<void()>>* taken) {
+  *taken = std::move(inits);
   std::vector<GroupPart> parts = std::move(parts_);
   *this = Group{};
   return parts;

@@ -61,8 +61,8 @@ class Group {
   // staged step on one stream).
   void keepDevice(const void* handle, std::shared_ptr<Communicator> comm, const DeviceCall& call, chorusStream_t stream,
                   int rank, const char* name);
-  // Takes the parts, leaving the group empty and closed (inits too: take them first).
-  std::vector<GroupPart> take();
+  // Takes the parts, and the inits into *inits, leaving the group empty and closed.
+  std::vector<GroupPart> take(std::vector<std::function<void()>>* inits);
 
  private:
   std::vector<GroupPart> parts_;
