@@ -180,7 +180,10 @@ TEST(ShmForwardTest, RingReductionsAreRightWhetherTheForwardFusesOrNot) {
     }
     for (bool shared : {false, true}) {
       for (int n : {2, 3, 4}) {
-        runRanks(onShm(n), [&](int rank, chorusComm_t comm) {
+        // Seconds each alone: a rank still running at 4 minutes is hung and is shown, then killed.
+        RanksOptions options = onShm(n);
+        options.deadlineSeconds = 240;
+        runRanks(options, [&](int rank, chorusComm_t comm) {
           SCOPED_TRACE(std::string(setting.slots) + " slots of " + setting.slotBytes + " bytes, chunk " +
                        (setting.chunkBytes ? setting.chunkBytes : "the tuner's") + ", " +
                        (shared ? "chorusMemAlloc, " : "heap, ") + std::to_string(n) + " ranks");

@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <string>
 #include <thread>
 
 namespace chorus::testing {
@@ -22,6 +24,20 @@ bool readAll(int fd, void* data, size_t bytes) {
     bytes -= static_cast<size_t>(got);
   }
   return true;
+}
+
+// A process's state letter and kernel wait channel, from /proc.
+std::string describeProcess(pid_t pid) {
+  auto readFile = [](const std::string& path) {
+    std::ifstream in(path);
+    std::string text;
+    std::getline(in, text);
+    return text;
+  };
+  const std::string stat = readFile("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');
+  const std::string state = paren != std::string::npos && paren + 2 < stat.size() ? stat.substr(paren + 2, 1) : "?";
+  return "state " + state + ", waiting in " + readFile("/proc/" + std::to_string(pid) + "/wchan");
 }
 
 }  // namespace
@@ -78,6 +94,8 @@ std::vector<int> runProcesses(int nranks, const RankBody& body, int deadlineSeco
     const pid_t pid = fork();
     if (pid == 0) {
       close(holdPipe[1]);
+      // SIGUSR1 at the deadline makes a hung rank's communicators print their state.
+      setenv("CHORUS_DUMP_SIGNAL", "1", /*overwrite=*/0);
       int status = 0;
       try {
         body(rank, id);
@@ -109,6 +127,17 @@ std::vector<int> runProcesses(int nranks, const RankBody& body, int deadlineSeco
       continue;
     }
     if (std::chrono::steady_clock::now() > deadline) {
+      // What each rank left was doing, before it goes: its scheduler state (running: spinning;
+      // sleeping: waiting; stopped) and kernel wait point, and chorus's own state dump (SIGUSR1:
+      // printed by a call of the rank's communicator the next time it waits).
+      for (int rank = 0; rank < nranks; ++rank) {
+        if (pids[rank] > 0) {
+          std::fprintf(stderr, "rank %d (pid %d) still running at the deadline: %s\n", rank, pids[rank],
+                       describeProcess(pids[rank]).c_str());
+          kill(pids[rank], SIGUSR1);
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::seconds(3));
       for (int rank = 0; rank < nranks; ++rank) {
         if (pids[rank] > 0) {
           kill(pids[rank], SIGKILL);
