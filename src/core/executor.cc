@@ -93,7 +93,8 @@ std::shared_ptr<Completion> Executor::submit(std::vector<PreparedOp> ops) {
       item.tmp = bases[static_cast<int>(step.tmp.buffer)] + step.tmp.offset;
       item.request.done = false;
       item.needsReduce = false;
-      item.forwardsNext = false;
+      item.forward = nullptr;
+      item.forwardVia = nullptr;
       item.index = index;
       item.placed = collectives::placeStep<const char*>(
           step, [&](collectives::BufferId buffer) -> const char* { return bases[static_cast<int>(buffer)]; });
@@ -122,7 +123,8 @@ bool Executor::issueReady() {
       ++batch.issued;
       issue(item);
       moved = true;
-      Item* forward = item.forwardsNext ? &batch.items[batch.issued++] : nullptr;  // posted with it
+      Item* forward = item.forward;  // posted with it
+      if (forward != nullptr) ++batch.issued;
       for (Item* posted : {&item, forward}) {
         if (posted == nullptr) continue;
         if (finish(*posted)) {
@@ -147,20 +149,24 @@ void Executor::issue(Item& item) {
       item.request.streamed = item.streams();
       transportOfPeer_[step.peer]->postRecv(step.peer, item.op->tag, item.dst, step.bytes, &item.request);
       break;
-    case StepKind::kRecvReduce:
+    case StepKind::kRecvReduce: {
+      Transport* from = transportOfPeer_[step.peer];
+      // The send of the result first, so every piece the receive delivers can feed it.
       if (Item* next = forwardOf(item);
-          next != nullptr && transportOfPeer_[step.peer]->postRecvToSinkAndForward(
-                                 step.peer, item.op->tag, &item, step.bytes, &item.request, next->step->peer,
-                                 next->op->tag, next->src, &next->request)) {
-        item.forwardsNext = true;
+          next != nullptr &&
+          from->postStreamingSend(next->step->peer, next->op->tag, next->src, step.bytes, &next->request)) {
+        item.forward = next;
+        item.forwardVia = from;
+        if (!from->postRecvToSink(step.peer, item.op->tag, &item, step.bytes, &item.request)) {
+          fail(chorusInternalError, "the {} transport takes streaming sends but not sinks", from->name());
+        }
         break;
       }
-      if (transportOfPeer_[step.peer]->postRecvToSink(step.peer, item.op->tag, &item, step.bytes, &item.request)) {
-        break;
-      }
+      if (from->postRecvToSink(step.peer, item.op->tag, &item, step.bytes, &item.request)) break;
       item.needsReduce = true;
-      transportOfPeer_[step.peer]->postRecv(step.peer, item.op->tag, item.tmp, step.bytes, &item.request);
+      from->postRecv(step.peer, item.op->tag, item.tmp, step.bytes, &item.request);
       break;
+    }
     case StepKind::kCopy:
       if (item.src != item.dst && step.bytes > 0) {
         // A large copy into the output is final: streamed, it skips reading the destination first.
@@ -229,20 +235,25 @@ Executor::Item* Executor::forwardOf(Item& item) {
   return mustWait(next) ? nullptr : &next;
 }
 
-void Executor::Item::consume(size_t offset, const void* piece, size_t bytes, void* also) {
+void Executor::Item::consume(size_t offset, const void* piece, size_t bytes) {
   const size_t count = bytes / kernels::typeSize(op->type);
+  const int to = forward != nullptr ? forward->step->peer : -1;
+  void* also = forward != nullptr ? forwardVia->streamingWindow(to, &forward->request, offset, bytes) : nullptr;
   if (also == nullptr) {
     kernels::reduce(dst + offset, src + offset, piece, count, op->type, op->op);
-    return;
+  } else {
+    // The result into its place and into the message that sends it on, in one pass. Its place is
+    // not read again (the message carries it on), so a large output is written past the cache.
+    void* dsts[2] = {dst + offset, also};
+    const void* srcs[2] = {src + offset, piece};
+    const bool stream[2] = {streams(), false};
+    // Avg folds as Sum here (reduce()'s rule; the divide is a step of its own), where reduceMany
+    // would divide by its two sources.
+    kernels::reduceMany(dsts, 2, srcs, 2, count, op->type, op->op == chorusAvg ? chorusSum : op->op, stream);
   }
-  // The result into its place and into the message that forwards it, in one pass. Its place is
-  // not read again (the message carries it on), so a large output is written past the cache.
-  void* dsts[2] = {dst + offset, also};
-  const void* srcs[2] = {src + offset, piece};
-  const bool stream[2] = {streams(), false};
-  // Avg folds as Sum here (reduce()'s rule; the divide is a step of its own), where reduceMany
-  // would divide by its two sources.
-  kernels::reduceMany(dsts, 2, srcs, 2, count, op->type, op->op == chorusAvg ? chorusSum : op->op, stream);
+  if (forward == nullptr) return;
+  forward->request.ready = offset + bytes;
+  forwardVia->produced(to, &forward->request, also != nullptr ? bytes : 0);
 }
 
 bool Executor::Item::streams() const {

@@ -111,10 +111,11 @@ class Executor {
   struct Batch;
   // One step in the stream. A receive-reduce whose transport delivers pieces reduces each piece
   // as it arrives (consume), so the received bytes are never stored; where the next step sends
-  // its result on, the two are posted together, and the result goes into the outgoing message in
-  // the same pass (forwardsNext).
+  // its result on (a ring's receive-reduce-send), that send is posted with it as a streaming send
+  // the pieces feed as they are reduced, written into the outgoing message in the same pass where
+  // the transport offers a window (forward).
   struct Item final : PieceSink {
-    void consume(size_t offset, const void* piece, size_t bytes, void* also) override;
+    void consume(size_t offset, const void* piece, size_t bytes) override;
     // Whether the step's bytes go into the output with streaming stores: a large call's final
     // bytes, unless they land on the input, whose lines the call has read into the cache.
     bool streams() const;
@@ -127,8 +128,11 @@ class Executor {
     Placed placed;  // the ranges the issue rule compares
     Request request;
     bool needsReduce;
-    bool forwardsNext;  // a receive-reduce posted with the next item, the send of its result
-    size_t index;       // position in its batch, for messages
+    // A receive-reduce posted with the next item, the send of its result, as a streaming send of
+    // forwardVia (the transport of both): that item, else null.
+    Item* forward;
+    Transport* forwardVia;
+    size_t index;  // position in its batch, for messages
   };
   struct Batch {
     std::vector<PreparedOp> ops;

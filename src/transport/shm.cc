@@ -32,12 +32,12 @@
 // A receive posted with a sink (a receive fused with its reduction) stores nothing: each piece is
 // handed to the sink straight from its slot, and a message read from the sender's memory is read
 // in slot-sized pieces into one buffer that stays in the cache, each consumed before the next.
-// Where the reduced result goes on to another rank (a ring's receive-reduce-send), the send is
-// queued with the receive and gated on it: when a piece arrives and the forward is first in its
-// queue with a slot free, the sink writes its result into that outgoing slot in the same pass as
-// into the result's place (never read back), and the slot is published at once; otherwise the
-// result goes to its place only and the forward copies it from there when it can. Either way the
-// forward never sends a byte before the receive has produced it.
+// A streaming send (its bytes produced while it is posted: a ring's receive-reduce-send, which
+// the executor fuses) is queued like any send and leaves as far as its producer has come. When it
+// is first in its queue with a slot free, its next bytes' slot is offered as a window
+// (streamingWindow): the producer writes the bytes there in the same pass as into their place
+// (never read back) and the slot is published at once; otherwise the send copies them from its
+// buffer when it can. Either way it never sends a byte before it has been produced.
 //
 // Set-up is collective: each rank creates its outgoing FIFOs and its doorbell, all meet at a
 // bootstrap barrier, each maps its incoming FIFOs and its peers' doorbells, all meet again, and
@@ -229,10 +229,6 @@ struct PendingOp {
   size_t done;  // bytes copied so far
   Request* request;
   PieceSink* sink = nullptr;  // receives only: where the pieces go instead of data
-  // Receives to a sink whose result is forwarded: the send's peer and completion (the send is
-  // queued to that peer, gated on forward->ready).
-  int forwardPeer = -1;
-  Request* forward = nullptr;
 };
 
 struct Peer {
@@ -365,19 +361,38 @@ class ShmTransport final : public Transport {
     return true;
   }
 
-  bool postRecvToSinkAndForward(int peer, uint64_t tag, PieceSink* sink, size_t bytes, Request* request,
-                                int forwardPeer, uint64_t forwardTag, const void* forwardData,
-                                Request* forwardRequest) override {
-    Peer& p = peers_.at(peer);
-    Peer& q = peers_.at(forwardPeer);
-    forwardRequest->ready = 0;
-    q.sends.push_back({forwardTag, static_cast<char*>(const_cast<void*>(forwardData)), bytes, 0, forwardRequest});
-    ++sent_.messages;
-    p.recvs.push_back({tag, nullptr, bytes, 0, request, sink, forwardPeer, forwardRequest});
-    pending_ += 2;
-    pushSends(q);  // the sends queued before it may go; it waits for its bytes
-    pullRecvs(p);
+  bool postStreamingSend(int peer, uint64_t tag, const void* data, size_t bytes, Request* request) override {
+    request->ready = 0;
+    postSend(peer, tag, data, bytes, request);  // the sends queued before it may go; it waits for its bytes
     return true;
+  }
+
+  // The next slot to peer, when the streaming send is first in that peer's queue with every byte
+  // before offset sent (what is queued before it is pushed first) and a slot is free (its header
+  // is then written).
+  void* streamingWindow(int peer, Request* request, size_t offset, size_t count) override {
+    if (count > slotBytes_) return nullptr;
+    Peer& q = peers_.at(peer);
+    auto caughtUp = [&] {
+      return !q.sends.empty() && q.sends.front().request == request && q.sends.front().done == offset;
+    };
+    if (!caughtUp()) pushSends(q);
+    if (!caughtUp() || !slotFree(q)) return nullptr;
+    const PendingOp& send = q.sends.front();
+    SlotHeader* header = slot(q.outSlots, q.head);
+    header->tag = send.tag;
+    header->messageBytes = send.bytes;
+    header->offset = offset;
+    header->pieceBytes = count;
+    header->remote = 0;
+    return pieceOf(header);
+  }
+
+  void produced(int peer, Request* /*request*/, size_t windowBytes) override {
+    Peer& q = peers_.at(peer);
+    if (windowBytes > 0) publish(q, windowBytes);
+    pushSends(q);  // the rest of the send, and what follows it, as far as they can go
+    if (windowBytes > 0) ring(q.bell);
   }
 
   bool progress() override {
@@ -428,13 +443,13 @@ class ShmTransport final : public Transport {
     bool moved = false;
     while (!p.sends.empty()) {
       PendingOp& op = p.sends.front();
-      // A forward goes as far as its receive has produced (the rest of its pieces, where there
-      // was room, the receive published itself).
+      // A streaming send goes as far as its producer has come (the rest of its pieces, where
+      // there was room, the producer wrote into its window and produced() published).
       const size_t ready = op.request->ready;
       if (op.done < op.bytes && ready <= op.done) break;
       if (!slotFree(p)) break;
       // A large message not yet started: where it lies only, for the receiver to copy from the
-      // mapped allocation, or to read from this process. Never a forward, which has no bytes yet.
+      // mapped allocation, or to read from this process. Never a streaming send.
       const bool whole = op.done == 0 && ready == std::numeric_limits<size_t>::max();
       SharedRange shared;
       const bool mapped =
@@ -488,42 +503,6 @@ class ShmTransport final : public Transport {
     }
   }
 
-  // Where the result of bytes [offset, offset + count) of receive op may go as well: the next
-  // slot to the peer it forwards to, when the forward is first in that peer's queue with every
-  // byte before offset sent (what is queued before it is pushed first) and a slot is free (its
-  // header is then written); else null.
-  void* forwardSlot(const PendingOp& op, size_t offset, size_t count) {
-    if (op.forward == nullptr || count > slotBytes_) return nullptr;
-    Peer& q = peers_.at(op.forwardPeer);
-    auto caughtUp = [&] {
-      return !q.sends.empty() && q.sends.front().request == op.forward && q.sends.front().done == offset;
-    };
-    if (!caughtUp()) pushSends(q);
-    if (!caughtUp() || !slotFree(q)) return nullptr;
-    const PendingOp& send = q.sends.front();
-    SlotHeader* header = slot(q.outSlots, q.head);
-    header->tag = send.tag;
-    header->messageBytes = send.bytes;
-    header->offset = offset;
-    header->pieceBytes = count;
-    header->remote = 0;
-    return pieceOf(header);
-  }
-
-  // Hands bytes [offset, offset + count) of receive op to its sink; where its result is forwarded,
-  // the sink writes it into the forward's next slot as well when there is one (published here),
-  // and the forward may send those bytes.
-  void feed(PendingOp& op, size_t offset, const char* bytes, size_t count) {
-    void* also = forwardSlot(op, offset, count);
-    op.sink->consume(offset, bytes, count, also);
-    if (op.forward == nullptr) return;
-    op.forward->ready = offset + count;
-    Peer& q = peers_.at(op.forwardPeer);
-    if (also != nullptr) publish(q, count);
-    pushSends(q);  // the rest of the forward, and what follows it, as far as they can go
-    if (also != nullptr) ring(q.bell);
-  }
-
   // Copies published pieces into the posted receives. Returns true if any piece moved.
   bool pullRecvs(Peer& p) {
     bool moved = false;
@@ -572,7 +551,7 @@ class ShmTransport final : public Transport {
   void deliver(PendingOp& op, const char* bytes, size_t count) {
     if (count == 0) return;
     if (op.sink != nullptr) {
-      feed(op, op.done, bytes, count);
+      op.sink->consume(op.done, bytes, count);
     } else if (op.request->streamed) {
       // Where the caller asks (a large final destination), streamed into place: all-gather of
       // 16-256 MiB on 2 ranks measured 11-25% faster out of the slots.
@@ -648,7 +627,7 @@ class ShmTransport final : public Transport {
     for (size_t done = 0; done < bytes; done += slotBytes_) {
       const size_t piece = std::min(slotBytes_, bytes - done);
       if (const int error = readRemote(p.pid, readBuffer_.data(), remote + done, piece); error != 0) return error;
-      feed(op, op.done + done, readBuffer_.data(), piece);
+      op.sink->consume(op.done + done, readBuffer_.data(), piece);
     }
     return 0;
   }

@@ -43,8 +43,8 @@ struct Request {
   // Receives: the caller's hint that the message lands in a large final destination, so the
   // transport may write it with streaming stores (kernels::streamingPays).
   bool streamed = false;
-  // Sends that forward a receive's result (postRecvToSinkAndForward): bytes of the message that
-  // exist so far, set by the transport; the others may send everything at once.
+  // Streaming sends (postStreamingSend): bytes of the message that exist so far, raised by the
+  // caller as it produces them; other sends have every byte at once.
   size_t ready = std::numeric_limits<size_t>::max();
 };
 
@@ -53,10 +53,10 @@ struct Request {
 class PieceSink {
  public:
   // `piece` holds the message's bytes [offset, offset + bytes); it is valid only during the call.
-  // offset is a multiple of 64, and so is bytes except for the message's last piece. `also`, when
-  // not null, is where the result of these bytes goes as well (a piece of the message that
-  // forwards it, being sent): writing both in one pass spares reading the result back.
-  virtual void consume(size_t offset, const void* piece, size_t bytes, void* also) = 0;
+  // offset is a multiple of 64, and so is bytes except for the message's last piece. The sink may
+  // post and feed streaming sends from here (that is how a receive's result is sent on as it
+  // arrives).
+  virtual void consume(size_t offset, const void* piece, size_t bytes) = 0;
 
  protected:
   ~PieceSink() = default;
@@ -90,17 +90,24 @@ class Transport {
                               Request* /*request*/) {
     return false;
   }
-  // A receive to a sink fused with the send that forwards its result: as postRecvToSink, plus a
-  // send to forwardPeer of the bytes the sink writes to forwardData (the same count, under
-  // forwardTag), posted now and in order with this rank's other sends to forwardPeer. Each piece
-  // of it leaves once the sink has produced it, written by the sink straight into the outgoing
-  // message where there is room (consume's `also`), else copied from forwardData later. Returns
-  // false, posting nothing, where the transport cannot (the caller then posts them apart).
-  virtual bool postRecvToSinkAndForward(int /*peer*/, uint64_t /*tag*/, PieceSink* /*sink*/, size_t /*bytes*/,
-                                        Request* /*request*/, int /*forwardPeer*/, uint64_t /*forwardTag*/,
-                                        const void* /*forwardData*/, Request* /*forwardRequest*/) {
+  // A send whose bytes are produced while it is posted: as postSend, in order with this rank's
+  // other sends to peer, but only bytes [0, request->ready) may leave; ready starts at 0 and the
+  // caller raises it, telling the transport with produced(). Returns false, posting nothing, where
+  // the transport cannot (the caller then sends once every byte exists). A transport that takes
+  // streaming sends takes sinks too (postRecvToSink).
+  virtual bool postStreamingSend(int /*peer*/, uint64_t /*tag*/, const void* /*data*/, size_t /*bytes*/,
+                                 Request* /*request*/) {
     return false;
   }
+  // Where bytes [offset, offset + count) of a streaming send, the next it has to send, may be
+  // written so that they leave without a copy (a place in the outgoing message), or null: then
+  // they are copied from the send's data once produced. Valid until produced() is called.
+  virtual void* streamingWindow(int /*peer*/, Request* /*request*/, size_t /*offset*/, size_t /*count*/) {
+    return nullptr;
+  }
+  // The caller raised request->ready of a streaming send to peer, having written `windowBytes` of
+  // the new bytes into the window streamingWindow gave (0: none, or no window): they may leave.
+  virtual void produced(int /*peer*/, Request* /*request*/, size_t /*windowBytes*/) {}
   // Memory shared between ranks of one host (chorusMemAlloc allocations, whose descriptors a peer
   // can take): whether peer can map this rank's allocations (found at set-up), and peer's
   // allocation held in its descriptor fd (serial tells allocations apart), mapped read-write into
