@@ -54,6 +54,11 @@ inline constexpr KnobSpec kKnobs[] = {
     {"CHORUS_DUMP_SIGNAL", "0",
      "1: SIGUSR1 makes every communicator of the process print its pending operations, the step each waits on "
      "and what each link has moved (as chorusCommDumpState), the next time a call of it waits"},
+    {"CHORUS_CHECK_CALLS", "1",
+     "1: before a rooted collective (broadcast, reduce, gather, scatter) runs, the ranks agree that they made the "
+     "same call (collective, count, type, op, root, algorithm, rank order), in ceil(log2 n) small messages, and all "
+     "fail, naming two ranks' calls, where they did not; 0: skip that (ranks that disagree, on the root for one, may "
+     "then return wrong data as success)"},
     {"CHORUS_BIND", "auto",
      "auto: bind each process to a CPU node of its host (local ranks in blocks over the NUMA nodes) unless a "
      "launcher bound it; none: leave it"},

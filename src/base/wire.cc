@@ -7,13 +7,22 @@
 
 namespace chorus::wire {
 
+const char* tagKindName(TagKind kind) {
+  switch (kind) {
+    case TagKind::kCollective:
+      return "collective";
+    case TagKind::kPointToPoint:
+      return "point-to-point";
+    case TagKind::kAgreement:
+      return "the agreement before rooted collective";
+  }
+  return "unknown";
+}
+
 std::string describeTag(uint64_t tag) {
-  const auto kind = static_cast<TagKind>(tag >> 56);
   const uint64_t sequence = (tag >> 16) & 0xffffffffffull;
-  const char* name = kind == TagKind::kCollective     ? "collective"
-                     : kind == TagKind::kPointToPoint ? "point-to-point"
-                                                      : "unknown";
-  return fmt::format("{} #{} (signature 0x{:04x})", name, sequence, tag & 0xffff);
+  return fmt::format("{} #{} (signature 0x{:04x})", tagKindName(static_cast<TagKind>(tag >> 56)), sequence,
+                     tag & 0xffff);
 }
 
 std::string checkUniqueId(const UniqueId& id) {

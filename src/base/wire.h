@@ -19,12 +19,15 @@ inline constexpr uint32_t kVersion = 2;
 
 // Message tags: a kind, a sequence number and a signature of the operation. Messages between two
 // ranks are matched in post order; the tag only checks that both sides agree.
-enum class TagKind : uint8_t { kCollective = 1, kPointToPoint = 2 };
+// kAgreement: the ranks' agreement on a collective before it runs (the collective's sequence).
+enum class TagKind : uint8_t { kCollective = 1, kPointToPoint = 2, kAgreement = 3 };
 inline uint64_t makeTag(TagKind kind, uint64_t sequence, uint16_t signature) {
   return (static_cast<uint64_t>(kind) << 56) | ((sequence & 0xffffffffffull) << 16) | signature;
 }
 // "collective #12 (signature 0x1a2b)" or "point-to-point #3 (signature ...)".
 std::string describeTag(uint64_t tag);
+// "collective", "point-to-point", "the agreement before rooted collective"; "unknown" otherwise.
+const char* tagKindName(TagKind kind);
 
 // What a chorusUniqueId holds.
 struct UniqueId {

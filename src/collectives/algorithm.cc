@@ -173,20 +173,21 @@ Schedule buildSchedule(const ScheduleArgs& args) {
     throw std::invalid_argument(std::string(algorithmName(args.algorithm)) + " does not implement " +
                                 collectiveName(args.collective));
   }
+  Schedule schedule;
   if (args.order == nullptr || entry->follows != Follows::kPositions) {
-    Schedule schedule = entry->build(args);
-    schedule.algorithm = algorithmName(entry->algorithm);
-    return schedule;
-  }
-  ScheduleArgs positions = args;
-  positions.order = nullptr;
-  positions.rank = positionOf(args, args.rank);
-  positions.root = positionOf(args, args.root);
-  Schedule schedule = entry->build(positions);
-  for (Step& step : schedule.steps) {
-    if (step.peer >= 0) step.peer = rankAt(args, step.peer);
+    schedule = entry->build(args);
+  } else {
+    ScheduleArgs positions = args;
+    positions.order = nullptr;
+    positions.rank = positionOf(args, args.rank);
+    positions.root = positionOf(args, args.root);
+    schedule = entry->build(positions);
+    for (Step& step : schedule.steps) {
+      if (step.peer >= 0) step.peer = rankAt(args, step.peer);
+    }
   }
   schedule.algorithm = algorithmName(entry->algorithm);
+  if (args.recordBytes > 0 && args.nranks > 1) prependAgreement(schedule, args.nranks, args.rank, args.recordBytes);
   return schedule;
 }
 

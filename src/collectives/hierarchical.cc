@@ -89,6 +89,7 @@ Schedule flat(const ScheduleArgs& args, Algorithm algorithm) {
   ScheduleArgs all = args;
   all.algorithm = algorithm;
   all.hosts = nullptr;
+  all.recordBytes = 0;  // the agreement, if any, is the whole schedule's
   return buildSchedule(all);
 }
 

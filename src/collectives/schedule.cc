@@ -26,6 +26,8 @@ const char* stepKindName(StepKind kind) {
       return "reduce";
     case StepKind::kReducePeers:
       return "reduce-peers";
+    case StepKind::kAgree:
+      return "agree";
   }
   return "unknown";
 }
@@ -61,8 +63,37 @@ int stepAccesses(const Step& step, Access out[4]) {
       out[n++] = {step.dst, step.bytes, true};
       out[n++] = {step.tmp, 1, true};
       break;
+    case StepKind::kAgree:
+      out[n++] = {step.src, step.bytes, false};
+      out[n++] = {step.tmp, step.bytes, false};
+      out[n++] = {step.dst, step.bytes, true};
+      break;
   }
   return n;
+}
+
+void prependAgreement(Schedule& schedule, int nranks, int rank, size_t recordBytes) {
+  // Records on cache lines after the schedule's scratch: this rank's after each round (round 0's
+  // its own), then what each round received.
+  const size_t stride = (recordBytes + 63) / 64 * 64;
+  const size_t base = (schedule.scratchBytes + 63) / 64 * 64;
+  int rounds = 0;
+  while ((1 << rounds) < nranks) ++rounds;
+  auto known = [&](int round) { return at(BufferId::kScratch, base + static_cast<size_t>(round) * stride); };
+  auto received = [&](int round) {
+    return at(BufferId::kScratch, base + static_cast<size_t>(rounds + 1 + round) * stride);
+  };
+  std::vector<Step> steps;
+  for (int k = 0; k < rounds; ++k) {
+    const int distance = 1 << k;  // below nranks: each ordered pair meets in one round at most
+    steps.push_back(sendStep(mod(rank + distance, nranks), known(k), recordBytes));
+    steps.push_back(recvStep(mod(rank - distance, nranks), received(k), recordBytes));
+    steps.push_back(agreeStep(known(k), received(k), known(k + 1), recordBytes, k + 1 == rounds));
+  }
+  schedule.agreementSteps = steps.size();
+  schedule.recordOffset = known(0).offset;
+  schedule.scratchBytes = base + static_cast<size_t>(2 * rounds + 1) * stride;
+  schedule.steps.insert(schedule.steps.begin(), steps.begin(), steps.end());
 }
 
 Schedule pointToPoint(const ScheduleArgs& args) {

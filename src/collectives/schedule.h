@@ -59,6 +59,10 @@ enum class StepKind : uint8_t {
   // written, so the steps that read it (a barrier's first send) follow. The ranks must have met
   // before (every input final, every output free): the swap that mapped the buffers is that meeting.
   kReducePeers,
+  // dst = the agreement of two call records, this rank's so far at src and a peer's at tmp (each
+  // `bytes`, opaque here: whoever runs the schedule writes and merges them); with peer ==
+  // kEveryRank the records then cover every rank, and ranks whose calls differ fail the call.
+  kAgree,
 };
 inline constexpr int kEveryRank = -2;
 const char* stepKindName(StepKind kind);
@@ -76,6 +80,10 @@ struct Schedule {
   std::vector<Step> steps;
   size_t scratchBytes = 0;  // bytes of scratch the steps use
   const char* algorithm = "";
+  // The ranks' agreement on the call (ScheduleArgs::recordBytes): the first agreementSteps steps,
+  // which start from this rank's call record at scratch offset recordOffset; 0 when there is none.
+  size_t agreementSteps = 0;
+  size_t recordOffset = 0;
 };
 
 // The algorithms; which apply to which collective is in algorithm.cc.
@@ -128,6 +136,8 @@ struct ScheduleArgs {
   // Host of each rank (nranks entries, hosts numbered 0, 1, ... by their lowest rank); null: one
   // host. Hierarchical algorithms split their work by it.
   const int* hosts = nullptr;
+  // Bytes of a call record; not 0: the schedule first has the ranks agree on the call (agreement()).
+  size_t recordBytes = 0;
 };
 
 // The rank at a position (mod nranks) of args.order, and a rank's position in it.
@@ -150,6 +160,9 @@ inline Step reduceStep(Span src, Span tmp, Span dst, size_t bytes) {
 }
 inline Step reducePeersStep(Span src, Span dst, Span mark, size_t bytes, bool everyOutput) {
   return {StepKind::kReducePeers, everyOutput ? kEveryRank : -1, src, dst, mark, bytes};
+}
+inline Step agreeStep(Span mine, Span theirs, Span merged, size_t bytes, bool last) {
+  return {StepKind::kAgree, last ? kEveryRank : -1, mine, merged, theirs, bytes};
 }
 inline Span at(BufferId buffer, size_t offset) { return {buffer, offset}; }
 
@@ -298,7 +311,15 @@ using OwnedChunkSteps = std::function<void(Schedule& schedule, size_t offset, si
 void appendRingAllReduce(Schedule& schedule, const ScheduleArgs& args, const std::vector<int>& ring, int r,
                          const OwnedChunkSteps& owned);
 
-// The schedule for args: args.algorithm, or the default for the collective when kDefault.
+// The ranks' agreement on a call, put before `schedule`'s steps: in ceil(log2 n) rounds of a
+// dissemination exchange (round k: send what this rank knows to rank + 2^k, receive from rank -
+// 2^k, merge) every rank learns of every rank's call record of recordBytes, placed in scratch
+// after the schedule's own; the last merge decides. Its messages come before the call's own
+// between every pair, so ranks that disagree on the call still agree on these.
+void prependAgreement(Schedule& schedule, int nranks, int rank, size_t recordBytes);
+
+// The schedule for args: args.algorithm, or the default for the collective when kDefault, after
+// the ranks' agreement on the call where args.recordBytes is set.
 // Throws std::invalid_argument when the algorithm does not apply to the collective.
 Schedule buildSchedule(const ScheduleArgs& args);
 

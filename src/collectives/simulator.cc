@@ -176,6 +176,8 @@ SimulationResult simulate(std::vector<SimulatedRank>& ranks, chorusDataType_t ty
             *tmp = 1;
             break;
           }
+          case StepKind::kAgree:
+            break;  // call records are the executor's: the simulation runs calls the ranks agree on
         }
         ++state.next;
         moved = true;
@@ -346,7 +348,8 @@ TimingResult simulateTime(const std::vector<Schedule>& schedules, const NetworkM
             case StepKind::kCopy:
             case StepKind::kDivide:
             case StepKind::kReduce:
-            case StepKind::kReducePeers: {
+            case StepKind::kReducePeers:
+            case StepKind::kAgree: {
               const double perByte = step.kind == StepKind::kCopy ? model.copyUsPerByte : model.gammaUsPerByte;
               // A reduce-peers step folds n slices of its bytes.
               const double folded = step.kind == StepKind::kReducePeers ? n : 1;

@@ -81,6 +81,7 @@ CommSettings CommSettings::resolve(const chorusConfig_t* config) {
   s.chunkBytes = static_cast<size_t>(knobInt(Knob::kChunkBytes));
   s.chunkForced = knobSet(Knob::kChunkBytes);
   s.spinUs = static_cast<int>(knobInt(Knob::kSpinUs));
+  s.checkCalls = knobInt(Knob::kCheckCalls) != 0;
   s.algorithms = knobString(Knob::kAlgo);
   s.rankOrder = knobString(Knob::kRankOrder);
   if (config != nullptr) {
@@ -374,6 +375,11 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   }
 
   const collectives::CollectiveTraits& traits = collectives::traitsOf(collective);
+  // Rooted collectives start with the ranks' agreement on the call: a rank that only sends (a
+  // broadcast's root, a gather's leaves) or hears only from ranks that agree with it would
+  // otherwise return success whatever the others called.
+  const bool agree = traits.rooted && settings_.checkCalls && nranks_ > 1;
+  if (agree) args.recordBytes = sizeof(CallAgreement);
   PreparedOp prepared;
   prepared.schedule = scheduleFor(args);
   prepared.input = input;
@@ -415,6 +421,10 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
                                    65536 * static_cast<uint64_t>(algorithm) + (orderHash_ << 24)));
   };
   prepared.tag = tagOf(args.algorithm);
+  if (agree) {
+    prepared.record = callRecord(rank_, collective, count, type, op, rootOrPeer, args.algorithm, orderHash_);
+    prepared.agreementTag = makeTag(TagKind::kAgreement, sequence, 0);
+  }
   if (args.algorithm == collectives::Algorithm::kDirect) {
     // Where some rank's buffers cannot be mapped (start() finds out), what the tuner picks without it.
     collectives::ScheduleArgs instead = args;
@@ -477,8 +487,8 @@ collectives::TunerChoice Communicator::tunerChoice(collectives::Collective colle
 std::shared_ptr<const collectives::Schedule> Communicator::scheduleFor(const collectives::ScheduleArgs& args) {
   if (args.sendCounts != nullptr)
     return std::make_shared<const collectives::Schedule>(collectives::buildSchedule(args));
-  const ScheduleKey key{args.collective, args.algorithm, args.divide,    args.root,
-                        args.count,      args.typeSize,  args.chunkBytes};
+  const ScheduleKey key{args.collective, args.algorithm, args.divide,     args.root,
+                        args.count,      args.typeSize,  args.chunkBytes, args.recordBytes};
   for (auto& [cached, schedule] : schedules_) {
     if (cached == key) return schedule;
   }

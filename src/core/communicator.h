@@ -31,6 +31,7 @@ struct CommSettings {
   size_t chunkBytes = 512 * 1024;
   bool chunkForced = false;  // CHORUS_CHUNK_BYTES set: every call uses chunkBytes, else the tuner picks
   int spinUs = 20;
+  bool checkCalls = true;  // CHORUS_CHECK_CALLS: the ranks agree on a rooted collective before it runs
 
   // Built-in defaults, then the environment, then the config (fields not at their initializer).
   static CommSettings resolve(const chorusConfig_t* config);
@@ -158,6 +159,7 @@ class Communicator {
     size_t count;
     size_t typeSize;
     size_t chunkBytes;
+    size_t recordBytes;
     bool operator==(const ScheduleKey&) const = default;
   };
   static constexpr size_t kCachedSchedules = 16;

@@ -83,6 +83,12 @@ std::shared_ptr<Completion> Executor::submit(std::vector<PreparedOp> ops) {
     char* bases[collectives::kBufferCount] = {static_cast<char*>(const_cast<void*>(op.input)),
                                               static_cast<char*>(op.output), batch->scratch.data() + scratchOffset};
     scratchOffset += lineUp(op.schedule->scratchBytes);
+    if (op.schedule->agreementSteps > 0) {
+      const CallAgreement mine = agreementOf(op.record);
+      std::memcpy(bases[static_cast<int>(collectives::BufferId::kScratch)] + op.schedule->recordOffset, &mine,
+                  sizeof(mine));
+    }
+    size_t inOp = 0;
     for (const collectives::Step& step : op.schedule->steps) {
       Item& item = batch->items[index];
       item.step = &step;
@@ -92,6 +98,7 @@ std::shared_ptr<Completion> Executor::submit(std::vector<PreparedOp> ops) {
       item.dst = bases[static_cast<int>(step.dst.buffer)] + step.dst.offset;
       item.tmp = bases[static_cast<int>(step.tmp.buffer)] + step.tmp.offset;
       item.request.done = false;
+      item.tag = inOp++ < op.schedule->agreementSteps ? op.agreementTag : op.tag;
       item.needsReduce = false;
       item.forward = nullptr;
       item.forwardVia = nullptr;
@@ -143,28 +150,28 @@ void Executor::issue(Item& item) {
   const collectives::Step& step = *item.step;
   switch (step.kind) {
     case StepKind::kSend:
-      transportOfPeer_[step.peer]->postSend(step.peer, item.op->tag, item.src, step.bytes, &item.request);
+      transportOfPeer_[step.peer]->postSend(step.peer, item.tag, item.src, step.bytes, &item.request);
       break;
     case StepKind::kRecv:
       item.request.streamed = item.streams();
-      transportOfPeer_[step.peer]->postRecv(step.peer, item.op->tag, item.dst, step.bytes, &item.request);
+      transportOfPeer_[step.peer]->postRecv(step.peer, item.tag, item.dst, step.bytes, &item.request);
       break;
     case StepKind::kRecvReduce: {
       Transport* from = transportOfPeer_[step.peer];
       // The send of the result first, so every piece the receive delivers can feed it.
       if (Item* next = forwardOf(item);
           next != nullptr &&
-          from->postStreamingSend(next->step->peer, next->op->tag, next->src, step.bytes, &next->request)) {
+          from->postStreamingSend(next->step->peer, next->tag, next->src, step.bytes, &next->request)) {
         item.forward = next;
         item.forwardVia = from;
-        if (!from->postRecvToSink(step.peer, item.op->tag, &item, step.bytes, &item.request)) {
+        if (!from->postRecvToSink(step.peer, item.tag, &item, step.bytes, &item.request)) {
           fail(chorusInternalError, "the {} transport takes streaming sends but not sinks", from->name());
         }
         break;
       }
-      if (from->postRecvToSink(step.peer, item.op->tag, &item, step.bytes, &item.request)) break;
+      if (from->postRecvToSink(step.peer, item.tag, &item, step.bytes, &item.request)) break;
       item.needsReduce = true;
-      from->postRecv(step.peer, item.op->tag, item.tmp, step.bytes, &item.request);
+      from->postRecv(step.peer, item.tag, item.tmp, step.bytes, &item.request);
       break;
     }
     case StepKind::kCopy:
@@ -195,6 +202,28 @@ void Executor::issue(Item& item) {
       reducePeers(item);
       item.request.done = true;
       break;
+    case StepKind::kAgree:
+      agree(item);
+      item.request.done = true;
+      break;
+  }
+}
+
+// One round of the ranks' agreement on the call: what this rank knew and what a peer did, merged;
+// after the last, a call the ranks disagree on fails on every rank.
+void Executor::agree(Item& item) {
+  CallAgreement mine, theirs;
+  if (item.step->bytes != sizeof(CallAgreement)) {
+    fail(chorusInternalError, "rank {}: {}: an agreement step of {} bytes, not {}", options_.rank, item.op->what(),
+         item.step->bytes, sizeof(CallAgreement));
+  }
+  std::memcpy(&mine, item.src, sizeof(mine));
+  std::memcpy(&theirs, item.tmp, sizeof(theirs));
+  const CallAgreement both = merged(mine, theirs);
+  std::memcpy(item.dst, &both, sizeof(both));
+  if (item.step->peer != collectives::kEveryRank) return;
+  if (const std::string why = disagreement(both, item.op->sequence); !why.empty()) {
+    fail(chorusRemoteError, "{}", why);
   }
 }
 

@@ -18,6 +18,7 @@
 
 #include "chorus/chorus.h"
 #include "src/collectives/schedule.h"
+#include "src/core/agreement.h"
 #include "src/core/bootstrap.h"
 #include "src/transport/transport.h"
 
@@ -39,6 +40,11 @@ struct PreparedOp {
   chorusDataType_t type = chorusFloat32;
   chorusRedOp_t op = chorusSum;
   uint64_t tag = 0;
+  // Where the schedule has the ranks agree on the call first (rooted collectives): this rank's
+  // call, and the tag of the agreement's messages (the same whatever the call, so ranks whose
+  // calls differ exchange them all and find out together).
+  CallRecord record;
+  uint64_t agreementTag = 0;
   // For messages only, formatted when one is written (a small call must not pay for it).
   collectives::Collective collective = collectives::Collective::kAllReduce;
   uint64_t sequence = 0;
@@ -127,6 +133,7 @@ class Executor {
     char* tmp;
     Placed placed;  // the ranges the issue rule compares
     Request request;
+    uint64_t tag;  // of its messages: the op's, or the agreement's
     bool needsReduce;
     // A receive-reduce posted with the next item, the send of its result, as a streaming send of
     // forwardVia (the transport of both): that item, else null.
@@ -149,6 +156,7 @@ class Executor {
   bool poll();        // progresses transports, completes finished items
   void issue(Item& item);
   void reducePeers(Item& item);
+  void agree(Item& item);
   // The item after `item` in its batch when it sends exactly what `item` (a receive-reduce) writes,
   // through the same transport, and may be posted now; else null.
   Item* forwardOf(Item& item);

@@ -36,6 +36,7 @@ struct PeerInfo {
 using wire::describeTag;
 using wire::makeTag;
 using wire::TagKind;
+using wire::tagKindName;
 
 // Completion flag of one posted send or receive, set by the transport.
 struct Request {

@@ -297,10 +297,11 @@ class UcxTransport final : public Transport {
       if (message == nullptr) break;
       if ((info.sender_tag & kFingerprintMask) != fingerprint(recv.tag) || info.length != recv.bytes) {
         fail(chorusRemoteError,
-             "ucx: the next message from rank {} to rank {} has tag fingerprint {:06x} and {} bytes, but {} of {} "
-             "bytes (fingerprint {:06x}) was expected",
-             p.rank, rank_, info.sender_tag & kFingerprintMask, info.length, describeTag(recv.tag), recv.bytes,
-             fingerprint(recv.tag));
+             "ucx: the next message from rank {} to rank {} has tag fingerprint {:06x} ({}, signature 0x{:04x}) and "
+             "{} bytes, but {} of {} bytes (fingerprint {:06x}) was expected",
+             p.rank, rank_, info.sender_tag & kFingerprintMask,
+             tagKindName(static_cast<TagKind>((info.sender_tag >> 22) & 0x3)), info.sender_tag & 0xffff, info.length,
+             describeTag(recv.tag), recv.bytes, fingerprint(recv.tag));
       }
       ++p.recvSequence;
       Operation* op = track(p.rank, recv.request);

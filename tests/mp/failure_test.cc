@@ -169,7 +169,7 @@ struct Mismatch {
   // The call each rank makes; `odd` is true on rank 1.
   chorusResult_t (*call)(chorusComm_t comm, std::vector<float>& buffer, bool odd);
   const char* ours;    // how rank 0's error names its own call
-  const char* theirs;  // and rank 1's; null where ranks 0 and 1 only send (they hear of it after)
+  const char* theirs;  // and rank 1's; where one of the two is not rooted, what names a rooted call
 };
 
 const Mismatch kMismatches[] = {
@@ -181,9 +181,17 @@ const Mismatch kMismatches[] = {
     {"collective",
      [](chorusComm_t comm, std::vector<float>& b, bool odd) {
        return odd ? chorusBroadcast(b.data(), b.data(), 10, chorusFloat32, 0, comm, nullptr)
+                  : chorusReduce(b.data(), b.data(), 10, chorusFloat32, chorusSum, 0, comm, nullptr);
+     },
+     "reduce #0 (count 10 float32 sum root 0", "broadcast #0 (count 10 float32 root 0"},
+    // A rooted call meets one that is not: the rooted one's agreement message arrives where the
+    // other expects its data, and is named as such.
+    {"rooted or not",
+     [](chorusComm_t comm, std::vector<float>& b, bool odd) {
+       return odd ? chorusBroadcast(b.data(), b.data(), 10, chorusFloat32, 0, comm, nullptr)
                   : chorusAllReduce(b.data(), b.data(), 10, chorusFloat32, chorusSum, comm, nullptr);
      },
-     "allreduce #0 (count 10 float32 sum", "broadcast #0 (count 10 float32 root 0"},
+     "allreduce #0 (count 10 float32 sum", "the agreement before rooted collective"},
     {"type",
      [](chorusComm_t comm, std::vector<float>& b, bool odd) {
        return chorusAllReduce(b.data(), b.data(), 10, odd ? chorusInt32 : chorusFloat32, chorusSum, comm, nullptr);
@@ -198,7 +206,7 @@ const Mismatch kMismatches[] = {
      [](chorusComm_t comm, std::vector<float>& b, bool odd) {
        return chorusBroadcast(b.data(), b.data(), 10, chorusFloat32, odd ? 1 : 0, comm, nullptr);
      },
-     "broadcast #0 (count 10 float32 root 0", nullptr},
+     "broadcast #0 (count 10 float32 root 0", "broadcast #0 (count 10 float32 root 1"},
     {"skipped call",
      [](chorusComm_t comm, std::vector<float>& b, bool odd) {
        // Rank 1 skips all-reduce #0 (of 10): its all-reduce of 30 is #0 to it, #1 to the others.
@@ -213,9 +221,9 @@ const Mismatch kMismatches[] = {
 
 TEST_P(FailureTest, EveryKindOfDisagreementFailsOnEveryRankNamingBothCalls) {
   // Three ranks; rank 1's call differs in count, collective, type, op or root, or rank 1 skips a
-  // call. Every rank fails with chorusRemoteError (no hang: a 10-minute timeout would outlast the
-  // test's deadline); the messages of ranks 0 and 1 name both their calls. Where ranks 0 and 1 only
-  // send (two roots of one broadcast), rank 2 fails in the call and they in their next.
+  // call. Every rank fails in the call with chorusRemoteError (no hang: a 10-minute timeout would
+  // outlast the test's deadline); the messages of ranks 0 and 1 name both their calls. Two roots of
+  // one broadcast, which only send, fail too: the ranks agree on a rooted call before it runs.
   const char* transport = GetParam();
   CHORUS_REQUIRE_TRANSPORT(transport);
   for (const Mismatch& mismatch : kMismatches) {
@@ -225,17 +233,10 @@ TEST_P(FailureTest, EveryKindOfDisagreementFailsOnEveryRankNamingBothCalls) {
         [&](int rank, const chorusUniqueId& id) {
           chorusComm_t comm = initOrDie(id, 3, rank, transport, 600000);
           std::vector<float> buffer(64, 1.0f);
-          chorusResult_t result = mismatch.call(comm, buffer, rank == 1);
-          std::string message = chorusGetLastError(comm);
-          if (mismatch.theirs == nullptr && result == chorusSuccess) {
-            // A rank that only sends in the call (both "roots" here) cannot see the disagreement;
-            // the word of the rank that did ends its next call.
-            result = chorusBarrier(comm, nullptr);
-            message = chorusGetLastError(comm);
-            EXPECT_NE(message.find("failed, and said"), std::string::npos) << message;
-          }
+          const chorusResult_t result = mismatch.call(comm, buffer, rank == 1);
+          const std::string message = chorusGetLastError(comm);
           EXPECT_EQ(result, chorusRemoteError) << mismatch.name << ", rank " << rank << ": " << message;
-          if (rank <= 1 && mismatch.theirs != nullptr) {
+          if (rank <= 1) {
             EXPECT_NE(message.find(mismatch.ours), std::string::npos) << mismatch.name << ": " << message;
             EXPECT_NE(message.find(mismatch.theirs), std::string::npos) << mismatch.name << ": " << message;
           }
@@ -246,6 +247,87 @@ TEST_P(FailureTest, EveryKindOfDisagreementFailsOnEveryRankNamingBothCalls) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, FailureTest, ::testing::Values("shm", "tcp", "ucx"), testing::transportName);
+
+// Comma-separated names, split.
+std::vector<std::string> splitNames(const char* text) {
+  std::vector<std::string> names;
+  std::stringstream in(text);
+  for (std::string name; std::getline(in, name, ',');) names.push_back(name);
+  return names;
+}
+
+class RootedAgreementTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(RootedAgreementTest, RanksThatDisagreeOnARootedCallAllFailNamingBothCalls) {
+  // Every rooted collective with every one of its algorithms, on 4 ranks: ranks 2 and 3 name root
+  // 3 where ranks 0 and 1 name root 0 (so each side has a root that only sends, and ranks that
+  // hear only from their own side), or rank 3 alone passes one element more. Every rank fails in
+  // the call with chorusRemoteError, and its message names a call of each side.
+  const char* transport = GetParam();
+  CHORUS_REQUIRE_TRANSPORT(transport);
+  constexpr int kRanks = 4;
+  constexpr size_t kCount = 1000;
+  struct Rooted {
+    const char* name;
+    chorusResult_t (*call)(chorusComm_t comm, std::vector<float>& in, std::vector<float>& out, size_t count, int root);
+    const char* detail;  // between the count and the root in the call's name
+  };
+  const Rooted kRooted[] = {
+      {"broadcast",
+       [](chorusComm_t comm, std::vector<float>& in, std::vector<float>& out, size_t count, int root) {
+         return chorusBroadcast(in.data(), out.data(), count, chorusFloat32, root, comm, nullptr);
+       },
+       ""},
+      {"reduce",
+       [](chorusComm_t comm, std::vector<float>& in, std::vector<float>& out, size_t count, int root) {
+         return chorusReduce(in.data(), out.data(), count, chorusFloat32, chorusSum, root, comm, nullptr);
+       },
+       " sum"},
+      {"gather",
+       [](chorusComm_t comm, std::vector<float>& in, std::vector<float>& out, size_t count, int root) {
+         return chorusGather(in.data(), out.data(), count, chorusFloat32, root, comm, nullptr);
+       },
+       ""},
+      {"scatter",
+       [](chorusComm_t comm, std::vector<float>& in, std::vector<float>& out, size_t count, int root) {
+         return chorusScatter(in.data(), out.data(), count, chorusFloat32, root, comm, nullptr);
+       },
+       ""},
+  };
+  for (const Rooted& rooted : kRooted) {
+    for (const std::string& algorithm : splitNames(chorusAlgorithmNames(rooted.name))) {
+      for (const bool onRoot : {true, false}) {
+        SCOPED_TRACE(std::string(rooted.name) + ":" + algorithm + (onRoot ? ", roots 0 and 3" : ", counts differ"));
+        const std::string call = std::string(rooted.name) + " #0 (count ";
+        // What names a call of each side.
+        const std::string first = call + std::to_string(kCount) + " float32" + rooted.detail + " root 0, ";
+        const std::string second = onRoot
+                                       ? call + std::to_string(kCount) + " float32" + rooted.detail + " root 3, "
+                                       : call + std::to_string(kCount + 1) + " float32" + rooted.detail + " root 0, ";
+        expectAllZero(runProcesses(
+            kRanks,
+            [&](int rank, const chorusUniqueId& id) {
+              chorusComm_t comm = initOrDie(id, kRanks, rank, transport, 600000);
+              const std::string algorithms = std::string(rooted.name) + ":" + algorithm;
+              ASSERT_EQ(chorusCommSetAlgorithms(comm, algorithms.c_str()), chorusSuccess) << chorusGetLastError(comm);
+              std::vector<float> in(2 * kRanks * kCount, 1.0f), out(2 * kRanks * kCount, 0.0f);
+              const int root = onRoot && rank >= 2 ? 3 : 0;
+              const size_t count = !onRoot && rank == 3 ? kCount + 1 : kCount;
+              const chorusResult_t result = rooted.call(comm, in, out, count, root);
+              const std::string message = chorusGetLastError(comm);
+              EXPECT_EQ(result, chorusRemoteError) << "rank " << rank << ": " << message;
+              EXPECT_NE(message.find("the ranks disagree on collective #0"), std::string::npos) << message;
+              EXPECT_NE(message.find(first), std::string::npos) << message;
+              EXPECT_NE(message.find(second), std::string::npos) << message;
+              chorusCommDestroy(comm);
+            },
+            120));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, RootedAgreementTest, ::testing::Values("shm", "tcp"), testing::transportName);
 
 TEST(BootstrapFailureTest, MissingRanksAreNamedAtTheInitTimeout) {
   const auto codes = runProcesses(

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,7 @@ struct Case {
   size_t chunkBytes;
   const int* order = nullptr;  // rank order (position -> rank), or null
   const int* hosts = nullptr;  // host of each rank, or null (one host)
+  size_t recordBytes = 0;      // call records the ranks agree on first, or 0
 };
 
 std::string describe(const Case& c) {
@@ -65,6 +67,7 @@ void run(const Case& c) {
     ScheduleArgs args{c.collective, n, r, count, size, c.root, c.op == chorusAvg, c.chunkBytes, c.algorithm};
     args.order = c.order;
     args.hosts = c.hosts;
+    args.recordBytes = c.recordBytes;
     size_t inCount = count, outCount = count;
     switch (c.collective) {
       case Collective::kAllGather:
@@ -244,6 +247,45 @@ std::vector<int> rankCounts() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, SimulatorTest, ::testing::ValuesIn(rankCounts()));
+
+TEST(SimulatorTest, RootedCallsAfterTheRanksAgreementAreRight) {
+  // A rooted call's schedule with the agreement put first (96-byte records, as the executor's):
+  // 3 steps a round, ceil(log2 n) rounds, the last merge marked as covering every rank; every
+  // ordered pair meets in one round at most, so the agreement's messages match whatever the call;
+  // and the call after it still matches its closed form at every rank count.
+  for (int n = 1; n <= 17; ++n) {
+    int rounds = 0;
+    while ((1 << rounds) < n) ++rounds;
+    for (Collective collective :
+         {Collective::kBroadcast, Collective::kReduce, Collective::kGather, Collective::kScatter}) {
+      for (Algorithm algorithm : algorithmsFor(collective)) {
+        Case c{collective, algorithm, n, 7, chorusInt32, chorusSum, false, n - 1, 12};
+        c.recordBytes = 96;
+        run(c);
+        if (HasFatalFailure()) return;
+        for (int r = 0; r < n; ++r) {
+          ScheduleArgs args{collective, n, r, 7, 4, n - 1, false, 12, algorithm};
+          args.recordBytes = 96;
+          const Schedule schedule = buildSchedule(args);
+          ASSERT_EQ(schedule.agreementSteps, static_cast<size_t>(3 * rounds)) << describe(c);
+          std::set<int> sentTo;
+          for (size_t i = 0; i < schedule.agreementSteps; ++i) {
+            const Step& step = schedule.steps[i];
+            if (step.kind == StepKind::kSend) {
+              EXPECT_TRUE(sentTo.insert(step.peer).second) << describe(c);
+            }
+            if (step.kind == StepKind::kAgree) {
+              EXPECT_EQ(step.peer == kEveryRank, i + 1 == schedule.agreementSteps) << describe(c);
+            }
+          }
+          ScheduleArgs plain = args;
+          plain.recordBytes = 0;
+          EXPECT_EQ(schedule.steps.size(), schedule.agreementSteps + buildSchedule(plain).steps.size());
+        }
+      }
+    }
+  }
+}
 
 TEST(SimulatorTest, RankOrderIsFollowedAndBlocksStayAtTheirRanks) {
   for (int n : {2, 3, 5, 8, 13}) {
