@@ -6,8 +6,10 @@
 // NUMA nodes (inter-socket links). Each host bridge's children hang off the CPU node it is local
 // to (host-bridge links); each PCI-PCI bridge is a PCIe switch node, joined to its parent by a
 // PCIe link of the bridge's link speed; GPUs (class 03xx) and NICs (02xx) are nodes under their
-// bridge, each NIC joined to the network at its port speed. Other PCI devices are left out. NVML
-// adds NVLinks: GPU to GPU, or to the NVSwitches, taken together as one switch.
+// bridge, each NIC joined to the network at its port speed (a display controller that is no
+// compute device, and other PCI devices, are left out). NVLinks come from hwloc's NVLinkBandwidth
+// distances where it has them (files lstopo wrote on NVLink machines), and on this host from NVML:
+// GPU to GPU, to the NVSwitches (taken together as one switch), or to a CPU package.
 //
 // Built without hwloc, discovery reads sysfs instead: one CPU node per NUMA node (processors,
 // cores, memory), each network device on a PCI bus a NIC under the first node, and GPUs from NVML;
@@ -18,6 +20,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -25,6 +28,7 @@
 #include <memory>
 #include <set>
 #include <stdexcept>
+#include <vector>
 
 #include "src/topology/bind.h"
 
@@ -76,6 +80,7 @@ class Converter {
         walk(child, cpu, LinkKind::kHostBridge);
       }
     }
+    addNvLinks();
   }
 
  private:
@@ -143,17 +148,33 @@ class Converter {
     node.host = host_;
     node.busId = busIdOf(obj->attr->pcidev);
     std::string netName, fabricName;
-    int cudaIndex = -1;
+    // A GPU shows as several OS devices (cuda0, nvml0, opencl0d0, rsmi0, card0 ...): one GPU,
+    // numbered by CUDA, else by NVML or ROCm SMI. A display controller with none of those (a
+    // server's BMC console) is no GPU.
+    int cudaIndex = -1, smiIndex = -1;
+    bool compute = false;
     for (hwloc_obj_t os = obj->io_first_child; os != nullptr; os = os->next_sibling) {
       if (os->type != HWLOC_OBJ_OS_DEVICE || os->name == nullptr) continue;
       const std::string name = os->name;
       if (os->attr->osdev.type == HWLOC_OBJ_OSDEV_NETWORK) netName = name;
       if (os->attr->osdev.type == HWLOC_OBJ_OSDEV_OPENFABRICS) fabricName = name;
       if (name.rfind("cuda", 0) == 0) cudaIndex = std::atoi(name.c_str() + 4);
+      if (name.rfind("nvml", 0) == 0) smiIndex = std::atoi(name.c_str() + 4);
+      if (name.rfind("rsmi", 0) == 0) smiIndex = std::atoi(name.c_str() + 4);
+      compute = compute || name.rfind("cuda", 0) == 0 || name.rfind("nvml", 0) == 0 || name.rfind("rsmi", 0) == 0 ||
+                name.rfind("opencl", 0) == 0 || name.rfind("ze", 0) == 0;
     }
+    // Without OS devices (a file written without them), NVIDIA's and AMD's display controllers.
+    const unsigned vendor = obj->attr->pcidev.vendor_id;
+    if (obj->io_first_child == nullptr) compute = vendor == 0x10de || vendor == 0x1002;
     if ((cls >> 8) == 0x03) {
+      if (!compute) return;
       node.kind = NodeKind::kGpu;
-      node.index = cudaIndex >= 0 ? cudaIndex : static_cast<int>(t_.nodesOf(host_, NodeKind::kGpu).size());
+      node.index = cudaIndex >= 0 ? cudaIndex : smiIndex;
+      if (node.index < 0 || t_.find(host_, fmt::format("gpu{}", node.index)) >= 0) {
+        node.index = 0;
+        while (t_.find(host_, fmt::format("gpu{}", node.index)) >= 0) ++node.index;
+      }
       node.id = fmt::format("gpu{}", node.index);
       if (const char* model = hwloc_obj_get_info_by_name(obj, "PCIDevice")) node.device = model;
     } else if ((cls >> 8) == 0x02) {
@@ -165,6 +186,7 @@ class Converter {
       return;
     }
     const int id = t_.addNode(node);
+    nodeOfDevice_[obj] = id;
     link(parent, id, kind, obj->attr->pcidev.linkspeed);
     if (node.kind == NodeKind::kNic) {
       const double speed = live_ ? portSpeed(netName, fabricName) : 0;
@@ -177,11 +199,66 @@ class Converter {
     t_.addLink(a, b, kind, speed > 0 ? speed : defaultBandwidth(kind), defaultLatencyUs(kind));
   }
 
+  // NVLinks from hwloc's NVLinkBandwidth distances (its NVML backend; lstopo writes them to XML):
+  // GPU to GPU, GPU to NVSwitch (all switch ports taken together as one switch, as NVML discovery
+  // does) and GPU to a processor package (POWER's NVLink to the CPU), each at the matrix's
+  // bandwidth (MB/s per direction).
+  void addNvLinks() {
+    unsigned count = 1;
+    hwloc_distances_s* distances = nullptr;
+    if (hwloc_distances_get_by_name(hw_, "NVLinkBandwidth", &count, &distances, 0) != 0 || count == 0) return;
+#if HWLOC_API_VERSION >= 0x00020500
+    // Fails with ENOENT where there is no switch: the matrix is then used as it is.
+    hwloc_distances_transform(hw_, distances, HWLOC_DISTANCES_TRANSFORM_MERGE_SWITCH_PORTS, nullptr, 0);
+#endif
+    const unsigned n = distances->nbobjs;
+    std::vector<int> nodes(n, -1);
+    for (unsigned i = 0; i < n; ++i) nodes[i] = nodeOfNvLinkEnd(distances->objs[i]);
+    for (unsigned i = 0; i < n; ++i) {
+      for (unsigned j = i + 1; j < n; ++j) {
+        const uint64_t mbps = std::max(distances->values[i * n + j], distances->values[j * n + i]);
+        if (mbps == 0 || nodes[i] < 0 || nodes[j] < 0 || nodes[i] == nodes[j]) continue;
+        t_.addLink(nodes[i], nodes[j], LinkKind::kNvLink, static_cast<double>(mbps) / 1000,
+                   defaultLatencyUs(LinkKind::kNvLink));
+      }
+    }
+    hwloc_distances_release(hw_, distances);
+  }
+
+  // The node an end of an NVLink stands for: a GPU (named by one of its OS devices or its PCI
+  // device), the NVSwitch (made on first use), a package's first CPU node; -1 for anything else.
+  int nodeOfNvLinkEnd(hwloc_obj_t obj) {
+    if (obj != nullptr && obj->type == HWLOC_OBJ_OS_DEVICE) obj = obj->parent;
+    if (obj == nullptr) return -1;
+    if (obj->type == HWLOC_OBJ_PCI_DEVICE && obj->subtype != nullptr && std::string(obj->subtype) == "NVSwitch") {
+      if (nvSwitch_ < 0) {
+        Node node;
+        node.kind = NodeKind::kNvSwitch;
+        node.host = host_;
+        node.id = "nvswitch0";
+        nvSwitch_ = t_.addNode(node);
+      }
+      return nvSwitch_;
+    }
+    if (obj->type == HWLOC_OBJ_PCI_DEVICE) {
+      const auto found = nodeOfDevice_.find(obj);
+      return found != nodeOfDevice_.end() && t_.nodes[found->second].kind == NodeKind::kGpu ? found->second : -1;
+    }
+    if (obj->type == HWLOC_OBJ_PACKAGE) {
+      for (int cpu : t_.nodesOf(host_, NodeKind::kCpu)) {
+        if (t_.nodes[cpu].package == static_cast<int>(obj->logical_index)) return cpu;
+      }
+    }
+    return -1;
+  }
+
   hwloc_topology_t hw_;
   Topology& t_;
   int host_;
   bool live_;
   std::map<int, int> cpuByNuma_;
+  std::map<hwloc_obj_t, int> nodeOfDevice_;  // GPUs' and NICs' PCI devices
+  int nvSwitch_ = -1;
   int switches_ = 0;
 };
 
@@ -217,7 +294,7 @@ std::string sysfsLine(const std::filesystem::path& path) {
 // This host from sysfs: CPU nodes by NUMA node, and the network devices on a PCI bus as NICs.
 void addSysfs(Topology& t, int host) {
   namespace fs = std::filesystem;
-  std::map<int, std::vector<int>> cpusOfNuma;
+  std::map<int, std::vector<int> > cpusOfNuma;
   std::error_code error;
   for (const auto& entry : fs::directory_iterator("/sys/devices/system/node", error)) {
     const std::string name = entry.path().filename().string();
@@ -238,13 +315,14 @@ void addSysfs(Topology& t, int host) {
     node.index = numa;
     node.id = fmt::format("cpu{}", numa);
     node.cpus = formatCpuList(cpus);
-    std::set<std::pair<std::string, std::string>> cores;  // (package, core)
+    std::set<std::pair<std::string, std::string> > cores;  // (package, core)
     for (int cpu : cpus) {
       const fs::path topo = fmt::format("/sys/devices/system/cpu/cpu{}/topology", cpu);
       cores.insert({sysfsLine(topo / "physical_package_id"), sysfsLine(topo / "core_id")});
     }
     node.package = std::max(
-        0, std::atoi(sysfsLine(fmt::format("/sys/devices/system/cpu/cpu{}/topology/physical_package_id", cpus[0])).c_str()));
+        0, std::atoi(
+               sysfsLine(fmt::format("/sys/devices/system/cpu/cpu{}/topology/physical_package_id", cpus[0])).c_str()));
     node.cores = static_cast<int>(cores.size());
     // "Node 0 MemTotal:  123456 kB"; the whole memory when there is one node and no such line.
     std::ifstream meminfo(fmt::format("/sys/devices/system/node/node{}/meminfo", numa));
@@ -416,9 +494,8 @@ Topology discover() {
 Topology parseHwlocXml(const std::string& text, const std::string& name) {
 #if !defined(CHORUS_HAVE_HWLOC)
   (void)text;
-  throw std::invalid_argument(
-      fmt::format("{}: an hwloc XML file, but this build of chorus has no hwloc to read it (build with libhwloc-dev)",
-                  name));
+  throw std::invalid_argument(fmt::format(
+      "{}: an hwloc XML file, but this build of chorus has no hwloc to read it (build with libhwloc-dev)", name));
 #else
   HwlocTopology hw = loadHwloc(&text, name);
   Topology t;

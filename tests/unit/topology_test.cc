@@ -1,7 +1,9 @@
 // topology_test: the topology readers on described machines (an 8-GPU NVSwitch server in NCCL's
 // XML, a two-socket PCIe server with 4 GPUs per socket and a two-socket CPU-only server in hwloc's
-// XML, a cluster of four NVSwitch servers on a rail fabric in chorus's XML), the rings and trees
-// searched over them, discovery of this machine, and the errors bad files get.
+// XML, and that PCIe server's variants with hwloc's NVLink distances or lstopo --whole-io's devices
+// (made by tests/data/topology/variants.py), a cluster of four NVSwitch servers on a rail fabric in
+// chorus's XML), the rings and trees searched over them, discovery of this machine, and the errors
+// bad files get.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -164,7 +166,8 @@ TEST(TopologyFiles, HwlocXmlOfAPcieServerGivesSocketsSwitchesAndGpus) {
 TEST(TopologyFiles, ChorusXmlRoundTripsEveryNodeAndLink) {
   CHORUS_REQUIRE_HWLOC_READER();
   for (const char* file :
-       {"dgx-h100.nccl.xml", "pcie-2socket-8gpu.hwloc.xml", "cpu-2socket.hwloc.xml", "dgx-h100-cluster4.chorus.xml"}) {
+       {"dgx-h100.nccl.xml", "pcie-2socket-8gpu.hwloc.xml", "cpu-2socket.hwloc.xml", "dgx-h100-cluster4.chorus.xml",
+        "nvswitch-2socket-8gpu.hwloc.xml", "nvlink-cpu-2socket-8gpu.hwloc.xml", "wholeio-2socket-8gpu.hwloc.xml"}) {
     const Topology t = readTopologyFile(data(file));
     const std::string path = writeTemp("roundtrip.xml", toChorusXml(t));
     const Topology back = readTopologyFile(path);
@@ -202,6 +205,66 @@ TEST(RingSearch, NvSwitchServerGetsOneRingAtTheGpusNvLinkBandwidth) {
   EXPECT_EQ(sorted, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
   ASSERT_EQ(plan.trees[0].chains.size(), 1u);
   EXPECT_EQ(plan.trees[0].chains[0], plan.rings[0].order);
+}
+
+TEST(TopologyFiles, HwlocNvLinkDistancesToAnNvSwitchGiveOneRingAtNvLinkBandwidth) {
+  // hwloc's NVLinkBandwidth matrix of an NVSwitch server (written by lstopo with the NVML
+  // backend): each GPU's NVML device to two NVSwitch ports at 225 GB/s. The ports are one switch;
+  // each GPU reaches it at 450 GB/s, and the ring over all eight runs at that, not over PCIe.
+  CHORUS_REQUIRE_HWLOC_READER();
+  const Topology t = readTopologyFile(data("nvswitch-2socket-8gpu.hwloc.xml"));
+  ASSERT_EQ(t.nodesOf(0, NodeKind::kGpu).size(), 8u);
+  ASSERT_EQ(t.nodesOf(0, NodeKind::kNvSwitch).size(), 1u);
+  const int nvswitch = t.nodesOf(0, NodeKind::kNvSwitch)[0];
+  for (int g = 0; g < 8; ++g) {
+    const Link* nv = linkBetween(t, node(t, 0, named("gpu", g)), nvswitch);
+    ASSERT_NE(nv, nullptr) << g;
+    EXPECT_EQ(nv->kind, LinkKind::kNvLink);
+    EXPECT_DOUBLE_EQ(nv->bandwidth, 450);
+  }
+  const Plan plan = search(t, place(t, {"gpu0", "gpu1", "gpu2", "gpu3", "gpu4", "gpu5", "gpu6", "gpu7"}));
+  ASSERT_EQ(plan.rings.size(), 1u);
+  EXPECT_DOUBLE_EQ(plan.rings[0].bandwidth, 450);
+}
+
+TEST(TopologyFiles, HwlocNvLinkDistancesBetweenGpusAndToTheirPackagesAreNvLinks) {
+  // A POWER-style matrix: GPUs paired by NVLink, each also NVLinked to its own package (80 GB/s,
+  // more than the GPUs' PCIe links). gpu0 reaches gpu1 directly and gpu2 through package 0 at
+  // NVLink bandwidth, where PCIe alone gave 63 GB/s; across the sockets the inter-socket link
+  // still decides.
+  CHORUS_REQUIRE_HWLOC_READER();
+  const Topology t = readTopologyFile(data("nvlink-cpu-2socket-8gpu.hwloc.xml"));
+  const int g0 = node(t, 0, "gpu0");
+  const Link* pair = linkBetween(t, g0, node(t, 0, "gpu1"));
+  ASSERT_NE(pair, nullptr);
+  EXPECT_EQ(pair->kind, LinkKind::kNvLink);
+  EXPECT_DOUBLE_EQ(pair->bandwidth, 80);
+  const Link* toCpu = linkBetween(t, g0, node(t, 0, "cpu0"));
+  ASSERT_NE(toCpu, nullptr);
+  EXPECT_EQ(toCpu->kind, LinkKind::kNvLink);
+  EXPECT_EQ(linkBetween(t, node(t, 0, "gpu4"), node(t, 0, "cpu0")), nullptr);
+  EXPECT_NE(linkBetween(t, node(t, 0, "gpu4"), node(t, 0, "cpu1")), nullptr);
+  EXPECT_EQ(linkBetween(t, g0, node(t, 0, "gpu2")), nullptr);
+  const Path viaPackage = widestPath(t, g0, node(t, 0, "gpu2"));
+  EXPECT_DOUBLE_EQ(viaPackage.bandwidth, 80);
+  EXPECT_EQ(viaPackage.crossings[static_cast<int>(LinkKind::kNvLink)], 2);
+  const Plan plan = search(t, place(t, {"gpu0", "gpu1", "gpu2", "gpu3", "gpu4", "gpu5", "gpu6", "gpu7"}));
+  ASSERT_FALSE(plan.rings.empty());
+  EXPECT_DOUBLE_EQ(plan.rings[0].bandwidth, defaultBandwidth(LinkKind::kInterSocket));
+}
+
+TEST(TopologyFiles, HwlocWholeIoFileWithADisplayControllerAndGpusOfManyOsDevicesLoads) {
+  // lstopo --whole-io: the BMC's display controller (class 0300, a DRM card and nothing else) is
+  // no GPU, and each GPU, seen as cuda, opencl, nvml and card devices, is one GPU named by CUDA.
+  CHORUS_REQUIRE_HWLOC_READER();
+  const Topology t = readTopologyFile(data("wholeio-2socket-8gpu.hwloc.xml"));
+  ASSERT_EQ(t.nodesOf(0, NodeKind::kGpu).size(), 8u);
+  for (int g = 0; g < 8; ++g) {
+    const int gpu = node(t, 0, named("gpu", g));
+    EXPECT_EQ(t.nodes[gpu].index, g);
+    EXPECT_EQ(t.nodes[gpu].device, "GH100 [H100 SXM5 80GB]") << g;
+  }
+  EXPECT_EQ(t.nodes[node(t, 0, "gpu0")].busId, "0000:11:00.0");
 }
 
 TEST(RingSearch, PcieServerRingCrossesTheSocketsOnceEachWayAndKeepsSwitchesTogether) {
