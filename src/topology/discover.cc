@@ -278,6 +278,20 @@ HwlocTopology loadHwloc(const std::string* text, const std::string& name) {
     throw std::invalid_argument(fmt::format("{}: hwloc cannot read it as hwloc XML", name));
   }
   if (hwloc_topology_load(raw) != 0) {
+    // The one cause worth naming: a file newer than this hwloc's format (hwloc 3 writes version
+    // 3.0 XML, which hwloc 2 refuses).
+    const unsigned api = hwloc_get_api_version();
+    const std::string root = "<topology version=\"";
+    const size_t at = text != nullptr ? text->find(root) : std::string::npos;
+    if (at != std::string::npos) {
+      const int major = std::atoi(text->c_str() + at + root.size());
+      if (major > static_cast<int>(api >> 16)) {
+        throw std::invalid_argument(
+            fmt::format("{}: hwloc XML of format version {}, which this hwloc ({}.x) cannot read: have lstopo write "
+                        "the file in version {} format (hwloc 3: --export-xml-flags v2)",
+                        name, major, api >> 16, api >> 16));
+      }
+    }
     throw std::invalid_argument(fmt::format("{}: hwloc failed to load the topology", name));
   }
   return hw;

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 
@@ -680,6 +681,19 @@ TEST(TopologyFiles, BadFilesAreRejectedNamingFileLineAndProblem) {
   e = errorOf(writeTemp("hwloc.xml", "<topology version=\"2.0\"><object type=\"Banana\"/></topology>\n"));
 #if defined(CHORUS_HAVE_HWLOC)
   EXPECT_NE(e.find("hwloc.xml: hwloc"), std::string::npos) << e;
+  // A file hwloc 3 wrote (format 3.0), read by hwloc 2: the version is named, and how to get one.
+  std::string v3;
+  {
+    std::ifstream in(data("nvlink-cpu-2socket-8gpu.hwloc.xml"));
+    v3.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const std::string v2Root = "<topology version=\"2.0\">";
+  v3.replace(v3.find(v2Root), v2Root.size(), "<topology version=\"3.0\">");
+  e = errorOf(writeTemp("v3.hwloc.xml", v3));
+  if (!e.empty()) {  // empty only with an hwloc 3, which reads it
+    EXPECT_NE(e.find("v3.hwloc.xml: hwloc XML of format version 3, which this hwloc (2."), std::string::npos) << e;
+    EXPECT_NE(e.find("--export-xml-flags v2"), std::string::npos) << e;
+  }
 #else
   EXPECT_NE(e.find("hwloc.xml: an hwloc XML file, but this build of chorus has no hwloc"), std::string::npos) << e;
 #endif
