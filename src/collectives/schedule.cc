@@ -77,17 +77,16 @@ void prependAgreement(Schedule& schedule, int nranks, int rank, size_t recordByt
   // its own), then what each round received.
   const size_t stride = (recordBytes + 63) / 64 * 64;
   const size_t base = (schedule.scratchBytes + 63) / 64 * 64;
-  int rounds = 0;
-  while ((1 << rounds) < nranks) ++rounds;
+  const std::vector<DisseminationRound> exchange = disseminationRounds(nranks, rank);
+  const int rounds = static_cast<int>(exchange.size());
   auto known = [&](int round) { return at(BufferId::kScratch, base + static_cast<size_t>(round) * stride); };
   auto received = [&](int round) {
     return at(BufferId::kScratch, base + static_cast<size_t>(rounds + 1 + round) * stride);
   };
   std::vector<Step> steps;
   for (int k = 0; k < rounds; ++k) {
-    const int distance = 1 << k;  // below nranks: each ordered pair meets in one round at most
-    steps.push_back(sendStep(mod(rank + distance, nranks), known(k), recordBytes));
-    steps.push_back(recvStep(mod(rank - distance, nranks), received(k), recordBytes));
+    steps.push_back(sendStep(exchange[k].to, known(k), recordBytes));
+    steps.push_back(recvStep(exchange[k].from, received(k), recordBytes));
     steps.push_back(agreeStep(known(k), received(k), known(k + 1), recordBytes, k + 1 == rounds));
   }
   schedule.agreementSteps = steps.size();

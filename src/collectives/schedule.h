@@ -212,6 +212,21 @@ struct SlotRing {
 // a mod n in [0, n), for ring and chain positions.
 inline int mod(int a, int n) { return ((a % n) + n) % n; }
 
+// A dissemination exchange's rounds (the barrier's, the ranks' agreement on a call): in round k,
+// rank sends to rank + 2^k and receives from rank - 2^k, for ceil(log2 n) rounds. Distances stay
+// below n, so each ordered pair meets in one round at most.
+struct DisseminationRound {
+  int to;
+  int from;
+};
+inline std::vector<DisseminationRound> disseminationRounds(int nranks, int rank) {
+  std::vector<DisseminationRound> rounds;
+  for (int distance = 1; distance < nranks; distance *= 2) {
+    rounds.push_back({mod(rank + distance, nranks), mod(rank - distance, nranks)});
+  }
+  return rounds;
+}
+
 // Byte ranges a step touches, for dependency analysis: up to two read and two written ranges.
 struct Access {
   Span span;

@@ -249,14 +249,13 @@ Schedule reduceScatterGatherReduce(const ScheduleArgs& args) {
 
 Schedule disseminationBarrier(const ScheduleArgs& args) {
   Schedule s;
-  const int n = args.nranks;
-  const int r = args.rank;
   // Round k sends the byte received in round k-1 (byte k of scratch; byte 0 for round 0), so
   // the executor cannot post it before that receive completes: that wait is the barrier.
-  int round = 0;
-  for (int d = 1; d < n; d *= 2, ++round) {
-    s.steps.push_back(sendStep(mod(r + d, n), at(BufferId::kScratch, round), 1));
-    s.steps.push_back(recvStep(mod(r - d, n), at(BufferId::kScratch, round + 1), 1));
+  size_t round = 0;
+  for (const DisseminationRound& exchange : disseminationRounds(args.nranks, args.rank)) {
+    s.steps.push_back(sendStep(exchange.to, at(BufferId::kScratch, round), 1));
+    s.steps.push_back(recvStep(exchange.from, at(BufferId::kScratch, round + 1), 1));
+    ++round;
   }
   s.scratchBytes = 1 + round;
   return s;
