@@ -8,22 +8,18 @@
 
 #include "src/collectives/algorithm.h"
 #include "src/collectives/traits.h"
+#include "src/core/executor.h"
 
 namespace chorus {
 namespace {
 
 bool before(const CallRecord& a, const CallRecord& b) { return std::tie(a.hash, a.rank) < std::tie(b.hash, b.rank); }
 
-// "broadcast #3 (count 1000 float32 root 1, binomial)", as PreparedOp::what() names an op.
+// The call a record states, named as errors name calls.
 std::string describe(const CallRecord& record, uint64_t sequence) {
-  const auto collective = static_cast<collectives::Collective>(record.collective);
-  std::string detail =
-      fmt::format("count {} {}", record.count, chorusTypeName(static_cast<chorusDataType_t>(record.type)));
-  if (collectives::traitsOf(collective).reduces) {
-    detail += fmt::format(" {}", chorusOpName(static_cast<chorusRedOp_t>(record.op)));
-  }
-  return fmt::format("{} #{} ({} root {}, {})", collectives::collectiveName(collective), sequence, detail, record.root,
-                     collectives::algorithmName(static_cast<collectives::Algorithm>(record.algorithm)));
+  return nameOfCall(static_cast<collectives::Collective>(record.collective), sequence, record.count,
+                    static_cast<chorusDataType_t>(record.type), static_cast<chorusRedOp_t>(record.op), record.root,
+                    collectives::algorithmName(static_cast<collectives::Algorithm>(record.algorithm)));
 }
 
 }  // namespace

@@ -26,7 +26,8 @@ inline void cpuRelax() {
 
 using collectives::StepKind;
 
-std::string PreparedOp::what() const {
+std::string nameOfCall(collectives::Collective collective, uint64_t sequence, size_t count, chorusDataType_t type,
+                       chorusRedOp_t op, int rootOrPeer, const char* algorithm) {
   using collectives::Collective;
   const char* name = collectives::collectiveName(collective);
   if (collective == Collective::kSend || collective == Collective::kRecv) {
@@ -36,7 +37,11 @@ std::string PreparedOp::what() const {
   std::string detail = fmt::format("count {} {}", count, chorusTypeName(type));
   if (collectives::traitsOf(collective).reduces) detail += fmt::format(" {}", chorusOpName(op));
   if (rootOrPeer >= 0) detail += fmt::format(" root {}", rootOrPeer);
-  return fmt::format("{} #{} ({}, {})", name, sequence, detail, schedule ? schedule->algorithm : "");
+  return fmt::format("{} #{} ({}, {})", name, sequence, detail, algorithm);
+}
+
+std::string PreparedOp::what() const {
+  return nameOfCall(collective, sequence, count, type, op, rootOrPeer, schedule ? schedule->algorithm : "");
 }
 
 Executor::Executor(ExecutorOptions options, std::vector<Transport*> transportOfPeer, std::vector<Transport*> transports,

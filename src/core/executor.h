@@ -63,6 +63,11 @@ struct PreparedOp {
   std::string what() const;
 };
 
+// How errors name a call: "allreduce #12 (count 1024 float32 sum, ring)", "broadcast #3 (count 8
+// int32 root 1, binomial)", "send #3 (count 4 int32, to rank 1)"; rootOrPeer < 0: none.
+std::string nameOfCall(collectives::Collective collective, uint64_t sequence, size_t count, chorusDataType_t type,
+                       chorusRedOp_t op, int rootOrPeer, const char* algorithm);
+
 // The outcome of one submission, shared with the request handle that waits for it.
 struct Completion {
   bool done = false;
