@@ -38,6 +38,8 @@ constexpr uint64_t kPeerAndSequenceMask = ~kFingerprintMask;
 uint64_t fingerprint(uint64_t chorusTag) {
   return (((chorusTag >> 56) & 0x3) << 22) | (((chorusTag >> 16) & 0x3f) << 16) | (chorusTag & 0xffff);
 }
+// The kind of chorus tag a fingerprint (or a whole UCX tag) was made from.
+TagKind kindOfFingerprint(uint64_t print) { return static_cast<TagKind>((print >> 22) & 0x3); }
 
 uint64_t ucpTag(int sender, uint64_t sequence, uint64_t chorusTag) {
   return (static_cast<uint64_t>(sender) << (kSequenceBits + kFingerprintBits)) |
@@ -299,9 +301,8 @@ class UcxTransport final : public Transport {
         fail(chorusRemoteError,
              "ucx: the next message from rank {} to rank {} has tag fingerprint {:06x} ({}, signature 0x{:04x}) and "
              "{} bytes, but {} of {} bytes (fingerprint {:06x}) was expected",
-             p.rank, rank_, info.sender_tag & kFingerprintMask,
-             tagKindName(static_cast<TagKind>((info.sender_tag >> 22) & 0x3)), info.sender_tag & 0xffff, info.length,
-             describeTag(recv.tag), recv.bytes, fingerprint(recv.tag));
+             p.rank, rank_, info.sender_tag & kFingerprintMask, tagKindName(kindOfFingerprint(info.sender_tag)),
+             info.sender_tag & 0xffff, info.length, describeTag(recv.tag), recv.bytes, fingerprint(recv.tag));
       }
       ++p.recvSequence;
       Operation* op = track(p.rank, recv.request);
