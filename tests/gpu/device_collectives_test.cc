@@ -39,8 +39,9 @@ std::string nameOf(const Path& p) {
   return std::string(p.transport) + (p.variant != nullptr ? std::string("_") + p.variant : "") + "_" +
          std::to_string(p.nranks);
 }
-// The variants: the direct path's in-place all-reduce for every all-reduce, and staged calls
-// posted by stream memory operations.
+// The variants, each set either way whatever the defaults: the direct path's all-reduce published
+// (0) or read in place (1: every all-reduce), and staged calls posted by host functions or by
+// stream memory operations.
 constexpr const char* kInPlace = "CHORUS_DEVICE_DIRECT_INPLACE_BYTES";
 constexpr const char* kStagedPost = "CHORUS_DEVICE_STAGED_POST";
 // Every device algorithm forced for some collective where all three are set up (auto, ranks on
@@ -403,10 +404,11 @@ TEST_P(DeviceCollectivesTest, HostBuffersWithAStreamAreRefusedByName) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, DeviceCollectivesTest,
-                         ::testing::Values(Path{"direct", 2}, Path{"direct", 4},
+                         ::testing::Values(Path{"direct", 2, kInPlace, "0"}, Path{"direct", 4, kInPlace, "0"},
                                            Path{"direct", 2, kInPlace, "1", "inplace"},
                                            Path{"direct", 4, kInPlace, "1", "inplace"}, Path{"ipc", 2}, Path{"ipc", 4},
-                                           Path{"staged", 2}, Path{"staged", 4},
+                                           Path{"staged", 2, kStagedPost, "host"},
+                                           Path{"staged", 4, kStagedPost, "host"},
                                            Path{"staged", 2, kStagedPost, "value", "value"},
                                            Path{"staged", 4, kStagedPost, "value", "value"},
                                            Path{"auto", 2, nullptr, nullptr, "forced", kForced}),
