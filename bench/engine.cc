@@ -223,39 +223,39 @@ void Bench::once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count
   }
   switch (op) {
     case Op::kAllReduce:
-      call("allreduce", chorusAllReduce(callSend_, callRecv_, count, type, redop, comm_, stream_));
+      call("allreduce", chorusAllReduce(callSend_, callRecv_, count, type, redop, calls_, stream_));
       break;
     case Op::kAllGather:
-      call("allgather", chorusAllGather(callSend_, callRecv_, count, type, comm_, stream_));
+      call("allgather", chorusAllGather(callSend_, callRecv_, count, type, calls_, stream_));
       break;
     case Op::kReduceScatter:
-      call("reducescatter", chorusReduceScatter(callSend_, callRecv_, count, type, redop, comm_, stream_));
+      call("reducescatter", chorusReduceScatter(callSend_, callRecv_, count, type, redop, calls_, stream_));
       break;
     case Op::kBroadcast:
-      call("broadcast", chorusBroadcast(callSend_, callRecv_, count, type, o_.root, comm_, stream_));
+      call("broadcast", chorusBroadcast(callSend_, callRecv_, count, type, o_.root, calls_, stream_));
       break;
     case Op::kReduce:
-      call("reduce", chorusReduce(callSend_, callRecv_, count, type, redop, o_.root, comm_, stream_));
+      call("reduce", chorusReduce(callSend_, callRecv_, count, type, redop, o_.root, calls_, stream_));
       break;
     case Op::kAllToAll:
-      call("alltoall", chorusAllToAll(callSend_, callRecv_, count, type, comm_, stream_));
+      call("alltoall", chorusAllToAll(callSend_, callRecv_, count, type, calls_, stream_));
       break;
     case Op::kGather:
-      call("gather", chorusGather(callSend_, callRecv_, count, type, o_.root, comm_, stream_));
+      call("gather", chorusGather(callSend_, callRecv_, count, type, o_.root, calls_, stream_));
       break;
     case Op::kScatter:
-      call("scatter", chorusScatter(callSend_, callRecv_, count, type, o_.root, comm_, stream_));
+      call("scatter", chorusScatter(callSend_, callRecv_, count, type, o_.root, calls_, stream_));
       break;
     case Op::kBarrier:
-      call("barrier", chorusBarrier(comm_, stream_));
+      call("barrier", chorusBarrier(calls_, stream_));
       break;
     case Op::kSendRecv: {
       const int next = (rank_ + 1) % nranks_;
       const int prev = (rank_ + nranks_ - 1) % nranks_;
       char* into = callRecv_;
       call("group start", chorusGroupStart());
-      call("send", chorusSend(callSend_, count, type, next, comm_, stream_));
-      call("recv", chorusRecv(into, count, type, prev, comm_, stream_));
+      call("send", chorusSend(callSend_, count, type, next, calls_, stream_));
+      call("recv", chorusRecv(into, count, type, prev, calls_, stream_));
       call("group end", chorusGroupEnd());
       break;
     }
@@ -461,7 +461,10 @@ void Bench::use(const char* opName, const Contestant& contestant) {
     return;
   }
   peer_ = nullptr;
-  if (!contestant.algorithm.empty()) {
+  calls_ = comm_;
+  if (contestant.algorithm == kDeterministicRow) {
+    calls_ = deterministic_;
+  } else if (!contestant.algorithm.empty()) {
     call("chorusCommSetAlgorithms",
          chorusCommSetAlgorithms(comm_, (std::string(opName) + ":" + contestant.algorithm).c_str()));
   }
@@ -632,7 +635,7 @@ int Bench::run() {
           opInfo->name);
     }
   }
-  if (print) printColumnHeader(!o_.algo.empty(), peerNames, o_.bound);
+  if (print) printColumnHeader(!o_.algo.empty() || (o_.deterministic && opTraits.reduces), peerNames, o_.bound);
 
   // --algo: one algorithm, or all of the collective's, measured side by side per size.
   std::vector<std::string> algos{""};
@@ -654,6 +657,20 @@ int Bench::run() {
       }
     }
   }
+  // --deterministic: the tuner's choice on comm_ and on a deterministic communicator of its ranks.
+  if (o_.deterministic && opTraits.reduces) {
+    if (!o_.algo.empty()) {
+      if (print) std::fprintf(stderr, "collbench: --deterministic times the tuner's choice: not with --algo\n");
+      return 2;
+    }
+    if (deterministic_ == nullptr) {
+      chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
+      config.deterministic = 1;
+      call("chorusCommSplit (--deterministic)", chorusCommSplit(comm_, 0, rank_, &deterministic_, &config));
+    }
+    algos = {"", kDeterministicRow};
+  }
+  const bool labeled = algos.size() > 1 || !o_.algo.empty();  // rows name their algorithm
   nlohmann::json rows = nlohmann::json::array();
   std::vector<std::vector<std::pair<double, size_t>>> peerRatios(peers_.size());  // (ratio, size) per row
   uint64_t totalWrong = 0;
@@ -693,10 +710,7 @@ int Bench::run() {
         }
         for (size_t a = 0; a < algos.size(); ++a) {
           const std::string& algo = algos[a];
-          if (!algo.empty() && inTurns.empty()) {
-            call("chorusCommSetAlgorithms",
-                 chorusCommSetAlgorithms(comm_, (std::string(opInfo->name) + ":" + algo).c_str()));
-          }
+          if (inTurns.empty()) use(opInfo->name, {-1, algo});
           const Result outOfPlace = inTurns.empty() ? measure(opInfo->op, type, redop, count, false) : inTurns[a].first;
           const Result inPlace = inTurns.empty() ? measure(opInfo->op, type, redop, count, true) : inTurns[a].second;
           totalWrong += outOfPlace.wrong + inPlace.wrong;
@@ -729,8 +743,8 @@ int Bench::run() {
             tail += cell;
           }
           printRow(shownBytes, count, type, opTraits.reduces ? chorusOpName(redop) : "none",
-                   opTraits.rooted ? o_.root : -1, o_.algo.empty() ? nullptr : algo.c_str(), outOfPlace,
-                   o_.check ? std::to_string(outOfPlace.wrong) : "N/A", inPlace,
+                   opTraits.rooted ? o_.root : -1, labeled ? (algo.empty() ? "default" : algo.c_str()) : nullptr,
+                   outOfPlace, o_.check ? std::to_string(outOfPlace.wrong) : "N/A", inPlace,
                    o_.check ? std::to_string(inPlace.wrong) : "N/A", tail);
           auto side = [&](const Result& r) {
             nlohmann::json j = {{"time_us", r.timeUs}, {"algbw_GBps", r.algbw}, {"busbw_GBps", r.busbw}};

@@ -147,7 +147,12 @@ class HostBuffer {
 class Bench {
  public:
   Bench(const Options& options, chorusComm_t comm, std::vector<std::unique_ptr<chorus::bench::Peer>> peers = {})
-      : o_(options), comm_(comm), peers_(std::move(peers)), send_(o_.mem == "chorus"), recv_(o_.mem == "chorus") {
+      : o_(options),
+        comm_(comm),
+        calls_(comm),
+        peers_(std::move(peers)),
+        send_(o_.mem == "chorus"),
+        recv_(o_.mem == "chorus") {
     chorusCommUserRank(comm, &rank_);
     chorusCommCount(comm, &nranks_);
     if (o_.mem == "device") {
@@ -155,6 +160,12 @@ class Bench {
       stream_ = device_->stream();
     }
   }
+
+  ~Bench() {
+    if (deterministic_ != nullptr) chorusCommDestroy(deterministic_);
+  }
+  Bench(const Bench&) = delete;
+  Bench& operator=(const Bench&) = delete;
 
   // The sweep the options ask for: every size, type, op and root, printed (rank 0) and checked.
   int run();
@@ -177,11 +188,13 @@ class Bench {
   // the call is enqueued on the stream; with -z 1 it is waited for.
   void once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count);
   Result measure(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
-  // What a turn times: one of chorus's algorithms ("" for the tuner's), or a peer's.
+  // What a turn times: one of chorus's algorithms ("" for the tuner's; kDeterministicRow: the
+  // tuner's on the deterministic communicator), or a peer's.
   struct Contestant {
     int peer = -1;  // index into peers_, or -1 for chorus
     std::string algorithm;
   };
+  static constexpr const char* kDeterministicRow = "deterministic";
   // Several contestants timed turn by turn (--turns, and the calibration): contestant a's
   // iters[a] calls split over the turns, each turn taking every contestant in order after all are
   // warmed up, so the machine's drift falls on all alike. Peers are timed out of place only.
@@ -233,6 +246,10 @@ class Bench {
 
   const Options& o_;
   chorusComm_t comm_;
+  // --deterministic: comm_'s ranks with CHORUS_DETERMINISTIC=1 (made by run(), gone with the bench),
+  // and the communicator once() calls on: comm_ or that one.
+  chorusComm_t deterministic_ = nullptr;
+  chorusComm_t calls_ = nullptr;
   std::vector<std::unique_ptr<chorus::bench::Peer>> peers_;
   chorus::bench::Peer* peer_ = nullptr;  // once() calls this peer instead of chorus while set
   std::string peerAlgorithm_;

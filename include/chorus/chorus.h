@@ -118,11 +118,13 @@ typedef struct {
   int initTimeoutMs;      /* bootstrap wait limit in ms; -1: CHORUS_INIT_TIMEOUT_MS or default */
   const char* transport;  /* "auto", "shm", "tcp" or "ucx"; NULL: CHORUS_TRANSPORT or "auto" */
   const char* algorithms; /* overrides as CHORUS_ALGO ("allreduce:ring,allgather:bruck"); NULL: CHORUS_ALGO */
+  int deterministic;      /* 1: all-reduce, reduce-scatter and reduce fold every element in rank order, so
+                             their bits depend on the rank count alone; 0: not; -1: CHORUS_DETERMINISTIC */
 } chorusConfig_t;
 
 #define CHORUS_CONFIG_MAGIC 0xc405c0f1u
 #define CHORUS_CONFIG_INITIALIZER \
-  { sizeof(chorusConfig_t), CHORUS_CONFIG_MAGIC, CHORUS_VERSION_CODE, 1, -1, -1, NULL, NULL }
+  { sizeof(chorusConfig_t), CHORUS_CONFIG_MAGIC, CHORUS_VERSION_CODE, 1, -1, -1, NULL, NULL, -1 }
 
 /* Writes the library version (CHORUS_VERSION_CODE form) to *version. Any thread. */
 CHORUS_API chorusResult_t chorusGetVersion(int* version);
@@ -202,8 +204,8 @@ CHORUS_API chorusResult_t chorusGetUniqueId(chorusUniqueId* uniqueId);
  * collective. Inside a group (chorusGroupStart), it checks its arguments, sets *comm to NULL and
  * returns; the group's inits are made together at chorusGroupEnd (each on a thread of its own,
  * so one thread may init several ranks of a job, as with NCCL), before the group's calls, and
- * *comm is set then; none is made if a call of the group failed its checks. Errors: chorusInvalidArgument (rank out of [0, nranks), nranks < 1, bad id),
- * chorusTimeout (ranks missing after the init timeout: the message lists them),
+ * *comm is set then; none is made if a call of the group failed its checks. Errors: chorusInvalidArgument (rank out of
+ * [0, nranks), nranks < 1, bad id), chorusTimeout (ranks missing after the init timeout: the message lists them),
  * chorusRemoteError (a rank disagrees on nranks or secret), chorusSystemError. */
 CHORUS_API chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId uniqueId, int rank);
 
@@ -292,8 +294,8 @@ CHORUS_API chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key,
  * dissemination. On device buffers (calls with a stream): direct (ranks sharing one GPU; every
  * collective but alltoallv, send, recv and barrier), ipc (the ring kernel; allreduce, allgather,
  * reducescatter, broadcast, reduce) and staged (every collective), each used where it can run,
- * else the device engine's choice; direct applies to both. Errors: chorusInvalidArgument naming an entry that is malformed or names an
- * algorithm the collective does not have (nothing is changed then); chorusInvalidUsage. */
+ * else the device engine's choice; direct applies to both. Errors: chorusInvalidArgument naming an entry that is
+ * malformed or names an algorithm the collective does not have (nothing is changed then); chorusInvalidUsage. */
 CHORUS_API chorusResult_t chorusCommSetAlgorithms(chorusComm_t comm, const char* algorithms);
 
 /* The algorithms of a collective ("allreduce", "alltoall", ...), comma-separated, default first,

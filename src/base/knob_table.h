@@ -59,6 +59,12 @@ inline constexpr KnobSpec kKnobs[] = {
      "same call (collective, count, type, op, root, algorithm, rank order), in ceil(log2 n) small messages, and all "
      "fail, naming two ranks' calls, where they did not; 0: skip that (ranks that disagree, on the root for one, may "
      "then return wrong data as success)"},
+    {"CHORUS_DETERMINISTIC", "0",
+     "1: all-reduce, reduce-scatter and reduce fold every element in rank order (rank 0's value, then rank 1's, "
+     "...), so their bits depend on the rank count alone, not on the algorithm, chunk size, transport, timing or "
+     "placement: every rank's contribution goes to the rank that owns the block (the ordered reduction, "
+     "docs/algorithms.md), or the direct algorithm, which folds that way already; on device buffers the ipc ring "
+     "is not used for them. 0: the algorithms reduce as they go"},
     {"CHORUS_BIND", "auto",
      "auto: bind each process to a CPU node of its host (local ranks in blocks over the NUMA nodes) unless a "
      "launcher bound it; none: leave it"},

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "src/collectives/descriptor.h"
+#include "src/collectives/traits.h"
 
 namespace chorus::collectives {
 namespace {
@@ -174,7 +175,11 @@ Schedule buildSchedule(const ScheduleArgs& args) {
                                 collectiveName(args.collective));
   }
   Schedule schedule;
-  if (args.order == nullptr || entry->follows != Follows::kPositions) {
+  const bool ordered =
+      args.deterministic && entry->algorithm != Algorithm::kDirect && traitsOf(args.collective).reduces;
+  if (ordered) {
+    schedule = orderedReduction(args);
+  } else if (args.order == nullptr || entry->follows != Follows::kPositions) {
     schedule = entry->build(args);
   } else {
     ScheduleArgs positions = args;
@@ -186,7 +191,7 @@ Schedule buildSchedule(const ScheduleArgs& args) {
       if (step.peer >= 0) step.peer = rankAt(args, step.peer);
     }
   }
-  schedule.algorithm = algorithmName(entry->algorithm);
+  schedule.algorithm = ordered ? "ordered" : algorithmName(entry->algorithm);
   if (args.recordBytes > 0 && args.nranks > 1) prependAgreement(schedule, args.nranks, args.rank, args.recordBytes);
   return schedule;
 }

@@ -28,6 +28,8 @@ const char* stepKindName(StepKind kind) {
       return "reduce-peers";
     case StepKind::kAgree:
       return "agree";
+    case StepKind::kFold:
+      return "fold";
   }
   return "unknown";
 }
@@ -65,6 +67,11 @@ int stepAccesses(const Step& step, Access out[4]) {
       break;
     case StepKind::kAgree:
       out[n++] = {step.src, step.bytes, false};
+      out[n++] = {step.tmp, step.bytes, false};
+      out[n++] = {step.dst, step.bytes, true};
+      break;
+    case StepKind::kFold:
+      out[n++] = {step.src, step.bytes * static_cast<size_t>(step.parts), false};
       out[n++] = {step.tmp, step.bytes, false};
       out[n++] = {step.dst, step.bytes, true};
       break;

@@ -1,5 +1,5 @@
 // schedule.h: collectives as schedules. A schedule is one rank's list of steps (send, recv,
-// recv-reduce, copy, divide, reduce, reduce-peers) over byte ranges of its input, output and
+// recv-reduce, copy, divide, reduce, reduce-peers, agree, fold) over byte ranges of its input, output and
 // scratch buffers, made by a
 // pure function of (collective, nranks, rank, count, type size, root/peer, chunking, rank order). No I/O and
 // no threads here: src/core/executor runs schedules over the transports.
@@ -63,6 +63,10 @@ enum class StepKind : uint8_t {
   // `bytes`, opaque here: whoever runs the schedule writes and merges them); with peer ==
   // kEveryRank the records then cover every rank, and ranks whose calls differ fail the call.
   kAgree,
+  // dst = the fold in rank order (op; Avg: then divided by the count) over `parts` contributions of
+  // `bytes` each: rank p's at src + p * bytes, except this rank's own, read at tmp (its slot at src
+  // is not read). The ordered reductions' (ordered.cc) only arithmetic.
+  kFold,
 };
 inline constexpr int kEveryRank = -2;
 const char* stepKindName(StepKind kind);
@@ -74,6 +78,7 @@ struct Step {
   Span dst;
   Span tmp;
   size_t bytes = 0;
+  int parts = 0;  // kFold: the contributions folded (the rank count)
 };
 
 struct Schedule {
@@ -138,6 +143,9 @@ struct ScheduleArgs {
   const int* hosts = nullptr;
   // Bytes of a call record; not 0: the schedule first has the ranks agree on the call (agreement()).
   size_t recordBytes = 0;
+  // CHORUS_DETERMINISTIC: all-reduce, reduce-scatter and reduce fold every element in rank order
+  // whatever the algorithm (ordered.cc; the direct algorithm already does).
+  bool deterministic = false;
 };
 
 // The rank at a position (mod nranks) of args.order, and a rank's position in it.
@@ -163,6 +171,9 @@ inline Step reducePeersStep(Span src, Span dst, Span mark, size_t bytes, bool ev
 }
 inline Step agreeStep(Span mine, Span theirs, Span merged, size_t bytes, bool last) {
   return {StepKind::kAgree, last ? kEveryRank : -1, mine, merged, theirs, bytes};
+}
+inline Step foldStep(Span slots, Span own, Span dst, size_t bytes, int parts) {
+  return {StepKind::kFold, -1, slots, dst, own, bytes, parts};
 }
 inline Span at(BufferId buffer, size_t offset) { return {buffer, offset}; }
 
@@ -316,6 +327,8 @@ Schedule hierarchicalAllGather(const ScheduleArgs& args);
 Schedule hierarchicalReduceScatter(const ScheduleArgs& args);
 Schedule hierarchicalBroadcast(const ScheduleArgs& args);
 Schedule hierarchicalReduce(const ScheduleArgs& args);
+// All-reduce, reduce-scatter or reduce folding every element in rank order (CHORUS_DETERMINISTIC).
+Schedule orderedReduction(const ScheduleArgs& args);
 
 // The ring all-reduce of ring.cc over `ring` (ring position -> rank; this rank at position r).
 // `owned`, when set, appends steps for each chunk this rank owns after the reduce-scatter phase
@@ -333,8 +346,9 @@ void appendRingAllReduce(Schedule& schedule, const ScheduleArgs& args, const std
 // between every pair, so ranks that disagree on the call still agree on these.
 void prependAgreement(Schedule& schedule, int nranks, int rank, size_t recordBytes);
 
-// The schedule for args: args.algorithm, or the default for the collective when kDefault, after
-// the ranks' agreement on the call where args.recordBytes is set.
+// The schedule for args: args.algorithm, or the default for the collective when kDefault (with
+// args.deterministic, an all-reduce, reduce-scatter or reduce not direct is the ordered
+// reduction), after the ranks' agreement on the call where args.recordBytes is set.
 // Throws std::invalid_argument when the algorithm does not apply to the collective.
 Schedule buildSchedule(const ScheduleArgs& args);
 

@@ -178,6 +178,13 @@ SimulationResult simulate(std::vector<SimulatedRank>& ranks, chorusDataType_t ty
           }
           case StepKind::kAgree:
             break;  // call records are the executor's: the simulation runs calls the ranks agree on
+          case StepKind::kFold: {
+            std::vector<const void*> from(static_cast<size_t>(step.parts));
+            for (int p = 0; p < step.parts; ++p) from[p] = p == r ? tmp : src + static_cast<size_t>(p) * step.bytes;
+            void* to = dst;
+            kernels::reduceMany(&to, 1, from.data(), step.parts, step.bytes / size, type, op, nullptr);
+            break;
+          }
         }
         ++state.next;
         moved = true;
@@ -349,10 +356,12 @@ TimingResult simulateTime(const std::vector<Schedule>& schedules, const NetworkM
             case StepKind::kDivide:
             case StepKind::kReduce:
             case StepKind::kReducePeers:
-            case StepKind::kAgree: {
+            case StepKind::kAgree:
+            case StepKind::kFold: {
               const double perByte = step.kind == StepKind::kCopy ? model.copyUsPerByte : model.gammaUsPerByte;
-              // A reduce-peers step folds n slices of its bytes.
-              const double folded = step.kind == StepKind::kReducePeers ? n : 1;
+              // A reduce-peers step folds n slices of its bytes, a fold its parts.
+              const double folded =
+                  step.kind == StepKind::kReducePeers ? n : (step.kind == StepKind::kFold ? step.parts : 1);
               now = std::max(now, state.coreFree) + folded * static_cast<double>(step.bytes) * perByte;
               state.coreFree = now;
               state.finished = std::max(state.finished, now);

@@ -314,6 +314,10 @@ void checkConfig(const chorusConfig_t* config, int rank) {
       fail(chorusInvalidArgument, "rank {}: config.blocking = {}: this version has blocking communicators only", rank,
            config->blocking);
     }
+    if (config->deterministic < -1 || config->deterministic > 1) {
+      fail(chorusInvalidArgument, "rank {}: config.deterministic = {}: expected 1, 0 or -1 (CHORUS_DETERMINISTIC)",
+           rank, config->deterministic);
+    }
   }
 }
 

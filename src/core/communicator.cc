@@ -82,6 +82,7 @@ CommSettings CommSettings::resolve(const chorusConfig_t* config) {
   s.chunkForced = knobSet(Knob::kChunkBytes);
   s.spinUs = static_cast<int>(knobInt(Knob::kSpinUs));
   s.checkCalls = knobInt(Knob::kCheckCalls) != 0;
+  s.deterministic = knobInt(Knob::kDeterministic) != 0;
   s.algorithms = knobString(Knob::kAlgo);
   s.rankOrder = knobString(Knob::kRankOrder);
   if (config != nullptr) {
@@ -89,6 +90,7 @@ CommSettings CommSettings::resolve(const chorusConfig_t* config) {
     if (config->initTimeoutMs >= 0) s.initTimeoutMs = config->initTimeoutMs;
     if (config->transport != nullptr) s.transport = config->transport;
     if (config->algorithms != nullptr) s.algorithms = config->algorithms;
+    if (config->deterministic >= 0) s.deterministic = config->deterministic != 0;
   }
   if (s.transport != "auto" && s.transport != "shm" && s.transport != "tcp" && s.transport != "ucx") {
     fail(chorusInvalidArgument, "transport '{}' (CHORUS_TRANSPORT or config) is not one of auto, shm, tcp, ucx",
@@ -354,6 +356,7 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   if (!collectives::runsOnHost(args.algorithm, collective)) args.algorithm = collectives::Algorithm::kDefault;
   args.order = order_.empty() ? nullptr : order_.data();
   args.hosts = hosts_.empty() ? nullptr : hosts_.data();
+  args.deterministic = settings_.deterministic;
   // The direct algorithm needs the ranks to swap where their buffers lie first, which only a
   // blocking call alone can do, on ranks all on shm; forced where it cannot run, the tuner picks.
   const bool mayGoDirect = alone && directCapable_;
@@ -415,10 +418,11 @@ PreparedOp Communicator::prepare(collectives::Collective collective, const void*
   const uint64_t sequence = collectiveSequence_++;
   // The algorithm is part of the signature: ranks that chose differently fail instead of mixing.
   auto tagOf = [&](collectives::Algorithm algorithm) {
-    return makeTag(TagKind::kCollective, sequence,
-                   signatureOf(collective, count, type, reduces ? op : chorusSum,
-                               static_cast<uint64_t>(rooted ? rootOrPeer : 0) +
-                                   65536 * static_cast<uint64_t>(algorithm) + (orderHash_ << 24)));
+    return makeTag(
+        TagKind::kCollective, sequence,
+        signatureOf(collective, count, type, reduces ? op : chorusSum,
+                    static_cast<uint64_t>(rooted ? rootOrPeer : 0) + 65536 * static_cast<uint64_t>(algorithm) +
+                        (settings_.deterministic && reduces ? uint64_t{1} << 23 : 0) + (orderHash_ << 24)));
   };
   prepared.tag = tagOf(args.algorithm);
   if (agree) {
@@ -487,8 +491,8 @@ collectives::TunerChoice Communicator::tunerChoice(collectives::Collective colle
 std::shared_ptr<const collectives::Schedule> Communicator::scheduleFor(const collectives::ScheduleArgs& args) {
   if (args.sendCounts != nullptr)
     return std::make_shared<const collectives::Schedule>(collectives::buildSchedule(args));
-  const ScheduleKey key{args.collective, args.algorithm, args.divide,     args.root,
-                        args.count,      args.typeSize,  args.chunkBytes, args.recordBytes};
+  const ScheduleKey key{args.collective, args.algorithm,  args.divide,      args.root,         args.count,
+                        args.typeSize,   args.chunkBytes, args.recordBytes, args.deterministic};
   for (auto& [cached, schedule] : schedules_) {
     if (cached == key) return schedule;
   }

@@ -32,6 +32,8 @@ struct CommSettings {
   bool chunkForced = false;  // CHORUS_CHUNK_BYTES set: every call uses chunkBytes, else the tuner picks
   int spinUs = 20;
   bool checkCalls = true;  // CHORUS_CHECK_CALLS: the ranks agree on a rooted collective before it runs
+  // CHORUS_DETERMINISTIC or the config: reductions fold every element in rank order.
+  bool deterministic = false;
 
   // Built-in defaults, then the environment, then the config (fields not at their initializer).
   static CommSettings resolve(const chorusConfig_t* config);
@@ -160,6 +162,7 @@ class Communicator {
     size_t typeSize;
     size_t chunkBytes;
     size_t recordBytes;
+    bool deterministic;
     bool operator==(const ScheduleKey&) const = default;
   };
   static constexpr size_t kCachedSchedules = 16;

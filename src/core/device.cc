@@ -797,9 +797,12 @@ void DeviceEngine::Impl::finish(cudaStream_t stream) {
 }
 
 // The ring serves where every rank mapped its neighbours' inboxes (the table says which collectives
-// it takes; ringKind's check only keeps a row the kernel lacks from reaching it).
+// it takes; ringKind's check only keeps a row the kernel lacks from reaching it), but not the
+// reductions of a deterministic communicator: it reduces on the way, in an order that depends on
+// where each block starts (the direct path and the staged one's host schedules fold in rank order).
 bool DeviceEngine::Impl::ringServes(const DeviceCall& call, cudaStream_t) const {
-  return ipc && ringKind(call.collective) >= 0;
+  return ipc && ringKind(call.collective) >= 0 &&
+         !(collectives::traitsOf(call.collective).reduces && comm.settings().deterministic);
 }
 
 bool DeviceEngine::Impl::enqueueRing(const DeviceCall& call, cudaStream_t stream) {

@@ -211,7 +211,29 @@ void Executor::issue(Item& item) {
       agree(item);
       item.request.done = true;
       break;
+    case StepKind::kFold:
+      fold(item);
+      item.request.done = true;
+      break;
   }
+}
+
+// Every rank's contribution to a piece, folded in rank order: the peers' from the slots they were
+// received into, this rank's own where it lies.
+void Executor::fold(Item& item) {
+  const collectives::Step& step = *item.step;
+  const PreparedOp& op = *item.op;
+  if (step.parts != options_.nranks) {
+    fail(chorusInternalError, "rank {}: {}: a fold of {} parts among {} ranks", options_.rank, op.what(), step.parts,
+         options_.nranks);
+  }
+  std::vector<const void*> from(static_cast<size_t>(step.parts));
+  for (int p = 0; p < step.parts; ++p) {
+    from[p] = p == options_.rank ? item.tmp : item.src + static_cast<size_t>(p) * step.bytes;
+  }
+  void* to = item.dst;
+  kernels::reduceMany(&to, 1, from.data(), step.parts, step.bytes / kernels::typeSize(op.type), op.type, op.op,
+                      nullptr);
 }
 
 // One round of the ranks' agreement on the call: what this rank knew and what a peer did, merged;

@@ -162,6 +162,7 @@ class Executor {
   void issue(Item& item);
   void reducePeers(Item& item);
   void agree(Item& item);
+  void fold(Item& item);
   // The item after `item` in its batch when it sends exactly what `item` (a receive-reduce) writes,
   // through the same transport, and may be posted now; else null.
   Item* forwardOf(Item& item);

@@ -17,6 +17,7 @@
 #include "src/collectives/descriptor.h"
 #include "src/collectives/traits.h"
 #include "tests/support/pattern.h"
+#include "tests/support/rank_order_fold.h"
 
 namespace chorus::collectives {
 namespace {
@@ -39,12 +40,14 @@ struct Case {
   const int* order = nullptr;  // rank order (position -> rank), or null
   const int* hosts = nullptr;  // host of each rank, or null (one host)
   size_t recordBytes = 0;      // call records the ranks agree on first, or 0
+  bool deterministic = false;  // CHORUS_DETERMINISTIC: reductions fold in rank order
 };
 
 std::string describe(const Case& c) {
   return std::string(collectiveName(c.collective)) + "/" + algorithmName(c.algorithm) + " n=" + std::to_string(c.n) +
          " count=" + std::to_string(c.count) + " " + chorusTypeName(c.type) + " " + chorusOpName(c.op) +
-         (c.inPlace ? " in-place" : "") + " root=" + std::to_string(c.root) + " chunk=" + std::to_string(c.chunkBytes);
+         (c.inPlace ? " in-place" : "") + " root=" + std::to_string(c.root) + " chunk=" + std::to_string(c.chunkBytes) +
+         (c.deterministic ? " deterministic" : "");
 }
 
 // All-to-allv sizes: rank r sends (r + 2j) % 3 + count elements to rank j, packed with a gap of
@@ -816,6 +819,101 @@ TEST(AlgorithmTest, DeviceAlgorithmsAreRowsOfTheOneTable) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("it has: pairwise; on device buffers: staged"), std::string::npos) << e.what();
   }
+}
+
+constexpr uint64_t kSeed = 0x5eed;
+
+// A reduction (all-reduce, reduce-scatter, reduce) of pattern::unorderedInput simulated on every
+// rank: its elements whose bits differ from the rank-order fold (a reduce-scatter's rank r holds
+// block r; a reduce's root is c.root), or 1 with *error set where the simulation failed.
+size_t wrongElements(const Case& c, std::string* error) {
+  const int n = c.n;
+  const size_t size = kernels::typeSize(c.type);
+  const bool scatter = c.collective == Collective::kReduceScatter;
+  const size_t inCount = scatter ? c.count * n : c.count;
+  std::vector<SimulatedRank> ranks(n);
+  for (int r = 0; r < n; ++r) {
+    ScheduleArgs args{c.collective, n, r, c.count, size, c.root, c.op == chorusAvg, c.chunkBytes, c.algorithm};
+    args.order = c.order;
+    args.hosts = c.hosts;
+    args.deterministic = c.deterministic;
+    SimulatedRank& rank = ranks[r];
+    rank.schedule = buildSchedule(args);
+    rank.input.assign(inCount * size, 0);
+    rank.output.assign(inCount * size, 0);
+    char* in = rank.input.data();
+    if (c.inPlace) {
+      rank.inPlace = true;
+      if (scatter) rank.outputOffset = r * c.count * size;
+      in = rank.output.data();
+    }
+    for (size_t i = 0; i < inCount; ++i)
+      pattern::store(in, i, c.type, pattern::unorderedInput(c.op, c.type, r, i, kSeed));
+  }
+  const SimulationResult result = simulate(ranks, c.type, c.op);
+  if (!result.ok) {
+    *error = result.error;
+    return 1;
+  }
+  size_t wrong = 0;
+  for (int r = 0; r < n; ++r) {
+    if (c.collective == Collective::kReduce && r != c.root) continue;
+    const char* out = ranks[r].output.data() + (c.inPlace ? ranks[r].outputOffset : 0);
+    const size_t first = scatter ? r * c.count : 0;
+    wrong += pattern::countWrong(out, c.count, c.type,
+                                 [&](size_t i) { return pattern::rankOrderFold(c.op, c.type, n, first + i, kSeed); });
+  }
+  return wrong;
+}
+
+TEST(DeterministicTest, ReductionsFoldInRankOrderWhateverTheAlgorithmChunkOrderOrHosts) {
+  // CHORUS_DETERMINISTIC: every algorithm of every reduction, every chunk size, rank order and
+  // host layout gives every rank the rank-order fold, bit for bit, on inputs whose sums round
+  // differently in other orders; in place too, and Avg divided once.
+  const std::pair<chorusDataType_t, chorusRedOp_t> kinds[] = {{chorusFloat32, chorusSum},  {chorusFloat16, chorusSum},
+                                                              {chorusBfloat16, chorusAvg}, {chorusFloat64, chorusProd},
+                                                              {chorusInt8, chorusSum},     {chorusFloat32, chorusMax}};
+  for (int n : {1, 2, 3, 4, 5, 7, 8, 12}) {
+    std::vector<int> reversed(n), pairs(n);
+    for (int i = 0; i < n; ++i) reversed[i] = n - 1 - i, pairs[i] = i / 2;
+    for (const int* order : {static_cast<const int*>(nullptr), static_cast<const int*>(reversed.data())}) {
+      for (const int* hosts : {static_cast<const int*>(nullptr), static_cast<const int*>(pairs.data())}) {
+        if ((order != nullptr && n < 3) || (hosts != nullptr && n % 2 != 0)) continue;
+        for (Collective collective : {Collective::kAllReduce, Collective::kReduceScatter, Collective::kReduce}) {
+          int variant = 0;
+          for (Algorithm algorithm : algorithmsFor(collective)) {
+            for (size_t chunkBytes : {size_t{8}, size_t{96}, size_t{512 * 1024}}) {
+              for (const auto& [type, op] : kinds) {
+                for (size_t count : {size_t{37}, size_t{1000}}) {
+                  Case c{collective,         algorithm, n,          count, type, op,
+                         ++variant % 2 == 0, n - 1,     chunkBytes, order, hosts};
+                  c.deterministic = true;
+                  std::string error;
+                  ASSERT_EQ(wrongElements(c, &error), 0u) << describe(c) << " " << error;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DeterministicTest, WithoutItTheRingAddsInAnotherOrder) {
+  // The inputs are chosen so order shows: the ring's float32 all-reduce, which adds each block
+  // starting from another rank, differs from the rank-order fold (the check above could fail), and
+  // the same call with the flag set does not.
+  Case c{Collective::kAllReduce, Algorithm::kRing, 5, 1000, chorusFloat32, chorusSum, false, 0, 4096};
+  std::string error;
+  EXPECT_GT(wrongElements(c, &error), 100u) << error;
+  c.deterministic = true;
+  EXPECT_EQ(wrongElements(c, &error), 0u) << error;
+  ScheduleArgs args{Collective::kAllReduce, 5, 0, 1000, 4, 0, false, 4096, Algorithm::kRing};
+  args.deterministic = true;
+  EXPECT_STREQ(buildSchedule(args).algorithm, "ordered");
+  args.algorithm = Algorithm::kDirect;
+  EXPECT_STREQ(buildSchedule(args).algorithm, "direct");  // folds in rank order already
 }
 
 }  // namespace
