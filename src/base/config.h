@@ -27,6 +27,8 @@ enum class Knob {
   kDumpSignal,                // CHORUS_DUMP_SIGNAL: SIGUSR1 prints every pending operation
   kCheckCalls,                // CHORUS_CHECK_CALLS: the ranks agree on a rooted collective before it runs
   kDeterministic,             // CHORUS_DETERMINISTIC: reductions whose bits depend on the rank count alone
+  kTraceDir,                  // CHORUS_TRACE_DIR: where each rank's flight recorder writes its file
+  kTraceOps,                  // CHORUS_TRACE_OPS: operations each flight recorder keeps
   kBind,                      // CHORUS_BIND: auto | none: bind each rank's process to a CPU node
   kTopoFile,                  // CHORUS_TOPO_FILE: a topology file instead of discovering the machine
   kTcpRateLimit,              // CHORUS_TCP_RATE_LIMIT: bits per second each rank may send over tcp

@@ -65,6 +65,13 @@ inline constexpr KnobSpec kKnobs[] = {
      "placement: every rank's contribution goes to the rank that owns the block (the ordered reduction, "
      "docs/algorithms.md), or the direct algorithm, which folds that way already; on device buffers the ipc ring "
      "is not used for them. 0: the algorithms reduce as they go"},
+    {"CHORUS_TRACE_DIR", "",
+     "folder where each rank keeps the record of its communicators' last operations (the flight recorder: call, "
+     "algorithm, bytes, start and end, what it waits on, per link what moved), as "
+     "chorus-trace-<comm>-rank<r>.json, written when a call fails (timeout, a peer's failure, mismatch, abort), on "
+     "SIGUSR1 while a call waits, and at destroy; `chorus-trace DIR` says from them which rank or call a hang or "
+     "failure comes from. Unset: no record"},
+    {"CHORUS_TRACE_OPS", "100", "operations each communicator's flight recorder keeps (CHORUS_TRACE_DIR)"},
     {"CHORUS_BIND", "auto",
      "auto: bind each process to a CPU node of its host (local ranks in blocks over the NUMA nodes) unless a "
      "launcher bound it; none: leave it"},

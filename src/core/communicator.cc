@@ -24,6 +24,7 @@
 #include "src/base/error.h"
 #include "src/base/log.h"
 #include "src/collectives/traits.h"
+#include "src/core/flight_recorder.h"
 #include "src/core/placement.h"
 
 namespace chorus {
@@ -258,13 +259,21 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
   options.timeoutMs = settings.timeoutMs;
   options.spinUs = settings.spinUs;
   options.failureLine = bootstrap_.get();
-  if (knobInt(Knob::kDumpSignal) != 0) {
+  // CHORUS_TRACE_DIR: the flight recorder, written on failures, at destroy and on SIGUSR1.
+  if (const std::string dir = knobString(Knob::kTraceDir); !dir.empty()) {
+    recorder_ = std::make_unique<FlightRecorder>(
+        dir, static_cast<size_t>(std::max<int64_t>(knobInt(Knob::kTraceOps), 1)), rank, nranks, context.commId);
+    options.recorder = recorder_.get();
+  }
+  const bool printOnSignal = knobInt(Knob::kDumpSignal) != 0;
+  if (printOnSignal || recorder_ != nullptr) {
     installDumpSignal();
     dumpsSeen_ = dumpRequests.load();
-    options.whileBlocked = [this] {
+    options.whileBlocked = [this, printOnSignal] {
       if (const uint64_t asked = dumpRequests.load(std::memory_order_relaxed); asked != dumpsSeen_) {
         dumpsSeen_ = asked;
-        printState();
+        if (printOnSignal) printState();
+        if (executor_ != nullptr) executor_->writeTrace("SIGUSR1", /*failure=*/false);
       }
     };
   }
@@ -293,6 +302,9 @@ Communicator::~Communicator() {
       // Their requests carry the error.
     }
   }
+  // A rank that leaves says so in its record (a failure's record stays as it was written).
+  executor_->writeTrace(aborted() ? "the communicator was aborted, then destroyed" : "the communicator was destroyed",
+                        /*failure=*/false);
   executor_->abandon(aborted() ? chorusAborted : chorusInvalidUsage,
                      fmt::format("rank {}: the communicator was {} before the operation completed", rank_,
                                  aborted() ? "aborted" : "destroyed"));

@@ -21,6 +21,7 @@
 namespace chorus {
 
 class DeviceEngine;
+class FlightRecorder;
 
 struct CommSettings {
   int timeoutMs = 300000;
@@ -140,6 +141,7 @@ class Communicator {
   Socket dataListener_;
   std::vector<std::unique_ptr<Transport>> transports_;
   std::vector<Transport*> transportOfPeer_;
+  std::unique_ptr<FlightRecorder> recorder_;  // CHORUS_TRACE_DIR; made before executor_, which points at it
   std::unique_ptr<Executor> executor_;
   uint64_t collectiveSequence_ = 0;
   std::vector<uint64_t> sendSequence_;

@@ -11,6 +11,7 @@
 #include "src/base/error.h"
 #include "src/base/log.h"
 #include "src/collectives/traits.h"
+#include "src/core/flight_recorder.h"
 
 namespace chorus {
 namespace {
@@ -70,8 +71,14 @@ std::shared_ptr<Completion> Executor::submit(std::vector<PreparedOp> ops) {
     batch->count += op.schedule->steps.size();
     scratchBytes += lineUp(op.schedule->scratchBytes);
   }
+  if (options_.recorder != nullptr) {
+    for (const PreparedOp& op : batch->ops) options_.recorder->started(op);
+  }
   if (batch->count == 0) {
     batch->completion->done = true;
+    if (options_.recorder != nullptr) {
+      for (const PreparedOp& op : batch->ops) options_.recorder->finished(op, chorusSuccess, "");
+    }
     return batch->completion;
   }
   if (scratchBytes > 0) {
@@ -348,7 +355,12 @@ void Executor::complete(Item& item) {
     link.receivedAny = true;
   }
   Batch& batch = *item.batch;
-  if (++batch.completed == batch.count) batch.completion->done = true;
+  if (++batch.completed == batch.count) {
+    batch.completion->done = true;
+    if (options_.recorder != nullptr) {
+      for (const PreparedOp& op : batch.ops) options_.recorder->finished(op, chorusSuccess, "");
+    }
+  }
 }
 
 void Executor::reap() {
@@ -596,6 +608,7 @@ void Executor::failAll(const Error& error) {
   const std::string message = options_.failureLine != nullptr ? options_.failureLine->failed(error, where)
                                                               : fmt::format("{}: {}", where, error.what());
   for (Transport* t : transports_) t->cancelAll();
+  writeTrace(message, /*failure=*/true);  // what it waited on, before the stream is dropped
   abandon(error.code(), message);
   throw Error(error.code(), message);
 }
@@ -606,8 +619,34 @@ void Executor::abandon(chorusResult_t result, const std::string& message) {
     batch->completion->done = true;
     batch->completion->result = result;
     batch->completion->message = message;
+    if (options_.recorder != nullptr) {
+      for (const PreparedOp& op : batch->ops) options_.recorder->finished(op, result, message);
+    }
   }
   batches_.clear();
+}
+
+void Executor::writeTrace(const std::string& reason, bool failure) const {
+  if (options_.recorder == nullptr) return;
+  FlightRecorder::Wait wait;
+  if (const Item* item = oldestPending(); item != nullptr) {
+    wait.any = true;
+    wait.sequence = item->op->sequence;
+    wait.collective = collectives::collectiveName(item->op->collective);
+    wait.call = item->op->what();
+    wait.step = collectives::stepKindName(item->step->kind);
+    wait.peer = item->step->peer;
+    wait.bytes = item->step->bytes;
+    wait.text = describeWait(*item);
+  }
+  std::vector<FlightRecorder::LinkState> links;
+  for (int peer = 0; peer < options_.nranks; ++peer) {
+    if (peer == options_.rank) continue;
+    const Link& link = links_[peer];
+    links.push_back({peer, link.sentMessages, link.receivedMessages, link.receivedAny,
+                     collectives::collectiveName(link.lastCollective), link.lastSequence});
+  }
+  options_.recorder->write(reason, failure, wait, links);
 }
 
 }  // namespace chorus

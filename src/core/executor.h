@@ -75,6 +75,8 @@ struct Completion {
   std::string message;  // the error, when result is not chorusSuccess
 };
 
+class FlightRecorder;
+
 struct ExecutorOptions {
   int rank = 0;
   int nranks = 1;
@@ -86,6 +88,9 @@ struct ExecutorOptions {
   Bootstrap* failureLine = nullptr;
   // Called there too (a dump of the state a signal asked for).
   std::function<void()> whileBlocked;
+  // CHORUS_TRACE_DIR: told of every operation's start and end, and written on a failure of the
+  // stream (null: none).
+  FlightRecorder* recorder = nullptr;
 };
 
 class Executor {
@@ -116,6 +121,8 @@ class Executor {
   // Every unfinished submission (its operations, how far each has come, the step it waits on)
   // and what each peer link has moved, one line each, for chorusCommDumpState.
   std::string describeState() const;
+  // Writes the flight recorder's file (options.recorder) with what the stream waits on now.
+  void writeTrace(const std::string& reason, bool failure) const;
 
  private:
   using Placed = collectives::PlacedStep<const char*>;

@@ -9,7 +9,7 @@ source "$(dirname "$0")/lib.sh"
 prefix="$work/prefix"
 cmake --install "$build" --prefix "$prefix" >/dev/null
 for f in include/chorus/chorus.h include/chorus/chorus.hpp include/chorus/chorus_mpi.h bin/collbench bin/chorusrun \
-  bin/chorus-tune bin/chorus-sim bin/chorus-train bin/chorus-plan bin/chorus-plot bin/chorus-knobs; do
+  bin/chorus-tune bin/chorus-sim bin/chorus-train bin/chorus-plan bin/chorus-plot bin/chorus-knobs bin/chorus-trace; do
   [ -e "$prefix/$f" ] || fail "missing $f"
 done
 libdir=$(dirname "$(find "$prefix" -name 'libchorus.so' | head -n 1)")
