@@ -454,6 +454,28 @@ nlohmann::json Bench::measurePeers(const OpInfo& info, chorusDataType_t type, ch
   return all;
 }
 
+chorusComm_t Bench::variant(const std::string& row) {
+  auto it = variants_.find(row);
+  if (it != variants_.end()) return it->second;
+  chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
+  if (row == kDeterministicRow) config.deterministic = 1;
+  // The environment is read when a communicator is made: CHORUS_STATS=0 for that one only.
+  const char* stats = std::getenv("CHORUS_STATS");
+  const std::string kept = stats != nullptr ? stats : "";
+  if (row == kNoStatsRow) setenv("CHORUS_STATS", "0", 1);
+  chorusComm_t made = nullptr;
+  const chorusResult_t result = chorusCommSplit(comm_, 0, rank_, &made, &config);
+  if (row == kNoStatsRow) {
+    if (stats != nullptr) {
+      setenv("CHORUS_STATS", kept.c_str(), 1);
+    } else {
+      unsetenv("CHORUS_STATS");
+    }
+  }
+  call(("chorusCommSplit (" + row + " row)").c_str(), result);
+  return variants_[row] = made;
+}
+
 void Bench::use(const char* opName, const Contestant& contestant) {
   if (contestant.peer >= 0) {
     peer_ = peers_[contestant.peer].get();
@@ -462,8 +484,8 @@ void Bench::use(const char* opName, const Contestant& contestant) {
   }
   peer_ = nullptr;
   calls_ = comm_;
-  if (contestant.algorithm == kDeterministicRow) {
-    calls_ = deterministic_;
+  if (auto it = variants_.find(contestant.algorithm); it != variants_.end()) {
+    calls_ = it->second;
   } else if (!contestant.algorithm.empty()) {
     call("chorusCommSetAlgorithms",
          chorusCommSetAlgorithms(comm_, (std::string(opName) + ":" + contestant.algorithm).c_str()));
@@ -635,7 +657,9 @@ int Bench::run() {
           opInfo->name);
     }
   }
-  if (print) printColumnHeader(!o_.algo.empty() || (o_.deterministic && opTraits.reduces), peerNames, o_.bound);
+  if (print) {
+    printColumnHeader(!o_.algo.empty() || (o_.deterministic && opTraits.reduces) || o_.stats, peerNames, o_.bound);
+  }
 
   // --algo: one algorithm, or all of the collective's, measured side by side per size.
   std::vector<std::string> algos{""};
@@ -657,18 +681,22 @@ int Bench::run() {
       }
     }
   }
-  // --deterministic: the tuner's choice on comm_ and on a deterministic communicator of its ranks.
-  if (o_.deterministic && opTraits.reduces) {
+  // --deterministic, --stats: the tuner's choice on comm_ and on communicators of its ranks made
+  // otherwise, a row each.
+  std::vector<std::string> variantRows;
+  if (o_.deterministic && opTraits.reduces) variantRows.push_back(kDeterministicRow);
+  if (o_.stats) variantRows.push_back(kNoStatsRow);
+  if (!variantRows.empty()) {
     if (!o_.algo.empty()) {
-      if (print) std::fprintf(stderr, "collbench: --deterministic times the tuner's choice: not with --algo\n");
+      if (print)
+        std::fprintf(stderr, "collbench: --deterministic and --stats time the tuner's choice: not with --algo\n");
       return 2;
     }
-    if (deterministic_ == nullptr) {
-      chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
-      config.deterministic = 1;
-      call("chorusCommSplit (--deterministic)", chorusCommSplit(comm_, 0, rank_, &deterministic_, &config));
+    algos = {""};
+    for (const std::string& row : variantRows) {
+      variant(row);
+      algos.push_back(row);
     }
-    algos = {"", kDeterministicRow};
   }
   const bool labeled = algos.size() > 1 || !o_.algo.empty();  // rows name their algorithm
   nlohmann::json rows = nlohmann::json::array();

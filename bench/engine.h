@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -162,7 +163,7 @@ class Bench {
   }
 
   ~Bench() {
-    if (deterministic_ != nullptr) chorusCommDestroy(deterministic_);
+    for (auto& [row, comm] : variants_) chorusCommDestroy(comm);
   }
   Bench(const Bench&) = delete;
   Bench& operator=(const Bench&) = delete;
@@ -195,6 +196,7 @@ class Bench {
     std::string algorithm;
   };
   static constexpr const char* kDeterministicRow = "deterministic";
+  static constexpr const char* kNoStatsRow = "stats-off";
   // Several contestants timed turn by turn (--turns, and the calibration): contestant a's
   // iters[a] calls split over the turns, each turn taking every contestant in order after all are
   // warmed up, so the machine's drift falls on all alike. Peers are timed out of place only.
@@ -246,9 +248,11 @@ class Bench {
 
   const Options& o_;
   chorusComm_t comm_;
-  // --deterministic: comm_'s ranks with CHORUS_DETERMINISTIC=1 (made by run(), gone with the bench),
-  // and the communicator once() calls on: comm_ or that one.
-  chorusComm_t deterministic_ = nullptr;
+  // The rows of --deterministic and --stats: communicators of comm_'s ranks made otherwise
+  // (CHORUS_DETERMINISTIC=1, CHORUS_STATS=0), by row name; made by run(), gone with the bench.
+  std::map<std::string, chorusComm_t> variants_;
+  chorusComm_t variant(const std::string& row);
+  // The communicator once() calls on: comm_ or a variant.
   chorusComm_t calls_ = nullptr;
   std::vector<std::unique_ptr<chorus::bench::Peer>> peers_;
   chorus::bench::Peer* peer_ = nullptr;  // once() calls this peer instead of chorus while set

@@ -129,6 +129,9 @@ int parseOptions(int argc, const char* const* argv, Options* o) {
                "all-reduce, reduce-scatter, reduce: also time each size on a communicator with "
                "CHORUS_DETERMINISTIC=1 (every element folded in rank order), in a row of its own beside the "
                "default's (algo column: deterministic); not with --algo");
+  app.add_flag("--stats", o->stats,
+               "also time each size on a communicator with CHORUS_STATS=0 (no live statistics), in a row of its "
+               "own beside the default's (algo column: stats-off): what the statistics cost; not with --algo");
   app.add_flag("--bound", o->bound,
                "measure the copy bandwidth of all ranks at once first and print each row's share of the bound "
                "(least traffic over copy bandwidth; docs/collbench.md)");

@@ -126,6 +126,14 @@ typedef struct {
 #define CHORUS_CONFIG_INITIALIZER \
   { sizeof(chorusConfig_t), CHORUS_CONFIG_MAGIC, CHORUS_VERSION_CODE, 1, -1, -1, NULL, NULL, -1 }
 
+/* A communicator's live statistics (chorusCommGetStats; CHORUS_STATS, on by default): per
+ * collective and size bucket (bytes of the call's count, at most 1 KiB, 64 KiB, 1 MiB, 16 MiB,
+ * 256 MiB, more) the calls, failed calls, bytes, seconds from submit to completion and the
+ * algorithms that ran them; per peer the bytes and messages each way and the seconds this rank was
+ * blocked on a step with that peer; and a straggler hint, the peer it waited on longest. */
+#define CHORUS_STATS_JSON 0
+#define CHORUS_STATS_PROMETHEUS 1
+
 /* Writes the library version (CHORUS_VERSION_CODE form) to *version. Any thread. */
 CHORUS_API chorusResult_t chorusGetVersion(int* version);
 
@@ -231,6 +239,13 @@ CHORUS_API chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm, const chorus
  * timeout; blocking calls are complete when they return), closes connections, frees memory. The handle is invalid
  * afterwards; a later call with it returns chorusInvalidUsage. Not collective. */
 CHORUS_API chorusResult_t chorusCommDestroy(chorusComm_t comm);
+
+/* The communicator's statistics since it was made, as text in `format` (CHORUS_STATS_JSON or
+ * CHORUS_STATS_PROMETHEUS, the Prometheus text exposition format). *size is the capacity of text
+ * in bytes; on return it is the bytes the whole text needs, its terminating NUL included. text may be
+ * NULL to ask the size. Errors: chorusInvalidArgument (an unknown format, size NULL, or text too
+ * small: nothing written), chorusInvalidUsage (CHORUS_STATS=0). Not while another thread uses comm. */
+CHORUS_API chorusResult_t chorusCommGetStats(chorusComm_t comm, int format, char* text, size_t* size);
 
 /* Progresses the communicator's operations in flight without blocking, then sets *asyncError to
  * chorusSuccess, or to the result of the failure that ended the communicator (an earlier call's,

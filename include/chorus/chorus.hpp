@@ -172,6 +172,16 @@ class Communicator {
     return sent;
   }
 
+  // The live statistics as text (chorusCommGetStats): CHORUS_STATS_JSON or CHORUS_STATS_PROMETHEUS.
+  std::string stats(int format = CHORUS_STATS_JSON) const {
+    size_t size = 0;
+    detail::check(chorusCommGetStats(comm_, format, nullptr, &size));
+    std::string text(size, '\0');
+    detail::check(chorusCommGetStats(comm_, format, text.data(), &size));
+    text.resize(size - 1);
+    return text;
+  }
+
   // out[i] = op over ranks of in[i]. in and out have equal sizes (or are the same span).
   template <typename T>
   void allReduce(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::kSum) {

@@ -29,6 +29,9 @@ enum class Knob {
   kDeterministic,             // CHORUS_DETERMINISTIC: reductions whose bits depend on the rank count alone
   kTraceDir,                  // CHORUS_TRACE_DIR: where each rank's flight recorder writes its file
   kTraceOps,                  // CHORUS_TRACE_OPS: operations each flight recorder keeps
+  kStats,                     // CHORUS_STATS: live statistics per communicator
+  kStatsFile,                 // CHORUS_STATS_FILE: where each rank writes them
+  kStatsIntervalS,            // CHORUS_STATS_INTERVAL_S: and how often
   kBind,                      // CHORUS_BIND: auto | none: bind each rank's process to a CPU node
   kTopoFile,                  // CHORUS_TOPO_FILE: a topology file instead of discovering the machine
   kTcpRateLimit,              // CHORUS_TCP_RATE_LIMIT: bits per second each rank may send over tcp

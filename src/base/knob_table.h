@@ -72,6 +72,17 @@ inline constexpr KnobSpec kKnobs[] = {
      "SIGUSR1 while a call waits, and at destroy; `chorus-trace DIR` says from them which rank or call a hang or "
      "failure comes from. Unset: no record"},
     {"CHORUS_TRACE_OPS", "100", "operations each communicator's flight recorder keeps (CHORUS_TRACE_DIR)"},
+    {"CHORUS_STATS", "1",
+     "1: each communicator counts per collective and size bucket its calls, bytes, time and algorithms, and per "
+     "peer the bytes each way and the time it waited on that peer (chorusCommGetStats, CHORUS_STATS_FILE); 0: "
+     "not (no clock is read per call)"},
+    {"CHORUS_STATS_FILE", "",
+     "file each rank writes its communicators' statistics to at destroy (and every CHORUS_STATS_INTERVAL_S): %r the "
+     "rank, %c the communicator id, %p the process id; Prometheus' text format where the name ends in .prom, else "
+     "JSON"},
+    {"CHORUS_STATS_INTERVAL_S", "0",
+     "also write CHORUS_STATS_FILE at the end of the first call this many seconds after the last write (0: only at "
+     "destroy)"},
     {"CHORUS_BIND", "auto",
      "auto: bind each process to a CPU node of its host (local ranks in blocks over the NUMA nodes) unless a "
      "launcher bound it; none: leave it"},

@@ -857,6 +857,23 @@ chorusResult_t chorusCommDumpState(chorusComm_t comm) {
   return guarded([&] { live(comm, "chorusCommDumpState")->printState(); });
 }
 
+chorusResult_t chorusCommGetStats(chorusComm_t comm, int format, char* text, size_t* size) {
+  return guarded([&] {
+    const Lease held = live(comm, "chorusCommGetStats");
+    Communicator& c = *held;
+    if (size == nullptr) fail(chorusInvalidArgument, "rank {}: chorusCommGetStats: size is NULL", c.rank());
+    const std::string stats = c.stats(format);
+    const size_t capacity = *size;
+    *size = stats.size() + 1;
+    if (text == nullptr) return;
+    if (capacity < stats.size() + 1) {
+      fail(chorusInvalidArgument, "rank {}: chorusCommGetStats: the text needs {} bytes, *size was {}", c.rank(),
+           stats.size() + 1, capacity);
+    }
+    std::memcpy(text, stats.c_str(), stats.size() + 1);
+  });
+}
+
 chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncError) {
   return guarded([&] {
     const Lease held = live(comm, "chorusCommGetAsyncError");

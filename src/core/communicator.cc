@@ -26,6 +26,7 @@
 #include "src/collectives/traits.h"
 #include "src/core/flight_recorder.h"
 #include "src/core/placement.h"
+#include "src/core/stats.h"
 
 namespace chorus {
 namespace {
@@ -264,6 +265,17 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
     recorder_ = std::make_unique<FlightRecorder>(
         dir, static_cast<size_t>(std::max<int64_t>(knobInt(Knob::kTraceOps), 1)), rank, nranks, context.commId);
     options.recorder = recorder_.get();
+    options.observers.push_back(recorder_.get());
+  }
+  if (knobInt(Knob::kStats) != 0) {
+    stats_ = std::make_unique<CommStats>(rank, nranks, context.commId);
+    options.observers.push_back(stats_.get());
+    if (const std::string file = knobString(Knob::kStatsFile); !file.empty()) {
+      statsFile_ = statsFileName(file, rank, context.commId);
+      if (const int64_t seconds = knobInt(Knob::kStatsIntervalS); seconds > 0) {
+        stats_->every(static_cast<double>(seconds), [this] { writeStatsFile(); });
+      }
+    }
   }
   const bool printOnSignal = knobInt(Knob::kDumpSignal) != 0;
   if (printOnSignal || recorder_ != nullptr) {
@@ -302,6 +314,7 @@ Communicator::~Communicator() {
       // Their requests carry the error.
     }
   }
+  if (!statsFile_.empty()) writeStatsFile();
   // A rank that leaves says so in its record (a failure's record stays as it was written).
   executor_->writeTrace(aborted() ? "the communicator was aborted, then destroyed" : "the communicator was destroyed",
                         /*failure=*/false);
@@ -321,6 +334,28 @@ std::string Communicator::dumpState() const {
   if (aborted()) text += "aborted\n";
   if (!broken_.empty()) text += fmt::format("failed: {}\n", broken_);
   return text + executor_->describeState();
+}
+
+std::string Communicator::stats(int format) const {
+  if (stats_ == nullptr) fail(chorusInvalidUsage, "rank {}: statistics are off (CHORUS_STATS=0)", rank_);
+  if (format != CHORUS_STATS_JSON && format != CHORUS_STATS_PROMETHEUS) {
+    fail(chorusInvalidArgument, "rank {}: statistics format {}: expected CHORUS_STATS_JSON or CHORUS_STATS_PROMETHEUS",
+         rank_, format);
+  }
+  const std::vector<Executor::LinkTotals> links = executor_->linkTotals();
+  return format == CHORUS_STATS_JSON ? stats_->json(links) : stats_->prometheus(links);
+}
+
+// Written beside, then renamed: a reader (a metrics scraper) never sees half a file.
+void Communicator::writeStatsFile() const {
+  const bool prometheus = statsFile_.size() > 5 && statsFile_.ends_with(".prom");
+  const std::string text = stats(prometheus ? CHORUS_STATS_PROMETHEUS : CHORUS_STATS_JSON);
+  const std::string partial = statsFile_ + ".partial";
+  std::FILE* out = std::fopen(partial.c_str(), "w");
+  const bool ok = out != nullptr && std::fwrite(text.data(), 1, text.size(), out) == text.size();
+  if (out == nullptr || std::fclose(out) != 0 || !ok || std::rename(partial.c_str(), statsFile_.c_str()) != 0) {
+    logAt(LogLevel::kWarn, "rank {}: CHORUS_STATS_FILE: cannot write {}", rank_, statsFile_);
+  }
 }
 
 void Communicator::printState() const {

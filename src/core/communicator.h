@@ -22,6 +22,7 @@ namespace chorus {
 
 class DeviceEngine;
 class FlightRecorder;
+class CommStats;
 
 struct CommSettings {
   int timeoutMs = 300000;
@@ -106,6 +107,8 @@ class Communicator {
   // This rank's state, for chorusCommDumpState and CHORUS_DUMP_SIGNAL: the communicator, whether
   // it has failed, every pending operation and the step it waits on, what each link has moved.
   std::string dumpState() const;
+  // The live statistics as text: format 0 JSON, 1 Prometheus (chorusCommGetStats).
+  std::string stats(int format) const;
   // Writes dumpState() to stderr, each line prefixed with "chorus rank R: ".
   void printState() const;
 
@@ -142,6 +145,9 @@ class Communicator {
   std::vector<std::unique_ptr<Transport>> transports_;
   std::vector<Transport*> transportOfPeer_;
   std::unique_ptr<FlightRecorder> recorder_;  // CHORUS_TRACE_DIR; made before executor_, which points at it
+  std::unique_ptr<CommStats> stats_;          // CHORUS_STATS; likewise
+  std::string statsFile_;                     // CHORUS_STATS_FILE, this rank's name
+  void writeStatsFile() const;
   std::unique_ptr<Executor> executor_;
   uint64_t collectiveSequence_ = 0;
   std::vector<uint64_t> sendSequence_;

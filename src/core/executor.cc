@@ -71,14 +71,16 @@ std::shared_ptr<Completion> Executor::submit(std::vector<PreparedOp> ops) {
     batch->count += op.schedule->steps.size();
     scratchBytes += lineUp(op.schedule->scratchBytes);
   }
-  if (options_.recorder != nullptr) {
-    for (const PreparedOp& op : batch->ops) options_.recorder->started(op);
+  if (!options_.observers.empty()) {
+    const int64_t now = steadyNs();
+    for (PreparedOp& op : batch->ops) {
+      op.startNs = now;
+      for (OpObserver* o : options_.observers) o->started(op);
+    }
   }
   if (batch->count == 0) {
     batch->completion->done = true;
-    if (options_.recorder != nullptr) {
-      for (const PreparedOp& op : batch->ops) options_.recorder->finished(op, chorusSuccess, "");
-    }
+    tellFinished(*batch, chorusSuccess, "");
     return batch->completion;
   }
   if (scratchBytes > 0) {
@@ -357,9 +359,7 @@ void Executor::complete(Item& item) {
   Batch& batch = *item.batch;
   if (++batch.completed == batch.count) {
     batch.completion->done = true;
-    if (options_.recorder != nullptr) {
-      for (const PreparedOp& op : batch.ops) options_.recorder->finished(op, chorusSuccess, "");
-    }
+    tellFinished(batch, chorusSuccess, "");
   }
 }
 
@@ -407,11 +407,22 @@ void Executor::waitUntil(Done done) {
   const auto spin = std::chrono::microseconds(options_.spinUs);
   int idlePolls = 0;
   Clock::time_point idleSince{};
+  // A blocked wait is charged to the peer of the earliest unfinished step, from when the rank
+  // went idle until something moved.
+  int waitedOn = -1;
+  Clock::time_point waitedSince{};
+  auto charge = [&] {
+    if (waitedOn < 0) return;
+    links_[waitedOn].waitNs +=
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - waitedSince).count());
+    waitedOn = -1;
+  };
   try {
     while (!done()) {
       failIfAborted();
       if (advance()) {
         idlePolls = 0;
+        charge();
         continue;
       }
       if (++idlePolls <= kBusyPolls) {
@@ -426,6 +437,13 @@ void Executor::waitUntil(Done done) {
         continue;
       }
       if (stalled(now)) timeout();
+      if (waitedOn < 0) {
+        const Item* oldest = oldestPending();
+        if (oldest != nullptr && oldest->step->peer >= 0 && oldest->step->peer != options_.rank) {
+          waitedOn = oldest->step->peer;
+          waitedSince = idleSince;
+        }
+      }
       if (options_.failureLine != nullptr) options_.failureLine->watch(0);
       if (options_.whileBlocked) options_.whileBlocked();
       // Block in the transports that have work: one alone may sleep long; several take turns.
@@ -436,7 +454,9 @@ void Executor::waitUntil(Done done) {
       }
       idlePolls = 0;
     }
+    charge();
   } catch (const Error& e) {
+    charge();
     failAll(e);
   }
 }
@@ -619,11 +639,25 @@ void Executor::abandon(chorusResult_t result, const std::string& message) {
     batch->completion->done = true;
     batch->completion->result = result;
     batch->completion->message = message;
-    if (options_.recorder != nullptr) {
-      for (const PreparedOp& op : batch->ops) options_.recorder->finished(op, result, message);
-    }
+    tellFinished(*batch, result, message);
   }
   batches_.clear();
+}
+
+void Executor::tellFinished(const Batch& batch, chorusResult_t result, const std::string& message) const {
+  for (OpObserver* o : options_.observers) {
+    for (const PreparedOp& op : batch.ops) o->finished(op, result, message);
+  }
+}
+
+std::vector<Executor::LinkTotals> Executor::linkTotals() const {
+  std::vector<LinkTotals> totals;
+  for (int peer = 0; peer < options_.nranks; ++peer) {
+    if (peer == options_.rank) continue;
+    const Link& link = links_[peer];
+    totals.push_back({peer, link.sentMessages, link.sentBytes, link.receivedMessages, link.receivedBytes, link.waitNs});
+  }
+  return totals;
 }
 
 void Executor::writeTrace(const std::string& reason, bool failure) const {

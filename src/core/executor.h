@@ -10,6 +10,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -51,6 +53,7 @@ struct PreparedOp {
   size_t count = 0;
   size_t footprint = 0;   // bytes of every rank's input and output together (kernels::streamingPays)
   size_t inputBytes = 0;  // this rank's input spans [input, input + inputBytes)
+  int64_t startNs = 0;    // steady clock at submit, where something observes the ops
   int rootOrPeer = -1;    // rooted collectives: the root; send and recv: the peer; else -1
   // The direct algorithm only: every rank's buffers, mapped before the op starts
   // (Communicator::start); and the schedule and tag the call takes instead where some rank's
@@ -77,6 +80,21 @@ struct Completion {
 
 class FlightRecorder;
 
+// Nanoseconds on the steady clock (one clock for every process of a host).
+inline int64_t steadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Told of every operation's start (PreparedOp::startNs set) and end: the flight recorder, the
+// statistics.
+class OpObserver {
+ public:
+  virtual ~OpObserver() = default;
+  virtual void started(const PreparedOp& op) = 0;
+  virtual void finished(const PreparedOp& op, chorusResult_t result, const std::string& error) = 0;
+};
+
 struct ExecutorOptions {
   int rank = 0;
   int nranks = 1;
@@ -88,8 +106,9 @@ struct ExecutorOptions {
   Bootstrap* failureLine = nullptr;
   // Called there too (a dump of the state a signal asked for).
   std::function<void()> whileBlocked;
-  // CHORUS_TRACE_DIR: told of every operation's start and end, and written on a failure of the
-  // stream (null: none).
+  // Told of every operation's start and end (none: no clock is read for them).
+  std::vector<OpObserver*> observers;
+  // CHORUS_TRACE_DIR: written on a failure of the stream (null: none; it observes too).
   FlightRecorder* recorder = nullptr;
 };
 
@@ -121,6 +140,17 @@ class Executor {
   // Every unfinished submission (its operations, how far each has come, the step it waits on)
   // and what each peer link has moved, one line each, for chorusCommDumpState.
   std::string describeState() const;
+  // What each link has moved and how long this rank waited on each peer (a blocked wait is
+  // charged to the peer of the earliest unfinished step).
+  struct LinkTotals {
+    int peer = -1;
+    uint64_t sentMessages = 0;
+    uint64_t sentBytes = 0;
+    uint64_t receivedMessages = 0;
+    uint64_t receivedBytes = 0;
+    uint64_t waitNs = 0;
+  };
+  std::vector<LinkTotals> linkTotals() const;
   // Writes the flight recorder's file (options.recorder) with what the stream waits on now.
   void writeTrace(const std::string& reason, bool failure) const;
 
@@ -170,6 +200,7 @@ class Executor {
   void reducePeers(Item& item);
   void agree(Item& item);
   void fold(Item& item);
+  void tellFinished(const Batch& batch, chorusResult_t result, const std::string& message) const;
   // The item after `item` in its batch when it sends exactly what `item` (a receive-reduce) writes,
   // through the same transport, and may be posted now; else null.
   Item* forwardOf(Item& item);
@@ -201,6 +232,7 @@ class Executor {
     collectives::Collective lastCollective = collectives::Collective::kAllReduce;
     uint64_t lastSequence = 0;
     bool receivedAny = false;
+    uint64_t waitNs = 0;  // blocked waiting on this peer
   };
   std::string describeLink(int peer) const;
   // What the step waits for, and whether its peer has reached its operation.

@@ -4,21 +4,12 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "src/collectives/traits.h"
 
 namespace chorus {
-namespace {
-
-int64_t nowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 FlightRecorder::FlightRecorder(std::string dir, size_t capacity, int rank, int nranks, uint64_t commId)
     : dir_(std::move(dir)), capacity_(capacity == 0 ? 1 : capacity), rank_(rank), nranks_(nranks), commId_(commId) {}
@@ -35,7 +26,7 @@ void FlightRecorder::started(const PreparedOp& op) {
   entry.op = op.op;
   entry.algorithm = op.schedule ? op.schedule->algorithm : "";
   entry.bytes = op.count * chorusTypeSize(op.type);
-  entry.startNs = nowNs();
+  entry.startNs = op.startNs;
   entries_.push_back(std::move(entry));
 }
 
@@ -45,7 +36,7 @@ void FlightRecorder::finished(const PreparedOp& op, chorusResult_t result, const
     if (it->sequence == op.sequence && it->collective == op.collective && it->rootOrPeer == op.rootOrPeer) {
       if (it->done) return;
       it->done = true;
-      it->endNs = nowNs();
+      it->endNs = steadyNs();
       it->result = result;
       it->error = error;
       return;
@@ -102,7 +93,7 @@ void FlightRecorder::write(const std::string& reason, bool failure, const Wait& 
                               {"pid", static_cast<int64_t>(getpid())},
                               {"reason", reason},
                               {"failure", failure},
-                              {"written_ns", nowNs()},
+                              {"written_ns", steadyNs()},
                               {"ops", ops},
                               {"waiting", waiting},
                               {"links", linkList}};

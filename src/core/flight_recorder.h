@@ -22,13 +22,13 @@
 
 namespace chorus {
 
-class FlightRecorder {
+class FlightRecorder final : public OpObserver {
  public:
   FlightRecorder(std::string dir, size_t capacity, int rank, int nranks, uint64_t commId);
 
   // An operation submitted, and its end (result chorusSuccess, or the error).
-  void started(const PreparedOp& op);
-  void finished(const PreparedOp& op, chorusResult_t result, const std::string& error);
+  void started(const PreparedOp& op) override;
+  void finished(const PreparedOp& op, chorusResult_t result, const std::string& error) override;
 
   // What the rank waited on when the record was written: the earliest unfinished step.
   struct Wait {
