@@ -7,8 +7,8 @@
 #    least 20x less;
 #  - convergence: bf16 ends within 2% of the fp32 run's final validation loss. The others' final
 #    losses are printed beside it. Under plain SGD (the setting of PowerSGD's and error feedback's
-#    papers), rank-4 PowerSGD ends within 2% of fp32, and top-k and sign end at least 2% higher
-#    with their error feedback switched off.
+#    papers), rank-4 PowerSGD ends within 2% of fp32, and top-k ends at least 2% higher with its
+#    error feedback switched off (sign's pair is printed: see the check).
 source "$(dirname "$0")/lib.sh"
 train="$build/chorus-train"
 steps=300
@@ -68,8 +68,12 @@ for n in ["powersgd4", "topk", "sign"]:
     print(f"     {n}: final val loss {val[n]:.4f} ({100 * (val[n] / val['none'] - 1):+.1f}% against fp32)")
 check(abs(val["sgd-powersgd4"] / val["sgd-none"] - 1) <= 0.02,
       f"plain SGD: powersgd:4 final val loss {val['sgd-powersgd4']:.4f} within 2% of fp32's {val['sgd-none']:.4f}")
-for n in ["sgd-topk", "sgd-sign"]:
-    on, off = val[n], val[n + "-noef"]
-    check(off >= 1.02 * on, f"{n}: without error feedback {off:.4f}, at least 2% above {on:.4f} with it")
+on, off = val["sgd-topk"], val["sgd-topk-noef"]
+check(off >= 1.02 * on, f"sgd-topk: without error feedback {off:.4f}, at least 2% above {on:.4f} with it")
+# Sign's is printed, not asserted: the same code ended 2.8917 without error feedback and 2.9083 with
+# it on an AMD EPYC machine (2026-11-27) where another machine had the order reversed by more than
+# 2%; within this job's 300 steps its effect on 1-bit sign depends on the machine's float paths.
+on, off = val["sgd-sign"], val["sgd-sign-noef"]
+print(f"     sgd-sign: without error feedback {off:.4f}, with it {on:.4f} ({100 * (off / on - 1):+.1f}%)")
 sys.exit(0 if ok else 1)
 PY
