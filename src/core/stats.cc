@@ -55,7 +55,11 @@ CommStats::CommStats(int rank, int nranks, uint64_t commId) : rank_(rank), nrank
 
 void CommStats::finished(const PreparedOp& op, chorusResult_t result, const std::string&) {
   const uint64_t bytes = op.count * chorusTypeSize(op.type);
-  Row& row = rows_[{static_cast<int>(op.collective), bucketOf(bytes)}];
+  const int collective = static_cast<int>(op.collective);
+  const size_t bucket = bucketOf(bytes);
+  Row*& slot = index_[collective][bucket];
+  if (slot == nullptr) slot = &rows_[{collective, bucket}];
+  Row& row = *slot;
   const int64_t now = steadyNs();
   ++row.calls;
   row.failed += result == chorusSuccess ? 0 : 1;

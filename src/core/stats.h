@@ -5,6 +5,7 @@
 // destroy and, with CHORUS_STATS_INTERVAL_S, every so many seconds (at the end of a call).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "src/collectives/algorithm.h"
 #include "src/core/executor.h"
 
 namespace chorus {
@@ -19,6 +21,8 @@ namespace chorus {
 class CommStats final : public OpObserver {
  public:
   CommStats(int rank, int nranks, uint64_t commId);
+  CommStats(const CommStats&) = delete;  // index_ points into rows_
+  CommStats& operator=(const CommStats&) = delete;
 
   void started(const PreparedOp&) override {}
   void finished(const PreparedOp& op, chorusResult_t result, const std::string& error) override;
@@ -46,7 +50,10 @@ class CommStats final : public OpObserver {
   int rank_;
   int nranks_;
   uint64_t commId_;
-  std::map<std::pair<int, size_t>, Row> rows_;  // (collective, bucket)
+  std::map<std::pair<int, size_t>, Row> rows_;  // (collective, bucket), in the order they print
+  // Each (collective, bucket)'s row once made: a call's row found without a search.
+  static constexpr size_t kBuckets = 6;  // bucketBounds().size()
+  std::array<std::array<Row*, kBuckets>, collectives::kCollectiveCount> index_{};
   double periodSeconds_ = 0;
   int64_t lastWriteNs_ = 0;
   std::function<void()> write_;
