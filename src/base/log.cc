@@ -32,4 +32,12 @@ void logLine(LogLevel level, const std::string& message) {
   (void)!::write(STDERR_FILENO, line.data(), line.size());
 }
 
+bool writeFileWhole(const std::string& path, const std::string& text) {
+  const std::string partial = path + ".partial";
+  std::FILE* out = std::fopen(partial.c_str(), "w");
+  if (out == nullptr) return false;
+  const bool written = std::fwrite(text.data(), 1, text.size(), out) == text.size();
+  return std::fclose(out) == 0 && written && std::rename(partial.c_str(), path.c_str()) == 0;
+}
+
 }  // namespace chorus

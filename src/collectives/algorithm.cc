@@ -191,7 +191,7 @@ Schedule buildSchedule(const ScheduleArgs& args) {
       if (step.peer >= 0) step.peer = rankAt(args, step.peer);
     }
   }
-  schedule.algorithm = ordered ? "ordered" : algorithmName(entry->algorithm);
+  if (!ordered) schedule.algorithm = algorithmName(entry->algorithm);  // the ordered one names itself
   if (args.recordBytes > 0 && args.nranks > 1) prependAgreement(schedule, args.nranks, args.rank, args.recordBytes);
   return schedule;
 }

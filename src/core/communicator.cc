@@ -346,14 +346,9 @@ std::string Communicator::stats(int format) const {
   return format == CHORUS_STATS_JSON ? stats_->json(links) : stats_->prometheus(links);
 }
 
-// Written beside, then renamed: a reader (a metrics scraper) never sees half a file.
 void Communicator::writeStatsFile() const {
-  const bool prometheus = statsFile_.size() > 5 && statsFile_.ends_with(".prom");
-  const std::string text = stats(prometheus ? CHORUS_STATS_PROMETHEUS : CHORUS_STATS_JSON);
-  const std::string partial = statsFile_ + ".partial";
-  std::FILE* out = std::fopen(partial.c_str(), "w");
-  const bool ok = out != nullptr && std::fwrite(text.data(), 1, text.size(), out) == text.size();
-  if (out == nullptr || std::fclose(out) != 0 || !ok || std::rename(partial.c_str(), statsFile_.c_str()) != 0) {
+  const bool prometheus = statsFile_.ends_with(".prom");
+  if (!writeFileWhole(statsFile_, stats(prometheus ? CHORUS_STATS_PROMETHEUS : CHORUS_STATS_JSON))) {
     logAt(LogLevel::kWarn, "rank {}: CHORUS_STATS_FILE: cannot write {}", rank_, statsFile_);
   }
 }

@@ -4,9 +4,9 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "src/base/log.h"
 #include "src/collectives/traits.h"
 
 namespace chorus {
@@ -97,18 +97,9 @@ void FlightRecorder::write(const std::string& reason, bool failure, const Wait& 
                               {"ops", ops},
                               {"waiting", waiting},
                               {"links", linkList}};
-  // Written beside, then renamed: a reader never sees half a file.
   const std::string path = fmt::format("{}/chorus-trace-{:016x}-rank{}.json", dir_, commId_, rank_);
-  const std::string partial = path + ".partial";
-  std::FILE* out = std::fopen(partial.c_str(), "w");
-  if (out == nullptr) {
-    std::fprintf(stderr, "chorus rank %d: CHORUS_TRACE_DIR: cannot write %s\n", rank_, partial.c_str());
-    return;
-  }
-  const std::string text = doc.dump(1);
-  const bool ok = std::fwrite(text.data(), 1, text.size(), out) == text.size();
-  if (std::fclose(out) != 0 || !ok || std::rename(partial.c_str(), path.c_str()) != 0) {
-    std::fprintf(stderr, "chorus rank %d: CHORUS_TRACE_DIR: cannot write %s\n", rank_, path.c_str());
+  if (!writeFileWhole(path, doc.dump(1))) {
+    logAt(LogLevel::kWarn, "rank {}: CHORUS_TRACE_DIR: cannot write {}", rank_, path);
   }
 }
 

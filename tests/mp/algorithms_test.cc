@@ -44,9 +44,7 @@ class AlgorithmsTest : public ::testing::TestWithParam<TransportRanks> {};
 
 TEST_P(AlgorithmsTest, EveryAlgorithmIsRightOnRealRanks) {
   const TransportRanks param = GetParam();
-  RanksOptions options;
-  options.nranks = param.nranks;
-  options.transport = param.transport;
+  RanksOptions options = optionsFor(param);
   runRanks(options, [&](int rank, chorusComm_t comm) {
     const int n = param.nranks;
     for (size_t k = 0; k < maxAlgorithms(); ++k) {

@@ -28,9 +28,7 @@ class CollectivesTest : public ::testing::TestWithParam<TransportRanks> {};
 
 TEST_P(CollectivesTest, EveryCollectiveTypeOpCountAndPlacement) {
   const TransportRanks param = GetParam();
-  testing::RanksOptions options;
-  options.nranks = param.nranks;
-  options.transport = param.transport;
+  testing::RanksOptions options = testing::optionsFor(param);
   testing::runRanks(options, [&](int rank, chorusComm_t comm) {
     checkEveryCollective(comm, rank, param.nranks, {0, 1, 7, 1023, (1u << 20) + 3},
                          {chorusInt8, chorusUint8, chorusInt32, chorusUint32, chorusInt64, chorusUint64, chorusFloat16,
@@ -48,9 +46,7 @@ TEST_P(CollectivesTest, BarrierWaitsForEveryRank) {
       mmap(nullptr, sizeof(std::atomic<int>) * 2, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(counter, MAP_FAILED);
   new (counter) std::atomic<int>(0);
-  testing::RanksOptions options;
-  options.nranks = param.nranks;
-  options.transport = param.transport;
+  testing::RanksOptions options = testing::optionsFor(param);
   testing::runRanks(options, [&](int rank, chorusComm_t comm) {
     for (int round = 1; round <= 3; ++round) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10 * ((rank + round) % param.nranks)));

@@ -66,9 +66,7 @@ class DeterministicTest : public ::testing::TestWithParam<TransportRanks> {};
 
 TEST_P(DeterministicTest, EveryAlgorithmAndChunkGivesTheRankOrderFold) {
   const TransportRanks param = GetParam();
-  RanksOptions options;
-  options.nranks = param.nranks;
-  options.transport = param.transport;
+  RanksOptions options = optionsFor(param);
   runRanks(options, [&](int rank, chorusComm_t comm) {
     const int n = param.nranks;
     const size_t most = 20001 * static_cast<size_t>(n) * 8;

@@ -154,6 +154,13 @@ std::vector<int> runProcesses(int nranks, const RankBody& body, int deadlineSeco
   return codes;
 }
 
+RanksOptions optionsFor(const TransportRanks& param) {
+  RanksOptions options;
+  options.nranks = param.nranks;
+  options.transport = param.transport;
+  return options;
+}
+
 void PrintTo(const TransportRanks& param, std::ostream* os) {
   *os << param.transport << " x " << param.nranks << " ranks";
 }

@@ -31,7 +31,7 @@ inline bool transportBuilt(const std::string& name) {
 #define CHORUS_REQUIRE_TRANSPORT(name)                                                                 \
   do {                                                                                                 \
     if (!::chorus::testing::transportBuilt(name)) {                                                    \
-      GTEST_SKIP() << "this build of chorus has no " << (name) << " transport (UCX was not found, or "   \
+      GTEST_SKIP() << "this build of chorus has no " << (name) << " transport (UCX was not found, or " \
                    << "CHORUS_WITH_UCX was OFF, when it was built)";                                   \
     }                                                                                                  \
   } while (0)
@@ -86,6 +86,8 @@ struct TransportRanks {
   int nranks;
 };
 void PrintTo(const TransportRanks& param, std::ostream* os);
+// The options of a run on param's transport and rank count (the rest at their defaults).
+RanksOptions optionsFor(const TransportRanks& param);
 std::vector<TransportRanks> transportRankMatrix();
 // Test-name suffix, e.g. "shm_4"; for tests parameterised by the transport alone, e.g. "ucx".
 std::string transportName(const ::testing::TestParamInfo<const char*>& info);
