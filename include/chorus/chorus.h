@@ -282,6 +282,26 @@ CHORUS_API chorusResult_t chorusCommAbort(chorusComm_t comm);
 CHORUS_API chorusResult_t chorusCommShrink(chorusComm_t comm, const int* excludeRanks, int excludeCount,
                                            chorusComm_t* newcomm, const chorusConfig_t* config);
 
+/* A fresh unique id for growing comm (chorusCommGrow), as ncclCommGetUniqueId: made on one rank
+ * of comm, whose process then runs the id's meeting point until the grown communicator is made,
+ * and handed to comm's other ranks (a chorusBroadcast of its bytes, say) and to the new ranks out
+ * of band. Not collective. Errors: chorusInvalidArgument (NULL uniqueId). */
+CHORUS_API chorusResult_t chorusCommGetUniqueId(chorusComm_t comm, chorusUniqueId* uniqueId);
+
+/* Grows comm by new ranks, as ncclCommGrow: a communicator of nranks ranks, made with an id from
+ * chorusCommGetUniqueId(comm). Collective over comm's ranks and the new ones: each rank of comm
+ * passes comm and rank -1 and keeps its number; each new rank passes comm NULL and its rank, from
+ * comm's rank count to nranks - 1. comm itself stays as it was (destroy it once the grown one is
+ * made). With chorusCommShrink this is the elastic cycle: lose a rank, shrink, grow back. config as
+ * for chorusCommInitRankConfig (NULL: comm's settings on its ranks, the environment's on new ones).
+ * Blocking, bounded by the init timeout. Errors: chorusInvalidArgument (nranks not above comm's
+ * rank count, rank not -1 with a comm, a new rank's number outside [comm's count, nranks), an id
+ * that is not a grow id or was made by another communicator, NULL pointers), chorusInvalidUsage (a
+ * rank that did not come from comm holding one of comm's numbers: every rank fails naming it),
+ * chorusTimeout (a rank did not come). */
+CHORUS_API chorusResult_t chorusCommGrow(chorusComm_t comm, int nranks, const chorusUniqueId* uniqueId, int rank,
+                                         chorusComm_t* newcomm, const chorusConfig_t* config);
+
 /* Passed as color to chorusCommSplit by a rank that joins no new communicator. */
 #define CHORUS_SPLIT_NOCOLOR (-1)
 

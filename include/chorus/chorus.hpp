@@ -290,6 +290,33 @@ class Communicator {
     detail::check(chorusCommSplit(comm_, color, key, &made, config), comm_);
     return Communicator(made);
   }
+  // Collective over the ranks not in `exclude` (see chorusCommShrink): a communicator of those
+  // ranks; works on a communicator that has failed (a dead rank excluded).
+  Communicator shrink(std::span<const int> exclude, const chorusConfig_t* config = nullptr) {
+    chorusComm_t made = nullptr;
+    detail::check(chorusCommShrink(comm_, exclude.data(), static_cast<int>(exclude.size()), &made, config), comm_);
+    return Communicator(made);
+  }
+  // A fresh id for growing this communicator (see chorusCommGetUniqueId).
+  chorusUniqueId growId() {
+    chorusUniqueId id{};
+    detail::check(chorusCommGetUniqueId(comm_, &id), comm_);
+    return id;
+  }
+  // Collective over this communicator's ranks and the new ones (see chorusCommGrow): this rank's
+  // part of the grown communicator of nranks, keeping its number.
+  Communicator grow(int nranks, const chorusUniqueId& id, const chorusConfig_t* config = nullptr) {
+    chorusComm_t made = nullptr;
+    detail::check(chorusCommGrow(comm_, nranks, &id, -1, &made, config), comm_);
+    return Communicator(made);
+  }
+  // A new rank's part of growing a communicator it is not in (see chorusCommGrow).
+  static Communicator joinGrown(int nranks, const chorusUniqueId& id, int rank,
+                                const chorusConfig_t* config = nullptr) {
+    chorusComm_t made = nullptr;
+    detail::check(chorusCommGrow(nullptr, nranks, &id, rank, &made, config), nullptr);
+    return Communicator(made);
+  }
   // False for an empty object (moved from, aborted, or a CHORUS_SPLIT_NOCOLOR split).
   explicit operator bool() const { return comm_ != nullptr; }
 

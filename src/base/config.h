@@ -10,6 +10,7 @@ namespace chorus {
 enum class Knob {
   kDebug,                     // CHORUS_DEBUG: log level
   kTransport,                 // CHORUS_TRANSPORT: auto | shm | tcp | ucx
+  kConnect,                   // CHORUS_CONNECT: lazy | eager: when transports connect to peers
   kTimeoutMs,                 // CHORUS_TIMEOUT_MS: per-operation wait limit
   kInitTimeoutMs,             // CHORUS_INIT_TIMEOUT_MS: bootstrap wait limit
   kChunkBytes,                // CHORUS_CHUNK_BYTES: pipelining chunk of ring and chain algorithms

@@ -18,6 +18,10 @@ struct KnobSpec {
 inline constexpr KnobSpec kKnobs[] = {
     {"CHORUS_DEBUG", "WARN", "log level: WARN, INFO or TRACE"},
     {"CHORUS_TRANSPORT", "auto", "auto (shm within a host, ucx across), or shm, tcp or ucx for every peer"},
+    {"CHORUS_CONNECT", "lazy",
+     "lazy: a rank connects to a peer (shm FIFOs, a tcp socket, a UCX endpoint) when its first message to or from "
+     "that peer is posted, so it holds connections only to the peers its algorithms use (a ring: two); eager: to "
+     "every peer at init (n-1 per rank)"},
     {"CHORUS_TIMEOUT_MS", "300000", "an operation fails when nothing has moved for this long (ms)"},
     {"CHORUS_INIT_TIMEOUT_MS", "120000", "how long init waits for every rank to arrive"},
     {"CHORUS_CHUNK_BYTES", "524288",

@@ -35,6 +35,10 @@ struct UniqueId {
   uint32_t version = 0;
   uint64_t secret = 0;
   PackedAddress root;
+  // An id for chorusCommGrow (chorusCommGetUniqueId): the communicator it grows and its rank
+  // count, whose ranks keep their numbers; 0 in other ids.
+  uint64_t parent = 0;
+  int32_t parentNranks = 0;
 };
 inline constexpr uint32_t kUniqueIdMagic = 0x63686f72;  // "chor"
 std::string checkUniqueId(const UniqueId& id);
@@ -66,7 +70,8 @@ std::string checkReply(const Reply& reply, int nranks, size_t infoBytes);
 
 // The first bytes of every connection between the ranks of a communicator (bootstrap ring, tcp
 // transport, shrink): proof that the sender knows the communicator's secret, and who it is.
-enum class Purpose : int32_t { kRing = 1, kTcpData = 2, kShrink = 3 };
+// kTcpProbe: a rank that waits for a lower rank's tcp connection checks that rank still listens.
+enum class Purpose : int32_t { kRing = 1, kTcpData = 2, kShrink = 3, kTcpProbe = 4 };
 struct PeerHello {
   uint32_t magic;
   uint32_t version;

@@ -838,6 +838,55 @@ chorusResult_t chorusCommShrink(chorusComm_t comm, const int* excludeRanks, int 
   });
 }
 
+chorusResult_t chorusCommGetUniqueId(chorusComm_t comm, chorusUniqueId* uniqueId) {
+  return guarded([&] {
+    const Lease held = live(comm, "chorusCommGetUniqueId");
+    if (uniqueId == nullptr)
+      fail(chorusInvalidArgument, "rank {}: chorusCommGetUniqueId: uniqueId is NULL", held->rank());
+    const chorus::UniqueIdData id = held->growId();
+    std::memset(uniqueId, 0, sizeof(*uniqueId));
+    std::memcpy(uniqueId->internal, &id, sizeof(id));
+  });
+}
+
+chorusResult_t chorusCommGrow(chorusComm_t comm, int nranks, const chorusUniqueId* uniqueId, int rank,
+                              chorusComm_t* newcomm, const chorusConfig_t* config) {
+  return guarded([&] {
+    if (newcomm == nullptr) fail(chorusInvalidArgument, "chorusCommGrow: newcomm is NULL");
+    *newcomm = nullptr;
+    if (uniqueId == nullptr) fail(chorusInvalidArgument, "chorusCommGrow: uniqueId is NULL");
+    if (group.depth > 0) fail(chorusInvalidUsage, "chorusCommGrow inside a group");
+    chorus::UniqueIdData id;
+    std::memcpy(&id, uniqueId->internal, sizeof(id));
+    if (const std::string why = chorus::wire::checkUniqueId(id); !why.empty()) {
+      fail(chorusInvalidArgument, "chorusCommGrow: the unique id is bad: {}", why);
+    }
+    if (comm != nullptr) {
+      const Lease held = live(comm, "chorusCommGrow");
+      Communicator& c = *held;
+      if (rank != -1) {
+        fail(chorusInvalidArgument, "rank {}: chorusCommGrow: a rank of the communicator passes rank -1 (got {})",
+             c.rank(), rank);
+      }
+      checkConfig(config, c.rank());
+      const chorus::CommSettings settings = config != nullptr ? chorus::CommSettings::resolve(config) : c.settings();
+      publish(newcomm, c.grow(nranks, id, settings));
+      return;
+    }
+    if (id.parent == 0) {
+      fail(chorusInvalidArgument,
+           "chorusCommGrow: the id is not a grow id (chorusCommGetUniqueId makes those; chorusCommInitRank takes "
+           "this one)");
+    }
+    if (rank < id.parentNranks || rank >= nranks) {
+      fail(chorusInvalidArgument,
+           "chorusCommGrow: a new rank of a communicator grown from {} to {} ranks takes a number in [{}, {}), not {}",
+           id.parentNranks, nranks, id.parentNranks, nranks, rank);
+    }
+    initCommunicator(newcomm, nranks, id, rank, config);
+  });
+}
+
 chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm,
                                const chorusConfig_t* config) {
   return guarded([&] {

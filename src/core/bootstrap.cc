@@ -148,6 +148,10 @@ void runRoot(Socket listener, uint64_t secret) {
 
 }  // namespace
 
+std::string Bootstrap::checkHello(const PeerHello& hello, Purpose purpose) const {
+  return wire::checkPeerHello(hello, secret_, commId_, nranks_, purpose);
+}
+
 Socket Bootstrap::acceptPeer(int listenFd, Deadline deadline, const std::string& what, Purpose purpose,
                              PeerHello* hello) const {
   for (;;) {

@@ -54,6 +54,7 @@ class Bootstrap final : public PeerExchange {
   uint64_t secret() const { return secret_; }
   // The hello that opens this rank's connections to the other ranks.
   wire::PeerHello peerHello(wire::Purpose purpose) const override;
+  std::string checkHello(const wire::PeerHello& hello, wire::Purpose purpose) const override;
   // Accepts connections on listenFd until one opens with a hello that proves it belongs (a
   // wire::PeerHello for this communicator and purpose), which it stores in *hello; the others are
   // closed and logged. Throws chorusTimeout at the deadline.

@@ -80,6 +80,11 @@ CommSettings CommSettings::resolve(const chorusConfig_t* config) {
   s.timeoutMs = static_cast<int>(knobInt(Knob::kTimeoutMs));
   s.initTimeoutMs = static_cast<int>(knobInt(Knob::kInitTimeoutMs));
   s.transport = knobString(Knob::kTransport);
+  const std::string connect = knobString(Knob::kConnect);
+  if (connect != "lazy" && connect != "eager") {
+    fail(chorusInvalidArgument, "CHORUS_CONNECT='{}' is not lazy or eager", connect);
+  }
+  s.eagerConnect = connect == "eager";
   s.chunkBytes = static_cast<size_t>(knobInt(Knob::kChunkBytes));
   s.chunkForced = knobSet(Knob::kChunkBytes);
   s.spinUs = static_cast<int>(knobInt(Knob::kSpinUs));
@@ -113,7 +118,8 @@ void Communicator::followOrder(std::vector<int> order) {
   orderHash_ &= 0xffffffffull;
 }
 
-Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const CommSettings& settings)
+Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const CommSettings& settings,
+                           uint64_t grownFrom)
     : rank_(rank), nranks_(nranks), settings_(settings), sendSequence_(nranks), recvSequence_(nranks) {
   logKnobs(rank);
   algorithms_.fill(collectives::Algorithm::kDefault);
@@ -142,6 +148,8 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
   self.pid = getpid();
   self.hostHash = hostHash();
   std::strncpy(self.transportMode, settings.transport.c_str(), sizeof(self.transportMode) - 1);
+  self.eagerConnect = settings.eagerConnect ? 1 : 0;
+  self.grownFrom = grownFrom;
   gethostname(self.hostname, sizeof(self.hostname) - 1);
   std::vector<char> blob(sizeof(PeerInfo));
   std::memcpy(blob.data(), &self, sizeof(self));
@@ -155,12 +163,25 @@ Communicator::Communicator(const UniqueIdData& id, int nranks, int rank, const C
   context.dataListener = &dataListener_;
   context.deadline = deadlineAfterMs(settings.initTimeoutMs);
   context.mode = settings.transport;
+  context.eager = settings.eagerConnect;
   context.peers.resize(nranks);
   for (int r = 0; r < nranks; ++r) {
     std::memcpy(&context.peers[r], blobs[r].data(), sizeof(PeerInfo));
     if (std::strncmp(context.peers[r].transportMode, self.transportMode, sizeof(self.transportMode)) != 0) {
       fail(chorusInvalidUsage, "rank {} uses transport mode '{}' but rank {} uses '{}' (CHORUS_TRANSPORT must agree)",
            rank, self.transportMode, r, context.peers[r].transportMode);
+    }
+    // A grown communicator: its first ranks are the parent's, keeping their numbers; the rest new.
+    if (id.parent != 0 && (r < id.parentNranks) != (context.peers[r].grownFrom == id.parent)) {
+      fail(chorusInvalidUsage,
+           "rank {}: rank {} {} communicator {:016x}, but a communicator grown from it with this id takes ranks "
+           "0..{} from it (chorusCommGrow with it) and new ranks from {} (chorusCommGrow with NULL)",
+           rank, r, context.peers[r].grownFrom == id.parent ? "comes from" : "does not come from", id.parent,
+           id.parentNranks - 1, id.parentNranks);
+    }
+    if (context.peers[r].eagerConnect != self.eagerConnect) {
+      fail(chorusInvalidUsage, "rank {} connects {} but rank {} {} (CHORUS_CONNECT must agree)", rank,
+           self.eagerConnect ? "eagerly" : "lazily", r, context.peers[r].eagerConnect ? "eagerly" : "lazily");
     }
   }
 
@@ -329,11 +350,28 @@ Communicator::~Communicator() {
 std::string Communicator::dumpState() const {
   std::string transports;
   for (int peer = 0; peer < nranks_; ++peer) transports += fmt::format(" {}:{}", peer, transportName(peer));
-  std::string text = fmt::format("rank {} of {} (comm {:016x}); transports by peer:{}\n", rank_, nranks_,
-                                 bootstrap_->commId(), transports);
+  std::string text = fmt::format("rank {} of {} (comm {:016x}); transports by peer:{}; {} connection(s)\n", rank_,
+                                 nranks_, bootstrap_->commId(), transports, connections());
   if (aborted()) text += "aborted\n";
   if (!broken_.empty()) text += fmt::format("failed: {}\n", broken_);
   return text + executor_->describeState();
+}
+
+void Communicator::connectEveryPeer() {
+  const Deadline deadline = deadlineAfterMs(settings_.timeoutMs);
+  for (auto& transport : transports_) {
+    std::vector<int> peers;
+    for (int peer = 0; peer < nranks_; ++peer) {
+      if (peer != rank_ && transportOfPeer_[peer] == transport.get()) peers.push_back(peer);
+    }
+    if (!peers.empty()) connectAll(*transport, peers, rank_, deadline);
+  }
+}
+
+int Communicator::connections() const {
+  int total = 0;
+  for (const auto& transport : transports_) total += transport->connections();
+  return total;
 }
 
 std::string Communicator::stats(int format) const {
@@ -343,7 +381,7 @@ std::string Communicator::stats(int format) const {
          rank_, format);
   }
   const std::vector<Executor::LinkTotals> links = executor_->linkTotals();
-  return format == CHORUS_STATS_JSON ? stats_->json(links) : stats_->prometheus(links);
+  return format == CHORUS_STATS_JSON ? stats_->json(links, connections()) : stats_->prometheus(links, connections());
 }
 
 void Communicator::writeStatsFile() const {
@@ -598,6 +636,30 @@ std::unique_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclu
   const UniqueIdData id = bootstrap_->agreeOnNewId(remaining, deadlineAfterMs(settings.initTimeoutMs));
   logAt(LogLevel::kInfo, "rank {}: shrinking to {} of {} ranks, as rank {}", rank_, remaining.size(), nranks_, newRank);
   return std::make_unique<Communicator>(id, static_cast<int>(remaining.size()), newRank, settings);
+}
+
+uint64_t Communicator::commId() const { return bootstrap_->commId(); }
+
+UniqueIdData Communicator::growId() const {
+  UniqueIdData id = createUniqueId();
+  id.parent = commId();
+  id.parentNranks = nranks_;
+  return id;
+}
+
+std::unique_ptr<Communicator> Communicator::grow(int nranks, const UniqueIdData& id, const CommSettings& settings) {
+  if (id.parent != commId()) {
+    fail(chorusInvalidArgument,
+         "rank {}: chorusCommGrow: the id {} (communicator {:016x}), not by chorusCommGetUniqueId on this "
+         "communicator ({:016x})",
+         rank_, id.parent == 0 ? "is not a grow id" : "was made for another communicator", id.parent, commId());
+  }
+  if (nranks <= nranks_) {
+    fail(chorusInvalidArgument, "rank {}: chorusCommGrow: {} ranks do not grow this communicator of {}", rank_, nranks,
+         nranks_);
+  }
+  logAt(LogLevel::kInfo, "rank {}: growing from {} to {} ranks", rank_, nranks_, nranks);
+  return std::make_unique<Communicator>(id, nranks, rank_, settings, commId());
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key, const CommSettings& settings) {

@@ -33,7 +33,8 @@ struct CommSettings {
   size_t chunkBytes = 512 * 1024;
   bool chunkForced = false;  // CHORUS_CHUNK_BYTES set: every call uses chunkBytes, else the tuner picks
   int spinUs = 20;
-  bool checkCalls = true;  // CHORUS_CHECK_CALLS: the ranks agree on a rooted collective before it runs
+  bool eagerConnect = false;  // CHORUS_CONNECT=eager: every peer connected at init
+  bool checkCalls = true;     // CHORUS_CHECK_CALLS: the ranks agree on a rooted collective before it runs
   // CHORUS_DETERMINISTIC or the config: reductions fold every element in rank order.
   bool deterministic = false;
 
@@ -43,11 +44,15 @@ struct CommSettings {
 
 class Communicator {
  public:
-  // Collective: meets every rank through the id's root and connects the transports.
-  Communicator(const UniqueIdData& id, int nranks, int rank, const CommSettings& settings);
+  // Collective: meets every rank through the id's root and connects the transports. With a grow
+  // id (chorusCommGrow), `grownFrom` is the id of the communicator this rank comes from (0: a new
+  // rank); the ranks check that those numbered below the id's parent count come from it, the
+  // others not.
+  Communicator(const UniqueIdData& id, int nranks, int rank, const CommSettings& settings, uint64_t grownFrom = 0);
   ~Communicator();
 
   int rank() const { return rank_; }
+  uint64_t commId() const;
   int nranks() const { return nranks_; }
   const CommSettings& settings() const { return settings_; }
 
@@ -74,6 +79,13 @@ class Communicator {
   // it to the rest.
   static constexpr int kNoColor = -1;
   std::unique_ptr<Communicator> split(int color, int key, const CommSettings& settings);
+
+  // A grow id for this communicator (chorusCommGetUniqueId): this process runs its root.
+  UniqueIdData growId() const;
+  // This rank's part of the communicator of nranks grown from this one with `id` (chorusCommGrow):
+  // it keeps its number. Throws chorusInvalidArgument for an id not from growId() here or nranks
+  // not above this one's.
+  std::unique_ptr<Communicator> grow(int nranks, const UniqueIdData& id, const CommSettings& settings);
 
   // Applies overrides in CHORUS_ALGO syntax (throws chorusInvalidArgument; nothing changes then).
   void setAlgorithms(const std::string& text);
@@ -112,6 +124,8 @@ class Communicator {
   // Writes dumpState() to stderr, each line prefixed with "chorus rank R: ".
   void printState() const;
 
+  // Peers this rank holds connections to, over all its transports (not counting itself).
+  int connections() const;
   // What this rank has sent on all its transports (chorusCommGetTraffic).
   Traffic traffic() const;
   // Runs a compressed all-reduce of `state`'s buffer (blocking; compressed.cc): its exchanges are
@@ -177,6 +191,9 @@ class Communicator {
   std::shared_ptr<const collectives::Schedule> scheduleFor(const collectives::ScheduleArgs& args);
   std::vector<std::pair<ScheduleKey, std::shared_ptr<const collectives::Schedule>>> schedules_;
   bool directCapable_ = false;  // every peer on shm: the direct algorithm can run
+  bool meshConnected_ = false;  // connectEveryPeer() done
+  // Connects to every peer now (transports connect lazily otherwise); collective.
+  void connectEveryPeer();
   bool directLogged_ = false;
   bool fallbackLogged_ = false;
   // Direct calls left that skip the swap (a heap buffer was found), by (collective, input bytes):

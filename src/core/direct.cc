@@ -58,6 +58,25 @@ void Communicator::mapPeers(PreparedOp& op) {
     return;
   }
 
+  // Direct calls map every peer's buffers: every pair set up first (both sides' probes answered,
+  // so each rank knows whether it may map each peer's memory). Every rank makes the same call.
+  // The peers hear of a failure here or below at the barrier of the op, which this rank never
+  // reaches.
+  auto tell = [&](const Error& e) {
+    const Error told(e.code(), bootstrap_->failed(e, fmt::format("rank {}: {} of {} input bytes between "
+                                                                 "chorusMemAlloc buffers",
+                                                                 rank_, name, inBytes)));
+    breakWith(told);
+    return told;
+  };
+  if (!meshConnected_) {
+    try {
+      connectEveryPeer();
+    } catch (const Error& e) {
+      throw tell(e);
+    }
+    meshConnected_ = true;
+  }
   DirectBuffers mine;
   SharedRange in, out;
   bool shareable = findShared(op.input, inBytes, &in) && findShared(op.output, outBytes, &out);
@@ -123,12 +142,7 @@ void Communicator::mapPeers(PreparedOp& op) {
             rank_, name, inBytes, costs_.directMinBytes);
     }
   } catch (const Error& e) {
-    // The peers hear of it at the barrier of the op, which this rank never reaches.
-    const Error told(e.code(), bootstrap_->failed(e, fmt::format("rank {}: {} of {} input bytes between "
-                                                                 "chorusMemAlloc buffers",
-                                                                 rank_, name, inBytes)));
-    breakWith(told);
-    throw told;
+    throw tell(e);
   }
 }
 

@@ -85,7 +85,7 @@ void CommStats::every(double seconds, std::function<void()> write) {
   lastWriteNs_ = steadyNs();
 }
 
-std::string CommStats::json(const std::vector<Executor::LinkTotals>& links) const {
+std::string CommStats::json(const std::vector<Executor::LinkTotals>& links, int connections) const {
   nlohmann::json calls = nlohmann::json::array();
   for (const auto& [key, row] : rows_) {
     calls.push_back({{"collective", collectives::collectiveName(static_cast<collectives::Collective>(key.first))},
@@ -113,12 +113,17 @@ std::string CommStats::json(const std::vector<Executor::LinkTotals>& links) cons
             {"wait_seconds", most->waitNs * 1e-9},
             {"share_of_waits", static_cast<double>(most->waitNs) / static_cast<double>(total)}};
   }
-  const nlohmann::json doc = {{"rank", rank_},        {"nranks", nranks_}, {"comm", fmt::format("{:016x}", commId_)},
-                              {"collectives", calls}, {"peers", peers},    {"straggler_hint", hint}};
+  const nlohmann::json doc = {{"rank", rank_},
+                              {"nranks", nranks_},
+                              {"comm", fmt::format("{:016x}", commId_)},
+                              {"connections", connections},
+                              {"collectives", calls},
+                              {"peers", peers},
+                              {"straggler_hint", hint}};
   return doc.dump(1) + "\n";
 }
 
-std::string CommStats::prometheus(const std::vector<Executor::LinkTotals>& links) const {
+std::string CommStats::prometheus(const std::vector<Executor::LinkTotals>& links, int connections) const {
   const std::string base = fmt::format("comm=\"{:016x}\",rank=\"{}\"", commId_, rank_);
   std::string out;
   auto family = [&](const char* name, const char* type, const char* help) {
@@ -169,6 +174,8 @@ std::string CommStats::prometheus(const std::vector<Executor::LinkTotals>& links
     family(m.name, "counter", m.help);
     for (const auto& l : links) out += fmt::format("{}{{{},peer=\"{}\"}} {}\n", m.name, base, l.peer, m.value(l));
   }
+  family("chorus_connections", "gauge", "Peers this rank holds connections to (made when a peer is first used).");
+  out += fmt::format("chorus_connections{{{}}} {}\n", base, connections);
   family("chorus_straggler_hint", "gauge", "The peer this rank waited on longest (-1: none).");
   const Executor::LinkTotals* most = mostWaitedOn(links);
   out += fmt::format("chorus_straggler_hint{{{}}} {}\n", base, most != nullptr ? most->peer : -1);

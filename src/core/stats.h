@@ -27,9 +27,10 @@ class CommStats final : public OpObserver {
   void started(const PreparedOp&) override {}
   void finished(const PreparedOp& op, chorusResult_t result, const std::string& error) override;
 
-  // The text (chorusCommGetStats' formats: 0 JSON, 1 Prometheus) with the links' totals.
-  std::string json(const std::vector<Executor::LinkTotals>& links) const;
-  std::string prometheus(const std::vector<Executor::LinkTotals>& links) const;
+  // The text (chorusCommGetStats' formats: 0 JSON, 1 Prometheus) with the links' totals and the
+  // connections this rank holds (transports connect when a peer is first used).
+  std::string json(const std::vector<Executor::LinkTotals>& links, int connections) const;
+  std::string prometheus(const std::vector<Executor::LinkTotals>& links, int connections) const;
 
   // Called at the end of a call once every `seconds` (0: never): the periodic file.
   void every(double seconds, std::function<void()> write);

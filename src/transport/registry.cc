@@ -1,4 +1,9 @@
 // registry.cc: the transports in priority order, each asked in turn "can you connect to this peer?".
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <thread>
+
 #include "src/base/error.h"
 #include "src/transport/transport.h"
 
@@ -30,6 +35,29 @@ const std::vector<TransportKind>& transportRegistry() {
 #endif
   };
   return kinds;
+}
+
+void connectAll(Transport& transport, const std::vector<int>& peers, int rank, Deadline deadline) {
+  for (int peer : peers) transport.connect(peer);
+  int pauseUs = 1;
+  for (;;) {
+    std::vector<int> missing;
+    for (int peer : peers) {
+      if (!transport.connected(peer)) missing.push_back(peer);
+    }
+    if (missing.empty()) return;
+    if (Clock::now() >= deadline) {
+      fail(chorusTimeout, "{} transport: rank {} could not connect to rank(s) {} in time (have they exited?)",
+           transport.name(), rank, fmt::join(missing, ","));
+    }
+    if (transport.progress()) {
+      pauseUs = 1;
+      continue;
+    }
+    transport.checkConnecting();
+    std::this_thread::sleep_for(std::chrono::microseconds(pauseUs));
+    pauseUs = std::min(pauseUs * 2, 1000);
+  }
 }
 
 bool transportBuilt(const std::string& name) {

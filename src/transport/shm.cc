@@ -39,9 +39,19 @@
 // (never read back) and the slot is published at once; otherwise the send copies them from its
 // buffer when it can. Either way it never sends a byte before it has been produced.
 //
-// Set-up is collective: each rank creates its outgoing FIFOs and its doorbell, all meet at a
-// bootstrap barrier, each maps its incoming FIFOs and its peers' doorbells, all meet again, and
-// each creator unlinks its names, so nothing outlives the processes.
+// Set-up at init is collective and small: the lowest rank of the host creates a segment of
+// doorbells, one per rank of the host, all meet at a bootstrap barrier, the others map it, all
+// meet again, and the creator unlinks its name, so nothing outlives the processes. A pair's FIFOs
+// (both directions, in one segment) are made when the first message between the two is posted (or
+// at init with CHORUS_CONNECT=eager), so a rank maps FIFOs only with the peers its schedules use:
+// the lower rank creates the segment and may send at once; the higher rank maps it when it needs
+// the pair (its messages wait in their queue until the segment is there), answers the lower rank's
+// probes of its memory, says so in the segment and unlinks the name; the lower rank then answers
+// the higher rank's probes (and unlinks the name too, if it was first). A lower rank that leaves
+// before its peer opened a pair with messages in it leaves the name for the peer (unless the peer
+// has exited); a higher rank that leaves removes the names of pairs it never opened. Each rings
+// the other's doorbell at its step. Until its probes are
+// answered a sender uses the two-copy path.
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
@@ -71,9 +81,16 @@
 namespace chorus {
 namespace {
 
-struct Doorbell {
+struct alignas(64) Doorbell {
   std::atomic<uint32_t> sequence;
   std::atomic<uint32_t> waiters;
+};
+
+// The start of a pair's segment; the FIFO from the lower rank to the higher follows it, then the
+// one back.
+enum PairState : uint32_t { kPairMade = 0, kPairReady = 1, kPairOpened = 2 };
+struct alignas(64) PairHeader {
+  std::atomic<uint32_t> state;  // PairState: ready once the lower rank has set up both FIFOs
 };
 
 // What the receiver answers to the set-up probe of the sender's memory.
@@ -201,6 +218,27 @@ class Segment {
     return segment;
   }
 
+  // The segment of that name if it exists with at least `bytes` (its creator may not have sized it
+  // yet), else an unmapped one.
+  static Segment tryOpen(const std::string& name, size_t bytes) {
+    Segment segment;
+    const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      if (errno == ENOENT) return segment;
+      failErrno("shm transport: shm_open(" + name + ")");
+    }
+    struct stat status {};
+    if (fstat(fd, &status) != 0 || static_cast<size_t>(status.st_size) < bytes) {
+      ::close(fd);
+      return segment;
+    }
+    segment.map(fd, bytes, name);
+    return segment;
+  }
+  bool mapped() const { return base_ != nullptr; }
+  // Leaves the name for another process to remove.
+  void keepName() { owner_ = false; }
+
   void unlink() {
     if (owner_) shm_unlink(name_.c_str());
     owner_ = false;
@@ -231,17 +269,24 @@ struct PendingOp {
   PieceSink* sink = nullptr;  // receives only: where the pieces go instead of data
 };
 
+enum class Link {
+  kNone,     // no message posted yet
+  kWaiting,  // the higher rank of the pair, waiting for the lower rank's segment
+  kUp,       // the FIFOs are mapped
+};
+
 struct Peer {
   int rank = -1;
   pid_t pid = 0;
-  Segment outSegment;  // this rank -> peer
-  Segment inSegment;   // peer -> this rank
-  Segment bellSegment;
+  Link link = Link::kNone;
+  Segment segment;            // the pair's FIFOs
+  bool probedByPeer = false;  // the lower rank of the pair: the higher has opened the segment
+  bool probesKnown = false;   // the peer has answered this rank's probes (peerReads, peerMaps)
   FifoControl* out = nullptr;
   FifoControl* in = nullptr;
   char* outSlots = nullptr;
   char* inSlots = nullptr;
-  Doorbell* bell = nullptr;  // the peer's doorbell
+  Doorbell* bell = nullptr;  // the peer's doorbell (in the host's segment)
   uint64_t head = 0;         // pieces this rank has published to the peer
   uint64_t tailSeen = 0;     // the peer's tail when last read (it only grows)
   std::deque<PendingOp> sends;
@@ -270,95 +315,94 @@ class ShmTransport final : public Transport {
            slotBytes_);
     }
     slotStride_ = 64 + (slotBytes_ + 63) / 64 * 64;
-    const size_t fifoBytes = sizeof(FifoControl) + slots_ * slotStride_;
-    const std::string prefix = fmt::format("/chorus-{:016x}", context.commId);
+    fifoBytes_ = sizeof(FifoControl) + slots_ * slotStride_;
+    prefix_ = fmt::format("/chorus-{:016x}", context.commId);
 
-    // 1. Create this rank's doorbell and outgoing FIFOs (and the memfd its peers probe).
-    if (!peers.empty()) {
-      bellSegment_ = Segment::create(fmt::format("{}-bell-{}", prefix, rank_), sizeof(Doorbell));
-      bell_ = new (bellSegment_.base()) Doorbell{};
+    // The host's doorbells, one per rank in rank order, made by its lowest rank.
+    std::vector<int> host = peers;
+    host.push_back(rank_);
+    std::sort(host.begin(), host.end());
+    const std::string bells = fmt::format("{}-bells-{}", prefix_, host.front());
+    const size_t bellBytes = host.size() * sizeof(Doorbell);
+    if (!peers.empty() && host.front() == rank_) {
+      bellsSegment_ = Segment::create(bells, bellBytes);
+      for (size_t i = 0; i < host.size(); ++i) new (bellsSegment_.base() + i * sizeof(Doorbell)) Doorbell{};
     }
-    int probeFd = -1;
-    if (!peers.empty()) {  // (also for the direct all-reduce, whatever CHORUS_SHM_MAP_BYTES says)
-      probeFd = memfd_create("chorus-probe", MFD_CLOEXEC);
-      if (probeFd >= 0 && pwrite(probeFd, &kProbeMagic, sizeof(kProbeMagic), 0) != sizeof(kProbeMagic)) {
-        ::close(probeFd);
-        probeFd = -1;
-      }
+    context.exchange->barrier(context.deadline);
+    if (!peers.empty() && host.front() != rank_) bellsSegment_ = Segment::open(bells, bellBytes);
+    context.exchange->barrier(context.deadline);
+    bellsSegment_.unlink();
+    if (peers.empty()) return;
+    auto bellOf = [&](int rank) {
+      const size_t index = static_cast<size_t>(std::lower_bound(host.begin(), host.end(), rank) - host.begin());
+      return reinterpret_cast<Doorbell*>(bellsSegment_.base() + index * sizeof(Doorbell));
+    };
+    bell_ = bellOf(rank_);
+    // The memfd peers take to learn whether they may take this rank's (kept for late pairs).
+    probeFd_ = memfd_create("chorus-probe", MFD_CLOEXEC);
+    if (probeFd_ >= 0 && pwrite(probeFd_, &kProbeMagic, sizeof(kProbeMagic), 0) != sizeof(kProbeMagic)) {
+      ::close(probeFd_);
+      probeFd_ = -1;
     }
     for (int rank : peers) {
       Peer& peer = peers_.add(rank);
       peer.rank = rank;
       peer.pid = context.peers[rank].pid;
-      peer.pidfd = pidfdOpen(peer.pid);  // readable once the peer has exited (zombie or not)
-      peer.outSegment = Segment::create(fmt::format("{}-{}-{}", prefix, rank_, peer.rank), fifoBytes);
-      peer.out = new (peer.outSegment.base()) FifoControl{};
-      peer.out->probeValue = kProbeMagic;
-      peer.out->probeAddress = reinterpret_cast<uint64_t>(&peer.out->probeValue);
-      peer.out->probeFd = probeFd;
-      peer.outSlots = peer.outSegment.base() + sizeof(FifoControl);
+      peer.bell = bellOf(rank);
     }
-    // 2. Everyone has created; map the peers' segments.
-    context.exchange->barrier(context.deadline);
-    for (Peer& peer : peers_.all()) {
-      peer.inSegment = Segment::open(fmt::format("{}-{}-{}", prefix, peer.rank, rank_), fifoBytes);
-      peer.in = reinterpret_cast<FifoControl*>(peer.inSegment.base());
-      peer.inSlots = peer.inSegment.base() + sizeof(FifoControl);
-      peer.bellSegment = Segment::open(fmt::format("{}-bell-{}", prefix, peer.rank), sizeof(Doorbell));
-      peer.bell = reinterpret_cast<Doorbell*>(peer.bellSegment.base());
-      // Can this rank read the peer's memory? Read its probe value where the peer says it is.
-      uint64_t value = 0;
-      const int error = readBytes_ > 0 ? readRemote(peer.pid, &value, peer.in->probeAddress, sizeof(value)) : EPERM;
-      const bool canRead = error == 0 && value == kProbeMagic;
-      peer.in->probe.store(canRead ? kCanRead : kCannotRead, std::memory_order_release);
-      if (!canRead && readBytes_ > 0) {
-        logAt(LogLevel::kInfo, "shm: rank {} cannot read rank {}'s memory ({}); two copies per message from it", rank_,
-              peer.rank, error != 0 ? std::strerror(error) : "probe value differs");
-      }
-      const bool canMap = probeMapping(peer);
-      peer.in->mapProbe.store(canMap ? kCanRead : kCannotRead, std::memory_order_release);
-    }
-    // 3. Everyone has mapped and probed; remove the names.
-    context.exchange->barrier(context.deadline);
-    if (probeFd >= 0) ::close(probeFd);
-    for (Peer& peer : peers_.all()) {
-      peer.peerReads = peer.out->probe.load(std::memory_order_acquire) == kCanRead;
-      peer.peerMaps = peer.out->mapProbe.load(std::memory_order_acquire) == kCanRead;
-    }
-    bellSegment_.unlink();
-    for (Peer& peer : peers_.all()) peer.outSegment.unlink();
+    if (context.eager) connectAll(*this, peers, rank_, context.deadline);
   }
 
   ~ShmTransport() override {
     for (Peer& peer : peers_.all()) {
+      // A pair this rank made, whose peer has not opened it yet but has messages waiting in it:
+      // its name stays for the peer, which removes it when it opens it (unless the peer is gone).
+      if (peer.rank > rank_ && peer.link == Link::kUp && !peer.probedByPeer && peer.head > 0 &&
+          !processExited(peer.pidfd, peer.pid)) {
+        peer.segment.keepName();
+      }
+      // A pair a lower rank may have made for this one, never opened here: its name goes now.
+      if (peer.rank < rank_ && peer.link != Link::kUp) shm_unlink(pairName(peer.rank, rank_).c_str());
       for (const Mapping& mapping : peer.mappings) munmap(mapping.base, mapping.bytes);
       if (peer.pidfd >= 0) ::close(peer.pidfd);
     }
+    if (probeFd_ >= 0) ::close(probeFd_);
   }
 
   const char* name() const override { return "shm"; }
 
   void postSend(int peer, uint64_t tag, const void* data, size_t bytes, Request* request) override {
-    Peer& p = peers_.at(peer);
+    Peer& p = linked(peer);
     p.sends.push_back({tag, static_cast<char*>(const_cast<void*>(data)), bytes, 0, request});
     ++pending_;
     ++sent_.messages;
-    pushSends(p);
+    if (p.link == Link::kUp) pushSends(p);
   }
 
   void postRecv(int peer, uint64_t tag, void* data, size_t bytes, Request* request) override {
-    Peer& p = peers_.at(peer);
+    Peer& p = linked(peer);
     p.recvs.push_back({tag, static_cast<char*>(data), bytes, 0, request});
     ++pending_;
-    pullRecvs(p);
+    if (p.link == Link::kUp) pullRecvs(p);
   }
 
   bool postRecvToSink(int peer, uint64_t tag, PieceSink* sink, size_t bytes, Request* request) override {
-    Peer& p = peers_.at(peer);
+    Peer& p = linked(peer);
     p.recvs.push_back({tag, nullptr, bytes, 0, request, sink});
     ++pending_;
-    pullRecvs(p);
+    if (p.link == Link::kUp) pullRecvs(p);
     return true;
+  }
+
+  void connect(int peer) override { linked(peer); }
+  bool connected(int peer) const override {
+    const Peer& p = peers_.at(peer);
+    return p.link == Link::kUp && p.out->probe.load(std::memory_order_acquire) != kNotProbed &&
+           p.out->mapProbe.load(std::memory_order_acquire) != kNotProbed && (p.rank < rank_ || p.probedByPeer);
+  }
+  int connections() const override { return connections_; }
+  void checkConnecting() override {
+    if (linking_ > 0) checkPeersAlive(/*linking=*/true);
   }
 
   bool postStreamingSend(int peer, uint64_t tag, const void* data, size_t bytes, Request* request) override {
@@ -373,6 +417,7 @@ class ShmTransport final : public Transport {
   void* streamingWindow(int peer, Request* request, size_t offset, size_t count) override {
     if (count > slotBytes_) return nullptr;
     Peer& q = peers_.at(peer);
+    if (q.link != Link::kUp) return nullptr;
     auto caughtUp = [&] {
       return !q.sends.empty() && q.sends.front().request == request && q.sends.front().done == offset;
     };
@@ -390,14 +435,16 @@ class ShmTransport final : public Transport {
 
   void produced(int peer, Request* /*request*/, size_t windowBytes) override {
     Peer& q = peers_.at(peer);
+    if (q.link != Link::kUp) return;  // (no window was given) the send leaves once the pair is up
     if (windowBytes > 0) publish(q, windowBytes);
     pushSends(q);  // the rest of the send, and what follows it, as far as they can go
     if (windowBytes > 0) ring(q.bell);
   }
 
   bool progress() override {
-    bool moved = false;
+    bool moved = linking_ > 0 && advanceLinks();
     for (Peer& p : peers_.all()) {
+      if (p.link != Link::kUp) continue;
       if (!p.sends.empty()) moved |= pushSends(p);
       if (!p.recvs.empty()) moved |= pullRecvs(p);
       if (!p.beingRead.empty()) moved |= completeReads(p);
@@ -422,7 +469,11 @@ class ShmTransport final : public Transport {
 
   bool busy() const override { return pending_ > 0; }
 
-  bool peerMapsMemory(int peer) const override { return peers_.has(peer) && peers_.at(peer).peerMaps; }
+  bool peerMapsMemory(int peer) const override {
+    if (!peers_.has(peer)) return false;
+    const Peer& p = peers_.at(peer);
+    return p.link == Link::kUp && p.out->mapProbe.load(std::memory_order_acquire) == kCanRead;
+  }
   char* mapPeerMemory(int peer, int fd, uint64_t serial, size_t bytes) override {
     return mapAllocation(peers_.at(peer), fd, serial, bytes, "memory the communicator maps");
   }
@@ -434,12 +485,130 @@ class ShmTransport final : public Transport {
   }
 
  private:
+  std::string pairName(int lower, int higher) const { return fmt::format("{}-{}-{}", prefix_, lower, higher); }
+  size_t pairBytes() const { return sizeof(PairHeader) + 2 * fifoBytes_; }
+
+  // The peer, its link started if it had none.
+  Peer& linked(int peer) {
+    Peer& p = peers_.at(peer);
+    if (p.link != Link::kNone) return p;
+    p.pidfd = pidfdOpen(p.pid);  // readable once the peer has exited (zombie or not)
+    ++connections_;
+    ++linking_;
+    if (rank_ < p.rank) {
+      createPair(p);
+    } else {
+      p.link = Link::kWaiting;
+      openPair(p);
+    }
+    return p;
+  }
+
+  // This rank's FIFO to p and p's to it, in the pair's segment (`lowerFirst`: this rank is the
+  // lower of the two, whose FIFO comes first), with this rank's probe values for p to check.
+  void attach(Peer& p, bool lowerFirst) {
+    char* lower = p.segment.base() + sizeof(PairHeader);
+    char* higher = lower + fifoBytes_;
+    char* out = lowerFirst ? lower : higher;
+    char* in = lowerFirst ? higher : lower;
+    p.out = reinterpret_cast<FifoControl*>(out);
+    p.in = reinterpret_cast<FifoControl*>(in);
+    p.outSlots = out + sizeof(FifoControl);
+    p.inSlots = in + sizeof(FifoControl);
+    p.out->probeValue = kProbeMagic;
+    p.out->probeAddress = reinterpret_cast<uint64_t>(&p.out->probeValue);
+    p.out->probeFd = probeFd_;
+  }
+
+  // The lower rank of the pair: makes its segment; this rank may send at once.
+  void createPair(Peer& p) {
+    p.segment = Segment::create(pairName(rank_, p.rank), pairBytes());
+    auto* header = new (p.segment.base()) PairHeader{};
+    new (p.segment.base() + sizeof(PairHeader)) FifoControl{};
+    new (p.segment.base() + sizeof(PairHeader) + fifoBytes_) FifoControl{};
+    attach(p, /*lowerFirst=*/true);
+    header->state.store(kPairReady, std::memory_order_release);
+    p.link = Link::kUp;
+    ring(p.bell);  // the peer may sleep waiting for it
+  }
+
+  // The higher rank of the pair: maps the lower rank's segment once it is ready, answers its probes
+  // and says so. Returns true once done.
+  bool openPair(Peer& p) {
+    if (!p.segment.mapped()) {
+      p.segment = Segment::tryOpen(pairName(p.rank, rank_), pairBytes());
+      if (!p.segment.mapped()) return false;
+    }
+    auto* header = reinterpret_cast<PairHeader*>(p.segment.base());
+    if (header->state.load(std::memory_order_acquire) < kPairReady) return false;
+    shm_unlink(pairName(p.rank, rank_).c_str());  // (the lower rank may have left it for this one to remove)
+    attach(p, /*lowerFirst=*/false);
+    answerProbes(p);
+    header->state.store(kPairOpened, std::memory_order_release);
+    p.link = Link::kUp;
+    --linking_;
+    ring(p.bell);
+    return true;
+  }
+
+  // The lower rank of the pair, once the higher has opened the segment: answers its probes and
+  // removes the name. Returns true once done.
+  bool finishPair(Peer& p) {
+    auto* header = reinterpret_cast<PairHeader*>(p.segment.base());
+    if (header->state.load(std::memory_order_acquire) != kPairOpened) return false;
+    answerProbes(p);
+    p.segment.unlink();
+    p.probedByPeer = true;
+    --linking_;
+    ring(p.bell);
+    return true;
+  }
+
+  // Moves the links being made along. Returns true if any moved.
+  bool advanceLinks() {
+    bool moved = false;
+    for (Peer& p : peers_.all()) {
+      if (p.link == Link::kWaiting) {
+        moved |= openPair(p);
+      } else if (p.link == Link::kUp && p.rank > rank_ && !p.probedByPeer) {
+        moved |= finishPair(p);
+      }
+    }
+    return moved;
+  }
+
+  // Can this rank read p's memory, and take its memfds? Checks the values p put in its FIFO's
+  // control and tells p.
+  void answerProbes(Peer& peer) {
+    uint64_t value = 0;
+    const int error = readBytes_ > 0 ? readRemote(peer.pid, &value, peer.in->probeAddress, sizeof(value)) : EPERM;
+    const bool canRead = error == 0 && value == kProbeMagic;
+    peer.in->probe.store(canRead ? kCanRead : kCannotRead, std::memory_order_release);
+    if (!canRead && readBytes_ > 0) {
+      logAt(LogLevel::kInfo, "shm: rank {} cannot read rank {}'s memory ({}); two copies per message from it", rank_,
+            peer.rank, error != 0 ? std::strerror(error) : "probe value differs");
+    }
+    const bool canMap = probeMapping(peer);
+    peer.in->mapProbe.store(canMap ? kCanRead : kCannotRead, std::memory_order_release);
+  }
+
+  // The peer's answers to this rank's probes, once it has given both.
+  void learnProbes(Peer& p) {
+    const uint32_t reads = p.out->probe.load(std::memory_order_acquire);
+    const uint32_t maps = p.out->mapProbe.load(std::memory_order_acquire);
+    if (reads == kNotProbed || maps == kNotProbed) return;
+    p.peerReads = reads == kCanRead;
+    p.peerMaps = maps == kCanRead;
+    p.probesKnown = true;
+  }
+
   SlotHeader* slot(char* slots, uint64_t index) const {
     return reinterpret_cast<SlotHeader*>(slots + (index % slots_) * slotStride_);
   }
 
   // Copies pieces of the queued sends into free slots. Returns true if any piece moved.
   bool pushSends(Peer& p) {
+    if (!p.probesKnown) learnProbes(p);
     bool moved = false;
     while (!p.sends.empty()) {
       PendingOp& op = p.sends.front();
@@ -452,9 +621,13 @@ class ShmTransport final : public Transport {
       // mapped allocation, or to read from this process. Never a streaming send.
       const bool whole = op.done == 0 && ready == std::numeric_limits<size_t>::max();
       SharedRange shared;
-      const bool mapped =
-          whole && p.peerMaps && mapBytes_ > 0 && op.bytes >= mapBytes_ && findShared(op.data, op.bytes, &shared);
-      const bool byAddress = mapped || (whole && p.peerReads && readBytes_ > 0 && op.bytes >= readBytes_);
+      const bool mappable = whole && mapBytes_ > 0 && op.bytes >= mapBytes_ && findShared(op.data, op.bytes, &shared);
+      const bool readable = whole && readBytes_ > 0 && op.bytes >= readBytes_;
+      // Such a message on a pair just made waits for the peer's answers (it is setting up the pair
+      // to receive it), so it too takes one copy.
+      if ((mappable || readable) && !p.probesKnown) break;
+      const bool mapped = mappable && p.peerMaps;
+      const bool byAddress = mapped || (readable && p.peerReads);
       const size_t piece = byAddress ? op.bytes : std::min({slotBytes_, op.bytes - op.done, ready - op.done});
       SlotHeader* header = slot(p.outSlots, p.head);
       header->tag = op.tag;
@@ -645,18 +818,28 @@ class ShmTransport final : public Transport {
     return completed;
   }
 
-  void checkPeersAlive() {
+  // Throws LinkLost for a peer that has exited while this rank has work with it (or, with
+  // `linking`, is still setting up their pair).
+  void checkPeersAlive(bool linking = false) {
     const auto now = Clock::now();
     if (now - lastAliveCheck_ < std::chrono::milliseconds(100)) return;
     lastAliveCheck_ = now;
     for (Peer& p : peers_.all()) {
-      if ((p.sends.empty() && p.recvs.empty() && p.beingRead.empty()) || p.pid <= 0) continue;
+      const bool settingUp =
+          linking && (p.link == Link::kWaiting || (p.link == Link::kUp && p.rank > rank_ && !p.probedByPeer));
+      if ((p.sends.empty() && p.recvs.empty() && p.beingRead.empty() && !settingUp) || p.pid <= 0) continue;
       if (!processExited(p.pidfd, p.pid)) continue;
-      // A peer that sent its last messages and left normally: what it published is all here, and
-      // what it read of ours before leaving is done.
-      pullRecvs(p);
-      completeReads(p);
-      if (p.sends.empty() && p.recvs.empty() && p.beingRead.empty()) continue;
+      // A peer that sent its last messages and left normally: what it published is all here (in a
+      // pair it may have made for this rank and left), and what it read of ours before leaving is
+      // done.
+      if (p.link == Link::kWaiting) openPair(p);
+      if (p.link == Link::kUp) {
+        pullRecvs(p);
+        completeReads(p);
+      }
+      if (p.link == Link::kUp && p.rank > rank_ && !p.probedByPeer) finishPair(p);  // it opened the pair, then left
+      const bool stillSettingUp = settingUp && (p.link == Link::kWaiting || (p.rank > rank_ && !p.probedByPeer));
+      if (p.sends.empty() && p.recvs.empty() && p.beingRead.empty() && !stillSettingUp) continue;
       throw LinkLost(chorusRemoteError,
                      fmt::format("shm: rank {} has exited (pid {} on this host) while rank {} waits for it", p.rank,
                                  p.pid, rank_));
@@ -669,10 +852,15 @@ class ShmTransport final : public Transport {
   size_t readBytes_;  // CHORUS_SHM_READ_BYTES
   size_t mapBytes_;   // CHORUS_SHM_MAP_BYTES
   size_t slotStride_ = 0;
+  size_t fifoBytes_ = 0;
+  std::string prefix_;            // of this communicator's segment names
   std::vector<char> readBuffer_;  // pieces read for a sink
   PeerTable<Peer> peers_;
-  Segment bellSegment_;
-  Doorbell* bell_ = nullptr;
+  Segment bellsSegment_;      // the host's doorbells
+  Doorbell* bell_ = nullptr;  // this rank's
+  int probeFd_ = -1;
+  int connections_ = 0;
+  int linking_ = 0;  // links not yet set up on both sides
   size_t pending_ = 0;
   Clock::time_point lastAliveCheck_ = Clock::now();
 };

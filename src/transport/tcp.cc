@@ -1,10 +1,14 @@
 // tcp.cc: the TCP transport, for any two ranks that can reach each other.
 //
-// One socket per pair of ranks, opened at init: the lower rank connects to the higher rank's
-// data listener and introduces itself with a wire::PeerHello (the communicator's secret and id,
-// its rank). A message is a wire::TcpHeader (magic, sender, tag, size) followed by the payload. Sockets are
-// non-blocking; progress() moves as much as the kernel takes, and a header is read only once a receive is posted for
-// that peer, so unmatched data waits in the kernel (back-pressure, no unbounded buffering here).
+// One socket per pair of ranks, opened when the first message between them is posted (or at init
+// with CHORUS_CONNECT=eager): the lower rank connects to the higher rank's data listener, which
+// stays open for the communicator's life, and introduces itself with a wire::PeerHello (the
+// communicator's secret and id, its rank); the higher rank accepts whatever lower ranks have
+// connected whenever it progresses with a message waiting for one. Messages posted before their
+// connection is up wait in its queue. A message is a wire::TcpHeader (magic, sender, tag, size)
+// followed by the payload. Sockets are non-blocking; progress() moves as much as the kernel takes, and a header is read
+// only once a receive is posted for that peer, so unmatched data waits in the kernel (back-pressure, no unbounded
+// buffering here).
 //
 // A slow link can be emulated (CHORUS_TCP_RATE_LIMIT, CHORUS_TCP_DELAY), since the kernel's netem
 // is not always there: a message's first byte leaves no sooner than the delay after it was
@@ -16,6 +20,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <unordered_map>
 
 #include "src/base/config.h"
 #include "src/base/error.h"
@@ -68,9 +73,20 @@ class RateLimit {
   Clock::time_point filled_ = Clock::now();
 };
 
+// A connection accepted on the listener whose hello has not all come yet.
+struct Arrival {
+  Socket socket;
+  wire::PeerHello hello;
+  size_t got;  // bytes of hello read
+  Clock::time_point since;
+};
+
 struct Peer {
   int rank = -1;
-  Socket socket;
+  Socket socket;        // valid once connected
+  bool wanted = false;  // a lower rank whose connection this rank waits to accept
+  Socket probe;         // wanted: a connection checking that the rank still listens (checkAwaitedAlive)
+  Clock::time_point probeSince;
   std::deque<PendingOp> sends;
   std::deque<PendingOp> recvs;
   TcpHeader incoming{};
@@ -82,62 +98,53 @@ class TcpTransport final : public Transport {
   TcpTransport(TransportContext& context, const std::vector<int>& peers)
       : rank_(context.rank),
         peers_("tcp", context.rank, context.nranks),
+        exchange_(context.exchange),
         rate_(knobBitsPerSecond(Knob::kTcpRateLimit)),
         delay_(std::chrono::microseconds(knobMicroseconds(Knob::kTcpDelay))) {
-    int expectedAccepts = 0;
     for (int rank : peers) {
       peers_.add(rank).rank = rank;
-      if (rank < rank_) ++expectedAccepts;
+      addresses_.emplace(rank, context.peers[rank].dataAddress);
     }
-    // Connect to higher ranks (the kernel completes these without waiting for accept()).
-    for (Peer& peer : peers_.all()) {
-      if (peer.rank < rank_) continue;
-      const std::string what = fmt::format("tcp transport: rank {} connecting to rank {}", rank_, peer.rank);
-      peer.socket = connectTo(unpack(context.peers[peer.rank].dataAddress), context.deadline, what);
-      const wire::PeerHello hello = context.exchange->peerHello(wire::Purpose::kTcpData);
-      sendAll(peer.socket.fd(), &hello, sizeof(hello), context.deadline, what);
-    }
-    // Accept lower ranks; strangers and other communicators are turned away.
-    while (expectedAccepts > 0) {
-      const std::string what =
-          fmt::format("tcp transport: rank {} waiting for {} lower rank(s)", rank_, expectedAccepts);
-      wire::PeerHello hello{};
-      Socket socket = context.exchange->acceptPeer(context.dataListener->fd(), context.deadline, what,
-                                                   wire::Purpose::kTcpData, &hello);
-      if (hello.rank >= rank_ || !peers_.has(hello.rank) || peers_.at(hello.rank).socket.valid()) {
-        logAt(LogLevel::kWarn, "{}: rank {} connected, which this rank does not accept; turned away", what, hello.rank);
-        continue;
-      }
-      peers_.at(hello.rank).socket = std::move(socket);
-      --expectedAccepts;
-    }
-    for (Peer& peer : peers_.all()) {
-      setNonBlocking(peer.socket.fd());
-      setNoDelay(peer.socket.fd());
-    }
+    if (peers.empty()) return;
+    listener_ = std::move(*context.dataListener);
+    setNonBlocking(listener_.fd());
+    if (context.eager) connectAll(*this, peers, rank_, context.deadline);
   }
 
   const char* name() const override { return "tcp"; }
 
   void postSend(int peer, uint64_t tag, const void* data, size_t bytes, Request* request) override {
     Peer& p = peers_.at(peer);
+    if (!p.socket.valid()) connectTo(p);
     const Clock::time_point leaves = delay_.count() > 0 ? Clock::now() + delay_ : Clock::time_point{};
     p.sends.push_back({tag, static_cast<char*>(const_cast<void*>(data)), bytes, 0, request, leaves});
     ++pending_;
     ++sent_.messages;
-    pushSends(p);
+    if (p.socket.valid()) pushSends(p);
   }
 
   void postRecv(int peer, uint64_t tag, void* data, size_t bytes, Request* request) override {
     Peer& p = peers_.at(peer);
+    if (!p.socket.valid()) connectTo(p);
     p.recvs.push_back({tag, static_cast<char*>(data), bytes, 0, request});
     ++pending_;
-    pullRecvs(p);
+    if (p.socket.valid()) pullRecvs(p);
+  }
+
+  void connect(int peer) override {
+    Peer& p = peers_.at(peer);
+    if (!p.socket.valid()) connectTo(p);
+  }
+  bool connected(int peer) const override { return peers_.at(peer).socket.valid(); }
+  int connections() const override { return connections_; }
+  void checkConnecting() override {
+    if (awaited_ > 0) checkAwaitedAlive();
   }
 
   bool progress() override {
-    bool moved = false;
+    bool moved = (awaited_ > 0 || !arrivals_.empty()) && acceptArrivals();
     for (Peer& p : peers_.all()) {
+      if (!p.socket.valid()) continue;
       if (!p.sends.empty()) moved |= pushSends(p);
       if (!p.recvs.empty()) moved |= pullRecvs(p);
     }
@@ -149,7 +156,13 @@ class TcpTransport final : public Transport {
     // A send held back by the emulated link wakes the wait when it may go on, not on POLLOUT.
     int64_t heldUs = -1;
     auto holdFor = [&](int64_t us) { heldUs = heldUs < 0 ? us : std::min(heldUs, us); };
+    if (awaited_ > 0) {
+      checkAwaitedAlive();
+      pollSet_.push_back({listener_.fd(), POLLIN, 0});
+      for (const Arrival& a : arrivals_) pollSet_.push_back({a.socket.fd(), POLLIN, 0});
+    }
     for (Peer& p : peers_.all()) {
+      if (!p.socket.valid()) continue;
       short events = 0;
       if (const int64_t us = heldBackUs(p); us > 0) {
         holdFor(us);
@@ -172,6 +185,166 @@ class TcpTransport final : public Transport {
   }
 
  private:
+  // Connects to a higher rank now (its listener is open since init, so the kernel completes the
+  // connection without waiting for it to accept); a lower rank's connection is awaited.
+  void connectTo(Peer& p) {
+    if (p.rank < rank_) {
+      if (!p.wanted) {
+        p.wanted = true;
+        ++awaited_;
+      }
+      acceptArrivals();
+      return;
+    }
+    const SocketAddress address = unpack(addresses_.at(p.rank));
+    const Deadline deadline = deadlineAfterMs(kConnectMs);
+    int error = 0;
+    Socket socket = startConnect(address, &error);
+    while (error == 0) {
+      const int outcome = connectOutcome(socket.fd(), msLeft(deadline, 100));
+      if (outcome == 0) break;
+      error = outcome > 0 ? outcome : Clock::now() >= deadline ? ETIMEDOUT : 0;
+    }
+    if (error != 0) {
+      throw LinkLost(chorusRemoteError,
+                     fmt::format("tcp: rank {} cannot connect to rank {} at {} ({}): rank {} has exited, or has left "
+                                 "the communicator",
+                                 rank_, p.rank, address.toString(), std::strerror(error), p.rank));
+    }
+    const wire::PeerHello hello = exchange_->peerHello(wire::Purpose::kTcpData);
+    sendAll(socket.fd(), &hello, sizeof(hello), deadline,
+            fmt::format("tcp transport: rank {} connecting to rank {}", rank_, p.rank));
+    setUp(p, std::move(socket));
+  }
+
+  // Takes the connections waiting on the listener and the hellos that have come on them: lower
+  // ranks' connections (wanted yet or not) come up; a waiting rank's probes are closed; strangers,
+  // other communicators and connections silent for kHelloMs are turned away. Never blocks.
+  // Returns true if any connection came up.
+  bool acceptArrivals() {
+    for (;;) {
+      const int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd >= 0) {
+        arrivals_.push_back({Socket(fd), {}, 0, Clock::now()});
+        continue;
+      }
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      failErrno(fmt::format("tcp transport: rank {}: accept()", rank_));
+    }
+    bool accepted = false;
+    for (size_t i = 0; i < arrivals_.size();) {
+      Arrival& a = arrivals_[i];
+      const ssize_t n = ::recv(a.socket.fd(), reinterpret_cast<char*>(&a.hello) + a.got, sizeof(a.hello) - a.got, 0);
+      if (n > 0) a.got += static_cast<size_t>(n);
+      const bool pending = a.got < sizeof(a.hello);
+      const bool open = n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR));
+      if (pending && open && Clock::now() - a.since < std::chrono::milliseconds(kHelloMs)) {
+        ++i;
+        continue;
+      }
+      accepted |= !pending && welcome(a);
+      if (pending) {
+        logAt(LogLevel::kWarn, "tcp transport: rank {}: a connection {} before its hello; turned away", rank_,
+              open ? "stayed silent" : "closed");
+      }
+      arrivals_.erase(arrivals_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    return accepted;
+  }
+
+  // The hello of an arrival has come: sets up its peer's connection (true), or turns it away.
+  bool welcome(Arrival& a) {
+    if (exchange_->checkHello(a.hello, wire::Purpose::kTcpProbe).empty()) return false;  // a waiting rank's check
+    const std::string what = fmt::format("tcp transport: rank {} accepting a lower rank", rank_);
+    if (const std::string why = exchange_->checkHello(a.hello, wire::Purpose::kTcpData); !why.empty()) {
+      logAt(LogLevel::kWarn, "{}: a connection presented {}; turned away", what, why);
+      return false;
+    }
+    const int rank = a.hello.rank;
+    if (rank >= rank_ || !peers_.has(rank) || peers_.at(rank).socket.valid()) {
+      logAt(LogLevel::kWarn, "{}: rank {} connected, which this rank does not accept; turned away", what, rank);
+      return false;
+    }
+    Peer& p = peers_.at(rank);
+    if (p.wanted) {
+      p.wanted = false;
+      p.probe.close();
+      --awaited_;
+    }
+    setUp(p, std::move(a.socket));
+    return true;
+  }
+
+  // While this rank waits for lower ranks to connect: every kProbeMs, whether each still listens
+  // (a connection to its listener, closed at once with a probe's hello). Nothing listening there
+  // means the rank has exited or destroyed the communicator: its connection will never come.
+  void checkAwaitedAlive() {
+    const Clock::time_point now = Clock::now();
+    if (now - lastProbe_ < std::chrono::milliseconds(kProbeMs)) return;
+    lastProbe_ = now;
+    for (Peer& p : peers_.all()) {
+      if (!p.wanted) continue;
+      const SocketAddress address = unpack(addresses_.at(p.rank));
+      int error = 0;
+      if (!p.probe.valid()) {
+        p.probe = startConnect(address, &error);
+        p.probeSince = now;
+      }
+      if (error == 0) {
+        error = connectOutcome(p.probe.fd(), 20);
+        if (error < 0) {  // undecided: tried again later
+          if (now - p.probeSince > std::chrono::seconds(10)) p.probe.close();
+          continue;
+        }
+      }
+      if (error == 0) {
+        const wire::PeerHello hello = exchange_->peerHello(wire::Purpose::kTcpProbe);
+        (void)::send(p.probe.fd(), &hello, sizeof(hello), MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+      p.probe.close();
+      if (error == ECONNREFUSED) {
+        throw LinkLost(chorusRemoteError,
+                       fmt::format("tcp: rank {} waits for rank {} to connect, but nothing listens at its address {} "
+                                   "any more: rank {} has exited, or has left the communicator",
+                                   rank_, p.rank, address.toString(), p.rank));
+      }
+    }
+  }
+
+  // A connection to address started without blocking; *error is the connect's errno (0: made, or
+  // under way).
+  static Socket startConnect(const SocketAddress& address, int* error) {
+    Socket socket(::socket(address.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!socket.valid()) failErrno("tcp transport: socket()");
+    const bool started =
+        ::connect(socket.fd(), reinterpret_cast<const sockaddr*>(&address.storage), address.length) == 0 ||
+        errno == EINPROGRESS;
+    *error = started ? 0 : errno;
+    return socket;
+  }
+  // How a connect under way came out, waiting up to waitMs: -1 still undecided, else its errno
+  // (0: connected).
+  static int connectOutcome(int fd, int waitMs) {
+    pollfd entry{fd, POLLOUT, 0};
+    const int ready = ::poll(&entry, 1, waitMs);
+    if (ready == 0 || (ready < 0 && errno == EINTR)) return -1;
+    if (ready < 0) return errno;
+    int error = 0;
+    socklen_t length = sizeof(error);
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0) return errno;
+    return error;
+  }
+
+  void setUp(Peer& p, Socket socket) {
+    p.socket = std::move(socket);
+    setNonBlocking(p.socket.fd());
+    setNoDelay(p.socket.fd());
+    ++connections_;
+    logAt(LogLevel::kTrace, "tcp transport: rank {} connected to rank {} ({} connection(s))", rank_, p.rank,
+          connections_);
+  }
+
   [[noreturn]] void connectionLost(const Peer& p, const char* during, int error) {
     throw LinkLost(
         chorusRemoteError,
@@ -277,8 +450,19 @@ class TcpTransport final : public Transport {
     return moved;
   }
 
+  static constexpr int kConnectMs = 30000;  // a peer's listener answers at once unless its host is gone
+  static constexpr int kHelloMs = 5000;     // how long an accepted connection may take to say who it is
+  static constexpr int kProbeMs = 500;      // how often a waiting rank checks the ranks it waits for
+
   int rank_;
   PeerTable<Peer> peers_;
+  PeerExchange* exchange_;
+  std::unordered_map<int, PackedAddress> addresses_;  // each peer's data listener
+  Socket listener_;                                   // this rank's, for lower ranks' connections
+  int awaited_ = 0;                                   // lower ranks whose connection a message waits for
+  std::vector<Arrival> arrivals_;
+  Clock::time_point lastProbe_ = Clock::now();
+  int connections_ = 0;
   std::vector<pollfd> pollSet_;
   size_t pending_ = 0;
   RateLimit rate_;

@@ -30,6 +30,8 @@ struct PeerInfo {
   int32_t pid = 0;
   uint64_t hostHash = 0;       // equal for processes that can share memory (same host and namespaces)
   char transportMode[8] = {};  // CHORUS_TRANSPORT in effect; all ranks must agree
+  int32_t eagerConnect = 0;    // CHORUS_CONNECT=eager; all ranks must agree
+  uint64_t grownFrom = 0;      // chorusCommGrow: the communicator this rank comes from (0: a new rank)
   char hostname[48] = {};
 };
 
@@ -118,6 +120,18 @@ class Transport {
   virtual char* mapPeerMemory(int peer, int fd, uint64_t /*serial*/, size_t bytes) {
     fail(chorusInternalError, "{} transport cannot map descriptor {} ({} bytes) of rank {}", name(), fd, bytes, peer);
   }
+  // Connections are made when first needed: a send or receive posted to a peer not yet connected
+  // waits in its queue while the transport connects (progress() advances that), so a rank holds
+  // connections only to the peers its schedules use (CHORUS_CONNECT=eager: to all, at init).
+  // connect() starts connecting to peer without blocking; connected() says whether the connection
+  // is up and set up completely (shm: both sides' probes answered); connections() counts the peers
+  // this transport has connected to or is connecting to.
+  virtual void connect(int /*peer*/) {}
+  virtual bool connected(int /*peer*/) const { return true; }
+  virtual int connections() const { return 0; }
+  // Throws chorusRemoteError (LinkLost) naming a peer this rank is connecting to that has exited
+  // (connectAll asks while it waits).
+  virtual void checkConnecting() {}
   // Moves whatever can move without blocking. Returns true if anything moved.
   virtual bool progress() = 0;
   // Blocks until something may be able to move, or timeoutMs passes. Throws chorusRemoteError if
@@ -194,11 +208,15 @@ class PeerExchange {
   // deadline; `what` names the wait in errors.
   virtual Socket acceptPeer(int listenFd, Deadline deadline, const std::string& what, wire::Purpose purpose,
                             wire::PeerHello* hello) const = 0;
+  // Why `hello` does not come from a rank of this communicator for `purpose` (empty: it does).
+  virtual std::string checkHello(const wire::PeerHello& hello, wire::Purpose purpose) const = 0;
 
  protected:
   ~PeerExchange() = default;
 };
 
+// What a transport is made from. `exchange` lives as long as the transport; a transport that
+// connects lazily keeps what it needs of the rest (the tcp transport takes the data listener).
 struct TransportContext {
   int rank = 0;
   int nranks = 0;
@@ -207,8 +225,14 @@ struct TransportContext {
   PeerExchange* exchange = nullptr;
   Socket* dataListener = nullptr;
   Deadline deadline;
-  std::string mode;  // auto | shm | tcp | ucx
+  std::string mode;    // auto | shm | tcp | ucx
+  bool eager = false;  // CHORUS_CONNECT=eager: connect to every peer at init
 };
+
+// Connects `transport` to every peer of `peers` (all started at once, then progressed until every
+// one is up), or throws chorusTimeout at the deadline naming those still missing. The peers must
+// do the same (or be connecting to this rank already), as at init or before a direct call.
+void connectAll(Transport& transport, const std::vector<int>& peers, int rank, Deadline deadline);
 
 // One line per transport in registry.cc.
 struct TransportKind {

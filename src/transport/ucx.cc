@@ -74,7 +74,9 @@ struct Peer {
   std::deque<PendingRecv> recvs;  // posted by the caller, their message not yet probed
   int unfinished = 0;             // the caller's sends and receives with this peer not yet done
   ucs_status_t broken = UCS_OK;   // set by the endpoint's error handler
-  // Peers on this host have no UCX error handling (see connect()): their process is watched.
+  std::vector<char> address;      // its worker's, for the endpoint opened when first needed
+  bool sameHost = false;
+  // Peers on this host have no UCX error handling (see linked()): their process is watched.
   pid_t pid = 0;
   int pidfd = -1;
 };
@@ -104,7 +106,7 @@ class UcxTransport final : public Transport {
   const char* name() const override { return "ucx"; }
 
   void postSend(int peer, uint64_t tag, const void* data, size_t bytes, Request* request) override {
-    Peer& p = peers_.at(peer);
+    Peer& p = linked(peer);
     const uint64_t wireTag = ucpTag(rank_, p.sendSequence++, tag);
     // UCX's own framing is not visible here; its tag is the header chorus asks for.
     sent_.bytes += bytes + sizeof(wireTag);
@@ -121,12 +123,16 @@ class UcxTransport final : public Transport {
   }
 
   void postRecv(int peer, uint64_t tag, void* data, size_t bytes, Request* request) override {
-    Peer& p = peers_.at(peer);
+    Peer& p = linked(peer);
     p.recvs.push_back({tag, data, bytes, request});
     ++p.unfinished;
     ++pending_;
     takeArrived(p);
   }
+
+  void connect(int peer) override { linked(peer); }
+  bool connected(int peer) const override { return peers_.at(peer).endpoint != nullptr; }
+  int connections() const override { return connections_; }
 
   bool progress() override {
     bool moved = false;
@@ -185,31 +191,41 @@ class UcxTransport final : public Transport {
     const char* bytes = reinterpret_cast<const char*>(address);
     const std::vector<char> mine(bytes, bytes + length);
     ucp_worker_release_address(worker_, address);
-    const std::vector<std::vector<char>> addresses = context.exchange->allGatherBlobs(mine, context.deadline);
-
+    std::vector<std::vector<char>> addresses = context.exchange->allGatherBlobs(mine, context.deadline);
     for (Peer& peer : peers_.all()) {
       if (addresses[peer.rank].empty()) {
         fail(chorusRemoteError, "ucx transport: rank {} has no UCX worker but rank {} expects one", peer.rank, rank_);
       }
-      ucp_ep_params_t ep{};
-      ep.field_mask =
-          UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      ep.address = reinterpret_cast<const ucp_address_t*>(addresses[peer.rank].data());
-      // UCX's shared-memory transports offer no peer failure handling, and asking for it rules
-      // them out: peers on this host go without (a dead one is reported by the failure line).
-      const bool sameHost = context.peers[peer.rank].hostHash == context.peers[rank_].hostHash;
-      ep.err_mode = sameHost ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
-      if (sameHost) {
-        peer.pid = context.peers[peer.rank].pid;
-        peer.pidfd = pidfdOpen(peer.pid);
-      }
-      ep.err_handler.cb = onEndpointError;
-      ep.err_handler.arg = &peer;
-      check(ucp_ep_create(worker_, &ep, &peer.endpoint),
-            fmt::format("rank {}: opening an endpoint to rank {}", rank_, peer.rank));
+      peer.address = std::move(addresses[peer.rank]);
+      peer.sameHost = context.peers[peer.rank].hostHash == context.peers[rank_].hostHash;
+      peer.pid = context.peers[peer.rank].pid;
     }
-    logAt(LogLevel::kTrace, "ucx transport: rank {} has endpoints to {} peer(s); address {} bytes", rank_, npeers,
-          length);
+    logAt(LogLevel::kTrace, "ucx transport: rank {} has {} peer(s); address {} bytes", rank_, npeers, length);
+  }
+
+  // The peer's endpoint, opened the first time a message to or from it is posted.
+  Peer& linked(int rank) {
+    Peer& peer = peers_.at(rank);
+    if (peer.endpoint != nullptr) return peer;
+    ucp_ep_params_t ep{};
+    ep.field_mask =
+        UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(peer.address.data());
+    // UCX's shared-memory transports offer no peer failure handling, and asking for it rules
+    // them out: peers on this host go without (a dead one is reported by the failure line).
+    ep.err_mode = peer.sameHost ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+    if (peer.sameHost) peer.pidfd = pidfdOpen(peer.pid);
+    ep.err_handler.cb = onEndpointError;
+    ep.err_handler.arg = &peer;
+    if (const ucs_status_t status = ucp_ep_create(worker_, &ep, &peer.endpoint); status != UCS_OK) {
+      peer.endpoint = nullptr;
+      throw LinkLost(chorusRemoteError,
+                     fmt::format("ucx: rank {} cannot open an endpoint to rank {} ({}): rank {} has exited, or has "
+                                 "left the communicator",
+                                 rank_, peer.rank, ucs_status_string(status), peer.rank));
+    }
+    ++connections_;
+    return peer;
   }
 
   void release() {
@@ -349,6 +365,7 @@ class UcxTransport final : public Transport {
   int eventFd_ = -1;
   std::list<Operation> operations_;
   size_t pending_ = 0;      // caller's requests not yet done
+  int connections_ = 0;     // endpoints opened
   size_t completions_ = 0;  // requests completed since the last progress()
   bool cancelled_ = false;
   std::chrono::steady_clock::time_point lastAliveCheck_ = std::chrono::steady_clock::now();

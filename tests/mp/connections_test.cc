@@ -1,0 +1,144 @@
+// connections_test.cc: transports connect when a peer is first used (CHORUS_CONNECT=lazy, the
+// default), on forked ranks over shm and tcp: none after init, two after a ring all-reduce (its
+// neighbours), every peer after an all-to-all; with CHORUS_CONNECT=eager every peer at init, n-1
+// more descriptors per rank than lazily; the direct all-reduce connects every pair first; the
+// results are right either way; ranks that disagree on the knob fail init, naming it.
+#include <chorus/chorus.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <array>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tests/support/multiprocess.h"
+
+namespace chorus {
+namespace {
+
+using namespace chorus::testing;
+using nlohmann::json;
+
+int connectionsOf(chorusComm_t comm) {
+  size_t size = 0;
+  EXPECT_EQ(chorusCommGetStats(comm, CHORUS_STATS_JSON, nullptr, &size), chorusSuccess) << chorusGetLastError(comm);
+  std::string text(size, '\0');
+  EXPECT_EQ(chorusCommGetStats(comm, CHORUS_STATS_JSON, text.data(), &size), chorusSuccess) << chorusGetLastError(comm);
+  text.resize(size > 0 ? size - 1 : 0);
+  return json::parse(text)["connections"].get<int>();
+}
+
+int openDescriptors() {
+  int count = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++count;
+  return count;
+}
+
+// A sum all-reduce of every rank's (rank + 1) * (i + 1), checked against n(n+1)/2 * (i + 1).
+void checkAllReduce(int nranks, int rank, chorusComm_t comm) {
+  constexpr size_t kCount = 5000;
+  std::vector<int64_t> data(kCount);
+  for (size_t i = 0; i < kCount; ++i) data[i] = static_cast<int64_t>((rank + 1) * (i + 1));
+  ASSERT_EQ(chorusAllReduce(data.data(), data.data(), kCount, chorusInt64, chorusSum, comm, nullptr), chorusSuccess)
+      << chorusGetLastError(comm);
+  for (size_t i = 0; i < kCount; ++i) {
+    ASSERT_EQ(data[i], static_cast<int64_t>(nranks * (nranks + 1) / 2 * (i + 1))) << "element " << i;
+  }
+}
+
+class ConnectionsTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void TearDown() override { unsetenv("CHORUS_CONNECT"); }
+};
+
+constexpr int kRanks = 6;
+
+TEST_P(ConnectionsTest, ARingConnectsEachRankToItsTwoNeighboursAndAnAllToAllToEveryPeer) {
+  RanksOptions options;
+  options.nranks = kRanks;
+  options.transport = GetParam();
+  runRanks(options, [&](int rank, chorusComm_t comm) {
+    EXPECT_EQ(connectionsOf(comm), 0) << "rank " << rank << " connected at init";
+    ASSERT_EQ(chorusCommSetAlgorithms(comm, "allreduce:ring"), chorusSuccess);
+    checkAllReduce(kRanks, rank, comm);
+    EXPECT_EQ(connectionsOf(comm), 2) << "rank " << rank << " after a ring all-reduce";
+    checkAllReduce(kRanks, rank, comm);
+    EXPECT_EQ(connectionsOf(comm), 2) << "rank " << rank << " after a second one";
+    std::vector<int32_t> send(kRanks * 3), recv(kRanks * 3, -1);
+    for (int peer = 0; peer < kRanks; ++peer) {
+      for (int i = 0; i < 3; ++i) send[peer * 3 + i] = rank * 100 + peer * 10 + i;
+    }
+    ASSERT_EQ(chorusAllToAll(send.data(), recv.data(), 3, chorusInt32, comm, nullptr), chorusSuccess)
+        << chorusGetLastError(comm);
+    for (int peer = 0; peer < kRanks; ++peer) {
+      for (int i = 0; i < 3; ++i) ASSERT_EQ(recv[peer * 3 + i], peer * 100 + rank * 10 + i);
+    }
+    EXPECT_EQ(connectionsOf(comm), kRanks - 1) << "rank " << rank << " after an all-to-all";
+  });
+}
+
+TEST_P(ConnectionsTest, EagerConnectsEveryPeerAtInitWithADescriptorEach) {
+  // Each connection holds one descriptor (a tcp socket; shm: the peer's pidfd; the FIFOs are
+  // mapped, their descriptors closed), so eager ranks hold n-1 more than lazy ones after init.
+  SharedWithRanks<std::array<int, kRanks>> lazyFds, eagerFds;
+  RanksOptions options;
+  options.nranks = kRanks;
+  options.transport = GetParam();
+  runRanks(options, [&](int rank, chorusComm_t comm) {
+    (*lazyFds)[rank] = openDescriptors();
+    EXPECT_EQ(connectionsOf(comm), 0);
+  });
+  ASSERT_EQ(setenv("CHORUS_CONNECT", "eager", 1), 0);
+  runRanks(options, [&](int rank, chorusComm_t comm) {
+    (*eagerFds)[rank] = openDescriptors();
+    EXPECT_EQ(connectionsOf(comm), kRanks - 1) << "rank " << rank;
+    ASSERT_EQ(chorusCommSetAlgorithms(comm, "allreduce:ring"), chorusSuccess);
+    checkAllReduce(kRanks, rank, comm);
+    EXPECT_EQ(connectionsOf(comm), kRanks - 1) << "rank " << rank;
+  });
+  for (int rank = 0; rank < kRanks; ++rank) {
+    EXPECT_EQ((*eagerFds)[rank] - (*lazyFds)[rank], kRanks - 1) << "rank " << rank;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ConnectionsTest, ::testing::Values("shm", "tcp"), transportName);
+
+TEST(ConnectionsDirectTest, TheDirectAllReduceConnectsEveryPairFirst) {
+  ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", "1", 1), 0);
+  RanksOptions options;
+  options.nranks = 4;
+  options.transport = "shm";
+  runRanks(options, [&](int rank, chorusComm_t comm) {
+    ASSERT_EQ(chorusCommSetAlgorithms(comm, "allreduce:direct"), chorusSuccess);
+    constexpr size_t kCount = 1 << 16;
+    void* memory = nullptr;
+    ASSERT_EQ(chorusMemAlloc(&memory, kCount * sizeof(float)), chorusSuccess);
+    auto* data = static_cast<float*>(memory);
+    for (size_t i = 0; i < kCount; ++i) data[i] = static_cast<float>(rank + 1) * static_cast<float>(i % 7);
+    ASSERT_EQ(chorusAllReduce(data, data, kCount, chorusFloat32, chorusSum, comm, nullptr), chorusSuccess)
+        << chorusGetLastError(comm);
+    for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(data[i], 10.0f * static_cast<float>(i % 7)) << "element " << i;
+    EXPECT_EQ(connectionsOf(comm), 3) << "rank " << rank;
+    ASSERT_EQ(chorusBarrier(comm, nullptr), chorusSuccess);  // the peers are done with `data`
+    ASSERT_EQ(chorusMemFree(memory), chorusSuccess);
+  });
+  unsetenv("CHORUS_SHM_DIRECT_BYTES");
+}
+
+TEST(ConnectionsKnobTest, RanksThatDisagreeOnTheKnobFailInitNamingIt) {
+  const std::vector<int> codes = runProcesses(2, [](int rank, const chorusUniqueId& id) {
+    setenv("CHORUS_CONNECT", rank == 0 ? "eager" : "lazy", 1);
+    chorusComm_t comm = nullptr;
+    const chorusResult_t result = chorusCommInitRank(&comm, 2, id, rank);
+    EXPECT_EQ(result, chorusInvalidUsage) << "rank " << rank;
+    EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("CHORUS_CONNECT must agree"), std::string::npos)
+        << chorusGetLastError(nullptr);
+    if (result == chorusSuccess) chorusCommDestroy(comm);
+  });
+  for (int code : codes) EXPECT_EQ(code, 0);
+}
+
+}  // namespace
+}  // namespace chorus
