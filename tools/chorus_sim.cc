@@ -134,6 +134,12 @@ int simulateSweep(const Options& o) {
       }
       std::string name = cc::algorithmName(args.algorithm);
       if (algo == cc::Algorithm::kDefault) name = "default:" + name;
+      if (args.algorithm == cc::Algorithm::kDirect && perHost < n) {
+        // It maps every rank's buffers: shared memory, one host.
+        std::printf("# %10zu  %20s  not simulated: the direct algorithm runs only with every rank on one host\n",
+                    shownBytes, name.c_str());
+        continue;
+      }
       const cc::ScheduleSet set = cc::buildAllSchedules(args, perHost < n ? perHost : 0);
       cc::TimingResult timing;
       if (!set.error.empty()) {
