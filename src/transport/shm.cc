@@ -492,15 +492,15 @@ class ShmTransport final : public Transport {
   Peer& linked(int peer) {
     Peer& p = peers_.at(peer);
     if (p.link != Link::kNone) return p;
-    p.pidfd = pidfdOpen(p.pid);  // readable once the peer has exited (zombie or not)
-    ++connections_;
-    ++linking_;
+    if (p.pidfd < 0) p.pidfd = pidfdOpen(p.pid);  // readable once the peer has exited (zombie or not)
     if (rank_ < p.rank) {
-      createPair(p);
+      createPair(p);  // (if it throws, nothing is counted and the next post tries again)
     } else {
       p.link = Link::kWaiting;
-      openPair(p);
     }
+    ++connections_;
+    ++linking_;
+    if (p.link == Link::kWaiting) openPair(p);
     return p;
   }
 
