@@ -362,7 +362,10 @@ std::span<const AlgorithmDescriptor> treeAlgorithms() {
          const double k = std::ceil(c.m / 2 / c.chunk);
          const double piece = c.m / 2 / k;
          const double depth = std::floor(std::log2(c.n));
-         return (2 * depth + k) * c.a + std::hypot(depth * piece * (4 * c.b + c.g), c.m / 2 * (5 * c.b + 2 * c.g));
+         // Per chunk a rank handles up to eight messages of the two trees, six beyond the two on
+         // its critical path: the overhead of each.
+         return (2 * depth + k) * c.a + 6 * k * c.o +
+                std::hypot(depth * piece * (4 * c.b + c.g), c.m / 2 * (5 * c.b + 2 * c.g));
        },
        Follows::kPositions},
       {Collective::kBroadcast, Algorithm::kBinomial, binomialBroadcast,
