@@ -189,6 +189,27 @@ Socket connectTo(const SocketAddress& address, Deadline deadline, const std::str
   }
 }
 
+Socket startConnect(const SocketAddress& address, int* error) {
+  Socket socket(::socket(address.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!socket.valid()) failErrno("socket()");
+  const bool started =
+      ::connect(socket.fd(), reinterpret_cast<const sockaddr*>(&address.storage), address.length) == 0 ||
+      errno == EINPROGRESS;
+  *error = started ? 0 : errno;
+  return socket;
+}
+
+int connectOutcome(int fd, int waitMs) {
+  pollfd entry{fd, POLLOUT, 0};
+  const int ready = ::poll(&entry, 1, waitMs);
+  if (ready == 0 || (ready < 0 && errno == EINTR)) return -1;
+  if (ready < 0) return errno;
+  int error = 0;
+  socklen_t length = sizeof(error);
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0) return errno;
+  return error;
+}
+
 Socket acceptFrom(int listenFd, Deadline deadline, const std::string& what) {
   for (;;) {
     pollfd entry{listenFd, POLLIN, 0};

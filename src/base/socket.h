@@ -78,6 +78,11 @@ Socket listenOn(const SocketAddress& address, int backlog = 1024);
 SocketAddress boundAddress(int fd);
 // Connects, retrying while the peer is not yet listening, until the deadline.
 Socket connectTo(const SocketAddress& address, Deadline deadline, const std::string& what);
+// A connection to address started without blocking; *error is the connect's errno (0: made, or
+// under way). connectOutcome then says how it came out, waiting up to waitMs: -1 still undecided,
+// else its errno (0: connected).
+Socket startConnect(const SocketAddress& address, int* error);
+int connectOutcome(int fd, int waitMs);
 // Accepts one connection, or throws chorusTimeout at the deadline.
 Socket acceptFrom(int listenFd, Deadline deadline, const std::string& what);
 // Sends / receives exactly `bytes`, or throws (chorusTimeout, chorusRemoteError on close).

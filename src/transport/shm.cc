@@ -395,11 +395,7 @@ class ShmTransport final : public Transport {
   }
 
   void connect(int peer) override { linked(peer); }
-  bool connected(int peer) const override {
-    const Peer& p = peers_.at(peer);
-    return p.link == Link::kUp && p.out->probe.load(std::memory_order_acquire) != kNotProbed &&
-           p.out->mapProbe.load(std::memory_order_acquire) != kNotProbed && (p.rank < rank_ || p.probedByPeer);
-  }
+  bool connected(int peer) const override { return setUp(peers_.at(peer)); }
   int connections() const override { return connections_; }
   void checkConnecting() override {
     if (linking_ > 0) checkPeersAlive(/*linking=*/true);
@@ -570,7 +566,7 @@ class ShmTransport final : public Transport {
     for (Peer& p : peers_.all()) {
       if (p.link == Link::kWaiting) {
         moved |= openPair(p);
-      } else if (p.link == Link::kUp && p.rank > rank_ && !p.probedByPeer) {
+      } else if (toFinish(p)) {
         moved |= finishPair(p);
       }
     }
@@ -818,6 +814,17 @@ class ShmTransport final : public Transport {
     return completed;
   }
 
+  // Whether the pair with p is set up on both sides: mapped here, this rank's probes answered by
+  // p, and (this rank the lower) p's answered here. settingUp: begun and not yet that.
+  bool setUp(const Peer& p) const {
+    return p.link == Link::kUp && (p.rank < rank_ || p.probedByPeer) &&
+           p.out->probe.load(std::memory_order_acquire) != kNotProbed &&
+           p.out->mapProbe.load(std::memory_order_acquire) != kNotProbed;
+  }
+  bool settingUp(const Peer& p) const { return p.link != Link::kNone && !setUp(p); }
+  // The lower rank of an opened pair that has still to answer its peer's probes.
+  bool toFinish(const Peer& p) const { return p.link == Link::kUp && p.rank > rank_ && !p.probedByPeer; }
+
   // Throws LinkLost for a peer that has exited while this rank has work with it (or, with
   // `linking`, is still setting up their pair).
   void checkPeersAlive(bool linking = false) {
@@ -825,9 +832,10 @@ class ShmTransport final : public Transport {
     if (now - lastAliveCheck_ < std::chrono::milliseconds(100)) return;
     lastAliveCheck_ = now;
     for (Peer& p : peers_.all()) {
-      const bool settingUp =
-          linking && (p.link == Link::kWaiting || (p.link == Link::kUp && p.rank > rank_ && !p.probedByPeer));
-      if ((p.sends.empty() && p.recvs.empty() && p.beingRead.empty() && !settingUp) || p.pid <= 0) continue;
+      auto waitedOn = [&] {
+        return !p.sends.empty() || !p.recvs.empty() || !p.beingRead.empty() || (linking && settingUp(p));
+      };
+      if (!waitedOn() || p.pid <= 0) continue;
       if (!processExited(p.pidfd, p.pid)) continue;
       // A peer that sent its last messages and left normally: what it published is all here (in a
       // pair it may have made for this rank and left), and what it read of ours before leaving is
@@ -837,9 +845,8 @@ class ShmTransport final : public Transport {
         pullRecvs(p);
         completeReads(p);
       }
-      if (p.link == Link::kUp && p.rank > rank_ && !p.probedByPeer) finishPair(p);  // it opened the pair, then left
-      const bool stillSettingUp = settingUp && (p.link == Link::kWaiting || (p.rank > rank_ && !p.probedByPeer));
-      if (p.sends.empty() && p.recvs.empty() && p.beingRead.empty() && !stillSettingUp) continue;
+      if (toFinish(p)) finishPair(p);  // it opened the pair, then left
+      if (!waitedOn()) continue;
       throw LinkLost(chorusRemoteError,
                      fmt::format("shm: rank {} has exited (pid {} on this host) while rank {} waits for it", p.rank,
                                  p.pid, rank_));

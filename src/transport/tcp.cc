@@ -312,30 +312,6 @@ class TcpTransport final : public Transport {
     }
   }
 
-  // A connection to address started without blocking; *error is the connect's errno (0: made, or
-  // under way).
-  static Socket startConnect(const SocketAddress& address, int* error) {
-    Socket socket(::socket(address.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!socket.valid()) failErrno("tcp transport: socket()");
-    const bool started =
-        ::connect(socket.fd(), reinterpret_cast<const sockaddr*>(&address.storage), address.length) == 0 ||
-        errno == EINPROGRESS;
-    *error = started ? 0 : errno;
-    return socket;
-  }
-  // How a connect under way came out, waiting up to waitMs: -1 still undecided, else its errno
-  // (0: connected).
-  static int connectOutcome(int fd, int waitMs) {
-    pollfd entry{fd, POLLOUT, 0};
-    const int ready = ::poll(&entry, 1, waitMs);
-    if (ready == 0 || (ready < 0 && errno == EINTR)) return -1;
-    if (ready < 0) return errno;
-    int error = 0;
-    socklen_t length = sizeof(error);
-    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0) return errno;
-    return error;
-  }
-
   void setUp(Peer& p, Socket socket) {
     p.socket = std::move(socket);
     setNonBlocking(p.socket.fd());
