@@ -397,9 +397,9 @@ class ShmTransport final : public Transport {
   void connect(int peer) override { linked(peer); }
   bool connected(int peer) const override { return setUp(peers_.at(peer)); }
   int connections() const override { return connections_; }
-  void checkConnecting() override {
-    if (linking_ > 0) checkPeersAlive(/*linking=*/true);
-  }
+  // (Every pair not set up on both sides: a higher rank that opened a pair still waits for the
+  // lower rank's answers to its probes, which linking_ no longer counts.)
+  void checkConnecting() override { checkPeersAlive(/*linking=*/true); }
 
   bool postStreamingSend(int peer, uint64_t tag, const void* data, size_t bytes, Request* request) override {
     request->ready = 0;

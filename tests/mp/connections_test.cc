@@ -2,15 +2,22 @@
 // default), on forked ranks over shm and tcp: none after init, two after a ring all-reduce (its
 // neighbours), every peer after an all-to-all; with CHORUS_CONNECT=eager every peer at init, n-1
 // more descriptors per rank than lazily; the direct all-reduce connects every pair first; the
-// results are right either way; ranks that disagree on the knob fail init, naming it.
+// results are right either way; a lower rank that made a pair and died is named at once by the
+// higher; ranks that disagree on the knob fail init, naming it.
 #include <chorus/chorus.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <array>
+#include <atomic>
+#include <chrono>
+#include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/support/multiprocess.h"
@@ -125,6 +132,57 @@ TEST(ConnectionsDirectTest, TheDirectAllReduceConnectsEveryPairFirst) {
     ASSERT_EQ(chorusMemFree(memory), chorusSuccess);
   });
   unsetenv("CHORUS_SHM_DIRECT_BYTES");
+}
+
+// The lower rank of a pair makes its segment when it first sends, then dies before answering the
+// higher rank's probes. The higher rank opens the segment in the direct all-reduce's connectAll
+// and must name the dead rank at once, not wait out its timeout.
+TEST(ConnectionsDirectTest, ALowerRankThatMadeThePairAndDiedIsNamed) {
+  ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", "1", 1), 0);
+  struct Shared {
+    std::atomic<int> victimPid{0};
+    std::atomic<int> sent{0};
+  };
+  SharedWithRanks<Shared> shared;
+  const std::vector<int> codes = runProcesses(2, [&](int rank, const chorusUniqueId& id) {
+    chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
+    config.transport = "shm";
+    config.timeoutMs = 20000;
+    chorusComm_t comm = nullptr;
+    ASSERT_EQ(chorusCommInitRankConfig(&comm, 2, id, rank, &config), chorusSuccess) << chorusGetLastError(nullptr);
+    if (rank == 0) {
+      shared->victimPid = getpid();
+      const int32_t value = 7;
+      ASSERT_EQ(chorusSend(&value, 1, chorusInt32, 1, comm, nullptr), chorusSuccess) << chorusGetLastError(comm);
+      shared->sent = 1;
+      kill(getpid(), SIGKILL);
+    }
+    while (shared->sent.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // Rank 0 is gone (a zombie until the parent reaps it) before rank 1 touches the pair.
+    const std::string stat = "/proc/" + std::to_string(shared->victimPid.load()) + "/stat";
+    for (;;) {
+      std::ifstream in(stat);
+      std::string pid, name, state;
+      if (!(in >> pid >> name >> state) || state == "Z") break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_EQ(chorusCommSetAlgorithms(comm, "allreduce:direct"), chorusSuccess);
+    void* memory = nullptr;
+    ASSERT_EQ(chorusMemAlloc(&memory, 1024 * sizeof(float)), chorusSuccess);
+    const auto start = std::chrono::steady_clock::now();
+    const chorusResult_t result = chorusAllReduce(memory, memory, 1024, chorusFloat32, chorusSum, comm, nullptr);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(result, chorusRemoteError) << chorusGetLastError(comm);
+    EXPECT_NE(std::string(chorusGetLastError(comm)).find("rank 0 has exited"), std::string::npos)
+        << chorusGetLastError(comm);
+    EXPECT_LT(seconds, 10.0) << "the error waited for the timeout (20 s) instead of the dead rank";
+    chorusCommAbort(comm);
+    chorusMemFree(memory);
+  });
+  unsetenv("CHORUS_SHM_DIRECT_BYTES");
+  ASSERT_EQ(codes.size(), 2u);
+  EXPECT_EQ(codes[0], 128 + SIGKILL);
+  EXPECT_EQ(codes[1], 0);
 }
 
 TEST(ConnectionsKnobTest, RanksThatDisagreeOnTheKnobFailInitNamingIt) {
