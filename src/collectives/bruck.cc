@@ -78,9 +78,20 @@ Schedule bruckAllToAll(const ScheduleArgs& args) {
 std::span<const AlgorithmDescriptor> bruckAlgorithms() {
   static constexpr AlgorithmDescriptor kAll[] = {
       {Collective::kAllGather, Algorithm::kBruck, bruckAllGather,
-       [](const Cost& c) { return c.L * c.a + (c.n - 1) / c.n * c.m * c.b + 2 * c.m * c.cp; }, Follows::kNumbers},
+       // The own block copied in, the whole buffer rotated out.
+       [](const Cost& c) {
+         double rounds = 0;
+         for (double d = 1; d < c.n; d *= 2) rounds += c.exchange(d, std::min(d, c.n - d) * c.m / c.n, true);
+         return rounds + (1 + 1 / c.n) * c.m * c.cp;
+       },
+       Follows::kNumbers},
       {Collective::kAllToAll, Algorithm::kBruck, bruckAllToAll,
-       [](const Cost& c) { return c.L * c.a + c.L * c.m / 2 * c.b + (2 + c.L) * c.m * c.cp; }, Follows::kNumbers},
+       [](const Cost& c) {
+         double rounds = 0;
+         for (double d = 1; d < c.n; d *= 2) rounds += c.exchange(d, c.m / 2, true);
+         return rounds + (2 + c.L) * c.m * c.cp;
+       },
+       Follows::kNumbers},
   };
   return kAll;
 }

@@ -30,11 +30,23 @@ struct Cost {
 
   // Folding the ranks past p in and out: two full-buffer messages and a reduction.
   double fold() const { return folds ? 2 * a + 2 * m * b + m * g : 0; }
-  // Chunked pipelines (chain, tree): k chunks through `hops` hops cost (hops + k - 1) chunk-times.
+  // One round in which every rank exchanges `bytes` with the rank `d` away in rank numbers
+  // (recursive doubling and halving: r xor d; `shifted`, Bruck: r - d and r + d). On one level, a
+  // message. On two levels of hosts of l consecutive ranks: xor partners d < l apart are on one
+  // host (local prices; l a power of two); otherwise the round crosses hosts, and the ranks that
+  // cross share their host's link: all l of them, or for a shift d < l the d at the host's edge.
+  double exchange(double d, double bytes, bool shifted = false) const {
+    if (!twoLevels) return a + bytes * b;
+    if (d < l && !shifted) return la + bytes * lb;
+    return a + std::min(d, l) * bytes * b;
+  }
+  // Chunked pipelines (chain): the first of k chunks crosses `hops` hops, a latency and its bytes
+  // each; the other k-1 follow it through the busiest hop one after another, a message's bytes
+  // and overhead each (the latency of one chunk overlaps the bytes of the next).
   double pipeline(double hops, double chunkCost, double bytesPerHop) const {
     const double k = std::ceil(bytesPerHop / chunk);
     const double piece = bytesPerHop / k;
-    return (hops + k - 1) * (a + piece * chunkCost);
+    return hops * (a + piece * chunkCost) + (k - 1) * (piece * chunkCost + o);
   }
   // Ring steps: each step of a chunk waits for the step before it (a rank forwards what it just
   // received), and a rank posts one chunk's steps before the next chunk's, so chunks add latency
@@ -43,12 +55,18 @@ struct Cost {
     const double k = std::ceil(bytesPerStep / chunk);
     return steps * (k * a + bytesPerStep * perByte);
   }
-  // A chain through `hops` network hops, then `localHops` local ones (broadcast, reduce), with
-  // `reduce` per byte at each hop: chunks move one hop per step, paced by the slower level.
-  double twoLevelChain(double hops, double localHops, double reduce) const {
+  // Two chains per chunk (hierarchical broadcast, reduce): the root's rail through `hops` network
+  // hops, each host's ranks through `localHops` local ones, with `reduce` per byte at each hop.
+  // The first chunk crosses them all; the others follow at the pace of the busiest rank, a rail
+  // member whose port carries a chunk on both levels (two messages) and whose core spends `core`
+  // per byte of each chunk (the root's copy for broadcast, two reductions for reduce); `copy`: per
+  // byte the root copies before its host's chain may start (broadcast: its output).
+  double twoLevelChain(double hops, double localHops, double reduce, double core, double copy) const {
     const double k = std::ceil(m / chunk);
-    const double network = a + m / k * (b + reduce), within = la + m / k * (lb + reduce);
-    return hops * network + localHops * within + (k - 1) * std::max(network, within);
+    const double piece = m / k;
+    const double network = a + piece * (b + reduce), within = la + piece * (lb + reduce);
+    const double port = (hops > 0 ? b : 0) + (localHops > 0 ? lb : 0);
+    return hops * network + localHops * within + piece * copy + (k - 1) * (piece * std::max(port, core) + 2 * o);
   }
 };
 Cost costOf(int nranks, size_t bytes, size_t chunkBytes, const CostParams& params);

@@ -354,10 +354,11 @@ std::span<const AlgorithmDescriptor> hierarchicalAlgorithms() {
        },
        Follows::kNumbers},
       {Collective::kBroadcast, Algorithm::kHierarchical, hierarchicalBroadcast,
-       [](const Cost& c) { return c.twoLevels ? c.twoLevelChain(c.h - 1, c.l - 1, 0) + c.m * c.cp : kCannot; },
+       [](const Cost& c) { return c.twoLevels ? c.twoLevelChain(c.h - 1, c.l - 1, 0, c.cp, c.cp) : kCannot; },
        Follows::kNumbers},
       {Collective::kReduce, Algorithm::kHierarchical, hierarchicalReduce,
-       [](const Cost& c) { return c.twoLevels ? c.twoLevelChain(c.h - 1, c.l - 1, c.g) : kCannot; }, Follows::kNumbers},
+       [](const Cost& c) { return c.twoLevels ? c.twoLevelChain(c.h - 1, c.l - 1, c.g, 2 * c.g, 0) : kCannot; },
+       Follows::kNumbers},
   };
   return kAll;
 }

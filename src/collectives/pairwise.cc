@@ -50,11 +50,16 @@ Schedule pairwiseAllToAllv(const ScheduleArgs& args) {
 }
 
 // Descriptors (descriptor.h: the notation). Every exchange is posted at once: one latency, plus
-// the overhead of each further message.
+// the overhead of each further message. On two levels a host's link carries its l ranks' blocks
+// for the n-l ranks elsewhere; their blocks for the host's own ranks go at local prices.
 std::span<const AlgorithmDescriptor> pairwiseAlgorithms() {
   static constexpr AlgorithmDescriptor kAll[] = {
       {Collective::kAllToAll, Algorithm::kPairwise, pairwiseAllToAll,
-       [](const Cost& c) { return c.a + (c.n - 2) * c.o + (c.n - 1) / c.n * c.m * c.b + c.m / c.n * c.cp; },
+       [](const Cost& c) {
+         const double moved = c.twoLevels ? c.l * (c.n - c.l) / c.n * c.m * c.b + (c.l - 1) / c.n * c.m * c.lb
+                                          : (c.n - 1) / c.n * c.m * c.b;
+         return c.a + (c.n - 2) * c.o + moved + c.m / c.n * c.cp;
+       },
        Follows::kNumbers},
       {Collective::kAllToAllv, Algorithm::kPairwise, pairwiseAllToAllv, onlyAlgorithmCost, Follows::kNumbers},
   };

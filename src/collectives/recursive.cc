@@ -289,10 +289,18 @@ Schedule recursiveHalvingReduceScatter(const ScheduleArgs& args) {
 std::span<const AlgorithmDescriptor> recursiveAlgorithms() {
   static constexpr AlgorithmDescriptor kAll[] = {
       {Collective::kAllReduce, Algorithm::kRecursiveDoubling, recursiveDoublingAllReduce,
-       [](const Cost& c) { return c.lg * (c.a + c.m * c.b + c.m * c.g) + c.fold() + c.m * c.cp; }, Follows::kPositions},
-      {Collective::kAllReduce, Algorithm::kRabenseifner, rabenseifnerAllReduce,
        [](const Cost& c) {
-         return 2 * c.lg * c.a + 2 * (c.p - 1) / c.p * c.m * c.b + (c.p - 1) / c.p * c.m * c.g + c.fold() + c.m * c.cp;
+         double rounds = 0;
+         for (double d = 1; d < c.p; d *= 2) rounds += c.exchange(d, c.m) + c.m * c.g;
+         return rounds + c.fold() + c.m * c.cp;
+       },
+       Follows::kPositions},
+      {Collective::kAllReduce, Algorithm::kRabenseifner, rabenseifnerAllReduce,
+       // Halving from distance p/2 (half the buffer), doubling back: each distance twice.
+       [](const Cost& c) {
+         double rounds = 0;
+         for (double d = c.p / 2, part = c.m / 2; d >= 1; d /= 2, part /= 2) rounds += 2 * c.exchange(d, part);
+         return rounds + (c.p - 1) / c.p * c.m * c.g + c.fold() + c.m * c.cp;
        },
        Follows::kPositions},
       // Rounds overlap (a round's first chunks need nothing from the one before): lg latencies, and
@@ -309,12 +317,18 @@ std::span<const AlgorithmDescriptor> recursiveAlgorithms() {
            messages += std::ceil(block / c.chunk);
            for (double e = 1; e < d; e *= 2) messages += std::ceil(e * block / c.chunk);
          }
-         return c.lg * c.a + (messages - c.lg) * c.o + (c.n - 1) / c.n * c.m * c.b +
-                (c.folds ? 2 * c.a + c.m * c.b : 0) + c.m / c.n * c.cp;
+         double rounds = 0;
+         for (double d = 1; d < c.p; d *= 2) rounds += c.exchange(d, d * block);
+         return rounds + (messages - c.lg) * c.o + (c.folds ? 2 * c.a + c.m * c.b : 0) + c.m / c.n * c.cp;
        },
        Follows::kNumbers},
       {Collective::kReduceScatter, Algorithm::kRecursiveHalving, recursiveHalvingReduceScatter,
-       [](const Cost& c) { return c.lg * c.a + (c.p - 1) / c.p * c.m * (c.b + c.g) + c.fold() + 2 * c.m * c.cp; },
+       // The input copied into scratch, the own block out of it.
+       [](const Cost& c) {
+         double rounds = 0;
+         for (double d = c.p / 2, part = c.m / 2; d >= 1; d /= 2, part /= 2) rounds += c.exchange(d, part);
+         return rounds + (c.p - 1) / c.p * c.m * c.g + c.fold() + (1 + 1 / c.n) * c.m * c.cp;
+       },
        Follows::kNumbers},
   };
   return kAll;

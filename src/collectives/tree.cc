@@ -355,6 +355,8 @@ Schedule doubleTreeAllReduce(const ScheduleArgs& args) {
 // the first descends); their root sum of squares follows the timing simulator within 10% from 64
 // to 16384 ranks and 8 B to 1 GiB (tests/unit/simulator_test.cc), where the larger alone was 40%
 // short at 1024 ranks and 1-64 MiB.
+double binomialRunsCost(const Cost& c) { return c.L * c.a + (c.n - 1) / c.n * c.m * c.b + (1 + 1 / c.n) * c.m * c.cp; }
+
 std::span<const AlgorithmDescriptor> treeAlgorithms() {
   static constexpr AlgorithmDescriptor kAll[] = {
       {Collective::kAllReduce, Algorithm::kTree, doubleTreeAllReduce,
@@ -364,8 +366,12 @@ std::span<const AlgorithmDescriptor> treeAlgorithms() {
          const double depth = std::floor(std::log2(c.n));
          // Per chunk a rank handles up to eight messages of the two trees, six beyond the two on
          // its critical path: the overhead of each.
+         // On two levels nearly every edge of heap-order trees over consecutive ranks joins two
+         // hosts, and a host's l ranks are all on the trees at once: each hop's bytes share the
+         // host's link with the l - 1 others'.
+         const double b = c.twoLevels ? c.l * c.b : c.b;
          return (2 * depth + k) * c.a + 6 * k * c.o +
-                std::hypot(depth * piece * (4 * c.b + c.g), c.m / 2 * (5 * c.b + 2 * c.g));
+                std::hypot(depth * piece * (4 * b + c.g), c.m / 2 * (5 * b + 2 * c.g));
        },
        Follows::kPositions},
       {Collective::kBroadcast, Algorithm::kBinomial, binomialBroadcast,
@@ -377,10 +383,14 @@ std::span<const AlgorithmDescriptor> treeAlgorithms() {
       {Collective::kReduce, Algorithm::kBinomial, binomialReduce,
        [](const Cost& c) { return c.L * (std::ceil(c.m / c.chunk) * c.a + c.m * (c.b + c.g)); }, Follows::kPositions},
       {Collective::kReduce, Algorithm::kReduceScatterGather, reduceScatterGatherReduce,
-       [](const Cost& c) { return 2 * (c.n - 1) * c.a + (c.n - 1) / c.n * c.m * (2 * c.b + c.g) + c.m * c.cp; },
+       // n-1 ring steps, then every rank's block to the root at once: one latency, the root taking in
+       // n-1 messages (the overhead of each beyond the first).
+       [](const Cost& c) { return c.n * c.a + (c.n - 2) * c.o + (c.n - 1) / c.n * c.m * (2 * c.b + c.g) + c.m * c.cp; },
        Follows::kPositions},
-      {Collective::kGather, Algorithm::kBinomial, binomialGather, onlyAlgorithmCost, Follows::kNumbers},
-      {Collective::kScatter, Algorithm::kBinomial, binomialScatter, onlyAlgorithmCost, Follows::kNumbers},
+      // The root takes in (or sends out) n-1 blocks through its port, a subtree's run per child;
+      // the own block copied in and the whole buffer out (scatter: the other way).
+      {Collective::kGather, Algorithm::kBinomial, binomialGather, binomialRunsCost, Follows::kNumbers},
+      {Collective::kScatter, Algorithm::kBinomial, binomialScatter, binomialRunsCost, Follows::kNumbers},
       {Collective::kBarrier, Algorithm::kDissemination, disseminationBarrier, onlyAlgorithmCost, Follows::kPositions},
   };
   return kAll;

@@ -182,7 +182,9 @@ double onlyAlgorithmCost(const Cost& c) { return c.L * c.a + c.m * c.b; }
 
 double formulaUs(Collective collective, Algorithm algorithm, int nranks, size_t bytes, size_t chunkBytes,
                  const CostParams& params) {
-  if (nranks <= 1 || bytes == 0) return static_cast<double>(bytes) * params.copyUsPerByte;
+  if (nranks <= 1 || (bytes == 0 && collective != Collective::kBarrier)) {
+    return static_cast<double>(bytes) * params.copyUsPerByte;
+  }
   const AlgorithmDescriptor* d = descriptorOf(collective, algorithm);
   if (d == nullptr) return kCannot;
   return d->cost(costOf(nranks, bytes, chunkBytes, params));
