@@ -611,7 +611,11 @@ std::string Executor::describeState() const {
     if (oldest != nullptr) text += fmt::format("  waiting: {}\n", describeWait(*oldest));
   }
   for (int peer = 0; peer < options_.nranks; ++peer) {
-    if (peer != options_.rank) text += fmt::format("link to {}\n", describeLink(peer));
+    if (peer == options_.rank) continue;
+    text += fmt::format("link to {}\n", describeLink(peer));
+    if (const std::string held = transportOfPeer_[peer]->describePeer(peer); !held.empty()) {
+      text += fmt::format("  {}: {}\n", transportOfPeer_[peer]->name(), held);
+    }
   }
   return text;
 }

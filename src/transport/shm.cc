@@ -401,6 +401,31 @@ class ShmTransport final : public Transport {
   // lower rank's answers to its probes, which linking_ no longer counts.)
   void checkConnecting() override { checkPeersAlive(/*linking=*/true); }
 
+  std::string describePeer(int peer) const override {
+    if (!peers_.has(peer)) return "";
+    const Peer& p = peers_.at(peer);
+    std::string text = fmt::format("link {}, {} op(s) pending in all; to it: head {}, tail {} ({} slots)",
+                                   p.link == Link::kUp ? "up" : (p.link == Link::kWaiting ? "waiting" : "none"),
+                                   pending_, p.head, p.link == Link::kUp ? p.out->tail.load() : 0, slots_);
+    if (!p.sends.empty()) {
+      const PendingOp& op = p.sends.front();
+      const size_t ready = op.request->ready;
+      text +=
+          fmt::format(", {} send(s) queued, the first {} of {} bytes out, {} ready", p.sends.size(), op.done, op.bytes,
+                      ready == std::numeric_limits<size_t>::max() ? std::string("all") : std::to_string(ready));
+    }
+    if (!p.beingRead.empty()) text += fmt::format(", {} being read", p.beingRead.size());
+    if (p.link == Link::kUp) {
+      const uint64_t tail = p.in->tail.load();
+      text += fmt::format("; from it: tail {}, next slot's sequence {}", tail, slot(p.inSlots, tail)->sequence.load());
+    }
+    if (!p.recvs.empty()) {
+      const PendingOp& op = p.recvs.front();
+      text += fmt::format(", {} receive(s) posted, the first {} of {} bytes in", p.recvs.size(), op.done, op.bytes);
+    }
+    return text;
+  }
+
   bool postStreamingSend(int peer, uint64_t tag, const void* data, size_t bytes, Request* request) override {
     request->ready = 0;
     postSend(peer, tag, data, bytes, request);  // the sends queued before it may go; it waits for its bytes

@@ -132,6 +132,9 @@ class Transport {
   // Throws chorusRemoteError (LinkLost) naming a peer this rank is connecting to that has exited
   // (connectAll asks while it waits).
   virtual void checkConnecting() {}
+  // What this transport holds for peer, for a state dump ("" where it has nothing to say): queued
+  // messages and where its FIFOs stand.
+  virtual std::string describePeer(int /*peer*/) const { return ""; }
   // Moves whatever can move without blocking. Returns true if anything moved.
   virtual bool progress() = 0;
   // Blocks until something may be able to move, or timeoutMs passes. Throws chorusRemoteError if

@@ -629,6 +629,9 @@ TEST(DumpStateTest, ListsPendingOperationsAndWhatTheyWait) {
             << dump;
         EXPECT_NE(dump.find("(no message from it yet)"), std::string::npos) << dump;
         EXPECT_NE(dump.find("chorus rank 0: link to rank 1: sent"), std::string::npos) << dump;
+        // What the transport holds for the peer: its receive posted, nothing in from rank 1.
+        EXPECT_NE(dump.find("chorus rank 0:   shm: link up"), std::string::npos) << dump;
+        EXPECT_NE(dump.find("1 receive(s) posted, the first 0 of"), std::string::npos) << dump;
         ASSERT_EQ(chorusWait(&request), chorusSuccess) << chorusGetLastError(comm);
 
         const std::string signalled = capturedStderr([&] {
