@@ -814,6 +814,19 @@ std::vector<AgreementCase> agreementCases() {
   for (Algorithm a : {Algorithm::kRing, Algorithm::kRecursiveHalving}) {
     cases.push_back({Collective::kReduceScatter, a, 16384, 0, kAll});
   }
+  // The rooted algorithms and the barrier at 16384 ranks, simulated whole (their ranks are not
+  // shifted copies), at 8 bytes per rank; not those with a ring phase (scatter + all-gather,
+  // reduce-scatter + gather: n-1 steps a rank, 268 million in all).
+  for (Collective collective :
+       {Collective::kBroadcast, Collective::kReduce, Collective::kGather, Collective::kScatter, Collective::kBarrier}) {
+    for (Algorithm a : algorithmsFor(collective)) {
+      if (a == Algorithm::kDirect || a == Algorithm::kHierarchical || a == Algorithm::kScatterAllGather ||
+          a == Algorithm::kReduceScatterGather) {
+        continue;
+      }
+      cases.push_back({collective, a, 16384, 0, 8 * 16384});
+    }
+  }
   return cases;
 }
 
