@@ -164,19 +164,23 @@ int simulateSweep(const Options& o) {
                cc::traitsOf(collective).rooted ? o.root : -1, name.c_str(), predicted, "sim", predicted, "sim");
       const nlohmann::json side = {
           {"time_us", predicted.timeUs}, {"algbw_GBps", predicted.algbw}, {"busbw_GBps", predicted.busbw}};
-      rows.push_back({{"op", opInfo->name},
-                      {"size_bytes", shownBytes},
-                      {"count", count},
-                      {"type", chorusTypeName(typeInfo->type)},
-                      {"algo", name},
-                      {"nranks", n},
-                      {"ranks_per_host", perHost},
-                      {"chunk_bytes", args.chunkBytes},
-                      {"messages", timing.messages},
-                      {"steps", timing.steps},
-                      {"simulated_ranks", simulated},
-                      {"out_of_place", side},
-                      {"in_place", side}});
+      rows.push_back(
+          {{"op", opInfo->name},
+           {"size_bytes", shownBytes},
+           {"count", count},
+           {"type", chorusTypeName(typeInfo->type)},
+           {"algo", name},
+           {"nranks", n},
+           {"ranks_per_host", perHost},
+           {"chunk_bytes", args.chunkBytes},
+           {"messages", timing.messages},
+           {"steps", timing.steps},
+           {"simulated_ranks", simulated},
+           // The algorithm's closed form on the tuner's model of the same machine, the
+           // cost the tuner weighs (tests/unit/simulator_test.cc compares the two).
+           {"closed_form_us", cc::formulaUs(collective, args.algorithm, n, shownBytes, args.chunkBytes, tunerModel)},
+           {"out_of_place", side},
+           {"in_place", side}});
     }
     if (opInfo->op == Op::kBarrier) break;
     bytes = nextSize(o, bytes);

@@ -365,10 +365,9 @@ std::span<const AlgorithmDescriptor> treeAlgorithms() {
          const double piece = c.m / 2 / k;
          const double depth = std::floor(std::log2(c.n));
          // Per chunk a rank handles up to eight messages of the two trees, six beyond the two on
-         // its critical path: the overhead of each.
-         // On two levels nearly every edge of heap-order trees over consecutive ranks joins two
-         // hosts, and a host's l ranks are all on the trees at once: each hop's bytes share the
-         // host's link with the l - 1 others'.
+         // its critical path: the overhead of each. On two levels nearly every edge of heap-order
+         // trees over consecutive ranks joins two hosts, and a host's l ranks are all on the trees
+         // at once: each hop's bytes share the host's link with the l - 1 others'.
          const double b = c.twoLevels ? c.l * c.b : c.b;
          return (2 * depth + k) * c.a + 6 * k * c.o +
                 std::hypot(depth * piece * (4 * b + c.g), c.m / 2 * (5 * b + 2 * c.g));

@@ -12,6 +12,7 @@
 
 #include "src/collectives/algorithm.h"
 #include "src/collectives/descriptor.h"
+#include "src/collectives/traits.h"
 
 namespace chorus::collectives {
 
@@ -182,7 +183,9 @@ double onlyAlgorithmCost(const Cost& c) { return c.L * c.a + c.m * c.b; }
 
 double formulaUs(Collective collective, Algorithm algorithm, int nranks, size_t bytes, size_t chunkBytes,
                  const CostParams& params) {
-  if (nranks <= 1 || (bytes == 0 && collective != Collective::kBarrier)) {
+  // Nothing to move costs nothing, but a collective that moves no data by design (the barrier)
+  // still costs its rounds.
+  if (nranks <= 1 || (bytes == 0 && traitsOf(collective).input != Extent::kNone)) {
     return static_cast<double>(bytes) * params.copyUsPerByte;
   }
   const AlgorithmDescriptor* d = descriptorOf(collective, algorithm);

@@ -397,8 +397,8 @@ class ShmTransport final : public Transport {
   void connect(int peer) override { linked(peer); }
   bool connected(int peer) const override { return setUp(peers_.at(peer)); }
   int connections() const override { return connections_; }
-  // (Every pair not set up on both sides: a higher rank that opened a pair still waits for the
-  // lower rank's answers to its probes, which linking_ no longer counts.)
+  // Every pair not yet set up on both sides, not only those linking_ counts: a higher rank that
+  // opened a pair still waits for the lower rank's answers to its probes.
   void checkConnecting() override { checkPeersAlive(/*linking=*/true); }
 
   std::string describePeer(int peer) const override {
@@ -892,7 +892,7 @@ class ShmTransport final : public Transport {
   Doorbell* bell_ = nullptr;  // this rank's
   int probeFd_ = -1;
   int connections_ = 0;
-  int linking_ = 0;  // links not yet set up on both sides
+  int linking_ = 0;  // links with set-up work left here (the higher rank's ends once it opens the pair)
   size_t pending_ = 0;
   Clock::time_point lastAliveCheck_ = Clock::now();
 };

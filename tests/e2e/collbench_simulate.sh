@@ -15,6 +15,8 @@ assert len(rows) == 1, rows
 t = rows[0]["out_of_place"]["time_us"]
 expected = 10 + 1048576 * 1e-3
 assert abs(t - expected) < 0.01 * expected, (t, expected)
+# The row carries the algorithm's closed form (the tuner's cost) beside the simulated time.
+assert abs(rows[0]["closed_form_us"] - expected) < 0.01 * expected, rows[0]
 print("closed form ok:", t)
 PY
 "$collbench" --simulate -g 16384 --ranks-per-host 8 --op allreduce --algo recursive_doubling,tree,ring,default \
