@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -19,14 +20,18 @@ namespace topo = chorus::topology;
 
 namespace {
 
-// "gpus": a rank on every GPU of every host; "cpus": on every CPU node; else a comma-separated
-// list of host/node (or node, on a single host).
+// "gpus": a rank on every GPU of every host, in device-number order; "cpus": on every CPU node;
+// else a comma-separated list of host/node (or node, on a single host).
 std::vector<int> placeRanks(const topo::Topology& t, const std::string& spec) {
   std::vector<int> ranks;
   if (spec == "gpus" || spec == "cpus") {
     const topo::NodeKind kind = spec == "gpus" ? topo::NodeKind::kGpu : topo::NodeKind::kCpu;
     for (int h = 0; h < static_cast<int>(t.hosts.size()); ++h) {
-      for (int node : t.nodesOf(h, kind)) ranks.push_back(node);
+      std::vector<int> nodes = t.nodesOf(h, kind);
+      if (kind == topo::NodeKind::kGpu) {
+        std::stable_sort(nodes.begin(), nodes.end(), [&](int a, int b) { return t.nodes[a].index < t.nodes[b].index; });
+      }
+      ranks.insert(ranks.end(), nodes.begin(), nodes.end());
     }
     if (ranks.empty()) throw std::invalid_argument(fmt::format("--ranks {}: the topology has none", spec));
     return ranks;

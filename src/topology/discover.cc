@@ -1,9 +1,10 @@
 // discover.cc: this host through hwloc (and NVML when its library loads), and hwloc's XML files
 // through the same conversion.
 //
-// Conversion: one CPU node per NUMA node (its package, processors, cores, memory, L3); the CPU
-// nodes of one package joined pairwise (package links), the packages joined through their first
-// NUMA nodes (inter-socket links). Each host bridge's children hang off the CPU node it is local
+// Conversion: one CPU node per NUMA node and package (its processors, cores, memory, L3; NUMA
+// nodes of the same processors are one, memory-only ones none: addCpus); the CPU nodes of one
+// package joined pairwise (package links), the packages joined through their first CPU nodes
+// (inter-socket links). Each host bridge's children hang off the CPU node it is local
 // to (host-bridge links); each PCI-PCI bridge is a PCIe switch node, joined to its parent by a
 // PCIe link of the bridge's link speed; GPUs (class 03xx) and NICs (02xx) are nodes under their
 // bridge, each NIC joined to the network at its port speed (a display controller that is no
@@ -67,6 +68,11 @@ std::string listOf(hwloc_const_bitmap_t set) {
   return out;
 }
 
+struct BitmapDeleter {
+  void operator()(hwloc_bitmap_s* set) const { hwloc_bitmap_free(set); }
+};
+using Bitmap = std::unique_ptr<hwloc_bitmap_s, BitmapDeleter>;
+
 class Converter {
  public:
   Converter(hwloc_topology_t hw, Topology& t, int host, bool live) : hw_(hw), t_(t), host_(host), live_(live) {}
@@ -80,51 +86,107 @@ class Converter {
         walk(child, cpu, LinkKind::kHostBridge);
       }
     }
+    numberGpus();
     addNvLinks();
   }
 
  private:
+  // A CPU node is the part of a NUMA node's locality inside one package. NUMA nodes with the same
+  // processors (a KNL's MCDRAM beside its DDR; a cluster-on-die file written without its groups)
+  // make one CPU node holding both memories; a NUMA node over several packages (a file with its
+  // NUMA node at the machine, or none, so hwloc made one) makes one CPU node per package, each
+  // with an equal share of its memory; a NUMA node without processors (memory only) makes none;
+  // a package's processors in no NUMA node (theirs offline) make one of their own, "package<N>".
   void addCpus() {
     const int numas = hwloc_get_nbobjs_by_type(hw_, HWLOC_OBJ_NUMANODE);
     if (numas <= 0) throw std::invalid_argument("hwloc found no NUMA node");
-    std::map<int, int> firstOfPackage;
+    std::vector<hwloc_obj_t> packages;
+    for (int p = 0; p < hwloc_get_nbobjs_by_type(hw_, HWLOC_OBJ_PACKAGE); ++p) {
+      packages.push_back(hwloc_get_obj_by_type(hw_, HWLOC_OBJ_PACKAGE, p));
+    }
+    if (packages.empty()) packages.push_back(hwloc_get_root_obj(hw_));  // no packages: the machine is one
     for (int i = 0; i < numas; ++i) {
       const hwloc_obj_t numa = hwloc_get_obj_by_type(hw_, HWLOC_OBJ_NUMANODE, i);
-      Node node;
-      node.kind = NodeKind::kCpu;
-      node.host = host_;
-      node.index = static_cast<int>(numa->os_index);
-      node.id = fmt::format("cpu{}", node.index);
-      const hwloc_obj_t package = hwloc_get_ancestor_obj_by_type(hw_, HWLOC_OBJ_PACKAGE, numa);
-      node.package = package != nullptr ? static_cast<int>(package->logical_index) : 0;
-      node.cpus = listOf(numa->cpuset);
-      node.cores = hwloc_get_nbobjs_inside_cpuset_by_type(hw_, numa->cpuset, HWLOC_OBJ_CORE);
-      node.memoryBytes = numa->attr->numanode.local_memory;
-      const int l3s = hwloc_get_nbobjs_by_type(hw_, HWLOC_OBJ_L3CACHE);
-      for (int c = 0; c < l3s && node.l3Bytes == 0; ++c) {
-        const hwloc_obj_t l3 = hwloc_get_obj_by_type(hw_, HWLOC_OBJ_L3CACHE, c);
-        if (hwloc_bitmap_intersects(l3->cpuset, numa->cpuset)) node.l3Bytes = l3->attr->cache.size;
+      std::vector<std::pair<int, Bitmap>> parts;  // package, processors
+      for (int p = 0; p < static_cast<int>(packages.size()); ++p) {
+        Bitmap part(hwloc_bitmap_alloc());
+        hwloc_bitmap_and(part.get(), numa->cpuset, packages[p]->cpuset);
+        if (!hwloc_bitmap_iszero(part.get())) parts.emplace_back(p, std::move(part));
       }
-      const int id = t_.addNode(node);
-      cpuByNuma_[node.index] = id;
-      // Package links within a package; one inter-socket link between packages' first nodes.
-      for (int other : t_.nodesOf(host_, NodeKind::kCpu)) {
-        if (other != id && t_.nodes[other].package == node.package) t_.addLink(other, id, LinkKind::kPackage);
-      }
-      if (firstOfPackage.count(node.package) == 0) {
-        for (const auto& [pkg, first] : firstOfPackage) t_.addLink(first, id, LinkKind::kInterSocket);
-        firstOfPackage[node.package] = id;
+      const int index = static_cast<int>(numa->os_index);
+      for (auto& [package, cpus] : parts) {
+        const uint64_t memory = numa->attr->numanode.local_memory / parts.size();
+        const int same = cpuWith(cpus.get());
+        if (same >= 0) {
+          t_.nodes[same].memoryBytes += memory;
+          cpuByNuma_.emplace(index, same);
+          continue;
+        }
+        const int id = addCpu(parts.size() == 1 ? fmt::format("cpu{}", index) : fmt::format("cpu{}p{}", index, package),
+                              index, package, std::move(cpus), memory);
+        cpuByNuma_.emplace(index, id);
       }
     }
+    for (int p = 0; p < static_cast<int>(packages.size()); ++p) {
+      Bitmap rest(hwloc_bitmap_dup(packages[p]->cpuset));
+      for (const auto& [id, set] : cpuSets_) hwloc_bitmap_andnot(rest.get(), rest.get(), set.get());
+      if (!hwloc_bitmap_iszero(rest.get())) addCpu(fmt::format("package{}", p), -1, p, std::move(rest), 0);
+    }
+    if (cpuSets_.empty()) throw std::invalid_argument("hwloc found no processors");
   }
 
-  // The CPU node of the first NUMA node in an object's nodeset (the first CPU when it has none).
-  int cpuNear(hwloc_obj_t obj) {
-    if (obj != nullptr && obj->nodeset != nullptr) {
-      const int first = hwloc_bitmap_first(obj->nodeset);
-      if (first >= 0 && cpuByNuma_.count(first) > 0) return cpuByNuma_[first];
+  int addCpu(std::string name, int numa, int package, Bitmap cpus, uint64_t memory) {
+    Node node;
+    node.kind = NodeKind::kCpu;
+    node.host = host_;
+    node.index = numa;
+    node.id = std::move(name);
+    node.package = package;
+    node.cpus = listOf(cpus.get());
+    // A file without cores (threads only) counts its processors.
+    node.cores = hwloc_get_nbobjs_inside_cpuset_by_type(hw_, cpus.get(), HWLOC_OBJ_CORE);
+    if (node.cores == 0) node.cores = hwloc_get_nbobjs_inside_cpuset_by_type(hw_, cpus.get(), HWLOC_OBJ_PU);
+    node.memoryBytes = memory;
+    const int l3s = hwloc_get_nbobjs_by_type(hw_, HWLOC_OBJ_L3CACHE);
+    for (int c = 0; c < l3s && node.l3Bytes == 0; ++c) {
+      const hwloc_obj_t l3 = hwloc_get_obj_by_type(hw_, HWLOC_OBJ_L3CACHE, c);
+      if (hwloc_bitmap_intersects(l3->cpuset, cpus.get())) node.l3Bytes = l3->attr->cache.size;
     }
-    return cpuByNuma_.begin()->second;
+    const int id = t_.addNode(node);
+    cpuSets_.emplace_back(id, std::move(cpus));
+    // Package links within a package; one inter-socket link between packages' first nodes.
+    for (int other : t_.nodesOf(host_, NodeKind::kCpu)) {
+      if (other != id && t_.nodes[other].package == package) t_.addLink(other, id, LinkKind::kPackage);
+    }
+    if (firstOfPackage_.count(package) == 0) {
+      for (const auto& [pkg, first] : firstOfPackage_) t_.addLink(first, id, LinkKind::kInterSocket);
+      firstOfPackage_[package] = id;
+    }
+    return id;
+  }
+
+  // The CPU node of exactly these processors, -1 when none.
+  int cpuWith(hwloc_const_bitmap_t cpus) const {
+    for (const auto& [id, set] : cpuSets_) {
+      if (hwloc_bitmap_isequal(set.get(), cpus)) return id;
+    }
+    return -1;
+  }
+
+  // The CPU node nearest an object: the one of the first NUMA node in its nodeset that shares its
+  // processors, else the first sharing its processors, else the first CPU node.
+  int cpuNear(hwloc_obj_t obj) const {
+    if (obj == nullptr) return cpuSets_.front().first;
+    const int numa = obj->nodeset != nullptr ? hwloc_bitmap_first(obj->nodeset) : -1;
+    int sharing = -1;
+    for (const auto& [id, set] : cpuSets_) {
+      if (obj->cpuset == nullptr || !hwloc_bitmap_intersects(set.get(), obj->cpuset)) continue;
+      if (t_.nodes[id].index == numa) return id;
+      if (sharing < 0) sharing = id;
+    }
+    if (sharing >= 0) return sharing;
+    const auto found = cpuByNuma_.find(numa);
+    return found != cpuByNuma_.end() ? found->second : cpuSets_.front().first;
   }
 
   void walk(hwloc_obj_t obj, int parent, LinkKind kind) {
@@ -149,8 +211,7 @@ class Converter {
     node.busId = busIdOf(obj->attr->pcidev);
     std::string netName, fabricName;
     // A GPU shows as several OS devices (cuda0, nvml0, opencl0d0, rsmi0, card0 ...): one GPU,
-    // numbered by CUDA, else by NVML or ROCm SMI. A display controller with none of those (a
-    // server's BMC console) is no GPU.
+    // numbered by CUDA, else by NVML or ROCm SMI (numberGpus).
     int cudaIndex = -1, smiIndex = -1;
     bool compute = false;
     for (hwloc_obj_t os = obj->io_first_child; os != nullptr; os = os->next_sibling) {
@@ -164,20 +225,22 @@ class Converter {
       compute = compute || name.rfind("cuda", 0) == 0 || name.rfind("nvml", 0) == 0 || name.rfind("rsmi", 0) == 0 ||
                 name.rfind("opencl", 0) == 0 || name.rfind("ze", 0) == 0;
     }
-    // Without OS devices (a file written without them), NVIDIA's and AMD's display controllers.
+    // Without a compute OS device (a file written without them, or only a "card0"): NVIDIA's
+    // display controllers, and AMD's that are no VGA controller (a server's ES1000 console is one;
+    // Instinct cards are 3D or other display controllers). Other vendors' (ASPEED, Matrox: BMC
+    // consoles) are no GPU.
     const unsigned vendor = obj->attr->pcidev.vendor_id;
-    if (obj->io_first_child == nullptr) compute = vendor == 0x10de || vendor == 0x1002;
+    if (!compute) compute = vendor == 0x10de || (vendor == 0x1002 && cls != 0x0300);
     if ((cls >> 8) == 0x03) {
       if (!compute) return;
       node.kind = NodeKind::kGpu;
-      node.index = cudaIndex >= 0 ? cudaIndex : smiIndex;
-      if (node.index < 0 || t_.find(host_, fmt::format("gpu{}", node.index)) >= 0) {
-        node.index = 0;
-        while (t_.find(host_, fmt::format("gpu{}", node.index)) >= 0) ++node.index;
-      }
-      node.id = fmt::format("gpu{}", node.index);
+      node.id = fmt::format("gpu-{}", gpus_.size());  // numbered once all are found (numberGpus)
+      gpus_.push_back({cudaIndex, smiIndex, 0});
       if (const char* model = hwloc_obj_get_info_by_name(obj, "PCIDevice")) node.device = model;
     } else if ((cls >> 8) == 0x02) {
+      // A function no driver took (an SR-IOV virtual function left to virtual machines) has no
+      // network device: no NIC, where the topology shows OS devices at all.
+      if (netName.empty() && fabricName.empty() && hwloc_get_next_osdev(hw_, nullptr) != nullptr) return;
       node.kind = NodeKind::kNic;
       node.index = static_cast<int>(t_.nodesOf(host_, NodeKind::kNic).size());
       node.id = fmt::format("nic{}", node.index);
@@ -186,6 +249,7 @@ class Converter {
       return;
     }
     const int id = t_.addNode(node);
+    if (node.kind == NodeKind::kGpu) gpus_.back().node = id;
     nodeOfDevice_[obj] = id;
     link(parent, id, kind, obj->attr->pcidev.linkspeed);
     if (node.kind == NodeKind::kNic) {
@@ -193,6 +257,28 @@ class Converter {
       t_.addLink(id, t_.network(), LinkKind::kNic, speed > 0 ? speed : defaultBandwidth(LinkKind::kNic),
                  defaultLatencyUs(LinkKind::kNic));
     }
+  }
+
+  // GPU numbers: CUDA's where the file has it, else NVML's or ROCm SMI's, else the first free
+  // ones in the order found.
+  void numberGpus() {
+    std::set<int> taken;
+    auto claim = [&](Found& gpu, int number) {
+      if (number < 0 || taken.count(number) > 0) return;
+      t_.nodes[gpu.node].index = number;
+      taken.insert(number);
+    };
+    for (Found& gpu : gpus_) claim(gpu, gpu.cuda);
+    for (Found& gpu : gpus_) {
+      if (t_.nodes[gpu.node].index < 0) claim(gpu, gpu.smi);
+    }
+    int next = 0;
+    for (Found& gpu : gpus_) {
+      if (t_.nodes[gpu.node].index >= 0) continue;
+      while (taken.count(next) > 0) ++next;
+      claim(gpu, next);
+    }
+    for (const Found& gpu : gpus_) t_.nodes[gpu.node].id = fmt::format("gpu{}", t_.nodes[gpu.node].index);
   }
 
   void link(int a, int b, LinkKind kind, float speed) {
@@ -256,8 +342,15 @@ class Converter {
   Topology& t_;
   int host_;
   bool live_;
-  std::map<int, int> cpuByNuma_;
-  std::map<hwloc_obj_t, int> nodeOfDevice_;  // GPUs' and NICs' PCI devices
+  std::map<int, int> cpuByNuma_;                 // NUMA node number: its first CPU node
+  std::map<int, int> firstOfPackage_;            // package: its first CPU node
+  std::vector<std::pair<int, Bitmap>> cpuSets_;  // CPU node, its processors
+  std::map<hwloc_obj_t, int> nodeOfDevice_;      // GPUs' and NICs' PCI devices
+  struct Found {
+    int cuda, smi;  // the GPU's CUDA and NVML (or ROCm SMI) numbers, -1 when the file has none
+    int node;
+  };
+  std::vector<Found> gpus_;
   int nvSwitch_ = -1;
   int switches_ = 0;
 };
@@ -273,6 +366,9 @@ HwlocTopology loadHwloc(const std::string* text, const std::string& name) {
   if (hwloc_topology_init(&raw) != 0) throw std::runtime_error("hwloc_topology_init failed");
   HwlocTopology hw(raw);
   hwloc_topology_set_io_types_filter(raw, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+  // A file describes its machine whole: the processors the process that wrote it was kept to (a
+  // job's cgroup) are no limit on the ranks that will run there.
+  if (text != nullptr) hwloc_topology_set_flags(raw, HWLOC_TOPOLOGY_FLAG_INCLUDE_DISALLOWED);
   // hwloc wants the buffer's length with its terminating NUL.
   if (text != nullptr && hwloc_topology_set_xmlbuffer(raw, text->c_str(), static_cast<int>(text->size() + 1)) != 0) {
     throw std::invalid_argument(fmt::format("{}: hwloc cannot read it as hwloc XML", name));
@@ -308,7 +404,7 @@ std::string sysfsLine(const std::filesystem::path& path) {
 // This host from sysfs: CPU nodes by NUMA node, and the network devices on a PCI bus as NICs.
 void addSysfs(Topology& t, int host) {
   namespace fs = std::filesystem;
-  std::map<int, std::vector<int> > cpusOfNuma;
+  std::map<int, std::vector<int>> cpusOfNuma;
   std::error_code error;
   for (const auto& entry : fs::directory_iterator("/sys/devices/system/node", error)) {
     const std::string name = entry.path().filename().string();
@@ -329,7 +425,7 @@ void addSysfs(Topology& t, int host) {
     node.index = numa;
     node.id = fmt::format("cpu{}", numa);
     node.cpus = formatCpuList(cpus);
-    std::set<std::pair<std::string, std::string> > cores;  // (package, core)
+    std::set<std::pair<std::string, std::string>> cores;  // (package, core)
     for (int cpu : cpus) {
       const fs::path topo = fmt::format("/sys/devices/system/cpu/cpu{}/topology", cpu);
       cores.insert({sysfsLine(topo / "physical_package_id"), sysfsLine(topo / "core_id")});

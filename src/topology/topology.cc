@@ -199,7 +199,8 @@ std::string describe(const Topology& t) {
     const Node& node = t.nodes[i];
     std::string line = fmt::format("    {} ({})", node.id, nodeKindName(node.kind));
     if (node.kind == NodeKind::kCpu) {
-      line += fmt::format(": package {}, NUMA node {}, {} cores, processors {}", node.package, node.index, node.cores,
+      line += fmt::format(": package {}, {}, {} cores, processors {}", node.package,
+                          node.index >= 0 ? fmt::format("NUMA node {}", node.index) : "no NUMA node", node.cores,
                           node.cpus.empty() ? "?" : node.cpus);
       if (node.memoryBytes > 0) line += fmt::format(", {} memory", humanBytes(node.memoryBytes));
       if (node.l3Bytes > 0) line += fmt::format(", {} L3", humanBytes(node.l3Bytes));

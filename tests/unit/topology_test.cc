@@ -20,6 +20,10 @@
 #include "src/topology/discover.h"
 #include "src/topology/search.h"
 
+#if defined(CHORUS_HAVE_HWLOC)
+#include <hwloc.h>
+#endif
+
 // Skips a test that reads topology files this build has no reader for: libxml2 reads NCCL's and
 // chorus's XML (and tells the formats apart), hwloc reads its own. A build without them refuses
 // such files by name (WithoutItsReaderAFileIsRefusedNamingTheLibrary, below).
@@ -266,6 +270,161 @@ TEST(TopologyFiles, HwlocWholeIoFileWithADisplayControllerAndGpusOfManyOsDevices
     EXPECT_EQ(t.nodes[gpu].device, "GH100 [H100 SXM5 80GB]") << g;
   }
   EXPECT_EQ(t.nodes[node(t, 0, "gpu0")].busId, "0000:11:00.0");
+}
+
+// hwloc 2.9's own test topologies (tests/hwloc/xml/ of its source: lstopo's files of real
+// machines, old and new formats, and a few made up), put under .deps/ by tools/fetch-hwloc-xml
+// (tools/test runs it). Each one loads, and what chorus made of it is checked against hwloc's own
+// objects, read here through hwloc's API: the CPU nodes share no processor and cover every one
+// (the disallowed ones too: a file describes its whole machine), each lies inside one package,
+// their cores and memory add up to the machine's.
+std::string hwlocOwnFiles() { return CHORUS_HWLOC_TEST_XML; }
+
+#if defined(CHORUS_HAVE_HWLOC)
+struct HwlocReference {
+  std::set<int> processors;
+  std::vector<std::set<int>> packages;  // by logical index
+  int cores = 0;
+  uint64_t memoryWithProcessors = 0;  // of the NUMA nodes that have processors
+};
+
+std::set<int> setOf(hwloc_const_bitmap_t bitmap) {
+  std::set<int> out;
+  for (int i = hwloc_bitmap_first(bitmap); i >= 0; i = hwloc_bitmap_next(bitmap, i)) out.insert(i);
+  return out;
+}
+
+HwlocReference referenceOf(const std::string& path) {
+  HwlocReference r;
+  hwloc_topology_t t = nullptr;
+  EXPECT_EQ(hwloc_topology_init(&t), 0);
+  EXPECT_EQ(hwloc_topology_set_xml(t, path.c_str()), 0) << path;
+  hwloc_topology_set_flags(t, HWLOC_TOPOLOGY_FLAG_INCLUDE_DISALLOWED);
+  EXPECT_EQ(hwloc_topology_load(t), 0) << path;
+  const int pus = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_PU);
+  for (int i = 0; i < pus; ++i)
+    r.processors.insert(static_cast<int>(hwloc_get_obj_by_type(t, HWLOC_OBJ_PU, i)->os_index));
+  for (int i = 0; i < hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_PACKAGE); ++i) {
+    r.packages.push_back(setOf(hwloc_get_obj_by_type(t, HWLOC_OBJ_PACKAGE, i)->cpuset));
+  }
+  r.cores = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_CORE);
+  if (r.cores == 0) r.cores = pus;  // a file of threads without cores
+  for (int i = 0; i < hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_NUMANODE); ++i) {
+    const hwloc_obj_t numa = hwloc_get_obj_by_type(t, HWLOC_OBJ_NUMANODE, i);
+    if (!hwloc_bitmap_iszero(numa->cpuset)) r.memoryWithProcessors += numa->attr->numanode.local_memory;
+  }
+  hwloc_topology_destroy(t);
+  return r;
+}
+#endif
+
+TEST(HwlocOwnFiles, EveryFileLoadsWithItsProcessorsCoresAndMemoryAccountedFor) {
+  CHORUS_REQUIRE_HWLOC_READER();
+#if defined(CHORUS_HAVE_HWLOC)
+  std::ifstream list(hwlocOwnFiles() + "/COMPLETE");
+  if (!list) GTEST_SKIP() << hwlocOwnFiles() << " is missing: tools/fetch-hwloc-xml puts hwloc's files there";
+  std::vector<std::string> names{std::istream_iterator<std::string>(list), std::istream_iterator<std::string>()};
+  EXPECT_EQ(names.size(), 36u);  // hwloc 2.9.0's tests/hwloc/xml/*.xml
+  for (const std::string& name : names) {
+    SCOPED_TRACE(name);
+    const std::string path = hwlocOwnFiles() + "/" + name;
+    Topology t;
+    try {
+      t = readTopologyFile(path);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+      continue;
+    }
+    const HwlocReference want = referenceOf(path);
+    std::set<int> covered;
+    int cores = 0;
+    uint64_t memory = 0;
+    const std::vector<int> cpus = t.nodesOf(0, NodeKind::kCpu);
+    for (int c : cpus) {
+      const Node& n = t.nodes[c];
+      const std::vector<int> processors = parseCpuList(n.cpus);
+      for (int p : processors) EXPECT_TRUE(covered.insert(p).second) << n.id << " shares processor " << p;
+      cores += n.cores;
+      memory += n.memoryBytes;
+      if (!want.packages.empty()) {
+        ASSERT_LT(n.package, static_cast<int>(want.packages.size())) << n.id;
+        for (int p : processors) EXPECT_EQ(want.packages[n.package].count(p), 1u) << n.id << " " << p;
+      }
+    }
+    EXPECT_EQ(covered, want.processors);
+    EXPECT_EQ(cores, want.cores);
+    // A NUMA node split over packages gives each an equal share, rounded down.
+    EXPECT_LE(memory, want.memoryWithProcessors);
+    EXPECT_GE(memory + cpus.size(), want.memoryWithProcessors);
+    EXPECT_FALSE(search(t, cpus).rings.empty());
+    std::vector<int> gpus = t.nodesOf(0, NodeKind::kGpu);
+    if (!gpus.empty()) EXPECT_GT(search(t, gpus).rings.at(0).bandwidth, 0);
+  }
+#endif
+}
+
+TEST(HwlocOwnFiles, RealMachinesDevicesAreReadAsTheyAre) {
+  CHORUS_REQUIRE_HWLOC_READER();
+  if (!std::filesystem::exists(hwlocOwnFiles() + "/COMPLETE")) {
+    GTEST_SKIP() << hwlocOwnFiles() << " is missing: tools/fetch-hwloc-xml puts hwloc's files there";
+  }
+  auto read = [](const char* name) { return readTopologyFile(hwlocOwnFiles() + "/" + name); };
+  {  // A POWER8 server: GPUs paired by NVLink (2 links, 40 GB/s), each pair NVLinked to its package.
+    const Topology t = read("power8gpudistances.xml");
+    ASSERT_EQ(t.nodesOf(0, NodeKind::kGpu).size(), 4u);
+    for (const auto& [a, b] : {std::pair<const char*, const char*>{"gpu0", "gpu1"},
+                               {"gpu2", "gpu3"},
+                               {"gpu0", "cpu0"},
+                               {"gpu1", "cpu0"},
+                               {"gpu2", "cpu1"},
+                               {"gpu3", "cpu1"}}) {
+      const Link* nv = linkBetween(t, node(t, 0, a), node(t, 0, b));
+      ASSERT_NE(nv, nullptr) << a << " " << b;
+      EXPECT_EQ(nv->kind, LinkKind::kNvLink);
+      EXPECT_DOUBLE_EQ(nv->bandwidth, 40);
+    }
+    // The ring runs at NVLink's 40 GB/s (the sockets' link is as fast), not PCIe's 7.9.
+    const Plan plan = search(t, place(t, {"gpu0", "gpu1", "gpu2", "gpu3"}));
+    ASSERT_FALSE(plan.rings.empty());
+    EXPECT_DOUBLE_EQ(plan.rings[0].bandwidth, 40);
+    EXPECT_EQ(widestPath(t, node(t, 0, "gpu1"), node(t, 0, "gpu2")).crossings[static_cast<int>(LinkKind::kNvLink)], 2);
+  }
+  {  // Three Tesla cards and the server's ES1000 console (ATI, VGA class, no OS device): no GPU.
+    const Topology t = read("24em64t-2n6c2t-pci.xml");
+    ASSERT_EQ(t.nodesOf(0, NodeKind::kGpu).size(), 3u);
+    for (int g : t.nodesOf(0, NodeKind::kGpu)) EXPECT_NE(t.nodes[g].busId, "0000:01:03.0");
+    const Plan plan = search(t, place(t, {"gpu0", "gpu1", "gpu2"}));
+    EXPECT_DOUBLE_EQ(plan.rings.at(0).bandwidth, 4);  // their PCIe links
+  }
+  {  // lstopo --whole-io: the one GPU with a CUDA device is gpu0 whatever its place; a Matrox console is none.
+    const Topology t = read("32em64t-2n8c2t-pci-wholeio.xml");
+    ASSERT_EQ(t.nodesOf(0, NodeKind::kGpu).size(), 4u);
+    EXPECT_EQ(t.nodes[node(t, 0, "gpu0")].busId, "0000:84:00.0");
+  }
+  {  // Cisco VICs with SR-IOV: 12 virtual functions have no network device, and are no NIC; the
+     // physical functions are named by their verbs device where they have one.
+    const Topology t = read("16intel64-manyVFs.xml");
+    std::set<std::string> names;
+    for (int n : t.nodesOf(0, NodeKind::kNic)) names.insert(t.nodes[n].device);
+    EXPECT_EQ(names, (std::set<std::string>{"eth0", "eth1", "usnic_0", "usnic_1", "usnic_2", "eth7"}));
+  }
+  {  // A KNL in SNC-4 hybrid mode: each quarter's DDR and MCDRAM NUMA nodes are one CPU node.
+    const Topology t = read("64intel64-fakeKNL-SNC4-hybrid.xml");
+    ASSERT_EQ(t.nodesOf(0, NodeKind::kCpu).size(), 4u);
+    for (int c : t.nodesOf(0, NodeKind::kCpu)) EXPECT_EQ(t.nodes[c].memoryBytes, uint64_t{3} << 30) << t.nodes[c].id;
+  }
+  {  // Four sockets and no NUMA information: one CPU node per socket, joined by inter-socket links.
+    const Topology t = read("16em64t-4s2c2t.xml");
+    ASSERT_EQ(t.nodesOf(0, NodeKind::kCpu).size(), 4u);
+    const Path across = widestPath(t, node(t, 0, "cpu0p0"), node(t, 0, "cpu0p3"));
+    EXPECT_EQ(across.crossings[static_cast<int>(LinkKind::kInterSocket)], 1);
+  }
+  {  // Written by a process kept to two of eight packages: all eight are read, the second GPU near the last.
+    const Topology t = read("64intel64-3g2n+2n-irregulargroups+pci.xml");
+    ASSERT_EQ(t.nodesOf(0, NodeKind::kCpu).size(), 8u);
+    const int gpu1 = node(t, 0, "gpu1");
+    EXPECT_EQ(widestPath(t, gpu1, node(t, 0, "cpu7")).crossings[static_cast<int>(LinkKind::kHostBridge)], 1);
+  }
 }
 
 TEST(RingSearch, PcieServerRingCrossesTheSocketsOnceEachWayAndKeepsSwitchesTogether) {
