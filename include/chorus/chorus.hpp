@@ -17,6 +17,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace chorus {
 
@@ -211,6 +212,34 @@ class Communicator {
   template <typename T>
   void broadcast(std::span<T> buffer, int root) {
     detail::check(chorusBroadcast(buffer.data(), buffer.data(), buffer.size(), dataTypeOf<T>(), root, comm_, nullptr),
+                  comm_);
+  }
+  // in and out hold size() blocks of in.size() / size() elements: block j of in goes to rank j,
+  // block r of out comes from rank r.
+  template <typename T>
+  void allToAll(std::span<const T> in, std::span<T> out) {
+    requireSize(out.size(), in.size(), "allToAll: out");
+    const size_t ranks = static_cast<size_t>(size());
+    requireSize(in.size(), in.size() / ranks * ranks, "allToAll: in (a whole number of blocks per rank)");
+    detail::check(chorusAllToAll(in.data(), out.data(), in.size() / ranks, dataTypeOf<T>(), comm_, nullptr), comm_);
+  }
+  // sendCounts[j] elements of in go to rank j, block after block in rank order; recvCounts[r]
+  // come from rank r into out likewise (each pair's counts agree). The counts have size() entries.
+  template <typename T>
+  void allToAllv(std::span<const T> in, std::span<const size_t> sendCounts, std::span<T> out,
+                 std::span<const size_t> recvCounts) {
+    const size_t ranks = static_cast<size_t>(size());
+    requireSize(sendCounts.size(), ranks, "allToAllv: sendCounts");
+    requireSize(recvCounts.size(), ranks, "allToAllv: recvCounts");
+    std::vector<size_t> sendDispls(ranks, 0), recvDispls(ranks, 0);
+    for (size_t r = 1; r < ranks; ++r) {
+      sendDispls[r] = sendDispls[r - 1] + sendCounts[r - 1];
+      recvDispls[r] = recvDispls[r - 1] + recvCounts[r - 1];
+    }
+    requireSize(in.size(), sendDispls.back() + sendCounts.back(), "allToAllv: in (the sum of sendCounts)");
+    requireSize(out.size(), recvDispls.back() + recvCounts.back(), "allToAllv: out (the sum of recvCounts)");
+    detail::check(chorusAllToAllv(in.data(), sendCounts.data(), sendDispls.data(), out.data(), recvCounts.data(),
+                                  recvDispls.data(), dataTypeOf<T>(), comm_, nullptr),
                   comm_);
   }
   // out on root = op over ranks of in; out is ignored elsewhere (may be empty there).

@@ -1,6 +1,7 @@
 // model_parallel_test.cc: the device mesh's groups on real ranks, and tensor parallelism against
 // the whole model: each tp rank's shard must give the whole model's loss, and its gradients the
-// whole model's gradients at the same elements; and context parallelism (ring attention) likewise.
+// whole model's gradients at the same elements; context parallelism (ring attention) likewise; and
+// expert parallelism against one rank holding every expert.
 #include <gtest/gtest.h>
 
 #include <chorus/chorus.hpp>
@@ -12,6 +13,7 @@
 
 #include "src/training/gpt.h"
 #include "src/training/mesh.h"
+#include "src/training/moe.h"
 #include "tests/support/multiprocess.h"
 
 namespace chorus::training {
@@ -213,6 +215,100 @@ TEST(ContextParallelTest, EachRankHoldsTwoChunksOfEqualWork) {
     FAIL() << "10 positions were cut into 6 chunks";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("10 positions cannot be cut into 2 x 3"), std::string::npos) << e.what();
+  }
+}
+
+// Expert parallelism: ep ranks, each with its own tokens (a different number on each), the
+// experts split over them. Against one rank holding every expert and running each rank's tokens
+// in turn: each rank's output, input gradient and router gradient are those of its tokens alone,
+// and each expert's gradient is the sum over every rank's tokens.
+void expectExpertShardsGiveTheWhole(int ep, const MoeConfig& base) {
+  MoeConfig config = base;
+  const int C = 6;
+  expectAllZero(runProcesses(
+      ep,
+      [&](int rank, const chorusUniqueId& id) {
+        Communicator world(UniqueId(id), ep, rank);
+        MoeMlp whole(config, C);
+        MoeMlp shard(config, C, ExpertParallel{&world});
+        ASSERT_EQ(shard.localExperts(), config.experts / ep);
+        std::mt19937 random(3);
+        std::normal_distribution<float> normal(0.0f, 0.5f);
+        std::vector<float> wholeParams(whole.paramFloats());
+        for (float& v : wholeParams) v = normal(random);
+        // This rank's block: the router, then its experts.
+        std::vector<float> params(wholeParams.begin(), wholeParams.begin() + whole.routerFloats());
+        const size_t expertFloats = whole.expertFloats();
+        const auto mine = wholeParams.begin() +
+                          static_cast<std::ptrdiff_t>(whole.routerFloats() + shard.firstExpert() * expertFloats);
+        params.insert(params.end(), mine, mine + static_cast<std::ptrdiff_t>(shard.localExperts() * expertFloats));
+        ASSERT_EQ(params.size(), shard.paramFloats());
+
+        auto tokensOf = [&](int r) {
+          std::mt19937 g(100 + r);
+          std::vector<float> v(static_cast<size_t>(5 + 2 * r) * C);
+          for (float& x : v) x = normal(g);
+          return v;
+        };
+        auto doutOf = [&](int r) {
+          std::mt19937 g(200 + r);
+          std::vector<float> v(static_cast<size_t>(5 + 2 * r) * C);
+          for (float& x : v) x = normal(g);
+          return v;
+        };
+        // The whole layer on every rank's tokens in turn.
+        std::vector<float> wholeGrads(whole.paramFloats(), 0.0f), routerGrad, wantOut, wantDx;
+        for (int r = 0; r < ep; ++r) {
+          const std::vector<float> x = tokensOf(r), dout = doutOf(r);
+          const int n = static_cast<int>(x.size()) / C;
+          MoeActivations a;
+          std::vector<float> out(x.size()), dx(x.size(), 0.0f), grads(whole.paramFloats(), 0.0f);
+          whole.forward(out.data(), x.data(), n, wholeParams.data(), a);
+          whole.backward(dx.data(), grads.data(), dout.data(), x.data(), wholeParams.data(), a, 0.5f);
+          for (size_t i = 0; i < grads.size(); ++i) wholeGrads[i] += grads[i];
+          if (r == rank) {
+            wantOut = out;
+            wantDx = dx;
+            routerGrad.assign(grads.begin(), grads.begin() + whole.routerFloats());
+          }
+        }
+        // The shard.
+        const std::vector<float> x = tokensOf(rank), dout = doutOf(rank);
+        const int n = static_cast<int>(x.size()) / C;
+        MoeActivations a;
+        std::vector<float> out(x.size()), dx(x.size(), 0.0f), grads(shard.paramFloats(), 0.0f);
+        shard.forward(out.data(), x.data(), n, params.data(), a);
+        shard.backward(dx.data(), grads.data(), dout.data(), x.data(), params.data(), a, 0.5f);
+        auto expectNear = [&](const float* got, const float* want, size_t count, const char* what) {
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_NEAR(got[i], want[i], 1e-5f * (1.0f + std::fabs(want[i]))) << what << " " << i << " rank " << rank;
+          }
+        };
+        expectNear(out.data(), wantOut.data(), out.size(), "output");
+        expectNear(dx.data(), wantDx.data(), dx.size(), "input gradient");
+        expectNear(grads.data(), routerGrad.data(), routerGrad.size(), "router gradient");
+        expectNear(grads.data() + shard.routerFloats(),
+                   wholeGrads.data() + whole.routerFloats() + shard.firstExpert() * expertFloats,
+                   shard.localExperts() * expertFloats, "expert gradient");
+      },
+      120));
+}
+
+TEST(ExpertParallelTest, ShardedExpertsGiveTheWholeLayersOutputsAndGradients) {
+  MoeConfig config;
+  config.experts = 8;
+  config.hidden = 10;
+  config.zCoef = 0.001f;
+  for (const int ep : {2, 4}) {
+    for (const double capacity : {0.0, 1.0}) {
+      for (const int k : {1, 2}) {
+        SCOPED_TRACE(::testing::Message() << "ep " << ep << " capacity " << capacity << " top-" << k);
+        config.capacityFactor = capacity;
+        config.topK = k;
+        config.swiglu = k == 2;
+        expectExpertShardsGiveTheWhole(ep, config);
+      }
+    }
   }
 }
 

@@ -12,19 +12,14 @@
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/nn.h"
+#include "tests/support/gradient_check.h"
 
 namespace chorus::kernels {
 namespace {
 
 using Vec = std::vector<double>;
+using chorus::testing::randomFloats;
 
-std::vector<float> randomFloats(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
 Vec asDoubles(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
 
 // ||a - b|| / ||b||, the relative error of a whole tensor.
@@ -223,7 +218,7 @@ TEST(NnKernelsTest, LayernormForwardAndBackward) {
 
 TEST(NnKernelsTest, CausalAttentionForwardAndBackward) {
   for (const auto& [B, T, C, NH] : std::vector<std::array<int, 4>>{{2, 5, 8, 2}, {1, 7, 12, 3}, {1, 1, 4, 1}}) {
-    SCOPED_TRACE(testing::Message() << "B=" << B << " T=" << T << " C=" << C << " NH=" << NH);
+    SCOPED_TRACE(::testing::Message() << "B=" << B << " T=" << T << " C=" << C << " NH=" << NH);
     const auto qkv = randomFloats(static_cast<size_t>(B) * T * 3 * C, 12 + T);
     std::vector<float> out(B * T * C), att(B * NH * T * T);
     attentionForward(out.data(), att.data(), qkv.data(), B, T, C, NH);
