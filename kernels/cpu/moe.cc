@@ -69,27 +69,31 @@ int routeTopK(int* expert, float* gate, int* row, int* assigned, int* counts, co
   return dropped;
 }
 
-float routerAuxLoss(const float* probs, const int* assigned, int n, int E, int k) {
-  double loss = 0.0;
+void routerColumnSums(float* sums, const float* probs, int n, int E) {
   for (int e = 0; e < E; ++e) {
-    double mean = 0.0;
-    for (int i = 0; i < n; ++i) mean += probs[static_cast<size_t>(i) * E + e];
-    loss += static_cast<double>(assigned[e]) * mean / n;
+    double sum = 0.0;
+    for (int i = 0; i < n; ++i) sum += probs[static_cast<size_t>(i) * E + e];
+    sums[e] = static_cast<float>(sum);
   }
-  return static_cast<float>(loss * E / (static_cast<double>(n) * k));
 }
 
-float routerZLoss(const float* lse, int n) {
+float routerAuxLoss(const float* sums, const int* assigned, int total, int E, int k) {
+  double loss = 0.0;
+  for (int e = 0; e < E; ++e) loss += static_cast<double>(assigned[e]) * sums[e] / total;
+  return static_cast<float>(loss * E / (static_cast<double>(total) * k));
+}
+
+double routerSquares(const float* lse, int n) {
   double sum = 0.0;
   for (int i = 0; i < n; ++i) sum += static_cast<double>(lse[i]) * lse[i];
-  return static_cast<float>(sum / n);
+  return sum;
 }
 
 void routerBackward(float* dlogits, const float* dgate, const float* probs, const float* lse, const int* expert,
-                    const float* gate, const int* row, const int* assigned, int n, int E, int k, bool normalize,
-                    float auxScale, float zScale) {
+                    const float* gate, const int* row, const int* assigned, int n, int total, int E, int k,
+                    bool normalize, float auxScale, float zScale) {
   std::vector<float> dp(E);
-  const double auxPerToken = static_cast<double>(auxScale) * E / (static_cast<double>(n) * n * k);
+  const double auxPerToken = static_cast<double>(auxScale) * E / (static_cast<double>(total) * total * k);
   for (int i = 0; i < n; ++i) {
     const float* p = probs + static_cast<size_t>(i) * E;
     for (int e = 0; e < E; ++e) dp[e] = static_cast<float>(auxPerToken * assigned[e]);
@@ -107,7 +111,7 @@ void routerBackward(float* dlogits, const float* dgate, const float* probs, cons
     double pdp = 0.0;
     for (int e = 0; e < E; ++e) pdp += static_cast<double>(p[e]) * dp[e];
     float* out = dlogits + static_cast<size_t>(i) * E;
-    const float z = zScale * 2.0f * lse[i] / n;
+    const float z = zScale * 2.0f * lse[i] / total;
     for (int e = 0; e < E; ++e) out[e] = p[e] * (dp[e] - static_cast<float>(pdp)) + z * p[e];
   }
 }

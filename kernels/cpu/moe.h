@@ -29,19 +29,24 @@ int routeTopK(int* expert, float* gate, int* row, int* assigned, int* counts, co
 // (GShard); a factor of 0 or less: no limit (-1).
 int expertCapacity(double factor, int n, int E, int k);
 
-// The Switch load-balancing loss, E / (n k) sum_e assigned_e * mean_i probs(i, e): 1 when the
-// choices and the probabilities are spread evenly, up to E when one expert takes all. The z-loss
-// (ST-MoE): mean_i lse_i^2.
-float routerAuxLoss(const float* probs, const int* assigned, int n, int E, int k);
-float routerZLoss(const float* lse, int n);
+// The router's losses, as means over `total` tokens that may lie on several ranks (the ranks add
+// up their sums first): sums(E) = each expert's probabilities summed over this rank's tokens;
+// the Switch load-balancing loss E / (total k) sum_e assigned_e * sums_e / total (assigned
+// summed over the ranks too): 1 when the choices and the probabilities are spread evenly, up to
+// E when one expert takes all; the z-loss (ST-MoE) is the mean of lse^2 (routerSquares gives
+// this rank's sum).
+void routerColumnSums(float* sums, const float* probs, int n, int E);
+float routerAuxLoss(const float* sums, const int* assigned, int total, int E, int k);
+double routerSquares(const float* lse, int n);
 
 // dlogits(n, E), written: the gradient through the gates (dgate(n, k), the gradient of each
 // choice's gate; dropped choices' are ignored), plus auxScale times the aux loss's and zScale times
-// the z-loss's (auxScale = the aux coefficient times the loss's scale). The assignment counts are
-// constants, as in Switch.
+// the z-loss's (auxScale = the aux coefficient times the loss's scale), both means over `total`
+// tokens with the choices `assigned` to each expert over them. The counts are constants, as in
+// Switch.
 void routerBackward(float* dlogits, const float* dgate, const float* probs, const float* lse, const int* expert,
-                    const float* gate, const int* row, const int* assigned, int n, int E, int k, bool normalize,
-                    float auxScale, float zScale);
+                    const float* gate, const int* row, const int* assigned, int n, int total, int E, int k,
+                    bool normalize, float auxScale, float zScale);
 
 // buffer(rows, C): each kept choice's token, buffer[row(i, j)] = x[i].
 void moeDispatch(float* buffer, const float* x, const int* row, int n, int k, int C);

@@ -25,17 +25,26 @@ void GptConfig::validate() const {
     bad(fmt::format("width = {} is not a positive multiple of heads = {}", width, heads));
   if (context < 1) bad(fmt::format("context = {} (at least 1)", context));
   if (vocab < 1) bad(fmt::format("vocab = {} (at least 1)", vocab));
+  if (moeEvery < 1) bad(fmt::format("moe_every = {} (at least 1)", moeEvery));
+  moe.validate(width);
 }
 
 std::string GptConfig::describe() const {
-  return fmt::format("GPT-2 layers={} heads={} width={} context={} vocab={}", layers, heads, width, context, vocab);
+  std::string text =
+      fmt::format("GPT-2 layers={} heads={} width={} context={} vocab={}", layers, heads, width, context, vocab);
+  if (moe.enabled()) text += fmt::format(", MoE every {} block(s): {}", moeEvery, moe.describe());
+  return text;
 }
 
 // ---- layout ----
 
-ParamLayout::ParamLayout(const GptConfig& c, int tp, int tpRank, std::vector<LayerSpan> spans)
+ParamLayout::ParamLayout(const GptConfig& c, int tp, int tpRank, std::vector<LayerSpan> spans, int ep, int epRank)
     : spans_(std::move(spans)) {
   c.validate();
+  if (ep < 1 || epRank < 0 || epRank >= ep) {
+    throw Error(chorusInvalidArgument, fmt::format("GPT layout: ep rank {} of {}", epRank, ep));
+  }
+  c.moe.validate(c.width, ep);
   if (tp < 1 || tpRank < 0 || tpRank >= tp) {
     throw Error(chorusInvalidArgument, fmt::format("GPT layout: tp rank {} of {}", tpRank, tp));
   }
@@ -59,6 +68,8 @@ ParamLayout::ParamLayout(const GptConfig& c, int tp, int tpRank, std::vector<Lay
   }
   tp_ = tp;
   tpRank_ = tpRank;
+  ep_ = ep;
+  epRank_ = epRank;
   layers_ = c.layers;
   blockUnit_.assign(c.layers, -1);
   const bool first = spans_.front().begin == 0, last = spans_.back().end == c.layers;
@@ -137,10 +148,27 @@ ParamLayout::ParamLayout(const GptConfig& c, int tp, int tpRank, std::vector<Lay
     add(p + "attn.c_proj.bias", {C}, Init::kZeros);
     add(p + "ln_2.weight", {C}, Init::kOnes);
     add(p + "ln_2.bias", {C}, Init::kZeros);
-    add(p + "mlp.c_fc.weight", {4 * C, C}, Init::kNormal, Split::kRows);
-    add(p + "mlp.c_fc.bias", {4 * C}, Init::kZeros, Split::kRows);
-    add(p + "mlp.c_proj.weight", {C, 4 * C}, Init::kResidualNormal, Split::kColumns);
-    add(p + "mlp.c_proj.bias", {C}, Init::kZeros);
+    if (!c.moeLayer(l)) {
+      add(p + "mlp.c_fc.weight", {4 * C, C}, Init::kNormal, Split::kRows);
+      add(p + "mlp.c_fc.bias", {4 * C}, Init::kZeros, Split::kRows);
+      add(p + "mlp.c_proj.weight", {C, 4 * C}, Init::kResidualNormal, Split::kColumns);
+      add(p + "mlp.c_proj.bias", {C}, Init::kZeros);
+      continue;
+    }
+    add(p + "mlp.router.weight", {c.moe.experts, C}, Init::kNormal);
+    const int H = c.moe.hiddenFor(C), F = c.moe.swiglu ? 2 * H : H, perRank = c.moe.experts / ep;
+    const bool block = held;
+    for (int e = 0; e < c.moe.experts; ++e) {
+      held = block && e / perRank == epRank;  // the other experts are walked for their whole offsets
+      const std::string x = fmt::format("{}mlp.experts.{}.", p, e);
+      const size_t before = tensors_.size();
+      add(x + "c_fc.weight", {F, C}, Init::kNormal);
+      add(x + "c_fc.bias", {F}, Init::kZeros);
+      add(x + "c_proj.weight", {C, H}, Init::kResidualNormal);
+      add(x + "c_proj.bias", {C}, Init::kZeros);
+      for (size_t t = before; t < tensors_.size(); ++t) tensors_[t].expert = e;
+    }
+    held = block;
   }
   finalNormUnit_ = beginUnit(last);
   add("ln_f.weight", {C}, Init::kOnes);
@@ -307,10 +335,10 @@ std::vector<int> contextPositions(int seq, int size, int rank) {
 }
 
 Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::vector<LayerSpan> spans,
-         Recompute recompute, ContextParallel cp)
+         Recompute recompute, ContextParallel cp, ExpertParallel ep)
     : config_(config),
       tp_(tp),
-      layout_(config, tp.size(), tp.rank(), std::move(spans)),
+      layout_(config, tp.size(), tp.rank(), std::move(spans), ep.size(), ep.rank()),
       B_(batch),
       T_(seq / cp.size()),
       Ct_(config.width / tp.size()),
@@ -318,7 +346,8 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::ve
       heads_(config.heads / tp.size()),
       sequenceParallel_(tp.sequenceParallel && tp.size() > 1),
       recompute_(recompute),
-      cp_(cp) {
+      cp_(cp),
+      ep_(ep) {
   if (batch < 1) throw Error(chorusInvalidArgument, fmt::format("GPT: batch = {} (at least 1)", batch));
   if (seq < 1 || seq > config.context) {
     throw Error(chorusInvalidArgument,
@@ -363,8 +392,12 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::ve
     dattScratch_.resize(static_cast<size_t>(T_) * T_);
     if (recompute_ == Recompute::kSelective) attScratch_.resize(static_cast<size_t>(B_) * heads_ * T_ * T_);
   }
+  if (config_.moe.enabled()) {
+    moe_ = std::make_unique<MoeMlp>(config_.moe, config_.width, ep_, sequenceParallel_ ? tp_.comm : nullptr);
+    if (sequenceParallel_) moeGrad_.resize(moe_->paramFloats());
+  }
   if (recompute_ == Recompute::kFull) {
-    allocateLayer(recomputed_, !ring);
+    allocateLayer(recomputed_, !ring, true);
     recomputeOut_.resize(Nl * C);
   }
   slotOf(0, 0);  // the first micro-batch's activations, made up front
@@ -386,7 +419,10 @@ Gpt::Activations& Gpt::slotOf(int c, int slot) {
   a->residual.assign(chunk.span.layers() + 1, std::vector<float>(Nl * C));
   if (recompute_ != Recompute::kFull) {
     a->layers.resize(chunk.span.layers());
-    for (auto& L : a->layers) allocateLayer(L, recompute_ == Recompute::kNone && cp_.size() == 1);
+    for (int i = 0; i < chunk.span.layers(); ++i) {
+      allocateLayer(a->layers[i], recompute_ == Recompute::kNone && cp_.size() == 1,
+                    !config_.moeLayer(chunk.span.begin + i));
+    }
   }
   if (lastChunk(c)) {
     const size_t V = layout_.vocabCount();
@@ -403,7 +439,7 @@ Gpt::Activations& Gpt::slotOf(int c, int slot) {
   return *chunk.slots.back();
 }
 
-void Gpt::allocateLayer(Layer& L, bool withAttention) const {
+void Gpt::allocateLayer(Layer& L, bool withAttention, bool dense) const {
   const size_t N = static_cast<size_t>(B_) * T_, Nl = rows_;
   const size_t C = config_.width, Ct = Ct_, Ft = Ft_;
   L.ln1.resize(Nl * C);
@@ -417,13 +453,14 @@ void Gpt::allocateLayer(Layer& L, bool withAttention) const {
   L.ln2.resize(Nl * C);
   L.ln2Mean.resize(Nl);
   L.ln2Rstd.resize(Nl);
+  if (!dense) return;
   L.fch.resize(N * Ft);
   L.fchGelu.resize(N * Ft);
 }
 
 size_t Gpt::Layer::floats() const {
   return ln1.size() + ln1Mean.size() + ln1Rstd.size() + qkv.size() + atty.size() + att.size() + lse.size() +
-         res2.size() + ln2.size() + ln2Mean.size() + ln2Rstd.size() + fch.size() + fchGelu.size();
+         res2.size() + ln2.size() + ln2Mean.size() + ln2Rstd.size() + fch.size() + fchGelu.size() + moe.floats();
 }
 
 size_t Gpt::Activations::floats() const {
@@ -445,6 +482,7 @@ size_t Gpt::activationBytes() const {
   floats += recomputed_.floats() + attScratch_.size() + recomputeOut_.size();
   for (int i = 0; i < 2; ++i) floats += ringKv_[i].size() + ringDkv_[i].size();
   floats += ringMax_.size() + ringSum_.size() + ringScratch_.size();
+  floats += moeGrad_.size() + (moe_ ? moe_->scratchFloats() : 0);
   return floats * sizeof(float);
 }
 
@@ -462,13 +500,23 @@ double Gpt::flopsPerStep() const {
   const double T = static_cast<double>(T_) * cp_.size();  // the whole sequence
   const double N = B_ * T;
   const double C = config_.width;
-  const double matmulParams = config_.layers * 12.0 * C * C + static_cast<double>(config_.vocab) * C;
+  // An MoE block's MLP: the router and the k experts each token goes through.
+  double matmulParams = static_cast<double>(config_.vocab) * C;
+  for (int l = 0; l < config_.layers; ++l) {
+    matmulParams += 4.0 * C * C;
+    if (!config_.moeLayer(l)) {
+      matmulParams += 8.0 * C * C;
+      continue;
+    }
+    const double H = config_.moe.hiddenFor(config_.width), F = config_.moe.swiglu ? 2 * H : H;
+    matmulParams += config_.moe.experts * C + config_.moe.topK * (F * C + C * H);
+  }
   // Attention: q k^T and P v, each 2 T C per token per layer, also 3x.
   const double attention = config_.layers * 2.0 * 2.0 * T * C;
   return 6.0 * N * matmulParams + 3.0 * N * attention;
 }
 
-void Gpt::blockForward(const float* weights, Layer& L, const float* in, float* out) {
+void Gpt::blockForward(const float* weights, Layer& L, const float* in, float* out, int layer) {
   const int B = B_, T = T_, C = config_.width, N = B * T;
   const int Ct = Ct_, Ft = Ft_, NHt = heads_, Nl = rows_;
   const size_t NlC = static_cast<size_t>(Nl) * C;
@@ -492,6 +540,11 @@ void Gpt::blockForward(const float* weights, Layer& L, const float* in, float* o
   }
   kn::residualForward(L.res2.data(), in, out, NlC);
   kn::layernormForward(L.ln2.data(), L.ln2Mean.data(), L.ln2Rstd.data(), L.res2.data(), w.ln2w, w.ln2b, Nl, C);
+  if (config_.moeLayer(layer)) {
+    moeForward(w.fcw, L, out);  // the MoE parameters start where the dense MLP's would
+    kn::residualForward(out, L.res2.data(), out, NlC);
+    return;
+  }
   kn::matmulForward(L.fch.data(), gatherRows(L.ln2.data()), w.fcw, w.fcb, N, C, Ft);
   kn::geluForward(L.fchGelu.data(), L.fch.data(), static_cast<size_t>(N) * Ft);
   if (!split) {
@@ -539,6 +592,8 @@ float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, 
   const int B = B_, T = T_, C = config_.width;
   const int N = B * T;
   const bool split = tp_.size() > 1;
+  a.moe = MoeSummary{};
+  a.moe.expertChoices.assign(config_.moe.experts, 0);
   const int v0 = layout_.vocabBegin(), Vt = layout_.vocabCount();
   const int Nl = rows_;
   const size_t NlC = static_cast<size_t>(Nl) * C;
@@ -567,8 +622,18 @@ float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, 
 
   for (int i = 0; i < span.layers(); ++i) {
     const int unit = layout_.blockUnit(span.begin + i);
-    blockForward(access.acquire(unit, Pass::kForward), layerOf(a, i), a.residual[i].data(), a.residual[i + 1].data());
+    Layer& L = layerOf(a, i);
+    blockForward(access.acquire(unit, Pass::kForward), L, a.residual[i].data(), a.residual[i + 1].data(),
+                 span.begin + i);
     access.release(unit, Pass::kForward);
+    if (config_.moeLayer(span.begin + i)) {
+      const double layers = ++a.moe.layers;
+      a.moe.aux += (L.moe.aux - a.moe.aux) / layers;
+      a.moe.z += (L.moe.z - a.moe.z) / layers;
+      a.moe.weighted += moe_->weightedLoss(L.moe);
+      for (int e = 0; e < config_.moe.experts; ++e) a.moe.expertChoices[e] += L.moe.assigned[e];
+      a.moe.dropped += L.moe.dropped;
+    }
   }
   if (!last) return 0.0f;
 
@@ -601,6 +666,25 @@ float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, 
   tpSum(sumsAndTargets);
   return kn::crossEntropyShardLoss(a.probs.data(), a.losses.data(), sumsAndTargets.data(), rowMax.data(),
                                    sumsAndTargets.data() + N, N, Vt);
+}
+
+void Gpt::moeForward(const float* weights, Layer& L, float* out) {
+  // Each rank's rows go through the layer: all of them on every tp rank (the same work), or this
+  // rank's block with sequence parallelism.
+  moe_->forward(out, L.ln2.data(), rows_, weights, L.moe);
+}
+
+void Gpt::moeBackward(const float* weights, float* grads, Layer& L, float* dlnRows, float lossScale) {
+  std::fill(dlnRows, dlnRows + static_cast<size_t>(rows_) * config_.width, 0.0f);
+  if (!sequenceParallel_) {
+    moe_->backward(dlnRows, grads, dres_.data(), L.ln2.data(), weights, L.moe, lossScale);
+    return;
+  }
+  // This rank's rows give part of the gradients: summed over the tp group, then added.
+  std::fill(moeGrad_.begin(), moeGrad_.end(), 0.0f);
+  moe_->backward(dlnRows, moeGrad_.data(), dres_.data(), L.ln2.data(), weights, L.moe, lossScale);
+  tpSum(moeGrad_);
+  kn::residualForward(grads, grads, moeGrad_.data(), moeGrad_.size());
 }
 
 void Gpt::tpSum(std::span<float> x, ReduceOp op) {
@@ -701,18 +785,24 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
     Layer& L = layerOf(a, i);
     // Recompute what the block did not keep: the whole block from its input, or the attention
     // probabilities from q, k, v (the output goes to datty_, which is rewritten before it is read).
-    if (recompute_ == Recompute::kFull) blockForward(weights, L, a.residual[i].data(), recomputeOut_.data());
+    if (recompute_ == Recompute::kFull) {
+      blockForward(weights, L, a.residual[i].data(), recomputeOut_.data(), span.begin + i);
+    }
     if (recompute_ == Recompute::kSelective && cp_.size() == 1) {
       kn::attentionForward(datty_.data(), attOf(L), L.qkv.data(), B, T, Ct, NHt);
     }
-    // out = res2 + fcproj(gelu(fc(ln2(res2)))): d(fcproj output) = dres.
-    zero(dfchGelu_);
-    kn::matmulBackward(dfchGelu_.data(), g.fcprojw, g.fcprojb, dresWhole(), L.fchGelu.data(), w.fcprojw, N, Ft, C);
-    zero(dfch_);
-    kn::geluBackward(dfch_.data(), L.fch.data(), dfchGelu_.data(), static_cast<size_t>(N) * Ft);
-    zero(dln_);
-    kn::matmulBackward(dln_.data(), g.fcw, g.fcb, dfch_.data(), gatherRows(L.ln2.data()), w.fcw, N, C, Ft);
-    sumRows(dln_.data(), dlnRows);
+    if (config_.moeLayer(span.begin + i)) {
+      moeBackward(w.fcw, g.fcw, L, dlnRows, lossScale);
+    } else {
+      // out = res2 + fcproj(gelu(fc(ln2(res2)))): d(fcproj output) = dres.
+      zero(dfchGelu_);
+      kn::matmulBackward(dfchGelu_.data(), g.fcprojw, g.fcprojb, dresWhole(), L.fchGelu.data(), w.fcprojw, N, Ft, C);
+      zero(dfch_);
+      kn::geluBackward(dfch_.data(), L.fch.data(), dfchGelu_.data(), static_cast<size_t>(N) * Ft);
+      zero(dln_);
+      kn::matmulBackward(dln_.data(), g.fcw, g.fcb, dfch_.data(), gatherRows(L.ln2.data()), w.fcw, N, C, Ft);
+      sumRows(dln_.data(), dlnRows);
+    }
     // dres becomes d(res2): the residual path plus the path through ln2.
     layernormBackwardRows(dres_.data(), g.ln2w, g.ln2b, dlnRows, L.res2.data(), w.ln2w, L.ln2Mean.data(),
                           L.ln2Rstd.data());

@@ -23,14 +23,24 @@
 #include <string>
 #include <vector>
 
+#include "src/training/moe.h"
+
 namespace chorus::training {
 
 struct GptConfig {
+  // The dense shape in order (GptConfig{layers, heads, width, context, vocab}); MoE is set after.
+  GptConfig(int layers = 12, int heads = 12, int width = 768, int context = 1024, int vocab = 50257)
+      : layers(layers), heads(heads), width(width), context(context), vocab(vocab) {}
   int layers = 12;
   int heads = 12;
   int width = 768;     // C, the channels; a multiple of heads
   int context = 1024;  // the longest sequence (rows of the position embedding)
   int vocab = 50257;
+  // Mixture of experts: with moe.experts > 0, the MLP of every moeEvery-th block (blocks
+  // moeEvery - 1, 2 moeEvery - 1, ...; 1: all) is an MoE MLP (moe.h).
+  MoeConfig moe;
+  int moeEvery = 1;
+  bool moeLayer(int layer) const { return moe.enabled() && layer % moeEvery == moeEvery - 1; }
 
   static GptConfig gpt2_124m() { return GptConfig{}; }
   // Throws chorus::Error (kInvalidArgument) naming the field when the shape cannot work.
@@ -61,6 +71,7 @@ struct ParamTensor {
   // Whether this rank counts the tensor in sums over the model-parallel group (the gradient norm,
   // checkpoints): shards always, replicated tensors on tp rank 0 only, the lm_head copy never.
   bool counted = true;
+  int expert = -1;  // an MoE expert's tensor: the expert's number (its ep rank holds it), else -1
 };
 
 // A run of elements contiguous both in this rank's flat buffer and in the whole model's.
@@ -84,14 +95,19 @@ struct LayerSpan {
 // (pipeline parallelism), in order; empty: all. A rank that holds the last block but not the
 // first holds a copy of wte for the tied output head (lm_head.weight, its own unit after ln_f).
 // With tp > 1, the shard of tp rank tpRank (heads % tp == 0; the vocabulary rows are cut as
-// evenly as they go).
+// evenly as they go). An MoE block holds mlp.router.weight (E, C) and, of its experts, those of ep
+// rank epRank (experts / ep of them), each mlp.experts.<e>.c_fc.weight, c_fc.bias,
+// c_proj.weight, c_proj.bias (MoeMlp's order); experts are not cut over tp.
 class ParamLayout {
  public:
-  explicit ParamLayout(const GptConfig& config, int tp = 1, int tpRank = 0, std::vector<LayerSpan> spans = {});
+  explicit ParamLayout(const GptConfig& config, int tp = 1, int tpRank = 0, std::vector<LayerSpan> spans = {},
+                       int ep = 1, int epRank = 0);
   size_t total() const { return total_; }
   size_t globalTotal() const { return globalTotal_; }
   int tp() const { return tp_; }
   int tpRank() const { return tpRank_; }
+  int ep() const { return ep_; }
+  int epRank() const { return epRank_; }
   const std::vector<LayerSpan>& spans() const { return spans_; }
   // Local unit numbers, -1 where not held. headUnit: the output head's weights, the embedding unit
   // when this rank holds both ends of the model, else the lm_head copy.
@@ -134,7 +150,7 @@ class ParamLayout {
   std::vector<size_t> unitOffset_, unitCount_;
   std::vector<int> blockUnit_;
   size_t total_ = 0, globalTotal_ = 0;
-  int layers_ = 0, tp_ = 1, tpRank_ = 0, vocabBegin_ = 0, vocabCount_ = 0;
+  int layers_ = 0, tp_ = 1, tpRank_ = 0, ep_ = 1, epRank_ = 0, vocabBegin_ = 0, vocabCount_ = 0;
   int embeddingUnit_ = -1, finalNormUnit_ = -1, headUnit_ = -1;
 };
 
@@ -219,8 +235,10 @@ class Gpt {
   // empty: the whole model. recompute: activation checkpointing (the results are the same). cp:
   // context parallelism (seq a multiple of 2 cp); this rank holds seq / cp positions of each
   // sequence, contextPositions(seq, cp, cp rank), and its batches hold those columns only.
+  // ep: expert parallelism for MoE blocks (the layout holds this ep rank's experts; each MoE
+  // block's forward and backward are collective over the ep group).
   Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp = {}, std::vector<LayerSpan> spans = {},
-      Recompute recompute = Recompute::kNone, ContextParallel cp = {});
+      Recompute recompute = Recompute::kNone, ContextParallel cp = {}, ExpertParallel ep = {});
   ~Gpt();
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -257,6 +275,18 @@ class Gpt {
   // the gradient of its input in inputGradient() (until the next backward).
   void backwardChunk(int c, int slot, const float* doutput, UnitAccess& access, float lossScale = 1.0f);
   std::span<const float> inputGradient() const { return dres_; }
+  // What the MoE blocks of chunk c did with the micro-batch in slot (its last forward): the aux
+  // and z losses (means over the chunk's MoE blocks, before their coefficients), the weighted sum
+  // added to the training loss (already in the gradients), the choices each expert got, summed
+  // over the blocks, and the choices dropped. Zeros without MoE blocks.
+  struct MoeSummary {
+    int layers = 0;
+    double aux = 0, z = 0, weighted = 0;
+    std::vector<long> expertChoices;
+    long dropped = 0;
+  };
+  const MoeSummary& moeSummary(int c, int slot) const { return chunks_.at(c).slots.at(slot)->moe; }
+
   // Micro-batch slots made so far for chunk c (the most a pipeline schedule kept in flight).
   int slots(int c) const { return static_cast<int>(chunks_[c].slots.size()); }
 
@@ -274,6 +304,7 @@ class Gpt {
     // att: the attention probabilities (B, heads, T, T); with context parallelism instead lse, the
     // log-sum-exp of each query row's scores (B, heads, T), from which backward rebuilds them.
     std::vector<float> ln1, ln1Mean, ln1Rstd, qkv, atty, att, lse, res2, ln2, ln2Mean, ln2Rstd, fch, fchGelu;
+    MoeActivations moe;  // an MoE block's MLP (fch and fchGelu unused)
     size_t floats() const;
   };
   // One micro-batch's activations in one chunk.
@@ -285,6 +316,7 @@ class Gpt {
     // backward's weight gradient), logits, probabilities (then their gradient) and losses.
     std::vector<float> lnf, lnfMean, lnfRstd, lnfWhole, logits, probs, losses;
     bool haveTargets = false;
+    MoeSummary moe;
     size_t floats() const;
   };
   struct Chunk {
@@ -299,9 +331,12 @@ class Gpt {
   // A row-parallel layer's partial output goes where sumRows wants it: the whole rows' scratch
   // with sequence parallelism (reduce-scattered from there), else the destination itself.
   float* partialFor(float* rowsOut) { return sequenceParallel_ ? wholeRows_.data() : rowsOut; }
-  // One block's forward: in (rows, C) -> out, its intermediate values into L.
-  void blockForward(const float* weights, Layer& L, const float* in, float* out);
-  void allocateLayer(Layer& L, bool withAttention) const;
+  // Block `layer`'s forward: in (rows, C) -> out, its intermediate values into L.
+  void blockForward(const float* weights, Layer& L, const float* in, float* out, int layer);
+  void allocateLayer(Layer& L, bool withAttention, bool dense) const;
+  // An MoE block's MLP, forward (ln2 -> out) and backward (dres_ -> the ln2 rows' gradient).
+  void moeForward(const float* weights, Layer& L, float* out);
+  void moeBackward(const float* weights, float* grads, Layer& L, float* dlnRows, float lossScale);
   // Ring attention (context parallelism), collective over the cp group. Forward: L.qkv -> L.atty
   // and L.lse. Backward: from datty_ into dqkv_ (added).
   void ringAttention(Layer& L, Pass pass);
@@ -329,7 +364,10 @@ class Gpt {
   std::vector<float> attScratch_;    // selective recompute: the attention probabilities of one block
   std::vector<float> recomputeOut_;  // full recompute: the rerun block's output (already kept as the next input)
   ContextParallel cp_;
-  std::vector<int> positions_;  // T_ of them, see positions()
+  ExpertParallel ep_;
+  std::unique_ptr<MoeMlp> moe_;  // the MoE blocks' layer (one: they share its shape and scratch)
+  std::vector<float> moeGrad_;   // sequence parallel: one MoE block's partial gradients, summed over tp
+  std::vector<int> positions_;   // T_ of them, see positions()
   // Ring attention: the key and value blocks in flight (this rank's, and the one arriving), their
   // gradients travelling with them, each query row's running max and sum (then lse and delta),
   // and one block pair's scores.

@@ -45,8 +45,8 @@ size_t MoeActivations::floats() const {
          sizes * sizeof(size_t) / sizeof(float);
 }
 
-MoeMlp::MoeMlp(const MoeConfig& config, int width, ExpertParallel ep)
-    : config_(config), C_(width), hidden_(config.hiddenFor(width)), ep_(ep) {
+MoeMlp::MoeMlp(const MoeConfig& config, int width, ExpertParallel ep, Communicator* tokenGroup)
+    : config_(config), C_(width), hidden_(config.hiddenFor(width)), ep_(ep), tokenGroup_(tokenGroup) {
   config_.validate(width, ep.size());
   if (!config_.enabled()) throw Error(chorusInvalidArgument, "MoE: a layer needs experts > 0");
   localExperts_ = config_.experts / ep_.size();
@@ -138,8 +138,18 @@ void MoeMlp::forward(float* out, const float* x, int n, const float* params, Moe
   a.dropped =
       kn::routeTopK(a.expert.data(), a.gate.data(), a.row.data(), a.assigned.data(), a.counts.data(), a.probs.data(), n,
                     E, k, config_.normalizeGates(), kn::expertCapacity(config_.capacityFactor, n, E, k));
-  a.aux = kn::routerAuxLoss(a.probs.data(), a.assigned.data(), n, E, k);
-  a.z = kn::routerZLoss(a.lse.data(), n);
+  // The losses are means over the token group's tokens: its ranks add up their sums first.
+  std::vector<float> sums(E + 2);
+  kn::routerColumnSums(sums.data(), a.probs.data(), n, E);
+  sums[E] = static_cast<float>(kn::routerSquares(a.lse.data(), n));
+  sums[E + 1] = static_cast<float>(n);
+  if (tokenGroup_ != nullptr) {
+    tokenGroup_->allReduce(std::span<float>(sums));
+    tokenGroup_->allReduce(std::span<int>(a.assigned));
+  }
+  a.total = static_cast<int>(sums[E + 1]);
+  a.aux = kn::routerAuxLoss(sums.data(), a.assigned.data(), a.total, E, k);
+  a.z = sums[E] / static_cast<float>(a.total);
 
   // Dispatch: the rows in expert order, so each rank's experts' rows are one block.
   const size_t rows = std::accumulate(a.counts.begin(), a.counts.end(), size_t{0});
@@ -223,8 +233,8 @@ void MoeMlp::backward(float* dx, float* dparams, const float* dout, const float*
 
   dlogits_.resize(static_cast<size_t>(n) * E);
   kn::routerBackward(dlogits_.data(), dgate_.data(), a.probs.data(), a.lse.data(), a.expert.data(), a.gate.data(),
-                     a.row.data(), a.assigned.data(), n, E, k, config_.normalizeGates(), config_.auxCoef * lossScale,
-                     config_.zCoef * lossScale);
+                     a.row.data(), a.assigned.data(), n, a.total, E, k, config_.normalizeGates(),
+                     config_.auxCoef * lossScale, config_.zCoef * lossScale);
   kn::matmulBackward(dx, dparams, nullptr, dlogits_.data(), x, params, n, C, E);
 }
 

@@ -51,12 +51,13 @@ struct ExpertParallel {
 struct MoeActivations {
   int tokens = 0;
   std::vector<float> probs, lse, gate;             // (n, E), (n), (n, k)
-  std::vector<int> expert, row, assigned, counts;  // (n, k), (n, k), (E), (E)
+  std::vector<int> expert, row, assigned, counts;  // (n, k), (n, k), (E: over the token group), (E)
+  int total = 0;                                   // the token group's tokens
   std::vector<size_t> sendRows, recvRows;          // per ep rank: rows this rank sends, receives
   std::vector<int> recvCounts;                     // (ep, local experts): rows from each rank per local expert
   std::vector<float> expertIn, fc, act;            // this rank's experts' rows: input, first layer, activation
   std::vector<float> combined;                     // (rows sent, C): the experts' outputs back home
-  float aux = 0, z = 0;                            // the losses, without coefficients
+  float aux = 0, z = 0;                            // the losses (means over total), without coefficients
   int dropped = 0;                                 // choices over capacity
   size_t floats() const;
 };
@@ -66,7 +67,10 @@ struct MoeActivations {
 // then the value's), c_proj.weight (C, hidden), c_proj.bias (C).
 class MoeMlp {
  public:
-  MoeMlp(const MoeConfig& config, int width, ExpertParallel ep = {});
+  // tokenGroup: the ranks whose tokens together are the batch the aux and z losses are means over
+  // (tensor parallelism's group with sequence parallelism, each holding some rows of it); null:
+  // this rank's tokens alone.
+  MoeMlp(const MoeConfig& config, int width, ExpertParallel ep = {}, Communicator* tokenGroup = nullptr);
   const MoeConfig& config() const { return config_; }
   int localExperts() const { return localExperts_; }
   int firstExpert() const { return ep_.rank() * localExperts_; }
@@ -106,6 +110,7 @@ class MoeMlp {
   MoeConfig config_;
   int C_, hidden_, localExperts_;
   ExpertParallel ep_;
+  Communicator* tokenGroup_;
   std::vector<float> logits_, dlogits_, dgate_, sent_, received_, dExpertIn_, dfc_, dact_, dy_, grouped_;
   std::vector<size_t> countsOut_, countsIn_;
 };

@@ -86,16 +86,31 @@ TEST(MeshTest, EachRanksGroupCommunicatorsHoldTheRanksOfItsGroup) {
 // or without sequence parallelism: equal within rounding. A cp rank holds some positions of each
 // sequence; its loss is the mean over them, so the whole loss is the mean over the cp ranks and the
 // whole gradient their mean too.
-void expectShardsGiveTheWhole(int tp, bool sequenceParallel, int cp = 1, Recompute recompute = Recompute::kNone) {
+// The MoE variant: block 1's MLP is a mixture of 4 SwiGLU experts, top-2, whose aux loss is a mean
+// over the whole micro-batch (the tp ranks' rows with sequence parallelism; a cp rank's positions
+// alone, so it is left out with cp > 1, where it is not the whole's).
+GptConfig moeVariant(GptConfig config, int cp) {
+  config.moe.experts = 4;
+  config.moe.topK = 2;
+  config.moe.hidden = 40;
+  config.moe.swiglu = true;
+  config.moe.auxCoef = cp > 1 ? 0.0f : 0.05f;
+  config.moe.zCoef = 0.01f;
+  config.moeEvery = 2;
+  return config;
+}
+
+void expectShardsGiveTheWhole(int tp, bool sequenceParallel, int cp = 1, Recompute recompute = Recompute::kNone,
+                              bool moe = false) {
   // 37 tokens do not divide over 2 or 4 ranks: the vocabulary shards are uneven.
-  const GptConfig config{2, 4, 32, 16, 37};
+  const GptConfig config = moe ? moeVariant(GptConfig{2, 4, 32, 16, 37}, cp) : GptConfig{2, 4, 32, 16, 37};
   const int B = 2, T = cp == 1 ? 12 : 16;
   std::mt19937 random(5);
   std::vector<int> tokens(B * T), targets(B * T);
   for (auto* v : {&tokens, &targets}) {
     for (int& x : *v) x = static_cast<int>(random() % config.vocab);
   }
-  const std::string what = "tp " + std::to_string(tp) + " cp " + std::to_string(cp) +
+  const std::string what = "tp " + std::to_string(tp) + " cp " + std::to_string(cp) + (moe ? " MoE" : "") +
                            (sequenceParallel ? " with sequence parallelism" : "") +
                            (recompute == Recompute::kFull ? " with full recompute" : "");
   const int ranks = tp * cp;
@@ -189,6 +204,81 @@ TEST(ContextParallelTest, RingAttentionGivesTheWholeModelsLossAndGradients) {
 
 // The balanced cut: rank r holds chunks r and 2 cp - 1 - r, so each rank's positions sum to the
 // same (equal causal attention work), and together they are every position once.
+TEST(TensorParallelTest, MoeBlocksGiveTheWholeModelsLossAndGradients) {
+  expectShardsGiveTheWhole(2, false, 1, Recompute::kNone, true);
+  expectShardsGiveTheWhole(2, true, 1, Recompute::kNone, true);
+  expectShardsGiveTheWhole(1, false, 2, Recompute::kNone, true);
+  expectShardsGiveTheWhole(2, true, 2, Recompute::kFull, true);
+}
+
+// Expert parallelism in the model: ep ranks, each with its own batch, the experts of each MoE block
+// split over them. Against the whole model run on each rank's batch in turn: each rank's loss and
+// dense gradients are those of its batch, each expert's gradients the sum over every batch.
+void expectExpertParallelModelGivesTheWhole(int ep) {
+  const GptConfig config = moeVariant(GptConfig{2, 4, 32, 16, 37}, 1);
+  const int B = 2, T = 8;
+  auto batchOf = [&](int r, std::vector<int>& tokens, std::vector<int>& targets) {
+    std::mt19937 random(40 + r);
+    tokens.resize(B * T);
+    targets.resize(B * T);
+    for (int& x : tokens) x = static_cast<int>(random() % config.vocab);
+    for (int& x : targets) x = static_cast<int>(random() % config.vocab);
+  };
+  expectAllZero(runProcesses(
+      ep,
+      [&](int rank, const chorusUniqueId& id) {
+        Communicator world(UniqueId(id), ep, rank);
+        Gpt whole(config, B, T);
+        std::vector<float> wp(whole.layout().total()), sum(wp.size(), 0.0f), own;
+        whole.layout().initialize(11, wp.data(), 0, wp.size());
+        float ownLoss = 0;
+        for (int r = 0; r < ep; ++r) {
+          std::vector<int> tokens, targets;
+          batchOf(r, tokens, targets);
+          std::vector<float> wg(wp.size(), 0.0f);
+          FlatAccess access(whole.layout(), wp.data(), wg.data());
+          const float loss = whole.forward(tokens.data(), targets.data(), access);
+          whole.backward(access);
+          for (size_t i = 0; i < wg.size(); ++i) sum[i] += wg[i];
+          if (r == rank) {
+            own = wg;
+            ownLoss = loss;
+          }
+        }
+        Gpt shard(config, B, T, {}, {}, Recompute::kNone, {}, ExpertParallel{&world});
+        const ParamLayout& layout = shard.layout();
+        EXPECT_LT(layout.total(), whole.layout().total());
+        std::vector<float> p(layout.total()), g(p.size(), 0.0f);
+        layout.initialize(11, p.data(), 0, p.size());
+        std::vector<int> tokens, targets;
+        batchOf(rank, tokens, targets);
+        FlatAccess access(layout, p.data(), g.data());
+        EXPECT_NEAR(shard.forward(tokens.data(), targets.data(), access), ownLoss, 1e-5 * ownLoss) << "rank " << rank;
+        shard.backward(access);
+        std::vector<float> placed(layout.globalTotal(), NAN);
+        layout.toGlobal(g.data(), placed.data(), false);
+        float largest = 0.0f;
+        for (float x : sum) largest = std::max(largest, std::abs(x));
+        int experts = 0;
+        for (const auto& run : layout.runs()) {
+          const ParamTensor& t = layout.tensors()[run.tensor];
+          const std::vector<float>& want = t.expert >= 0 ? sum : own;
+          experts += t.expert >= 0;
+          for (size_t i = 0; i < run.count; ++i) {
+            ASSERT_NEAR(placed[run.global + i], want[run.global + i], 1e-5f * largest)
+                << "ep " << ep << " rank " << rank << ": gradient of " << t.name;
+          }
+        }
+        EXPECT_EQ(experts, 4 * 4 / ep);  // 4 tensors of each of its experts
+      },
+      120));
+}
+
+TEST(ExpertParallelTest, TheModelsExpertsShardedGiveTheWholeModelsLossAndGradients) {
+  expectExpertParallelModelGivesTheWhole(2);
+  expectExpertParallelModelGivesTheWhole(4);
+}
+
 TEST(ContextParallelTest, EachRankHoldsTwoChunksOfEqualWork) {
   const int seq = 24;
   for (int cp : {1, 2, 3, 4}) {

@@ -95,12 +95,15 @@ TEST(GptTest, BadTokensAreRefusedNamingThePosition) {
 
 // The loss's gradient against central differences of the loss itself, on the parameters with the
 // largest gradients of every tensor (in fp32 the differences resolve those to about 1%).
-TEST(GptTest, GradientMatchesDifferencesOfTheLoss) {
-  const GptConfig c{2, 2, 8, 6, 13};
+// The loss's gradient against central differences of the loss itself, on the parameters with the
+// largest gradients of every tensor (in fp32 the differences resolve those to about 1%). With MoE
+// blocks the loss includes their weighted aux and z losses.
+void expectGradientMatchesDifferences(const GptConfig& c) {
   const int B = 2, T = 5;
   Gpt model(c, B, T);
   const ParamLayout& layout = model.layout();
-  std::vector<float> params(layout.total()), grads(params.size(), 0.0f), none(params.size());
+  const size_t total = layout.total();
+  std::vector<float> params(total), grads(total, 0.0f), none(total);
   layout.initialize(3, params.data(), 0, params.size());
   std::mt19937 gen(5);
   std::normal_distribution<float> jitter(0.0f, 0.3f);
@@ -114,6 +117,11 @@ TEST(GptTest, GradientMatchesDifferencesOfTheLoss) {
   model.forward(tokens.data(), targets.data(), access);
   model.backward(access);
   FlatAccess probe(layout, params.data(), none.data());
+  auto loss = [&] {
+    const double ce = model.forward(tokens.data(), targets.data(), probe);
+    return ce + model.moeSummary(0, 0).weighted;
+  };
+  int checked = 0;
   for (const auto& t : layout.tensors()) {
     if (t.name == "wpe.weight") continue;  // rows past T get no gradient; checked with the others below
     size_t best = t.offset;
@@ -123,15 +131,57 @@ TEST(GptTest, GradientMatchesDifferencesOfTheLoss) {
     const float keep = params[best];
     const float h = 1e-2f;
     params[best] = keep + h;
-    const double up = model.forward(tokens.data(), targets.data(), probe);
+    const double up = loss();
     params[best] = keep - h;
-    const double down = model.forward(tokens.data(), targets.data(), probe);
+    const double down = loss();
     params[best] = keep;
     const double numeric = (up - down) / (2 * h);
     EXPECT_NEAR(grads[best], numeric, 0.02 * std::fabs(numeric) + 1e-4) << t.name << " element " << best - t.offset;
+    ++checked;
   }
+  EXPECT_EQ(checked, static_cast<int>(layout.tensors().size()) - 1);
   const auto& wpe = layout.tensor("wpe.weight");
   for (size_t i = static_cast<size_t>(T) * c.width; i < wpe.count; ++i) EXPECT_EQ(grads[wpe.offset + i], 0.0f);
+}
+
+TEST(GptTest, GradientMatchesDifferencesOfTheLoss) { expectGradientMatchesDifferences(GptConfig{2, 2, 8, 6, 13}); }
+
+// A GPT whose second block's MLP is a mixture of 4 experts (top-2, SwiGLU, aux and z losses), and
+// one of top-1 GELU experts in every block.
+GptConfig moeConfig(int layers, int every, int k, bool swiglu) {
+  GptConfig c{layers, 2, 8, 6, 13};
+  c.moe.experts = 4;
+  c.moe.topK = k;
+  c.moe.hidden = 12;
+  c.moe.swiglu = swiglu;
+  c.moe.auxCoef = 0.05f;
+  c.moe.zCoef = 0.01f;
+  c.moeEvery = every;
+  return c;
+}
+
+TEST(GptTest, MoeGradientMatchesDifferencesOfTheLoss) {
+  expectGradientMatchesDifferences(moeConfig(2, 2, 2, true));
+  expectGradientMatchesDifferences(moeConfig(2, 1, 1, false));
+}
+
+TEST(GptTest, MoeBlocksHoldARouterAndTheirExpertsInPlaceOfTheMlp) {
+  const GptConfig c = moeConfig(2, 2, 2, true);
+  const ParamLayout whole(c);
+  EXPECT_NO_THROW(whole.tensor("h.0.mlp.c_fc.weight"));
+  EXPECT_THROW(whole.tensor("h.1.mlp.c_fc.weight"), Error);
+  EXPECT_EQ(whole.tensor("h.1.mlp.router.weight").shape, (std::vector<int>{4, 8}));
+  EXPECT_EQ(whole.tensor("h.1.mlp.experts.3.c_fc.weight").shape, (std::vector<int>{24, 8}));  // SwiGLU: 2 x 12
+  EXPECT_EQ(whole.tensor("h.1.mlp.experts.3.c_proj.weight").expert, 3);
+  // ep rank 1 of 2 holds experts 2 and 3, at their places in the whole model.
+  const ParamLayout shard(c, 1, 0, {}, 2, 1);
+  EXPECT_THROW(shard.tensor("h.1.mlp.experts.1.c_fc.weight"), Error);
+  const ParamTensor& e2 = shard.tensor("h.1.mlp.experts.2.c_fc.weight");
+  EXPECT_EQ(e2.globalOffset, whole.tensor("h.1.mlp.experts.2.c_fc.weight").globalOffset);
+  EXPECT_EQ(whole.total() - shard.total(), whole.unitCount(2) - shard.unitCount(2));
+  const size_t expert = 24 * 8 + 24 + 8 * 12 + 8;
+  EXPECT_EQ(whole.total() - shard.total(), 2 * expert);
+  EXPECT_THROW(ParamLayout(c, 1, 0, {}, 3, 0), Error);  // 4 experts over 3 ranks
 }
 
 // Activation checkpointing recomputes exactly what it dropped: the same loss and bit-identical
