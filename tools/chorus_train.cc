@@ -61,6 +61,28 @@ void writeMetrics(const Job& job, const TrainResult& r, size_t parameters, const
   j["file"] = job.path;
   j["model"] = {{"layers", job.model.layers},   {"heads", job.model.heads}, {"width", job.model.width},
                 {"context", job.model.context}, {"vocab", vocab},           {"parameters", parameters}};
+  if (job.model.moe.enabled()) {
+    const auto& m = job.model.moe;
+    j["model"]["moe"] = {{"experts", m.experts},
+                         {"top_k", m.topK},
+                         {"expert_hidden", m.hiddenFor(job.model.width)},
+                         {"capacity_factor", m.capacityFactor},
+                         {"aux_loss_coefficient", m.auxCoef},
+                         {"z_loss_coefficient", m.zCoef},
+                         {"swiglu", m.swiglu},
+                         {"every", job.model.moeEvery}};
+    if (!r.steps.empty()) {
+      j["moe"] = {{"last_aux_loss", r.steps.back().auxLoss},
+                  {"last_expert_balance", r.steps.back().expertBalance},
+                  {"last_dropped_share", r.steps.back().dropped}};
+    }
+    for (const auto& s : r.steps) {
+      j["moe"]["per_step"].push_back({{"step", s.step},
+                                      {"aux_loss", s.auxLoss},
+                                      {"expert_balance", s.expertBalance},
+                                      {"dropped_share", s.dropped}});
+    }
+  }
   j["tokenizer"] = tokenizer;
   j["ranks"] = job.ranks;
   j["layout"] = {{"dp", job.dp()},

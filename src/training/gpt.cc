@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "chorus/error.hpp"
 #include "kernels/cpu/matmul.h"
@@ -633,6 +634,13 @@ float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, 
       a.moe.weighted += moe_->weightedLoss(L.moe);
       for (int e = 0; e < config_.moe.experts; ++e) a.moe.expertChoices[e] += L.moe.assigned[e];
       a.moe.dropped += L.moe.dropped;
+      moeTotals_.expertChoices.resize(config_.moe.experts, 0);
+      for (int e = 0; e < config_.moe.experts; ++e) moeTotals_.expertChoices[e] += L.moe.assigned[e];
+      ++moeTotals_.layers;
+      moeTotals_.aux += L.moe.aux;
+      moeTotals_.z += L.moe.z;
+      moeTotals_.weighted += moe_->weightedLoss(L.moe);
+      moeTotals_.dropped += L.moe.dropped;
     }
   }
   if (!last) return 0.0f;
@@ -667,6 +675,8 @@ float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, 
   return kn::crossEntropyShardLoss(a.probs.data(), a.losses.data(), sumsAndTargets.data(), rowMax.data(),
                                    sumsAndTargets.data() + N, N, Vt);
 }
+
+Gpt::MoeSummary Gpt::takeMoeTotals() { return std::exchange(moeTotals_, MoeSummary{}); }
 
 void Gpt::moeForward(const float* weights, Layer& L, float* out) {
   // Each rank's rows go through the layer: all of them on every tp rank (the same work), or this

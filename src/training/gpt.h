@@ -286,6 +286,9 @@ class Gpt {
     long dropped = 0;
   };
   const MoeSummary& moeSummary(int c, int slot) const { return chunks_.at(c).slots.at(slot)->moe; }
+  // The same over every forward since the last call (all chunks and slots; aux and z summed, not
+  // averaged: divide by layers), and starts again.
+  MoeSummary takeMoeTotals();
 
   // Micro-batch slots made so far for chunk c (the most a pipeline schedule kept in flight).
   int slots(int c) const { return static_cast<int>(chunks_[c].slots.size()); }
@@ -367,6 +370,7 @@ class Gpt {
   ExpertParallel ep_;
   std::unique_ptr<MoeMlp> moe_;  // the MoE blocks' layer (one: they share its shape and scratch)
   std::vector<float> moeGrad_;   // sequence parallel: one MoE block's partial gradients, summed over tp
+  MoeSummary moeTotals_;         // see takeMoeTotals
   std::vector<int> positions_;   // T_ of them, see positions()
   // Ring attention: the key and value blocks in flight (this rank's, and the one arriving), their
   // gradients travelling with them, each query row's running max and sum (then lse and delta),

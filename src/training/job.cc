@@ -114,6 +114,15 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("model", "width", job.model.width);
   get("model", "context", job.model.context);
   get("model", "vocab", job.model.vocab);
+  // Mixture of experts: experts > 0 makes every moe_every-th block's MLP a mixture.
+  get("model", "experts", job.model.moe.experts);
+  get("model", "top_k", job.model.moe.topK);
+  get("model", "expert_hidden", job.model.moe.hidden);
+  get("model", "capacity_factor", job.model.moe.capacityFactor);
+  get("model", "aux_loss", job.model.moe.auxCoef);
+  get("model", "z_loss", job.model.moe.zCoef);
+  get("model", "swiglu", job.model.moe.swiglu);
+  get("model", "moe_every", job.model.moeEvery);
   get("data", "corpus", job.data.corpus);
   get("data", "tokenizer", job.data.tokenizer);
   get("data", "bpe_vocab", job.data.bpeVocab);
@@ -234,6 +243,12 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   }
   if (job.model.context < job.seq) {
     throw fail(fmt::format("[batch] seq = {} exceeds [model] context = {}", job.seq, job.model.context));
+  }
+  atLeast("[model] moe_every", job.model.moeEvery, 1);
+  try {
+    job.model.moe.validate(job.model.width);
+  } catch (const Error& e) {
+    throw fail(fmt::format("[model] {}", e.what()));
   }
   if (!(job.optimizer.lr > 0)) throw fail("[optimizer] lr must be positive");
   if (optimizer == "adamw") {

@@ -291,7 +291,8 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
       }
     }
     csv.open(csvPath, std::ios::trunc);
-    csv << "step,loss,val_loss,lr,grad_norm,seconds,tokens_per_s,mfu,dp_bytes,compressed\n";
+    csv << "step,loss,val_loss,lr,grad_norm,seconds,tokens_per_s,mfu,dp_bytes,compressed,aux_loss,expert_balance,"
+           "dropped\n";
     for (const auto& line : kept) csv << line << "\n";
     csv.flush();
   }
@@ -341,6 +342,25 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     return sum[0] / static_cast<double>(chunks * job.cp);
   };
 
+  // The step's MoE statistics over every rank: the blocks of every stage, the micro-batches of
+  // every dp (and cp) rank; the tp ranks see the same choices (with sequence parallelism each its
+  // rows' drops, summed).
+  auto moeStep = [&](const Gpt::MoeSummary& t, StepRecord& r) {
+    std::vector<double> v = {t.aux, double(t.layers), double(t.dropped)};
+    for (long c : t.expertChoices) v.push_back(double(c));
+    v.resize(3 + config.moe.experts, 0.0);
+    if (job.sequenceParallel && tpComm) tpComm->allReduce(std::span<double>(v.data() + 2, 1));
+    if (ppComm) ppComm->allReduce(std::span<double>(v));
+    dp.sumOverRanks(v);
+    double total = 0, most = 0;
+    for (int e = 0; e < config.moe.experts; ++e) {
+      total += v[3 + e];
+      most = std::max(most, v[3 + e]);
+    }
+    r.auxLoss = v[1] > 0 ? v[0] / v[1] : 0.0;
+    r.expertBalance = total > 0 ? most / (total / config.moe.experts) : 0.0;
+    r.dropped = total > 0 ? v[2] / total : 0.0;
+  };
   const double flopsPerStep = model.flopsPerStep() * job.accumulate * ranks;
   const int crashAt =
       std::getenv("CHORUS_TRAIN_CRASH_IN_SAVE") ? std::atoi(std::getenv("CHORUS_TRAIN_CRASH_IN_SAVE")) : -1;
@@ -368,9 +388,10 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
         model.backward(dp, 1.0f / static_cast<float>(job.accumulate));
       }
     }
+    StepRecord r;
+    if (config.moe.enabled()) moeStep(model.takeMoeTotals(), r);
     auto optimizer = job.optimizer;
     optimizer.lr = job.learningRate(step);
-    StepRecord r;
     r.step = step;
     r.lr = optimizer.lr;
     r.gradNorm = dp.step(optimizer, step, job.clip);
@@ -383,12 +404,17 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     r.seconds = ranks > 1 ? dp.average(r.seconds) : r.seconds;
     r.tokensPerSecond = static_cast<double>(job.globalBatch()) * job.seq / r.seconds;
     r.mfu = peakGflops > 0 ? flopsPerStep / r.seconds / (peakGflops * 1e9) : 0.0;
-    if ((job.evalEvery > 0 && step % job.evalEvery == 0) || step == job.steps) r.valLoss = evaluate();
+    if ((job.evalEvery > 0 && step % job.evalEvery == 0) || step == job.steps) {
+      r.valLoss = evaluate();
+      model.takeMoeTotals();  // validation's routing is not the step's
+    }
     result.steps.push_back(r);
     if (leader) {
-      csv << fmt::format("{},{:.7f},{},{:.6g},{:.6g},{:.6f},{:.1f},{:.5f},{},{}\n", r.step, r.loss,
+      csv << fmt::format("{},{:.7f},{},{:.6g},{:.6g},{:.6f},{:.1f},{:.5f},{},{},{}\n", r.step, r.loss,
                          r.valLoss >= 0 ? fmt::format("{:.7f}", r.valLoss) : "", r.lr, r.gradNorm, r.seconds,
-                         r.tokensPerSecond, r.mfu, r.dpBytes, r.compressed ? 1 : 0);
+                         r.tokensPerSecond, r.mfu, r.dpBytes, r.compressed ? 1 : 0,
+                         r.auxLoss >= 0 ? fmt::format("{:.6f},{:.4f},{:.6f}", r.auxLoss, r.expertBalance, r.dropped)
+                                        : std::string(","));
       csv.flush();
     }
 
@@ -408,11 +434,14 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     }
     if (leader && (step % job.logEvery == 0 || step == start || step == job.steps)) {
       const auto b = dp.bytes();
+      const std::string moeText = r.auxLoss >= 0 ? fmt::format(" | aux {:.3f} | balance {:.2f} | dropped {:.1f}%",
+                                                               r.auxLoss, r.expertBalance, 100 * r.dropped)
+                                                 : "";
       std::printf(
-          "step %5ld/%ld | loss %.4f%s | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%% | %.0f ms | state/rank %s "
+          "step %5ld/%ld | loss %.4f%s%s | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%% | %.0f ms | state/rank %s "
           "(params %s, grads %s, optimizer %s) | RSS %s\n",
-          step, job.steps, r.loss, r.valLoss >= 0 ? fmt::format(" val {:.4f}", r.valLoss).c_str() : "", r.lr,
-          r.gradNorm, r.tokensPerSecond, 100 * r.mfu, 1000 * r.seconds, humanBytes(b.persistent()).c_str(),
+          step, job.steps, r.loss, r.valLoss >= 0 ? fmt::format(" val {:.4f}", r.valLoss).c_str() : "", moeText.c_str(),
+          r.lr, r.gradNorm, r.tokensPerSecond, 100 * r.mfu, 1000 * r.seconds, humanBytes(b.persistent()).c_str(),
           humanBytes(b.params).c_str(), humanBytes(b.grads).c_str(), humanBytes(b.optimizer).c_str(),
           humanBytes(residentPeakBytes()).c_str());
       std::fflush(stdout);

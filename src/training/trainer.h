@@ -26,6 +26,10 @@ struct StepRecord {
   // headers included; chorusCommGetTraffic), and whether the step's gradients were compressed.
   uint64_t dpBytes = 0;
   bool compressed = false;
+  // MoE blocks (none: auxLoss -1): the mean aux loss over the step's blocks and micro-batches,
+  // the most choices an expert got over the mean (1 = balanced; summed over the blocks), and the
+  // share of choices dropped for capacity.
+  double auxLoss = -1, expertBalance = 0, dropped = 0;
 };
 
 // One rank's memory: the training state (StateBytes), activations and the process's resident set.

@@ -1,0 +1,72 @@
+# train_moe.sh: a GPT whose blocks' MLPs are mixtures of 4 SwiGLU experts (top-2, aux and z
+# losses, no capacity so no token drops) trained by chorus-train under data parallelism (ZeRO 0, 1
+# and 3), tensor parallelism (with and without sequence parallelism), pipeline parallelism and
+# context parallelism computes what one rank computes: the same global batch of 8 sequences, cut
+# into micro-batches of 2 on every layout (the aux loss is a mean over each micro-batch, so the one
+# rank accumulates 4 of them), gives the loss of each of 20 steps within 1e-5 relative. Context
+# parallelism holds a part of each sequence on each rank, whose aux loss is not the whole's: its
+# runs leave the aux loss out. The progress line shows the aux loss, the experts' balance and the
+# dropped share; metrics.csv and metrics.json carry them; with a capacity of 1.0 tokens drop.
+source "$(dirname "$0")/lib.sh"
+train="$build/chorus-train"
+job="$source_dir/tests/data/jobs/parity.toml"
+moe=(--set model.experts=4 --set model.top_k=2 --set model.expert_hidden=96 --set model.swiglu=true
+  --set model.aux_loss=0.01 --set model.z_loss=0.001 --set batch.micro=2)
+run() {  # name, then chorus-train options
+  local name=$1
+  shift
+  "$train" "$job" --out "$work/$name" --set data.dir="\"$work/data\"" "${moe[@]}" "$@" >"$work/$name.log" 2>&1 ||
+    { cat "$work/$name.log"; fail "chorus-train $*"; }
+  tail -n 2 "$work/$name.log"
+}
+run one --ranks 1 --set batch.accumulate=4
+run dp2 --ranks 2 --set batch.accumulate=2
+run dp4 --ranks 4
+run zero1 --ranks 4 --zero 1
+run zero3 --ranks 4 --zero 3
+run tp2 --ranks 2 --tp 2 --set batch.accumulate=4
+run tp2_sp --ranks 2 --tp 2 --set batch.accumulate=4 --set parallel.sequence_parallel=true
+run dp2_tp2_zero1 --ranks 4 --tp 2 --zero 1 --set batch.accumulate=2
+run pp2 --ranks 2 --pp 2 --set batch.accumulate=4
+noaux=(--set model.aux_loss=0 --set batch.accumulate=4)
+run one_noaux --ranks 1 "${noaux[@]}"
+run cp2 --ranks 2 --cp 2 "${noaux[@]}"
+run one_capacity --ranks 1 --set batch.accumulate=4 --set model.capacity_factor=1.0
+grep -Eq "aux [0-9.]+ \| balance [0-9.]+ \| dropped 0.0%" "$work/one.log" || fail "no MoE statistics in the progress line"
+/usr/bin/python3 - "$work" <<'PY'
+import csv, json, sys
+work = sys.argv[1]
+def rows(name):
+    return list(csv.DictReader(open(f"{work}/{name}/metrics.csv")))
+def losses(name):
+    return [float(r["loss"]) for r in rows(name)]
+bad = []
+for ref, names in [("one", ["dp2", "dp4", "zero1", "zero3", "tp2", "tp2_sp", "dp2_tp2_zero1", "pp2"]),
+                   ("one_noaux", ["cp2"])]:
+    want = losses(ref)
+    if len(want) != 20 or want[-1] >= want[0]:
+        bad.append(f"{ref}: the loss did not fall over 20 steps: {want}")
+    for name in names:
+        got = losses(name)
+        worst = max(abs(a - b) / abs(b) for a, b in zip(got, want))
+        print(f"{name:14s} 20 steps, largest relative loss difference from one rank {worst:.2e}")
+        if len(got) != 20 or worst > 1e-5:
+            bad.append(name)
+# The MoE columns: the aux loss near 1 (balanced) and at least 1/k... up to E; balance >= 1; no drops
+# without capacity, some with capacity 1.0.
+for name in ["one", "dp4", "pp2"]:
+    for r in rows(name):
+        aux, balance, dropped = float(r["aux_loss"]), float(r["expert_balance"]), float(r["dropped"])
+        if not (0.5 < aux < 4 and 1 <= balance <= 4 and dropped == 0):
+            bad.append(f"{name} step {r['step']}: aux {aux} balance {balance} dropped {dropped}")
+drops = [float(r["dropped"]) for r in rows("one_capacity")]
+print(f"capacity 1.0: dropped share per step from {drops[0]:.3f} to {drops[-1]:.3f}")
+if not all(0 < d < 0.5 for d in drops):
+    bad.append(f"capacity 1.0 dropped shares {drops}")
+m = json.load(open(f"{work}/one/metrics.json"))
+if m["model"]["moe"]["experts"] != 4 or len(m["moe"]["per_step"]) != 20:
+    bad.append(f"metrics.json moe: {m['model'].get('moe')}, {len(m.get('moe', {}).get('per_step', []))} steps")
+if bad:
+    sys.exit("FAIL: " + "; ".join(bad))
+print("OK")
+PY
