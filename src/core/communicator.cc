@@ -364,7 +364,7 @@ void Communicator::connectEveryPeer() {
     for (int peer = 0; peer < nranks_; ++peer) {
       if (peer != rank_ && transportOfPeer_[peer] == transport.get()) peers.push_back(peer);
     }
-    if (!peers.empty()) connectAll(*transport, peers, rank_, deadline);
+    if (!peers.empty()) connectAll(*transport, peers, rank_, deadline, [this] { bootstrap_->watch(0); });
   }
 }
 

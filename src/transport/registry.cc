@@ -37,7 +37,8 @@ const std::vector<TransportKind>& transportRegistry() {
   return kinds;
 }
 
-void connectAll(Transport& transport, const std::vector<int>& peers, int rank, Deadline deadline) {
+void connectAll(Transport& transport, const std::vector<int>& peers, int rank, Deadline deadline,
+                const std::function<void()>& whileWaiting) {
   for (int peer : peers) transport.connect(peer);
   int pauseUs = 1;
   for (;;) {
@@ -55,6 +56,7 @@ void connectAll(Transport& transport, const std::vector<int>& peers, int rank, D
       continue;
     }
     transport.checkConnecting();
+    if (whileWaiting) whileWaiting();
     std::this_thread::sleep_for(std::chrono::microseconds(pauseUs));
     pauseUs = std::min(pauseUs * 2, 1000);
   }

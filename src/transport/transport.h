@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -235,7 +236,12 @@ struct TransportContext {
 // Connects `transport` to every peer of `peers` (all started at once, then progressed until every
 // one is up), or throws chorusTimeout at the deadline naming those still missing. The peers must
 // do the same (or be connecting to this rank already), as at init or before a direct call.
-void connectAll(Transport& transport, const std::vector<int>& peers, int rank, Deadline deadline);
+// whileWaiting (may be empty) is called between polls: the communicator's watch for failures its
+// peers tell on the failure line (it throws when one is told), so that a rank does not wait out
+// its timeout for a peer that has stopped on hearing of a failure elsewhere. Not at init, whose
+// all-gather the same sockets carry.
+void connectAll(Transport& transport, const std::vector<int>& peers, int rank, Deadline deadline,
+                const std::function<void()>& whileWaiting = {});
 
 // One line per transport in registry.cc.
 struct TransportKind {

@@ -15,6 +15,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -134,6 +135,34 @@ TEST(ConnectionsDirectTest, TheDirectAllReduceConnectsEveryPairFirst) {
   unsetenv("CHORUS_SHM_DIRECT_BYTES");
 }
 
+// A shm communicator of nranks with a 20 s timeout (the failure tests' errors must come well before it).
+chorusComm_t initShm(int nranks, int rank, const chorusUniqueId& id) {
+  chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
+  config.transport = "shm";
+  config.timeoutMs = 20000;
+  chorusComm_t comm = nullptr;
+  EXPECT_EQ(chorusCommInitRankConfig(&comm, nranks, id, rank, &config), chorusSuccess) << chorusGetLastError(nullptr);
+  return comm;
+}
+
+// A direct all-reduce on comm fails with chorusRemoteError naming `named`, long before the
+// timeout; then the communicator is aborted. `after` runs as soon as the call returns.
+void expectDirectAllReduceFailsFast(chorusComm_t comm, const std::string& named,
+                                    const std::function<void()>& after = {}) {
+  ASSERT_EQ(chorusCommSetAlgorithms(comm, "allreduce:direct"), chorusSuccess);
+  void* memory = nullptr;
+  ASSERT_EQ(chorusMemAlloc(&memory, 1024 * sizeof(float)), chorusSuccess);
+  const auto start = std::chrono::steady_clock::now();
+  const chorusResult_t result = chorusAllReduce(memory, memory, 1024, chorusFloat32, chorusSum, comm, nullptr);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (after) after();
+  EXPECT_EQ(result, chorusRemoteError) << chorusGetLastError(comm);
+  EXPECT_NE(std::string(chorusGetLastError(comm)).find(named), std::string::npos) << chorusGetLastError(comm);
+  EXPECT_LT(seconds, 10.0) << "the error waited for the timeout (20 s)";
+  chorusCommAbort(comm);
+  chorusMemFree(memory);
+}
+
 // The lower rank of a pair makes its segment when it first sends, then dies before answering the
 // higher rank's probes. The higher rank opens the segment in the direct all-reduce's connectAll
 // and must name the dead rank at once, not wait out its timeout.
@@ -145,11 +174,8 @@ TEST(ConnectionsDirectTest, ALowerRankThatMadeThePairAndDiedIsNamed) {
   };
   SharedWithRanks<Shared> shared;
   const std::vector<int> codes = runProcesses(2, [&](int rank, const chorusUniqueId& id) {
-    chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
-    config.transport = "shm";
-    config.timeoutMs = 20000;
-    chorusComm_t comm = nullptr;
-    ASSERT_EQ(chorusCommInitRankConfig(&comm, 2, id, rank, &config), chorusSuccess) << chorusGetLastError(nullptr);
+    chorusComm_t comm = initShm(2, rank, id);
+    ASSERT_NE(comm, nullptr);
     if (rank == 0) {
       shared->victimPid = getpid();
       const int32_t value = 7;
@@ -166,23 +192,52 @@ TEST(ConnectionsDirectTest, ALowerRankThatMadeThePairAndDiedIsNamed) {
       if (!(in >> pid >> name >> state) || state == "Z") break;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    expectDirectAllReduceFailsFast(comm, "rank 0 has exited");
+  });
+  unsetenv("CHORUS_SHM_DIRECT_BYTES");
+  ASSERT_EQ(codes.size(), 2u);
+  EXPECT_EQ(codes[0], 128 + SIGKILL);
+  EXPECT_EQ(codes[1], 0);
+}
+
+// A rank that stops on hearing of a failure never answers a peer that is still setting up a pair
+// with it, though it is alive. That peer must hear the failure told on the failure line while it
+// waits to connect, not wait out its timeout (kill_test met it: rank 3 waited for rank 2, which had
+// stopped when rank 4 died). Here rank 2 aborts; ranks 0 and 1 run a direct all-reduce, which
+// first connects every pair.
+TEST(ConnectionsDirectTest, AFailureToldWhileConnectingIsHeard) {
+  ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", "1", 1), 0);
+  struct Shared {
+    std::atomic<int> finished{0};
+  };
+  SharedWithRanks<Shared> shared;
+  const std::vector<int> codes = runProcesses(3, [&](int rank, const chorusUniqueId& id) {
+    chorusComm_t comm = initShm(3, rank, id);
+    ASSERT_NE(comm, nullptr);
+    if (rank == 2) {
+      chorusCommAbort(comm);  // tells the others, and stays alive until they are done
+      while (shared->finished.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      return;
+    }
     ASSERT_EQ(chorusCommSetAlgorithms(comm, "allreduce:direct"), chorusSuccess);
     void* memory = nullptr;
     ASSERT_EQ(chorusMemAlloc(&memory, 1024 * sizeof(float)), chorusSuccess);
     const auto start = std::chrono::steady_clock::now();
     const chorusResult_t result = chorusAllReduce(memory, memory, 1024, chorusFloat32, chorusSum, comm, nullptr);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    shared->finished.fetch_add(1);
     EXPECT_EQ(result, chorusRemoteError) << chorusGetLastError(comm);
-    EXPECT_NE(std::string(chorusGetLastError(comm)).find("rank 0 has exited"), std::string::npos)
+    EXPECT_NE(std::string(chorusGetLastError(comm))
+                  .find("rank 2 failed, and said: rank 2: the communicator was "
+                        "aborted"),
+              std::string::npos)
         << chorusGetLastError(comm);
-    EXPECT_LT(seconds, 10.0) << "the error waited for the timeout (20 s) instead of the dead rank";
+    EXPECT_LT(seconds, 10.0) << "the error waited for the timeout (20 s) instead of the failure told";
     chorusCommAbort(comm);
     chorusMemFree(memory);
   });
   unsetenv("CHORUS_SHM_DIRECT_BYTES");
-  ASSERT_EQ(codes.size(), 2u);
-  EXPECT_EQ(codes[0], 128 + SIGKILL);
-  EXPECT_EQ(codes[1], 0);
+  for (int code : codes) EXPECT_EQ(code, 0);
 }
 
 TEST(ConnectionsKnobTest, RanksThatDisagreeOnTheKnobFailInitNamingIt) {
