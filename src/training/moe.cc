@@ -111,6 +111,7 @@ void MoeMlp::regroup(const float* in, float* out, const MoeActivations& a, bool 
   for (int i = 0; i < P * El; ++i) {
     const size_t from = toExpertMajor ? sourceMajor[i] : expertMajor[i];
     const size_t to = toExpertMajor ? expertMajor[i] : sourceMajor[i];
+    if (a.recvCounts[i] == 0) continue;  // (the buffers may be empty: no pointer to copy through)
     std::memcpy(out + to * C_, in + from * C_, sizeof(float) * C_ * a.recvCounts[i]);
   }
 }
