@@ -594,7 +594,6 @@ float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, 
   const int N = B * T;
   const bool split = tp_.size() > 1;
   a.moe = MoeSummary{};
-  a.moe.expertChoices.assign(config_.moe.experts, 0);
   const int v0 = layout_.vocabBegin(), Vt = layout_.vocabCount();
   const int Nl = rows_;
   const size_t NlC = static_cast<size_t>(Nl) * C;
@@ -628,19 +627,8 @@ float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, 
                  span.begin + i);
     access.release(unit, Pass::kForward);
     if (config_.moeLayer(span.begin + i)) {
-      const double layers = ++a.moe.layers;
-      a.moe.aux += (L.moe.aux - a.moe.aux) / layers;
-      a.moe.z += (L.moe.z - a.moe.z) / layers;
-      a.moe.weighted += moe_->weightedLoss(L.moe);
-      for (int e = 0; e < config_.moe.experts; ++e) a.moe.expertChoices[e] += L.moe.assigned[e];
-      a.moe.dropped += L.moe.dropped;
-      moeTotals_.expertChoices.resize(config_.moe.experts, 0);
-      for (int e = 0; e < config_.moe.experts; ++e) moeTotals_.expertChoices[e] += L.moe.assigned[e];
-      ++moeTotals_.layers;
-      moeTotals_.aux += L.moe.aux;
-      moeTotals_.z += L.moe.z;
-      moeTotals_.weighted += moe_->weightedLoss(L.moe);
-      moeTotals_.dropped += L.moe.dropped;
+      a.moe.add(L.moe, moe_->weightedLoss(L.moe));
+      moeTotals_.add(L.moe, moe_->weightedLoss(L.moe));
     }
   }
   if (!last) return 0.0f;
@@ -674,6 +662,16 @@ float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, 
   tpSum(sumsAndTargets);
   return kn::crossEntropyShardLoss(a.probs.data(), a.losses.data(), sumsAndTargets.data(), rowMax.data(),
                                    sumsAndTargets.data() + N, N, Vt);
+}
+
+void Gpt::MoeSummary::add(const MoeActivations& block, double weightedLoss) {
+  expertChoices.resize(block.assigned.size(), 0);
+  for (size_t e = 0; e < block.assigned.size(); ++e) expertChoices[e] += block.assigned[e];
+  ++layers;
+  aux += block.aux;
+  z += block.z;
+  weighted += weightedLoss;
+  dropped += block.dropped;
 }
 
 Gpt::MoeSummary Gpt::takeMoeTotals() { return std::exchange(moeTotals_, MoeSummary{}); }

@@ -275,19 +275,19 @@ class Gpt {
   // the gradient of its input in inputGradient() (until the next backward).
   void backwardChunk(int c, int slot, const float* doutput, UnitAccess& access, float lossScale = 1.0f);
   std::span<const float> inputGradient() const { return dres_; }
-  // What the MoE blocks of chunk c did with the micro-batch in slot (its last forward): the aux
-  // and z losses (means over the chunk's MoE blocks, before their coefficients), the weighted sum
-  // added to the training loss (already in the gradients), the choices each expert got, summed
-  // over the blocks, and the choices dropped. Zeros without MoE blocks.
+  // What the MoE blocks of chunk c did with the micro-batch in slot (its last forward): the blocks
+  // counted, their aux and z losses summed (before their coefficients: divide by layers for the
+  // mean), the weighted sum added to the training loss (already in the gradients), the choices
+  // each expert got and the choices dropped, summed over the blocks. Zeros without MoE blocks.
   struct MoeSummary {
     int layers = 0;
     double aux = 0, z = 0, weighted = 0;
     std::vector<long> expertChoices;
     long dropped = 0;
+    void add(const MoeActivations& block, double weightedLoss);
   };
   const MoeSummary& moeSummary(int c, int slot) const { return chunks_.at(c).slots.at(slot)->moe; }
-  // The same over every forward since the last call (all chunks and slots; aux and z summed, not
-  // averaged: divide by layers), and starts again.
+  // The same over every forward since the last call (all chunks and slots), and starts again.
   MoeSummary takeMoeTotals();
 
   // Micro-batch slots made so far for chunk c (the most a pipeline schedule kept in flight).

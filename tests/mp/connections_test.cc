@@ -135,14 +135,21 @@ TEST(ConnectionsDirectTest, TheDirectAllReduceConnectsEveryPairFirst) {
   unsetenv("CHORUS_SHM_DIRECT_BYTES");
 }
 
-// A shm communicator of nranks with a 20 s timeout (the failure tests' errors must come well before it).
-chorusComm_t initShm(int nranks, int rank, const chorusUniqueId& id) {
-  chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
-  config.transport = "shm";
-  config.timeoutMs = 20000;
-  chorusComm_t comm = nullptr;
-  EXPECT_EQ(chorusCommInitRankConfig(&comm, nranks, id, rank, &config), chorusSuccess) << chorusGetLastError(nullptr);
-  return comm;
+// Runs fn(rank, comm) on nranks forked ranks, each with a shm communicator of a 20 s timeout (the
+// failure tests' errors must come well before it), direct all-reduces taken at any size; returns
+// the ranks' exit codes.
+std::vector<int> runOnShm(int nranks, const std::function<void(int, chorusComm_t)>& fn) {
+  EXPECT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", "1", 1), 0);
+  const std::vector<int> codes = runProcesses(nranks, [&](int rank, const chorusUniqueId& id) {
+    chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
+    config.transport = "shm";
+    config.timeoutMs = 20000;
+    chorusComm_t comm = nullptr;
+    ASSERT_EQ(chorusCommInitRankConfig(&comm, nranks, id, rank, &config), chorusSuccess) << chorusGetLastError(nullptr);
+    fn(rank, comm);
+  });
+  unsetenv("CHORUS_SHM_DIRECT_BYTES");
+  return codes;
 }
 
 // A direct all-reduce on comm fails with chorusRemoteError naming `named`, long before the
@@ -167,15 +174,12 @@ void expectDirectAllReduceFailsFast(chorusComm_t comm, const std::string& named,
 // higher rank's probes. The higher rank opens the segment in the direct all-reduce's connectAll
 // and must name the dead rank at once, not wait out its timeout.
 TEST(ConnectionsDirectTest, ALowerRankThatMadeThePairAndDiedIsNamed) {
-  ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", "1", 1), 0);
   struct Shared {
     std::atomic<int> victimPid{0};
     std::atomic<int> sent{0};
   };
   SharedWithRanks<Shared> shared;
-  const std::vector<int> codes = runProcesses(2, [&](int rank, const chorusUniqueId& id) {
-    chorusComm_t comm = initShm(2, rank, id);
-    ASSERT_NE(comm, nullptr);
+  const std::vector<int> codes = runOnShm(2, [&](int rank, chorusComm_t comm) {
     if (rank == 0) {
       shared->victimPid = getpid();
       const int32_t value = 7;
@@ -194,7 +198,6 @@ TEST(ConnectionsDirectTest, ALowerRankThatMadeThePairAndDiedIsNamed) {
     }
     expectDirectAllReduceFailsFast(comm, "rank 0 has exited");
   });
-  unsetenv("CHORUS_SHM_DIRECT_BYTES");
   ASSERT_EQ(codes.size(), 2u);
   EXPECT_EQ(codes[0], 128 + SIGKILL);
   EXPECT_EQ(codes[1], 0);
@@ -206,37 +209,19 @@ TEST(ConnectionsDirectTest, ALowerRankThatMadeThePairAndDiedIsNamed) {
 // stopped when rank 4 died). Here rank 2 aborts; ranks 0 and 1 run a direct all-reduce, which
 // first connects every pair.
 TEST(ConnectionsDirectTest, AFailureToldWhileConnectingIsHeard) {
-  ASSERT_EQ(setenv("CHORUS_SHM_DIRECT_BYTES", "1", 1), 0);
   struct Shared {
     std::atomic<int> finished{0};
   };
   SharedWithRanks<Shared> shared;
-  const std::vector<int> codes = runProcesses(3, [&](int rank, const chorusUniqueId& id) {
-    chorusComm_t comm = initShm(3, rank, id);
-    ASSERT_NE(comm, nullptr);
+  const std::vector<int> codes = runOnShm(3, [&](int rank, chorusComm_t comm) {
     if (rank == 2) {
       chorusCommAbort(comm);  // tells the others, and stays alive until they are done
       while (shared->finished.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       return;
     }
-    ASSERT_EQ(chorusCommSetAlgorithms(comm, "allreduce:direct"), chorusSuccess);
-    void* memory = nullptr;
-    ASSERT_EQ(chorusMemAlloc(&memory, 1024 * sizeof(float)), chorusSuccess);
-    const auto start = std::chrono::steady_clock::now();
-    const chorusResult_t result = chorusAllReduce(memory, memory, 1024, chorusFloat32, chorusSum, comm, nullptr);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    shared->finished.fetch_add(1);
-    EXPECT_EQ(result, chorusRemoteError) << chorusGetLastError(comm);
-    EXPECT_NE(std::string(chorusGetLastError(comm))
-                  .find("rank 2 failed, and said: rank 2: the communicator was "
-                        "aborted"),
-              std::string::npos)
-        << chorusGetLastError(comm);
-    EXPECT_LT(seconds, 10.0) << "the error waited for the timeout (20 s) instead of the failure told";
-    chorusCommAbort(comm);
-    chorusMemFree(memory);
+    expectDirectAllReduceFailsFast(comm, "rank 2 failed, and said: rank 2: the communicator was aborted",
+                                   [&] { shared->finished.fetch_add(1); });
   });
-  unsetenv("CHORUS_SHM_DIRECT_BYTES");
   for (int code : codes) EXPECT_EQ(code, 0);
 }
 

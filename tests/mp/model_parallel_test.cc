@@ -334,18 +334,15 @@ void expectExpertShardsGiveTheWhole(int ep, const MoeConfig& base) {
         params.insert(params.end(), mine, mine + static_cast<std::ptrdiff_t>(shard.localExperts() * expertFloats));
         ASSERT_EQ(params.size(), shard.paramFloats());
 
-        auto tokensOf = [&](int r) {
-          std::mt19937 g(100 + r);
+        // Rank r's 5 + 2 r rows of tokens (seed 100 + r) or of output gradients (200 + r).
+        auto rowsOf = [&](int seed, int r) {
+          std::mt19937 g(seed + r);
           std::vector<float> v(static_cast<size_t>(5 + 2 * r) * C);
           for (float& x : v) x = normal(g);
           return v;
         };
-        auto doutOf = [&](int r) {
-          std::mt19937 g(200 + r);
-          std::vector<float> v(static_cast<size_t>(5 + 2 * r) * C);
-          for (float& x : v) x = normal(g);
-          return v;
-        };
+        auto tokensOf = [&](int r) { return rowsOf(100, r); };
+        auto doutOf = [&](int r) { return rowsOf(200, r); };
         // The whole layer on every rank's tokens in turn.
         std::vector<float> wholeGrads(whole.paramFloats(), 0.0f), routerGrad, wantOut, wantDx;
         for (int r = 0; r < ep; ++r) {

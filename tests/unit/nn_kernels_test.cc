@@ -33,20 +33,13 @@ double relativeError(const std::vector<float>& a, const Vec& b) {
 }
 
 // d/dx of sum(w * f(x)) by central differences in double.
-Vec numericGradient(Vec x, const Vec& w, const std::function<Vec(const Vec&)>& f, double h = 1e-5) {
-  Vec g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double keep = x[i];
-    x[i] = keep + h;
-    const Vec up = f(x);
-    x[i] = keep - h;
-    const Vec down = f(x);
-    x[i] = keep;
+Vec numericGradient(const Vec& x, const Vec& w, const std::function<Vec(const Vec&)>& f) {
+  return chorus::testing::numericGradient(x, [&](const Vec& v) {
+    const Vec y = f(v);
     double s = 0.0;
-    for (size_t k = 0; k < w.size(); ++k) s += w[k] * (up[k] - down[k]);
-    g[i] = s / (2 * h);
-  }
-  return g;
+    for (size_t k = 0; k < w.size(); ++k) s += w[k] * y[k];
+    return s;
+  });
 }
 
 // ---- double-precision definitions ----
