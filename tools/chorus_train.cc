@@ -1,7 +1,7 @@
 // chorus_train.cc: chorus-train, the training job runner.
 //
-//   chorus-train JOB.toml [--ranks N] [--tp T] [--pp P] [--cp C] [--zero S] [--steps N] [--out DIR] [--resume] [--set
-//   sec.key=value]...
+//   chorus-train JOB.toml [--ranks N] [--tp T] [--pp P] [--cp C] [--ep E] [--zero S] [--steps N] [--out DIR] [--resume]
+//   [--set sec.key=value]...
 //
 // Started by hand, it prepares the job's data, measures this machine's GEMM peak (for MFU), starts
 // the ranks through chorusrun (each rank runs chorus-train again, as a worker) and, when they are
@@ -89,6 +89,7 @@ void writeMetrics(const Job& job, const TrainResult& r, size_t parameters, const
                  {"tp", job.tp},
                  {"pp", job.pp},
                  {"cp", job.cp},
+                 {"ep", job.ep},
                  {"sequence_parallel", job.sequenceParallel},
                  {"recompute", job.recompute}};
   if (job.pp > 1) {
@@ -232,7 +233,7 @@ int main(int argc, char** argv) {
   CLI::App app{"chorus-train: train a GPT on chorus as a job file describes"};
   std::string jobPath;
   std::vector<std::string> sets;
-  int ranks = 0, zero = -1, tp = 0, pp = 0, cp = 0;
+  int ranks = 0, zero = -1, tp = 0, pp = 0, cp = 0, ep = 0;
   long steps = 0;
   std::string out, compress;
   bool resume = false;
@@ -241,6 +242,7 @@ int main(int argc, char** argv) {
   app.add_option("--tp", tp, "tensor-parallel ranks; data parallel gets ranks / (tp pp cp) (overrides [parallel] tp)");
   app.add_option("--pp", pp, "pipeline stages (overrides [parallel] pp)");
   app.add_option("--cp", cp, "context-parallel ranks (overrides [parallel] cp)");
+  app.add_option("--ep", ep, "expert-parallel ranks, carved from data parallel (overrides [parallel] ep)");
   app.add_option("--zero", zero, "ZeRO stage 0..3 (overrides [parallel] zero)");
   app.add_option("--steps", steps, "steps to run (overrides [run] steps)");
   app.add_option("--out", out, "output directory (overrides [run] out)");
@@ -255,6 +257,7 @@ int main(int argc, char** argv) {
   if (tp > 0) sets.push_back(fmt::format("parallel.tp={}", tp));
   if (pp > 0) sets.push_back(fmt::format("parallel.pp={}", pp));
   if (cp > 0) sets.push_back(fmt::format("parallel.cp={}", cp));
+  if (ep > 0) sets.push_back(fmt::format("parallel.ep={}", ep));
   if (steps > 0) sets.push_back(fmt::format("run.steps={}", steps));
   if (!out.empty()) sets.push_back(fmt::format("run.out={}", nlohmann::json(out).dump()));
   if (resume) sets.push_back("run.resume=true");

@@ -132,9 +132,8 @@ void CommWorker::loop() {
 DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const DataParallelSettings& settings,
                            uint64_t seed)
     : layout_(layout),
+      expertParallelSum_(settings.expertParallelSum),
       stage_(settings.zeroStage),
-      N_(comm ? comm->size() : 1),
-      rank_(comm ? comm->rank() : 0),
       inflightBuckets_(settings.inflightBuckets),
       modelParallelSum_(settings.modelParallelSum) {
   if (stage_ < 0 || stage_ > 3) {
@@ -146,7 +145,18 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
   }
   const size_t bucketBytes = settings.bucketBytes;
   const char* delay = std::getenv("CHORUS_TRAIN_COMM_DELAY_MS");
-  if (comm != nullptr && N_ > 1) worker_ = std::make_unique<CommWorker>(*comm, delay ? std::atoi(delay) : 0);
+  const bool expertParallel = layout.ep() > 1;
+  auto makeGroup = [&](Group& g, Communicator* c) {
+    g.size = c ? c->size() : 1;
+    g.rank = c ? c->rank() : 0;
+    if (c != nullptr && g.size > 1) g.worker = std::make_unique<CommWorker>(*c, delay ? std::atoi(delay) : 0);
+  };
+  makeGroup(groups_[kDense], comm);
+  if (expertParallel) {
+    makeGroup(groups_[kExperts], settings.expertComm);
+    expertScale_ = 1.0f / static_cast<float>(layout.ep());
+  }
+  auto groupOfUnit = [&](int unit) { return expertParallel && layout.holdsExperts(unit) ? kExperts : kDense; };
   const int units = layout.units();
   unitBucket_.assign(units, -1);
   if (settings.tiedSum) {
@@ -173,9 +183,11 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
   for (size_t i = 0; i < finishOrder.size();) {
     Bucket b;
     b.lastUnit = b.firstUnit = finishOrder[i];
+    b.group = groupOfUnit(b.firstUnit);
     size_t bytes = layout.unitCount(finishOrder[i]) * sizeof(float);
     ++i;
     while (stage_ != 3 && i < finishOrder.size() && b.firstUnit != tiedUnit_ && finishOrder[i] != tiedUnit_ &&
+           groupOfUnit(finishOrder[i]) == b.group &&
            bytes + layout.unitCount(finishOrder[i]) * sizeof(float) <= bucketBytes) {
       b.firstUnit = finishOrder[i];
       bytes += layout.unitCount(finishOrder[i]) * sizeof(float);
@@ -183,8 +195,9 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
     }
     b.lo = layout.unitOffset(b.firstUnit);
     b.count = layout.unitOffset(b.lastUnit) + layout.unitCount(b.lastUnit) - b.lo;
-    b.padded = (b.count + N_ - 1) / N_ * N_;
-    b.shard = b.padded / N_;
+    const size_t N = static_cast<size_t>(groups_[b.group].size);
+    b.padded = (b.count + N - 1) / N * N;
+    b.shard = b.padded / N;
     b.fullOffset = fullTotal_;
     b.shardOffset = shardTotal_;
     fullTotal_ += b.padded;
@@ -200,8 +213,9 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
   v_.assign(optimizer_ == kernels::Optimizer::kAdamW ? m_.size() : 0, 0.0f);
   for (auto& b : buckets_) {
     if (stage_ == 3) {
-      const size_t lo = b.lo + std::min(b.count, rank_ * b.shard);
-      const size_t hi = b.lo + std::min(b.count, (rank_ + 1) * b.shard);
+      const size_t rank = static_cast<size_t>(groupOf(b).rank);
+      const size_t lo = b.lo + std::min(b.count, rank * b.shard);
+      const size_t hi = b.lo + std::min(b.count, (rank + 1) * b.shard);
       layout.initialize(seed, params_.data() + b.shardOffset, lo, hi);
     } else {
       layout.initialize(seed, params_.data() + b.fullOffset, b.lo, b.lo + b.count);
@@ -220,6 +234,12 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
     forwardLength_ = order.forwardLength;
   }
   if (!settings.compressor.empty() && settings.compressor != "none") {
+    if (expertParallel) {
+      throw Error(chorusInvalidArgument,
+                  fmt::format("data parallel: gradient compression ({}) with expert parallelism (ep {}): the "
+                              "compressors hold one group's error feedback; use one or the other",
+                              settings.compressor, layout.ep()));
+    }
     if (stage_ != 0) {
       throw Error(chorusInvalidArgument,
                   fmt::format("data parallel: gradient compression ({}) with ZeRO stage {}: compressed gradients are "
@@ -247,8 +267,8 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
       for (size_t i = 0; i < buckets_.size(); ++i)
         compressors_.emplace_back(c, settings.compressor, counts[i], rows[i]);
     };
-    if (worker_) {
-      worker_->run(make);
+    if (Group& dense = groups_[kDense]; dense.worker) {
+      dense.worker->run(make);
     } else if (comm != nullptr) {
       make(*comm);  // one rank: nothing is sent, but the spec is checked and the compressors exist
     }
@@ -257,7 +277,9 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
 
 uint64_t DataParallel::wireBytes() {
   uint64_t bytes = 0;
-  if (worker_) worker_->run([&](Communicator& c) { bytes = c.traffic().bytesSent; });
+  for (Group& g : groups_) {
+    if (g.worker) g.worker->run([&](Communicator& c) { bytes += c.traffic().bytesSent; });
+  }
   return bytes;
 }
 
@@ -279,7 +301,7 @@ DataParallel::~DataParallel() {
     if (b.reduction.valid()) b.reduction.wait();
     if (b.gather.valid()) b.gather.wait();
   }
-  worker_.reset();
+  for (Group& g : groups_) g.worker.reset();
 }
 
 void DataParallel::trackTransient(long delta) {
@@ -307,13 +329,14 @@ void DataParallel::startGather(Bucket& b) {
   b.gathered.assign(b.padded, 0.0f);
   trackTransient(static_cast<long>(b.padded * sizeof(float)));
   float* shard = params_.data() + b.shardOffset;
-  if (!worker_) {
+  CommWorker* worker = groupOf(b).worker.get();
+  if (!worker) {
     std::memcpy(b.gathered.data(), shard, b.shard * sizeof(float));
     return;
   }
   float* out = b.gathered.data();
   const size_t count = b.shard;
-  b.gather = worker_->submit([shard, out, count](Communicator& c) -> std::optional<Request> {
+  b.gather = worker->submit([shard, out, count](Communicator& c) -> std::optional<Request> {
     return c.iallGather(std::span<const float>(shard, count), std::span<float>(out, count * c.size()));
   });
 }
@@ -382,14 +405,19 @@ std::function<void()> DataParallel::countOverlap() {
 
 void DataParallel::reduceBucket(Bucket& b) {
   b.reduced = true;
+  CommWorker* worker = groupOf(b).worker.get();
+  if (b.group == kExperts) {  // see DataParallelSettings::expertComm
+    float* g = stage_ < 2 ? grads_.data() + b.fullOffset : b.transientGrad.data();
+    kernels::scale(g, b.count, expertScale_);
+  }
   if (stage_ < 2) {
-    if (!worker_) return;
+    if (!worker) return;
     float* g = grads_.data() + b.fullOffset;
     if (compressing()) {
       Compressor* compressor = &compressors_[static_cast<size_t>(&b - buckets_.data())];
       const size_t count = b.count;
       b.reduction =
-          worker_->submit([g, count, compressor, tally = countOverlap()](Communicator& c) -> std::optional<Request> {
+          worker->submit([g, count, compressor, tally = countOverlap()](Communicator& c) -> std::optional<Request> {
             tally();
             compressor->allReduce(std::span<float>(g, count), c, ReduceOp::kAvg);  // blocking, on this thread
             return std::nullopt;
@@ -399,7 +427,7 @@ void DataParallel::reduceBucket(Bucket& b) {
     const size_t padded = b.padded, shard = b.shard;
     const bool scatter = stage_ == 1;
     b.reduction =
-        worker_->submit([g, padded, shard, scatter, count = countOverlap()](Communicator& c) -> std::optional<Request> {
+        worker->submit([g, padded, shard, scatter, count = countOverlap()](Communicator& c) -> std::optional<Request> {
           count();
           if (!scatter) return c.iallReduce(std::span<float>(g, padded), ReduceOp::kAvg);
           // In place: this rank's slice of the bucket receives the average of everyone's.
@@ -411,7 +439,7 @@ void DataParallel::reduceBucket(Bucket& b) {
   // ZeRO-2/3: reduce-scatter the bucket's whole gradient, add this rank's slice into the shard
   // gradient (micro-batches accumulate there), free the whole.
   float* whole = b.transientGrad.data();
-  float* own = whole + static_cast<size_t>(rank_) * b.shard;
+  float* own = whole + static_cast<size_t>(groupOf(b).rank) * b.shard;
   float* acc = grads_.data() + b.shardOffset;
   const size_t shard = b.shard;
   Bucket* bucket = &b;
@@ -420,13 +448,13 @@ void DataParallel::reduceBucket(Bucket& b) {
     trackTransient(-static_cast<long>(bucket->transientGrad.size() * sizeof(float)));
     std::vector<float>().swap(bucket->transientGrad);
   };
-  if (!worker_) {
+  if (!worker) {
     accumulate();
     return;
   }
   const size_t padded = b.padded;
   pendingWholeGrads_.push_back(static_cast<int>(&b - buckets_.data()));
-  b.reduction = worker_->submit(
+  b.reduction = worker->submit(
       [whole, own, padded, shard, count = countOverlap()](Communicator& c) -> std::optional<Request> {
         count();
         return c.ireduceScatter(std::span<const float>(whole, padded), std::span<float>(own, shard), ReduceOp::kAvg);
@@ -441,15 +469,18 @@ void DataParallel::waitReductions() {
   pendingWholeGrads_.clear();
 }
 
-double DataParallel::average(double value) {
-  if (!worker_) return value;
-  worker_->run([&value](Communicator& c) { c.allReduce(std::span<double>(&value, 1), ReduceOp::kAvg); });
+double DataParallel::average(double value) { return averageOver(groups_[kDense], value); }
+
+double DataParallel::averageOver(Group& g, double value) {
+  if (!g.worker) return value;
+  g.worker->run([&value](Communicator& c) { c.allReduce(std::span<double>(&value, 1), ReduceOp::kAvg); });
   return value;
 }
 
 void DataParallel::sumOverRanks(std::vector<double>& values) {
-  if (!worker_) return;
-  worker_->run([&values](Communicator& c) { c.allReduce(std::span<double>(values), ReduceOp::kSum); });
+  CommWorker* worker = groups_[kDense].worker.get();
+  if (!worker) return;
+  worker->run([&values](Communicator& c) { c.allReduce(std::span<double>(values), ReduceOp::kSum); });
 }
 
 double DataParallel::step(const kernels::OptimizerSettings& optimizer, long stepNumber, float clipNorm) {
@@ -482,9 +513,10 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
       o.p = o.g = o.mv = b.fullOffset;
       return o;
     }
-    const size_t start = std::min(b.count, rank_ * b.shard);
+    const size_t rank = static_cast<size_t>(groupOf(b).rank);
+    const size_t start = std::min(b.count, rank * b.shard);
     o.lo = b.lo + start;
-    o.hi = b.lo + std::min(b.count, (rank_ + 1) * b.shard);
+    o.hi = b.lo + std::min(b.count, (rank + 1) * b.shard);
     const size_t inFull = b.fullOffset + start;
     o.p = stage_ == 3 ? b.shardOffset : inFull;
     o.g = stage_ >= 2 ? b.shardOffset : inFull;
@@ -492,8 +524,9 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
     return o;
   };
 
-  // The global gradient norm: each rank's own elements, summed over ranks when sharded, then over
-  // the model-parallel ranks (of the tensors replicated there, one rank's count).
+  // The global gradient norm: each rank's own elements, summed over the group's ranks when sharded,
+  // the experts' over the ep group (each rank holds others), then all over the model-parallel
+  // ranks (of the tensors replicated there, one rank's count).
   // Calls fn(tensor, own, d, n) for each tensor's part of this rank's elements: n elements from
   // position d of the bucket's own range.
   auto eachTensorPart = [&](const auto& fn) {
@@ -505,11 +538,18 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
       }
     }
   };
-  double squares = 0.0;
+  double groupSquares[2] = {0.0, 0.0};
+  const bool expertParallel = layout_.ep() > 1;
   eachTensorPart([&](const ParamTensor& t, const Own& o, size_t d, size_t n) {
-    if (t.counted) squares += kernels::sumOfSquares(grads_.data() + o.g + d, n);
+    if (t.counted)
+      groupSquares[expertParallel && t.expert >= 0 ? kExperts : kDense] +=
+          kernels::sumOfSquares(grads_.data() + o.g + d, n);
   });
-  if (stage_ >= 1 && worker_) squares = average(squares) * N_;
+  for (int g = kDense; g <= kExperts; ++g) {
+    if (stage_ >= 1) groupSquares[g] = averageOver(groups_[g], groupSquares[g]) * groups_[g].size;
+  }
+  if (expertParallel && expertParallelSum_) groupSquares[kExperts] = expertParallelSum_(groupSquares[kExperts]);
+  double squares = groupSquares[kDense] + groupSquares[kExperts];
   if (modelParallelSum_) squares = modelParallelSum_(squares);
   const double norm = std::sqrt(squares);
   if (clipNorm > 0.0f && norm > clipNorm) {
@@ -532,12 +572,14 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
   });
 
   // ZeRO-1/2: every rank's updated slice to everyone.
-  if ((stage_ == 1 || stage_ == 2) && worker_) {
+  if (stage_ == 1 || stage_ == 2) {
     std::vector<std::future<void>> gathers;
     for (auto& b : buckets_) {
+      CommWorker* worker = groupOf(b).worker.get();
+      if (!worker) continue;
       float* whole = params_.data() + b.fullOffset;
       const size_t shard = b.shard, padded = b.padded;
-      gathers.push_back(worker_->submit([whole, shard, padded](Communicator& c) -> std::optional<Request> {
+      gathers.push_back(worker->submit([whole, shard, padded](Communicator& c) -> std::optional<Request> {
         return c.iallGather(std::span<const float>(whole + c.rank() * shard, shard), std::span<float>(whole, padded));
       }));
     }
@@ -558,10 +600,10 @@ void DataParallel::gatherState(std::vector<float>& params, std::vector<float>& m
     const float* from = src.data() + (sharded ? b.shardOffset : b.fullOffset);
     if (sharded) {
       whole.assign(b.padded, 0.0f);
-      if (worker_) {
+      if (CommWorker* worker = groupOf(b).worker.get()) {
         const size_t shard = b.shard;
         float* out = whole.data();
-        worker_->run([from, out, shard](Communicator& c) {
+        worker->run([from, out, shard](Communicator& c) {
           c.allGather(std::span<const float>(from, shard), std::span<float>(out, shard * c.size()));
         });
       } else {
@@ -589,8 +631,9 @@ void DataParallel::loadState(const std::vector<float>& params, const std::vector
       std::memcpy(dst.data() + b.fullOffset, src.data() + b.lo, b.count * sizeof(float));
       return;
     }
-    const size_t start = std::min(b.count, rank_ * b.shard);
-    const size_t end = std::min(b.count, (rank_ + 1) * b.shard);
+    const size_t rank = static_cast<size_t>(groupOf(b).rank);
+    const size_t start = std::min(b.count, rank * b.shard);
+    const size_t end = std::min(b.count, (rank + 1) * b.shard);
     std::fill_n(dst.data() + b.shardOffset, b.shard, 0.0f);
     std::memcpy(dst.data() + b.shardOffset, src.data() + b.lo + start, (end - start) * sizeof(float));
   };

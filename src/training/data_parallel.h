@@ -90,6 +90,14 @@ struct DataParallelSettings {
   // start, from step compressFrom on (the steps before are uncompressed: a warm-up).
   std::string compressor;
   long compressFrom = 1;
+  // Expert parallelism (the layout's ep > 1): the units holding MoE experts differ between the ep
+  // ranks, so their gradients are averaged over expertComm, the ranks that hold the same experts
+  // (the expert-data-parallel group; null: no other rank), rather than over comm, and ZeRO shards
+  // them over it. They are first scaled by 1 / ep: each rank's experts took the tokens of every ep
+  // rank, whose losses the data-parallel average divides by ep more ranks. The gradient norm adds
+  // the experts' part over the ep group with expertParallelSum (on the training thread).
+  Communicator* expertComm = nullptr;
+  std::function<double(double)> expertParallelSum;
   // The optimizer step() takes: AdamW keeps m and v per parameter, SGD m only.
   kernels::Optimizer optimizer = kernels::Optimizer::kAdamW;
 };
@@ -110,8 +118,8 @@ class DataParallel : public UnitAccess {
   ~DataParallel() override;
 
   int zeroStage() const { return stage_; }
-  int ranks() const { return N_; }
-  int rank() const { return rank_; }
+  int ranks() const { return groups_[kDense].size; }
+  int rank() const { return groups_[kDense].rank; }
   int buckets() const { return static_cast<int>(buckets_.size()); }
 
   // Before each micro-batch's forward: `last` marks the step's last micro-batch (stages 0 and 1
@@ -150,7 +158,7 @@ class DataParallel : public UnitAccess {
   // its buckets are compressed.
   void setNextStep(long step) { nextStep_ = step; }
   bool compressing() const { return !compressors_.empty() && nextStep_ >= compressFrom_; }
-  // Bytes this rank has sent on the data-parallel communicator so far, headers included
+  // Bytes this rank has sent on the data-parallel communicators so far, headers included
   // (chorusCommGetTraffic; 0 on one rank). Not collective.
   uint64_t wireBytes();
   // Each bucket's compression ratio by formula (empty without compression).
@@ -159,7 +167,15 @@ class DataParallel : public UnitAccess {
   uint64_t compressionPayloadBytes();
 
  private:
+  // The ranks a bucket's gradients are averaged over: all data-parallel ranks, or (the experts
+  // with ep > 1) the expert-data-parallel ones. A group of one rank has no worker.
+  enum GroupKind { kDense = 0, kExperts = 1 };
+  struct Group {
+    std::unique_ptr<CommWorker> worker;
+    int size = 1, rank = 0;
+  };
   struct Bucket {
+    int group = kDense;
     int firstUnit = 0, lastUnit = 0;   // units [firstUnit, lastUnit], contiguous in the flat layout
     size_t lo = 0, count = 0;          // flat range [lo, lo + count)
     size_t padded = 0, shard = 0;      // count rounded up to a multiple of N; padded / N
@@ -172,6 +188,10 @@ class DataParallel : public UnitAccess {
     std::future<void> reduction, gather;
   };
   Bucket& bucketOf(int unit) { return buckets_[unitBucket_[unit]]; }
+  Group& groupOf(const Bucket& b) { return groups_[b.group]; }
+  const Group& groupOf(const Bucket& b) const { return groups_[b.group]; }
+  // Mean of value over a group's ranks (on its communication thread).
+  double averageOver(Group& g, double value);
   void reduceBucket(Bucket& b);
   void startGather(Bucket& b);
   void waitGather(Bucket& b);
@@ -183,8 +203,10 @@ class DataParallel : public UnitAccess {
   int nextInOrder() const;
 
   const ParamLayout& layout_;
-  std::unique_ptr<CommWorker> worker_;
-  int stage_, N_, rank_;
+  Group groups_[2];
+  float expertScale_ = 1.0f;  // 1 / ep
+  std::function<double(double)> expertParallelSum_;
+  int stage_;
   int inflightBuckets_;
   std::function<double(double)> modelParallelSum_;
   std::function<void(std::span<float>)> tiedSum_;

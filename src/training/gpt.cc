@@ -73,6 +73,7 @@ ParamLayout::ParamLayout(const GptConfig& c, int tp, int tpRank, std::vector<Lay
   epRank_ = epRank;
   layers_ = c.layers;
   blockUnit_.assign(c.layers, -1);
+  expertUnit_.assign(c.layers, -1);
   const bool first = spans_.front().begin == 0, last = spans_.back().end == c.layers;
   // Rows or columns [lo, hi) of `extent` that this rank holds.
   auto cut = [&](size_t extent) { return std::pair<size_t, size_t>(extent * tpRank / tp, extent * (tpRank + 1) / tp); };
@@ -158,7 +159,10 @@ ParamLayout::ParamLayout(const GptConfig& c, int tp, int tpRank, std::vector<Lay
     }
     add(p + "mlp.router.weight", {c.moe.experts, C}, Init::kNormal);
     const int H = c.moe.hiddenFor(C), F = c.moe.swiglu ? 2 * H : H, perRank = c.moe.experts / ep;
+    // The experts are a unit of their own, right after their block's: data parallelism reduces
+    // their gradients over other ranks than the block's (the expert-data-parallel group).
     const bool block = held;
+    expertUnit_[l] = beginUnit(block);
     for (int e = 0; e < c.moe.experts; ++e) {
       held = block && e / perRank == epRank;  // the other experts are walked for their whole offsets
       const std::string x = fmt::format("{}mlp.experts.{}.", p, e);
@@ -188,6 +192,10 @@ ParamLayout::ParamLayout(const GptConfig& c, int tp, int tpRank, std::vector<Lay
   }
 }
 
+bool ParamLayout::holdsExperts(int unit) const {
+  return std::find(expertUnit_.begin(), expertUnit_.end(), unit) != expertUnit_.end() && unit >= 0;
+}
+
 ParamLayout::AccessOrder ParamLayout::accessOrder() const {
   if (spans_.size() != 1) {
     throw Error(chorusInvalidUsage, "GPT layout: the access order is defined for one span of layers");
@@ -197,19 +205,26 @@ ParamLayout::AccessOrder ParamLayout::accessOrder() const {
     if (unit >= 0) order.units.push_back(unit);
   };
   push(embeddingUnit_);
-  for (int l = spans_[0].begin; l < spans_[0].end; ++l) push(blockUnit_[l]);
+  for (int l = spans_[0].begin; l < spans_[0].end; ++l) {
+    push(blockUnit_[l]);
+    push(expertUnit_[l]);
+  }
   push(finalNormUnit_);
   push(headUnit_);
   order.forwardLength = order.units.size();
   push(headUnit_);
   push(finalNormUnit_);
-  for (int l = spans_[0].end - 1; l >= spans_[0].begin; --l) push(blockUnit_[l]);
+  for (int l = spans_[0].end - 1; l >= spans_[0].begin; --l) {
+    push(blockUnit_[l]);
+    push(expertUnit_[l]);
+  }
   return order;
 }
 
 void ParamLayout::toGlobal(const float* local, float* whole, bool countedOnly) const {
   for (const auto& run : runs_) {
-    if (countedOnly && !tensors_[run.tensor].counted) continue;
+    const ParamTensor& t = tensors_[run.tensor];
+    if (countedOnly && (!t.counted || (epRank_ != 0 && t.expert < 0))) continue;
     std::memcpy(whole + run.global, local + run.local, run.count * sizeof(float));
   }
 }
@@ -517,7 +532,7 @@ double Gpt::flopsPerStep() const {
   return 6.0 * N * matmulParams + 3.0 * N * attention;
 }
 
-void Gpt::blockForward(const float* weights, Layer& L, const float* in, float* out, int layer) {
+void Gpt::blockForward(const float* weights, const float* experts, Layer& L, const float* in, float* out, int layer) {
   const int B = B_, T = T_, C = config_.width, N = B * T;
   const int Ct = Ct_, Ft = Ft_, NHt = heads_, Nl = rows_;
   const size_t NlC = static_cast<size_t>(Nl) * C;
@@ -542,7 +557,7 @@ void Gpt::blockForward(const float* weights, Layer& L, const float* in, float* o
   kn::residualForward(L.res2.data(), in, out, NlC);
   kn::layernormForward(L.ln2.data(), L.ln2Mean.data(), L.ln2Rstd.data(), L.res2.data(), w.ln2w, w.ln2b, Nl, C);
   if (config_.moeLayer(layer)) {
-    moeForward(w.fcw, L, out);  // the MoE parameters start where the dense MLP's would
+    moeForward(w.fcw, experts, L, out);  // the router's weight is where the dense MLP's would start
     kn::residualForward(out, L.res2.data(), out, NlC);
     return;
   }
@@ -623,8 +638,11 @@ float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, 
   for (int i = 0; i < span.layers(); ++i) {
     const int unit = layout_.blockUnit(span.begin + i);
     Layer& L = layerOf(a, i);
-    blockForward(access.acquire(unit, Pass::kForward), L, a.residual[i].data(), a.residual[i + 1].data(),
-                 span.begin + i);
+    const int expertUnit = layout_.expertUnit(span.begin + i);
+    const float* weights = access.acquire(unit, Pass::kForward);
+    const float* experts = expertUnit >= 0 ? access.acquire(expertUnit, Pass::kForward) : nullptr;
+    blockForward(weights, experts, L, a.residual[i].data(), a.residual[i + 1].data(), span.begin + i);
+    if (expertUnit >= 0) access.release(expertUnit, Pass::kForward);
     access.release(unit, Pass::kForward);
     if (config_.moeLayer(span.begin + i)) {
       a.moe.add(L.moe, moe_->weightedLoss(L.moe));
@@ -676,23 +694,28 @@ void Gpt::MoeSummary::add(const MoeActivations& block, double weightedLoss) {
 
 Gpt::MoeSummary Gpt::takeMoeTotals() { return std::exchange(moeTotals_, MoeSummary{}); }
 
-void Gpt::moeForward(const float* weights, Layer& L, float* out) {
+void Gpt::moeForward(const float* router, const float* experts, Layer& L, float* out) {
   // Each rank's rows go through the layer: all of them on every tp rank (the same work), or this
   // rank's block with sequence parallelism.
-  moe_->forward(out, L.ln2.data(), rows_, weights, L.moe);
+  moe_->forward(out, L.ln2.data(), rows_, router, experts, L.moe);
 }
 
-void Gpt::moeBackward(const float* weights, float* grads, Layer& L, float* dlnRows, float lossScale) {
+void Gpt::moeBackward(const float* router, const float* experts, float* dRouter, float* dExperts, Layer& L,
+                      float* dlnRows, float lossScale) {
   std::fill(dlnRows, dlnRows + static_cast<size_t>(rows_) * config_.width, 0.0f);
   if (!sequenceParallel_) {
-    moe_->backward(dlnRows, grads, dres_.data(), L.ln2.data(), weights, L.moe, lossScale);
+    moe_->backward(dlnRows, dRouter, dExperts, dres_.data(), L.ln2.data(), router, experts, L.moe, lossScale);
     return;
   }
-  // This rank's rows give part of the gradients: summed over the tp group, then added.
+  // This rank's rows give part of the gradients (the router's, then the experts'): summed over
+  // the tp group, then added.
   std::fill(moeGrad_.begin(), moeGrad_.end(), 0.0f);
-  moe_->backward(dlnRows, moeGrad_.data(), dres_.data(), L.ln2.data(), weights, L.moe, lossScale);
+  const size_t routerFloats = moe_->routerFloats();
+  moe_->backward(dlnRows, moeGrad_.data(), moeGrad_.data() + routerFloats, dres_.data(), L.ln2.data(), router, experts,
+                 L.moe, lossScale);
   tpSum(moeGrad_);
-  kn::residualForward(grads, grads, moeGrad_.data(), moeGrad_.size());
+  kn::residualForward(dRouter, dRouter, moeGrad_.data(), routerFloats);
+  kn::residualForward(dExperts, dExperts, moeGrad_.data() + routerFloats, moeGrad_.size() - routerFloats);
 }
 
 void Gpt::tpSum(std::span<float> x, ReduceOp op) {
@@ -787,20 +810,24 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
   // conjugate of the forward all-reduce, or reduce-scatter with sequence parallelism).
   for (int i = span.layers() - 1; i >= 0; --i) {
     const int u = layout_.blockUnit(span.begin + i);
+    const int expertUnit = layout_.expertUnit(span.begin + i);
     const float* weights = access.acquire(u, Pass::kBackward);
+    const float* experts = expertUnit >= 0 ? access.acquire(expertUnit, Pass::kBackward) : nullptr;
     const auto w = blockPtrs<const float*>(weights, C, Ct, Ft);
     const auto g = blockPtrs<float*>(access.gradients(u), C, Ct, Ft);
     Layer& L = layerOf(a, i);
     // Recompute what the block did not keep: the whole block from its input, or the attention
     // probabilities from q, k, v (the output goes to datty_, which is rewritten before it is read).
     if (recompute_ == Recompute::kFull) {
-      blockForward(weights, L, a.residual[i].data(), recomputeOut_.data(), span.begin + i);
+      blockForward(weights, experts, L, a.residual[i].data(), recomputeOut_.data(), span.begin + i);
     }
     if (recompute_ == Recompute::kSelective && cp_.size() == 1) {
       kn::attentionForward(datty_.data(), attOf(L), L.qkv.data(), B, T, Ct, NHt);
     }
     if (config_.moeLayer(span.begin + i)) {
-      moeBackward(w.fcw, g.fcw, L, dlnRows, lossScale);
+      moeBackward(w.fcw, experts, g.fcw, access.gradients(expertUnit), L, dlnRows, lossScale);
+      access.release(expertUnit, Pass::kBackward);
+      access.gradientsDone(expertUnit);
     } else {
       // out = res2 + fcproj(gelu(fc(ln2(res2)))): d(fcproj output) = dres.
       zero(dfchGelu_);

@@ -89,14 +89,14 @@ struct LayerSpan {
 };
 
 // The flat layout of the units this rank holds, in model order: the embeddings wte (V, C) and wpe
-// (context, C) with block 0; each block; the final layernorm with the last block. Units are
-// numbered in that order from 0 (the whole model: 0 = embeddings, 1 + l = block l, layers + 1 =
-// ln_f). A unit's tensors are contiguous, units in order. spans: the blocks this rank holds
-// (pipeline parallelism), in order; empty: all. A rank that holds the last block but not the
+// (context, C) with block 0; each block (an MoE block followed by its experts' unit); the final
+// layernorm with the last block. Units are numbered in that order from 0 (the whole dense model:
+// 0 = embeddings, 1 + l = block l, layers + 1 = ln_f). A unit's tensors are contiguous, units in order. spans: the
+// blocks this rank holds (pipeline parallelism), in order; empty: all. A rank that holds the last block but not the
 // first holds a copy of wte for the tied output head (lm_head.weight, its own unit after ln_f).
 // With tp > 1, the shard of tp rank tpRank (heads % tp == 0; the vocabulary rows are cut as
-// evenly as they go). An MoE block holds mlp.router.weight (E, C) and, of its experts, those of ep
-// rank epRank (experts / ep of them), each mlp.experts.<e>.c_fc.weight, c_fc.bias,
+// evenly as they go). An MoE block holds mlp.router.weight (E, C); its experts' unit, of its
+// experts, those of ep rank epRank (experts / ep of them), each mlp.experts.<e>.c_fc.weight, c_fc.bias,
 // c_proj.weight, c_proj.bias (MoeMlp's order); experts are not cut over tp.
 class ParamLayout {
  public:
@@ -113,6 +113,12 @@ class ParamLayout {
   // when this rank holds both ends of the model, else the lm_head copy.
   int embeddingUnit() const { return embeddingUnit_; }
   int blockUnit(int layer) const { return blockUnit_[layer]; }
+  // The experts of an MoE block (this ep rank's): a unit of their own after the block's; -1 for a
+  // dense block or one not held.
+  int expertUnit(int layer) const { return expertUnit_[layer]; }
+  // Whether the unit holds MoE experts (whose gradients are reduced over the expert-data-parallel
+  // group when ep > 1).
+  bool holdsExperts(int unit) const;
   int finalNormUnit() const { return finalNormUnit_; }
   int headUnit() const { return headUnit_; }
   // For one span: the order of UnitAccess::acquire calls in a training micro-batch (see
@@ -127,8 +133,8 @@ class ParamLayout {
   int vocabCount() const { return vocabCount_; }
   const std::vector<ParamRun>& runs() const { return runs_; }
   // local (total()) -> whole (globalTotal()): writes this rank's elements; counted only: those
-  // of the tensors this rank counts (so that a sum over the model-parallel ranks, tp x pp, has
-  // each element once).
+  // of the tensors this rank counts, and on ep ranks but the first only the experts (so that a sum
+  // over the model-parallel ranks, tp x pp x ep, has each element once).
   void toGlobal(const float* local, float* whole, bool countedOnly) const;
   // whole -> local: this rank's shard of a whole model.
   void fromGlobal(const float* whole, float* local) const;
@@ -148,7 +154,7 @@ class ParamLayout {
   std::vector<ParamTensor> tensors_;
   std::vector<ParamRun> runs_;
   std::vector<size_t> unitOffset_, unitCount_;
-  std::vector<int> blockUnit_;
+  std::vector<int> blockUnit_, expertUnit_;
   size_t total_ = 0, globalTotal_ = 0;
   int layers_ = 0, tp_ = 1, tpRank_ = 0, ep_ = 1, epRank_ = 0, vocabBegin_ = 0, vocabCount_ = 0;
   int embeddingUnit_ = -1, finalNormUnit_ = -1, headUnit_ = -1;
@@ -334,12 +340,14 @@ class Gpt {
   // A row-parallel layer's partial output goes where sumRows wants it: the whole rows' scratch
   // with sequence parallelism (reduce-scattered from there), else the destination itself.
   float* partialFor(float* rowsOut) { return sequenceParallel_ ? wholeRows_.data() : rowsOut; }
-  // Block `layer`'s forward: in (rows, C) -> out, its intermediate values into L.
-  void blockForward(const float* weights, Layer& L, const float* in, float* out, int layer);
+  // Block `layer`'s forward: in (rows, C) -> out, its intermediate values into L. experts: an MoE
+  // block's experts' unit (null for a dense block).
+  void blockForward(const float* weights, const float* experts, Layer& L, const float* in, float* out, int layer);
   void allocateLayer(Layer& L, bool withAttention, bool dense) const;
   // An MoE block's MLP, forward (ln2 -> out) and backward (dres_ -> the ln2 rows' gradient).
-  void moeForward(const float* weights, Layer& L, float* out);
-  void moeBackward(const float* weights, float* grads, Layer& L, float* dlnRows, float lossScale);
+  void moeForward(const float* router, const float* experts, Layer& L, float* out);
+  void moeBackward(const float* router, const float* experts, float* dRouter, float* dExperts, Layer& L, float* dlnRows,
+                   float lossScale);
   // Ring attention (context parallelism), collective over the cp group. Forward: L.qkv -> L.atty
   // and L.lse. Backward: from datty_ into dqkv_ (added).
   void ringAttention(Layer& L, Pass pass);

@@ -151,6 +151,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("parallel", "vpp", job.vpp);
   get("parallel", "schedule", job.schedule);
   get("parallel", "cp", job.cp);
+  get("parallel", "ep", job.ep);
   get("parallel", "recompute", job.recompute);
   get("parallel", "zero", job.zero);
   get("parallel", "bucket_mb", job.bucketMb);
@@ -193,6 +194,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   atLeast("[parallel] pp", job.pp, 1);
   atLeast("[parallel] vpp", job.vpp, 1);
   atLeast("[parallel] cp", job.cp, 1);
+  atLeast("[parallel] ep", job.ep, 1);
   if (job.ranks % (job.tp * job.pp * job.cp) != 0) {
     throw fail(fmt::format("[parallel] ranks = {} is not a multiple of tp x pp x cp = {} x {} x {}", job.ranks, job.tp,
                            job.pp, job.cp));
@@ -249,6 +251,29 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
     job.model.moe.validate(job.model.width);
   } catch (const Error& e) {
     throw fail(fmt::format("[model] {}", e.what()));
+  }
+  if (job.ep > 1) {
+    if (!job.model.moe.enabled()) {
+      throw fail(
+          fmt::format("[parallel] ep = {} without experts: expert parallelism splits the experts of MoE "
+                      "blocks ([model] experts)",
+                      job.ep));
+    }
+    if (job.dp() % job.ep != 0) {
+      throw fail(
+          fmt::format("[parallel] ep = {} does not divide the {} data-parallel ranks (ranks / (tp pp cp)) "
+                      "it is carved from",
+                      job.ep, job.dp()));
+    }
+    if (job.model.moe.experts % job.ep != 0) {
+      throw fail(fmt::format("[parallel] ep = {} does not divide [model] experts = {}", job.ep, job.model.moe.experts));
+    }
+    if (job.compress != "none") {
+      throw fail(
+          fmt::format("[compress] name = \"{}\" with [parallel] ep = {}: gradient compression runs "
+                      "without expert parallelism",
+                      job.compress, job.ep));
+    }
   }
   if (!(job.optimizer.lr > 0)) throw fail("[optimizer] lr must be positive");
   if (optimizer == "adamw") {

@@ -31,6 +31,7 @@ struct Job {
   int vpp = 1;                     // model chunks per stage (virtual stages; the interleaved schedule)
   std::string schedule = "1f1b";   // gpipe, 1f1b or interleaved: the pipeline's order of micro-batches
   int cp = 1;                      // context parallel ranks: each holds seq / cp positions (ring attention)
+  int ep = 1;                      // expert parallel ranks (MoE), carved from dp: dp % ep == 0, experts % ep == 0
   std::string recompute = "none";  // activation checkpointing: none, selective or full
   bool sequenceParallel = false;   // with tp > 1: layernorms and residuals on blocks of the rows
   int zero = 0;

@@ -9,7 +9,9 @@
 
 namespace chorus::training {
 
-std::string MeshShape::describe() const { return fmt::format("dp{} tp{} pp{} cp{}", dp, tp, pp, cp); }
+std::string MeshShape::describe() const {
+  return fmt::format("dp{} tp{} pp{} cp{}", dp, tp, pp, cp) + (ep > 1 ? fmt::format(" ep{}", ep) : "");
+}
 
 MeshCoords coordsOf(int rank, const MeshShape& s) {
   MeshCoords c;
@@ -26,7 +28,7 @@ int rankOf(const MeshCoords& c, const MeshShape& s) { return ((c.pp * s.dp + c.d
 
 namespace {
 
-constexpr const char* kGroupKinds = "dp, tp, pp, cp, dpcp, embedding";
+constexpr const char* kGroupKinds = "dp, tp, pp, cp, dpcp, embedding, ep, edpcp";
 
 // For each kind: how many ranks its group has, and the rank of member i given this rank's coords.
 std::vector<int> members(const MeshCoords& at, const MeshShape& s, const std::string& kind) {
@@ -51,6 +53,13 @@ std::vector<int> members(const MeshCoords& at, const MeshShape& s, const std::st
       c.dp = i / s.cp;
       c.cp = i % s.cp;
     });
+  } else if (kind == "ep") {
+    vary(s.ep, [&](MeshCoords& c, int i) { c.dp = at.dp - at.dp % s.ep + i; });
+  } else if (kind == "edpcp") {
+    vary(s.dp / s.ep * s.cp, [&](MeshCoords& c, int i) {
+      c.dp = i / s.cp * s.ep + at.dp % s.ep;
+      c.cp = i % s.cp;
+    });
   } else if (kind == "embedding") {
     if (at.pp == 0 || at.pp == s.pp - 1) {
       vary(s.pp > 1 ? 2 : 1, [&](MeshCoords& c, int i) { c.pp = i * (s.pp - 1); });
@@ -72,16 +81,23 @@ DeviceMesh::DeviceMesh(Communicator& world, const MeshShape& shape) : shape_(sha
     throw Error(chorusInvalidArgument, fmt::format("device mesh {}: its product {} is not the world's {} ranks",
                                                    shape.describe(), shape.size(), world.size()));
   }
+  if (shape.ep < 1 || shape.dp % shape.ep != 0) {
+    throw Error(chorusInvalidArgument,
+                fmt::format("device mesh {}: expert parallelism is carved from the {} data-parallel ranks, which "
+                            "ep = {} must divide",
+                            shape.describe(), shape.dp, shape.ep));
+  }
   worldRank_ = world.rank();
   coords_ = coordsOf(worldRank_, shape);
   // One split per kind, every rank taking part; the color is the group's lowest world rank, the
   // key the rank's place in the group.
-  for (const char* kind : {"dp", "tp", "pp", "cp", "dpcp"}) {
+  for (const char* kind : {"dp", "tp", "pp", "cp", "dpcp", "ep", "edpcp"}) {
     const std::vector<int> ranks = groupOf(worldRank_, shape, kind);
     // Every rank has the same shape: all skip alike. Without cp, dp x cp is the dp group, whose
     // communicator serves. With cp it has its own even when dp = 1 (the same ranks as cp): data
     // parallelism's thread reduces over it while the model's thread runs ring attention over cp.
-    if (ranks.size() < 2 || (std::string(kind) == "dpcp" && shape.cp == 1)) continue;
+    const std::string k = kind;
+    if (ranks.size() < 2 || (k == "dpcp" && shape.cp == 1) || ((k == "ep" || k == "edpcp") && shape.ep == 1)) continue;
     const int place = static_cast<int>(std::find(ranks.begin(), ranks.end(), worldRank_) - ranks.begin());
     *slotOf(kind) = world.split(*std::min_element(ranks.begin(), ranks.end()), place);
   }
@@ -100,6 +116,8 @@ Communicator* DeviceMesh::slotOf(const std::string& kind) {
   if (kind == "cp") return &cp_;
   if (kind == "dpcp") return &dpcp_;
   if (kind == "embedding") return &embedding_;
+  if (kind == "ep") return &ep_;
+  if (kind == "edpcp") return &edpcp_;
   throw Error(chorusInvalidArgument, "device mesh: no group kind '" + kind + "' (" + kGroupKinds + ")");
 }
 

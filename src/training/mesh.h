@@ -1,7 +1,9 @@
 // mesh.h: the device mesh of hybrid-parallel training: the world's ranks laid out as
 // (pp, dp, cp, tp), tensor parallel fastest (its ranks are neighbours, so on one host), pipeline
-// slowest, as Megatron-LM orders them. Each rank finds its coordinates and holds one communicator
-// per group it belongs to, made by splitting the world (Communicator::split).
+// slowest, as Megatron-LM orders them. Expert parallelism (MoE) is carved from data parallelism:
+// of the dp ranks, each ep consecutive ones (neighbours in dp) hold the experts between them, and
+// the dp ranks ep apart hold the same experts. Each rank finds its coordinates and holds one
+// communicator per group it belongs to, made by splitting the world (Communicator::split).
 #pragma once
 
 #include <chorus/chorus.hpp>
@@ -12,8 +14,9 @@ namespace chorus::training {
 
 struct MeshShape {
   int dp = 1, tp = 1, pp = 1, cp = 1;
+  int ep = 1;  // divides dp
   int size() const { return dp * tp * pp * cp; }
-  std::string describe() const;  // "dp2 tp2 pp2 cp1"
+  std::string describe() const;  // "dp2 tp2 pp2 cp1", then " ep2" with expert parallelism
 };
 
 struct MeshCoords {
@@ -28,7 +31,9 @@ int rankOf(const MeshCoords& coords, const MeshShape& shape);
 // "dp", "tp", "pp", "cp", "dpcp" (the ranks that hold the same parameter shard: gradients are
 // averaged over data and context parallel together), or "embedding" (the first and the last
 // pipeline stage's ranks of the same dp, cp and tp coordinates, which hold the tied token
-// embedding; empty for the stages between).
+// embedding; empty for the stages between), "ep" (the dp ranks d - d % ep .. + ep - 1: the
+// experts' all-to-all) or "edpcp" (the ranks that hold the same experts: the dp ranks of the same
+// d % ep, with every cp rank; expert gradients are averaged over them).
 std::vector<int> groupOf(int rank, const MeshShape& shape, const std::string& kind);
 
 class DeviceMesh {
@@ -43,6 +48,8 @@ class DeviceMesh {
   // The group's communicator, or null for a group of one rank (or none: "embedding" in the middle
   // of the pipeline). Without cp, "dpcp" is the "dp" communicator; with cp it is one of its own,
   // apart from "cp" even when dp = 1 (the same ranks), so that two threads may use the two.
+  // "ep" and "edpcp" are communicators of their own (the model's thread uses the one, data
+  // parallelism's the other), and null without expert parallelism (ep = 1).
   Communicator* group(const std::string& kind);
 
  private:
@@ -50,7 +57,7 @@ class DeviceMesh {
   MeshShape shape_;
   MeshCoords coords_;
   int worldRank_ = 0;
-  Communicator dp_, tp_, pp_, cp_, dpcp_, embedding_;
+  Communicator dp_, tp_, pp_, cp_, dpcp_, embedding_, ep_, edpcp_;
 };
 
 }  // namespace chorus::training

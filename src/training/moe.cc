@@ -60,7 +60,7 @@ size_t MoeMlp::expertFloats() const {
 MoeMlp::ExpertTensors MoeMlp::expertTensors(int localExpert) const {
   const size_t F = static_cast<size_t>(fcRows());
   ExpertTensors t;
-  t.fcWeight = routerFloats() + static_cast<size_t>(localExpert) * expertFloats();
+  t.fcWeight = static_cast<size_t>(localExpert) * expertFloats();
   t.fcBias = t.fcWeight + F * C_;
   t.projWeight = t.fcBias + F;
   t.projBias = t.projWeight + static_cast<size_t>(C_) * hidden_;
@@ -122,12 +122,12 @@ int MoeMlp::rowsOf(const MoeActivations& a, int localExpert) const {
   return rows;
 }
 
-void MoeMlp::forward(float* out, const float* x, int n, const float* params, MoeActivations& a) {
+void MoeMlp::forward(float* out, const float* x, int n, const float* router, const float* experts, MoeActivations& a) {
   const int E = config_.experts, k = config_.topK, C = C_, P = ep_.size(), El = localExperts_;
   const int F = fcRows(), H = hidden_;
   a.tokens = n;
   logits_.resize(static_cast<size_t>(n) * E);
-  kn::matmulForward(logits_.data(), x, params, nullptr, n, C, E);
+  kn::matmulForward(logits_.data(), x, router, nullptr, n, C, E);
   a.probs.resize(static_cast<size_t>(n) * E);
   a.lse.resize(n);
   kn::routerSoftmax(a.probs.data(), a.lse.data(), logits_.data(), n, E);
@@ -178,13 +178,13 @@ void MoeMlp::forward(float* out, const float* x, int n, const float* params, Moe
       const ExpertTensors t = expertTensors(e);
       float* fc = a.fc.data() + first * F;
       float* act = a.act.data() + first * H;
-      kn::matmulForward(fc, a.expertIn.data() + first * C, params + t.fcWeight, params + t.fcBias, count, C, F);
+      kn::matmulForward(fc, a.expertIn.data() + first * C, experts + t.fcWeight, experts + t.fcBias, count, C, F);
       if (config_.swiglu) {
         kn::swigluForward(act, fc, count, H);
       } else {
         kn::geluForward(act, fc, static_cast<size_t>(count) * H);
       }
-      kn::matmulForward(grouped_.data() + first * C, act, params + t.projWeight, params + t.projBias, count, H, C);
+      kn::matmulForward(grouped_.data() + first * C, act, experts + t.projWeight, experts + t.projBias, count, H, C);
     }
     first += count;
   }
@@ -195,8 +195,8 @@ void MoeMlp::forward(float* out, const float* x, int n, const float* params, Moe
   kn::moeCombine(out, a.combined.data(), a.row.data(), a.gate.data(), n, k, C);
 }
 
-void MoeMlp::backward(float* dx, float* dparams, const float* dout, const float* x, const float* params,
-                      const MoeActivations& a, float lossScale) {
+void MoeMlp::backward(float* dx, float* dRouter, float* dExperts, const float* dout, const float* x,
+                      const float* router, const float* experts, const MoeActivations& a, float lossScale) {
   const int E = config_.experts, k = config_.topK, C = C_, El = localExperts_, n = a.tokens;
   const int F = fcRows(), H = hidden_;
   dgate_.resize(static_cast<size_t>(n) * k);
@@ -216,15 +216,15 @@ void MoeMlp::backward(float* dx, float* dparams, const float* dout, const float*
       dact_.assign(static_cast<size_t>(count) * H, 0.0f);
       dfc_.assign(static_cast<size_t>(count) * F, 0.0f);
       const float* fc = a.fc.data() + first * F;
-      kn::matmulBackward(dact_.data(), dparams + t.projWeight, dparams + t.projBias, grouped_.data() + first * C,
-                         a.act.data() + first * H, params + t.projWeight, count, H, C);
+      kn::matmulBackward(dact_.data(), dExperts + t.projWeight, dExperts + t.projBias, grouped_.data() + first * C,
+                         a.act.data() + first * H, experts + t.projWeight, count, H, C);
       if (config_.swiglu) {
         kn::swigluBackward(dfc_.data(), fc, dact_.data(), count, H);
       } else {
         kn::geluBackward(dfc_.data(), fc, dact_.data(), static_cast<size_t>(count) * H);
       }
-      kn::matmulBackward(dExpertIn_.data() + first * C, dparams + t.fcWeight, dparams + t.fcBias, dfc_.data(),
-                         a.expertIn.data() + first * C, params + t.fcWeight, count, C, F);
+      kn::matmulBackward(dExpertIn_.data() + first * C, dExperts + t.fcWeight, dExperts + t.fcBias, dfc_.data(),
+                         a.expertIn.data() + first * C, experts + t.fcWeight, count, C, F);
     }
     first += count;
   }
@@ -236,7 +236,7 @@ void MoeMlp::backward(float* dx, float* dparams, const float* dout, const float*
   kn::routerBackward(dlogits_.data(), dgate_.data(), a.probs.data(), a.lse.data(), a.expert.data(), a.gate.data(),
                      a.row.data(), a.assigned.data(), n, a.total, E, k, config_.normalizeGates(),
                      config_.auxCoef * lossScale, config_.zCoef * lossScale);
-  kn::matmulBackward(dx, dparams, nullptr, dlogits_.data(), x, params, n, C, E);
+  kn::matmulBackward(dx, dRouter, nullptr, dlogits_.data(), x, router, n, C, E);
 }
 
 }  // namespace chorus::training

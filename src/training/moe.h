@@ -62,9 +62,10 @@ struct MoeActivations {
   size_t floats() const;
 };
 
-// The layer's parameters, one flat block: router.weight (E, C), then each of this rank's experts:
-// c_fc.weight (F, C) and c_fc.bias (F) with F = hidden (2 hidden with SwiGLU: the gate's half,
-// then the value's), c_proj.weight (C, hidden), c_proj.bias (C).
+// The layer's parameters, two blocks: the router's, router.weight (E, C); the experts', each of
+// this rank's experts in turn: c_fc.weight (F, C) and c_fc.bias (F) with F = hidden (2 hidden with
+// SwiGLU: the gate's half, then the value's), c_proj.weight (C, hidden), c_proj.bias (C). The
+// model keeps them apart (the experts are reduced over other ranks than the router).
 class MoeMlp {
  public:
   // tokenGroup: the ranks whose tokens together are the batch the aux and z losses are means over
@@ -77,7 +78,7 @@ class MoeMlp {
   size_t routerFloats() const { return static_cast<size_t>(config_.experts) * C_; }
   size_t expertFloats() const;
   size_t paramFloats() const { return routerFloats() + localExperts_ * expertFloats(); }
-  // Offsets within the block, for naming and initialising the tensors.
+  // Offsets within the experts' block, for naming and initialising the tensors.
   struct ExpertTensors {
     size_t fcWeight, fcBias, projWeight, projBias;
   };
@@ -87,11 +88,11 @@ class MoeMlp {
 
   // out(n, C) = the layer on x(n, C), written; `a` keeps what backward needs. x must stay as it
   // is until backward. Collective over the ep group.
-  void forward(float* out, const float* x, int n, const float* params, MoeActivations& a);
-  // dx(n, C) += the gradient of the input, dparams += the parameters', from dout(n, C); the aux
+  void forward(float* out, const float* x, int n, const float* router, const float* experts, MoeActivations& a);
+  // dx(n, C) += the gradient of the input, dRouter and dExperts += the parameters', from dout(n, C); the aux
   // and z losses' gradients are scaled by lossScale as the model's loss is. Collective over ep.
-  void backward(float* dx, float* dparams, const float* dout, const float* x, const float* params,
-                const MoeActivations& a, float lossScale);
+  void backward(float* dx, float* dRouter, float* dExperts, const float* dout, const float* x, const float* router,
+                const float* experts, const MoeActivations& a, float lossScale);
   // The coefficient-weighted losses of a forward, to add to the model's loss.
   float weightedLoss(const MoeActivations& a) const { return config_.auxCoef * a.aux + config_.zCoef * a.z; }
   // Scratch floats (shared by all micro-batches).

@@ -154,13 +154,14 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
   // The mesh: tensor parallel over tp neighbouring ranks, then context parallel, data parallel over
   // ranks / (tp pp cp), the pipeline's stages slowest. The cp ranks of a dp rank share its
   // sequences (each holding some positions), so gradients are averaged over dp and cp together.
-  const MeshShape shape{job.dp(), job.tp, job.pp, job.cp};
+  const MeshShape shape{job.dp(), job.tp, job.pp, job.cp, job.ep};
   std::optional<DeviceMesh> mesh;
   if (world) mesh.emplace(*world, shape);
   Communicator* dpComm = mesh ? mesh->group(job.cp > 1 ? "dpcp" : "dp") : nullptr;
   Communicator* tpComm = mesh ? mesh->group("tp") : nullptr;
   Communicator* ppComm = mesh ? mesh->group("pp") : nullptr;
   Communicator* cpComm = mesh ? mesh->group("cp") : nullptr;
+  Communicator* epComm = mesh ? mesh->group("ep") : nullptr;
   const int ranks = shape.dp;  // data-parallel ranks: the batch is split over them
   const int rank = mesh ? mesh->coords().dp : 0;
   const bool leader = !world || world->rank() == 0;
@@ -185,7 +186,7 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     spans = stageSpans(cut, job.pp, mesh->coords().pp);
   }
   Gpt model(config, job.micro, job.seq, TensorParallel{tpComm, job.sequenceParallel}, spans,
-            parseRecompute(job.recompute), ContextParallel{cpComm});
+            parseRecompute(job.recompute), ContextParallel{cpComm}, ExpertParallel{epComm});
   const Sampler sampler(&trainTokens, job.seq, job.seed);
   const Sampler valWindows(&valTokens, job.seq, 0);
   DataParallelSettings parallel;
@@ -206,6 +207,13 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
       return value;
     };
   }
+  if (epComm) {
+    parallel.expertComm = mesh->group("edpcp");
+    parallel.expertParallelSum = [epComm](double value) {
+      epComm->allReduce(std::span<double>(&value, 1));
+      return value;
+    };
+  }
   if (Communicator* ends = mesh ? mesh->group("embedding") : nullptr) {
     parallel.tiedSum = [ends](std::span<float> grad) { ends->allReduce(grad); };
   }
@@ -214,7 +222,8 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
   if (job.pp > 1) pipeline.emplace(model, *ppComm, parseSchedule(job.schedule));
   // Checkpoints hold the whole model in the one-rank layout, whatever the layout that wrote them:
   // each tp rank places its shard (the replicated tensors from tp rank 0 only, the tied head's
-  // copy from none) and the tp and pp groups sum them. So a checkpoint resumes under any layout.
+  // copy from none), each ep rank its experts (the rest from ep rank 0 only), and the tp, pp and ep
+  // groups sum them. So a checkpoint resumes under any layout.
   const ParamLayout& layout = model.layout();
   auto wholeState = [&](std::vector<float>& p, std::vector<float>& m, std::vector<float>& v) {
     std::vector<float> local[3];
@@ -225,6 +234,7 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
       layout.toGlobal(local[i].data(), whole[i]->data(), true);
       if (tpComm) tpComm->allReduce(std::span<float>(*whole[i]));
       if (ppComm) ppComm->allReduce(std::span<float>(*whole[i]));
+      if (epComm) epComm->allReduce(std::span<float>(*whole[i]));
     }
   };
   kernels::setBlasThreads(blasThreads);

@@ -7,6 +7,9 @@
 # parallelism holds a part of each sequence on each rank, whose aux loss is not the whole's: its
 # runs leave the aux loss out. The progress line shows the aux loss, the experts' balance and the
 # dropped share; metrics.csv and metrics.json carry them; with a capacity of 1.0 tokens drop.
+# Expert parallelism (carved from the data-parallel ranks) gives the same losses alone (ep 2, 4)
+# and with dp, ZeRO 1-3, tp with sequence parallelism, pp and cp; a checkpoint written at ep 2
+# resumes exactly at ep 2 and within 1e-5 at ep 4 with ZeRO-3 and on one rank.
 source "$(dirname "$0")/lib.sh"
 train="$build/chorus-train"
 job="$source_dir/tests/data/jobs/parity.toml"
@@ -32,6 +35,32 @@ noaux=(--set model.aux_loss=0 --set batch.accumulate=4)
 run one_noaux --ranks 1 "${noaux[@]}"
 run cp2 --ranks 2 --cp 2 "${noaux[@]}"
 run one_capacity --ranks 1 --set batch.accumulate=4 --set model.capacity_factor=1.0
+run ep2 --ranks 2 --ep 2 --set batch.accumulate=2
+run ep4 --ranks 4 --ep 4
+run dp2_ep2_zero1 --ranks 4 --ep 2 --zero 1
+run dp2_ep2_zero2 --ranks 4 --ep 2 --zero 2
+run ep4_zero3 --ranks 4 --ep 4 --zero 3
+run tp2_ep2_sp --ranks 4 --tp 2 --ep 2 --set batch.accumulate=2 --set parallel.sequence_parallel=true
+run pp2_ep2 --ranks 4 --pp 2 --ep 2 --zero 1 --set batch.accumulate=2
+run cp2_ep2 --ranks 4 --cp 2 --ep 2 --set model.aux_loss=0 --set batch.accumulate=2
+# A checkpoint of ep 2, cut at step 15 (the step-10 one stands), resumed under three layouts.
+ep2_ckpt=(--ranks 2 --ep 2 --set batch.accumulate=2 --set run.checkpoint_every=5)
+if CHORUS_TRAIN_CRASH_IN_SAVE=15 "$train" "$job" --out "$work/epcut" --set data.dir="\"$work/data\"" "${moe[@]}" \
+  "${ep2_ckpt[@]}" >"$work/epcut.log" 2>&1; then
+  fail "the ep 2 run meant to die while saving step 15 exited 0"
+fi
+for resumed in "resume_ep2 --ranks 2 --ep 2 --set batch.accumulate=2" "resume_ep4_zero3 --ranks 4 --ep 4 --zero 3" \
+  "resume_one --ranks 1 --set batch.accumulate=4"; do
+  read -r -a args <<<"$resumed"
+  cp -r "$work/epcut" "$work/${args[0]}"
+  run "${args[@]}" --resume
+  grep -q "resumed from .* at step 10" "$work/${args[0]}.log" || fail "${args[0]} did not resume at step 10"
+done
+# ep must divide the data-parallel ranks and the experts.
+if "$train" "$job" --out "$work/bad" --set data.dir="\"$work/data\"" "${moe[@]}" --ranks 4 --ep 3 >"$work/bad.log" 2>&1; then
+  fail "ep 3 of 4 ranks was accepted"
+fi
+grep -q "ep = 3 does not divide the 4 data-parallel ranks" "$work/bad.log" || { cat "$work/bad.log"; fail "no clear ep error"; }
 grep -Eq "aux [0-9.]+ \| balance [0-9.]+ \| dropped 0.0%" "$work/one.log" || fail "no MoE statistics in the progress line"
 /usr/bin/python3 - "$work" <<'PY'
 import csv, json, sys
@@ -41,8 +70,10 @@ def rows(name):
 def losses(name):
     return [float(r["loss"]) for r in rows(name)]
 bad = []
-for ref, names in [("one", ["dp2", "dp4", "zero1", "zero3", "tp2", "tp2_sp", "dp2_tp2_zero1", "pp2"]),
-                   ("one_noaux", ["cp2"])]:
+for ref, names in [("one", ["dp2", "dp4", "zero1", "zero3", "tp2", "tp2_sp", "dp2_tp2_zero1", "pp2", "ep2", "ep4",
+                           "dp2_ep2_zero1", "dp2_ep2_zero2", "ep4_zero3", "tp2_ep2_sp", "pp2_ep2",
+                           "resume_ep4_zero3", "resume_one"]),
+                   ("one_noaux", ["cp2", "cp2_ep2"])]:
     want = losses(ref)
     if len(want) != 20 or want[-1] >= want[0]:
         bad.append(f"{ref}: the loss did not fall over 20 steps: {want}")
@@ -59,6 +90,9 @@ for name in ["one", "dp4", "pp2"]:
         aux, balance, dropped = float(r["aux_loss"]), float(r["expert_balance"]), float(r["dropped"])
         if not (0.5 < aux < 4 and 1 <= balance <= 4 and dropped == 0):
             bad.append(f"{name} step {r['step']}: aux {aux} balance {balance} dropped {dropped}")
+# The same layout resumed: the very losses of the uninterrupted run.
+if losses("resume_ep2") != losses("ep2"):
+    bad.append(f"ep 2 resumed at ep 2: {losses('resume_ep2')} vs {losses('ep2')}")
 drops = [float(r["dropped"]) for r in rows("one_capacity")]
 print(f"capacity 1.0: dropped share per step from {drops[0]:.3f} to {drops[-1]:.3f}")
 if not all(0 < d < 0.5 for d in drops):

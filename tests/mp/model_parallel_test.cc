@@ -35,11 +35,24 @@ TEST(MeshTest, CoordinatesAndGroupsFollowTheOrderTpCpDpPp) {
   const MeshShape withCp{2, 1, 1, 2};
   EXPECT_EQ(groupOf(3, withCp, "cp"), (std::vector<int>{2, 3}));
   EXPECT_EQ(groupOf(3, withCp, "dpcp"), (std::vector<int>{0, 1, 2, 3}));
-  EXPECT_THROW(groupOf(0, shape, "ep"), Error);
+  EXPECT_THROW(groupOf(0, shape, "zp"), Error);
+  // Expert parallelism carved from dp 4 (ep 2; tp 2): dp ranks 0,1 and 2,3 each hold all the
+  // experts between them; dp ranks 0 and 2 (and 1 and 3) hold the same ones.
+  const MeshShape withEp{4, 2, 1, 1, 2};
+  EXPECT_EQ(withEp.describe(), "dp4 tp2 pp1 cp1 ep2");
+  EXPECT_EQ(groupOf(5, withEp, "ep"), (std::vector<int>{5, 7}));  // rank 5: dp 2, tp 1
+  EXPECT_EQ(groupOf(5, withEp, "edpcp"), (std::vector<int>{1, 5}));
+  EXPECT_EQ(groupOf(7, withEp, "edpcp"), (std::vector<int>{3, 7}));
+  // With cp 2, the expert-data-parallel group takes every cp rank of its dp ranks.
+  const MeshShape epCp{2, 1, 1, 2, 2};
+  EXPECT_EQ(groupOf(0, epCp, "ep"), (std::vector<int>{0, 2}));
+  EXPECT_EQ(groupOf(0, epCp, "edpcp"), (std::vector<int>{0, 1}));
+  EXPECT_EQ(groupOf(3, epCp, "edpcp"), (std::vector<int>{2, 3}));
 }
 
 TEST(MeshTest, EachRanksGroupCommunicatorsHoldTheRanksOfItsGroup) {
-  for (const MeshShape shape : {MeshShape{2, 2, 2, 1}, MeshShape{1, 2, 2, 2}, MeshShape{2, 1, 4, 1}}) {
+  for (const MeshShape shape :
+       {MeshShape{2, 2, 2, 1}, MeshShape{1, 2, 2, 2}, MeshShape{2, 1, 4, 1}, MeshShape{4, 1, 1, 2, 2}}) {
     expectAllZero(runProcesses(
         8,
         [&](int rank, const chorusUniqueId& id) {
@@ -49,10 +62,10 @@ TEST(MeshTest, EachRanksGroupCommunicatorsHoldTheRanksOfItsGroup) {
           if (shape.cp > 1) {
             EXPECT_NE(mesh.group("dpcp"), mesh.group("cp")) << "data and context parallel share a communicator";
           }
-          for (const char* kind : {"dp", "tp", "pp", "cp", "dpcp"}) {
+          for (const char* kind : {"dp", "tp", "pp", "cp", "dpcp", "ep", "edpcp"}) {
             const std::vector<int> members = groupOf(rank, shape, kind);
             Communicator* group = mesh.group(kind);
-            if (members.size() == 1) {
+            if (members.size() == 1 || (shape.ep == 1 && (std::string(kind) == "ep" || std::string(kind) == "edpcp"))) {
               EXPECT_EQ(group, nullptr) << kind;
               continue;
             }
@@ -350,8 +363,10 @@ void expectExpertShardsGiveTheWhole(int ep, const MoeConfig& base) {
           const int n = static_cast<int>(x.size()) / C;
           MoeActivations a;
           std::vector<float> out(x.size()), dx(x.size(), 0.0f), grads(whole.paramFloats(), 0.0f);
-          whole.forward(out.data(), x.data(), n, wholeParams.data(), a);
-          whole.backward(dx.data(), grads.data(), dout.data(), x.data(), wholeParams.data(), a, 0.5f);
+          const size_t R = whole.routerFloats();
+          whole.forward(out.data(), x.data(), n, wholeParams.data(), wholeParams.data() + R, a);
+          whole.backward(dx.data(), grads.data(), grads.data() + R, dout.data(), x.data(), wholeParams.data(),
+                         wholeParams.data() + R, a, 0.5f);
           for (size_t i = 0; i < grads.size(); ++i) wholeGrads[i] += grads[i];
           if (r == rank) {
             wantOut = out;
@@ -364,8 +379,10 @@ void expectExpertShardsGiveTheWhole(int ep, const MoeConfig& base) {
         const int n = static_cast<int>(x.size()) / C;
         MoeActivations a;
         std::vector<float> out(x.size()), dx(x.size(), 0.0f), grads(shard.paramFloats(), 0.0f);
-        shard.forward(out.data(), x.data(), n, params.data(), a);
-        shard.backward(dx.data(), grads.data(), dout.data(), x.data(), params.data(), a, 0.5f);
+        const size_t R = shard.routerFloats();
+        shard.forward(out.data(), x.data(), n, params.data(), params.data() + R, a);
+        shard.backward(dx.data(), grads.data(), grads.data() + R, dout.data(), x.data(), params.data(),
+                       params.data() + R, a, 0.5f);
         auto expectNear = [&](const float* got, const float* want, size_t count, const char* what) {
           for (size_t i = 0; i < count; ++i) {
             ASSERT_NEAR(got[i], want[i], 1e-5f * (1.0f + std::fabs(want[i]))) << what << " " << i << " rank " << rank;

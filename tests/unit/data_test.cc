@@ -228,6 +228,20 @@ TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
   const Job compressed = loadJob(path, {"compress.name=\"topk:0.01,ef=0\"", "compress.warmup_steps=7"});
   EXPECT_EQ(compressed.compress, "topk:0.01,ef=0");
   EXPECT_EQ(compressed.compressWarmup, 7);
+  // Expert parallelism: MoE blocks to split, an ep dividing the dp ranks and the experts, no compression.
+  EXPECT_NE(message({"parallel.ep=2"}).find("ep = 2 without experts"), std::string::npos);
+  const std::vector<std::string> moe = {"model.experts=4"};
+  auto withMoe = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), moe.begin(), moe.end());
+    return more;
+  };
+  EXPECT_NE(message(withMoe({"parallel.ep=4"})).find("ep = 4 does not divide the 2 data-parallel ranks"),
+            std::string::npos);
+  EXPECT_NE(message(withMoe({"model.experts=3", "parallel.ep=2"})).find("ep = 2 does not divide [model] experts = 3"),
+            std::string::npos);
+  EXPECT_NE(message(withMoe({"parallel.ep=2", "compress.name=\"bf16\""})).find("with [parallel] ep = 2"),
+            std::string::npos);
+  EXPECT_EQ(loadJob(path, withMoe({"parallel.ep=2"})).ep, 2);
   // The optimizer: adamw (the default) or sgd with momentum in [0, 1).
   EXPECT_EQ(loadJob(path).optimizer.kind, kernels::Optimizer::kAdamW);
   const Job sgd = loadJob(path, {"optimizer.name=\"sgd\"", "optimizer.momentum=0.8", "optimizer.nesterov=true"});

@@ -191,8 +191,20 @@ TEST(GptTest, MoeBlocksHoldARouterAndTheirExpertsInPlaceOfTheMlp) {
   EXPECT_THROW(shard.tensor("h.1.mlp.experts.1.c_fc.weight"), Error);
   const ParamTensor& e2 = shard.tensor("h.1.mlp.experts.2.c_fc.weight");
   EXPECT_EQ(e2.globalOffset, whole.tensor("h.1.mlp.experts.2.c_fc.weight").globalOffset);
-  EXPECT_EQ(whole.total() - shard.total(), whole.unitCount(2) - shard.unitCount(2));
+  // The experts are a unit of their own after their block's (data parallelism reduces them over
+  // other ranks): units embeddings, block 0, block 1, block 1's experts, ln_f.
   const size_t expert = 24 * 8 + 24 + 8 * 12 + 8;
+  for (const ParamLayout* layout : {&whole, &shard}) {
+    EXPECT_EQ(layout->expertUnit(0), -1);
+    EXPECT_EQ(layout->expertUnit(1), 3);
+    EXPECT_EQ(layout->finalNormUnit(), 4);
+    EXPECT_TRUE(layout->holdsExperts(3));
+    EXPECT_FALSE(layout->holdsExperts(2));
+    EXPECT_EQ(layout->unitCount(3), (layout == &whole ? 4 : 2) * expert);
+    EXPECT_EQ(layout->accessOrder().units, (std::vector<int>{0, 1, 2, 3, 4, 0, 0, 4, 2, 3, 1}));
+  }
+  EXPECT_EQ(shard.tensor("h.1.mlp.router.weight").unit, 2);
+  EXPECT_EQ(e2.unit, 3);
   EXPECT_EQ(whole.total() - shard.total(), 2 * expert);
   EXPECT_THROW(ParamLayout(c, 1, 0, {}, 3, 0), Error);  // 4 experts over 3 ranks
 }

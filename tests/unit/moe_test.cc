@@ -34,6 +34,7 @@ double denseLoss(const Vec& x, const Vec& params, const Sizes& s, const MoeMlp& 
                  const std::vector<int>& row, const std::vector<int>& assigned, const Vec& w, double auxCoef,
                  double zCoef, Vec* outOut = nullptr) {
   const int n = s.n, C = s.C, E = s.E, k = s.k, H = s.H, F = s.swiglu ? 2 * H : H;
+  const size_t R = layer.routerFloats();  // the experts' block follows the router's
   // Every expert on every token.
   std::vector<Vec> dense(E, Vec(static_cast<size_t>(n) * C));
   for (int e = 0; e < E; ++e) {
@@ -41,16 +42,16 @@ double denseLoss(const Vec& x, const Vec& params, const Sizes& s, const MoeMlp& 
     for (int i = 0; i < n; ++i) {
       Vec fc(F), act(H);
       for (int f = 0; f < F; ++f) {
-        double v = params[t.fcBias + f];
-        for (int c = 0; c < C; ++c) v += params[t.fcWeight + f * C + c] * x[i * C + c];
+        double v = params[R + t.fcBias + f];
+        for (int c = 0; c < C; ++c) v += params[R + t.fcWeight + f * C + c] * x[i * C + c];
         fc[f] = v;
       }
       for (int h = 0; h < H; ++h) {
         act[h] = s.swiglu ? fc[h] / (1.0 + std::exp(-fc[h])) * fc[H + h] : gelu(fc[h]);
       }
       for (int c = 0; c < C; ++c) {
-        double v = params[t.projBias + c];
-        for (int h = 0; h < H; ++h) v += params[t.projWeight + c * H + h] * act[h];
+        double v = params[R + t.projBias + c];
+        for (int h = 0; h < H; ++h) v += params[R + t.projWeight + c * H + h] * act[h];
         dense[e][i * C + c] = v;
       }
     }
@@ -120,7 +121,7 @@ TEST(MoeMlpTest, ForwardAndBackwardMatchTheDenseComputationOfTheSameRouting) {
         const std::vector<float> w = randomFloats(x.size(), 3, 1.0f);
         MoeActivations a;
         std::vector<float> out(x.size());
-        layer.forward(out.data(), x.data(), s.n, params.data(), a);
+        layer.forward(out.data(), x.data(), s.n, params.data(), params.data() + layer.routerFloats(), a);
         if (capacity > 0) {
           EXPECT_GT(a.dropped, 0) << "capacity 1.0 on 7 tokens should drop some";
         } else {
@@ -137,7 +138,9 @@ TEST(MoeMlpTest, ForwardAndBackwardMatchTheDenseComputationOfTheSameRouting) {
         EXPECT_NEAR(loss, lossRef, 1e-4 * std::max(1.0, std::abs(lossRef)));
 
         std::vector<float> dx(x.size(), 0.0f), dparams(params.size(), 0.0f);
-        layer.backward(dx.data(), dparams.data(), w.data(), x.data(), params.data(), a, 1.0f);
+        const size_t R = layer.routerFloats();
+        layer.backward(dx.data(), dparams.data(), dparams.data() + R, w.data(), x.data(), params.data(),
+                       params.data() + R, a, 1.0f);
         const Vec dxRef = numericGradient(
             xd,
             [&](const Vec& v) {
