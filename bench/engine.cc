@@ -52,9 +52,24 @@ chorusCollectiveInfo_t infoOf(Op op, int nranks, size_t count) {
       throw std::runtime_error(chorusGetLastError(nullptr));
     }
     if (op == Op::kSendRecv) info.outputElements = info.inputElements;
+    // alltoallv's counts are the call's: collbench sends count x n elements from each rank (its
+    // size, as the all-to-all's), and receives what zipfCounts deals it (sized in fillInputs).
+    if (op == Op::kAllToAllv) info.inputElements = info.outputElements = info.wholeElements = count * nranks;
     return info;
   }
   throw std::logic_error("collbench: an op without a collective");
+}
+
+std::vector<size_t> zipfCounts(size_t count, int nranks, double exponent) {
+  const size_t n = static_cast<size_t>(nranks), total = count * n;
+  std::vector<double> weight(n);
+  double sum = 0;
+  for (size_t p = 0; p < n; ++p) sum += weight[p] = std::pow(static_cast<double>(p + 1), -exponent);
+  std::vector<size_t> counts(n);
+  size_t dealt = 0;
+  for (size_t p = 0; p < n; ++p) dealt += counts[p] = static_cast<size_t>(std::floor(total * weight[p] / sum));
+  for (size_t p = 0; dealt < total; p = (p + 1) % n, ++dealt) ++counts[p];
+  return counts;
 }
 
 const OpInfo* findOp(const std::string& name) {
@@ -111,6 +126,7 @@ double busFactor(Op op, int nranks) {
     case Op::kAllGather:
     case Op::kReduceScatter:
     case Op::kAllToAll:
+    case Op::kAllToAllv:
     case Op::kGather:
     case Op::kScatter:
       return (n - 1) / n;
@@ -130,6 +146,7 @@ double boundCopies(Op op, int nranks) {
     case Op::kAllReduce:
     case Op::kAllGather:
     case Op::kAllToAll:
+    case Op::kAllToAllv:
     case Op::kBroadcast:
     case Op::kSendRecv:
       return n;
@@ -147,13 +164,27 @@ double boundCopies(Op op, int nranks) {
 // Buffers: send holds the call's input, recv its output; sizes per op in elements:
 //   allreduce, broadcast, reduce, sendrecv: count in, count out
 //   allgather, gather: count in, count*n out;  reducescatter, scatter: count*n in, count out;
-//   alltoall: count*n in and out (count per peer).
+//   alltoall: count*n in and out (count per peer);
+//   alltoallv: count*n in, dealt by zipfCounts; out: what the others deal this rank.
+void Bench::setVectorCounts(size_t count) {
+  sendCounts_ = zipfCounts(count, nranks_, o_.zipf);
+  recvCounts_.assign(static_cast<size_t>(nranks_), sendCounts_[static_cast<size_t>(rank_)]);
+  for (auto [counts, displs] : {std::pair{&sendCounts_, &sendDispls_}, std::pair{&recvCounts_, &recvDispls_}}) {
+    displs->assign(counts->size(), 0);
+    for (size_t p = 1; p < counts->size(); ++p) (*displs)[p] = (*displs)[p - 1] + (*counts)[p - 1];
+  }
+}
+
 void Bench::fillInputs(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace) {
   using chorus::pattern::store;
   const size_t size = chorusTypeSize(type);
   const chorusCollectiveInfo_t info = infoOf(op, nranks_, count);
   const size_t inCount = info.inputElements;
-  const size_t outCount = info.outputElements;
+  size_t outCount = info.outputElements;
+  if (op == Op::kAllToAllv) {
+    setVectorCounts(count);
+    outCount = recvDispls_.back() + recvCounts_.back();
+  }
   sendBytes_ = inCount * size + 64;
   recvBytes_ = std::max(outCount, inCount) * size + 64;
   send_.assign(sendBytes_, 0);
@@ -198,6 +229,7 @@ void Bench::selectBuffers(Op op, size_t count, size_t size, bool inPlace) {
         if (rank_ == o_.root) recvPtr_ = send_.data() + rank_ * count * size;
         break;
       case Op::kAllToAll:
+      case Op::kAllToAllv:
       case Op::kSendRecv:
       case Op::kBarrier:
         break;  // no in-place form: the in-place columns repeat the out-of-place call
@@ -212,7 +244,13 @@ void Bench::selectBuffers(Op op, size_t count, size_t size, bool inPlace) {
 
 void Bench::once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count) {
   if (peer_ != nullptr) {
-    const chorus::bench::Call peerCall{op, nameOf(op), sendPtr_, recvPtr_, count, type, redop, o_.root};
+    chorus::bench::Call peerCall{op, nameOf(op), sendPtr_, recvPtr_, count, type, redop, o_.root};
+    if (op == Op::kAllToAllv) {
+      peerCall.sendCounts = sendCounts_.data();
+      peerCall.sendDispls = sendDispls_.data();
+      peerCall.recvCounts = recvCounts_.data();
+      peerCall.recvDispls = recvDispls_.data();
+    }
     try {
       peer_->run(peerCall, peerAlgorithm_);
     } catch (const std::exception& e) {
@@ -239,6 +277,10 @@ void Bench::once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count
       break;
     case Op::kAllToAll:
       call("alltoall", chorusAllToAll(callSend_, callRecv_, count, type, calls_, stream_));
+      break;
+    case Op::kAllToAllv:
+      call("alltoallv", chorusAllToAllv(callSend_, sendCounts_.data(), sendDispls_.data(), callRecv_,
+                                        recvCounts_.data(), recvDispls_.data(), type, calls_, stream_));
       break;
     case Op::kGather:
       call("gather", chorusGather(callSend_, callRecv_, count, type, o_.root, calls_, stream_));
@@ -308,6 +350,16 @@ uint64_t Bench::checkOnce(Op op, chorusDataType_t type, chorusRedOp_t redop, siz
         return asStored(type, moveInput(static_cast<int>(j / count), rank_ * count + j % count));
       });
       break;
+    case Op::kAllToAllv: {
+      // From each source s, recvCounts_[s] elements: s's own from where it placed this rank's.
+      const size_t from = sendDispls_[static_cast<size_t>(rank_)];
+      wrong = countWrong(recvPtr_, recvDispls_.back() + recvCounts_.back(), type, [&](size_t j) {
+        const size_t s =
+            static_cast<size_t>(std::upper_bound(recvDispls_.begin(), recvDispls_.end(), j) - recvDispls_.begin()) - 1;
+        return asStored(type, moveInput(static_cast<int>(s), from + j - recvDispls_[s]));
+      });
+      break;
+    }
     case Op::kGather:
       if (rank_ == root) {
         wrong = countWrong(recvPtr_, count * n, type,
@@ -569,7 +621,37 @@ std::vector<std::pair<Result, Result>> Bench::measureInTurns(const char* opName,
 }
 
 int Bench::run() {
-  const OpInfo* opInfo = findOp(o_.op);
+  Sweep sweep;
+  int code = 0;
+  for (const std::string& name : splitCommas(o_.op)) {
+    if (name.empty()) continue;
+    const int result = runOp(name, sweep);
+    if (result == 2) return 2;
+    code = std::max(code, result);
+  }
+  if (rank_ == 0 && !o_.json.empty()) {
+    const double avgBusbw = sweep.busbwCount ? sweep.busbwSum / sweep.busbwCount : 0;
+    nlohmann::json doc = {
+        {"tool", "collbench"},        {"op", o_.op},         {"nranks", nranks_}, {"iters", o_.iters},
+        {"turns", o_.turns},          {"warmup", o_.warmup}, {"check", o_.check}, {"wrong_total", sweep.wrong},
+        {"avg_busbw_GBps", avgBusbw}, {"mem", o_.mem},       {"rows", sweep.rows}};
+    if (o_.bound) {
+      doc["copy_GBps"] = sweep.copy.GBps;
+      doc["copy_memcpy_GBps"] = sweep.copy.memcpyGBps;
+      doc["copy_streaming_GBps"] = sweep.copy.streamingGBps;
+    }
+    if (!peers_.empty()) {
+      std::vector<std::string> peerNames;
+      for (const auto& peer : peers_) peerNames.push_back(peer->name());
+      doc["peers"] = peerNames;
+    }
+    if (!writeJson(o_.json, doc)) return 2;
+  }
+  return code;
+}
+
+int Bench::runOp(const std::string& name, Sweep& sweep) {
+  const OpInfo* opInfo = findOp(name);
   std::vector<chorusDataType_t> types;
   for (int i = 0; i < static_cast<int>(sizeof(kTypes) / sizeof(kTypes[0])); ++i) {
     if (o_.type == "all" ? i < kDistinctTypes : o_.type == kTypes[i].name) types.push_back(kTypes[i].type);
@@ -581,7 +663,7 @@ int Bench::run() {
   if (opInfo == nullptr || types.empty() || redops.empty() || o_.root < 0 || o_.root >= nranks_) {
     if (rank_ == 0) {
       std::fprintf(stderr, "collbench: unknown --op '%s', -d '%s' or -o '%s', or root %d outside [0, %d)\n",
-                   o_.op.c_str(), o_.type.c_str(), o_.redop.c_str(), o_.root, nranks_);
+                   name.c_str(), o_.type.c_str(), o_.redop.c_str(), o_.root, nranks_);
     }
     return 2;
   }
@@ -792,6 +874,10 @@ int Bench::run() {
                                 {"in_place", side(inPlace)}};
           if (!peers_.empty()) row["peers"] = peerJson;
           if (o_.bound && copies > 0) row["bound_pct"] = boundPct;
+          if (opInfo->op == Op::kAllToAllv) {  // every rank's (they send alike)
+            row["zipf"] = o_.zipf;
+            row["send_counts"] = sendCounts_;
+          }
           rows.push_back(std::move(row));
         }
         if (opInfo->op == Op::kBarrier) break;  // one row: a barrier has no size
@@ -818,20 +904,12 @@ int Bench::run() {
     }
     std::printf("#\n");
     std::fflush(stdout);
-    if (!o_.json.empty()) {
-      nlohmann::json doc = {
-          {"tool", "collbench"},        {"op", opInfo->name},  {"nranks", nranks_}, {"iters", o_.iters},
-          {"turns", o_.turns},          {"warmup", o_.warmup}, {"check", o_.check}, {"wrong_total", totalWrong},
-          {"avg_busbw_GBps", avgBusbw}, {"mem", o_.mem},       {"rows", rows}};
-      if (o_.bound) {
-        doc["copy_GBps"] = copyGBps;
-        doc["copy_memcpy_GBps"] = copyRates.memcpyGBps;
-        doc["copy_streaming_GBps"] = copyRates.streamingGBps;
-      }
-      if (!peers_.empty()) doc["peers"] = peerNames;
-      if (!writeJson(o_.json, doc)) return 2;
-    }
   }
+  for (auto& row : rows) sweep.rows.push_back(std::move(row));
+  sweep.wrong += totalWrong;
+  sweep.busbwSum += busbwSum;
+  sweep.busbwCount += busbwCount;
+  if (o_.bound) sweep.copy = copyRates;
   return totalWrong == 0 ? 0 : 1;
 }
 

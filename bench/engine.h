@@ -40,6 +40,7 @@ inline constexpr OpInfo kOps[] = {
     {"reduce", Op::kReduce, chorusCollReduce},
     {"sendrecv", Op::kSendRecv, chorusCollSend},
     {"alltoall", Op::kAllToAll, chorusCollAllToAll},
+    {"alltoallv", Op::kAllToAllv, chorusCollAllToAllv},
     {"gather", Op::kGather, chorusCollGather},
     {"scatter", Op::kScatter, chorusCollScatter},
     {"barrier", Op::kBarrier, chorusCollBarrier},
@@ -68,6 +69,12 @@ inline constexpr RedOpInfo kRedOps[] = {
     {"sum", chorusSum}, {"prod", chorusProd}, {"max", chorusMax}, {"min", chorusMin}, {"avg", chorusAvg}};
 
 const OpInfo* findOp(const std::string& name);
+
+// alltoallv's counts (--zipf S): of the count x n elements each rank sends, peer p gets a share
+// proportional to 1 / (p + 1)^S, rounded down, and the elements left over one each to the first
+// peers: a Zipf law over the ranks, as tokens over experts whose popularity falls off (rank 0 the
+// most sought, by every rank alike). S = 0: count to each, the all-to-all's counts.
+std::vector<size_t> zipfCounts(size_t count, int nranks, double exponent);
 
 struct Result {
   double timeUs = 0;
@@ -220,6 +227,18 @@ class Bench {
  private:
   // Untimed calls of the selected contestant for about 2 ms (at least one), before its block.
   void settle(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count);
+  // What one --op of the list adds to the run: its rows (JSON), wrong values, busbw, copy rates.
+  struct Sweep {
+    nlohmann::json rows = nlohmann::json::array();
+    uint64_t wrong = 0;
+    double busbwSum = 0;
+    int busbwCount = 0;
+    CopyRates copy;
+  };
+  int runOp(const std::string& name, Sweep& sweep);
+  // alltoallv: its counts and displacements for count (zipfCounts; every rank sends alike, so a
+  // rank receives sendCounts_[rank] from each).
+  void setVectorCounts(size_t count);
   // The row's columns from this rank's seconds over iters (averaged over the ranks, as nccl-tests).
   Result resultOf(Op op, chorusDataType_t type, size_t count, double seconds, int iters);
   uint64_t checkOnce(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
@@ -271,6 +290,7 @@ class Bench {
   char* deviceRecv_ = nullptr;
   char* callSend_ = nullptr;  // what chorus is given: sendPtr_ and recvPtr_, or their device places
   char* callRecv_ = nullptr;
+  std::vector<size_t> sendCounts_, sendDispls_, recvCounts_, recvDispls_;  // alltoallv's (elements)
 };
 
 }  // namespace chorus::bench

@@ -82,7 +82,9 @@ int parseOptions(int argc, const char* const* argv, Options* o) {
                  "blocking collectives (0/1); chorus host calls always block, and with --mem device 1 waits for each "
                  "call's stream, 0 only at the end of each timed loop")
       ->capture_default_str();
-  app.add_option("--coll,--collective", o->op, "allreduce allgather reducescatter broadcast reduce sendrecv")
+  app.add_option("--coll,--collective", o->op,
+                 "allreduce allgather reducescatter broadcast reduce sendrecv alltoall alltoallv gather scatter "
+                 "barrier")
       ->capture_default_str();
   app.add_option("-g,--nranks", o->localRanks,
                  "ranks to start on this machine (forked); ignored under mpiexec or chorusrun")
@@ -105,7 +107,12 @@ int parseOptions(int argc, const char* const* argv, Options* o) {
       "--algo", o->algo,
       "force an algorithm (see chorusAlgorithmNames), a comma-separated list, or all: one row each per size");
   // --op selects the collective, as the chorus docs say; -o stays nccl-tests' reduction op.
-  app.add_option("--op", o->op, "same as --coll");
+  app.add_option("--op", o->op, "same as --coll; a comma-separated list runs each op's sweep in turn");
+  app.add_option("--zipf", o->zipf,
+                 "alltoallv: each rank sends peer p a share of its count x n elements proportional to "
+                 "1 / (p + 1)^S (tokens to experts of Zipf popularity); 0: equal counts")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--simulate", o->simulate,
                "start no ranks: print each row's time as predicted by the timing simulator for -g ranks (up to "
                "tens of thousands) on the model in CHORUS_TUNING_FILE");

@@ -27,7 +27,8 @@ struct Options {
   std::string redop = "sum";
   int root = 0;
   int blocking = 1;
-  std::string op = "allreduce";
+  std::string op = "allreduce";  // or a comma-separated list, swept one after the other
+  double zipf = 1.0;             // alltoallv's counts: the Zipf exponent (zipfCounts)
   int localRanks = 1;
   std::string bind = "none";  // forked ranks: "core" pins rank r to the r-th allowed CPU, round robin
   std::string json;

@@ -7,6 +7,7 @@
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/gather.h>
@@ -133,6 +134,7 @@ class GlooPeer : public Peer {
         return {"halving_doubling"};
       case Op::kAllGather:
       case Op::kAllToAll:
+      case Op::kAllToAllv:
       case Op::kBroadcast:
       case Op::kReduce:
       case Op::kGather:
@@ -207,6 +209,20 @@ class GlooPeer : public Peer {
         opts.setInput(in, count * n);
         opts.setOutput(out, count * n);
         gloo::alltoall(opts);
+        break;
+      }
+      case Op::kAllToAllv: {
+        // Gloo takes the elements per rank; the blocks lie back to back in rank order, as
+        // collbench's displacements place them.
+        std::vector<int64_t> sendCounts(n), recvCounts(n);
+        for (size_t r = 0; r < n; ++r) {
+          sendCounts[r] = static_cast<int64_t>(call.sendCounts[r]);
+          recvCounts[r] = static_cast<int64_t>(call.recvCounts[r]);
+        }
+        gloo::AlltoallvOptions opts(context_);
+        opts.setInput(in, std::move(sendCounts));
+        opts.setOutput(out, std::move(recvCounts));
+        gloo::alltoallv(opts);
         break;
       }
       case Op::kBroadcast: {

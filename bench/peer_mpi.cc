@@ -1,5 +1,5 @@
 // peer_mpi.cc: MPI as a collbench peer: the collective of the same name on MPI_COMM_WORLD
-// (MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block, MPI_Alltoall, MPI_Bcast, MPI_Reduce,
+// (MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block, MPI_Alltoall(v), MPI_Bcast, MPI_Reduce,
 // MPI_Gather, MPI_Scatter, MPI_Sendrecv, MPI_Barrier), the MPI library choosing its algorithm.
 // bfloat16 and the average reduction have no MPI equivalent and are left out (N/A).
 #include <mpi.h>
@@ -9,6 +9,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "bench/peers.h"
 
@@ -71,7 +72,9 @@ class MpiPeer : public Peer {
   std::vector<std::string> algorithms(const Call& call) const override {
     if (call.op == Op::kBarrier) return {""};
     // MPI counts are ints; larger calls would need derived types.
-    if (mpiType(call.type) == MPI_DATATYPE_NULL || call.count * static_cast<size_t>(nranks_) > INT_MAX) return {};
+    // (An alltoallv's receive side may hold up to n times a send's: n x count x n in all.)
+    const size_t whole = call.count * static_cast<size_t>(nranks_) * (call.op == Op::kAllToAllv ? nranks_ : 1);
+    if (mpiType(call.type) == MPI_DATATYPE_NULL || whole > INT_MAX) return {};
     const bool reduces = infoOf(call.op).reduces != 0;
     if (reduces && mpiOp(call.redop) == MPI_OP_NULL) return {};
     return {""};
@@ -97,6 +100,22 @@ class MpiPeer : public Peer {
       case Op::kAllToAll:
         code = MPI_Alltoall(in, count, type, out, count, type, MPI_COMM_WORLD);
         break;
+      case Op::kAllToAllv: {
+        // MPI's counts and displacements are ints (algorithms() checked that the whole fits).
+        std::vector<int> v(4 * static_cast<size_t>(nranks_));
+        int* sc = v.data();
+        int* sd = sc + nranks_;
+        int* rc = sd + nranks_;
+        int* rd = rc + nranks_;
+        for (int r = 0; r < nranks_; ++r) {
+          sc[r] = static_cast<int>(call.sendCounts[r]);
+          sd[r] = static_cast<int>(call.sendDispls[r]);
+          rc[r] = static_cast<int>(call.recvCounts[r]);
+          rd[r] = static_cast<int>(call.recvDispls[r]);
+        }
+        code = MPI_Alltoallv(in, sc, sd, type, out, rc, rd, type, MPI_COMM_WORLD);
+        break;
+      }
       case Op::kBroadcast:
         // MPI broadcasts in place: the root's input is copied to its output first.
         if (rank_ == call.root && in != out) std::memcpy(out, in, call.count * chorusTypeSize(call.type));

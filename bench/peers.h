@@ -20,6 +20,7 @@ enum class Op {
   kReduce,
   kSendRecv,
   kAllToAll,
+  kAllToAllv,
   kGather,
   kScatter,
   kBarrier
@@ -30,7 +31,8 @@ enum class Op {
 chorusCollectiveInfo_t infoOf(Op op, int nranks = 1, size_t count = 0);
 
 // One call as collbench makes it of chorus (out of place): count elements per rank, buffers
-// sized as for chorus (see Bench::fillInputs), root for rooted ops.
+// sized as for chorus (see Bench::fillInputs), root for rooted ops. An alltoallv's counts and
+// displacements (elements, one per rank) are given with it; null for the other ops.
 struct Call {
   Op op = Op::kAllReduce;
   const char* opName = "";
@@ -40,6 +42,10 @@ struct Call {
   chorusDataType_t type = chorusFloat32;
   chorusRedOp_t redop = chorusSum;
   int root = 0;
+  const size_t* sendCounts = nullptr;
+  const size_t* sendDispls = nullptr;
+  const size_t* recvCounts = nullptr;
+  const size_t* recvDispls = nullptr;
 };
 
 class Peer {

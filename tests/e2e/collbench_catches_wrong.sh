@@ -2,7 +2,7 @@
 # A wrong value makes collbench say FAILED and exit non-zero (the check can fail); bad
 # arguments are refused with a non-zero exit.
 source "$(dirname "$0")/lib.sh"
-for op in allreduce reduce broadcast sendrecv; do
+for op in allreduce reduce broadcast sendrecv alltoallv; do
   if "$collbench" -g 3 --op "$op" -b 64 -e 64 -n 1 -w 0 -r 1 --inject-wrong >"$work/out.txt" 2>&1; then
     cat "$work/out.txt"; fail "$op: collbench exited 0 with a spoiled value"
   fi

@@ -11,6 +11,11 @@ grep -q "%bound" "$work/out.txt" || fail "no %bound column"
 # the peers timed in turns.
 run_clean "$collbench" -g 3 --op reducescatter -b 3K -e 48K -f 16 -n 3 -w 1 -d int32 -o max --compare gloo,mpi \
   --turns 3 --json "$work/reducescatter.json"
+# The all-to-all and the all-to-allv of Zipf counts (--zipf 1.2) in one run, beside Gloo and MPI.
+run_clean "$collbench" -g 3 --op alltoall,alltoallv --zipf 1.2 -b 3K -e 48K -f 16 -n 3 -w 1 --compare gloo,mpi \
+  --json "$work/alltoallv.json"
+[ "$(grep -c "Out of bounds values : 0 OK" "$work/out.txt")" = 2 ] || fail "not one footer per op"
+run_clean "$collbench" -g 4 --op alltoallv --zipf 0 -b 64 -e 64K -f 32 -n 2 -w 1 -d int8 --json "$work/even.json"
 # bfloat16: Gloo has no such type, so its columns say N/A and the run still passes.
 run_clean "$collbench" -g 2 --op alltoall -b 1K -e 1K -n 2 -w 1 -d bfloat16 --compare gloo --json "$work/bf16.json"
 grep -q "N/A" "$work/out.txt" || fail "no N/A for gloo bfloat16"
@@ -44,6 +49,28 @@ for r in doc["rows"]:
         assert len(turns) == 3 and abs(sum(turns) / 3 - side["time_us"]) < 1e-6 * side["time_us"], (side, r)
     for name in ("gloo", "mpi"):
         assert r["peers"][name]["wrong"] == 0 and r["peers"][name]["algo"], (name, r)
+# alltoall then alltoallv rows, each size; the counts are the closed form: floor(n count w_p) with
+# w_p = (p + 1)^-1.2 / sum, the rest one each to the first peers; busbw = size / time (n-1)/n.
+doc = json.load(open(work + "/alltoallv.json"))
+assert doc["op"] == "alltoall,alltoallv" and doc["peers"] == ["gloo", "mpi"], doc["op"]
+assert [r["op"] for r in doc["rows"]] == ["alltoall"] * 2 + ["alltoallv"] * 2, [r["op"] for r in doc["rows"]]
+def zipf(count, n, s):
+    w = [(p + 1) ** -s for p in range(n)]
+    counts = [int(count * n * x / sum(w)) for x in w]
+    for p in range(count * n - sum(counts)):
+        counts[p % n] += 1
+    return counts
+for r in doc["rows"]:
+    ours = r["out_of_place"]
+    assert ours["wrong"] == 0 and r["size_bytes"] == r["count"] * 3 * 4, r
+    assert abs(ours["busbw_GBps"] - r["size_bytes"] / 1e3 / ours["time_us"] * 2 / 3) < 1e-6 * ours["busbw_GBps"], r
+    for name in ("gloo", "mpi"):
+        assert r["peers"][name]["wrong"] == 0 and r["peers"][name]["busbw_GBps"] > 0, (name, r)
+    if r["op"] == "alltoallv":
+        assert r["zipf"] == 1.2 and r["send_counts"] == zipf(r["count"], 3, 1.2), r
+        assert r["send_counts"][0] > r["send_counts"][1] > r["send_counts"][2], r
+for r in json.load(open(work + "/even.json"))["rows"]:
+    assert r["send_counts"] == [r["count"]] * 4, r
 doc = json.load(open(work + "/bf16.json"))
 assert doc["rows"][0]["peers"] == {}, doc["rows"][0]
 print("compare ok")

@@ -4,7 +4,7 @@ source "$(dirname "$0")/lib.sh"
 for op in allreduce allgather reducescatter broadcast reduce sendrecv; do
   run_clean "$collbench" -g 4 --op "$op" -b 8 -e 64K -f 64 -n 2 -w 1 -c 1 -d all -o all -r 3
 done
-for op in alltoall gather scatter barrier; do
+for op in alltoall alltoallv gather scatter barrier; do
   run_clean "$collbench" -g 3 --op "$op" -b 8 -e 64K -f 64 -n 2 -w 1 -c 1 -d all -r 2
 done
 # Every algorithm of a collective, side by side, with the check.
