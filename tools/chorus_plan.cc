@@ -86,7 +86,8 @@ int main(int argc, char** argv) {
                                schedule = "1f1b";
   tr::ModelShape shape;
   bool gated = false, untied = false, rope = false, noBiases = false, rmsnorm = false;
-  int vocab = 0, micro = 1, dp = 0, tp = 1, pp = 1, vpp = 1, cp = 1, zero = 0, devices = 0, top = 10;
+  int vocab = 0, micro = 1, dp = 0, tp = 1, pp = 1, vpp = 1, cp = 1, ep = 1, zero = 0, devices = 0, top = 10;
+  bool gatedExperts = false;
   long global = 0;
   bool sp = false, dropout = false, search = false, json = false, sharedCores = false;
   double memoryGib = 0, peakTflops = 0, efficiency = 0, intraGBps = 0, intraUs = 0, interGBps = 0, interUs = 0,
@@ -106,6 +107,13 @@ int main(int argc, char** argv) {
   app.add_flag("--rope", rope, "rotary positions (no position table)");
   app.add_flag("--no-biases", noBiases);
   app.add_flag("--rmsnorm", rmsnorm);
+  app.add_option("--experts", shape.experts, "routed experts of each MoE block (0: a dense model)");
+  app.add_option("--top-k", shape.topK, "experts each token uses");
+  app.add_option("--expert-ffn", shape.expertFfn, "an expert's hidden units (default: ffn)");
+  app.add_option("--shared-experts", shape.sharedExperts, "experts every token uses (DeepSeek-MoE)");
+  app.add_option("--moe-every", shape.moeEvery, "every k-th block (after --first-dense) is an MoE block");
+  app.add_option("--first-dense", shape.firstDense, "the first blocks stay dense");
+  app.add_flag("--gated-experts", gatedExperts, "SwiGLU experts");
   app.add_option("--job", jobPath, "take the model, batch and layout from a chorus-train job file");
   app.add_option("--micro", micro, "sequences per rank per micro-batch");
   app.add_option("--global", global, "sequences per step (default: micro x dp)");
@@ -114,6 +122,7 @@ int main(int argc, char** argv) {
   app.add_option("--pp", pp);
   app.add_option("--vpp", vpp, "model chunks per pipeline stage (the interleaved schedule)");
   app.add_option("--cp", cp);
+  app.add_option("--ep", ep, "expert-parallel ranks, carved from dp");
   app.add_option("--schedule", schedule, "gpipe, 1f1b or interleaved");
   app.add_option("--zero", zero);
   app.add_flag("--sp", sp, "sequence parallelism (with tp)");
@@ -144,6 +153,7 @@ int main(int argc, char** argv) {
       shape = tr::shapeOf(job.model, job.seq);
       shape.name = job.name;
       layout.dp = job.dp(), layout.tp = job.tp, layout.pp = job.pp, layout.vpp = job.vpp, layout.cp = job.cp;
+      layout.ep = job.ep;
       layout.zero = job.zero, layout.sequenceParallel = job.sequenceParallel;
       layout.recompute = tr::parseRecompute(job.recompute), layout.schedule = tr::parseSchedule(job.schedule);
       layout.micro = job.micro, layout.globalBatch = job.globalBatch();
@@ -164,11 +174,22 @@ int main(int argc, char** argv) {
         shape.name = p.name, shape.vocab = p.vocab;
         shape.gated = p.gated, shape.tied = p.tied, shape.learnedPositions = p.learnedPositions;
         shape.biases = p.biases, shape.layerNorm = p.layerNorm;
+        for (auto [given, field] : {std::pair{app.count("--experts"), &tr::ModelShape::experts},
+                                    {app.count("--top-k"), &tr::ModelShape::topK},
+                                    {app.count("--expert-ffn"), &tr::ModelShape::expertFfn},
+                                    {app.count("--shared-experts"), &tr::ModelShape::sharedExperts},
+                                    {app.count("--moe-every"), &tr::ModelShape::moeEvery},
+                                    {app.count("--first-dense"), &tr::ModelShape::firstDense}}) {
+          if (!given) shape.*field = p.*field;
+        }
+        shape.gatedExperts = p.gatedExperts;
       } else {
         shape.name = "custom";
       }
       shape.gated |= gated, shape.tied &= !untied, shape.learnedPositions &= !rope, shape.biases &= !noBiases;
       shape.layerNorm &= !rmsnorm;
+      shape.gatedExperts |= gatedExperts;
+      layout.ep = ep;
       layout.tp = tp, layout.pp = pp, layout.vpp = vpp, layout.cp = cp, layout.zero = zero;
       layout.sequenceParallel = sp, layout.recompute = tr::parseRecompute(recompute);
       layout.schedule = tr::parseSchedule(schedule), layout.micro = micro, layout.globalBatch = global;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <tuple>
 
 #include "chorus/chorus.hpp"
 #include "chorus/error.hpp"
@@ -20,29 +21,66 @@ Error invalid(const std::string& what) { return Error(chorusInvalidArgument, "pl
 double normParameters(const ModelShape& m) { return m.layerNorm ? 2.0 * m.hidden : m.hidden; }
 double kvWidth(const ModelShape& m) { return static_cast<double>(m.kv()) * m.headDim(); }
 double mlpMatrices(const ModelShape& m) { return m.gated ? 3.0 : 2.0; }
-// The weights a block multiplies by (its matmuls): q, k, v, the attention output, the MLP.
-double blockMatmulParameters(const ModelShape& m) {
+double expertMatrices(const ModelShape& m) { return m.gatedExperts ? 3.0 : 2.0; }
+double attentionMatmulParameters(const ModelShape& m) {
   const double h = m.hidden;
-  return 2.0 * h * h + 2.0 * h * kvWidth(m) + mlpMatrices(m) * h * m.ffnUnits();
+  return 2.0 * h * h + 2.0 * h * kvWidth(m);
+}
+double expertMatmulParameters(const ModelShape& m) {
+  return expertMatrices(m) * static_cast<double>(m.hidden) * m.expertUnits();
+}
+// The weights a block multiplies by (its matmuls): q, k, v, the attention output, the MLP; an MoE
+// block's router and, of its experts, those a token uses (active) or all of them.
+double blockMatmulParameters(const ModelShape& m, bool moe = false, bool active = true) {
+  const double h = m.hidden;
+  if (!moe) return attentionMatmulParameters(m) + mlpMatrices(m) * h * m.ffnUnits();
+  const double experts = (active ? m.topK : m.experts) + m.sharedExperts;
+  return attentionMatmulParameters(m) + m.experts * h + experts * expertMatmulParameters(m);
+}
+// The attention's biases (q, k, v and the output's).
+double attentionBiases(const ModelShape& m) { return m.biases ? 2.0 * m.hidden + 2.0 * kvWidth(m) : 0.0; }
+// A block's parameters, its MoE experts counted as blockMatmulParameters counts them.
+double blockParametersOf(const ModelShape& m, bool moe, bool active) {
+  const double h = m.hidden, F = m.ffnUnits();
+  double n = blockMatmulParameters(m, moe, active) + 2.0 * normParameters(m) + attentionBiases(m);
+  if (!moe) return n + (m.biases ? (m.gated ? 2.0 : 1.0) * F + h : 0.0);
+  const double experts = (active ? m.topK : m.experts) + m.sharedExperts;
+  return n + experts * (m.expertParameters() - expertMatmulParameters(m));
 }
 // Rank 0's rows of a vocabulary cut over tp ranks as ParamLayout cuts it.
 double vocabShard(const ModelShape& m, int tp) { return static_cast<double>(m.vocab / tp); }
 
 }  // namespace
 
-const char* const kModelPresets = "gpt2-124m, gpt2-1.5b, gpt3-175b, llama3-8b, llama3-70b";
+const char* const kModelPresets =
+    "gpt2-124m, gpt2-1.5b, gpt3-175b, llama3-8b, llama3-70b, mixtral-8x7b, deepseek-moe-16b";
 
-double ModelShape::blockParameters() const {
-  const double h = hidden, F = ffnUnits();
-  double n = blockMatmulParameters(*this) + 2.0 * normParameters(*this);
-  if (biases) n += 2.0 * h + 2.0 * kvWidth(*this) + (gated ? 2.0 : 1.0) * F + h;
+int ModelShape::moeBlocks(int begin, int end) const {
+  int n = 0;
+  for (int l = begin; l < end; ++l) n += moeBlock(l);
   return n;
 }
 
-double ModelShape::parameters() const {
-  const double h = hidden;
-  return layers * blockParameters() + (tied ? 1.0 : 2.0) * vocab * h + positions() * h + normParameters(*this);
+double ModelShape::expertParameters() const {
+  const double F = expertUnits();
+  return expertMatmulParameters(*this) + (biases ? (gatedExperts ? 2.0 : 1.0) * F + hidden : 0.0);
 }
+
+double ModelShape::blockParameters(bool moe) const { return blockParametersOf(*this, moe, false); }
+
+namespace {
+
+double modelParameters(const ModelShape& m, bool active) {
+  const double h = m.hidden;
+  double n = (m.tied ? 1.0 : 2.0) * m.vocab * h + m.positions() * h + normParameters(m);
+  for (int l = 0; l < m.layers; ++l) n += blockParametersOf(m, m.moeBlock(l), active);
+  return n;
+}
+
+}  // namespace
+
+double ModelShape::parameters() const { return modelParameters(*this, false); }
+double ModelShape::activeParameters() const { return modelParameters(*this, true); }
 
 void ModelShape::validate() const {
   auto bad = [&](const std::string& what) { return invalid(fmt::format("model {}: {}", name, what)); };
@@ -54,6 +92,13 @@ void ModelShape::validate() const {
   if (heads % kv() != 0) throw bad(fmt::format("heads {} is not a multiple of kv heads {}", heads, kv()));
   if (learnedPositions && context > 0 && context < seq)
     throw bad(fmt::format("seq {} exceeds context {}", seq, context));
+  if (experts < 0 || (experts > 0 && (topK < 1 || topK > experts || expertUnits() < 1 || sharedExperts < 0 ||
+                                      moeEvery < 1 || firstDense < 0))) {
+    throw bad(
+        fmt::format("experts {}, top-k {}, expert ffn {}, shared experts {}, moe every {}, first dense {}: "
+                    "top-k must be 1..experts, the rest at least 1 (shared and first dense at least 0)",
+                    experts, topK, expertUnits(), sharedExperts, moeEvery, firstDense));
+  }
 }
 
 ModelShape modelPreset(const std::string& name) {
@@ -73,6 +118,17 @@ ModelShape modelPreset(const std::string& name) {
     llama(32, 4096, 32, 8, 14336);
   } else if (name == "llama3-70b") {
     llama(80, 8192, 64, 8, 28672);
+  } else if (name == "mixtral-8x7b") {
+    // Mistral 7B's attention with 8 SwiGLU experts of 14336 in every block, 2 per token.
+    llama(32, 4096, 32, 8, 14336);
+    m.seq = 4096, m.vocab = 32000;
+    m.experts = 8, m.topK = 2, m.expertFfn = 14336, m.gatedExperts = true;
+  } else if (name == "deepseek-moe-16b") {
+    // DeepSeek-MoE 16B: fine-grained experts (64 routed of 1408, 6 per token) and 2 shared ones in
+    // every block but the first, which is dense (10944); multi-head attention.
+    llama(28, 2048, 16, 16, 10944);
+    m.seq = 4096, m.vocab = 102400;
+    m.experts = 64, m.topK = 6, m.expertFfn = 1408, m.sharedExperts = 2, m.firstDense = 1, m.gatedExperts = true;
   } else {
     throw invalid(fmt::format("no model preset '{}' (presets: {})", name, kModelPresets));
   }
@@ -84,6 +140,10 @@ ModelShape shapeOf(const GptConfig& config, int seq) {
   m.name = "gpt2";
   m.layers = config.layers, m.hidden = config.width, m.heads = config.heads;
   m.seq = seq, m.context = config.context, m.vocab = config.vocab;
+  if (config.moe.enabled()) {
+    m.experts = config.moe.experts, m.topK = config.moe.topK, m.expertFfn = config.moe.hiddenFor(config.width);
+    m.gatedExperts = config.moe.swiglu, m.moeEvery = config.moeEvery;
+  }
   return m;
 }
 
@@ -100,6 +160,7 @@ int PlanLayout::accumulate() const {
 
 std::string PlanLayout::describe() const {
   std::string s = fmt::format("dp{} tp{} pp{} cp{}", dp, tp, pp, cp);
+  if (ep > 1) s += fmt::format(" ep{}", ep);
   if (vpp > 1) s += fmt::format(" vpp{}", vpp);
   s += fmt::format(" zero{}", zero);
   if (sequenceParallel && tp > 1) s += " sp";
@@ -118,7 +179,7 @@ Machine machinePreset(const std::string& name, int devices) {
   return m;
 }
 
-LayerActivations layerActivations(const ModelShape& m, const PlanLayout& l, const Precision& precision) {
+LayerActivations layerActivations(const ModelShape& m, const PlanLayout& l, const Precision& precision, bool moe) {
   const double e = precision.activation, d = l.dropout ? 1.0 : 0.0;
   const double s = static_cast<double>(m.seq) / l.cp, b = l.micro, h = m.hidden, a = m.heads, t = l.tp;
   const double rowsShare = l.sequenceParallel && l.tp > 1 ? 1.0 / t : 1.0;
@@ -128,7 +189,15 @@ LayerActivations layerActivations(const ModelShape& m, const PlanLayout& l, cons
   r.replicated = (4.0 * e + 2.0 * d) * s * b * h * rowsShare;
   // q, k, v; the attention output (the projection's input); the MLP's hidden activations (GELU's
   // input and output, or SwiGLU's gate, up and product).
-  r.split = e * s * b * (h + 2.0 * kvWidth(m) + h + mlpMatrices(m) * m.ffnUnits()) / t;
+  r.split = e * s * b * (h + 2.0 * kvWidth(m) + h + (moe ? 0.0 : mlpMatrices(m) * m.ffnUnits())) / t;
+  if (moe) {
+    // Not cut over tp: the router's probabilities (fp32), then each row's topK copies: the
+    // expert's input, its hidden activations, its output back home. Cut: the shared experts'
+    // hidden activations.
+    const double rows = s * b * rowsShare;
+    r.replicated += 4.0 * rows * m.experts + e * rows * m.topK * (2.0 * h + expertMatrices(m) * m.expertUnits());
+    r.split += e * s * b * m.sharedExperts * expertMatrices(m) * m.expertUnits() / t;
+  }
   // The softmax output, its dropout mask and dropout output; ring attention keeps the fp32
   // log-sum-exp of each query row instead.
   if (l.cp > 1) {
@@ -189,6 +258,8 @@ const char* opName(chorusCollective_t c) {
       return "all_gather";
     case chorusCollReduceScatter:
       return "reduce_scatter";
+    case chorusCollAllToAll:
+      return "all_to_all";
     default:
       return "send_recv";
   }
@@ -210,8 +281,11 @@ std::vector<int> chunkInFlight(Schedule schedule, int stages, int stage, int chu
 Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& machine, const Precision& precision) {
   model.validate();
   const PlanLayout& l = layout;
-  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.vpp < 1 || l.cp < 1 || l.micro < 1) {
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.vpp < 1 || l.cp < 1 || l.ep < 1 || l.micro < 1) {
     throw invalid(fmt::format("layout {}: every size must be at least 1", l.describe()));
+  }
+  if (l.ep > 1 && (model.experts == 0 || l.dp % l.ep != 0 || model.experts % l.ep != 0)) {
+    throw invalid(fmt::format("ep = {} must divide dp = {} and the model's {} experts", l.ep, l.dp, model.experts));
   }
   if (l.devices() != machine.devices) {
     throw invalid(
@@ -248,22 +322,35 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
 
   // FLOPs (Narayanan et al. 2021, generalised to any block): forward 2 x (matmul weights) per
   // token plus 4 s h per token for the attention scores and their use; backward twice forward.
+  // An MoE block counts its router and the experts a token uses.
   const double tokensPerStep = static_cast<double>(global) * model.seq;
-  const double blockForwardPerToken = 2.0 * blockMatmulParameters(model) + 4.0 * model.seq * h;
+  double blocksForwardPerToken = 0;
+  for (int layer = 0; layer < model.layers; ++layer) {
+    blocksForwardPerToken += 2.0 * blockMatmulParameters(model, model.moeBlock(layer)) + 4.0 * model.seq * h;
+  }
   const double headForwardPerToken = 2.0 * h * V;
-  plan.modelFlops = 3.0 * tokensPerStep * (model.layers * blockForwardPerToken + headForwardPerToken);
+  plan.modelFlops = 3.0 * tokensPerStep * (blocksForwardPerToken + headForwardPerToken);
   double recomputePerToken = 0;
-  if (l.recompute == Recompute::kFull) recomputePerToken = model.layers * blockForwardPerToken;
+  if (l.recompute == Recompute::kFull) recomputePerToken = blocksForwardPerToken;
   if (l.recompute == Recompute::kSelective && l.cp == 1) recomputePerToken = model.layers * 4.0 * model.seq * h;
   plan.hardwareFlops = plan.modelFlops + tokensPerStep * recomputePerToken;
 
   // This rank's share of one block's forward for one micro-batch: the matmuls over tp, attention
   // over tp and cp (ring attention computes 2 cp + 1 of the (2 cp)^2 chunk pairs, each a full square).
+  // An MoE block: the attention over tp; the router and the routed experts on all of a rank's rows
+  // (its block with sequence parallelism: experts are not cut over tp), as many rows as it routes
+  // with even routing; the shared experts over tp.
   const double attention = l.cp == 1 ? 4.0 * b * s * s * h / t : (2.0 * l.cp + 1) * 4.0 * b * (s / 2) * (s / 2) * h / t;
   const double blockForward = 2.0 * N * blockMatmulParameters(model) / t + attention;
-  const double blockRecompute = l.recompute == Recompute::kFull                       ? blockForward
-                                : (l.recompute == Recompute::kSelective && l.cp == 1) ? attention
-                                                                                      : 0.0;
+  const double moeBlockForward =
+      2.0 * N * attentionMatmulParameters(model) / t + attention +
+      2.0 * N * rowsShare * (model.experts * h + model.topK * expertMatmulParameters(model)) +
+      2.0 * N * model.sharedExperts * expertMatmulParameters(model) / t;
+  auto recomputeOf = [&](double forward) {
+    return l.recompute == Recompute::kFull                       ? forward
+           : (l.recompute == Recompute::kSelective && l.cp == 1) ? attention
+                                                                 : 0.0;
+  };
 
   // Communication per micro-batch, by group.
   struct Calls {
@@ -274,24 +361,31 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
     std::string overlap;
   };
   // Mesh order (pp, dp, cp, tp): tp neighbours, cp next, then dp; dp x cp is contiguous.
+  // The ep ranks are dp neighbours (tp x cp apart); the experts' dp group strides over them.
   const chorusLinkModel_t tpLink = linkFor(machine, 1, l.tp), cpLink = linkFor(machine, l.tp, l.cp),
                           dpLink = linkFor(machine, l.tp, l.dp * l.cp),
-                          ppLink = linkFor(machine, l.tp * l.cp * l.dp, std::min(l.pp, 2));
+                          ppLink = linkFor(machine, l.tp * l.cp * l.dp, std::min(l.pp, 2)),
+                          epLink = linkFor(machine, l.tp * l.cp, l.ep),
+                          edpLink = linkFor(machine, l.tp * l.cp * l.ep, l.dp / l.ep);
   auto linkOf = [&](const std::string& group) -> const chorusLinkModel_t& {
     if (group == "tp") return tpLink;
     if (group == "cp") return cpLink;
     if (group == "pp" || group == "embedding") return ppLink;
+    if (group == "ep") return epLink;
+    if (group == "edp") return edpLink;
     return dpLink;
   };
   const double rowsBytes = e * N * h;  // one activation of all this rank's rows
 
   // The cut as the trainer makes it: whole-model FLOPs of forward + backward per block, the
   // embedding with the first span and the head with the last.
+  // (MoE and dense blocks at their mean cost.)
   const double wholeRows = b * model.seq;
-  const std::vector<LayerSpan> cut = balanceLayers(
-      model.layers, 3.0 * (2.0 * wholeRows * blockMatmulParameters(model) + 4.0 * b * model.seq * model.seq * h),
-      6.0 * wholeRows * h, 6.0 * wholeRows * h * V, chunks);
+  const double meanBlockFlops = blocksForwardPerToken / model.layers * wholeRows * 3.0;
+  const std::vector<LayerSpan> cut =
+      balanceLayers(model.layers, meanBlockFlops, 6.0 * wholeRows * h, 6.0 * wholeRows * h * V, chunks);
   const LayerActivations layer = layerActivations(model, l, precision);
+  const LayerActivations moeLayer = layerActivations(model, l, precision, true);
   // Full recompute rebuilds one block at a time into buffers of a whole block's size.
   PlanLayout withoutRecompute = l;
   withoutRecompute.recompute = Recompute::kNone;
@@ -304,20 +398,37 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
     stage.chunks = stageSpans(cut, l.pp, st);
     stage.inFlight = chunkInFlight(l.schedule, l.pp, st, l.vpp, m);
     const bool first = stage.chunks.front().begin == 0, last = stage.chunks.back().end == model.layers;
-    int blocks = 0;
-    for (const auto& c : stage.chunks) blocks += c.layers();
+    int blocks = 0, moeBlocks = 0;
+    for (const auto& c : stage.chunks) {
+      blocks += c.layers();
+      moeBlocks += model.moeBlocks(c.begin, c.end);
+    }
+    const int denseBlocks = blocks - moeBlocks;
     // Parameters on tp rank 0: the blocks' split matrices and column-parallel biases, their
     // replicated row-parallel biases and norms; the vocabulary rows; positions and the final norm.
-    double block = blockMatmulParameters(model) / t + 2.0 * normParameters(model);
-    if (model.biases) block += (h + 2.0 * kvWidth(model) + (model.gated ? 2.0 : 1.0) * model.ffnUnits()) / t + 2.0 * h;
-    stage.parameters = blocks * block;
+    // An MoE block: its attention as a dense block's, the router replicated, the shared experts
+    // cut as the MLP, and the routed experts of this ep rank whole.
+    const double attentionPart = attentionMatmulParameters(model) / t + 2.0 * normParameters(model) +
+                                 (model.biases ? (h + 2.0 * kvWidth(model)) / t + h : 0.0);
+    const double block = attentionPart + mlpMatrices(model) * h * model.ffnUnits() / t +
+                         (model.biases ? (model.gated ? 2.0 : 1.0) * model.ffnUnits() / t + h : 0.0);
+    const double expertBias = model.expertParameters() - expertMatmulParameters(model);
+    const double sharedExpert = expertMatmulParameters(model) / t + (model.biases ? (expertBias - h) / t + h : 0.0);
+    const double moeDense = attentionPart + model.experts * h + model.sharedExperts * sharedExpert;
+    stage.expertParameters = moeBlocks * (model.experts / l.ep) * model.expertParameters();
+    stage.parameters = denseBlocks * block + moeBlocks * moeDense + stage.expertParameters;
     if (first) stage.parameters += Vt * h + model.positions() * h;
     if (last) stage.parameters += normParameters(model) + (model.tied && first ? 0.0 : Vt * h);
-    // ZeRO over the dp x cp ranks that hold the same shard.
-    const double P = stage.parameters, Nz = static_cast<double>(l.dp) * l.cp;
-    stage.paramBytes = P * precision.param / (l.zero >= 3 ? Nz : 1.0);
-    stage.gradBytes = P * precision.grad / (l.zero >= 2 ? Nz : 1.0);
-    stage.optimizerBytes = P * precision.optimizer / (l.zero >= 1 ? Nz : 1.0);
+    // ZeRO over the dp x cp ranks that hold the same shard: the routed experts' over the dp / ep x cp
+    // ranks that hold the same experts.
+    const double Pe = l.ep > 1 ? stage.expertParameters : 0.0, P = stage.parameters - Pe;
+    const double Nz = static_cast<double>(l.dp) * l.cp, Nze = static_cast<double>(l.dp / l.ep) * l.cp;
+    auto zeroBytes = [&](double perParameter, int from) {
+      return P * perParameter / (l.zero >= from ? Nz : 1.0) + Pe * perParameter / (l.zero >= from ? Nze : 1.0);
+    };
+    stage.paramBytes = zeroBytes(precision.param, 3);
+    stage.gradBytes = zeroBytes(precision.grad, 2);
+    stage.optimizerBytes = zeroBytes(precision.optimizer, 1);
 
     // Activations: each chunk's blocks for each micro-batch in flight, its output, the first chunk's
     // tokens, the last chunk's head (the final norm, the gathered rows with sp, logits and
@@ -326,7 +437,8 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
     double activations = 0;
     for (size_t c = 0; c < stage.chunks.size(); ++c) {
       const LayerSpan span = stage.chunks[c];
-      double slot = span.layers() * layer.total() + rowsBytes * rowsShare;
+      const int moeInSpan = model.moeBlocks(span.begin, span.end);
+      double slot = (span.layers() - moeInSpan) * layer.total() + moeInSpan * moeLayer.total() + rowsBytes * rowsShare;
       if (span.begin == 0) slot += 4.0 * N;
       if (span.end == model.layers) {
         slot += 4.0 * N + rowsBytes * rowsShare + 8.0 * N * rowsShare + (sp ? rowsBytes : 0.0) + 2.0 * 4.0 * N * Vt +
@@ -371,6 +483,12 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
                        "the attention of the block in hand"});
       calls.push_back({"cp", chorusCollSend, l.cp, kvBytes, blocks * static_cast<double>(l.cp), ""});
     }
+    // Expert parallelism: each MoE block sends its rows' topK copies to their experts and back
+    // (dispatch and combine), in forward (again under full recompute) and in backward.
+    if (l.ep > 1 && moeBlocks > 0) {
+      calls.push_back({"ep", chorusCollAllToAll, l.ep, e * N * rowsShare * model.topK * h,
+                       moeBlocks * (2.0 * fwdReruns + 2.0), ""});
+    }
     if (l.pp > 1) {
       double sends = 0;
       for (const auto& c : stage.chunks) sends += (c.end != model.layers) + (c.begin != 0);
@@ -388,31 +506,36 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
       plan.collectives.push_back({st, c.group, opName(c.op), c.ranks, c.bytes, c.calls * m,
                                   sentPerCall(c.op, c.ranks, c.bytes) * c.calls * m, each * c.calls * m, c.overlap});
     }
-    const double forwardCompute = (blocks * blockForward + (last ? 2.0 * N * h * Vt : 0.0)) / speed;
-    const double backwardCompute =
-        (2.0 * blocks * blockForward + blocks * blockRecompute + (last ? 4.0 * N * h * Vt : 0.0)) / speed;
+    const double blocksForward = denseBlocks * blockForward + moeBlocks * moeBlockForward;
+    const double blocksRecompute = denseBlocks * recomputeOf(blockForward) + moeBlocks * recomputeOf(moeBlockForward);
+    const double forwardCompute = (blocksForward + (last ? 2.0 * N * h * Vt : 0.0)) / speed;
+    const double backwardCompute = (2.0 * blocksForward + blocksRecompute + (last ? 4.0 * N * h * Vt : 0.0)) / speed;
     stage.forwardSeconds = forwardCompute + perMicroComm / 3;
     stage.backwardSeconds = backwardCompute + 2 * perMicroComm / 3;
     commPerStage[st] = perMicroComm * m;
 
-    // Data parallel (over dp x cp) and the tied embedding's two copies, per step.
+    // Data parallel (over dp x cp; the routed experts over dp / ep x cp) and the tied embedding's
+    // two copies, per step.
     if (st == 0) {
-      const int n = l.dp * l.cp;
-      const double grads = P * precision.grad, params = P * precision.param;
       std::vector<std::pair<Calls, double>> dpCalls;  // with the compute that can hide each call
-      if (l.zero == 0) dpCalls.push_back({{"dp", chorusCollAllReduce, n, grads, 1.0, "backward"}, backwardCompute});
-      if (l.zero == 1) {
-        dpCalls.push_back({{"dp", chorusCollReduceScatter, n, grads, 1.0, "backward"}, backwardCompute});
-        dpCalls.push_back({{"dp", chorusCollAllGather, n, params, 1.0, ""}, 0.0});
-      }
-      if (l.zero == 2) {
-        dpCalls.push_back({{"dp", chorusCollReduceScatter, n, grads, double(m), "backward"}, backwardCompute});
-        dpCalls.push_back({{"dp", chorusCollAllGather, n, params, 1.0, ""}, 0.0});
-      }
-      if (l.zero == 3) {
-        dpCalls.push_back({{"dp", chorusCollAllGather, n, params, 2.0 * m, "forward and backward"},
-                           (forwardCompute + backwardCompute) / 2});
-        dpCalls.push_back({{"dp", chorusCollReduceScatter, n, grads, double(m), "backward"}, backwardCompute});
+      for (const auto& [group, n, count] :
+           {std::tuple<std::string, int, double>{"dp", l.dp * l.cp, P}, {"edp", l.dp / l.ep * l.cp, Pe}}) {
+        if (count <= 0 || (group == "edp" && n < 2)) continue;
+        const double grads = count * precision.grad, params = count * precision.param;
+        if (l.zero == 0) dpCalls.push_back({{group, chorusCollAllReduce, n, grads, 1.0, "backward"}, backwardCompute});
+        if (l.zero == 1) {
+          dpCalls.push_back({{group, chorusCollReduceScatter, n, grads, 1.0, "backward"}, backwardCompute});
+          dpCalls.push_back({{group, chorusCollAllGather, n, params, 1.0, ""}, 0.0});
+        }
+        if (l.zero == 2) {
+          dpCalls.push_back({{group, chorusCollReduceScatter, n, grads, double(m), "backward"}, backwardCompute});
+          dpCalls.push_back({{group, chorusCollAllGather, n, params, 1.0, ""}, 0.0});
+        }
+        if (l.zero == 3) {
+          dpCalls.push_back({{group, chorusCollAllGather, n, params, 2.0 * m, "forward and backward"},
+                             (forwardCompute + backwardCompute) / 2});
+          dpCalls.push_back({{group, chorusCollReduceScatter, n, grads, double(m), "backward"}, backwardCompute});
+        }
       }
       if (l.pp > 1) {
         dpCalls.push_back({{"embedding", chorusCollAllReduce, 2, Vt * h * precision.grad, 1.0, ""}, 0.0});
@@ -480,24 +603,27 @@ std::vector<Plan> searchLayouts(const ModelShape& model, const PlanLayout& base,
       for (int pp = 1; tp * cp * pp <= D; ++pp) {
         if (D % (tp * cp * pp) != 0) continue;
         const int dp = D / (tp * cp * pp);
-        for (int micro = 1; micro <= global / dp; micro *= 2) {
-          if (global % (static_cast<long>(micro) * dp) != 0) continue;
-          for (int vpp : {1, 2}) {
-            if (vpp > 1 && pp == 1) continue;
-            for (int zero = 0; zero <= (pp > 1 ? 1 : 3); ++zero) {
-              for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-                if (r == Recompute::kSelective && cp > 1) continue;  // ring attention keeps no scores to drop
-                PlanLayout l = base;
-                l.dp = dp, l.tp = tp, l.pp = pp, l.cp = cp, l.vpp = vpp, l.zero = zero, l.micro = micro;
-                l.globalBatch = global;
-                l.sequenceParallel = tp > 1;
-                l.recompute = r;
-                l.schedule = vpp > 1 ? Schedule::kInterleaved : Schedule::kOneFOneB;
-                try {
-                  Plan p = makePlan(model, l, machine, precision);
-                  if (p.fits) plans.push_back(std::move(p));
-                } catch (const Error&) {
-                  // a layout that cannot run (heads over tp, seq over cp, micro-batches over stages)
+        for (int ep = 1; ep <= dp; ep *= 2) {
+          if (ep > 1 && (model.experts % ep != 0 || dp % ep != 0)) continue;
+          for (int micro = 1; micro <= global / dp; micro *= 2) {
+            if (global % (static_cast<long>(micro) * dp) != 0) continue;
+            for (int vpp : {1, 2}) {
+              if (vpp > 1 && pp == 1) continue;
+              for (int zero = 0; zero <= (pp > 1 ? 1 : 3); ++zero) {
+                for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+                  if (r == Recompute::kSelective && cp > 1) continue;  // ring attention keeps no scores to drop
+                  PlanLayout l = base;
+                  l.dp = dp, l.tp = tp, l.pp = pp, l.cp = cp, l.ep = ep, l.vpp = vpp, l.zero = zero, l.micro = micro;
+                  l.globalBatch = global;
+                  l.sequenceParallel = tp > 1;
+                  l.recompute = r;
+                  l.schedule = vpp > 1 ? Schedule::kInterleaved : Schedule::kOneFOneB;
+                  try {
+                    Plan p = makePlan(model, l, machine, precision);
+                    if (p.fits) plans.push_back(std::move(p));
+                  } catch (const Error&) {
+                    // a layout that cannot run (heads over tp, seq over cp, micro-batches over stages)
+                  }
                 }
               }
             }
@@ -518,6 +644,12 @@ std::string describePlan(const Plan& p) {
   std::string out =
       fmt::format("model {}: {} layers, hidden {}, heads {} (kv {}), ffn {}, seq {}, vocab {}: {:.4g} parameters\n",
                   m.name, m.layers, m.hidden, m.heads, m.kv(), m.ffnUnits(), m.seq, m.vocab, m.parameters());
+  if (m.experts > 0) {
+    out += fmt::format(
+        "mixture of experts in {} of {} blocks: {} routed experts of {} (top {}), {} shared; {:.4g} parameters "
+        "active per token\n",
+        m.moeBlocks(0, m.layers), m.layers, m.experts, m.expertUnits(), m.topK, m.sharedExperts, m.activeParameters());
+  }
   out += fmt::format("layout {}: {} micro-batch(es) of {} per step, global batch {}; precision {}\n",
                      p.layout.describe(), p.layout.accumulate(), p.layout.micro,
                      static_cast<long>(p.layout.accumulate()) * p.layout.micro * p.layout.dp, p.precision.name);
@@ -572,13 +704,23 @@ nlohmann::json planJson(const Plan& p) {
                 {"vocab", m.vocab},
                 {"gated", m.gated},
                 {"tied", m.tied},
-                {"parameters", m.parameters()}};
+                {"parameters", m.parameters()},
+                {"active_parameters", m.activeParameters()}};
+  if (m.experts > 0) {
+    j["model"]["moe"] = {{"experts", m.experts},
+                         {"top_k", m.topK},
+                         {"expert_ffn", m.expertUnits()},
+                         {"shared_experts", m.sharedExperts},
+                         {"moe_blocks", m.moeBlocks(0, m.layers)},
+                         {"expert_parameters", m.expertParameters()}};
+  }
   const PlanLayout& l = p.layout;
   j["layout"] = {{"dp", l.dp},
                  {"tp", l.tp},
                  {"pp", l.pp},
                  {"vpp", l.vpp},
                  {"cp", l.cp},
+                 {"ep", l.ep},
                  {"zero", l.zero},
                  {"sequence_parallel", l.sequenceParallel && l.tp > 1},
                  {"recompute", l.recompute == Recompute::kNone   ? "none"
@@ -609,6 +751,7 @@ nlohmann::json planJson(const Plan& p) {
     }
     stages.push_back({{"stage", s.stage},
                       {"parameters", s.parameters},
+                      {"expert_parameters", s.expertParameters},
                       {"params_bytes", s.paramBytes},
                       {"grads_bytes", s.gradBytes},
                       {"optimizer_bytes", s.optimizerBytes},

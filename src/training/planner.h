@@ -19,7 +19,8 @@
 namespace chorus::training {
 
 // A decoder-only transformer: GPT-2 (learned positions, biases, layernorm, GELU MLP, tied head)
-// or Llama (rotary positions, no biases, RMSNorm, SwiGLU MLP, grouped-query attention, untied).
+// or Llama (rotary positions, no biases, RMSNorm, SwiGLU MLP, grouped-query attention, untied),
+// dense or with mixture-of-experts MLPs (Mixtral, DeepSeek-MoE).
 struct ModelShape {
   std::string name = "custom";
   int layers = 12, hidden = 768, heads = 12;
@@ -33,17 +34,35 @@ struct ModelShape {
   bool learnedPositions = true;  // else rotary (no parameters)
   bool biases = true;            // linear layers' biases
   bool layerNorm = true;         // layernorm (weight and bias), else RMSNorm (weight)
+  // Mixture of experts (experts > 0): the MLP of every moeEvery-th block after the first
+  // firstDense blocks is a router (experts x hidden, no bias) and `experts` routed experts of
+  // expertFfn hidden units each (SwiGLU when gatedExperts), topK of them used by each token, plus
+  // sharedExperts of the same shape that every token uses (DeepSeek-MoE). Routed experts are whole
+  // on a rank (as chorus-train keeps them), split over the ep ranks; shared experts and the router
+  // are cut and kept as the dense MLP is.
+  int experts = 0, topK = 2, expertFfn = 0, sharedExperts = 0, moeEvery = 1, firstDense = 0;
+  bool gatedExperts = false;
   int kv() const { return kvHeads > 0 ? kvHeads : heads; }
   int ffnUnits() const { return ffn > 0 ? ffn : 4 * hidden; }
+  int expertUnits() const { return expertFfn > 0 ? expertFfn : ffnUnits(); }
   int headDim() const { return hidden / heads; }
   int positions() const { return learnedPositions ? (context > 0 ? context : seq) : 0; }
-  // Parameters of one block, and of the whole model.
-  double blockParameters() const;
+  bool moeBlock(int layer) const {
+    return experts > 0 && layer >= firstDense && (layer - firstDense) % moeEvery == moeEvery - 1;
+  }
+  int moeBlocks(int begin, int end) const;  // among blocks [begin, end)
+  // One expert's parameters (its matrices and biases).
+  double expertParameters() const;
+  // Parameters of one block (dense, or MoE with all its experts), and of the whole model; active:
+  // those one token uses (of an MoE block's routed experts, its topK).
+  double blockParameters(bool moe = false) const;
   double parameters() const;
+  double activeParameters() const;
   // Throws chorus::Error naming the field that cannot work.
   void validate() const;
 };
-// gpt2-124m, gpt2-1.5b, gpt3-175b, llama3-8b, llama3-70b; throws chorus::Error listing them.
+// gpt2-124m, gpt2-1.5b, gpt3-175b, llama3-8b, llama3-70b, mixtral-8x7b, deepseek-moe-16b; throws
+// chorus::Error listing them.
 ModelShape modelPreset(const std::string& name);
 extern const char* const kModelPresets;  // "gpt2-124m, gpt2-1.5b, ..."
 // The runtime's GPT-2 at sequence length seq.
@@ -61,6 +80,7 @@ Precision parsePrecision(const std::string& name);
 
 struct PlanLayout {
   int dp = 1, tp = 1, pp = 1, vpp = 1, cp = 1;
+  int ep = 1;  // expert parallel ranks, carved from dp (as chorus-train carves them)
   int zero = 0;
   bool sequenceParallel = false;
   Recompute recompute = Recompute::kNone;
@@ -70,7 +90,7 @@ struct PlanLayout {
   bool dropout = false;  // dropout masks kept (Korthikanti's accounting); chorus trains without
   int devices() const { return dp * tp * pp * cp; }
   int accumulate() const;        // micro-batches per step
-  std::string describe() const;  // "dp2 tp2 pp2 cp1 zero1 sp 1f1b"
+  std::string describe() const;  // "dp2 tp2 pp2 cp1 zero1 sp 1f1b", " ep2" after cp with ep
 };
 
 // The devices and their links. A group of ranks within one node uses the intra-node link; one
@@ -98,8 +118,8 @@ Machine machinePreset(const std::string& name, int devices);
 // in all, and its predicted time.
 struct CollectiveCost {
   int stage = 0;      // the pipeline stage whose rank makes the calls
-  std::string group;  // "tp", "cp", "pp", "dp" (dp x cp), "embedding"
-  std::string op;     // "all_reduce", "all_gather", "reduce_scatter", "send_recv"
+  std::string group;  // "tp", "cp", "pp", "dp" (dp x cp), "embedding", "ep", "edp" (dp / ep x cp: the experts')
+  std::string op;     // "all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"
   int ranks = 0;
   double bytes = 0;      // per call (the user's buffer: whole for all-gather and reduce-scatter)
   double calls = 0;      // per step
@@ -118,13 +138,19 @@ struct LayerActivations {
   double replicated = 0, split = 0, scores = 0, stats = 0;
   double total() const { return replicated + split + scores + stats; }
 };
-LayerActivations layerActivations(const ModelShape& model, const PlanLayout& layout, const Precision& precision);
+// An MoE block (moe): the MLP's part is the router's probabilities (fp32), each row's topK
+// dispatched copies (the expert's input, hidden activations and output), and the shared experts'
+// hidden activations; the routed experts' rows are not cut over tp (all of a rank's rows, or its
+// block with sequence parallelism).
+LayerActivations layerActivations(const ModelShape& model, const PlanLayout& layout, const Precision& precision,
+                                  bool moe = false);
 
 struct StagePlan {
   int stage = 0;
   std::vector<LayerSpan> chunks;  // its blocks
   std::vector<int> inFlight;      // per chunk: the most micro-batches whose activations it holds
   double parameters = 0;          // elements on this rank (tp rank 0)
+  double expertParameters = 0;    // of them, routed experts' (ZeRO shards them over dp / ep x cp)
   double paramBytes = 0, gradBytes = 0, optimizerBytes = 0, activationBytes = 0;
   double stateBytes() const { return paramBytes + gradBytes + optimizerBytes; }
   double totalBytes() const { return stateBytes() + activationBytes; }

@@ -215,5 +215,136 @@ TEST(PlannerTest, SearchRanksLayoutsThatFitFastestFirst) {
   }
 }
 
+// Mixture of experts, counted by hand: Mixtral 8x7B (Mistral 7B's attention, 8 SwiGLU experts
+// of 14336, 2 per token; published: 46.7 B parameters, 12.9 B active) and DeepSeek-MoE 16B (its
+// first block dense, 64 routed experts of 1408 and 2 shared in the others, 6 routed per token;
+// published: 16.4 B, 2.8 B active).
+TEST(PlannerMoeTest, PresetsHaveTheirPublishedParameterCounts) {
+  const ModelShape mixtral = modelPreset("mixtral-8x7b");
+  const double h = 4096, attention = 2 * h * h + 2 * h * 1024, norms = 2 * h, expert = 3 * h * 14336;
+  const double embeddings = 2 * 32000 * h + h;
+  EXPECT_EQ(mixtral.parameters(), 32 * (attention + norms + 8 * h + 8 * expert) + embeddings);
+  EXPECT_EQ(mixtral.activeParameters(), 32 * (attention + norms + 8 * h + 2 * expert) + embeddings);
+  EXPECT_NEAR(mixtral.parameters(), 46.7e9, 0.05e9);
+  EXPECT_NEAR(mixtral.activeParameters(), 12.9e9, 0.05e9);
+  const ModelShape deepseek = modelPreset("deepseek-moe-16b");
+  const double d = 2048, attn = 4 * d * d, small = 3 * d * 1408, dense = attn + 2 * d + 3 * d * 10944;
+  const double ends = 2 * 102400 * d + d;
+  EXPECT_EQ(deepseek.parameters(), dense + 27 * (attn + 2 * d + 64 * d + (64 + 2) * small) + ends);
+  EXPECT_EQ(deepseek.activeParameters(), dense + 27 * (attn + 2 * d + 64 * d + (6 + 2) * small) + ends);
+  EXPECT_NEAR(deepseek.parameters(), 16.4e9, 0.05e9);
+  EXPECT_NEAR(deepseek.activeParameters(), 2.8e9, 0.05e9);
+  EXPECT_EQ(deepseek.moeBlocks(0, 28), 27);
+  // The runtime's MoE GPT counted by its own layout.
+  GptConfig config{4, 4, 32, 16, 37};
+  config.moe.experts = 4, config.moe.hidden = 24, config.moe.swiglu = true, config.moeEvery = 2;
+  EXPECT_EQ(shapeOf(config, 16).parameters(), static_cast<double>(ParamLayout(config).globalTotal()));
+}
+
+// Each stage's parameters, and its experts', are what ParamLayout gives tp rank 0 and ep rank 0.
+TEST(PlannerMoeTest, EachStagesParametersAreTheRuntimeLayouts) {
+  GptConfig config{4, 4, 32, 16, 37};
+  config.moe.experts = 4, config.moe.hidden = 24, config.moe.swiglu = true, config.moeEvery = 2;
+  for (const auto& [tp, pp, ep] : std::vector<std::array<int, 3>>{{1, 1, 2}, {2, 1, 4}, {1, 2, 2}, {2, 2, 1}}) {
+    SCOPED_TRACE(testing::Message() << "tp " << tp << " pp " << pp << " ep " << ep);
+    PlanLayout l = layoutOf(ep, tp, pp, 1, 2, 2 * ep * 2);
+    l.ep = ep;
+    const Plan plan = makePlan(shapeOf(config, 16), l, machineOf(tp * pp * ep), parsePrecision("fp32"));
+    const auto cut = balanceLayers(config, 2, 16, pp);
+    for (int s = 0; s < pp; ++s) {
+      const ParamLayout layout(config, tp, 0, stageSpans(cut, pp, s), ep, 0);
+      double experts = 0;
+      for (const auto& t : layout.tensors()) experts += t.expert >= 0 ? static_cast<double>(t.count) : 0.0;
+      EXPECT_EQ(plan.stages[s].parameters, static_cast<double>(layout.total())) << "stage " << s;
+      EXPECT_EQ(plan.stages[s].expertParameters, experts) << "stage " << s;
+    }
+  }
+}
+
+// With ep: each rank holds E / ep experts of every MoE block; ZeRO shards them over the dp / ep
+// ranks that hold the same ones (the rest over all dp); each MoE block sends its rows' top-k copies
+// by all-to-all over the ep group twice in forward and twice in backward, priced by the runtime's
+// model on the links between the ep ranks; the experts' gradients go over their own group.
+TEST(PlannerMoeTest, ExpertParallelismShardsExpertsAndExchangesTokens) {
+  const ModelShape m = modelPreset("mixtral-8x7b");
+  PlanLayout l = layoutOf(8, 1, 1, 1, 1, 16);  // 2 micro-batches
+  l.ep = 4, l.zero = 1;
+  const Machine machine = machineOf(8);
+  const Precision bf16 = parsePrecision("bf16");
+  const Plan plan = makePlan(m, l, machine, bf16);
+  const double h = m.hidden, expert = 3 * h * 14336;
+  const double Pe = 32 * 2 * expert, P = plan.stages[0].parameters;
+  EXPECT_EQ(plan.stages[0].expertParameters, Pe);
+  EXPECT_EQ(P - Pe, m.parameters() - 32 * 8 * expert);
+  EXPECT_DOUBLE_EQ(plan.stages[0].optimizerBytes, (P - Pe) * 12 / 8 + Pe * 12 / 2);
+  EXPECT_DOUBLE_EQ(plan.stages[0].paramBytes, P * 2);
+  bool sawEp = false, sawEdp = false, sawDp = false;
+  for (const auto& c : plan.collectives) {
+    if (c.group == "ep") {
+      sawEp = true;
+      const double bytes = 2.0 * m.seq * 2 * h;  // bf16, seq rows of one sequence, 2 copies each
+      EXPECT_EQ(c.op, "all_to_all");
+      EXPECT_EQ(c.ranks, 4);
+      EXPECT_DOUBLE_EQ(c.bytes, bytes);
+      EXPECT_DOUBLE_EQ(c.calls, 32 * 4 * 2);
+      EXPECT_DOUBLE_EQ(c.sentBytes, 3.0 / 4 * bytes * c.calls);
+      const chorusLinkModel_t link{
+          1, machine.intraAlphaUs, machine.intraGBps, machine.intraAlphaUs, machine.intraGBps, machine.reduceGBps};
+      double us = 0;
+      ASSERT_EQ(chorusPredictTime(chorusCollAllToAll, 4, static_cast<size_t>(bytes), &link, &us), chorusSuccess);
+      EXPECT_NEAR(c.seconds, c.calls * us * 1e-6, 1e-9 * c.seconds);
+    }
+    if (c.group == "edp" && c.op == "reduce_scatter") {
+      sawEdp = true;
+      EXPECT_EQ(c.ranks, 2);
+      EXPECT_DOUBLE_EQ(c.bytes, Pe * 2);
+    }
+    if (c.group == "dp" && c.op == "reduce_scatter") {
+      sawDp = true;
+      EXPECT_EQ(c.ranks, 8);
+      EXPECT_DOUBLE_EQ(c.bytes, (P - Pe) * 2);
+    }
+  }
+  EXPECT_TRUE(sawEp && sawEdp && sawDp);
+  // Model FLOPs count the experts a token uses: 6 x active matmul weights per token, plus attention.
+  PlanLayout one = layoutOf(8, 1, 1, 1, 1, 8);
+  const Plan dense = makePlan(m, one, machine, bf16);
+  const double tokens = 8.0 * m.seq, s = m.seq;
+  const double matmuls = 32 * (2 * h * h + 2 * h * 1024 + 8 * h + 2 * expert) + 32000 * h;
+  EXPECT_NEAR(dense.modelFlops, 6 * tokens * matmuls + 3 * tokens * 32 * 4 * s * h, 1e-9 * dense.modelFlops);
+  // Bad expert-parallel layouts are refused by name.
+  auto message = [&](const ModelShape& model, int ep) {
+    PlanLayout bad = layoutOf(8, 1, 1, 1, 1, 8);
+    bad.ep = ep;
+    try {
+      makePlan(model, bad, machine, bf16);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message(m, 3).find("ep = 3 must divide dp = 8 and the model's 8 experts"), std::string::npos);
+  EXPECT_NE(message(modelPreset("llama3-8b"), 2).find("ep = 2 must divide dp = 8 and the model's 0 experts"),
+            std::string::npos);
+}
+
+// The search tries ep among the dp ranks: DeepSeek-MoE on 16 GPUs in mixed precision needs its
+// experts sharded (16.4 B parameters x 16 bytes), and every plan it returns fits, fastest first.
+TEST(PlannerMoeTest, SearchTriesExpertParallelism) {
+  PlanLayout base;
+  base.globalBatch = 64;
+  const Machine machine = machineOf(16);
+  const auto plans = searchLayouts(modelPreset("deepseek-moe-16b"), base, machine, parsePrecision("bf16"));
+  ASSERT_FALSE(plans.empty());
+  bool sawEp = false;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    EXPECT_TRUE(plans[i].fits);
+    EXPECT_LE(plans[i].peakBytes(), machine.memoryBytes);
+    if (i > 0) EXPECT_GE(plans[i - 1].tokensPerSecond, plans[i].tokensPerSecond);
+    sawEp |= plans[i].layout.ep > 1;
+  }
+  EXPECT_TRUE(sawEp);
+}
+
 }  // namespace
 }  // namespace chorus::training
