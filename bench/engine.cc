@@ -259,6 +259,22 @@ void Bench::once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count
     }
     return;
   }
+  if (grouped_ && (op == Op::kAllToAll || op == Op::kAllToAllv)) {
+    // A send and a receive per peer, itself included, in one group.
+    const size_t size = chorusTypeSize(type);
+    call("group start", chorusGroupStart());
+    for (int p = 0; p < nranks_; ++p) {
+      const size_t peer = static_cast<size_t>(p);
+      const bool v = op == Op::kAllToAllv;
+      const size_t sendCount = v ? sendCounts_[peer] : count, recvCount = v ? recvCounts_[peer] : count;
+      const size_t sendAt = v ? sendDispls_[peer] : peer * count, recvAt = v ? recvDispls_[peer] : peer * count;
+      call("send", chorusSend(callSend_ + sendAt * size, sendCount, type, p, calls_, stream_));
+      call("recv", chorusRecv(callRecv_ + recvAt * size, recvCount, type, p, calls_, stream_));
+    }
+    call("group end", chorusGroupEnd());
+    if (o_.blocking) finishCalls();
+    return;
+  }
   switch (op) {
     case Op::kAllReduce:
       call("allreduce", chorusAllReduce(callSend_, callRecv_, count, type, redop, calls_, stream_));
@@ -536,6 +552,8 @@ void Bench::use(const char* opName, const Contestant& contestant) {
   }
   peer_ = nullptr;
   calls_ = comm_;
+  grouped_ = contestant.algorithm == kGroupedRow;
+  if (grouped_) return;
   if (auto it = variants_.find(contestant.algorithm); it != variants_.end()) {
     calls_ = it->second;
   } else if (!contestant.algorithm.empty()) {
@@ -740,7 +758,9 @@ int Bench::runOp(const std::string& name, Sweep& sweep) {
     }
   }
   if (print) {
-    printColumnHeader(!o_.algo.empty() || (o_.deterministic && opTraits.reduces) || o_.stats, peerNames, o_.bound);
+    const bool grouped = o_.grouped && (opInfo->op == Op::kAllToAll || opInfo->op == Op::kAllToAllv);
+    printColumnHeader(!o_.algo.empty() || (o_.deterministic && opTraits.reduces) || o_.stats || grouped, peerNames,
+                      o_.bound);
   }
 
   // --algo: one algorithm, or all of the collective's, measured side by side per size.
@@ -768,19 +788,23 @@ int Bench::runOp(const std::string& name, Sweep& sweep) {
   std::vector<std::string> variantRows;
   if (o_.deterministic && opTraits.reduces) variantRows.push_back(kDeterministicRow);
   if (o_.stats) variantRows.push_back(kNoStatsRow);
+  if (o_.grouped && (opInfo->op == Op::kAllToAll || opInfo->op == Op::kAllToAllv)) variantRows.push_back(kGroupedRow);
   if (!variantRows.empty()) {
     if (!o_.algo.empty()) {
-      if (print)
-        std::fprintf(stderr, "collbench: --deterministic and --stats time the tuner's choice: not with --algo\n");
+      if (print) {
+        std::fprintf(stderr,
+                     "collbench: --deterministic, --stats and --grouped time the tuner's choice: not with --algo\n");
+      }
       return 2;
     }
     algos = {""};
     for (const std::string& row : variantRows) {
-      variant(row);
+      if (row != kGroupedRow) variant(row);
       algos.push_back(row);
     }
   }
   const bool labeled = algos.size() > 1 || !o_.algo.empty();  // rows name their algorithm
+  grouped_ = false;
   nlohmann::json rows = nlohmann::json::array();
   std::vector<std::vector<std::pair<double, size_t>>> peerRatios(peers_.size());  // (ratio, size) per row
   uint64_t totalWrong = 0;

@@ -204,6 +204,7 @@ class Bench {
   };
   static constexpr const char* kDeterministicRow = "deterministic";
   static constexpr const char* kNoStatsRow = "stats-off";
+  static constexpr const char* kGroupedRow = "grouped";  // alltoall(v) as grouped sends and receives
   // Several contestants timed turn by turn (--turns, and the calibration): contestant a's
   // iters[a] calls split over the turns, each turn taking every contestant in order after all are
   // warmed up, so the machine's drift falls on all alike. Peers are timed out of place only.
@@ -291,6 +292,7 @@ class Bench {
   char* callSend_ = nullptr;  // what chorus is given: sendPtr_ and recvPtr_, or their device places
   char* callRecv_ = nullptr;
   std::vector<size_t> sendCounts_, sendDispls_, recvCounts_, recvDispls_;  // alltoallv's (elements)
+  bool grouped_ = false;  // once() makes an alltoall(v) of grouped sends and receives (kGroupedRow)
 };
 
 }  // namespace chorus::bench

@@ -139,6 +139,10 @@ int parseOptions(int argc, const char* const* argv, Options* o) {
   app.add_flag("--stats", o->stats,
                "also time each size on a communicator with CHORUS_STATS=0 (no live statistics), in a row of its "
                "own beside the default's (algo column: stats-off): what the statistics cost; not with --algo");
+  app.add_flag("--grouped", o->grouped,
+               "alltoall, alltoallv: also time each size made of a send and a receive per peer (itself "
+               "included) in one chorusGroupStart/End, as NCCL users write an all-to-all(v), in a row of its own "
+               "beside the collective's (algo column: grouped); not with --algo");
   app.add_flag("--bound", o->bound,
                "measure the copy bandwidth of all ranks at once first and print each row's share of the bound "
                "(least traffic over copy bandwidth; docs/collbench.md)");

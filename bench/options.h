@@ -43,6 +43,7 @@ struct Options {
   std::string glooStore;              // where Gloo's file store is made (a directory every rank sees)
   bool deterministic = false;         // reductions also on a CHORUS_DETERMINISTIC communicator, a row each
   bool stats = false;                 // also on a CHORUS_STATS=0 communicator: what the statistics cost
+  bool grouped = false;               // alltoall(v): also as a group of sends and receives, a row of its own
   bool bound = false;                 // measure the copy bandwidth and print each row's share of the bound
   std::string mem = "host";           // where the buffers come from: host (the heap) or chorus (chorusMemAlloc)
   std::vector<std::string> compress;  // compressor specs: compressed all-reduce beside fp32 (compressed.cc)

@@ -7,6 +7,11 @@ done
 for op in alltoall alltoallv gather scatter barrier; do
   run_clean "$collbench" -g 3 --op "$op" -b 8 -e 64K -f 64 -n 2 -w 1 -c 1 -d all -r 2
 done
+# All-to-all(v) also made of grouped sends and receives (as NCCL users write it): a row each, checked.
+run_clean "$collbench" -g 3 --op alltoall,alltoallv --grouped -b 8 -e 64K -f 64 -n 2 -w 1 -c 1 -d all | tee "$work/grouped.txt"
+[ "$(grep -cE '^ +[0-9].* grouped ' "$work/grouped.txt")" = "$(grep -cE '^ +[0-9].* default ' "$work/grouped.txt")" ] ||
+  fail "--grouped did not give a grouped row beside each default row"
+grep -qE '^ +[0-9].* grouped ' "$work/grouped.txt" || fail "no grouped rows"
 # Every algorithm of a collective, side by side, with the check.
 for op in allreduce allgather reducescatter broadcast reduce alltoall; do
   run_clean "$collbench" -g 3 --op "$op" -b 8 -e 1M -f 128 -n 2 -w 1 -c 1 --algo all | tee "$work/algo.txt"
