@@ -192,8 +192,15 @@ ParamLayout::ParamLayout(const GptConfig& c, int tp, int tpRank, std::vector<Lay
   }
 }
 
+double GptConfig::matmulParameters(int layer) const {
+  const double C = width;
+  if (!moeLayer(layer)) return 12.0 * C * C;
+  const double H = moe.hiddenFor(width), F = moe.swiglu ? 2 * H : H;
+  return 4.0 * C * C + moe.experts * C + moe.topK * (F * C + C * H);
+}
+
 bool ParamLayout::holdsExperts(int unit) const {
-  return std::find(expertUnit_.begin(), expertUnit_.end(), unit) != expertUnit_.end() && unit >= 0;
+  return unit >= 0 && std::find(expertUnit_.begin(), expertUnit_.end(), unit) != expertUnit_.end();
 }
 
 ParamLayout::AccessOrder ParamLayout::accessOrder() const {
@@ -516,17 +523,8 @@ double Gpt::flopsPerStep() const {
   const double T = static_cast<double>(T_) * cp_.size();  // the whole sequence
   const double N = B_ * T;
   const double C = config_.width;
-  // An MoE block's MLP: the router and the k experts each token goes through.
   double matmulParams = static_cast<double>(config_.vocab) * C;
-  for (int l = 0; l < config_.layers; ++l) {
-    matmulParams += 4.0 * C * C;
-    if (!config_.moeLayer(l)) {
-      matmulParams += 8.0 * C * C;
-      continue;
-    }
-    const double H = config_.moe.hiddenFor(config_.width), F = config_.moe.swiglu ? 2 * H : H;
-    matmulParams += config_.moe.experts * C + config_.moe.topK * (F * C + C * H);
-  }
+  for (int l = 0; l < config_.layers; ++l) matmulParams += config_.matmulParameters(l);
   // Attention: q k^T and P v, each 2 T C per token per layer, also 3x.
   const double attention = config_.layers * 2.0 * 2.0 * T * C;
   return 6.0 * N * matmulParams + 3.0 * N * attention;

@@ -41,6 +41,9 @@ struct GptConfig {
   MoeConfig moe;
   int moeEvery = 1;
   bool moeLayer(int layer) const { return moe.enabled() && layer % moeEvery == moeEvery - 1; }
+  // The weights block `layer` multiplies each token by: q, k, v and the projection (4 C^2), then
+  // the MLP (8 C^2), or an MoE block's router (E C) and the top-k experts a token goes through.
+  double matmulParameters(int layer) const;
 
   static GptConfig gpt2_124m() { return GptConfig{}; }
   // Throws chorus::Error (kInvalidArgument) naming the field when the shape cannot work.

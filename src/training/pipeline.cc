@@ -148,20 +148,24 @@ double bubbleShare(int stages, int chunks, int micros) {
 std::vector<LayerSpan> balanceLayers(const GptConfig& config, int batch, int seq, int parts) {
   // FLOPs of forward + backward (as Gpt::flopsPerStep counts them).
   const double N = static_cast<double>(batch) * seq, C = config.width;
-  const double block = 6.0 * N * 12.0 * C * C + 3.0 * N * 4.0 * seq * C;
+  std::vector<double> blocks(config.layers);
+  for (int l = 0; l < config.layers; ++l) blocks[l] = 6.0 * N * config.matmulParameters(l) + 3.0 * N * 4.0 * seq * C;
   const double head = 6.0 * N * C * config.vocab;
   const double embedding = 6.0 * N * C;  // the lookup and its gradient: small next to a block
-  return balanceLayers(config.layers, block, embedding, head, parts);
+  return balanceLayers(blocks, embedding, head, parts);
 }
 
-std::vector<LayerSpan> balanceLayers(int L, double block, double embedding, double head, int parts) {
+std::vector<LayerSpan> balanceLayers(const std::vector<double>& blocks, double embedding, double head, int parts) {
+  const int L = static_cast<int>(blocks.size());
+  std::vector<double> before(L + 1, 0.0);  // before[j]: the cost of blocks [0, j)
+  for (int l = 0; l < L; ++l) before[l + 1] = before[l] + blocks[l];
   if (parts < 1 || parts > L) {
     throw Error(
         chorusInvalidArgument,
         fmt::format("pipeline: {} stage(s) x chunks cannot each hold a block of the model's {} layers", parts, L));
   }
   auto cost = [&](int begin, int end) {
-    return (end - begin) * block + (begin == 0 ? embedding : 0.0) + (end == L ? head : 0.0);
+    return before[end] - before[begin] + (begin == 0 ? embedding : 0.0) + (end == L ? head : 0.0);
   };
   // best[k][j]: the least largest cost of cutting blocks [0, j) into k spans; from[k][j]: where
   // the last of them begins.

@@ -55,13 +55,13 @@ ScheduleSimulation simulateSchedule(Schedule schedule, int stages, int chunks, i
 // time fraction (p - 1) / (v m) of the ideal time), v = chunks per rank (1 for GPipe and 1F1B).
 double bubbleShare(int stages, int chunks, int micros);
 
-// The modelled cost (FLOPs of forward + backward) of each block and of the embedding and head,
-// and the cut of the blocks into `parts` contiguous spans (each at least one block) whose largest
-// cost (the first span with the embedding, the last with the head) is least.
+// The modelled cost (FLOPs of forward + backward, as Gpt::flopsPerStep counts them: an MoE block
+// its router and active experts) of each block and of the embedding and head, and the cut of the
+// blocks into `parts` contiguous spans (each at least one block) whose largest cost (the first
+// span with the embedding, the last with the head) is least.
 std::vector<LayerSpan> balanceLayers(const GptConfig& config, int batch, int seq, int parts);
-// The same for `layers` blocks of cost `block` each, the first span also costing `embedding` and
-// the last `head`.
-std::vector<LayerSpan> balanceLayers(int layers, double block, double embedding, double head, int parts);
+// The same for blocks of the given costs, the first span also costing `embedding` and the last `head`.
+std::vector<LayerSpan> balanceLayers(const std::vector<double>& blocks, double embedding, double head, int parts);
 // Pipeline rank `stage`'s spans of the cut: parts stage, stage + stages, ...
 std::vector<LayerSpan> stageSpans(const std::vector<LayerSpan>& parts, int stages, int stage);
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <numeric>
 #include <tuple>
 
 #include "chorus/chorus.hpp"
@@ -29,6 +30,12 @@ double attentionMatmulParameters(const ModelShape& m) {
 double expertMatmulParameters(const ModelShape& m) {
   return expertMatrices(m) * static_cast<double>(m.hidden) * m.expertUnits();
 }
+// An expert's biases: its first layer's (cut over tp, as the MLP's column-parallel layer) and its
+// output's (hidden, replicated).
+double expertFirstBiases(const ModelShape& m) {
+  return m.biases ? (m.gatedExperts ? 2.0 : 1.0) * m.expertUnits() : 0.0;
+}
+double expertOutputBiases(const ModelShape& m) { return m.biases ? static_cast<double>(m.hidden) : 0.0; }
 // The weights a block multiplies by (its matmuls): q, k, v, the attention output, the MLP; an MoE
 // block's router and, of its experts, those a token uses (active) or all of them.
 double blockMatmulParameters(const ModelShape& m, bool moe = false, bool active = true) {
@@ -45,7 +52,7 @@ double blockParametersOf(const ModelShape& m, bool moe, bool active) {
   double n = blockMatmulParameters(m, moe, active) + 2.0 * normParameters(m) + attentionBiases(m);
   if (!moe) return n + (m.biases ? (m.gated ? 2.0 : 1.0) * F + h : 0.0);
   const double experts = (active ? m.topK : m.experts) + m.sharedExperts;
-  return n + experts * (m.expertParameters() - expertMatmulParameters(m));
+  return n + experts * (expertFirstBiases(m) + expertOutputBiases(m));
 }
 // Rank 0's rows of a vocabulary cut over tp ranks as ParamLayout cuts it.
 double vocabShard(const ModelShape& m, int tp) { return static_cast<double>(m.vocab / tp); }
@@ -62,8 +69,7 @@ int ModelShape::moeBlocks(int begin, int end) const {
 }
 
 double ModelShape::expertParameters() const {
-  const double F = expertUnits();
-  return expertMatmulParameters(*this) + (biases ? (gatedExperts ? 2.0 : 1.0) * F + hidden : 0.0);
+  return expertMatmulParameters(*this) + expertFirstBiases(*this) + expertOutputBiases(*this);
 }
 
 double ModelShape::blockParameters(bool moe) const { return blockParametersOf(*this, moe, false); }
@@ -324,10 +330,11 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
   // token plus 4 s h per token for the attention scores and their use; backward twice forward.
   // An MoE block counts its router and the experts a token uses.
   const double tokensPerStep = static_cast<double>(global) * model.seq;
-  double blocksForwardPerToken = 0;
+  std::vector<double> blockForwardPerToken(model.layers);
   for (int layer = 0; layer < model.layers; ++layer) {
-    blocksForwardPerToken += 2.0 * blockMatmulParameters(model, model.moeBlock(layer)) + 4.0 * model.seq * h;
+    blockForwardPerToken[layer] = 2.0 * blockMatmulParameters(model, model.moeBlock(layer)) + 4.0 * model.seq * h;
   }
+  const double blocksForwardPerToken = std::accumulate(blockForwardPerToken.begin(), blockForwardPerToken.end(), 0.0);
   const double headForwardPerToken = 2.0 * h * V;
   plan.modelFlops = 3.0 * tokensPerStep * (blocksForwardPerToken + headForwardPerToken);
   double recomputePerToken = 0;
@@ -379,11 +386,10 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
 
   // The cut as the trainer makes it: whole-model FLOPs of forward + backward per block, the
   // embedding with the first span and the head with the last.
-  // (MoE and dense blocks at their mean cost.)
   const double wholeRows = b * model.seq;
-  const double meanBlockFlops = blocksForwardPerToken / model.layers * wholeRows * 3.0;
-  const std::vector<LayerSpan> cut =
-      balanceLayers(model.layers, meanBlockFlops, 6.0 * wholeRows * h, 6.0 * wholeRows * h * V, chunks);
+  std::vector<double> blockFlops(model.layers);
+  for (int layer = 0; layer < model.layers; ++layer) blockFlops[layer] = 3.0 * wholeRows * blockForwardPerToken[layer];
+  const std::vector<LayerSpan> cut = balanceLayers(blockFlops, 6.0 * wholeRows * h, 6.0 * wholeRows * h * V, chunks);
   const LayerActivations layer = layerActivations(model, l, precision);
   const LayerActivations moeLayer = layerActivations(model, l, precision, true);
   // Full recompute rebuilds one block at a time into buffers of a whole block's size.
@@ -412,8 +418,8 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
                                  (model.biases ? (h + 2.0 * kvWidth(model)) / t + h : 0.0);
     const double block = attentionPart + mlpMatrices(model) * h * model.ffnUnits() / t +
                          (model.biases ? (model.gated ? 2.0 : 1.0) * model.ffnUnits() / t + h : 0.0);
-    const double expertBias = model.expertParameters() - expertMatmulParameters(model);
-    const double sharedExpert = expertMatmulParameters(model) / t + (model.biases ? (expertBias - h) / t + h : 0.0);
+    const double sharedExpert =
+        (expertMatmulParameters(model) + expertFirstBiases(model)) / t + expertOutputBiases(model);
     const double moeDense = attentionPart + model.experts * h + model.sharedExperts * sharedExpert;
     stage.expertParameters = moeBlocks * (model.experts / l.ep) * model.expertParameters();
     stage.parameters = denseBlocks * block + moeBlocks * moeDense + stage.expertParameters;

@@ -128,6 +128,16 @@ TEST(PipelineTest, BlocksAreCutByCostWithTheHeadOnTheLastStage) {
   EXPECT_EQ(stageSpans(parts, 4, 1), (std::vector<LayerSpan>{parts[1], parts[5]}));
 }
 
+// An MoE block is costed by the experts a token goes through: with the last of 4 blocks a mixture
+// of 8 SwiGLU experts 16 x width wide (top-2: about 8 dense blocks' work), two stages take the
+// three dense blocks and the MoE block apart, where equal costs would cut 2 + 2.
+TEST(PipelineTest, MoeBlocksAreCutByTheirActiveExperts) {
+  GptConfig c{4, 4, 64, 32, 37};
+  EXPECT_EQ(balanceLayers(c, 4, 32, 2), (std::vector<LayerSpan>{{0, 2}, {2, 4}}));
+  c.moe.experts = 8, c.moe.topK = 2, c.moe.hidden = 16 * 64, c.moe.swiglu = true, c.moeEvery = 4;
+  EXPECT_EQ(balanceLayers(c, 4, 32, 2), (std::vector<LayerSpan>{{0, 3}, {3, 4}}));
+}
+
 GptConfig small() { return GptConfig{4, 2, 16, 8, 37}; }
 
 TEST(PipelineTest, StageLayoutsCountEachElementOfTheWholeOnce) {
