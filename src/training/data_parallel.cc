@@ -504,9 +504,11 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
   // and the position of ownLo in params, grads and m/v.
   struct Own {
     size_t lo, hi, p, g, mv;
+    int group;  // the bucket's
   };
   auto own = [&](const Bucket& b) {
     Own o;
+    o.group = b.group;
     if (stage_ == 0) {
       o.lo = b.lo;
       o.hi = b.lo + b.count;
@@ -539,16 +541,13 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
     }
   };
   double groupSquares[2] = {0.0, 0.0};
-  const bool expertParallel = layout_.ep() > 1;
   eachTensorPart([&](const ParamTensor& t, const Own& o, size_t d, size_t n) {
-    if (t.counted)
-      groupSquares[expertParallel && t.expert >= 0 ? kExperts : kDense] +=
-          kernels::sumOfSquares(grads_.data() + o.g + d, n);
+    if (t.counted) groupSquares[o.group] += kernels::sumOfSquares(grads_.data() + o.g + d, n);
   });
   for (int g = kDense; g <= kExperts; ++g) {
     if (stage_ >= 1) groupSquares[g] = averageOver(groups_[g], groupSquares[g]) * groups_[g].size;
   }
-  if (expertParallel && expertParallelSum_) groupSquares[kExperts] = expertParallelSum_(groupSquares[kExperts]);
+  if (layout_.ep() > 1 && expertParallelSum_) groupSquares[kExperts] = expertParallelSum_(groupSquares[kExperts]);
   double squares = groupSquares[kDense] + groupSquares[kExperts];
   if (modelParallelSum_) squares = modelParallelSum_(squares);
   const double norm = std::sqrt(squares);
