@@ -166,8 +166,8 @@ double boundCopies(Op op, int nranks) {
 //   allgather, gather: count in, count*n out;  reducescatter, scatter: count*n in, count out;
 //   alltoall: count*n in and out (count per peer);
 //   alltoallv: count*n in, dealt by zipfCounts; out: what the others deal this rank.
-void Bench::setVectorCounts(size_t count) {
-  sendCounts_ = zipfCounts(count, nranks_, o_.zipf);
+void Bench::setVectorCounts(size_t count, double exponent) {
+  sendCounts_ = zipfCounts(count, nranks_, exponent);
   recvCounts_.assign(static_cast<size_t>(nranks_), sendCounts_[static_cast<size_t>(rank_)]);
   for (auto [counts, displs] : {std::pair{&sendCounts_, &sendDispls_}, std::pair{&recvCounts_, &recvDispls_}}) {
     displs->assign(counts->size(), 0);
@@ -181,8 +181,8 @@ void Bench::fillInputs(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t
   const chorusCollectiveInfo_t info = infoOf(op, nranks_, count);
   const size_t inCount = info.inputElements;
   size_t outCount = info.outputElements;
-  if (op == Op::kAllToAllv) {
-    setVectorCounts(count);
+  if (op == Op::kAllToAll || op == Op::kAllToAllv) {
+    setVectorCounts(count, op == Op::kAllToAllv ? o_.zipf : 0.0);  // an all-to-all's: count to each
     outCount = recvDispls_.back() + recvCounts_.back();
   }
   sendBytes_ = inCount * size + 64;
@@ -260,16 +260,13 @@ void Bench::once(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count
     return;
   }
   if (grouped_ && (op == Op::kAllToAll || op == Op::kAllToAllv)) {
-    // A send and a receive per peer, itself included, in one group.
+    // A send and a receive per peer, itself included, in one group (the counts fillInputs set).
     const size_t size = chorusTypeSize(type);
     call("group start", chorusGroupStart());
     for (int p = 0; p < nranks_; ++p) {
       const size_t peer = static_cast<size_t>(p);
-      const bool v = op == Op::kAllToAllv;
-      const size_t sendCount = v ? sendCounts_[peer] : count, recvCount = v ? recvCounts_[peer] : count;
-      const size_t sendAt = v ? sendDispls_[peer] : peer * count, recvAt = v ? recvDispls_[peer] : peer * count;
-      call("send", chorusSend(callSend_ + sendAt * size, sendCount, type, p, calls_, stream_));
-      call("recv", chorusRecv(callRecv_ + recvAt * size, recvCount, type, p, calls_, stream_));
+      call("send", chorusSend(callSend_ + sendDispls_[peer] * size, sendCounts_[peer], type, p, calls_, stream_));
+      call("recv", chorusRecv(callRecv_ + recvDispls_[peer] * size, recvCounts_[peer], type, p, calls_, stream_));
     }
     call("group end", chorusGroupEnd());
     if (o_.blocking) finishCalls();

@@ -237,9 +237,9 @@ class Bench {
     CopyRates copy;
   };
   int runOp(const std::string& name, Sweep& sweep);
-  // alltoallv: its counts and displacements for count (zipfCounts; every rank sends alike, so a
-  // rank receives sendCounts_[rank] from each).
-  void setVectorCounts(size_t count);
+  // alltoall(v): the counts and displacements for count (zipfCounts with the exponent: 0 for an
+  // all-to-all; every rank sends alike, so a rank receives sendCounts_[rank] from each).
+  void setVectorCounts(size_t count, double exponent);
   // The row's columns from this rank's seconds over iters (averaged over the ranks, as nccl-tests).
   Result resultOf(Op op, chorusDataType_t type, size_t count, double seconds, int iters);
   uint64_t checkOnce(Op op, chorusDataType_t type, chorusRedOp_t redop, size_t count, bool inPlace);
@@ -291,7 +291,7 @@ class Bench {
   char* deviceRecv_ = nullptr;
   char* callSend_ = nullptr;  // what chorus is given: sendPtr_ and recvPtr_, or their device places
   char* callRecv_ = nullptr;
-  std::vector<size_t> sendCounts_, sendDispls_, recvCounts_, recvDispls_;  // alltoallv's (elements)
+  std::vector<size_t> sendCounts_, sendDispls_, recvCounts_, recvDispls_;  // alltoall(v)'s, in elements
   bool grouped_ = false;  // once() makes an alltoall(v) of grouped sends and receives (kGroupedRow)
 };
 

@@ -38,10 +38,12 @@ int simulateSweep(const Options& o) {
   }
   cc::Collective collective{};
   const int n = o.localRanks;
-  if (opInfo == nullptr || opInfo->op == Op::kSendRecv || !cc::parseCollective(o.op, &collective) ||
-      typeInfo == nullptr || redopInfo == nullptr || o.root < 0 || o.root >= n) {
+  if (opInfo == nullptr || opInfo->op == Op::kSendRecv || opInfo->op == Op::kAllToAllv ||
+      !cc::parseCollective(o.op, &collective) || typeInfo == nullptr || redopInfo == nullptr || o.root < 0 ||
+      o.root >= n) {
     std::fprintf(stderr,
-                 "collbench --simulate: --op '%s' (sendrecv is not simulated), -d '%s', -o '%s' (one of each, not "
+                 "collbench --simulate: --op '%s' (sendrecv and alltoallv are not simulated), -d '%s', -o '%s' (one of "
+                 "each, not "
                  "'all') or root %d outside [0, %d) is not valid\n",
                  o.op.c_str(), o.type.c_str(), o.redop.c_str(), o.root, n);
     return 2;
