@@ -70,11 +70,23 @@ void writeMetrics(const Job& job, const TrainResult& r, size_t parameters, const
                          {"aux_loss_coefficient", m.auxCoef},
                          {"z_loss_coefficient", m.zCoef},
                          {"swiglu", m.swiglu},
-                         {"every", job.model.moeEvery}};
+                         {"every", job.model.moeEvery},
+                         {"dispatch_chunks", m.chunks}};
     if (!r.steps.empty()) {
       j["moe"] = {{"last_aux_loss", r.steps.back().auxLoss},
                   {"last_expert_balance", r.steps.back().expertBalance},
                   {"last_dropped_share", r.steps.back().dropped}};
+    }
+    // Where each rank's MoE layers spent a training step (forward and backward), in ms; the
+    // chunks over the whole run.
+    for (const auto& t : r.moePhases) {
+      j["moe"]["phases_per_rank"].push_back({{"route_ms", 1e3 * t.route},
+                                             {"dispatch_ms", 1e3 * t.dispatch},
+                                             {"experts_ms", 1e3 * t.experts},
+                                             {"combine_ms", 1e3 * t.combine},
+                                             {"exchange_wait_ms", 1e3 * t.wait},
+                                             {"chunks", t.chunks},
+                                             {"chunks_overlapped", t.overlapped}});
     }
     for (const auto& s : r.steps) {
       j["moe"]["per_step"].push_back({{"step", s.step},
@@ -174,6 +186,16 @@ int worker(const Job& job) {
     GptConfig config = job.model;
     config.vocab = vocab;
     writeMetrics(job, result, ParamLayout(config).total(), tok.kind(), vocab);
+    if (!result.moePhases.empty()) {
+      chorus::training::MoeProfile mean;
+      for (const auto& t : result.moePhases) mean.add(t);
+      const double n = static_cast<double>(result.moePhases.size());
+      std::printf(
+          "chorus-train: MoE layers per step (mean of %zu ranks): route %.2f ms, dispatch %.2f ms, experts %.2f ms, "
+          "combine %.2f ms (waiting on exchanges %.2f ms); chunks computed while the next was in flight: %ld of %ld\n",
+          result.moePhases.size(), 1e3 * mean.route / n, 1e3 * mean.dispatch / n, 1e3 * mean.experts / n,
+          1e3 * mean.combine / n, 1e3 * mean.wait / n, mean.overlapped, mean.chunks);
+    }
   }
   return 0;
 }

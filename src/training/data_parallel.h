@@ -21,42 +21,10 @@
 #include <vector>
 
 #include "kernels/cpu/nn.h"
+#include "src/training/comm_worker.h"
 #include "src/training/gpt.h"
 
 namespace chorus::training {
-
-// One thread that owns a communicator: tasks run in submission order; a task may start a
-// non-blocking collective and return its Request, which the thread polls (Request::test) until it
-// is complete, starting later tasks as soon as they are queued. Requests complete in submission
-// order. A task's future reports its completion or its error.
-class CommWorker {
- public:
-  using Task = std::function<std::optional<Request>(Communicator&)>;
-  // delayMs > 0: sleep that long before starting each task (a slow link, for tests).
-  explicit CommWorker(Communicator& comm, int delayMs = 0);
-  ~CommWorker();
-  CommWorker(const CommWorker&) = delete;
-  CommWorker& operator=(const CommWorker&) = delete;
-  // Queues task; `then` (may be empty) runs on the worker once its collective is complete.
-  std::future<void> submit(Task task, std::function<void()> then = {});
-  // Runs fn on the worker and waits for it.
-  void run(const std::function<void(Communicator&)>& fn);
-
- private:
-  struct Item {
-    Task task;
-    std::function<void()> then;
-    std::promise<void> done;
-  };
-  void loop();
-  Communicator& comm_;
-  int delayMs_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<Item> queue_;
-  bool stop_ = false;
-  std::thread thread_;
-};
 
 // Bytes a rank holds for the training state. params/grads/optimizer are the persistent buffers
 // (padding included); transient is the peak of buffers that live only within a step (ZeRO-2/3

@@ -298,6 +298,8 @@ class Gpt {
   const MoeSummary& moeSummary(int c, int slot) const { return chunks_.at(c).slots.at(slot)->moe; }
   // The same over every forward since the last call (all chunks and slots), and starts again.
   MoeSummary takeMoeTotals();
+  // Where the MoE blocks' time went since the last call (moe.h), and starts again.
+  MoeProfile takeMoeProfile() { return moe_ ? moe_->takeProfile() : MoeProfile{}; }
 
   // Micro-batch slots made so far for chunk c (the most a pipeline schedule kept in flight).
   int slots(int c) const { return static_cast<int>(chunks_[c].slots.size()); }

@@ -123,6 +123,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("model", "z_loss", job.model.moe.zCoef);
   get("model", "swiglu", job.model.moe.swiglu);
   get("model", "moe_every", job.model.moeEvery);
+  get("model", "dispatch_chunks", job.model.moe.chunks);
   get("data", "corpus", job.data.corpus);
   get("data", "tokenizer", job.data.tokenizer);
   get("data", "bpe_vocab", job.data.bpeVocab);

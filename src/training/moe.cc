@@ -6,8 +6,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <numeric>
+#include <utility>
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/moe.h"
@@ -27,20 +29,47 @@ void MoeConfig::validate(int width, int ep) const {
   if (hidden < 0) fail(fmt::format("expert hidden width {} is negative", hidden));
   if (width <= 0) fail(fmt::format("model width {} is not positive", width));
   if (capacityFactor < 0) fail(fmt::format("capacity_factor = {} is negative", capacityFactor));
+  if (chunks < 1) fail(fmt::format("dispatch_chunks = {} is not at least 1", chunks));
   if (auxCoef < 0 || zCoef < 0) fail(fmt::format("aux_loss = {} and z_loss = {} must not be negative", auxCoef, zCoef));
 }
 
 std::string MoeConfig::describe() const {
   if (!enabled()) return "dense";
-  return fmt::format("{} experts, top-{}, {}, capacity {}, aux {} z {}", experts, topK, swiglu ? "SwiGLU" : "GELU",
-                     capacityFactor > 0 ? fmt::format("x{}", capacityFactor) : std::string("unlimited"), auxCoef,
-                     zCoef);
+  return fmt::format("{} experts, top-{}, {}, capacity {}, aux {} z {}{}", experts, topK, swiglu ? "SwiGLU" : "GELU",
+                     capacityFactor > 0 ? fmt::format("x{}", capacityFactor) : std::string("unlimited"), auxCoef, zCoef,
+                     chunks > 1 ? fmt::format(", {} dispatch chunks", chunks) : std::string());
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+size_t sum(const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.end(), size_t{0}); }
+
+}  // namespace
+
+size_t MoeChunk::sent() const { return sum(sendRows); }
+size_t MoeChunk::received() const { return sum(recvRows); }
+
+void MoeProfile::add(const MoeProfile& o) {
+  route += o.route;
+  dispatch += o.dispatch;
+  experts += o.experts;
+  combine += o.combine;
+  wait += o.wait;
+  chunks += o.chunks;
+  overlapped += o.overlapped;
 }
 
 size_t MoeActivations::floats() const {
   // ints and size_ts counted as floats' worth of memory by their bytes.
-  const size_t ints = expert.size() + row.size() + assigned.size() + counts.size() + recvCounts.size();
-  const size_t sizes = sendRows.size() + recvRows.size();
+  size_t ints = expert.size() + row.size() + assigned.size() + counts.size(), sizes = 0;
+  for (const MoeChunk& c : chunks) {
+    ints += c.row.size() + c.counts.size() + c.recvCounts.size();
+    sizes += c.sendRows.size() + c.recvRows.size() + 2;
+  }
   return probs.size() + lse.size() + gate.size() + expertIn.size() + fc.size() + act.size() + combined.size() + ints +
          sizes * sizeof(size_t) / sizeof(float);
 }
@@ -68,29 +97,145 @@ MoeMlp::ExpertTensors MoeMlp::expertTensors(int localExpert) const {
 }
 
 size_t MoeMlp::scratchFloats() const {
-  return logits_.size() + dlogits_.size() + dgate_.size() + sent_.size() + received_.size() + dExpertIn_.size() +
-         dfc_.size() + dact_.size() + dy_.size() + grouped_.size();
+  size_t floats = logits_.size() + dlogits_.size() + dgate_.size() + dExpertIn_.size() + dfc_.size() + dact_.size() +
+                  grouped_.size();
+  for (const auto* buffers : {&sent_, &received_, &returned_}) {
+    for (const auto& b : *buffers) floats += b.size();
+  }
+  return floats;
 }
 
-void MoeMlp::exchange(const std::vector<float>& in, std::vector<float>& out, const MoeActivations& a, bool toExperts) {
-  const std::vector<size_t>& sendRows = toExperts ? a.sendRows : a.recvRows;
-  const std::vector<size_t>& recvRows = toExperts ? a.recvRows : a.sendRows;
-  out.resize(std::accumulate(recvRows.begin(), recvRows.end(), size_t{0}) * C_);
-  if (ep_.size() == 1) {
-    std::copy(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(out.size()), out.begin());
-    return;
+MoeProfile MoeMlp::takeProfile() { return std::exchange(profile_, MoeProfile{}); }
+
+void MoeMlp::planChunks(MoeActivations& a) {
+  const int E = config_.experts, k = config_.topK, n = a.tokens, P = ep_.size(), El = localExperts_;
+  // Every ep rank cuts into the same number of chunks (some may be empty), so the exchanges pair up.
+  const int K = P > 1 ? config_.chunks : 1;
+  a.chunks.assign(K, MoeChunk{});
+  std::vector<int> chunkOf(n);
+  for (int c = 0; c < K; ++c) {
+    MoeChunk& ch = a.chunks[c];
+    ch.first = static_cast<int>(static_cast<long>(c) * n / K);
+    ch.tokens = static_cast<int>(static_cast<long>(c + 1) * n / K) - ch.first;
+    std::fill(chunkOf.begin() + ch.first, chunkOf.begin() + ch.first + ch.tokens, c);
+    ch.row.assign(static_cast<size_t>(ch.tokens) * k, -1);
+    ch.counts.assign(E, 0);
   }
-  countsOut_.resize(sendRows.size());
-  countsIn_.resize(recvRows.size());
-  for (size_t r = 0; r < sendRows.size(); ++r) {
-    countsOut_[r] = sendRows[r] * C_;
-    countsIn_[r] = recvRows[r] * C_;
+  if (K == 1) {
+    a.chunks[0].row = a.row;
+    a.chunks[0].counts = a.counts;
+  } else {
+    // Walk the batch's rows in order (expert by expert, each in priority order) and number each
+    // within its token's chunk, so each chunk keeps the batch's order.
+    const size_t rows = std::accumulate(a.counts.begin(), a.counts.end(), size_t{0});
+    std::vector<int> choiceOfRow(rows);
+    for (int i = 0; i < n * k; ++i) {
+      if (a.row[i] >= 0) {
+        choiceOfRow[a.row[i]] = i;
+        ++a.chunks[chunkOf[i / k]].counts[a.expert[i]];
+      }
+    }
+    std::vector<std::vector<int>> next(K, std::vector<int>(E, 0));
+    for (int c = 0; c < K; ++c)
+      std::exclusive_scan(a.chunks[c].counts.begin(), a.chunks[c].counts.end(), next[c].begin(), 0);
+    for (size_t r = 0; r < rows; ++r) {
+      const int i = choiceOfRow[r];
+      MoeChunk& ch = a.chunks[chunkOf[i / k]];
+      ch.row[i - ch.first * k] = next[&ch - a.chunks.data()][a.expert[i]]++;
+    }
   }
-  const size_t sending = std::accumulate(countsOut_.begin(), countsOut_.end(), size_t{0});
-  ep_.comm->allToAllv<float>(std::span<const float>(in.data(), sending), countsOut_, out, countsIn_);
+  // The counts of every chunk to every expert's rank, in one all-to-all: [rank][chunk][local expert].
+  std::vector<int> out(static_cast<size_t>(P) * K * El), in(out.size());
+  for (int p = 0; p < P; ++p) {
+    for (int c = 0; c < K; ++c) {
+      std::copy_n(a.chunks[c].counts.begin() + p * El, El, out.begin() + (static_cast<size_t>(p) * K + c) * El);
+    }
+  }
+  if (P == 1) {
+    in = out;
+  } else if (ep_.worker != nullptr) {
+    ep_.worker->run([&](Communicator& comm) { comm.allToAll<int>(out, in); });
+  } else {
+    ep_.comm->allToAll<int>(out, in);
+  }
+  size_t sentAt = 0, expertAt = 0;
+  for (int c = 0; c < K; ++c) {
+    MoeChunk& ch = a.chunks[c];
+    ch.recvCounts.resize(static_cast<size_t>(P) * El);
+    for (int s = 0; s < P; ++s) {
+      std::copy_n(in.begin() + (static_cast<size_t>(s) * K + c) * El, El, ch.recvCounts.begin() + s * El);
+    }
+    ch.sendRows.assign(P, 0);
+    for (int e = 0; e < E; ++e) ch.sendRows[e / El] += ch.counts[e];
+    ch.recvRows.assign(P, 0);
+    for (int i = 0; i < P * El; ++i) ch.recvRows[i / El] += ch.recvCounts[i];
+    ch.sentAt = sentAt;
+    ch.expertAt = expertAt;
+    sentAt += ch.sent();
+    expertAt += ch.received();
+  }
 }
 
-void MoeMlp::regroup(const float* in, float* out, const MoeActivations& a, bool toExpertMajor) const {
+std::future<void> MoeMlp::startExchange(std::span<const float> in, std::span<float> out, const MoeChunk& chunk,
+                                        bool toExperts) {
+  const std::vector<size_t>& sendRows = toExperts ? chunk.sendRows : chunk.recvRows;
+  const std::vector<size_t>& recvRows = toExperts ? chunk.recvRows : chunk.sendRows;
+  auto move = [this, in, out, sendCounts = std::vector<size_t>(sendRows.size()),
+               recvCounts = std::vector<size_t>(recvRows.size()), &sendRows, &recvRows](Communicator* comm) mutable {
+    if (comm == nullptr) {
+      std::copy(in.begin(), in.end(), out.begin());
+      return;
+    }
+    for (size_t r = 0; r < sendRows.size(); ++r) {
+      sendCounts[r] = sendRows[r] * C_;
+      recvCounts[r] = recvRows[r] * C_;
+    }
+    comm->allToAllv<float>(in, sendCounts, out, recvCounts);
+  };
+  if (ep_.worker != nullptr) {
+    return ep_.worker->submit([move](Communicator& comm) mutable -> std::optional<Request> {
+      move(&comm);
+      return std::nullopt;
+    });
+  }
+  // On the calling thread, the whole exchange is waiting.
+  std::promise<void> done;
+  const auto t0 = Clock::now();
+  move(ep_.comm);
+  profile_.wait += since(t0);
+  done.set_value();
+  return done.get_future();
+}
+
+void MoeMlp::finish(std::future<void>& exchange) {
+  const auto t0 = Clock::now();
+  exchange.get();
+  profile_.wait += since(t0);
+}
+
+void MoeMlp::sizeChunkBuffers(const MoeActivations& a) {
+  const size_t K = a.chunks.size();
+  sent_.resize(K);
+  received_.resize(K);
+  returned_.resize(K);
+  for (size_t c = 0; c < K; ++c) {
+    sent_[c].resize(a.chunks[c].sent() * C_);
+    received_[c].resize(a.chunks[c].received() * C_);
+    returned_[c].resize(a.chunks[c].received() * C_);
+  }
+}
+
+void MoeMlp::arrive(std::vector<std::future<void>>& exchanges, size_t c, double& phase) {
+  const auto t0 = Clock::now();
+  finish(exchanges[c]);
+  phase += since(t0);
+  if (c + 1 < exchanges.size() && exchanges[c + 1].wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    ++profile_.overlapped;
+  }
+  ++profile_.chunks;
+}
+
+void MoeMlp::regroup(const float* in, float* out, const MoeChunk& chunk, bool toExpertMajor) const {
   const int P = ep_.size(), El = localExperts_;
   // Where each (source, expert) run starts in either order.
   std::vector<size_t> sourceMajor(static_cast<size_t>(P) * El), expertMajor(static_cast<size_t>(P) * El);
@@ -98,33 +243,78 @@ void MoeMlp::regroup(const float* in, float* out, const MoeActivations& a, bool 
   for (int s = 0; s < P; ++s) {
     for (int e = 0; e < El; ++e) {
       sourceMajor[s * El + e] = at;
-      at += a.recvCounts[s * El + e];
+      at += chunk.recvCounts[s * El + e];
     }
   }
   at = 0;
   for (int e = 0; e < El; ++e) {
     for (int s = 0; s < P; ++s) {
       expertMajor[s * El + e] = at;
-      at += a.recvCounts[s * El + e];
+      at += chunk.recvCounts[s * El + e];
     }
   }
   for (int i = 0; i < P * El; ++i) {
     const size_t from = toExpertMajor ? sourceMajor[i] : expertMajor[i];
     const size_t to = toExpertMajor ? expertMajor[i] : sourceMajor[i];
-    if (a.recvCounts[i] == 0) continue;  // (the buffers may be empty: no pointer to copy through)
-    std::memcpy(out + to * C_, in + from * C_, sizeof(float) * C_ * a.recvCounts[i]);
+    if (chunk.recvCounts[i] == 0) continue;  // (the buffers may be empty: no pointer to copy through)
+    std::memcpy(out + to * C_, in + from * C_, sizeof(float) * C_ * chunk.recvCounts[i]);
   }
 }
 
-int MoeMlp::rowsOf(const MoeActivations& a, int localExpert) const {
+int MoeMlp::rowsOf(const MoeChunk& chunk, int localExpert) const {
   int rows = 0;
-  for (int s = 0; s < ep_.size(); ++s) rows += a.recvCounts[s * localExperts_ + localExpert];
+  for (int s = 0; s < ep_.size(); ++s) rows += chunk.recvCounts[s * localExperts_ + localExpert];
   return rows;
 }
 
+template <typename Fn>
+void MoeMlp::forEachExpert(const MoeChunk& chunk, Fn fn) const {
+  size_t first = chunk.expertAt;
+  for (int e = 0; e < localExperts_; ++e) {
+    const int count = rowsOf(chunk, e);
+    if (count > 0) fn(expertTensors(e), first, count);
+    first += count;
+  }
+}
+
+void MoeMlp::expertsForward(float* y, const float* experts, MoeActivations& a, const MoeChunk& chunk) {
+  const int C = C_, F = fcRows(), H = hidden_;
+  forEachExpert(chunk, [&](const ExpertTensors& t, size_t first, int count) {
+    float* fc = a.fc.data() + first * F;
+    float* act = a.act.data() + first * H;
+    kn::matmulForward(fc, a.expertIn.data() + first * C, experts + t.fcWeight, experts + t.fcBias, count, C, F);
+    if (config_.swiglu) {
+      kn::swigluForward(act, fc, count, H);
+    } else {
+      kn::geluForward(act, fc, static_cast<size_t>(count) * H);
+    }
+    kn::matmulForward(y + (first - chunk.expertAt) * C, act, experts + t.projWeight, experts + t.projBias, count, H, C);
+  });
+}
+
+void MoeMlp::expertsBackward(float* dx, float* dExperts, const float* dy, const float* experts, const MoeActivations& a,
+                             const MoeChunk& chunk) {
+  const int C = C_, F = fcRows(), H = hidden_;
+  forEachExpert(chunk, [&](const ExpertTensors& t, size_t first, int count) {
+    const size_t local = first - chunk.expertAt;
+    dact_.assign(static_cast<size_t>(count) * H, 0.0f);
+    dfc_.assign(static_cast<size_t>(count) * F, 0.0f);
+    const float* fc = a.fc.data() + first * F;
+    kn::matmulBackward(dact_.data(), dExperts + t.projWeight, dExperts + t.projBias, dy + local * C,
+                       a.act.data() + first * H, experts + t.projWeight, count, H, C);
+    if (config_.swiglu) {
+      kn::swigluBackward(dfc_.data(), fc, dact_.data(), count, H);
+    } else {
+      kn::geluBackward(dfc_.data(), fc, dact_.data(), static_cast<size_t>(count) * H);
+    }
+    kn::matmulBackward(dx + local * C, dExperts + t.fcWeight, dExperts + t.fcBias, dfc_.data(),
+                       a.expertIn.data() + first * C, experts + t.fcWeight, count, C, F);
+  });
+}
+
 void MoeMlp::forward(float* out, const float* x, int n, const float* router, const float* experts, MoeActivations& a) {
-  const int E = config_.experts, k = config_.topK, C = C_, P = ep_.size(), El = localExperts_;
-  const int F = fcRows(), H = hidden_;
+  const int E = config_.experts, k = config_.topK, C = C_;
+  auto t0 = Clock::now();
   a.tokens = n;
   logits_.resize(static_cast<size_t>(n) * E);
   kn::matmulForward(logits_.data(), x, router, nullptr, n, C, E);
@@ -151,92 +341,104 @@ void MoeMlp::forward(float* out, const float* x, int n, const float* router, con
   a.total = static_cast<int>(sums[E + 1]);
   a.aux = kn::routerAuxLoss(sums.data(), a.assigned.data(), a.total, E, k);
   a.z = sums[E] / static_cast<float>(a.total);
+  profile_.route += since(t0);
 
-  // Dispatch: the rows in expert order, so each rank's experts' rows are one block.
-  const size_t rows = std::accumulate(a.counts.begin(), a.counts.end(), size_t{0});
-  sent_.resize(rows * C);
-  kn::moeDispatch(sent_.data(), x, a.row.data(), n, k, C);
-  a.sendRows.assign(P, 0);
-  for (int e = 0; e < E; ++e) a.sendRows[e / El] += a.counts[e];
-  a.recvCounts = a.counts;
-  if (P > 1) ep_.comm->allToAll<int>(a.counts, a.recvCounts);
-  a.recvRows.assign(P, 0);
-  for (int i = 0; i < P * El; ++i) a.recvRows[i / El] += a.recvCounts[i];
-  exchange(sent_, received_, a, true);
-  a.expertIn.resize(received_.size());
-  regroup(received_.data(), a.expertIn.data(), a, true);
+  // Dispatch: each chunk's rows in expert order (each rank's experts' rows one block), sent as
+  // soon as they are gathered.
+  t0 = Clock::now();
+  planChunks(a);
+  const size_t K = a.chunks.size();
+  sizeChunkBuffers(a);
+  std::vector<std::future<void>> dispatched(K), combined(K);
+  for (size_t c = 0; c < K; ++c) {
+    const MoeChunk& ch = a.chunks[c];
+    kn::moeDispatch(sent_[c].data(), x + static_cast<size_t>(ch.first) * C, ch.row.data(), ch.tokens, k, C);
+    dispatched[c] = startExchange(sent_[c], received_[c], ch, true);
+  }
+  const size_t localRows = a.chunks.back().expertAt + a.chunks.back().received();
+  a.expertIn.resize(localRows * C);
+  a.fc.resize(localRows * fcRows());
+  a.act.resize(localRows * hidden_);
+  a.combined.resize((a.chunks.back().sentAt + a.chunks.back().sent()) * C);
+  profile_.dispatch += since(t0);
 
-  // The experts, each on its rows from every rank.
-  const size_t localRows = a.expertIn.size() / C;
-  a.fc.resize(localRows * F);
-  a.act.resize(localRows * H);
-  grouped_.resize(localRows * C);
-  size_t first = 0;
-  for (int e = 0; e < El; ++e) {
-    const int count = rowsOf(a, e);
-    if (count > 0) {
-      const ExpertTensors t = expertTensors(e);
-      float* fc = a.fc.data() + first * F;
-      float* act = a.act.data() + first * H;
-      kn::matmulForward(fc, a.expertIn.data() + first * C, experts + t.fcWeight, experts + t.fcBias, count, C, F);
-      if (config_.swiglu) {
-        kn::swigluForward(act, fc, count, H);
-      } else {
-        kn::geluForward(act, fc, static_cast<size_t>(count) * H);
-      }
-      kn::matmulForward(grouped_.data() + first * C, act, experts + t.projWeight, experts + t.projBias, count, H, C);
-    }
-    first += count;
+  // The experts, chunk by chunk as its rows arrive, each on its rows from every rank; the outputs
+  // start back at once.
+  for (size_t c = 0; c < K; ++c) {
+    const MoeChunk& ch = a.chunks[c];
+    arrive(dispatched, c, profile_.dispatch);
+    t0 = Clock::now();
+    regroup(received_[c].data(), a.expertIn.data() + ch.expertAt * C, ch, true);
+    grouped_.resize(ch.received() * C);
+    expertsForward(grouped_.data(), experts, a, ch);
+    regroup(grouped_.data(), returned_[c].data(), ch, false);
+    profile_.experts += since(t0);
+    t0 = Clock::now();
+    combined[c] =
+        startExchange(returned_[c], std::span<float>(a.combined).subspan(ch.sentAt * C, ch.sent() * C), ch, false);
+    profile_.combine += since(t0);
   }
 
-  // Combine: the outputs back to their tokens' ranks, and the gated sum.
-  regroup(grouped_.data(), received_.data(), a, false);
-  exchange(received_, a.combined, a, false);
-  kn::moeCombine(out, a.combined.data(), a.row.data(), a.gate.data(), n, k, C);
+  // Combine: the gated sum of each chunk's tokens once its outputs are home.
+  t0 = Clock::now();
+  for (size_t c = 0; c < K; ++c) {
+    const MoeChunk& ch = a.chunks[c];
+    finish(combined[c]);
+    kn::moeCombine(out + static_cast<size_t>(ch.first) * C, a.combined.data() + ch.sentAt * C, ch.row.data(),
+                   a.gate.data() + static_cast<size_t>(ch.first) * k, ch.tokens, k, C);
+  }
+  profile_.combine += since(t0);
 }
 
 void MoeMlp::backward(float* dx, float* dRouter, float* dExperts, const float* dout, const float* x,
                       const float* router, const float* experts, const MoeActivations& a, float lossScale) {
-  const int E = config_.experts, k = config_.topK, C = C_, El = localExperts_, n = a.tokens;
-  const int F = fcRows(), H = hidden_;
+  const int E = config_.experts, k = config_.topK, C = C_, n = a.tokens;
+  const size_t K = a.chunks.size();
+  // The gradient of the combine, chunk by chunk, each sent to the experts at once.
+  auto t0 = Clock::now();
   dgate_.resize(static_cast<size_t>(n) * k);
-  dy_.resize(a.combined.size());
-  kn::moeCombineBackward(dy_.data(), dgate_.data(), dout, a.combined.data(), a.row.data(), a.gate.data(), n, k, C);
-  exchange(dy_, received_, a, true);
-  grouped_.resize(received_.size());
-  regroup(received_.data(), grouped_.data(), a, true);
-
-  const size_t localRows = a.expertIn.size() / C;
-  dExpertIn_.assign(localRows * C, 0.0f);
-  size_t first = 0;
-  for (int e = 0; e < El; ++e) {
-    const int count = rowsOf(a, e);
-    if (count > 0) {
-      const ExpertTensors t = expertTensors(e);
-      dact_.assign(static_cast<size_t>(count) * H, 0.0f);
-      dfc_.assign(static_cast<size_t>(count) * F, 0.0f);
-      const float* fc = a.fc.data() + first * F;
-      kn::matmulBackward(dact_.data(), dExperts + t.projWeight, dExperts + t.projBias, grouped_.data() + first * C,
-                         a.act.data() + first * H, experts + t.projWeight, count, H, C);
-      if (config_.swiglu) {
-        kn::swigluBackward(dfc_.data(), fc, dact_.data(), count, H);
-      } else {
-        kn::geluBackward(dfc_.data(), fc, dact_.data(), static_cast<size_t>(count) * H);
-      }
-      kn::matmulBackward(dExpertIn_.data() + first * C, dExperts + t.fcWeight, dExperts + t.fcBias, dfc_.data(),
-                         a.expertIn.data() + first * C, experts + t.fcWeight, count, C, F);
-    }
-    first += count;
+  sizeChunkBuffers(a);
+  std::vector<std::future<void>> toExperts(K), back(K);
+  for (size_t c = 0; c < K; ++c) {
+    const MoeChunk& ch = a.chunks[c];
+    kn::moeCombineBackward(sent_[c].data(), dgate_.data() + static_cast<size_t>(ch.first) * k,
+                           dout + static_cast<size_t>(ch.first) * C, a.combined.data() + ch.sentAt * C, ch.row.data(),
+                           a.gate.data() + static_cast<size_t>(ch.first) * k, ch.tokens, k, C);
+    toExperts[c] = startExchange(sent_[c], received_[c], ch, true);
   }
-  regroup(dExpertIn_.data(), received_.data(), a, false);
-  exchange(received_, sent_, a, false);
-  kn::moeDispatchBackward(dx, sent_.data(), a.row.data(), n, k, C);
+  profile_.combine += since(t0);
 
+  // The experts' backward as each chunk's gradient arrives; the inputs' gradient starts back at once.
+  for (size_t c = 0; c < K; ++c) {
+    const MoeChunk& ch = a.chunks[c];
+    arrive(toExperts, c, profile_.combine);
+    t0 = Clock::now();
+    grouped_.resize(ch.received() * C);
+    regroup(received_[c].data(), grouped_.data(), ch, true);
+    dExpertIn_.assign(ch.received() * C, 0.0f);
+    expertsBackward(dExpertIn_.data(), dExperts, grouped_.data(), experts, a, ch);
+    regroup(dExpertIn_.data(), returned_[c].data(), ch, false);
+    profile_.experts += since(t0);
+    // (sent_[c] held the combine's gradient, which has left: it takes the inputs' gradient now.)
+    t0 = Clock::now();
+    back[c] = startExchange(returned_[c], sent_[c], ch, false);
+    profile_.dispatch += since(t0);
+  }
+  t0 = Clock::now();
+  for (size_t c = 0; c < K; ++c) {
+    const MoeChunk& ch = a.chunks[c];
+    finish(back[c]);
+    kn::moeDispatchBackward(dx + static_cast<size_t>(ch.first) * C, sent_[c].data(), ch.row.data(), ch.tokens, k, C);
+  }
+  profile_.dispatch += since(t0);
+
+  t0 = Clock::now();
   dlogits_.resize(static_cast<size_t>(n) * E);
   kn::routerBackward(dlogits_.data(), dgate_.data(), a.probs.data(), a.lse.data(), a.expert.data(), a.gate.data(),
                      a.row.data(), a.assigned.data(), n, a.total, E, k, config_.normalizeGates(),
                      config_.auxCoef * lossScale, config_.zCoef * lossScale);
   kn::matmulBackward(dx, dRouter, nullptr, dlogits_.data(), x, router, n, C, E);
+  profile_.route += since(t0);
 }
 
 }  // namespace chorus::training

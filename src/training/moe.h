@@ -11,6 +11,12 @@
 // rank (source ranks in order, each source's rows in its priority order), and the outputs go back
 // the same way (combine). Every rank does the same exchanges in the same order, so the results
 // do not depend on timing. Capacity is per source rank (its n tokens), as GShard's groups.
+//
+// Overlap: with chunks > 1 (and ep > 1) the micro-batch's tokens are routed together but exchanged
+// in that many pieces, on the ep group's communication thread: while the experts compute one
+// chunk's rows, the next chunk's rows are in flight, and the finished chunk's outputs travel back
+// (backward likewise). Each expert then runs once per chunk on that chunk's rows, so the results
+// equal the unchunked layer's up to the order of the weight gradients' sums.
 #pragma once
 
 #include <chorus/chorus.hpp>
@@ -18,6 +24,8 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include "src/training/comm_worker.h"
 
 namespace chorus::training {
 
@@ -29,6 +37,7 @@ struct MoeConfig {
   float auxCoef = 0.01f;      // the load-balancing loss's coefficient
   float zCoef = 0.0f;         // the router z-loss's coefficient
   bool swiglu = false;        // the experts' activation: SwiGLU, else GELU
+  int chunks = 1;             // exchanges per dispatch and combine (ep > 1): see "Overlap" above
   bool enabled() const { return experts > 0; }
   // Gates renormalised over the k chosen (k > 1, as Mixtral and GShard); Switch's k = 1 keeps the
   // probability, so that the router learns through it.
@@ -40,11 +49,26 @@ struct MoeConfig {
   std::string describe() const;
 };
 
-// This rank's place in expert parallelism: comm is the ep group (null for ep = 1).
+// This rank's place in expert parallelism: comm is the ep group (null for ep = 1). worker: a
+// communication thread owning comm while the layer runs (its exchanges go there, so that they
+// overlap the experts' compute); null: the exchanges run on the calling thread, one at a time.
 struct ExpertParallel {
   Communicator* comm = nullptr;
+  CommWorker* worker = nullptr;
   int size() const { return comm ? comm->size() : 1; }
   int rank() const { return comm ? comm->rank() : 0; }
+};
+
+// One piece of a micro-batch's tokens, dispatched and combined on its own.
+struct MoeChunk {
+  int first = 0, tokens = 0;               // its tokens: [first, first + tokens)
+  std::vector<int> row;                    // (tokens, k): each kept choice's row in the chunk's dispatch buffer
+  std::vector<int> counts;                 // (E): the rows it sends to each expert
+  std::vector<size_t> sendRows, recvRows;  // per ep rank: rows it sends, receives
+  std::vector<int> recvCounts;             // (ep, local experts): rows from each rank per local expert
+  size_t sentAt = 0, expertAt = 0;         // where its rows start: in `combined`, in expertIn / fc / act
+  size_t sent() const;
+  size_t received() const;
 };
 
 // What one micro-batch through the layer keeps for backward (one per micro-batch in flight).
@@ -53,13 +77,25 @@ struct MoeActivations {
   std::vector<float> probs, lse, gate;             // (n, E), (n), (n, k)
   std::vector<int> expert, row, assigned, counts;  // (n, k), (n, k), (E: over the token group), (E)
   int total = 0;                                   // the token group's tokens
-  std::vector<size_t> sendRows, recvRows;          // per ep rank: rows this rank sends, receives
-  std::vector<int> recvCounts;                     // (ep, local experts): rows from each rank per local expert
-  std::vector<float> expertIn, fc, act;            // this rank's experts' rows: input, first layer, activation
-  std::vector<float> combined;                     // (rows sent, C): the experts' outputs back home
-  float aux = 0, z = 0;                            // the losses (means over total), without coefficients
-  int dropped = 0;                                 // choices over capacity
+  std::vector<MoeChunk> chunks;                    // the exchanges' pieces, in token order
+  std::vector<float> expertIn, fc, act;  // this rank's experts' rows (chunk by chunk): input, first layer, activation
+  std::vector<float> combined;           // (rows sent, C): the experts' outputs back home
+  float aux = 0, z = 0;                  // the losses (means over total), without coefficients
+  int dropped = 0;                       // choices over capacity
   size_t floats() const;
+};
+
+// Where the layer's time went on this rank (forward and backward together), in seconds: routing
+// (the router, the top-k, the losses' sums, the gradient through them), dispatch (gathering the
+// rows, the counts, waiting for the rows to reach their experts; backward: the gradient's way
+// back), the experts' products, combine (waiting for the outputs to come back, the gated sum;
+// backward: the gradient's way to the experts). wait: the part of dispatch and combine spent
+// in exchanges or waiting for them (ep = 1: the local copies). chunks: the chunks whose experts ran; overlapped: those
+// of them that ran while a later chunk's exchange was still in flight.
+struct MoeProfile {
+  double route = 0, dispatch = 0, experts = 0, combine = 0, wait = 0;
+  long chunks = 0, overlapped = 0;
+  void add(const MoeProfile& other);
 };
 
 // The layer's parameters, two blocks: the router's, router.weight (E, C); the experts', each of
@@ -97,23 +133,46 @@ class MoeMlp {
   float weightedLoss(const MoeActivations& a) const { return config_.auxCoef * a.aux + config_.zCoef * a.z; }
   // Scratch floats (shared by all micro-batches).
   size_t scratchFloats() const;
+  // The time spent since the last call, and starts again.
+  MoeProfile takeProfile();
 
  private:
-  // Rows to their experts' ranks and back: `out` gets, for each rank in order, the rows `in` holds
-  // for it; forward (dispatch) or backward (combine) direction.
-  void exchange(const std::vector<float>& in, std::vector<float>& out, const MoeActivations& a, bool toExperts);
+  // Cuts the routed micro-batch into chunks (each chunk's rows in expert order, each expert's in
+  // the whole batch's priority order) and swaps the chunks' counts with the ep ranks.
+  void planChunks(MoeActivations& a);
+  // Starts moving one chunk's rows to their experts' ranks or back: `out` gets, for each rank in
+  // order, the rows `in` holds for it. Both must stay as they are until the future is ready.
+  std::future<void> startExchange(std::span<const float> in, std::span<float> out, const MoeChunk& chunk,
+                                  bool toExperts);
+  // Waits for an exchange, counting the wait.
+  void finish(std::future<void>& exchange);
+  // The per-chunk buffers of a's chunks, sized.
+  void sizeChunkBuffers(const MoeActivations& a);
+  // Waits for chunk c's rows (its exchange, the time added to phase) before its experts run;
+  // counts the chunk, and whether the next chunk's exchange is still in flight.
+  void arrive(std::vector<std::future<void>>& exchanges, size_t c, double& phase);
   // Rows by source rank (each source's in expert order) <-> rows by local expert (each expert's
-  // in source order).
-  void regroup(const float* in, float* out, const MoeActivations& a, bool toExpertMajor) const;
-  // The rows a local expert takes from every rank.
-  int rowsOf(const MoeActivations& a, int localExpert) const;
+  // in source order), of one chunk.
+  void regroup(const float* in, float* out, const MoeChunk& chunk, bool toExpertMajor) const;
+  // The rows a local expert takes from every rank in a chunk.
+  int rowsOf(const MoeChunk& chunk, int localExpert) const;
+  // fn(tensors, first row, rows) for each local expert with rows in the chunk (rows from expertIn's start).
+  template <typename Fn>
+  void forEachExpert(const MoeChunk& chunk, Fn fn) const;
+  // The experts' forward and backward on one chunk's rows (expert-major, from expertIn's
+  // chunk.expertAt on): y = the outputs; backward: dx = the inputs' gradient from dy.
+  void expertsForward(float* y, const float* experts, MoeActivations& a, const MoeChunk& chunk);
+  void expertsBackward(float* dx, float* dExperts, const float* dy, const float* experts, const MoeActivations& a,
+                       const MoeChunk& chunk);
 
   MoeConfig config_;
   int C_, hidden_, localExperts_;
   ExpertParallel ep_;
   Communicator* tokenGroup_;
-  std::vector<float> logits_, dlogits_, dgate_, sent_, received_, dExpertIn_, dfc_, dact_, dy_, grouped_;
-  std::vector<size_t> countsOut_, countsIn_;
+  std::vector<float> logits_, dlogits_, dgate_, dExpertIn_, dfc_, dact_, grouped_;
+  // Per chunk: the rows leaving this rank, arriving, and going back (alive while in flight).
+  std::vector<std::vector<float>> sent_, received_, returned_;
+  MoeProfile profile_;
 };
 
 }  // namespace chorus::training

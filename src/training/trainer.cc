@@ -185,8 +185,14 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     cut = balanceLayers(config, job.micro, job.seq, job.pp * job.vpp);
     spans = stageSpans(cut, job.pp, mesh->coords().pp);
   }
+  // MoE exchanges in chunks run on a communication thread of the ep group, overlapping the experts.
+  std::unique_ptr<CommWorker> epWorker;
+  if (epComm && config.moe.chunks > 1) {
+    const char* delay = std::getenv("CHORUS_TRAIN_COMM_DELAY_MS");
+    epWorker = std::make_unique<CommWorker>(*epComm, delay ? std::atoi(delay) : 0);
+  }
   Gpt model(config, job.micro, job.seq, TensorParallel{tpComm, job.sequenceParallel}, spans,
-            parseRecompute(job.recompute), ContextParallel{cpComm}, ExpertParallel{epComm});
+            parseRecompute(job.recompute), ContextParallel{cpComm}, ExpertParallel{epComm, epWorker.get()});
   const Sampler sampler(&trainTokens, job.seq, job.seed);
   const Sampler valWindows(&valTokens, job.seq, 0);
   DataParallelSettings parallel;
@@ -375,6 +381,7 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
   const int crashAt =
       std::getenv("CHORUS_TRAIN_CRASH_IN_SAVE") ? std::atoi(std::getenv("CHORUS_TRAIN_CRASH_IN_SAVE")) : -1;
   uint64_t dpSent = dp.wireBytes();
+  MoeProfile moeTime;  // the MoE layers' time over the training steps
   for (long step = start; step <= job.steps; ++step) {
     const auto t0 = Clock::now();
     const bool compressed = dp.compressing();
@@ -400,6 +407,7 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     }
     StepRecord r;
     if (config.moe.enabled()) moeStep(model.takeMoeTotals(), r);
+    moeTime.add(model.takeMoeProfile());
     auto optimizer = job.optimizer;
     optimizer.lr = job.learningRate(step);
     r.step = step;
@@ -417,6 +425,7 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     if ((job.evalEvery > 0 && step % job.evalEvery == 0) || step == job.steps) {
       r.valLoss = evaluate();
       model.takeMoeTotals();  // validation's routing is not the step's
+      model.takeMoeProfile();
     }
     result.steps.push_back(r);
     if (leader) {
@@ -469,7 +478,14 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
                               double(dp.overlap().reductions),
                               double(dp.overlap().overlapped),
                               pipeline ? pipeline->times().seconds : 0.0,
-                              pipeline ? pipeline->times().idleSeconds : 0.0};
+                              pipeline ? pipeline->times().idleSeconds : 0.0,
+                              moeTime.route,
+                              moeTime.dispatch,
+                              moeTime.experts,
+                              moeTime.combine,
+                              moeTime.wait,
+                              double(moeTime.chunks),
+                              double(moeTime.overlapped)};
   std::vector<double> all(mine.size() * worldSize, 0.0);
   const int worldRank = world ? world->rank() : 0;
   std::copy(mine.begin(), mine.end(), all.begin() + static_cast<long>(worldRank * mine.size()));
@@ -483,6 +499,11 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     result.memory.push_back(mem);
     result.overlap.push_back({long(x[6]), long(x[7])});
     result.pipelineIdle.push_back(x[8] > 0 ? x[9] / x[8] : 0.0);
+    if (config.moe.enabled()) {
+      const double steps = std::max<double>(1.0, static_cast<double>(result.steps.size()));
+      result.moePhases.push_back(MoeProfile{x[10] / steps, x[11] / steps, x[12] / steps, x[13] / steps, x[14] / steps,
+                                            long(x[15]), long(x[16])});
+    }
   }
   result.stages = cut;
   result.buckets = dp.buckets();

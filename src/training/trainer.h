@@ -44,6 +44,7 @@ struct TrainResult {
   std::vector<RankMemory> memory;      // per rank
   std::vector<OverlapCounts> overlap;  // per rank: bucket reductions begun during backward
   std::vector<double> pipelineIdle;    // per rank: the share of its pipeline schedules' time spent waiting
+  std::vector<MoeProfile> moePhases;   // per rank: the MoE layers' time per training step (empty without MoE)
   std::vector<LayerSpan> stages;       // the pipeline's cut of the blocks (empty without one)
   int buckets = 0;
   size_t largestBucketBytes = 0;

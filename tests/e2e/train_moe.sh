@@ -9,7 +9,9 @@
 # dropped share; metrics.csv and metrics.json carry them; with a capacity of 1.0 tokens drop.
 # Expert parallelism (carved from the data-parallel ranks) gives the same losses alone (ep 2, 4)
 # and with dp, ZeRO 1-3, tp with sequence parallelism, pp and cp; a checkpoint written at ep 2
-# resumes exactly at ep 2 and within 1e-5 at ep 4 with ZeRO-3 and on one rank.
+# resumes exactly at ep 2 and within 1e-5 at ep 4 with ZeRO-3 and on one rank. Dispatched in
+# chunks (their exchanges overlapping the experts), the losses stay those of one rank, and
+# metrics.json's profile of the MoE layers says how many chunks overlapped.
 source "$(dirname "$0")/lib.sh"
 train="$build/chorus-train"
 job="$source_dir/tests/data/jobs/parity.toml"
@@ -39,7 +41,9 @@ run ep2 --ranks 2 --ep 2 --set batch.accumulate=2
 run ep4 --ranks 4 --ep 4
 run dp2_ep2_zero1 --ranks 4 --ep 2 --zero 1
 run dp2_ep2_zero2 --ranks 4 --ep 2 --zero 2
-run ep4_zero3 --ranks 4 --ep 4 --zero 3
+# Dispatch in 3 chunks on the ep group's communication thread (each exchange 1 ms late, so the
+# next chunk is still in flight when the experts start on one).
+CHORUS_TRAIN_COMM_DELAY_MS=1 run ep4_zero3_chunks --ranks 4 --ep 4 --zero 3 --set model.dispatch_chunks=3
 run tp2_ep2_sp --ranks 4 --tp 2 --ep 2 --set batch.accumulate=2 --set parallel.sequence_parallel=true
 run pp2_ep2 --ranks 4 --pp 2 --ep 2 --zero 1 --set batch.accumulate=2
 run cp2_ep2 --ranks 4 --cp 2 --ep 2 --set model.aux_loss=0 --set batch.accumulate=2
@@ -71,7 +75,7 @@ def losses(name):
     return [float(r["loss"]) for r in rows(name)]
 bad = []
 for ref, names in [("one", ["dp2", "dp4", "zero1", "zero3", "tp2", "tp2_sp", "dp2_tp2_zero1", "pp2", "ep2", "ep4",
-                           "dp2_ep2_zero1", "dp2_ep2_zero2", "ep4_zero3", "tp2_ep2_sp", "pp2_ep2",
+                           "dp2_ep2_zero1", "dp2_ep2_zero2", "ep4_zero3_chunks", "tp2_ep2_sp", "pp2_ep2",
                            "resume_ep4_zero3", "resume_one"]),
                    ("one_noaux", ["cp2", "cp2_ep2"])]:
     want = losses(ref)
@@ -100,6 +104,18 @@ if not all(0 < d < 0.5 for d in drops):
 m = json.load(open(f"{work}/one/metrics.json"))
 if m["model"]["moe"]["experts"] != 4 or len(m["moe"]["per_step"]) != 20:
     bad.append(f"metrics.json moe: {m['model'].get('moe')}, {len(m.get('moe', {}).get('per_step', []))} steps")
+# The MoE layers' profile: every rank's phases; chunked, the experts ran on chunks while the next
+# was in flight (3 chunks per exchange: at most 2 of 3 can overlap).
+for name, chunked in [("one", False), ("ep4", False), ("ep4_zero3_chunks", True)]:
+    phases = json.load(open(f"{work}/{name}/metrics.json"))["moe"]["phases_per_rank"]
+    ranks = 1 if name == "one" else 4
+    if len(phases) != ranks or any(p["experts_ms"] <= 0 or p["route_ms"] <= 0 for p in phases):
+        bad.append(f"{name}: MoE phases {phases}")
+    for p in phases:
+        overlapped, chunks = p["chunks_overlapped"], p["chunks"]
+        if (chunked and not 0 < overlapped <= 2 * chunks // 3) or (not chunked and overlapped != 0):
+            bad.append(f"{name}: {overlapped} of {chunks} chunks overlapped")
+    print(f"{name}: rank 0's MoE phases per step {phases[0]}")
 if bad:
     sys.exit("FAIL: " + "; ".join(bad))
 print("OK")

@@ -7,6 +7,7 @@
 #include <chorus/chorus.hpp>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -324,7 +325,8 @@ TEST(ContextParallelTest, EachRankHoldsTwoChunksOfEqualWork) {
 // Expert parallelism: ep ranks, each with its own tokens (a different number on each), the
 // experts split over them. Against one rank holding every expert and running each rank's tokens
 // in turn: each rank's output, input gradient and router gradient are those of its tokens alone,
-// and each expert's gradient is the sum over every rank's tokens.
+// and each expert's gradient is the sum over every rank's tokens. With chunks > 1 the exchanges
+// run in pieces on a communication thread (rank 0's 5 tokens in 6 chunks: one is empty).
 void expectExpertShardsGiveTheWhole(int ep, const MoeConfig& base) {
   MoeConfig config = base;
   const int C = 6;
@@ -333,7 +335,9 @@ void expectExpertShardsGiveTheWhole(int ep, const MoeConfig& base) {
       [&](int rank, const chorusUniqueId& id) {
         Communicator world(UniqueId(id), ep, rank);
         MoeMlp whole(config, C);
-        MoeMlp shard(config, C, ExpertParallel{&world});
+        std::optional<CommWorker> worker;
+        if (config.chunks > 1) worker.emplace(world);
+        MoeMlp shard(config, C, ExpertParallel{&world, worker ? &*worker : nullptr});
         ASSERT_EQ(shard.localExperts(), config.experts / ep);
         std::mt19937 random(3);
         std::normal_distribution<float> normal(0.0f, 0.5f);
@@ -394,6 +398,8 @@ void expectExpertShardsGiveTheWhole(int ep, const MoeConfig& base) {
         expectNear(grads.data() + shard.routerFloats(),
                    wholeGrads.data() + whole.routerFloats() + shard.firstExpert() * expertFloats,
                    shard.localExperts() * expertFloats, "expert gradient");
+        // Each chunk's experts ran once in forward and once in backward.
+        EXPECT_EQ(shard.takeProfile().chunks, 2 * config.chunks);
       },
       120));
 }
@@ -406,11 +412,15 @@ TEST(ExpertParallelTest, ShardedExpertsGiveTheWholeLayersOutputsAndGradients) {
   for (const int ep : {2, 4}) {
     for (const double capacity : {0.0, 1.0}) {
       for (const int k : {1, 2}) {
-        SCOPED_TRACE(::testing::Message() << "ep " << ep << " capacity " << capacity << " top-" << k);
         config.capacityFactor = capacity;
         config.topK = k;
         config.swiglu = k == 2;
-        expectExpertShardsGiveTheWhole(ep, config);
+        for (const int chunks : {1, 6}) {
+          SCOPED_TRACE(::testing::Message()
+                       << "ep " << ep << " capacity " << capacity << " top-" << k << " chunks " << chunks);
+          config.chunks = chunks;
+          expectExpertShardsGiveTheWhole(ep, config);
+        }
       }
     }
   }

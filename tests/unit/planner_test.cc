@@ -340,7 +340,9 @@ TEST(PlannerMoeTest, SearchTriesExpertParallelism) {
   for (size_t i = 0; i < plans.size(); ++i) {
     EXPECT_TRUE(plans[i].fits);
     EXPECT_LE(plans[i].peakBytes(), machine.memoryBytes);
-    if (i > 0) EXPECT_GE(plans[i - 1].tokensPerSecond, plans[i].tokensPerSecond);
+    if (i > 0) {
+      EXPECT_GE(plans[i - 1].tokensPerSecond, plans[i].tokensPerSecond);
+    }
     sawEp |= plans[i].layout.ep > 1;
   }
   EXPECT_TRUE(sawEp);
