@@ -556,6 +556,13 @@ CHORUS_API chorusResult_t chorusCompressorGetInfo(chorusCompressor_t compressor,
  * ranks' contributions, up to the rounding of the second hop where there is one. */
 CHORUS_API chorusResult_t chorusCompressorGetResidual(chorusCompressor_t compressor, float* error, float* contribution,
                                                       size_t count);
+/* The second hop's error-feedback memory (sign with error feedback: each rank owns a shard of the
+ * sum, adds its memory to the shard's sum before encoding it again, and keeps what that encoding
+ * dropped): count floats, this rank's memory on the elements of its shard, zero elsewhere (all
+ * zero for compressors without a second hop's feedback), so the ranks' arrays add up to the whole
+ * memory. It conserves the shard's mean of contributions + the previous memory = the result +
+ * memory (with chorusAvg; chorusSum's result is n times the mean). */
+CHORUS_API chorusResult_t chorusCompressorGetOwnerResidual(chorusCompressor_t compressor, float* error, size_t count);
 
 /* Host memory that the ranks on one host can map (as ncclMemAlloc): collectives on buffers inside
  * such allocations move each shared-memory message with one copy, read by the receiver straight

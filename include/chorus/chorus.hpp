@@ -433,6 +433,10 @@ class Compressor {
     detail::check(chorusCompressorGetResidual(compressor_, error.empty() ? nullptr : error.data(),
                                               contribution.empty() ? nullptr : contribution.data(), count));
   }
+  // The second hop's error-feedback memory on this rank's shard (chorusCompressorGetOwnerResidual).
+  void ownerResidual(std::span<float> error) const {
+    detail::check(chorusCompressorGetOwnerResidual(compressor_, error.data(), error.size()));
+  }
 
  private:
   void reset() {

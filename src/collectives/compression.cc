@@ -346,6 +346,7 @@ void CompressedAllReduce::codecMean(const float* in, size_t count, float* contri
   const bool ownerFeedback = spec_.kind == CompressorKind::kSign && spec_.errorFeedback;
   if (ownerFeedback) {
     ownerError_.resize(shard, 0.0f);
+    ownerBegin_ = static_cast<size_t>(rank_) * shard;
     for (size_t i = 0; i < shard; ++i) mean[i] += ownerError_[i];
   }
   std::vector<uint8_t> owned(block);
@@ -361,6 +362,11 @@ void CompressedAllReduce::codecMean(const float* in, size_t count, float* contri
     kernels::decodeAdd(codec_, received_.data() + j * block, shard, 1.0f, floats_.data() + j * shard);
   }
   std::copy(floats_.begin(), floats_.begin() + static_cast<std::ptrdiff_t>(count), out);
+}
+
+void CompressedAllReduce::ownerError(float* out) const {
+  std::fill(out, out + count_, 0.0f);
+  for (size_t i = 0; i < ownerError_.size() && ownerBegin_ + i < count_; ++i) out[ownerBegin_ + i] = ownerError_[i];
 }
 
 void CompressedAllReduce::runCodec(float* output, Exchange& exchange) {

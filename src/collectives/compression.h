@@ -114,6 +114,8 @@ class CompressedAllReduce {
   // This rank's own compressed contribution of the last call, before the exchange (where the
   // compressor has one: error feedback conserves input + old error = contribution + new error).
   std::span<const float> contribution() const { return contribution_; }
+  // The second hop's error-feedback memory (sign), count floats: this rank's shard's, zero elsewhere.
+  void ownerError(float* out) const;
   // PowerSGD: which tensors are compressed (true) or sent whole.
   const std::vector<bool>& compressed() const { return compressedTensor_; }
 
@@ -152,6 +154,7 @@ class CompressedAllReduce {
   std::vector<float> error_;
   std::vector<float> contribution_;
   std::vector<float> ownerError_;  // sign: the error of this rank's shard of the sum
+  size_t ownerBegin_ = 0;          // where that shard starts
   std::vector<bool> compressedTensor_;
   std::vector<std::vector<float>> q_;  // powersgd: each compressed tensor's Q (cols x rank)
   std::vector<uint8_t> bytes_;

@@ -657,6 +657,18 @@ chorusResult_t chorusCompressorGetResidual(chorusCompressor_t compressor, float*
   });
 }
 
+chorusResult_t chorusCompressorGetOwnerResidual(chorusCompressor_t compressor, float* error, size_t count) {
+  return guarded([&] {
+    const chorusCompressor* c = liveCompressor(compressor, "chorusCompressorGetOwnerResidual");
+    if (error == nullptr) fail(chorusInvalidArgument, "chorusCompressorGetOwnerResidual: error is NULL");
+    if (count != c->state->count()) {
+      fail(chorusInvalidArgument, "chorusCompressorGetOwnerResidual: count {} but the compressor holds {}", count,
+           c->state->count());
+    }
+    c->state->ownerError(error);
+  });
+}
+
 chorusResult_t chorusMemAlloc(void** ptr, size_t size) {
   return guarded([&] {
     if (ptr == nullptr) fail(chorusInvalidArgument, "chorusMemAlloc: ptr (the output pointer) is NULL");

@@ -429,7 +429,7 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     }
     result.steps.push_back(r);
     if (leader) {
-      csv << fmt::format("{},{:.7f},{},{:.6g},{:.6g},{:.6f},{:.1f},{:.5f},{},{},{}\n", r.step, r.loss,
+      csv << fmt::format("{},{:.7f},{},{:.6g},{:.8g},{:.6f},{:.1f},{:.5f},{},{},{}\n", r.step, r.loss,
                          r.valLoss >= 0 ? fmt::format("{:.7f}", r.valLoss) : "", r.lr, r.gradNorm, r.seconds,
                          r.tokensPerSecond, r.mfu, r.dpBytes, r.compressed ? 1 : 0,
                          r.auxLoss >= 0 ? fmt::format("{:.6f},{:.4f},{:.6f}", r.auxLoss, r.expertBalance, r.dropped)

@@ -132,6 +132,8 @@ TEST(Compression, PowerSgdOfRankRMatricesEqualsTheExactMean) {
 
 // Error feedback conserves what it drops: input + old error = contribution + new error, and the
 // result is the mean of the ranks' contributions (for the compressors whose exchange is exact).
+// Sign encodes the mean again at each shard's owner, with a memory of its own there: the mean of
+// the contributions + the owners' old memory = the result + their new memory.
 TEST(Compression, ErrorFeedbackConservesAndTheResultIsTheMeanOfContributions) {
   const char* specs[] = {"powersgd:2,whole=fp32", "powersgd:2", "topk:0.05", "randomk:0.1", "sign", "qsgd:3,ef=1"};
   runRanks(ranks(3), [&](int rank, chorusComm_t comm) {
@@ -142,6 +144,8 @@ TEST(Compression, ErrorFeedbackConservesAndTheResultIsTheMeanOfContributions) {
       chorusCompressor_t c = nullptr;
       ASSERT_EQ(chorusCompressorCreate(comm, spec, 3, counts, rows, &c), chorusSuccess) << chorusGetLastError(comm);
       std::vector<float> error(total, 0.0f), contribution(total), newError(total), out(total);
+      std::vector<float> ownerError(total, 0.0f), newOwnerError(total);
+      const bool ownerFeedback = std::string(spec) == "sign";
       for (int call = 0; call < 3; ++call) {
         const std::vector<float> x = randomData(total, 100 + call, rank);
         ASSERT_EQ(chorusCompressedAllReduce(x.data(), out.data(), total, chorusFloat32, chorusAvg, c, comm, nullptr),
@@ -165,6 +169,24 @@ TEST(Compression, ErrorFeedbackConservesAndTheResultIsTheMeanOfContributions) {
             ASSERT_NEAR(out[i], mean[i], 1e-5 * (1 + std::fabs(mean[i]))) << spec << " element " << i;
           }
         }
+        // The owners' memory, summed over the ranks (each holds its shard's, zeros elsewhere).
+        ASSERT_EQ(chorusCompressorGetOwnerResidual(c, newOwnerError.data(), total), chorusSuccess);
+        ASSERT_EQ(
+            chorusAllReduce(newOwnerError.data(), newOwnerError.data(), total, chorusFloat32, chorusSum, comm, nullptr),
+            chorusSuccess);
+        const std::vector<double> mean = exactMean(gather(contribution, comm), total, 3);
+        double ownerWorst = 0, ownerKept = 0;
+        for (size_t i = 0; i < total; ++i) {
+          ownerWorst = std::max(ownerWorst, std::fabs(mean[i] + ownerError[i] - out[i] - newOwnerError[i]));
+          ownerKept += std::fabs(newOwnerError[i]);
+        }
+        if (ownerFeedback) {
+          EXPECT_LE(ownerWorst, 1e-5) << spec << " call " << call << ": mean + owners' old error - out - new error";
+          EXPECT_GT(ownerKept, 0.0) << spec;
+        } else {
+          EXPECT_EQ(ownerKept, 0.0) << spec << ": a second hop's memory without one";
+        }
+        ownerError = newOwnerError;
         error = newError;
       }
       expectSameOnEveryRank(out, comm, spec);
@@ -451,6 +473,11 @@ TEST(Compression, CppCompressor) {
     std::vector<float> error(x.size()), mine(x.size());
     compressor.residual(error, mine);
     EXPECT_NEAR(mine[5], static_cast<float>(rank + 1), 1e-5f);
+    // PowerSGD has no second hop's memory: all zero (NaN first, so the call must write it).
+    std::vector<float> owner(x.size(), std::nanf(""));
+    compressor.ownerResidual(owner);
+    for (float v : owner) ASSERT_EQ(v, 0.0f);
+    EXPECT_THROW(compressor.ownerResidual(std::span<float>(owner.data(), 10)), Error);
     EXPECT_THROW(compressor.allReduce(std::span<float>(x.data(), 10), comm), Error);
   });
   for (int code : codes) EXPECT_EQ(code, 0);
