@@ -1,9 +1,10 @@
 // chorus_train.cc: chorus-train, the training job runner.
 //
 //   chorus-train JOB.toml [--ranks N] [--tp T] [--pp P] [--cp C] [--ep E] [--zero S] [--steps N] [--out DIR] [--resume]
-//   [--set sec.key=value]...
+//   [--peak-tflops X] [--set sec.key=value]...
+//   chorus-train --calibrate
 //
-// Started by hand, it prepares the job's data, measures this machine's GEMM peak (for MFU), starts
+// Started by hand, it prepares the job's data, finds this machine's GEMM peak (for MFU: peak.h), starts
 // the ranks through chorusrun (each rank runs chorus-train again, as a worker) and, when they are
 // done, draws the loss curve (tools/plot). Started by a launcher (RANK in the environment: chorusrun,
 // torchrun-style, srun with the same variables), it is one rank of the job.
@@ -37,13 +38,6 @@ std::string findTool(const std::string& name, const std::string& installed) {
   const fs::path near = selfDir() / installed;
   if (fs::exists(near)) return near.string();
   return std::string(CHORUS_SOURCE_TOOLS) + "/" + name;
-}
-
-int usableCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
 }
 
 // Rank 0 writes metrics.json (the trainer wrote metrics.csv step by step).
@@ -120,7 +114,8 @@ void writeMetrics(const Job& job, const TrainResult& r, size_t parameters, const
   j["accumulate"] = job.accumulate;
   j["seq"] = job.seq;
   j["blas"] = chorus::kernels::blasDescription();
-  j["peak_gflops"] = r.peakGflops;
+  j["peak_gflops"] = r.peak.gflops;
+  j["peak_source"] = r.peak.describe();
   j["median_step_seconds"] = median;
   j["tokens_per_s"] = median > 0 ? job.globalBatch() * job.seq / median : 0.0;
   j["resumed_from"] = r.resumedFrom;
@@ -172,14 +167,14 @@ int worker(const Job& job) {
   std::optional<chorus::Communicator> comm;
   if (world > 1) comm.emplace(chorus::Communicator::fromEnvironment());
   const int rank = comm ? comm->rank() : 0;
-  double peak = std::getenv("CHORUS_TRAIN_PEAK_GFLOPS") ? std::atof(std::getenv("CHORUS_TRAIN_PEAK_GFLOPS")) : 0.0;
+  std::optional<GemmPeak> peak = importedPeak();
   PreparedData data;
   if (rank == 0) {
     data = prepareData(job.data, job.dataDir);  // reused when the launcher prepared it
-    if (peak <= 0) peak = measureGemmGflops(usableCpus());
+    if (!peak) peak = findPeak(job);
   }
   if (comm) comm->barrier();  // the data is there for every rank
-  const TrainResult result = train(job, comm ? &*comm : nullptr, peak);
+  const TrainResult result = train(job, comm ? &*comm : nullptr, peak.value_or(GemmPeak{}));
   if (rank == 0) {
     const Tokenizer tok = Tokenizer::load(job.dataDir + "/tokenizer.json");
     const int vocab = job.model.vocab > 0 ? job.model.vocab : tok.vocab();
@@ -206,11 +201,11 @@ int launch(const Job& job, const std::vector<std::string>& args) {
   std::printf("chorus-train: data in %s%s: %zu train / %zu val tokens, vocab %d\n", job.dataDir.c_str(),
               data.reused ? " (prepared before)" : "", data.trainTokens, data.valTokens, data.vocab);
   if (!job.blasCoretype.empty()) setenv("OPENBLAS_CORETYPE", job.blasCoretype.c_str(), 1);
-  const double peak = measureGemmGflops(usableCpus());
-  std::printf("chorus-train: GEMM peak of this machine: %.1f GFLOP/s (%d threads, %s)\n", peak, usableCpus(),
-              chorus::kernels::blasDescription().c_str());
+  const GemmPeak peak = findPeak(job);
+  std::printf("chorus-train: GEMM peak for MFU: %.1f GFLOP/s, %s (%d threads, %s)\n", peak.gflops,
+              peak.describe().c_str(), usableCpus(), chorus::kernels::blasDescription().c_str());
   std::fflush(stdout);
-  setenv("CHORUS_TRAIN_PEAK_GFLOPS", fmt::format("{:.3f}", peak).c_str(), 1);
+  exportPeak(peak);
 
   std::vector<std::string> command = {"/usr/bin/env",
                                       "python3",
@@ -258,8 +253,9 @@ int main(int argc, char** argv) {
   int ranks = 0, zero = -1, tp = 0, pp = 0, cp = 0, ep = 0;
   long steps = 0;
   std::string out, compress;
-  bool resume = false;
-  app.add_option("job", jobPath, "the job file (TOML)")->required();
+  bool resume = false, calibrate = false;
+  double peakTflops = 0;
+  app.add_option("job", jobPath, "the job file (TOML)");
   app.add_option("--ranks", ranks, "ranks in all (overrides [parallel] ranks)");
   app.add_option("--tp", tp, "tensor-parallel ranks; data parallel gets ranks / (tp pp cp) (overrides [parallel] tp)");
   app.add_option("--pp", pp, "pipeline stages (overrides [parallel] pp)");
@@ -272,8 +268,29 @@ int main(int argc, char** argv) {
                  "gradient compressor of the data-parallel all-reduce, e.g. powersgd:4, bf16, topk:0.01,ef=0 "
                  "(overrides [compress] name)");
   app.add_flag("--resume", resume, "continue from the output directory's checkpoint");
+  app.add_option("--peak-tflops", peakTflops, "this machine's GEMM peak for MFU (overrides [run] peak_tflops)");
+  app.add_flag("--calibrate", calibrate,
+               "measure this machine's fp32 GEMM peak (run it with nothing else on the cores) and keep it for MFU "
+               "in the calibration file ($CHORUS_CALIBRATION, else ~/.cache/chorus/gemm-peaks.json); no job");
   app.add_option("--set", sets, "any key: --set section.key=value (TOML value)");
   CLI11_PARSE(app, argc, argv);
+  if (calibrate) {
+    try {
+      const double gflops = measureGemmGflops(usableCpus(), 1024, 5.0);
+      saveCalibratedPeak(calibrationFile(), "fp32", gflops);
+      std::printf("chorus-train: fp32 GEMM peak of %s: %.1f GFLOP/s, kept in %s\n", machineKey().c_str(), gflops,
+                  calibrationFile().c_str());
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "chorus-train: %s\n", e.what());
+      return 1;
+    }
+  }
+  if (jobPath.empty()) {
+    std::fprintf(stderr, "chorus-train: a job file is needed (or --calibrate)\n");
+    return 2;
+  }
+  if (peakTflops > 0) sets.push_back(fmt::format("run.peak_tflops={}", peakTflops));
   if (ranks > 0) sets.push_back(fmt::format("parallel.ranks={}", ranks));
   if (zero >= 0) sets.push_back(fmt::format("parallel.zero={}", zero));
   if (tp > 0) sets.push_back(fmt::format("parallel.tp={}", tp));

@@ -168,6 +168,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("run", "resume", job.resume);
   get("run", "out", job.out);
   get("run", "blas_coretype", job.blasCoretype);
+  get("run", "peak_tflops", job.peakTflops);
   if (job.dataDir.empty()) job.dataDir = job.out + "/data";
   for (const auto& [k, node] : root) {
     const std::string key(k.str());
@@ -232,6 +233,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   atLeast("[run] steps", static_cast<double>(job.steps), 1);
   atLeast("[run] log_every", job.logEvery, 1);
   atLeast("[run] eval_batches", job.evalBatches, 1);
+  atLeast("[run] peak_tflops", job.peakTflops, 0);
   atLeast("[parallel] bucket_mb", job.bucketMb, 0);
   atLeast("[parallel] inflight_buckets", job.inflightBuckets, 1);
   if (job.zero < 0 || job.zero > 3) throw fail(fmt::format("[parallel] zero = {} is not 0, 1, 2 or 3", job.zero));

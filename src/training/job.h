@@ -51,6 +51,7 @@ struct Job {
   bool resume = false;      // continue from <out>/checkpoint.bin when it exists
   std::string out = "runs/job";
   std::string blasCoretype;  // OPENBLAS_CORETYPE for the ranks ("" = as the environment has it)
+  double peakTflops = 0;     // the machine's declared GEMM peak for MFU (0: calibrated or measured, peak.h)
 
   int dp() const { return ranks / (tp * pp * cp); }
   long globalBatch() const { return static_cast<long>(micro) * dp() * accumulate; }

@@ -26,41 +26,12 @@ namespace chorus::training {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-double measureGemmGflops(int threads, int n, double seconds) {
-  const int before = kernels::blasThreads();
-  kernels::setBlasThreads(threads);
-  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size(), 0.0f);
-  kernels::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm-up
-  // The best of five trials: a trial that shared the cores with something else reads low.
-  double best = 0.0;
-  for (int trial = 0; trial < 5; ++trial) {
-    long calls = 0;
-    const auto start = Clock::now();
-    double elapsed = 0.0;
-    do {
-      kernels::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-      ++calls;
-      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    } while (elapsed < seconds / 5);
-    best = std::max(best, 2.0 * n * static_cast<double>(n) * n * calls / elapsed / 1e9);
-  }
-  kernels::setBlasThreads(before);
-  return best;
-}
-
 namespace {
 
 size_t residentPeakBytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return static_cast<size_t>(u.ru_maxrss) * 1024;
-}
-
-int usableCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
 }
 
 // ---- checkpoints: "CHCK", uint32 header length, the JSON header, then params, m, v (fp32) ----
@@ -145,7 +116,7 @@ std::string humanBytes(double bytes, int decimals) {
   return fmt::format("{:.{}f} {}", bytes, decimals, units[u]);
 }
 
-TrainResult train(const Job& job, Communicator* world, double peakGflops) {
+TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
   const int worldSize = world ? world->size() : 1;
   if (worldSize != job.ranks) {
     throw Error(chorusInvalidArgument,
@@ -246,7 +217,7 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
   kernels::setBlasThreads(blasThreads);
 
   TrainResult result;
-  result.peakGflops = peakGflops;
+  result.peak = peak;
   const std::string ckptPath = job.out + "/checkpoint.bin";
   if (leader) fs::create_directories(job.out);
   long start = 1;
@@ -421,7 +392,7 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
     r.loss = dp.average(lossSum / job.accumulate);
     r.seconds = ranks > 1 ? dp.average(r.seconds) : r.seconds;
     r.tokensPerSecond = static_cast<double>(job.globalBatch()) * job.seq / r.seconds;
-    r.mfu = peakGflops > 0 ? flopsPerStep / r.seconds / (peakGflops * 1e9) : 0.0;
+    r.mfu = peak.gflops > 0 ? flopsPerStep / r.seconds / (peak.gflops * 1e9) : 0.0;
     if ((job.evalEvery > 0 && step % job.evalEvery == 0) || step == job.steps) {
       r.valLoss = evaluate();
       model.takeMoeTotals();  // validation's routing is not the step's
@@ -457,12 +428,12 @@ TrainResult train(const Job& job, Communicator* world, double peakGflops) {
                                                                r.auxLoss, r.expertBalance, 100 * r.dropped)
                                                  : "";
       std::printf(
-          "step %5ld/%ld | loss %.4f%s%s | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%% | %.0f ms | state/rank %s "
+          "step %5ld/%ld | loss %.4f%s%s | lr %.2e | norm %.3f | %.0f tok/s | %s | %.0f ms | state/rank %s "
           "(params %s, grads %s, optimizer %s) | RSS %s\n",
           step, job.steps, r.loss, r.valLoss >= 0 ? fmt::format(" val {:.4f}", r.valLoss).c_str() : "", moeText.c_str(),
-          r.lr, r.gradNorm, r.tokensPerSecond, 100 * r.mfu, 1000 * r.seconds, humanBytes(b.persistent()).c_str(),
-          humanBytes(b.params).c_str(), humanBytes(b.grads).c_str(), humanBytes(b.optimizer).c_str(),
-          humanBytes(residentPeakBytes()).c_str());
+          r.lr, r.gradNorm, r.tokensPerSecond, mfuText(r.mfu, peak.source).c_str(), 1000 * r.seconds,
+          humanBytes(b.persistent()).c_str(), humanBytes(b.params).c_str(), humanBytes(b.grads).c_str(),
+          humanBytes(b.optimizer).c_str(), humanBytes(residentPeakBytes()).c_str());
       std::fflush(stdout);
     }
   }

@@ -10,6 +10,7 @@
 #include "src/training/data_parallel.h"
 #include "src/training/gpt.h"
 #include "src/training/job.h"
+#include "src/training/peak.h"
 
 namespace chorus::training {
 
@@ -48,23 +49,20 @@ struct TrainResult {
   std::vector<LayerSpan> stages;       // the pipeline's cut of the blocks (empty without one)
   int buckets = 0;
   size_t largestBucketBytes = 0;
-  double peakGflops = 0.0;
+  GemmPeak peak;                          // what MFU is measured against
   long resumedFrom = 0;                   // the checkpoint's step, 0 when started fresh
   std::vector<double> compressionRatios;  // per bucket, by formula (empty without compression)
   uint64_t compressionPayloadBytes = 0;   // payload a compressed step sends from a rank, by formula
 };
 
-// Measures single-precision GEMM throughput with `threads` BLAS threads (square products of n,
-// the best of five trials of about seconds / 5 each), in GFLOP/s.
-double measureGemmGflops(int threads, int n = 1024, double seconds = 0.5);
 // Bytes in the largest unit (B, KiB, ... TiB) that keeps the number at least 1: "7.2 MiB".
 std::string humanBytes(double bytes, int decimals = 1);
 
 // Runs the job. world: every rank of the job (its size must equal job.ranks; the device mesh's
-// groups are split from it), or null for one rank. peakGflops: the machine's GEMM peak for MFU (0: rank 0 measures it).
+// groups are split from it), or null for one rank. peak: the GEMM peak MFU is measured against.
 // The data must have been prepared in job.dataDir (prepareData). Fault injection for tests: environment variable
 // CHORUS_TRAIN_CRASH_IN_SAVE=N makes rank 0 die (SIGKILL) halfway through writing the checkpoint
 // of step N.
-TrainResult train(const Job& job, Communicator* world, double peakGflops);
+TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak);
 
 }  // namespace chorus::training
