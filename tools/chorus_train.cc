@@ -187,7 +187,8 @@ int worker(const Job& job) {
       const double n = static_cast<double>(result.moePhases.size());
       std::printf(
           "chorus-train: MoE layers per step (mean of %zu ranks): route %.2f ms, dispatch %.2f ms, experts %.2f ms, "
-          "combine %.2f ms (waiting on exchanges %.2f ms); chunks computed while the next was in flight: %ld of %ld\n",
+          "combine %.2f ms (waiting on exchanges %.2f ms); chunks computed while the next was in flight, all ranks and "
+          "steps: %ld of %ld\n",
           result.moePhases.size(), 1e3 * mean.route / n, 1e3 * mean.dispatch / n, 1e3 * mean.experts / n,
           1e3 * mean.combine / n, 1e3 * mean.wait / n, mean.overlapped, mean.chunks);
     }

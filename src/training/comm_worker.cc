@@ -3,10 +3,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 namespace chorus::training {
 
 CommWorker::CommWorker(Communicator& comm, int delayMs) : comm_(comm), delayMs_(delayMs), thread_([this] { loop(); }) {}
+
+int CommWorker::delayFromEnvironment() {
+  const char* delay = std::getenv("CHORUS_TRAIN_COMM_DELAY_MS");
+  return delay ? std::atoi(delay) : 0;
+}
 
 CommWorker::~CommWorker() {
   {

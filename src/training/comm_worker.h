@@ -23,6 +23,8 @@ class CommWorker {
   using Task = std::function<std::optional<Request>(Communicator&)>;
   // delayMs > 0: sleep that long before starting each task (a slow link, for tests).
   explicit CommWorker(Communicator& comm, int delayMs = 0);
+  // The test hook's delay: CHORUS_TRAIN_COMM_DELAY_MS, else 0.
+  static int delayFromEnvironment();
   ~CommWorker();
   CommWorker(const CommWorker&) = delete;
   CommWorker& operator=(const CommWorker&) = delete;

@@ -43,12 +43,11 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
                 fmt::format("data parallel: {} buckets in flight (at least 1)", settings.inflightBuckets));
   }
   const size_t bucketBytes = settings.bucketBytes;
-  const char* delay = std::getenv("CHORUS_TRAIN_COMM_DELAY_MS");
   const bool expertParallel = layout.ep() > 1;
   auto makeGroup = [&](Group& g, Communicator* c) {
     g.size = c ? c->size() : 1;
     g.rank = c ? c->rank() : 0;
-    if (c != nullptr && g.size > 1) g.worker = std::make_unique<CommWorker>(*c, delay ? std::atoi(delay) : 0);
+    if (c != nullptr && g.size > 1) g.worker = std::make_unique<CommWorker>(*c, CommWorker::delayFromEnvironment());
   };
   makeGroup(groups_[kDense], comm);
   if (expertParallel) {

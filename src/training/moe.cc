@@ -48,6 +48,18 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 
 size_t sum(const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.end(), size_t{0}); }
 
+// A pass's exchanges: the ones still in flight when it leaves early (an exchange or a product
+// failed) are waited for, so that none writes into buffers that go away with the error.
+struct Exchanges {
+  explicit Exchanges(size_t n) : futures(n) {}
+  ~Exchanges() {
+    for (auto& f : futures) {
+      if (f.valid()) f.wait();
+    }
+  }
+  std::vector<std::future<void>> futures;
+};
+
 }  // namespace
 
 size_t MoeChunk::sent() const { return sum(sendRows); }
@@ -349,11 +361,11 @@ void MoeMlp::forward(float* out, const float* x, int n, const float* router, con
   planChunks(a);
   const size_t K = a.chunks.size();
   sizeChunkBuffers(a);
-  std::vector<std::future<void>> dispatched(K), combined(K);
+  Exchanges dispatched(K), combined(K);
   for (size_t c = 0; c < K; ++c) {
     const MoeChunk& ch = a.chunks[c];
     kn::moeDispatch(sent_[c].data(), x + static_cast<size_t>(ch.first) * C, ch.row.data(), ch.tokens, k, C);
-    dispatched[c] = startExchange(sent_[c], received_[c], ch, true);
+    dispatched.futures[c] = startExchange(sent_[c], received_[c], ch, true);
   }
   const size_t localRows = a.chunks.back().expertAt + a.chunks.back().received();
   a.expertIn.resize(localRows * C);
@@ -366,7 +378,7 @@ void MoeMlp::forward(float* out, const float* x, int n, const float* router, con
   // start back at once.
   for (size_t c = 0; c < K; ++c) {
     const MoeChunk& ch = a.chunks[c];
-    arrive(dispatched, c, profile_.dispatch);
+    arrive(dispatched.futures, c, profile_.dispatch);
     t0 = Clock::now();
     regroup(received_[c].data(), a.expertIn.data() + ch.expertAt * C, ch, true);
     grouped_.resize(ch.received() * C);
@@ -374,7 +386,7 @@ void MoeMlp::forward(float* out, const float* x, int n, const float* router, con
     regroup(grouped_.data(), returned_[c].data(), ch, false);
     profile_.experts += since(t0);
     t0 = Clock::now();
-    combined[c] =
+    combined.futures[c] =
         startExchange(returned_[c], std::span<float>(a.combined).subspan(ch.sentAt * C, ch.sent() * C), ch, false);
     profile_.combine += since(t0);
   }
@@ -383,7 +395,7 @@ void MoeMlp::forward(float* out, const float* x, int n, const float* router, con
   t0 = Clock::now();
   for (size_t c = 0; c < K; ++c) {
     const MoeChunk& ch = a.chunks[c];
-    finish(combined[c]);
+    finish(combined.futures[c]);
     kn::moeCombine(out + static_cast<size_t>(ch.first) * C, a.combined.data() + ch.sentAt * C, ch.row.data(),
                    a.gate.data() + static_cast<size_t>(ch.first) * k, ch.tokens, k, C);
   }
@@ -398,20 +410,20 @@ void MoeMlp::backward(float* dx, float* dRouter, float* dExperts, const float* d
   auto t0 = Clock::now();
   dgate_.resize(static_cast<size_t>(n) * k);
   sizeChunkBuffers(a);
-  std::vector<std::future<void>> toExperts(K), back(K);
+  Exchanges toExperts(K), back(K);
   for (size_t c = 0; c < K; ++c) {
     const MoeChunk& ch = a.chunks[c];
     kn::moeCombineBackward(sent_[c].data(), dgate_.data() + static_cast<size_t>(ch.first) * k,
                            dout + static_cast<size_t>(ch.first) * C, a.combined.data() + ch.sentAt * C, ch.row.data(),
                            a.gate.data() + static_cast<size_t>(ch.first) * k, ch.tokens, k, C);
-    toExperts[c] = startExchange(sent_[c], received_[c], ch, true);
+    toExperts.futures[c] = startExchange(sent_[c], received_[c], ch, true);
   }
   profile_.combine += since(t0);
 
   // The experts' backward as each chunk's gradient arrives; the inputs' gradient starts back at once.
   for (size_t c = 0; c < K; ++c) {
     const MoeChunk& ch = a.chunks[c];
-    arrive(toExperts, c, profile_.combine);
+    arrive(toExperts.futures, c, profile_.combine);
     t0 = Clock::now();
     grouped_.resize(ch.received() * C);
     regroup(received_[c].data(), grouped_.data(), ch, true);
@@ -421,13 +433,13 @@ void MoeMlp::backward(float* dx, float* dRouter, float* dExperts, const float* d
     profile_.experts += since(t0);
     // (sent_[c] held the combine's gradient, which has left: it takes the inputs' gradient now.)
     t0 = Clock::now();
-    back[c] = startExchange(returned_[c], sent_[c], ch, false);
+    back.futures[c] = startExchange(returned_[c], sent_[c], ch, false);
     profile_.dispatch += since(t0);
   }
   t0 = Clock::now();
   for (size_t c = 0; c < K; ++c) {
     const MoeChunk& ch = a.chunks[c];
-    finish(back[c]);
+    finish(back.futures[c]);
     kn::moeDispatchBackward(dx + static_cast<size_t>(ch.first) * C, sent_[c].data(), ch.row.data(), ch.tokens, k, C);
   }
   profile_.dispatch += since(t0);

@@ -158,10 +158,8 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
   }
   // MoE exchanges in chunks run on a communication thread of the ep group, overlapping the experts.
   std::unique_ptr<CommWorker> epWorker;
-  if (epComm && config.moe.chunks > 1) {
-    const char* delay = std::getenv("CHORUS_TRAIN_COMM_DELAY_MS");
-    epWorker = std::make_unique<CommWorker>(*epComm, delay ? std::atoi(delay) : 0);
-  }
+  if (epComm && config.moe.chunks > 1)
+    epWorker = std::make_unique<CommWorker>(*epComm, CommWorker::delayFromEnvironment());
   Gpt model(config, job.micro, job.seq, TensorParallel{tpComm, job.sequenceParallel}, spans,
             parseRecompute(job.recompute), ContextParallel{cpComm}, ExpertParallel{epComm, epWorker.get()});
   const Sampler sampler(&trainTokens, job.seq, job.seed);
