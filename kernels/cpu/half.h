@@ -59,4 +59,10 @@ void floatToHalf(const float* in, uint16_t* out, size_t count);
 void bfloat16ToFloat(const uint16_t* in, float* out, size_t count);
 void floatToBfloat16(const float* in, uint16_t* out, size_t count);
 
+// The two 16-bit formats mixed-precision compute uses, and the bulk conversions by format.
+enum class Float16 { kBf16, kFp16 };
+const char* float16Name(Float16 format);  // "bf16", "fp16"
+void toFloat16(Float16 format, const float* in, uint16_t* out, size_t count);
+void fromFloat16(Float16 format, const uint16_t* in, float* out, size_t count);
+
 }  // namespace chorus::kernels

@@ -3,7 +3,10 @@
 // row-major. Safe from any thread; BLAS itself may use the threads setBlasThreads allows.
 #pragma once
 
+#include <cstdint>
 #include <string>
+
+#include "kernels/cpu/half.h"
 
 namespace chorus::kernels {
 
@@ -24,7 +27,39 @@ void matmulBackward(float* dinp, float* dweight, float* dbias, const float* dout
 void gemm(bool transA, bool transB, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
           float beta, float* c, int ldc);
 
-// Threads BLAS may use for one call (OpenBLAS: openblas_set_num_threads), and what it reports.
+// 16-bit products (mixed precision): operands in bf16 or fp16, every product and sum in fp32, the
+// result in fp32 (a product of two 16-bit values is exact in fp32, so backends differ only in the
+// order of the sums). Two backends:
+//   kOneDnn: oneDNN's matmul, where the build has oneDNN and it has a kernel for the format on this
+//     CPU (bf16 wants AVX-512; AVX-512 BF16 runs it natively);
+//   kWidened: the operands widened to fp32 and multiplied by SGEMM: right everywhere, and slower
+//     than SGEMM by the widening, so 16-bit compute pays off only where a 16-bit kernel exists.
+enum class Gemm16Backend { kOneDnn, kWidened };
+const char* gemm16BackendName(Gemm16Backend backend);  // "oneDNN", "widened to SGEMM"
+// Whether the backend can multiply this format here (kWidened: always).
+bool gemm16Supported(Float16 format, Gemm16Backend backend);
+// The backend gemm16 picks for the format: oneDNN where supported, else widened.
+Gemm16Backend gemm16Backend(Float16 format);
+// e.g. "bf16 products: oneDNN 2.6.3 (avx512_core_bf16)" or "... widened to SGEMM (oneDNN has no bf16 kernel
+// for this CPU)".
+std::string gemm16Description(Float16 format);
+
+// gemm with 16-bit A and B (row-major, leading dimensions in elements), fp32 C. A shape the
+// oneDNN backend refuses is done widened.
+void gemm16(Float16 format, bool transA, bool transB, int m, int n, int k, float alpha, const uint16_t* a, int lda,
+            const uint16_t* b, int ldb, float beta, float* c, int ldc);
+void gemm16With(Gemm16Backend backend, Float16 format, bool transA, bool transB, int m, int n, int k, float alpha,
+                const uint16_t* a, int lda, const uint16_t* b, int ldb, float beta, float* c, int ldc);
+
+// matmulForward / matmulBackward with 16-bit inputs and weights; out, the bias and every gradient
+// are fp32. Backward casts dout to the format for the two products (dbias sums the fp32 dout).
+void matmulForward16(Float16 format, float* out, const uint16_t* inp, const uint16_t* weight, const float* bias, int n,
+                     int c, int oc);
+void matmulBackward16(Float16 format, float* dinp, float* dweight, float* dbias, const float* dout, const uint16_t* inp,
+                      const uint16_t* weight, int n, int c, int oc);
+
+// Threads BLAS (and oneDNN) may use for one call (OpenBLAS: openblas_set_num_threads; oneDNN:
+// its OpenMP threads), and what BLAS reports.
 void setBlasThreads(int threads);
 int blasThreads();
 // The BLAS library and the kernels it chose for this CPU, e.g. "OpenBLAS 0.3.21 SkylakeX".

@@ -140,6 +140,105 @@ TEST(NnKernelsTest, LinearForwardAndBackward) {
             1e-5);
 }
 
+// ---- 16-bit products ----
+
+// x rounded to the format, as 16-bit bits and as the doubles they hold.
+struct Rounded {
+  std::vector<uint16_t> bits;
+  Vec values;
+};
+Rounded roundTo(Float16 format, const std::vector<float>& x) {
+  Rounded r{std::vector<uint16_t>(x.size()), Vec(x.size())};
+  toFloat16(format, x.data(), r.bits.data(), x.size());
+  std::vector<float> back(x.size());
+  fromFloat16(format, r.bits.data(), back.data(), x.size());
+  r.values = asDoubles(back);
+  return r;
+}
+
+// Every backend this build and CPU have for the format (the widened one always).
+std::vector<Gemm16Backend> backendsFor(Float16 format) {
+  std::vector<Gemm16Backend> backends{Gemm16Backend::kWidened};
+  if (gemm16Supported(format, Gemm16Backend::kOneDnn)) backends.push_back(Gemm16Backend::kOneDnn);
+  return backends;
+}
+
+TEST(NnKernelsTest, SixteenBitGemmEqualsTheProductOfTheRoundedOperandsInEveryLayout) {
+  // C = alpha op(A) op(B) + beta C with A and B rounded to the format: checked against double sums
+  // of the rounded values, in all four transpositions with padded leading dimensions. The error
+  // bound is fp32 accumulation's; the rounding itself (2^-8 for bf16) would be far above it.
+  const int m = 9, n = 11, k = 37;
+  for (Float16 format : {Float16::kBf16, Float16::kFp16}) {
+    SCOPED_TRACE(gemm16Description(format));
+    for (Gemm16Backend backend : backendsFor(format)) {
+      SCOPED_TRACE(gemm16BackendName(backend));
+      for (int t = 0; t < 4; ++t) {
+        const bool ta = (t & 1) != 0, tb = (t & 2) != 0;
+        const int lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 1;
+        const auto a = roundTo(format, randomFloats(static_cast<size_t>(ta ? k : m) * lda, 11 + t));
+        const auto b = roundTo(format, randomFloats(static_cast<size_t>(tb ? n : k) * ldb, 21 + t));
+        const auto c0 = randomFloats(static_cast<size_t>(m) * ldc, 31 + t);
+        const float alpha = 0.75f, beta = t % 2 == 0 ? 1.0f : 0.0f;
+        std::vector<float> c = c0;
+        gemm16With(backend, format, ta, tb, m, n, k, alpha, a.bits.data(), lda, b.bits.data(), ldb, beta, c.data(),
+                   ldc);
+        double worst = 0.0;
+        for (int i = 0; i < m; ++i) {
+          for (int j = 0; j < n; ++j) {
+            double sum = 0.0, scale = 0.0;
+            for (int l = 0; l < k; ++l) {
+              const double x = ta ? a.values[l * lda + i] : a.values[i * lda + l];
+              const double y = tb ? b.values[j * ldb + l] : b.values[l * ldb + j];
+              sum += x * y;
+              scale += std::abs(x * y);
+            }
+            const double want = alpha * sum + beta * c0[i * ldc + j];
+            worst = std::max(worst, std::abs(c[i * ldc + j] - want) / (scale + std::abs(c0[i * ldc + j])));
+          }
+          // The padding past each row's n columns is not touched.
+          for (int j = n; j < ldc; ++j) EXPECT_EQ(c[i * ldc + j], c0[i * ldc + j]);
+        }
+        EXPECT_LT(worst, 4e-6) << "transA " << ta << " transB " << tb;
+      }
+    }
+  }
+}
+
+TEST(NnKernelsTest, SixteenBitLinearForwardAndBackward) {
+  // The 16-bit linear layer against the double linear layer of the rounded input and weight:
+  // forward exactly so; backward's products take dout rounded too, so they are compared with the
+  // double gradients within the format's rounding (and dbias, summed from fp32 dout, tightly).
+  const int n = 6, c = 40, oc = 24;
+  for (Float16 format : {Float16::kBf16, Float16::kFp16}) {
+    SCOPED_TRACE(float16Name(format));
+    const auto x = roundTo(format, randomFloats(n * c, 41)), w = roundTo(format, randomFloats(oc * c, 42));
+    const auto b = randomFloats(oc, 43);
+    std::vector<float> out(n * oc);
+    matmulForward16(format, out.data(), x.bits.data(), w.bits.data(), b.data(), n, c, oc);
+    EXPECT_LT(relativeError(out, linearRef(x.values, w.values, asDoubles(b), n, c, oc)), 1e-6);
+
+    const auto dout = randomFloats(n * oc, 44);
+    std::vector<float> dx(n * c, 1.0f), dw(oc * c, 1.0f), db(oc, 1.0f);
+    matmulBackward16(format, dx.data(), dw.data(), db.data(), dout.data(), x.bits.data(), w.bits.data(), n, c, oc);
+    for (auto* g : {&dx, &dw, &db}) {
+      for (auto& v : *g) v -= 1.0f;
+    }
+    const Vec wd = asDoubles(dout);
+    const double rounding = format == Float16::kBf16 ? 1e-2 : 2e-3;
+    EXPECT_LT(relativeError(dx, numericGradient(x.values, wd,
+                                                [&](const Vec& v) { return linearRef(v, w.values, {}, n, c, oc); })),
+              rounding);
+    EXPECT_LT(relativeError(dw, numericGradient(w.values, wd,
+                                                [&](const Vec& v) { return linearRef(x.values, v, {}, n, c, oc); })),
+              rounding);
+    Vec dbWant(oc, 0.0);
+    for (int r = 0; r < n; ++r) {
+      for (int o = 0; o < oc; ++o) dbWant[o] += dout[r * oc + o];
+    }
+    EXPECT_LT(relativeError(db, dbWant), 1e-6);
+  }
+}
+
 TEST(NnKernelsTest, EmbeddingForwardAndBackward) {
   const int B = 2, T = 3, C = 4, V = 5;
   const std::vector<int> tokens = {4, 0, 4, 1, 2, 4};  // token 4 three times: its gradient sums three rows
