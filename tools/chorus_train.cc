@@ -253,7 +253,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets;
   int ranks = 0, zero = -1, tp = 0, pp = 0, cp = 0, ep = 0;
   long steps = 0;
-  std::string out, compress;
+  std::string out, compress, precision;
   bool resume = false, calibrate = false;
   double peakTflops = 0;
   app.add_option("job", jobPath, "the job file (TOML)");
@@ -268,19 +268,25 @@ int main(int argc, char** argv) {
   app.add_option("--compress", compress,
                  "gradient compressor of the data-parallel all-reduce, e.g. powersgd:4, bf16, topk:0.01,ef=0 "
                  "(overrides [compress] name)");
+  app.add_option("--precision", precision,
+                 "compute precision: fp32, bf16 or fp16 (fp16 with a dynamic loss scale) (overrides [precision] "
+                 "compute)");
   app.add_flag("--resume", resume, "continue from the output directory's checkpoint");
   app.add_option("--peak-tflops", peakTflops, "this machine's GEMM peak for MFU (overrides [run] peak_tflops)");
   app.add_flag("--calibrate", calibrate,
-               "measure this machine's fp32 GEMM peak (run it with nothing else on the cores) and keep it for MFU "
+               "measure this machine's GEMM peaks (fp32, bf16, fp16; run it with nothing else on the cores) and keep "
+               "them for MFU "
                "in the calibration file ($CHORUS_CALIBRATION, else ~/.cache/chorus/gemm-peaks.json); no job");
   app.add_option("--set", sets, "any key: --set section.key=value (TOML value)");
   CLI11_PARSE(app, argc, argv);
   if (calibrate) {
     try {
-      const double gflops = measureGemmGflops(usableCpus(), 1024, 5.0);
-      saveCalibratedPeak(calibrationFile(), "fp32", gflops);
-      std::printf("chorus-train: fp32 GEMM peak of %s: %.1f GFLOP/s, kept in %s\n", machineKey().c_str(), gflops,
-                  calibrationFile().c_str());
+      for (const char* precision : {"fp32", "bf16", "fp16"}) {
+        const double gflops = measureGemmGflops(usableCpus(), 1024, 5.0, precision);
+        saveCalibratedPeak(calibrationFile(), precision, gflops);
+        std::printf("chorus-train: %s GEMM peak of %s: %.1f GFLOP/s, kept in %s\n", precision, machineKey().c_str(),
+                    gflops, calibrationFile().c_str());
+      }
       return 0;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "chorus-train: %s\n", e.what());
@@ -301,6 +307,7 @@ int main(int argc, char** argv) {
   if (steps > 0) sets.push_back(fmt::format("run.steps={}", steps));
   if (!out.empty()) sets.push_back(fmt::format("run.out={}", nlohmann::json(out).dump()));
   if (resume) sets.push_back("run.resume=true");
+  if (!precision.empty()) sets.push_back(fmt::format("precision.compute={}", nlohmann::json(precision).dump()));
   if (!compress.empty()) sets.push_back(fmt::format("compress.name={}", nlohmann::json(compress).dump()));
   try {
     const Job job = loadJob(jobPath, sets);

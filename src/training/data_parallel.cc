@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "chorus/error.hpp"
+#include "kernels/cpu/half.h"
 
 namespace chorus::training {
 
@@ -108,6 +109,12 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
   grads_.assign(stage_ >= 2 ? shardTotal_ : fullTotal_, 0.0f);
   m_.assign(stage_ >= 1 ? shardTotal_ : fullTotal_, 0.0f);
   optimizer_ = settings.optimizer;
+  reduceBf16_ = settings.reduceBf16;
+  if (reduceBf16_ && !settings.compressor.empty() && settings.compressor != "none") {
+    throw Error(chorusInvalidArgument,
+                fmt::format("data parallel: gradients reduced in bf16 and compressed by '{}' at once; choose one",
+                            settings.compressor));
+  }
   v_.assign(optimizer_ == kernels::Optimizer::kAdamW ? m_.size() : 0, 0.0f);
   for (auto& b : buckets_) {
     if (stage_ == 3) {
@@ -322,16 +329,8 @@ void DataParallel::reduceBucket(Bucket& b) {
           });
       return;
     }
-    const size_t padded = b.padded, shard = b.shard;
-    const bool scatter = stage_ == 1;
-    b.reduction =
-        worker->submit([g, padded, shard, scatter, count = countOverlap()](Communicator& c) -> std::optional<Request> {
-          count();
-          if (!scatter) return c.iallReduce(std::span<float>(g, padded), ReduceOp::kAvg);
-          // In place: this rank's slice of the bucket receives the average of everyone's.
-          return c.ireduceScatter(std::span<const float>(g, padded), std::span<float>(g + c.rank() * shard, shard),
-                                  ReduceOp::kAvg);
-        });
+    // ZeRO-0 averages the bucket in place; ZeRO-1 puts this rank's slice of the average in place.
+    b.reduction = submitReduction(b, g, stage_ == 1 ? g + static_cast<size_t>(groupOf(b).rank) * b.shard : nullptr, {});
     return;
   }
   // ZeRO-2/3: reduce-scatter the bucket's whole gradient, add this rank's slice into the shard
@@ -350,14 +349,48 @@ void DataParallel::reduceBucket(Bucket& b) {
     accumulate();
     return;
   }
-  const size_t padded = b.padded;
   pendingWholeGrads_.push_back(static_cast<int>(&b - buckets_.data()));
-  b.reduction = worker->submit(
-      [whole, own, padded, shard, count = countOverlap()](Communicator& c) -> std::optional<Request> {
+  b.reduction = submitReduction(b, whole, own, accumulate);
+}
+
+std::future<void> DataParallel::submitReduction(Bucket& b, float* g, float* out, std::function<void()> then) {
+  CommWorker* worker = groupOf(b).worker.get();
+  const size_t padded = b.padded, shard = b.shard;
+  if (!reduceBf16_) {
+    return worker->submit(
+        [g, out, padded, shard, count = countOverlap()](Communicator& c) -> std::optional<Request> {
+          count();
+          if (out == nullptr) return c.iallReduce(std::span<float>(g, padded), ReduceOp::kAvg);
+          return c.ireduceScatter(std::span<const float>(g, padded), std::span<float>(out, shard), ReduceOp::kAvg);
+        },
+        std::move(then));
+  }
+  // bf16: cast on the worker (backward is done with g), reduced in 16 bits, the result widened
+  // into place; the 16-bit copy lives only meanwhile.
+  Bucket* bucket = &b;
+  const size_t at = out == nullptr ? 0 : static_cast<size_t>(out - g);  // this rank's slice
+  auto widen = [this, bucket, g, out, at, padded, shard, then = std::move(then)] {
+    if (out == nullptr) {
+      kernels::bfloat16ToFloat(bucket->half.data(), g, padded);
+    } else {
+      kernels::bfloat16ToFloat(bucket->half.data() + at, out, shard);
+    }
+    trackTransient(-static_cast<long>(bucket->half.size() * sizeof(uint16_t)));
+    std::vector<uint16_t>().swap(bucket->half);
+    if (then) then();
+  };
+  return worker->submit(
+      [this, bucket, g, out, at, padded, shard, count = countOverlap()](Communicator& c) -> std::optional<Request> {
         count();
-        return c.ireduceScatter(std::span<const float>(whole, padded), std::span<float>(own, shard), ReduceOp::kAvg);
+        bucket->half.resize(padded);
+        trackTransient(static_cast<long>(padded * sizeof(uint16_t)));
+        kernels::floatToBfloat16(g, bucket->half.data(), padded);
+        auto* h = reinterpret_cast<BFloat16*>(bucket->half.data());
+        if (out == nullptr) return c.iallReduce(std::span<BFloat16>(h, padded), ReduceOp::kAvg);
+        return c.ireduceScatter(std::span<const BFloat16>(h, padded), std::span<BFloat16>(h + at, shard),
+                                ReduceOp::kAvg);
       },
-      accumulate);
+      std::move(widen));
 }
 
 void DataParallel::waitReductions() {
@@ -381,7 +414,8 @@ void DataParallel::sumOverRanks(std::vector<double>& values) {
   worker->run([&values](Communicator& c) { c.allReduce(std::span<double>(values), ReduceOp::kSum); });
 }
 
-double DataParallel::step(const kernels::OptimizerSettings& optimizer, long stepNumber, float clipNorm) {
+double DataParallel::step(const kernels::OptimizerSettings& optimizer, long stepNumber, float clipNorm,
+                          float gradScale) {
   if (optimizer.kind != optimizer_) {
     throw Error(chorusInvalidUsage, "data parallel: step() with another optimizer than the one it was made for");
   }
@@ -438,6 +472,12 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
       }
     }
   };
+  if (gradScale != 1.0f) {
+    for (const auto& b : buckets_) {
+      const Own o = own(b);
+      kernels::scale(grads_.data() + o.g, o.hi - o.lo, 1.0f / gradScale);
+    }
+  }
   double groupSquares[2] = {0.0, 0.0};
   eachTensorPart([&](const ParamTensor& t, const Own& o, size_t d, size_t n) {
     if (t.counted) groupSquares[o.group] += kernels::sumOfSquares(grads_.data() + o.g + d, n);
@@ -449,6 +489,11 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
   double squares = groupSquares[kDense] + groupSquares[kExperts];
   if (modelParallelSum_) squares = modelParallelSum_(squares);
   const double norm = std::sqrt(squares);
+  if (!std::isfinite(norm)) {  // every rank sees the same norm, so every rank skips
+    std::fill(grads_.begin(), grads_.end(), 0.0f);
+    nextStep_ = stepNumber + 1;
+    return norm;
+  }
   if (clipNorm > 0.0f && norm > clipNorm) {
     const float factor = static_cast<float>(clipNorm / (norm + 1e-6));
     for (const auto& b : buckets_) {

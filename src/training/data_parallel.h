@@ -66,6 +66,9 @@ struct DataParallelSettings {
   // the experts' part over the ep group with expertParallelSum (on the training thread).
   Communicator* expertComm = nullptr;
   std::function<double(double)> expertParallelSum;
+  // Gradients averaged in bf16 (half the bytes on the wire): each bucket cast before its reduction,
+  // the result widened after. Not with a compressor.
+  bool reduceBf16 = false;
   // The optimizer step() takes: AdamW keeps m and v per parameter, SGD m only.
   kernels::Optimizer optimizer = kernels::Optimizer::kAdamW;
 };
@@ -96,11 +99,14 @@ class DataParallel : public UnitAccess {
   // interleave, calls it before each backward instead (stages 0 and 1 only); step() reduces the
   // buckets whose gradients a last micro-batch did not finish.
   void beginMicro(bool last, bool eval = false);
-  // After the last micro-batch's backward: waits for the reductions, clips the gradient to
-  // clipNorm (global L2 norm; 0: no clipping), takes one optimizer step (step counts from 1; the
-  // kind the settings were made with) and makes parameters current everywhere (ZeRO-1/2 all-gather
-  // them). Returns the gradient's norm before clipping. Gradients are then zeroed for the next step.
-  double step(const kernels::OptimizerSettings& optimizer, long step, float clipNorm);
+  // After the last micro-batch's backward: waits for the reductions, divides the gradients by
+  // gradScale (the loss scale they carry), clips the gradient to clipNorm (global L2 norm; 0: no
+  // clipping), takes one optimizer step (step counts from 1; the kind the settings were made with)
+  // and makes parameters current everywhere (ZeRO-1/2 all-gather them). Returns the gradient's norm
+  // before clipping. When that norm is not finite (an overflow, on some rank: the norm is global),
+  // no step is taken: parameters and optimizer state stay as they were. Gradients are then zeroed
+  // for the next step.
+  double step(const kernels::OptimizerSettings& optimizer, long step, float clipNorm, float gradScale = 1.0f);
 
   // UnitAccess, for Gpt::forward and backward.
   const float* acquire(int unit, Pass pass) override;
@@ -153,6 +159,7 @@ class DataParallel : public UnitAccess {
     bool reduced = false;              // ZeRO-0/1: its reduction has been started this step
     std::vector<float> transientGrad;  // ZeRO-2/3: the bucket's whole gradient during backward
     std::vector<float> gathered;       // ZeRO-3: the bucket's whole parameters while in use
+    std::vector<uint16_t> half;        // reduceBf16: the gradient in bf16 while it is reduced (worker only)
     std::future<void> reduction, gather;
   };
   Bucket& bucketOf(int unit) { return buckets_[unitBucket_[unit]]; }
@@ -161,6 +168,10 @@ class DataParallel : public UnitAccess {
   // Mean of value over a group's ranks (on its communication thread).
   double averageOver(Group& g, double value);
   void reduceBucket(Bucket& b);
+  // A reduction task of padded gradients at g: averaged in place (all-reduce), or this rank's
+  // shard of them into out (reduce-scatter); in fp32, or in bf16 through b.half (reduceBf16).
+  // `then` runs on the worker once the result is in place.
+  std::future<void> submitReduction(Bucket& b, float* g, float* out, std::function<void()> then);
   void startGather(Bucket& b);
   void waitGather(Bucket& b);
   void waitReductions();
@@ -186,6 +197,7 @@ class DataParallel : public UnitAccess {
   size_t fullTotal_ = 0, shardTotal_ = 0;
   // Persistent state: full padded arrays or shard arrays, by stage.
   std::vector<float> params_, grads_, m_, v_;  // v_: AdamW only
+  bool reduceBf16_ = false;
   kernels::Optimizer optimizer_ = kernels::Optimizer::kAdamW;
   bool lastMicro_ = true, eval_ = false;
   // ZeRO-3 access order within a micro-batch (its first forwardLength_ in forward) and where we are in it.

@@ -342,6 +342,25 @@ Recompute parseRecompute(const std::string& name) {
               fmt::format("activation recompute '{}' is not one of none, selective, full", name));
 }
 
+Compute parseCompute(const std::string& name) {
+  if (name == "fp32") return Compute::kFp32;
+  if (name == "bf16") return Compute::kBf16;
+  if (name == "fp16") return Compute::kFp16;
+  throw Error(chorusInvalidArgument, fmt::format("compute precision '{}' is not one of fp32, bf16, fp16", name));
+}
+
+const char* computeName(Compute compute) {
+  switch (compute) {
+    case Compute::kFp32:
+      return "fp32";
+    case Compute::kBf16:
+      return "bf16";
+    case Compute::kFp16:
+      return "fp16";
+  }
+  return "?";
+}
+
 std::vector<int> contextPositions(int seq, int size, int rank) {
   if (size < 1 || rank < 0 || rank >= size || seq < 1 || (size > 1 && seq % (2 * size) != 0)) {
     throw Error(chorusInvalidArgument,
@@ -358,7 +377,7 @@ std::vector<int> contextPositions(int seq, int size, int rank) {
 }
 
 Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::vector<LayerSpan> spans,
-         Recompute recompute, ContextParallel cp, ExpertParallel ep)
+         Recompute recompute, ContextParallel cp, ExpertParallel ep, Compute compute)
     : config_(config),
       tp_(tp),
       layout_(config, tp.size(), tp.rank(), std::move(spans), ep.size(), ep.rank()),
@@ -369,6 +388,8 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::ve
       heads_(config.heads / tp.size()),
       sequenceParallel_(tp.sequenceParallel && tp.size() > 1),
       recompute_(recompute),
+      compute_(compute),
+      format_(compute == Compute::kFp16 ? kn::Float16::kFp16 : kn::Float16::kBf16),
       cp_(cp),
       ep_(ep) {
   if (batch < 1) throw Error(chorusInvalidArgument, fmt::format("GPT: batch = {} (at least 1)", batch));
@@ -396,6 +417,7 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::ve
   dqkv_.resize(N * 3 * Ct);
   dfch_.resize(N * Ft);
   dfchGelu_.resize(N * Ft);
+  if (sixteen()) work_.resize(std::max({Nl * C, N * Ct, N * Ft}));
   if (sequenceParallel_) {
     wholeRows_.resize(N * C);
     dlnRows_.resize(Nl * C);
@@ -450,10 +472,10 @@ Gpt::Activations& Gpt::slotOf(int c, int slot) {
   if (lastChunk(c)) {
     const size_t V = layout_.vocabCount();
     a->targets.resize(N);
-    a->lnf.resize(Nl * C);
+    (sixteen() ? a->lnfh.resize(Nl * C) : a->lnf.resize(Nl * C));
     a->lnfMean.resize(Nl);
     a->lnfRstd.resize(Nl);
-    if (sequenceParallel_) a->lnfWhole.resize(N * C);
+    if (sequenceParallel_) (sixteen() ? a->lnfWholeh.resize(N * C) : a->lnfWhole.resize(N * C));
     a->logits.resize(N * V);
     a->probs.resize(N * V);
     a->losses.resize(N);
@@ -465,48 +487,57 @@ Gpt::Activations& Gpt::slotOf(int c, int slot) {
 void Gpt::allocateLayer(Layer& L, bool withAttention, bool dense) const {
   const size_t N = static_cast<size_t>(B_) * T_, Nl = rows_;
   const size_t C = config_.width, Ct = Ct_, Ft = Ft_;
-  L.ln1.resize(Nl * C);
+  // 16-bit compute keeps the linear layers' inputs in 16 bits (see Layer).
+  const bool half = sixteen();
+  (half ? L.ln1h.resize(Nl * C) : L.ln1.resize(Nl * C));
   L.ln1Mean.resize(Nl);
   L.ln1Rstd.resize(Nl);
   L.qkv.resize(N * 3 * Ct);
-  L.atty.resize(N * Ct);
+  (half && cp_.size() == 1 ? L.attyh.resize(N * Ct) : L.atty.resize(N * Ct));
   if (withAttention) L.att.resize(static_cast<size_t>(B_) * heads_ * T_ * T_);
   if (cp_.size() > 1) L.lse.resize(static_cast<size_t>(B_) * heads_ * T_);
   L.res2.resize(Nl * C);
-  L.ln2.resize(Nl * C);
+  (half && dense ? L.ln2h.resize(Nl * C) : L.ln2.resize(Nl * C));
   L.ln2Mean.resize(Nl);
   L.ln2Rstd.resize(Nl);
   if (!dense) return;
   L.fch.resize(N * Ft);
-  L.fchGelu.resize(N * Ft);
+  (half ? L.fchGeluh.resize(N * Ft) : L.fchGelu.resize(N * Ft));
 }
 
-size_t Gpt::Layer::floats() const {
-  return ln1.size() + ln1Mean.size() + ln1Rstd.size() + qkv.size() + atty.size() + att.size() + lse.size() +
-         res2.size() + ln2.size() + ln2Mean.size() + ln2Rstd.size() + fch.size() + fchGelu.size() + moe.floats();
+size_t Gpt::Layer::bytes() const {
+  const size_t floats = ln1.size() + ln1Mean.size() + ln1Rstd.size() + qkv.size() + atty.size() + att.size() +
+                        lse.size() + res2.size() + ln2.size() + ln2Mean.size() + ln2Rstd.size() + fch.size() +
+                        fchGelu.size() + moe.floats();
+  const size_t halves = ln1h.size() + attyh.size() + ln2h.size() + fchGeluh.size();
+  return floats * sizeof(float) + halves * sizeof(uint16_t);
 }
 
-size_t Gpt::Activations::floats() const {
+size_t Gpt::Activations::bytes() const {
   size_t n = 0;
   for (const auto& r : residual) n += r.size();
-  for (const auto& L : layers) n += L.floats();
   n += lnf.size() + lnfMean.size() + lnfRstd.size() + lnfWhole.size() + logits.size() + probs.size() + losses.size();
-  return n + tokens.size() + targets.size();  // ints are as wide as floats
+  n += tokens.size() + targets.size();  // ints are as wide as floats
+  size_t bytes = n * sizeof(float) + (lnfh.size() + lnfWholeh.size()) * sizeof(uint16_t);
+  for (const auto& L : layers) bytes += L.bytes();
+  return bytes;
 }
 
 size_t Gpt::activationBytes() const {
-  size_t floats = 0;
+  size_t bytes = 0;
   for (const auto& chunk : chunks_) {
-    for (const auto& a : chunk.slots) floats += a->floats();
+    for (const auto& a : chunk.slots) bytes += a->bytes();
   }
+  size_t floats = 0;
   floats += ceStats_.size() + dres_.size() + dln_.size() + datty_.size() + dqkv_.size() + dfch_.size() +
             dfchGelu_.size() + dattScratch_.size();
   floats += wholeRows_.size() + dlnRows_.size() + lnGrad_.size();
-  floats += recomputed_.floats() + attScratch_.size() + recomputeOut_.size();
+  floats += attScratch_.size() + recomputeOut_.size() + work_.size();
+  bytes += recomputed_.bytes() + (scratch16_.size() + castWeights_.size() + wholeRows16_.size()) * sizeof(uint16_t);
   for (int i = 0; i < 2; ++i) floats += ringKv_[i].size() + ringDkv_[i].size();
   floats += ringMax_.size() + ringSum_.size() + ringScratch_.size();
   floats += moeGrad_.size() + (moe_ ? moe_->scratchFloats() : 0);
-  return floats * sizeof(float);
+  return bytes + floats * sizeof(float);
 }
 
 std::span<const float> Gpt::logits() const {
@@ -536,35 +567,43 @@ void Gpt::blockForward(const float* weights, const float* experts, Layer& L, con
   const size_t NlC = static_cast<size_t>(Nl) * C;
   const bool split = tp_.size() > 1;
   const auto w = blockPtrs<const float*>(weights, C, Ct, Ft);
-  kn::layernormForward(L.ln1.data(), L.ln1Mean.data(), L.ln1Rstd.data(), in, w.ln1w, w.ln1b, Nl, C);
-  kn::matmulForward(L.qkv.data(), gatherRows(L.ln1.data()), w.qkvw, w.qkvb, N, C, 3 * Ct);
+  const auto wh = sixteen() ? blockPtrs(castWeights(weights, layout_.unitCount(layout_.blockUnit(layer))), C, Ct, Ft)
+                            : BlockPtrs<const uint16_t*>{};
+  float* ln1 = madeIn(L.ln1);
+  kn::layernormForward(ln1, L.ln1Mean.data(), L.ln1Rstd.data(), in, w.ln1w, w.ln1b, Nl, C);
+  linearForward(L.qkv.data(), gathered(operand(ln1, L.ln1h, NlC)), w.qkvw, wh.qkvw, w.qkvb, N, C, 3 * Ct);
+  float* atty = madeIn(L.atty);
   if (cp_.size() > 1) {
-    ringAttention(L, Pass::kForward);
+    ringAttention(L, Pass::kForward);  // into L.atty, kept with context parallelism
   } else {
-    kn::attentionForward(L.atty.data(), attOf(L), L.qkv.data(), B, T, Ct, NHt);
+    kn::attentionForward(atty, attOf(L), L.qkv.data(), B, T, Ct, NHt);
   }
+  const Operand attyIn = operand(atty, L.attyh, static_cast<size_t>(N) * Ct);
   // The projection's output goes to `out` for a moment, then the residual sum into res2. Row
   // parallel: each rank's heads give a partial sum; the bias is added to the total.
   if (!split) {
-    kn::matmulForward(out, L.atty.data(), w.projw, w.projb, N, C, C);
+    linearForward(out, attyIn, w.projw, wh.projw, w.projb, N, C, C);
   } else {
-    kn::matmulForward(partialFor(out), L.atty.data(), w.projw, nullptr, N, Ct, C);
+    linearForward(partialFor(out), attyIn, w.projw, wh.projw, nullptr, N, Ct, C);
     sumRows(partialFor(out), out);
     addBias(out, w.projb, Nl, C);
   }
   kn::residualForward(L.res2.data(), in, out, NlC);
-  kn::layernormForward(L.ln2.data(), L.ln2Mean.data(), L.ln2Rstd.data(), L.res2.data(), w.ln2w, w.ln2b, Nl, C);
+  float* ln2 = madeIn(L.ln2);
+  kn::layernormForward(ln2, L.ln2Mean.data(), L.ln2Rstd.data(), L.res2.data(), w.ln2w, w.ln2b, Nl, C);
   if (config_.moeLayer(layer)) {
     moeForward(w.fcw, experts, L, out);  // the router's weight is where the dense MLP's would start
     kn::residualForward(out, L.res2.data(), out, NlC);
     return;
   }
-  kn::matmulForward(L.fch.data(), gatherRows(L.ln2.data()), w.fcw, w.fcb, N, C, Ft);
-  kn::geluForward(L.fchGelu.data(), L.fch.data(), static_cast<size_t>(N) * Ft);
+  linearForward(L.fch.data(), gathered(operand(ln2, L.ln2h, NlC)), w.fcw, wh.fcw, w.fcb, N, C, Ft);
+  float* fchGelu = madeIn(L.fchGelu);
+  kn::geluForward(fchGelu, L.fch.data(), static_cast<size_t>(N) * Ft);
+  const Operand geluIn = operand(fchGelu, L.fchGeluh, static_cast<size_t>(N) * Ft);
   if (!split) {
-    kn::matmulForward(out, L.fchGelu.data(), w.fcprojw, w.fcprojb, N, 4 * C, C);
+    linearForward(out, geluIn, w.fcprojw, wh.fcprojw, w.fcprojb, N, 4 * C, C);
   } else {
-    kn::matmulForward(partialFor(out), L.fchGelu.data(), w.fcprojw, nullptr, N, Ft, C);
+    linearForward(partialFor(out), geluIn, w.fcprojw, wh.fcprojw, nullptr, N, Ft, C);
     sumRows(partialFor(out), out);
     addBias(out, w.fcprojb, Nl, C);
   }
@@ -651,18 +690,26 @@ float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, 
 
   const int lnfUnit = layout_.finalNormUnit();
   const float* lnf = access.acquire(lnfUnit, Pass::kForward);
-  kn::layernormForward(a.lnf.data(), a.lnfMean.data(), a.lnfRstd.data(), a.residual.back().data(), lnf, lnf + C, Nl, C);
+  float* lnfMade = madeIn(a.lnf);
+  kn::layernormForward(lnfMade, a.lnfMean.data(), a.lnfRstd.data(), a.residual.back().data(), lnf, lnf + C, Nl, C);
   access.release(lnfUnit, Pass::kForward);
   // The head sees every row: with sequence parallelism the final layernorm's rows are gathered
   // (and kept for backward's weight gradient).
-  const float* lnfRows = a.lnf.data();
+  Operand lnfRows = operand(lnfMade, a.lnfh, NlC);
   if (sequenceParallel_) {
-    tp_.comm->allGather(std::span<const float>(a.lnf), std::span<float>(a.lnfWhole));
-    lnfRows = a.lnfWhole.data();
+    if (sixteen()) {
+      tp_.comm->allGather(std::span<const BFloat16>(reinterpret_cast<const BFloat16*>(a.lnfh.data()), a.lnfh.size()),
+                          std::span<BFloat16>(reinterpret_cast<BFloat16*>(a.lnfWholeh.data()), a.lnfWholeh.size()));
+      lnfRows = Operand{nullptr, a.lnfWholeh.data()};
+    } else {
+      tp_.comm->allGather(std::span<const float>(a.lnf), std::span<float>(a.lnfWhole));
+      lnfRows = Operand{a.lnfWhole.data(), nullptr};
+    }
   }
 
   const float* wte = access.acquire(layout_.headUnit(), Pass::kForward);
-  kn::matmulForward(a.logits.data(), lnfRows, wte, nullptr, N, C, Vt);
+  const size_t headCount = static_cast<size_t>(Vt) * C;
+  linearForward(a.logits.data(), lnfRows, wte, sixteen() ? castWeights(wte, headCount) : nullptr, nullptr, N, C, Vt);
   access.release(layout_.headUnit(), Pass::kForward);
   a.haveTargets = targets != nullptr;
   if (!a.haveTargets) return 0.0f;
@@ -727,6 +774,58 @@ const float* Gpt::gatherRows(const float* rows) {
   return wholeRows_.data();
 }
 
+Gpt::Operand Gpt::operand(const float* made, std::vector<uint16_t>& half, size_t count) {
+  if (!sixteen()) return Operand{made, nullptr};
+  uint16_t* to = half.data();
+  if (half.empty()) {
+    scratch16_.resize(count);
+    to = scratch16_.data();
+  }
+  kn::toFloat16(format_, made, to, count);
+  return Operand{nullptr, to};
+}
+
+Gpt::Operand Gpt::keptOperand(std::vector<float>& full, std::vector<uint16_t>& half) {
+  if (!sixteen()) return Operand{full.data(), nullptr};
+  if (!half.empty()) return Operand{nullptr, half.data()};
+  return operand(full.data(), half, full.size());  // kept in fp32: cast for the product
+}
+
+Gpt::Operand Gpt::gathered(Operand rows) {
+  if (!sequenceParallel_) return rows;
+  if (rows.f32 != nullptr) return Operand{gatherRows(rows.f32), nullptr};
+  const size_t count = static_cast<size_t>(rows_) * config_.width;
+  wholeRows16_.resize(count * tp_.size());
+  // A gather moves bytes: the 16-bit values travel as BFloat16 whichever format they are.
+  tp_.comm->allGather(std::span<const BFloat16>(reinterpret_cast<const BFloat16*>(rows.h), count),
+                      std::span<BFloat16>(reinterpret_cast<BFloat16*>(wholeRows16_.data()), wholeRows16_.size()));
+  return Operand{nullptr, wholeRows16_.data()};
+}
+
+const uint16_t* Gpt::castWeights(const float* weights, size_t count) {
+  if (castWeights_.size() < count) castWeights_.resize(count);
+  kn::toFloat16(format_, weights, castWeights_.data(), count);
+  return castWeights_.data();
+}
+
+void Gpt::linearForward(float* out, Operand in, const float* w, const uint16_t* wh, const float* bias, int n, int c,
+                        int oc) {
+  if (sixteen()) {
+    kn::matmulForward16(format_, out, in.h, wh, bias, n, c, oc);
+  } else {
+    kn::matmulForward(out, in.f32, w, bias, n, c, oc);
+  }
+}
+
+void Gpt::linearBackward(float* dinp, float* dweight, float* dbias, const float* dout, Operand in, const float* w,
+                         const uint16_t* wh, int n, int c, int oc) {
+  if (sixteen()) {
+    kn::matmulBackward16(format_, dinp, dweight, dbias, dout, in.h, wh, n, c, oc);
+  } else {
+    kn::matmulBackward(dinp, dweight, dbias, dout, in.f32, w, n, c, oc);
+  }
+}
+
 void Gpt::sumRows(float* partial, float* rows) {
   const size_t C = config_.width;
   if (sequenceParallel_) {
@@ -785,8 +884,9 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
     const int head = layout_.headUnit();
     const float* wte = access.acquire(head, Pass::kBackward);
     zero(dln_);
-    kn::matmulBackward(dln_.data(), access.gradients(head), nullptr, a.probs.data(),
-                       sequenceParallel_ ? a.lnfWhole.data() : a.lnf.data(), wte, N, C, Vt);
+    const Operand lnfRows = sequenceParallel_ ? keptOperand(a.lnfWhole, a.lnfWholeh) : keptOperand(a.lnf, a.lnfh);
+    const uint16_t* wteh = sixteen() ? castWeights(wte, static_cast<size_t>(Vt) * C) : nullptr;
+    linearBackward(dln_.data(), access.gradients(head), nullptr, a.probs.data(), lnfRows, wte, wteh, N, C, Vt);
     access.release(head, Pass::kBackward);
     if (head != layout_.embeddingUnit()) access.gradientsDone(head);
     sumRows(dln_.data(), dlnRows);
@@ -819,6 +919,8 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
     if (recompute_ == Recompute::kFull) {
       blockForward(weights, experts, L, a.residual[i].data(), recomputeOut_.data(), span.begin + i);
     }
+    const auto wh =
+        sixteen() ? blockPtrs(castWeights(weights, layout_.unitCount(u)), C, Ct, Ft) : BlockPtrs<const uint16_t*>{};
     if (recompute_ == Recompute::kSelective && cp_.size() == 1) {
       kn::attentionForward(datty_.data(), attOf(L), L.qkv.data(), B, T, Ct, NHt);
     }
@@ -829,11 +931,13 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
     } else {
       // out = res2 + fcproj(gelu(fc(ln2(res2)))): d(fcproj output) = dres.
       zero(dfchGelu_);
-      kn::matmulBackward(dfchGelu_.data(), g.fcprojw, g.fcprojb, dresWhole(), L.fchGelu.data(), w.fcprojw, N, Ft, C);
+      linearBackward(dfchGelu_.data(), g.fcprojw, g.fcprojb, dresWhole(), keptOperand(L.fchGelu, L.fchGeluh), w.fcprojw,
+                     wh.fcprojw, N, Ft, C);
       zero(dfch_);
       kn::geluBackward(dfch_.data(), L.fch.data(), dfchGelu_.data(), static_cast<size_t>(N) * Ft);
       zero(dln_);
-      kn::matmulBackward(dln_.data(), g.fcw, g.fcb, dfch_.data(), gatherRows(L.ln2.data()), w.fcw, N, C, Ft);
+      linearBackward(dln_.data(), g.fcw, g.fcb, dfch_.data(), gathered(keptOperand(L.ln2, L.ln2h)), w.fcw, wh.fcw, N, C,
+                     Ft);
       sumRows(dln_.data(), dlnRows);
     }
     // dres becomes d(res2): the residual path plus the path through ln2.
@@ -841,7 +945,8 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
                           L.ln2Rstd.data());
     // res2 = in + proj(attention(qkv(ln1(in)))): d(proj output) = d(res2).
     zero(datty_);
-    kn::matmulBackward(datty_.data(), g.projw, g.projb, dresWhole(), L.atty.data(), w.projw, N, Ct, C);
+    linearBackward(datty_.data(), g.projw, g.projb, dresWhole(), keptOperand(L.atty, L.attyh), w.projw, wh.projw, N, Ct,
+                   C);
     zero(dqkv_);
     if (cp_.size() > 1) {
       ringAttention(L, Pass::kBackward);
@@ -849,7 +954,8 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
       kn::attentionBackward(dqkv_.data(), dattScratch_.data(), datty_.data(), L.qkv.data(), attOf(L), B, T, Ct, NHt);
     }
     zero(dln_);
-    kn::matmulBackward(dln_.data(), g.qkvw, g.qkvb, dqkv_.data(), gatherRows(L.ln1.data()), w.qkvw, N, C, 3 * Ct);
+    linearBackward(dln_.data(), g.qkvw, g.qkvb, dqkv_.data(), gathered(keptOperand(L.ln1, L.ln1h)), w.qkvw, wh.qkvw, N,
+                   C, 3 * Ct);
     sumRows(dln_.data(), dlnRows);
     layernormBackwardRows(dres_.data(), g.ln1w, g.ln1b, dlnRows, a.residual[i].data(), w.ln1w, L.ln1Mean.data(),
                           L.ln1Rstd.data());

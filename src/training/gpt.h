@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/half.h"
 #include "src/training/moe.h"
 
 namespace chorus::training {
@@ -195,6 +196,17 @@ std::vector<int> contextPositions(int seq, int size, int rank);
 
 enum class Pass { kForward, kBackward };
 
+// Mixed precision: the compute type of the linear layers. kFp32: everything fp32. kBf16, kFp16:
+// their products take 16-bit operands with fp32 accumulation (kernels::gemm16); the weights are
+// cast on each use (after ZeRO-3's gather, so the master weights, their gradients and the optimizer
+// stay fp32), and the activations they read are kept for backward in the 16-bit type, half the
+// bytes; their outputs, layernorm, attention, softmax and the loss stay fp32. MoE experts compute
+// in fp32.
+enum class Compute { kFp32, kBf16, kFp16 };
+// "fp32", "bf16", "fp16"; throws chorus::Error naming the word otherwise.
+Compute parseCompute(const std::string& name);
+const char* computeName(Compute compute);
+
 // Activation checkpointing: what a block keeps of a micro-batch between its forward and backward.
 // kNone: everything backward reads. kSelective (Korthikanti et al. 2022): all but the attention
 // probabilities (B x heads x T x T, the part that grows with T squared), recomputed from the kept
@@ -246,11 +258,14 @@ class Gpt {
   // sequence, contextPositions(seq, cp, cp rank), and its batches hold those columns only.
   // ep: expert parallelism for MoE blocks (the layout holds this ep rank's experts; each MoE
   // block's forward and backward are collective over the ep group).
+  // compute: mixed precision (see Compute).
   Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp = {}, std::vector<LayerSpan> spans = {},
-      Recompute recompute = Recompute::kNone, ContextParallel cp = {}, ExpertParallel ep = {});
+      Recompute recompute = Recompute::kNone, ContextParallel cp = {}, ExpertParallel ep = {},
+      Compute compute = Compute::kFp32);
   ~Gpt();
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
+  Compute compute() const { return compute_; }
   int batch() const { return B_; }
   // The positions this rank holds of each sequence (all of them without context parallelism),
   // and their places in the whole sequence.
@@ -317,9 +332,13 @@ class Gpt {
   struct Layer {
     // att: the attention probabilities (B, heads, T, T); with context parallelism instead lse, the
     // log-sum-exp of each query row's scores (B, heads, T), from which backward rebuilds them.
+    // In 16-bit compute the inputs of the linear layers are kept as ln1h, attyh, ln2h and fchGeluh
+    // instead (ln1, ln2 and fchGelu then empty); atty stays fp32 with context parallelism (ring
+    // attention's backward reads it), ln2 in an MoE block (its router and experts are fp32).
     std::vector<float> ln1, ln1Mean, ln1Rstd, qkv, atty, att, lse, res2, ln2, ln2Mean, ln2Rstd, fch, fchGelu;
+    std::vector<uint16_t> ln1h, attyh, ln2h, fchGeluh;
     MoeActivations moe;  // an MoE block's MLP (fch and fchGelu unused)
-    size_t floats() const;
+    size_t bytes() const;
   };
   // One micro-batch's activations in one chunk.
   struct Activations {
@@ -328,10 +347,12 @@ class Gpt {
     std::vector<Layer> layers;
     // Last chunk: the final layernorm (and with sequence parallelism its gathered rows, kept for
     // backward's weight gradient), logits, probabilities (then their gradient) and losses.
+    // In 16-bit compute the head's input is kept as lnfh and lnfWholeh instead of lnf and lnfWhole.
     std::vector<float> lnf, lnfMean, lnfRstd, lnfWhole, logits, probs, losses;
+    std::vector<uint16_t> lnfh, lnfWholeh;
     bool haveTargets = false;
     MoeSummary moe;
-    size_t floats() const;
+    size_t bytes() const;
   };
   struct Chunk {
     LayerSpan span;
@@ -369,6 +390,30 @@ class Gpt {
   void layernormBackwardRows(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                              const float* weight, const float* mean, const float* rstd);
   void checkTokens(const int* values, const char* what) const;
+  // ---- mixed precision ----
+  // The input of a linear layer as the product reads it: fp32, or 16-bit (f32 then null).
+  struct Operand {
+    const float* f32 = nullptr;
+    const uint16_t* h = nullptr;
+  };
+  bool sixteen() const { return compute_ != Compute::kFp32; }
+  // Where an fp32 activation is made: `kept` when the model keeps it, else scratch (16-bit compute,
+  // where only its cast is kept).
+  float* madeIn(std::vector<float>& kept) { return kept.empty() ? work_.data() : kept.data(); }
+  // Forward: an activation just made in `made` (count values) as a product's operand; in 16-bit
+  // compute cast into `half` (kept for backward), or into scratch when the model keeps it in fp32.
+  Operand operand(const float* made, std::vector<uint16_t>& half, size_t count);
+  // Backward: the operand forward kept (full or half).
+  Operand keptOperand(std::vector<float>& full, std::vector<uint16_t>& half);
+  // Sequence parallel: every rank's rows of an operand (this rank's rows), else the operand.
+  Operand gathered(Operand rows);
+  // The first count values of an acquired unit, cast to the 16-bit type (valid until the next cast).
+  const uint16_t* castWeights(const float* weights, size_t count);
+  // matmulForward / matmulBackward in the compute type: w the fp32 weight, wh its cast (16-bit).
+  void linearForward(float* out, Operand in, const float* w, const uint16_t* wh, const float* bias, int n, int c,
+                     int oc);
+  void linearBackward(float* dinp, float* dweight, float* dbias, const float* dout, Operand in, const float* w,
+                      const uint16_t* wh, int n, int c, int oc);
   GptConfig config_;
   TensorParallel tp_;
   ParamLayout layout_;
@@ -376,6 +421,12 @@ class Gpt {
   int Ct_, Ft_, heads_;  // this rank's attention channels (C / tp), MLP hidden units (4C / tp), heads
   bool sequenceParallel_ = false;
   Recompute recompute_ = Recompute::kNone;
+  Compute compute_ = Compute::kFp32;
+  kernels::Float16 format_ = kernels::Float16::kBf16;  // 16-bit compute's type
+  // 16-bit compute: fp32 activations between their making and their cast, casts not kept, a unit's
+  // weights cast, and sequence parallelism's gathered 16-bit rows.
+  std::vector<float> work_;
+  std::vector<uint16_t> scratch16_, castWeights_, wholeRows16_;
   Layer recomputed_;                 // full recompute: one block's intermediate values, rebuilt in backward
   std::vector<float> attScratch_;    // selective recompute: the attention probabilities of one block
   std::vector<float> recomputeOut_;  // full recompute: the rerun block's output (already kept as the next input)

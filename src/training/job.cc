@@ -159,6 +159,10 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("parallel", "inflight_buckets", job.inflightBuckets);
   get("compress", "name", job.compress);
   get("compress", "warmup_steps", job.compressWarmup);
+  get("precision", "compute", job.compute);
+  get("precision", "reduce", job.reduce);
+  get("precision", "loss_scale", job.lossScale);
+  get("precision", "growth_interval", job.growthInterval);
   get("run", "steps", job.steps);
   get("run", "seed", job.seed);
   get("run", "eval_every", job.evalEvery);
@@ -208,6 +212,22 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
                     job.seq, job.cp, 2 * job.cp));
   }
   parseRecompute(job.recompute);
+  try {
+    parseCompute(job.compute);
+  } catch (const Error& e) {
+    throw fail(fmt::format("[precision] compute: {}", e.what()));
+  }
+  if (job.reduce != "fp32" && job.reduce != "bf16") {
+    throw fail(fmt::format("[precision] reduce = \"{}\" is not fp32 or bf16", job.reduce));
+  }
+  if (!(job.lossScale >= 1.0)) throw fail(fmt::format("[precision] loss_scale = {} (at least 1)", job.lossScale));
+  atLeast("[precision] growth_interval", job.growthInterval, 1);
+  if (job.reduce == "bf16" && job.compress != "none") {
+    throw fail(
+        fmt::format("[precision] reduce = \"bf16\" with [compress] name = \"{}\": gradients are either "
+                    "compressed or reduced in bf16 (the bf16 compressor is the latter with error feedback)",
+                    job.compress));
+  }
   const Schedule schedule = parseSchedule(job.schedule);
   if ((schedule == Schedule::kInterleaved) != (job.vpp > 1)) {
     throw fail(

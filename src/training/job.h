@@ -42,6 +42,13 @@ struct Job {
   // warmup uncompressed steps.
   std::string compress = "none";
   long compressWarmup = 0;
+  // [precision]: the compute type (Compute: fp32, bf16, fp16); the gradients' type on the wire
+  // (reduce: fp32, or bf16, half the bytes); fp16's dynamic loss scale: the first scale, doubled
+  // after growth_interval steps without overflow, halved (and the step skipped) on one.
+  std::string compute = "fp32";
+  std::string reduce = "fp32";
+  double lossScale = 65536.0;
+  int growthInterval = 2000;
   long steps = 100;
   uint64_t seed = 1;
   int evalEvery = 0;    // 0: only at the end

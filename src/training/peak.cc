@@ -41,11 +41,23 @@ int usableCpus() {
   return std::max(1, CPU_COUNT(&set));
 }
 
-double measureGemmGflops(int threads, int n, double seconds) {
+double measureGemmGflops(int threads, int n, double seconds, const std::string& precision) {
   const int before = kernels::blasThreads();
   kernels::setBlasThreads(threads);
+  const Compute compute = parseCompute(precision);
+  const auto format = compute == Compute::kFp16 ? kernels::Float16::kFp16 : kernels::Float16::kBf16;
   std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size(), 0.0f);
-  kernels::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm-up
+  std::vector<uint16_t> a16(a.size()), b16(b.size());
+  kernels::toFloat16(format, a.data(), a16.data(), a.size());
+  kernels::toFloat16(format, b.data(), b16.data(), b.size());
+  auto product = [&] {
+    if (compute == Compute::kFp32) {
+      kernels::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    } else {
+      kernels::gemm16(format, false, false, n, n, n, 1.0f, a16.data(), n, b16.data(), n, 0.0f, c.data(), n);
+    }
+  };
+  product();  // warm-up
   // The best of five trials: a trial that shared the cores with something else reads low.
   double best = 0.0;
   for (int trial = 0; trial < 5; ++trial) {
@@ -53,7 +65,7 @@ double measureGemmGflops(int threads, int n, double seconds) {
     const auto start = Clock::now();
     double elapsed = 0.0;
     do {
-      kernels::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+      product();
       ++calls;
       elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     } while (elapsed < seconds / 5);
@@ -127,8 +139,8 @@ void saveCalibratedPeak(const std::string& file, const std::string& precision, d
 
 GemmPeak findPeak(const Job& job) {
   if (job.peakTflops > 0) return GemmPeak{job.peakTflops * 1e3, PeakSource::kDeclared, ""};
-  if (auto calibrated = calibratedPeak(calibrationFile(), "fp32")) return *calibrated;
-  return GemmPeak{measureGemmGflops(usableCpus()), PeakSource::kMeasured, ""};
+  if (auto calibrated = calibratedPeak(calibrationFile(), job.compute)) return *calibrated;
+  return GemmPeak{measureGemmGflops(usableCpus(), 1024, 0.5, job.compute), PeakSource::kMeasured, ""};
 }
 
 void exportPeak(const GemmPeak& peak) {

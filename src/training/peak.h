@@ -24,21 +24,23 @@ struct GemmPeak {
 // The cores this process may run on.
 int usableCpus();
 
-// Measures single-precision GEMM throughput with `threads` BLAS threads (square products of n,
-// the best of five trials of about seconds / 5 each), in GFLOP/s.
-double measureGemmGflops(int threads, int n = 1024, double seconds = 0.5);
+// Measures GEMM throughput in a compute precision ("fp32": SGEMM; "bf16", "fp16": the 16-bit
+// products mixed precision uses, kernels::gemm16) with `threads` BLAS threads (square products of
+// n, the best of five trials of about seconds / 5 each), in GFLOP/s.
+double measureGemmGflops(int threads, int n = 1024, double seconds = 0.5, const std::string& precision = "fp32");
 
 // This machine, as calibrations are keyed: the CPU model and the usable cores.
 std::string machineKey();
 // The calibration file: $CHORUS_CALIBRATION, else $XDG_CACHE_HOME/chorus/gemm-peaks.json, else
 // ~/.cache/chorus/gemm-peaks.json. JSON: {machine: {precision: {"gflops": x, "date": "..."}}}.
 std::string calibrationFile();
-// This machine's calibrated peak for the precision ("fp32"), if the file has one.
+// This machine's calibrated peak for the precision ("fp32", "bf16", "fp16"), if the file has one.
 std::optional<GemmPeak> calibratedPeak(const std::string& file, const std::string& precision);
 // Keeps a peak for this machine and precision in the file (created with its folder).
 void saveCalibratedPeak(const std::string& file, const std::string& precision, double gflops);
 
-// The job's peak: declared, else calibrated, else measured now.
+// The job's peak in its compute precision ([precision] compute): declared, else calibrated, else
+// measured now.
 GemmPeak findPeak(const Job& job);
 // The launcher hands its peak to the ranks through the environment (CHORUS_TRAIN_PEAK_*).
 void exportPeak(const GemmPeak& peak);

@@ -18,6 +18,7 @@
 
 #include "chorus/error.hpp"
 #include "kernels/cpu/matmul.h"
+#include "src/training/loss_scale.h"
 #include "src/training/mesh.h"
 #include "src/training/pipeline.h"
 
@@ -161,7 +162,9 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
   if (epComm && config.moe.chunks > 1)
     epWorker = std::make_unique<CommWorker>(*epComm, CommWorker::delayFromEnvironment());
   Gpt model(config, job.micro, job.seq, TensorParallel{tpComm, job.sequenceParallel}, spans,
-            parseRecompute(job.recompute), ContextParallel{cpComm}, ExpertParallel{epComm, epWorker.get()});
+            parseRecompute(job.recompute), ContextParallel{cpComm}, ExpertParallel{epComm, epWorker.get()},
+            parseCompute(job.compute));
+  LossScale lossScale(model.compute() == Compute::kFp16, job.lossScale, job.growthInterval);
   const Sampler sampler(&trainTokens, job.seq, job.seed);
   const Sampler valWindows(&valTokens, job.seq, 0);
   DataParallelSettings parallel;
@@ -171,6 +174,7 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
   parallel.compressor = job.compress;
   parallel.compressFrom = job.compressWarmup + 1;
   parallel.optimizer = job.optimizer.kind;
+  parallel.reduceBf16 = job.reduce == "bf16";
   // Sums over the model-parallel ranks (tp, then pp), on the training thread.
   auto modelParallelSum = [tpComm, ppComm](std::span<double> x) {
     if (tpComm) tpComm->allReduce(x);
@@ -232,6 +236,14 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     result.resumedFrom = header.at("step");
     start = result.resumedFrom + 1;
     dp.setNextStep(start);
+    if (header.value("compute", std::string("fp32")) != job.compute) {
+      throw Error(chorusInvalidArgument,
+                  fmt::format("checkpoint {}: written by a {} run, resumed by a {} one", ckptPath,
+                              header.value("compute", std::string("fp32")), job.compute));
+    }
+    if (header.contains("loss_scale")) {
+      lossScale.restore(header.at("loss_scale"), header.at("skipped_steps"), header.at("clean_steps"));
+    }
     if (header.at("global_batch") != job.globalBatch() || header.at("seed") != job.seed) {
       throw Error(chorusInvalidArgument,
                   fmt::format("checkpoint {}: global batch {} and seed {} differ from the job's {} and {}; its data "
@@ -255,7 +267,13 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
         "BLAS %s, %d thread(s) per rank\n",
         job.name.c_str(), config.describe().c_str(), layout.globalTotal(), layout.total(), worldSize,
         (shape.describe() + (job.sequenceParallel && job.tp > 1 ? " sp" : "") + pipelineText +
-         (job.recompute != "none" ? ", recompute " + job.recompute : ""))
+         (job.recompute != "none" ? ", recompute " + job.recompute : "") +
+         (job.compute != "fp32"
+              ? fmt::format(", {} compute ({})", job.compute,
+                            kernels::gemm16Description(job.compute == "fp16" ? kernels::Float16::kFp16
+                                                                             : kernels::Float16::kBf16))
+              : "") +
+         (job.reduce != "fp32" ? ", gradients reduced in " + job.reduce : ""))
             .c_str(),
         job.zero, dp.buckets(), job.micro, ranks, job.accumulate, job.globalBatch(), job.seq, trainTokens.size(),
         valTokens.size(), tokenizer.kind().c_str(), tokenizer.vocab(), kernels::blasDescription().c_str(), blasThreads);
@@ -277,7 +295,7 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     }
     csv.open(csvPath, std::ios::trunc);
     csv << "step,loss,val_loss,lr,grad_norm,seconds,tokens_per_s,mfu,dp_bytes,compressed,aux_loss,expert_balance,"
-           "dropped\n";
+           "dropped,loss_scale,skipped\n";
     for (const auto& line : kept) csv << line << "\n";
     csv.flush();
   }
@@ -363,7 +381,7 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
                          wholeTargets.data());
             keepPositions(in, out);
           },
-          dp, 1.0f / static_cast<float>(job.accumulate));
+          dp, static_cast<float>(lossScale.scale()) / static_cast<float>(job.accumulate));
       ppComm->allReduce(std::span<double>(&lossSum, 1));  // the loss is known on the last stage
     } else {
       for (int micro = 0; micro < job.accumulate; ++micro) {
@@ -371,7 +389,7 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
         keepPositions(inputs.data(), targets.data());
         dp.beginMicro(micro == job.accumulate - 1);
         lossSum += model.forward(inputs.data(), targets.data(), dp);
-        model.backward(dp, 1.0f / static_cast<float>(job.accumulate));
+        model.backward(dp, static_cast<float>(lossScale.scale()) / static_cast<float>(job.accumulate));
       }
     }
     StepRecord r;
@@ -381,7 +399,12 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     optimizer.lr = job.learningRate(step);
     r.step = step;
     r.lr = optimizer.lr;
-    r.gradNorm = dp.step(optimizer, step, job.clip);
+    r.lossScale = lossScale.scale();
+    // The optimizer counts the updates it took (as PyTorch's skips a step an overflow skipped), the
+    // compression warm-up the training steps.
+    r.gradNorm = dp.step(optimizer, step - lossScale.skipped(), job.clip, static_cast<float>(lossScale.scale()));
+    dp.setNextStep(step + 1);
+    r.skipped = !lossScale.update(r.gradNorm);
     r.compressed = compressed;
     const uint64_t sentNow = dp.wireBytes();
     r.dpBytes = sentNow - dpSent;
@@ -398,11 +421,12 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     }
     result.steps.push_back(r);
     if (leader) {
-      csv << fmt::format("{},{:.7f},{},{:.6g},{:.8g},{:.6f},{:.1f},{:.5f},{},{},{}\n", r.step, r.loss,
+      csv << fmt::format("{},{:.7f},{},{:.6g},{:.8g},{:.6f},{:.1f},{:.5f},{},{},{},{},{}\n", r.step, r.loss,
                          r.valLoss >= 0 ? fmt::format("{:.7f}", r.valLoss) : "", r.lr, r.gradNorm, r.seconds,
                          r.tokensPerSecond, r.mfu, r.dpBytes, r.compressed ? 1 : 0,
                          r.auxLoss >= 0 ? fmt::format("{:.6f},{:.4f},{:.6f}", r.auxLoss, r.expertBalance, r.dropped)
-                                        : std::string(","));
+                                        : std::string(",,"),
+                         r.lossScale, r.skipped ? 1 : 0);
       csv.flush();
     }
 
@@ -416,20 +440,25 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
                                  {"global_batch", job.globalBatch()},
                                  {"seed", job.seed},
                                  {"samples_consumed", step * job.globalBatch()},
-                                 {"sampler_epoch", step * job.globalBatch() / static_cast<long>(sampler.windows())}};
+                                 {"sampler_epoch", step * job.globalBatch() / static_cast<long>(sampler.windows())},
+                                 {"compute", job.compute},
+                                 {"loss_scale", lossScale.scale()},
+                                 {"skipped_steps", lossScale.skipped()},
+                                 {"clean_steps", lossScale.cleanRun()}};
         saveCheckpoint(ckptPath, header, p, m, v, step == crashAt);
       }
     }
     if (leader && (step % job.logEvery == 0 || step == start || step == job.steps)) {
       const auto b = dp.bytes();
-      const std::string moeText = r.auxLoss >= 0 ? fmt::format(" | aux {:.3f} | balance {:.2f} | dropped {:.1f}%",
-                                                               r.auxLoss, r.expertBalance, 100 * r.dropped)
-                                                 : "";
+      std::string extraText = r.auxLoss >= 0 ? fmt::format(" | aux {:.3f} | balance {:.2f} | dropped {:.1f}%",
+                                                           r.auxLoss, r.expertBalance, 100 * r.dropped)
+                                             : "";
+      if (lossScale.dynamic()) extraText += fmt::format(" | scale {:g} | skipped {}", r.lossScale, lossScale.skipped());
       std::printf(
           "step %5ld/%ld | loss %.4f%s%s | lr %.2e | norm %.3f | %.0f tok/s | %s | %.0f ms | state/rank %s "
           "(params %s, grads %s, optimizer %s) | RSS %s\n",
-          step, job.steps, r.loss, r.valLoss >= 0 ? fmt::format(" val {:.4f}", r.valLoss).c_str() : "", moeText.c_str(),
-          r.lr, r.gradNorm, r.tokensPerSecond, mfuText(r.mfu, peak.source).c_str(), 1000 * r.seconds,
+          step, job.steps, r.loss, r.valLoss >= 0 ? fmt::format(" val {:.4f}", r.valLoss).c_str() : "",
+          extraText.c_str(), r.lr, r.gradNorm, r.tokensPerSecond, mfuText(r.mfu, peak.source).c_str(), 1000 * r.seconds,
           humanBytes(b.persistent()).c_str(), humanBytes(b.params).c_str(), humanBytes(b.grads).c_str(),
           humanBytes(b.optimizer).c_str(), humanBytes(residentPeakBytes()).c_str());
       std::fflush(stdout);

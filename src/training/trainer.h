@@ -31,6 +31,10 @@ struct StepRecord {
   // the most choices an expert got over the mean (1 = balanced; summed over the blocks), and the
   // share of choices dropped for capacity.
   double auxLoss = -1, expertBalance = 0, dropped = 0;
+  // The loss scale the step's gradients carried (1 but with fp16), and whether the step was
+  // skipped (its gradient overflowed: the parameters did not move).
+  double lossScale = 1.0;
+  bool skipped = false;
 };
 
 // One rank's memory: the training state (StateBytes), activations and the process's resident set.

@@ -18,13 +18,7 @@ train="$build/chorus-train"
 job="$source_dir/tests/data/jobs/parity.toml"
 moe=(--set model.experts=4 --set model.top_k=2 --set model.expert_hidden=96 --set model.swiglu=true
   --set model.aux_loss=0.01 --set model.z_loss=0.001 --set batch.micro=2)
-run() {  # name, then chorus-train options
-  local name=$1
-  shift
-  "$train" "$job" --out "$work/$name" --set data.dir="\"$work/data\"" "${moe[@]}" "$@" >"$work/$name.log" 2>&1 ||
-    { cat "$work/$name.log"; fail "chorus-train $*"; }
-  tail -n 2 "$work/$name.log"
-}
+run() { train_run "$job" "$1" "${moe[@]}" "${@:2}"; }  # name, then options
 run one --ranks 1 --set batch.accumulate=4
 run dp2 --ranks 2 --set batch.accumulate=2
 run dp4 --ranks 4

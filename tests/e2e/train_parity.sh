@@ -16,14 +16,7 @@
 source "$(dirname "$0")/lib.sh"
 train="$build/chorus-train"
 job="$source_dir/tests/data/jobs/parity.toml"
-run() {  # name, then chorus-train options
-  local name=$1
-  shift
-  "$train" "$job" --out "$work/$name" --set data.dir="\"$work/data\"" --set run.checkpoint_every=20 "$@" \
-    >"$work/$name.log" 2>&1 ||
-    { cat "$work/$name.log"; fail "chorus-train $*"; }
-  tail -n 2 "$work/$name.log"
-}
+run() { train_run "$job" "$1" --set run.checkpoint_every=20 "${@:2}"; }  # name, then options
 run one --ranks 1 --set batch.micro=8
 run one_accum --ranks 1 --set batch.micro=2 --set batch.accumulate=4
 run dp2 --ranks 2 --set batch.micro=4

@@ -5,12 +5,15 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 
 #include "chorus/error.hpp"
 #include "src/training/job.h"
+#include "src/training/loss_scale.h"
 
 namespace chorus::training {
 namespace {
@@ -256,6 +259,20 @@ TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
   const Job tensorParallel = loadJob(path, {"parallel.tp=2"});
   EXPECT_EQ(tensorParallel.dp(), 1);
   EXPECT_EQ(tensorParallel.globalBatch(), 4) << "the batch is split over data-parallel ranks only";
+  // Mixed precision: a known compute type and reduction type, a loss scale of at least 1, and not
+  // bf16 reduction and compression at once.
+  const Job bf16 = loadJob(path, {"precision.compute=\"bf16\"", "precision.reduce=\"bf16\""});
+  EXPECT_EQ(bf16.compute, "bf16");
+  EXPECT_EQ(bf16.reduce, "bf16");
+  EXPECT_NE(message({"precision.compute=\"fp8\""}).find("[precision] compute: compute precision 'fp8'"),
+            std::string::npos);
+  EXPECT_NE(message({"precision.reduce=\"fp16\""}).find("[precision] reduce = \"fp16\" is not fp32 or bf16"),
+            std::string::npos);
+  EXPECT_NE(message({"precision.loss_scale=0.5"}).find("[precision] loss_scale = 0.5"), std::string::npos);
+  EXPECT_NE(message({"precision.growth_interval=0"}).find("[precision] growth_interval"), std::string::npos);
+  EXPECT_NE(message({"precision.reduce=\"bf16\"", "compress.name=\"sign\""})
+                .find("[precision] reduce = \"bf16\" with [compress] name = \"sign\""),
+            std::string::npos);
   EXPECT_NE(message({"batch.seq=64"}).find("exceeds [model] context = 32"), std::string::npos);
   EXPECT_NE(message({"batch.micro=\"four\""}).find("[batch] micro must be an integer"), std::string::npos);
   EXPECT_NE(message({"nonsense"}).find("not section.key=value"), std::string::npos);
@@ -290,6 +307,34 @@ pp = 2
     EXPECT_NE(std::string(e.what()).find("names itself"), std::string::npos) << e.what();
   }
   EXPECT_THROW(loadJob(dir.file("missing.toml", "base = \"nowhere.toml\"\n")), Error);
+}
+
+TEST(LossScaleTest, HalvesOnOverflowSkipsAndGrowsAfterCleanSteps) {
+  LossScale scale(true, 1024.0, 3);
+  EXPECT_TRUE(scale.update(1.5));
+  EXPECT_TRUE(scale.update(0.5));
+  EXPECT_EQ(scale.scale(), 1024.0);
+  EXPECT_TRUE(scale.update(2.0));  // the third clean step in a row doubles it
+  EXPECT_EQ(scale.scale(), 2048.0);
+  EXPECT_FALSE(scale.update(std::numeric_limits<double>::infinity()));
+  EXPECT_FALSE(scale.update(std::nan("")));
+  EXPECT_EQ(scale.scale(), 512.0);
+  EXPECT_EQ(scale.skipped(), 2);
+  EXPECT_TRUE(scale.update(1.0));
+  EXPECT_TRUE(scale.update(1.0));
+  EXPECT_EQ(scale.cleanRun(), 2);  // an overflow started the count again
+  EXPECT_EQ(scale.scale(), 512.0);
+  scale.restore(8.0, 5, 2);
+  EXPECT_TRUE(scale.update(1.0));
+  EXPECT_EQ(scale.scale(), 16.0);
+  EXPECT_EQ(scale.skipped(), 5);
+  // Without fp16 the scale is 1 and stays so; an overflow still skips the step.
+  LossScale fixed(false, 1024.0, 1);
+  EXPECT_EQ(fixed.scale(), 1.0);
+  EXPECT_TRUE(fixed.update(3.0));
+  EXPECT_FALSE(fixed.update(std::numeric_limits<double>::infinity()));
+  EXPECT_EQ(fixed.scale(), 1.0);
+  EXPECT_EQ(fixed.skipped(), 1);
 }
 
 TEST(JobTest, LearningRateWarmsUpThenDecays) {
