@@ -206,6 +206,35 @@ void matmulBackward16(Float16 format, float* dinp, float* dweight, float* dbias,
   if (dbias != nullptr) sumRowsInto(dbias, dout, n, oc);
 }
 
+namespace {
+
+// fp32 operands cast for a 16-bit product, in per-thread scratch.
+struct CastOperands {
+  std::vector<uint16_t> inp, weight;
+  void cast(Float16 format, const float* in, size_t inCount, const float* w, size_t wCount) {
+    inp.resize(inCount);
+    weight.resize(wCount);
+    toFloat16(format, in, inp.data(), inCount);
+    toFloat16(format, w, weight.data(), wCount);
+  }
+};
+
+}  // namespace
+
+void matmulForwardAs(Float16 format, float* out, const float* inp, const float* weight, const float* bias, int n, int c,
+                     int oc) {
+  thread_local CastOperands cast;
+  cast.cast(format, inp, static_cast<size_t>(n) * c, weight, static_cast<size_t>(oc) * c);
+  matmulForward16(format, out, cast.inp.data(), cast.weight.data(), bias, n, c, oc);
+}
+
+void matmulBackwardAs(Float16 format, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                      const float* weight, int n, int c, int oc) {
+  thread_local CastOperands cast;
+  cast.cast(format, inp, static_cast<size_t>(n) * c, weight, static_cast<size_t>(oc) * c);
+  matmulBackward16(format, dinp, dweight, dbias, dout, cast.inp.data(), cast.weight.data(), n, c, oc);
+}
+
 void setBlasThreads(int threads) {
   openblas_set_num_threads(threads < 1 ? 1 : threads);
 #ifdef CHORUS_HAVE_DNNL

@@ -58,6 +58,13 @@ void matmulForward16(Float16 format, float* out, const uint16_t* inp, const uint
 void matmulBackward16(Float16 format, float* dinp, float* dweight, float* dbias, const float* dout, const uint16_t* inp,
                       const uint16_t* weight, int n, int c, int oc);
 
+// The same products from fp32 operands, cast to the format on the way in: for layers that keep
+// their activations in fp32 yet compute in 16 bits (the MoE experts).
+void matmulForwardAs(Float16 format, float* out, const float* inp, const float* weight, const float* bias, int n, int c,
+                     int oc);
+void matmulBackwardAs(Float16 format, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                      const float* weight, int n, int c, int oc);
+
 // Threads BLAS (and oneDNN) may use for one call (OpenBLAS: openblas_set_num_threads; oneDNN:
 // its OpenMP threads), and what BLAS reports.
 void setBlasThreads(int threads);

@@ -438,7 +438,8 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::ve
     if (recompute_ == Recompute::kSelective) attScratch_.resize(static_cast<size_t>(B_) * heads_ * T_ * T_);
   }
   if (config_.moe.enabled()) {
-    moe_ = std::make_unique<MoeMlp>(config_.moe, config_.width, ep_, sequenceParallel_ ? tp_.comm : nullptr);
+    moe_ = std::make_unique<MoeMlp>(config_.moe, config_.width, ep_, sequenceParallel_ ? tp_.comm : nullptr,
+                                    sixteen() ? std::optional(format_) : std::nullopt);
     if (sequenceParallel_) moeGrad_.resize(moe_->paramFloats());
   }
   if (recompute_ == Recompute::kFull) {

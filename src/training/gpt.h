@@ -201,7 +201,7 @@ enum class Pass { kForward, kBackward };
 // cast on each use (after ZeRO-3's gather, so the master weights, their gradients and the optimizer
 // stay fp32), and the activations they read are kept for backward in the 16-bit type, half the
 // bytes; their outputs, layernorm, attention, softmax and the loss stay fp32. MoE experts compute
-// in fp32.
+// in the 16-bit type too but keep fp32 activations; the router is fp32.
 enum class Compute { kFp32, kBf16, kFp16 };
 // "fp32", "bf16", "fp16"; throws chorus::Error naming the word otherwise.
 Compute parseCompute(const std::string& name);

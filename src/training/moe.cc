@@ -86,8 +86,14 @@ size_t MoeActivations::floats() const {
          sizes * sizeof(size_t) / sizeof(float);
 }
 
-MoeMlp::MoeMlp(const MoeConfig& config, int width, ExpertParallel ep, Communicator* tokenGroup)
-    : config_(config), C_(width), hidden_(config.hiddenFor(width)), ep_(ep), tokenGroup_(tokenGroup) {
+MoeMlp::MoeMlp(const MoeConfig& config, int width, ExpertParallel ep, Communicator* tokenGroup,
+               std::optional<kernels::Float16> sixteen)
+    : config_(config),
+      C_(width),
+      hidden_(config.hiddenFor(width)),
+      ep_(ep),
+      tokenGroup_(tokenGroup),
+      sixteen_(sixteen) {
   config_.validate(width, ep.size());
   if (!config_.enabled()) throw Error(chorusInvalidArgument, "MoE: a layer needs experts > 0");
   localExperts_ = config_.experts / ep_.size();
@@ -279,6 +285,24 @@ int MoeMlp::rowsOf(const MoeChunk& chunk, int localExpert) const {
   return rows;
 }
 
+void MoeMlp::expertLinearForward(float* out, const float* inp, const float* weight, const float* bias, int n, int c,
+                                 int oc) const {
+  if (sixteen_) {
+    kn::matmulForwardAs(*sixteen_, out, inp, weight, bias, n, c, oc);
+  } else {
+    kn::matmulForward(out, inp, weight, bias, n, c, oc);
+  }
+}
+
+void MoeMlp::expertLinearBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                  const float* weight, int n, int c, int oc) const {
+  if (sixteen_) {
+    kn::matmulBackwardAs(*sixteen_, dinp, dweight, dbias, dout, inp, weight, n, c, oc);
+  } else {
+    kn::matmulBackward(dinp, dweight, dbias, dout, inp, weight, n, c, oc);
+  }
+}
+
 template <typename Fn>
 void MoeMlp::forEachExpert(const MoeChunk& chunk, Fn fn) const {
   size_t first = chunk.expertAt;
@@ -294,13 +318,14 @@ void MoeMlp::expertsForward(float* y, const float* experts, MoeActivations& a, c
   forEachExpert(chunk, [&](const ExpertTensors& t, size_t first, int count) {
     float* fc = a.fc.data() + first * F;
     float* act = a.act.data() + first * H;
-    kn::matmulForward(fc, a.expertIn.data() + first * C, experts + t.fcWeight, experts + t.fcBias, count, C, F);
+    expertLinearForward(fc, a.expertIn.data() + first * C, experts + t.fcWeight, experts + t.fcBias, count, C, F);
     if (config_.swiglu) {
       kn::swigluForward(act, fc, count, H);
     } else {
       kn::geluForward(act, fc, static_cast<size_t>(count) * H);
     }
-    kn::matmulForward(y + (first - chunk.expertAt) * C, act, experts + t.projWeight, experts + t.projBias, count, H, C);
+    expertLinearForward(y + (first - chunk.expertAt) * C, act, experts + t.projWeight, experts + t.projBias, count, H,
+                        C);
   });
 }
 
@@ -312,15 +337,15 @@ void MoeMlp::expertsBackward(float* dx, float* dExperts, const float* dy, const 
     dact_.assign(static_cast<size_t>(count) * H, 0.0f);
     dfc_.assign(static_cast<size_t>(count) * F, 0.0f);
     const float* fc = a.fc.data() + first * F;
-    kn::matmulBackward(dact_.data(), dExperts + t.projWeight, dExperts + t.projBias, dy + local * C,
-                       a.act.data() + first * H, experts + t.projWeight, count, H, C);
+    expertLinearBackward(dact_.data(), dExperts + t.projWeight, dExperts + t.projBias, dy + local * C,
+                         a.act.data() + first * H, experts + t.projWeight, count, H, C);
     if (config_.swiglu) {
       kn::swigluBackward(dfc_.data(), fc, dact_.data(), count, H);
     } else {
       kn::geluBackward(dfc_.data(), fc, dact_.data(), static_cast<size_t>(count) * H);
     }
-    kn::matmulBackward(dx + local * C, dExperts + t.fcWeight, dExperts + t.fcBias, dfc_.data(),
-                       a.expertIn.data() + first * C, experts + t.fcWeight, count, C, F);
+    expertLinearBackward(dx + local * C, dExperts + t.fcWeight, dExperts + t.fcBias, dfc_.data(),
+                         a.expertIn.data() + first * C, experts + t.fcWeight, count, C, F);
   });
 }
 

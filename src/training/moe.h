@@ -21,10 +21,12 @@
 
 #include <chorus/chorus.hpp>
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/half.h"
 #include "src/training/comm_worker.h"
 
 namespace chorus::training {
@@ -107,7 +109,10 @@ class MoeMlp {
   // tokenGroup: the ranks whose tokens together are the batch the aux and z losses are means over
   // (tensor parallelism's group with sequence parallelism, each holding some rows of it); null:
   // this rank's tokens alone.
-  MoeMlp(const MoeConfig& config, int width, ExpertParallel ep = {}, Communicator* tokenGroup = nullptr);
+  // sixteen: the experts' products in that 16-bit format (mixed precision; their activations stay
+  // fp32, the router is fp32); none: fp32.
+  MoeMlp(const MoeConfig& config, int width, ExpertParallel ep = {}, Communicator* tokenGroup = nullptr,
+         std::optional<kernels::Float16> sixteen = std::nullopt);
   const MoeConfig& config() const { return config_; }
   int localExperts() const { return localExperts_; }
   int firstExpert() const { return ep_.rank() * localExperts_; }
@@ -162,6 +167,11 @@ class MoeMlp {
   // The experts' forward and backward on one chunk's rows (expert-major, from expertIn's
   // chunk.expertAt on): y = the outputs; backward: dx = the inputs' gradient from dy.
   void expertsForward(float* y, const float* experts, MoeActivations& a, const MoeChunk& chunk);
+  // An expert's linear layer in its compute precision (sixteen_).
+  void expertLinearForward(float* out, const float* inp, const float* weight, const float* bias, int n, int c,
+                           int oc) const;
+  void expertLinearBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                            const float* weight, int n, int c, int oc) const;
   void expertsBackward(float* dx, float* dExperts, const float* dy, const float* experts, const MoeActivations& a,
                        const MoeChunk& chunk);
 
@@ -169,6 +179,7 @@ class MoeMlp {
   int C_, hidden_, localExperts_;
   ExpertParallel ep_;
   Communicator* tokenGroup_;
+  std::optional<kernels::Float16> sixteen_;
   std::vector<float> logits_, dlogits_, dgate_, dExpertIn_, dfc_, dact_, grouped_;
   // Per chunk: the rows leaving this rank, arriving, and going back (alive while in flight).
   std::vector<std::vector<float>> sent_, received_, returned_;

@@ -3,7 +3,8 @@
 # ZeRO-1 with the gradients reduced in bf16, each 20 steps of the same global batch; the loss and the
 # gradient norm of every step must follow the one-rank bf16 run's within bf16's rounding (the sums'
 # order differs by layout, and a value near a rounding boundary may round the other way), and the
-# final parameters too. bf16 and fp16 must follow fp32 within 1% (and differ from it), with fewer
+# final parameters too; so must MoE with expert parallelism (ep2). At step 1 (the same parameters
+# everywhere) each layout must sit far closer to one bf16 rank than bf16 sits to fp32. bf16 and fp16 must follow fp32 within 1% (and differ from it), with fewer
 # activation bytes; bf16 reduction must send about half the bytes of fp32's. fp16 with a loss scale
 # far too large (2^24) must skip the steps that overflow, halve the scale until they stop, and still
 # train; and a run killed after its step-10 checkpoint must resume to the same losses, norms, scales
@@ -24,6 +25,12 @@ run b_cp2 --ranks 2 --cp 2 "${l4[@]}" --precision bf16
 run b_dp4_reduce --ranks 4 "${l4[@]}" --set batch.accumulate=1 --precision bf16 --set 'precision.reduce="bf16"'
 run b_dp2_tp2_zero1_reduce --ranks 4 --tp 2 --zero 1 "${l4[@]}" --set batch.accumulate=2 --precision bf16 \
   --set 'precision.reduce="bf16"'
+# MoE (4 experts, top 2): expert parallelism in bf16 against one bf16 rank.
+moe=(--set model.experts=4 --set model.top_k=2 --set model.expert_hidden=96 --set model.aux_loss=0.01
+  --set batch.micro=2)
+run f_moe_one --ranks 1 "${moe[@]}" --set batch.accumulate=4
+run b_moe_one --ranks 1 "${moe[@]}" --set batch.accumulate=4 --precision bf16
+run b_moe_ep2 --ranks 2 --ep 2 "${moe[@]}" --set batch.accumulate=2 --precision bf16
 # fp16 with an overflowing loss scale, whole and killed while saving step 15 (step 10's checkpoint
 # stays), then resumed.
 overflow=(--ranks 1 "${l4[@]}" --precision fp16 --set precision.loss_scale=16777216 --set precision.growth_interval=4)
@@ -67,10 +74,11 @@ def follows(name, ref, loss_tol, norm_tol, param_tol):
 # step of about lr (1e-3) after 20 steps.
 for name in ["b_zero3", "b_tp2_sp", "b_pp2", "b_cp2"]:
     follows(name, "b_one", 3e-5, 5e-4, 1e-3)
+follows("b_moe_ep2", "b_moe_one", 3e-5, 5e-4, 1e-3)
 for name in ["b_dp4_reduce", "b_dp2_tp2_zero1_reduce"]:
     follows(name, "b_one", 5e-5, 1e-3, 1e-3)
-for name in ["b_one", "h_one"]:
-    follows(name, "f_one", 1e-2, 1e-1, 1e-2)
+for name, ref in [("b_one", "f_one"), ("h_one", "f_one"), ("b_moe_one", "f_moe_one")]:
+    follows(name, ref, 1e-2, 1e-1, 1e-2)
 # Step 1 starts from the same parameters everywhere, so its gradient norm separates the causes:
 # bf16 against fp32 differs by bf16's rounding, a bf16 layout against one bf16 rank only by the
 # order of fp32 sums, far less (a layout that computed in fp32 would sit at fp32's distance).
@@ -81,11 +89,15 @@ print(f"step 1 gradient norm: bf16 against fp32 {rounding:.2e}, fp16 against fp3
       f"{abs(first('h_one') - first('f_one')) / first('f_one'):.2e}")
 if rounding == 0 or first("h_one") == first("f_one"):
     bad.append("16-bit compute gave fp32's step-1 gradient norm")
-for name in ["b_zero3", "b_tp2_sp", "b_pp2", "b_cp2"]:  # (bf16 reduction rounds the gradient itself)
-    layout = abs(first(name) - first("b_one")) / first("b_one")
-    print(f"step 1 gradient norm: {name} against one bf16 rank {layout:.2e}")
+def separated(name, ref, fp32):
+    rounding = abs(first(ref) - first(fp32)) / first(fp32)
+    layout = abs(first(name) - first(ref)) / first(ref)
+    print(f"step 1 gradient norm: {name} against one bf16 rank {layout:.2e} (bf16 against fp32 {rounding:.2e})")
     if not layout < rounding / 5:
         bad.append(f"{name}: step-1 gradient norm {layout:.2e} from one bf16 rank, bf16's rounding {rounding:.2e}")
+for name in ["b_zero3", "b_tp2_sp", "b_pp2", "b_cp2"]:  # (bf16 reduction rounds the gradient itself)
+    separated(name, "b_one", "f_one")
+separated("b_moe_ep2", "b_moe_one", "f_moe_one")
 # Activation bytes: the linear layers' inputs in 16 bits (the unit test counts them exactly; here
 # one weight cast and one fp32 scratch take back part of the saving at this small size).
 f_act, b_act, h_act = (per_rank(n, "activation_bytes")[0] for n in ("f_one", "b_one", "h_one"))

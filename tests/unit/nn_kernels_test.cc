@@ -231,6 +231,17 @@ TEST(NnKernelsTest, SixteenBitLinearForwardAndBackward) {
     EXPECT_LT(relativeError(dw, numericGradient(w.values, wd,
                                                 [&](const Vec& v) { return linearRef(x.values, v, {}, n, c, oc); })),
               rounding);
+    // From fp32 operands (cast on the way in): the very same results as from their 16-bit copies.
+    const auto xf = randomFloats(n * c, 41), wf = randomFloats(oc * c, 42);
+    std::vector<float> outAs(n * oc), dxAs(n * c, 1.0f), dwAs(oc * c, 1.0f), dbAs(oc, 1.0f);
+    matmulForwardAs(format, outAs.data(), xf.data(), wf.data(), b.data(), n, c, oc);
+    EXPECT_EQ(outAs, out);
+    matmulBackwardAs(format, dxAs.data(), dwAs.data(), dbAs.data(), dout.data(), xf.data(), wf.data(), n, c, oc);
+    for (auto* g : {&dxAs, &dwAs, &dbAs}) {
+      for (auto& v : *g) v -= 1.0f;
+    }
+    EXPECT_EQ(dxAs, dx);
+    EXPECT_EQ(dwAs, dw);
     Vec dbWant(oc, 0.0);
     for (int r = 0; r < n; ++r) {
       for (int o = 0; o < oc; ++o) dbWant[o] += dout[r * oc + o];
