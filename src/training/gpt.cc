@@ -417,7 +417,10 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::ve
   dqkv_.resize(N * 3 * Ct);
   dfch_.resize(N * Ft);
   dfchGelu_.resize(N * Ft);
-  if (sixteen()) work_.resize(std::max({Nl * C, N * Ct, N * Ft}));
+  if (sixteen()) {
+    work_.resize(std::max({Nl * C, N * Ct, N * Ft}));
+    outWork_.resize(N * std::max(3 * Ct, Ft));
+  }
   if (sequenceParallel_) {
     wholeRows_.resize(N * C);
     dlnRows_.resize(Nl * C);
@@ -493,7 +496,7 @@ void Gpt::allocateLayer(Layer& L, bool withAttention, bool dense) const {
   (half ? L.ln1h.resize(Nl * C) : L.ln1.resize(Nl * C));
   L.ln1Mean.resize(Nl);
   L.ln1Rstd.resize(Nl);
-  L.qkv.resize(N * 3 * Ct);
+  (half && cp_.size() == 1 ? L.qkvh.resize(N * 3 * Ct) : L.qkv.resize(N * 3 * Ct));
   (half && cp_.size() == 1 ? L.attyh.resize(N * Ct) : L.atty.resize(N * Ct));
   if (withAttention) L.att.resize(static_cast<size_t>(B_) * heads_ * T_ * T_);
   if (cp_.size() > 1) L.lse.resize(static_cast<size_t>(B_) * heads_ * T_);
@@ -502,7 +505,7 @@ void Gpt::allocateLayer(Layer& L, bool withAttention, bool dense) const {
   L.ln2Mean.resize(Nl);
   L.ln2Rstd.resize(Nl);
   if (!dense) return;
-  L.fch.resize(N * Ft);
+  (half ? L.fchh.resize(N * Ft) : L.fch.resize(N * Ft));
   (half ? L.fchGeluh.resize(N * Ft) : L.fchGelu.resize(N * Ft));
 }
 
@@ -510,7 +513,7 @@ size_t Gpt::Layer::bytes() const {
   const size_t floats = ln1.size() + ln1Mean.size() + ln1Rstd.size() + qkv.size() + atty.size() + att.size() +
                         lse.size() + res2.size() + ln2.size() + ln2Mean.size() + ln2Rstd.size() + fch.size() +
                         fchGelu.size() + moe.floats();
-  const size_t halves = ln1h.size() + attyh.size() + ln2h.size() + fchGeluh.size();
+  const size_t halves = ln1h.size() + qkvh.size() + attyh.size() + ln2h.size() + fchh.size() + fchGeluh.size();
   return floats * sizeof(float) + halves * sizeof(uint16_t);
 }
 
@@ -533,7 +536,7 @@ size_t Gpt::activationBytes() const {
   floats += ceStats_.size() + dres_.size() + dln_.size() + datty_.size() + dqkv_.size() + dfch_.size() +
             dfchGelu_.size() + dattScratch_.size();
   floats += wholeRows_.size() + dlnRows_.size() + lnGrad_.size();
-  floats += attScratch_.size() + recomputeOut_.size() + work_.size();
+  floats += attScratch_.size() + recomputeOut_.size() + work_.size() + outWork_.size();
   bytes += recomputed_.bytes() + (scratch16_.size() + castWeights_.size() + wholeRows16_.size()) * sizeof(uint16_t);
   for (int i = 0; i < 2; ++i) floats += ringKv_[i].size() + ringDkv_[i].size();
   floats += ringMax_.size() + ringSum_.size() + ringScratch_.size();
@@ -570,14 +573,16 @@ void Gpt::blockForward(const float* weights, const float* experts, Layer& L, con
   const auto w = blockPtrs<const float*>(weights, C, Ct, Ft);
   const auto wh = sixteen() ? blockPtrs(castWeights(weights, layout_.unitCount(layout_.blockUnit(layer))), C, Ct, Ft)
                             : BlockPtrs<const uint16_t*>{};
-  float* ln1 = madeIn(L.ln1);
+  float* ln1 = madeIn(L.ln1, work_);
   kn::layernormForward(ln1, L.ln1Mean.data(), L.ln1Rstd.data(), in, w.ln1w, w.ln1b, Nl, C);
-  linearForward(L.qkv.data(), gathered(operand(ln1, L.ln1h, NlC)), w.qkvw, wh.qkvw, w.qkvb, N, C, 3 * Ct);
-  float* atty = madeIn(L.atty);
+  float* qkv = madeIn(L.qkv, outWork_);
+  linearForward(qkv, gathered(operand(ln1, L.ln1h, NlC)), w.qkvw, wh.qkvw, w.qkvb, N, C, 3 * Ct);
+  keep(qkv, L.qkvh, static_cast<size_t>(N) * 3 * Ct);
+  float* atty = madeIn(L.atty, work_);
   if (cp_.size() > 1) {
-    ringAttention(L, Pass::kForward);  // into L.atty, kept with context parallelism
+    ringAttention(L, Pass::kForward);  // from L.qkv into L.atty, both kept in fp32 with context parallelism
   } else {
-    kn::attentionForward(atty, attOf(L), L.qkv.data(), B, T, Ct, NHt);
+    kn::attentionForward(atty, attOf(L), qkv, B, T, Ct, NHt);
   }
   const Operand attyIn = operand(atty, L.attyh, static_cast<size_t>(N) * Ct);
   // The projection's output goes to `out` for a moment, then the residual sum into res2. Row
@@ -590,16 +595,18 @@ void Gpt::blockForward(const float* weights, const float* experts, Layer& L, con
     addBias(out, w.projb, Nl, C);
   }
   kn::residualForward(L.res2.data(), in, out, NlC);
-  float* ln2 = madeIn(L.ln2);
+  float* ln2 = madeIn(L.ln2, work_);
   kn::layernormForward(ln2, L.ln2Mean.data(), L.ln2Rstd.data(), L.res2.data(), w.ln2w, w.ln2b, Nl, C);
   if (config_.moeLayer(layer)) {
     moeForward(w.fcw, experts, L, out);  // the router's weight is where the dense MLP's would start
     kn::residualForward(out, L.res2.data(), out, NlC);
     return;
   }
-  linearForward(L.fch.data(), gathered(operand(ln2, L.ln2h, NlC)), w.fcw, wh.fcw, w.fcb, N, C, Ft);
-  float* fchGelu = madeIn(L.fchGelu);
-  kn::geluForward(fchGelu, L.fch.data(), static_cast<size_t>(N) * Ft);
+  float* fch = madeIn(L.fch, outWork_);
+  linearForward(fch, gathered(operand(ln2, L.ln2h, NlC)), w.fcw, wh.fcw, w.fcb, N, C, Ft);
+  keep(fch, L.fchh, static_cast<size_t>(N) * Ft);
+  float* fchGelu = madeIn(L.fchGelu, work_);
+  kn::geluForward(fchGelu, fch, static_cast<size_t>(N) * Ft);
   const Operand geluIn = operand(fchGelu, L.fchGeluh, static_cast<size_t>(N) * Ft);
   if (!split) {
     linearForward(out, geluIn, w.fcprojw, wh.fcprojw, w.fcprojb, N, 4 * C, C);
@@ -691,7 +698,7 @@ float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, 
 
   const int lnfUnit = layout_.finalNormUnit();
   const float* lnf = access.acquire(lnfUnit, Pass::kForward);
-  float* lnfMade = madeIn(a.lnf);
+  float* lnfMade = madeIn(a.lnf, work_);
   kn::layernormForward(lnfMade, a.lnfMean.data(), a.lnfRstd.data(), a.residual.back().data(), lnf, lnf + C, Nl, C);
   access.release(lnfUnit, Pass::kForward);
   // The head sees every row: with sequence parallelism the final layernorm's rows are gathered
@@ -784,6 +791,23 @@ Gpt::Operand Gpt::operand(const float* made, std::vector<uint16_t>& half, size_t
   }
   kn::toFloat16(format_, made, to, count);
   return Operand{nullptr, to};
+}
+
+void Gpt::keep(float* made, std::vector<uint16_t>& half, size_t count) {
+  if (!sixteen()) return;
+  uint16_t* to = half.data();
+  if (half.empty()) {  // kept in fp32 (context parallelism): rounded all the same, as every layout rounds it
+    scratch16_.resize(count);
+    to = scratch16_.data();
+  }
+  kn::toFloat16(format_, made, to, count);
+  kn::fromFloat16(format_, to, made, count);  // forward goes on with what backward will see
+}
+
+const float* Gpt::widened(std::vector<float>& full, std::vector<uint16_t>& half) {
+  if (!full.empty()) return full.data();
+  kn::fromFloat16(format_, half.data(), work_.data(), half.size());
+  return work_.data();
 }
 
 Gpt::Operand Gpt::keptOperand(std::vector<float>& full, std::vector<uint16_t>& half) {
@@ -923,7 +947,7 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
     const auto wh =
         sixteen() ? blockPtrs(castWeights(weights, layout_.unitCount(u)), C, Ct, Ft) : BlockPtrs<const uint16_t*>{};
     if (recompute_ == Recompute::kSelective && cp_.size() == 1) {
-      kn::attentionForward(datty_.data(), attOf(L), L.qkv.data(), B, T, Ct, NHt);
+      kn::attentionForward(datty_.data(), attOf(L), widened(L.qkv, L.qkvh), B, T, Ct, NHt);
     }
     if (config_.moeLayer(span.begin + i)) {
       moeBackward(w.fcw, experts, g.fcw, access.gradients(expertUnit), L, dlnRows, lossScale);
@@ -935,7 +959,7 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
       linearBackward(dfchGelu_.data(), g.fcprojw, g.fcprojb, dresWhole(), keptOperand(L.fchGelu, L.fchGeluh), w.fcprojw,
                      wh.fcprojw, N, Ft, C);
       zero(dfch_);
-      kn::geluBackward(dfch_.data(), L.fch.data(), dfchGelu_.data(), static_cast<size_t>(N) * Ft);
+      kn::geluBackward(dfch_.data(), widened(L.fch, L.fchh), dfchGelu_.data(), static_cast<size_t>(N) * Ft);
       zero(dln_);
       linearBackward(dln_.data(), g.fcw, g.fcb, dfch_.data(), gathered(keptOperand(L.ln2, L.ln2h)), w.fcw, wh.fcw, N, C,
                      Ft);
@@ -952,7 +976,8 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
     if (cp_.size() > 1) {
       ringAttention(L, Pass::kBackward);
     } else {
-      kn::attentionBackward(dqkv_.data(), dattScratch_.data(), datty_.data(), L.qkv.data(), attOf(L), B, T, Ct, NHt);
+      kn::attentionBackward(dqkv_.data(), dattScratch_.data(), datty_.data(), widened(L.qkv, L.qkvh), attOf(L), B, T,
+                            Ct, NHt);
     }
     zero(dln_);
     linearBackward(dln_.data(), g.qkvw, g.qkvb, dqkv_.data(), gathered(keptOperand(L.ln1, L.ln1h)), w.qkvw, wh.qkvw, N,

@@ -332,11 +332,11 @@ class Gpt {
   struct Layer {
     // att: the attention probabilities (B, heads, T, T); with context parallelism instead lse, the
     // log-sum-exp of each query row's scores (B, heads, T), from which backward rebuilds them.
-    // In 16-bit compute the inputs of the linear layers are kept as ln1h, attyh, ln2h and fchGeluh
-    // instead (ln1, ln2 and fchGelu then empty); atty stays fp32 with context parallelism (ring
-    // attention's backward reads it), ln2 in an MoE block (its router and experts are fp32).
+    // In 16-bit compute the linear layers' inputs and outputs are kept as ln1h, qkvh, attyh, ln2h,
+    // fchh and fchGeluh instead (their fp32 vectors then empty); qkv and atty stay fp32 with
+    // context parallelism (ring attention reads them), ln2 in an MoE block (its router is fp32).
     std::vector<float> ln1, ln1Mean, ln1Rstd, qkv, atty, att, lse, res2, ln2, ln2Mean, ln2Rstd, fch, fchGelu;
-    std::vector<uint16_t> ln1h, attyh, ln2h, fchGeluh;
+    std::vector<uint16_t> ln1h, qkvh, attyh, ln2h, fchh, fchGeluh;
     MoeActivations moe;  // an MoE block's MLP (fch and fchGelu unused)
     size_t bytes() const;
   };
@@ -399,7 +399,15 @@ class Gpt {
   bool sixteen() const { return compute_ != Compute::kFp32; }
   // Where an fp32 activation is made: `kept` when the model keeps it, else scratch (16-bit compute,
   // where only its cast is kept).
-  float* madeIn(std::vector<float>& kept) { return kept.empty() ? work_.data() : kept.data(); }
+  float* madeIn(std::vector<float>& kept, std::vector<float>& scratch) {
+    return kept.empty() ? scratch.data() : kept.data();
+  }
+  // Forward, 16-bit compute: an activation just made (count values) rounded to the 16-bit type in
+  // place, so that forward goes on with what backward will read, and kept in `half` unless the model
+  // keeps it in fp32 (then empty).
+  void keep(float* made, std::vector<uint16_t>& half, size_t count);
+  // Backward: an activation in fp32, widened from `half` into scratch when kept so.
+  const float* widened(std::vector<float>& full, std::vector<uint16_t>& half);
   // Forward: an activation just made in `made` (count values) as a product's operand; in 16-bit
   // compute cast into `half` (kept for backward), or into scratch when the model keeps it in fp32.
   Operand operand(const float* made, std::vector<uint16_t>& half, size_t count);
@@ -423,9 +431,10 @@ class Gpt {
   Recompute recompute_ = Recompute::kNone;
   Compute compute_ = Compute::kFp32;
   kernels::Float16 format_ = kernels::Float16::kBf16;  // 16-bit compute's type
-  // 16-bit compute: fp32 activations between their making and their cast, casts not kept, a unit's
-  // weights cast, and sequence parallelism's gathered 16-bit rows.
-  std::vector<float> work_;
+  // 16-bit compute: fp32 activations between their making and their cast (work_; outWork_ for the
+  // outputs of the linear layers that attention and GELU read while work_ takes their results),
+  // casts not kept, a unit's weights cast, and sequence parallelism's gathered 16-bit rows.
+  std::vector<float> work_, outWork_;
   std::vector<uint16_t> scratch16_, castWeights_, wholeRows16_;
   Layer recomputed_;                 // full recompute: one block's intermediate values, rebuilt in backward
   std::vector<float> attScratch_;    // selective recompute: the attention probabilities of one block

