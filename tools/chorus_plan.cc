@@ -82,8 +82,8 @@ tr::Machine machineFromTopology(const std::string& path, tr::Machine base) {
 
 int main(int argc, char** argv) {
   CLI::App app{"chorus-plan: the memory, FLOPs, communication and step time of a training layout"};
-  std::string preset, jobPath, machineName = "dgx-h100", topology, precisionName = "fp32", recompute = "none",
-                               schedule = "1f1b";
+  std::string preset, jobPath, machineName = "dgx-h100", topology, precisionName = "fp32", compute = "fp32",
+                               reduce = "fp32", recompute = "none", schedule = "1f1b";
   tr::ModelShape shape;
   bool gated = false, untied = false, rope = false, noBiases = false, rmsnorm = false;
   int vocab = 0, micro = 1, dp = 0, tp = 1, pp = 1, vpp = 1, cp = 1, ep = 1, zero = 0, devices = 0, top = 10;
@@ -128,6 +128,9 @@ int main(int argc, char** argv) {
   app.add_flag("--sp", sp, "sequence parallelism (with tp)");
   app.add_option("--recompute", recompute, "none, selective or full");
   app.add_option("--precision", precisionName, "fp32 or bf16 (mixed)");
+  app.add_option("--compute", compute,
+                 "chorus-train's compute type: fp32, or bf16 / fp16 (the linear layers' activations in 16 bits)");
+  app.add_option("--reduce", reduce, "chorus-train's gradient reduction type: fp32 or bf16");
   app.add_flag("--dropout", dropout, "count dropout masks (as Korthikanti et al. do)");
   app.add_option("--machine", machineName, "dgx-h100, or local (this host's cores shared by the ranks)");
   app.add_option("--topology", topology, "links from a topology file (chorus, NCCL or hwloc XML)");
@@ -157,6 +160,7 @@ int main(int argc, char** argv) {
       layout.zero = job.zero, layout.sequenceParallel = job.sequenceParallel;
       layout.recompute = tr::parseRecompute(job.recompute), layout.schedule = tr::parseSchedule(job.schedule);
       layout.micro = job.micro, layout.globalBatch = job.globalBatch();
+      compute = job.compute, reduce = job.reduce;
       if (devices == 0) devices = job.ranks;
     } else {
       if (!preset.empty()) {
@@ -197,7 +201,7 @@ int main(int argc, char** argv) {
     if (vocab > 0) shape.vocab = vocab;
     if (shape.vocab <= 0) throw chorus::Error(chorusInvalidArgument, "the model's vocab is 0: give --vocab");
     layout.dropout = dropout;
-    const tr::Precision precision = tr::parsePrecision(precisionName);
+    const tr::Precision precision = tr::withCompute(tr::parsePrecision(precisionName), compute, reduce);
     tr::Machine machine = machineName == "local" ? localMachine(devices) : tr::machinePreset(machineName, devices);
     if (!topology.empty()) machine = machineFromTopology(topology, machine);
     if (perNode > 0) machine.devicesPerNode = perNode;

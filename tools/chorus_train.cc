@@ -109,6 +109,13 @@ void writeMetrics(const Job& job, const TrainResult& r, size_t parameters, const
                      {"formula_idle_share", chorus::training::bubbleShare(job.pp, job.vpp, job.accumulate)}};
   }
   j["zero"] = job.zero;
+  j["precision"] = {{"compute", job.compute}, {"reduce", job.reduce}};
+  if (job.compute == "fp16") {
+    long skipped = 0;
+    for (const auto& s : r.steps) skipped += s.skipped ? 1 : 0;
+    j["precision"]["loss_scale"] = r.steps.empty() ? job.lossScale : r.steps.back().lossScale;
+    j["precision"]["skipped_steps"] = skipped;
+  }
   j["global_batch"] = job.globalBatch();
   j["micro"] = job.micro;
   j["accumulate"] = job.accumulate;

@@ -786,7 +786,7 @@ Gpt::Operand Gpt::operand(const float* made, std::vector<uint16_t>& half, size_t
   if (!sixteen()) return Operand{made, nullptr};
   uint16_t* to = half.data();
   if (half.empty()) {
-    scratch16_.resize(count);
+    if (scratch16_.size() < count) scratch16_.resize(count);  // grows only: its size is what it holds
     to = scratch16_.data();
   }
   kn::toFloat16(format_, made, to, count);
@@ -797,7 +797,7 @@ void Gpt::keep(float* made, std::vector<uint16_t>& half, size_t count) {
   if (!sixteen()) return;
   uint16_t* to = half.data();
   if (half.empty()) {  // kept in fp32 (context parallelism): rounded all the same, as every layout rounds it
-    scratch16_.resize(count);
+    if (scratch16_.size() < count) scratch16_.resize(count);  // grows only: its size is what it holds
     to = scratch16_.data();
   }
   kn::toFloat16(format_, made, to, count);

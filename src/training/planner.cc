@@ -154,9 +154,21 @@ ModelShape shapeOf(const GptConfig& config, int seq) {
 }
 
 Precision parsePrecision(const std::string& name) {
-  if (name == "fp32") return Precision{"fp32", 4, 4, 8, 4};
-  if (name == "bf16") return Precision{"bf16", 2, 2, 12, 2};
+  if (name == "fp32") return Precision{"fp32", 4, 4, 8, 4, "fp32", 4, 4};
+  if (name == "bf16") return Precision{"bf16", 2, 2, 12, 2, "bf16", 2, 2};
   throw invalid(fmt::format("precision '{}' is not fp32 or bf16", name));
+}
+
+Precision withCompute(Precision precision, const std::string& compute, const std::string& reduce) {
+  if (compute != "fp32" && compute != "bf16" && compute != "fp16") {
+    throw invalid(fmt::format("compute '{}' is not fp32, bf16 or fp16", compute));
+  }
+  if (reduce != "fp32" && reduce != "bf16") throw invalid(fmt::format("reduce '{}' is not fp32 or bf16", reduce));
+  precision.compute = compute;
+  precision.linear = compute == "fp32" ? precision.activation : 2;
+  precision.wire = reduce == "bf16" ? 2 : precision.grad;
+  if (compute != "fp32") precision.name += "/" + compute;
+  return precision;
 }
 
 int PlanLayout::accumulate() const {
@@ -187,15 +199,19 @@ Machine machinePreset(const std::string& name, int devices) {
 
 LayerActivations layerActivations(const ModelShape& m, const PlanLayout& l, const Precision& precision, bool moe) {
   const double e = precision.activation, d = l.dropout ? 1.0 : 0.0;
+  // What the linear layers read and write: in `linear` bytes, but q, k, v and the attention output
+  // in fp32 under context parallelism (ring attention reads them) and an MoE block's second
+  // layernorm output (its router is fp32).
+  const double lin = precision.linear, attn = l.cp > 1 ? e : lin;
   const double s = static_cast<double>(m.seq) / l.cp, b = l.micro, h = m.hidden, a = m.heads, t = l.tp;
   const double rowsShare = l.sequenceParallel && l.tp > 1 ? 1.0 / t : 1.0;
   LayerActivations r;
   // The block's input, the first layernorm's output, the second's input and output; a dropout
   // mask after the attention and after the MLP.
-  r.replicated = (4.0 * e + 2.0 * d) * s * b * h * rowsShare;
+  r.replicated = (2.0 * e + lin + (moe ? e : lin) + 2.0 * d) * s * b * h * rowsShare;
   // q, k, v; the attention output (the projection's input); the MLP's hidden activations (GELU's
   // input and output, or SwiGLU's gate, up and product).
-  r.split = e * s * b * (h + 2.0 * kvWidth(m) + h + (moe ? 0.0 : mlpMatrices(m) * m.ffnUnits())) / t;
+  r.split = s * b * (attn * (h + 2.0 * kvWidth(m) + h) + (moe ? 0.0 : lin * mlpMatrices(m) * m.ffnUnits())) / t;
   if (moe) {
     // Not cut over tp: the router's probabilities (fp32), then each row's topK copies: the
     // expert's input, its hidden activations, its output back home. Cut: the shared experts'
@@ -382,7 +398,8 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
     if (group == "edp") return edpLink;
     return dpLink;
   };
-  const double rowsBytes = e * N * h;  // one activation of all this rank's rows
+  const double rowsBytes = e * N * h;                  // one activation of all this rank's rows
+  const double linearRows = precision.linear * N * h;  // the same kept for a linear layer
 
   // The cut as the trainer makes it: whole-model FLOPs of forward + backward per block, the
   // embedding with the first span and the head with the last.
@@ -447,7 +464,7 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
       double slot = (span.layers() - moeInSpan) * layer.total() + moeInSpan * moeLayer.total() + rowsBytes * rowsShare;
       if (span.begin == 0) slot += 4.0 * N;
       if (span.end == model.layers) {
-        slot += 4.0 * N + rowsBytes * rowsShare + 8.0 * N * rowsShare + (sp ? rowsBytes : 0.0) + 2.0 * 4.0 * N * Vt +
+        slot += 4.0 * N + linearRows * rowsShare + 8.0 * N * rowsShare + (sp ? linearRows : 0.0) + 2.0 * 4.0 * N * Vt +
                 4.0 * N;
       }
       activations += stage.inFlight[c] * slot;
@@ -464,6 +481,18 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
     if (sp) workspace += e * (N * h + N * h / t) + 4.0 * 2.0 * h;
     if (l.tp > 1 && last) workspace += 4.0 * 3.0 * N;
     if (l.recompute == Recompute::kFull) workspace += (whole.total() - e * N * h * rowsShare) + rowsBytes * rowsShare;
+    if (precision.compute != "fp32") {
+      // 16-bit compute's buffers: fp32 scratch for the layernorms', attention's and GELU's outputs
+      // and for the linear layers' outputs before their casts; the largest unit's weights cast (a
+      // block, or the head's vocabulary rows); under context parallelism one qkv cast, with
+      // sequence parallelism the gathered 16-bit rows.
+      const double ffnRows = N * ffn, qkvRows = N * (h / t + 2.0 * kvd);
+      workspace += e * std::max({N * h * rowsShare, N * h / t, ffnRows}) + e * std::max(qkvRows, ffnRows);
+      const double castUnit = std::max(moeBlocks > 0 ? moeDense : 0.0, denseBlocks > 0 ? block : 0.0);
+      workspace += precision.linear * std::max(castUnit, last ? Vt * h : 0.0);
+      if (l.cp > 1) workspace += precision.linear * qkvRows;
+      if (sp) workspace += precision.linear * N * h;
+    }
     stage.activationBytes = activations + workspace;
 
     // Communication of one micro-batch through this stage, per layer and at the ends.
@@ -527,7 +556,7 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
       for (const auto& [group, n, count] :
            {std::tuple<std::string, int, double>{"dp", l.dp * l.cp, P}, {"edp", l.dp / l.ep * l.cp, Pe}}) {
         if (count <= 0 || (group == "edp" && n < 2)) continue;
-        const double grads = count * precision.grad, params = count * precision.param;
+        const double grads = count * precision.wire, params = count * precision.param;
         if (l.zero == 0) dpCalls.push_back({{group, chorusCollAllReduce, n, grads, 1.0, "backward"}, backwardCompute});
         if (l.zero == 1) {
           dpCalls.push_back({{group, chorusCollReduceScatter, n, grads, 1.0, "backward"}, backwardCompute});

@@ -73,10 +73,22 @@ ModelShape shapeOf(const GptConfig& config, int seq);
 struct Precision {
   std::string name = "fp32";
   double param = 4, grad = 4, optimizer = 8, activation = 4;
+  // chorus-train's mixed precision ([precision] compute = bf16 or fp16): the state and most
+  // activations as `activation` says, but what the linear layers read and write (the layernorms'
+  // outputs, q, k, v, the attention output, the MLP's hidden values and the head's input) kept in
+  // `linear` bytes, with the runtime's buffers for 16-bit compute (an fp32 scratch for what is made
+  // before its cast, one unit's weights cast, sequence parallelism's 16-bit gathered rows).
+  std::string compute = "fp32";
+  double linear = 4;
+  // The gradients' bytes on the data-parallel wire (chorus-train's [precision] reduce).
+  double wire = 4;
 };
 // "fp32" (chorus's CPU training: 4 + 4 + 8 = ZeRO's 16 bytes per parameter) or "bf16" (mixed
 // precision as ZeRO's paper counts it: 2 + 2 + K = 12).
 Precision parsePrecision(const std::string& name);
+// precision with chorus-train's compute type ("fp32", "bf16", "fp16": 16-bit linear layers) and
+// gradient reduction type ("fp32", "bf16"); throws chorus::Error naming a word it does not know.
+Precision withCompute(Precision precision, const std::string& compute, const std::string& reduce = "fp32");
 
 struct PlanLayout {
   int dp = 1, tp = 1, pp = 1, vpp = 1, cp = 1;

@@ -64,10 +64,12 @@ run sgd_zero3 --ranks 4 --zero 3 --set batch.micro=2 "${sgd[@]}"
 slow=(--ranks 4 --set batch.micro=2 --set model.layers=8 --set run.steps=3 --set parallel.inflight_buckets=1)
 CHORUS_TRAIN_COMM_DELAY_MS=20 run zero2_slow --zero 2 "${slow[@]}"
 CHORUS_TRAIN_COMM_DELAY_MS=20 run zero3_slow --zero 3 "${slow[@]}"
-/usr/bin/python3 - "$work" "$build" <<'PY'
-import csv, json, struct, subprocess, sys
+/usr/bin/python3 - "$work" "$build" "$(dirname "$0")" <<'PY'
+import csv, json, struct, sys
 import numpy as np
 work, build = sys.argv[1], sys.argv[2]
+sys.path.insert(0, sys.argv[3])
+import planned_bytes
 def column(name, key):
     return [float(r[key]) for r in csv.DictReader(open(f"{work}/{name}/metrics.csv"))]
 def losses(name):
@@ -155,33 +157,9 @@ for name in ["pp2", "pp2_gpipe", "pp2_interleaved", "pp4"]:
         bad.append(f"{name}: idle shares {idle}")
 # The planner (chorus-plan) predicts each rank's bytes: parameters, gradients and optimizer state
 # as ZeRO counts them (the runtime pads shards a little), activations to the byte.
-def plan(m):
-    L = m["layout"]
-    args = [f"{build}/chorus-plan", "--json", "--devices", str(m["ranks"]), "--layers", str(m["model"]["layers"]),
-            "--hidden", str(m["model"]["width"]), "--heads", str(m["model"]["heads"]), "--seq", str(m["seq"]),
-            "--context", str(m["model"]["context"]), "--vocab", str(m["model"]["vocab"]), "--micro", str(m["micro"]),
-            "--global", str(m["global_batch"]), "--tp", str(L["tp"]), "--pp", str(L["pp"]), "--cp", str(L["cp"]),
-            "--zero", str(m["zero"]), "--recompute", L["recompute"]]
-    if L["sequence_parallel"]:
-        args.append("--sp")
-    if "pipeline" in m:
-        args += ["--schedule", m["pipeline"]["schedule"], "--vpp", str(m["pipeline"]["vpp"])]
-    return json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
-for name in ["dp4", "zero1", "zero2", "zero3", "tp2", "tp2_sp", "tp2_sp_full", "pp2", "pp2_gpipe", "pp2_interleaved",
-             "pp4", "tp2_pp2_sp", "dp2_tp2_pp2", "pp2_selective", "tp2_cp2_sp", "pp2_cp2", "tp2_pp2_cp2", "dp2_cp2"]:
-    m = json.load(open(f"{work}/{name}/metrics.json"))
-    p, L = plan(m), m["layout"]
-    worst_state, worst_act = 0.0, 0.0
-    for r, mem in enumerate(m["memory_per_rank"]):
-        stage = p["stages"][r // (L["tp"] * L["cp"] * L["dp"])]
-        state = mem["params_bytes"] + mem["grads_bytes"] + mem["optimizer_bytes"]
-        predicted = stage["params_bytes"] + stage["grads_bytes"] + stage["optimizer_bytes"]
-        worst_state = max(worst_state, abs(state - predicted) / state)
-        worst_act = max(worst_act, abs(mem["activation_bytes"] - stage["activation_bytes"]) / mem["activation_bytes"])
-    print(f"{name:16s} planner vs measured bytes per rank: state within {worst_state:.2e}, activations within "
-          f"{worst_act:.2e}")
-    if worst_state > 0.02 or worst_act > 1e-3:
-        bad.append(f"{name}: the planner's bytes differ by {worst_state:.2e} (state), {worst_act:.2e} (activations)")
+planned_bytes.check(work, build, ["dp4", "zero1", "zero2", "zero3", "tp2", "tp2_sp", "tp2_sp_full", "pp2",
+                                   "pp2_gpipe", "pp2_interleaved", "pp4", "tp2_pp2_sp", "dp2_tp2_pp2", "pp2_selective",
+                                   "tp2_cp2_sp", "pp2_cp2", "tp2_pp2_cp2", "dp2_cp2"], bad)
 # Overlap: some bucket reductions of every layout began before their backward had finished.
 for name in ["dp2", "dp4", "dp2_accum", "zero1", "zero2", "zero3", "zero3_dp2_accum"]:
     m = json.load(open(f"{work}/{name}/metrics.json"))

@@ -110,20 +110,24 @@ TEST(PlannerTest, ActivationsFollowKorthikanti) {
 // plan's, for every recompute mode: what chorus keeps, counted another way.
 TEST(PlannerTest, ActivationBytesAreWhatTheModelHolds) {
   const GptConfig config{3, 4, 32, 16, 37};
-  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-    Gpt model(config, 2, 16, {}, {}, r);
-    std::vector<float> p(model.layout().total()), g(p.size(), 0.0f);
-    model.layout().initialize(1, p.data(), 0, p.size());
-    FlatAccess access(model.layout(), p.data(), g.data());
-    std::vector<int> tokens(32, 3), targets(32, 5);
-    model.forward(tokens.data(), targets.data(), access);
-    model.backward(access);
-    PlanLayout l = layoutOf(1, 1, 1, 1, 2, 2);
-    l.recompute = r;
-    const Plan plan = makePlan(shapeOf(config, 16), l, machineOf(1), parsePrecision("fp32"));
-    EXPECT_EQ(plan.stages[0].activationBytes, static_cast<double>(model.activationBytes()))
-        << "recompute " << static_cast<int>(r);
+  for (const char* compute : {"fp32", "bf16", "fp16"}) {
+    for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      Gpt model(config, 2, 16, {}, {}, r, {}, {}, parseCompute(compute));
+      std::vector<float> p(model.layout().total()), g(p.size(), 0.0f);
+      model.layout().initialize(1, p.data(), 0, p.size());
+      FlatAccess access(model.layout(), p.data(), g.data());
+      std::vector<int> tokens(32, 3), targets(32, 5);
+      model.forward(tokens.data(), targets.data(), access);
+      model.backward(access);
+      PlanLayout l = layoutOf(1, 1, 1, 1, 2, 2);
+      l.recompute = r;
+      const Plan plan = makePlan(shapeOf(config, 16), l, machineOf(1), withCompute(parsePrecision("fp32"), compute));
+      EXPECT_EQ(plan.stages[0].activationBytes, static_cast<double>(model.activationBytes()))
+          << compute << ", recompute " << static_cast<int>(r);
+    }
   }
+  EXPECT_THROW(withCompute(parsePrecision("fp32"), "fp8"), Error);
+  EXPECT_THROW(withCompute(parsePrecision("fp32"), "bf16", "fp16"), Error);
 }
 
 // Narayanan et al. 2021: a step of B sequences costs 72 B s l h^2 (1 + s/(6h) + V/(12 l h))
@@ -171,6 +175,14 @@ TEST(PlannerTest, CommunicationVolumesFollowTheLayout) {
   EXPECT_TRUE(sawDp);
   EXPECT_EQ(tpCalls, 2 * (4 * m.layers + 2));  // 2 micro-batches
   EXPECT_GT(plan.stepSeconds, plan.computeSeconds);
+  // Gradients reduced in bf16: half the data-parallel bytes, the state as it was.
+  const Plan halved = makePlan(m, l, machineOf(8), withCompute(parsePrecision("fp32"), "bf16", "bf16"));
+  for (const auto& c : halved.collectives) {
+    if (c.group == "dp") {
+      EXPECT_DOUBLE_EQ(c.bytes, 2 * plan.stages[0].parameters);
+    }
+  }
+  EXPECT_DOUBLE_EQ(halved.stages[0].stateBytes(), plan.stages[0].stateBytes());
 }
 
 TEST(PlannerTest, BadLayoutsAreRefusedByName) {
