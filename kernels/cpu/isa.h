@@ -28,12 +28,18 @@ void reduceManyWith(Isa isa, void* const* dsts, int ndst, const void* const* src
 // The vector kernels of one set (reduce_vector.h): each does a prefix of whole vectors and returns
 // its length in elements, 0 where it has no kernel; the caller does the rest with the reference.
 namespace avx2 {
+// fp16 / bf16 (type) <-> fp32, as half.h's element conversions do (NaN kept a NaN).
+size_t widenPrefix(const uint16_t* in, float* out, size_t count, chorusDataType_t type);
+size_t narrowPrefix(const float* in, uint16_t* out, size_t count, chorusDataType_t type);
 size_t reducePrefix(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, chorusRedOp_t op);
 size_t dividePrefix(void* buf, size_t count, chorusDataType_t type, int divisor);
 size_t reduceManyPrefix(void* const* dsts, const uint8_t* stream, int ndst, const void* const* srcs, int nsrc,
                         size_t count, chorusDataType_t type, chorusRedOp_t op);
 }  // namespace avx2
 namespace avx512 {
+// fp16 / bf16 (type) <-> fp32, as half.h's element conversions do (NaN kept a NaN).
+size_t widenPrefix(const uint16_t* in, float* out, size_t count, chorusDataType_t type);
+size_t narrowPrefix(const float* in, uint16_t* out, size_t count, chorusDataType_t type);
 size_t reducePrefix(void* dst, const void* a, const void* b, size_t count, chorusDataType_t type, chorusRedOp_t op);
 size_t dividePrefix(void* buf, size_t count, chorusDataType_t type, int divisor);
 size_t reduceManyPrefix(void* const* dsts, const uint8_t* stream, int ndst, const void* const* srcs, int nsrc,

@@ -337,4 +337,30 @@ size_t reduceManyPrefix(void* const* dsts, const uint8_t* stream, int ndst, cons
   return done;
 }
 
+size_t widenPrefix(const uint16_t* in, float* out, size_t count, chorusDataType_t type) {
+  constexpr size_t lanes = kBytes / sizeof(float);
+  const char* x = reinterpret_cast<const char*>(in);
+  char* d = reinterpret_cast<char*>(out);
+  size_t i = 0;
+  if (type == chorusFloat16) {
+    for (; i + lanes <= count; i += lanes) store(d + 4 * i, fromHalf(load<HalfVec>(x + 2 * i)));
+  } else if (type == chorusBfloat16) {
+    for (; i + lanes <= count; i += lanes) store(d + 4 * i, fromBfloat16(load<HalfVec>(x + 2 * i)));
+  }
+  return i;
+}
+
+size_t narrowPrefix(const float* in, uint16_t* out, size_t count, chorusDataType_t type) {
+  constexpr size_t lanes = kBytes / sizeof(float);
+  const char* x = reinterpret_cast<const char*>(in);
+  char* d = reinterpret_cast<char*>(out);
+  size_t i = 0;
+  if (type == chorusFloat16) {
+    for (; i + lanes <= count; i += lanes) store(d + 2 * i, toHalf(load<Vec<float>>(x + 4 * i)));
+  } else if (type == chorusBfloat16) {
+    for (; i + lanes <= count; i += lanes) store(d + 2 * i, toBfloat16(load<Vec<float>>(x + 4 * i)));
+  }
+  return i;
+}
+
 }  // namespace chorus::kernels::CHORUS_VECTOR_NAMESPACE

@@ -61,6 +61,60 @@ TEST(HalfTest, EveryHalfRoundTripsThroughFloat) {
 constexpr chorusDataType_t kTypes[] = {chorusInt8,   chorusUint8,   chorusInt32,   chorusUint32,  chorusInt64,
                                        chorusUint64, chorusFloat16, chorusFloat32, chorusFloat64, chorusBfloat16};
 
+// The bulk conversions (vectorised by the active instruction set, the tail element by element)
+// give each element's conversion: every 16-bit pattern widened, and floats around every rounding
+// boundary (ties, subnormals, overflow, infinities) narrowed; NaN stays NaN.
+TEST(HalfTest, BulkConversionsEqualTheElementConversions) {
+  std::vector<uint16_t> all(65536 + 5);  // a tail the vectors leave to the scalar code
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+  std::vector<float> wide(all.size());
+  std::vector<float> floats;
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp16");
+    if (bf16) {
+      bfloat16ToFloat(all.data(), wide.data(), all.size());
+    } else {
+      halfToFloat(all.data(), wide.data(), all.size());
+    }
+    for (size_t i = 0; i < all.size(); ++i) {
+      const float want = bf16 ? bfloat16ToFloat(all[i]) : halfToFloat(all[i]);
+      if (std::isnan(want)) {
+        ASSERT_TRUE(std::isnan(wide[i])) << i;
+      } else {
+        ASSERT_EQ(floatBits(wide[i]), floatBits(want)) << i;
+      }
+    }
+    // Each finite 16-bit value, and the points a quarter, a half and three quarters of the way to
+    // the next one (ties round to even).
+    for (size_t i = 0; i + 1 < 65536; ++i) {
+      const float a = wide[i], b = wide[i + 1];
+      if (!std::isfinite(a) || !std::isfinite(b) || std::signbit(a) != std::signbit(b)) continue;
+      for (float f : {0.0f, 0.25f, 0.5f, 0.75f}) floats.push_back(a + f * (b - a));
+    }
+  }
+  for (float f : {1e30f, -1e30f, 65520.0f, 65519.0f, std::numeric_limits<float>::infinity(), 1e-30f, -0.0f,
+                  std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min()}) {
+    floats.push_back(f);
+  }
+  std::vector<uint16_t> narrow(floats.size());
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp16");
+    if (bf16) {
+      floatToBfloat16(floats.data(), narrow.data(), floats.size());
+    } else {
+      floatToHalf(floats.data(), narrow.data(), floats.size());
+    }
+    for (size_t i = 0; i < floats.size(); ++i) {
+      const uint16_t want = bf16 ? floatToBfloat16(floats[i]) : floatToHalf(floats[i]);
+      if (std::isnan(floats[i])) {
+        ASSERT_TRUE(std::isnan(bf16 ? bfloat16ToFloat(narrow[i]) : halfToFloat(narrow[i])));
+      } else {
+        ASSERT_EQ(narrow[i], want) << floats[i];
+      }
+    }
+  }
+}
+
 TEST(ReduceTest, EveryTypeAndOpMatchesDoublePrecisionFold) {
   constexpr size_t kCount = 1000;
   constexpr int kRanks = 6;
