@@ -110,6 +110,13 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
   m_.assign(stage_ >= 1 ? shardTotal_ : fullTotal_, 0.0f);
   optimizer_ = settings.optimizer;
   reduceBf16_ = settings.reduceBf16;
+  localSteps_ = settings.localSteps;
+  if (localSteps_ && (stage_ != 0 || expertParallel)) {
+    throw Error(chorusInvalidArgument,
+                fmt::format("data parallel: local steps (local SGD, DiLoCo) with ZeRO-{}{}: each rank keeps the whole "
+                            "optimizer state and its own experts' copy, so ZeRO 0 without expert parallelism only",
+                            stage_, expertParallel ? " and expert parallelism" : ""));
+  }
   if (reduceBf16_ && !settings.compressor.empty() && settings.compressor != "none") {
     throw Error(chorusInvalidArgument,
                 fmt::format("data parallel: gradients reduced in bf16 and compressed by '{}' at once; choose one",
@@ -316,7 +323,7 @@ void DataParallel::reduceBucket(Bucket& b) {
     kernels::scale(g, b.count, expertScale_);
   }
   if (stage_ < 2) {
-    if (!worker) return;
+    if (!worker || localSteps_) return;  // local steps: each rank's own gradient
     float* g = grads_.data() + b.fullOffset;
     if (compressing()) {
       Compressor* compressor = &compressors_[static_cast<size_t>(&b - buckets_.data())];
@@ -398,6 +405,45 @@ void DataParallel::waitReductions() {
     if (b.reduction.valid()) b.reduction.get();
   }
   pendingWholeGrads_.clear();
+}
+
+void DataParallel::anchorParameters() {
+  if (!localSteps_) throw Error(chorusInvalidUsage, "data parallel: an anchor without local steps");
+  anchor_ = params_;
+}
+
+void DataParallel::syncParameters(const kernels::OptimizerSettings* outer, long outerStep) {
+  if (!localSteps_) throw Error(chorusInvalidUsage, "data parallel: syncParameters without local steps");
+  if (outer != nullptr && anchor_.size() != params_.size()) {
+    throw Error(chorusInvalidUsage, "data parallel: an outer step before anchorParameters()");
+  }
+  if (outer != nullptr) {
+    // The outer gradient: how far this rank moved from the anchor (padding stays 0).
+    delta_.resize(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) delta_[i] = anchor_[i] - params_[i];
+  }
+  float* x = outer != nullptr ? delta_.data() : params_.data();
+  std::vector<std::future<void>> averages;
+  for (auto& b : buckets_) {
+    CommWorker* worker = groupOf(b).worker.get();
+    if (!worker) continue;
+    float* at = x + b.fullOffset;
+    const size_t padded = b.padded;
+    averages.push_back(worker->submit([at, padded](Communicator& c) -> std::optional<Request> {
+      return c.iallReduce(std::span<float>(at, padded), ReduceOp::kAvg);
+    }));
+  }
+  for (auto& f : averages) f.get();
+  if (outer == nullptr) return;
+  outerMomentum_.resize(params_.size(), 0.0f);
+  kernels::OptimizerSettings s = *outer;
+  s.weightDecay = 0.0f;
+  if (s.kind == kernels::Optimizer::kSgd) {
+    kernels::sgdStep(anchor_.data(), delta_.data(), outerMomentum_.data(), anchor_.size(), outerStep, s);
+  } else {
+    throw Error(chorusInvalidArgument, "data parallel: DiLoCo's outer optimizer is SGD (with Nesterov momentum)");
+  }
+  params_ = anchor_;
 }
 
 double DataParallel::average(double value) { return averageOver(groups_[kDense], value); }

@@ -66,6 +66,9 @@ struct DataParallelSettings {
   // the experts' part over the ep group with expertParallelSum (on the training thread).
   Communicator* expertComm = nullptr;
   std::function<double(double)> expertParallelSum;
+  // Local SGD and DiLoCo (ZeRO-0, without experts): gradients are not reduced; each rank steps
+  // on its own, and syncParameters() brings the ranks together.
+  bool localSteps = false;
   // Gradients averaged in bf16 (half the bytes on the wire): each bucket cast before its reduction,
   // the result widened after. Not with a compressor.
   bool reduceBf16 = false;
@@ -113,6 +116,16 @@ class DataParallel : public UnitAccess {
   void release(int unit, Pass pass) override;
   float* gradients(int unit) override;
   void gradientsDone(int unit) override;
+
+  // Local steps (DataParallelSettings::localSteps): the parameters' state the ranks last agreed on
+  // (the outer optimizer's parameters), taken from the current parameters; call once before the
+  // first step (after a checkpoint is loaded).
+  void anchorParameters();
+  // Collective over the data-parallel ranks. Local SGD (outer null): the parameters averaged.
+  // DiLoCo: the delta of each rank's parameters from the anchor averaged, and taken as the
+  // gradient of one step of the outer optimizer (its kind and settings; outerStep counts from 1)
+  // on the anchor; every rank then starts again from it.
+  void syncParameters(const kernels::OptimizerSettings* outer, long outerStep);
 
   // Mean of value over ranks, and the element-wise sum of values over ranks in place (on the
   // communication thread; collective).
@@ -198,6 +211,8 @@ class DataParallel : public UnitAccess {
   // Persistent state: full padded arrays or shard arrays, by stage.
   std::vector<float> params_, grads_, m_, v_;  // v_: AdamW only
   bool reduceBf16_ = false;
+  bool localSteps_ = false;
+  std::vector<float> anchor_, delta_, outerMomentum_;  // DiLoCo: see syncParameters
   kernels::Optimizer optimizer_ = kernels::Optimizer::kAdamW;
   bool lastMicro_ = true, eval_ = false;
   // ZeRO-3 access order within a micro-batch (its first forwardLength_ in forward) and where we are in it.

@@ -23,6 +23,30 @@ float Job::learningRate(long step) const {
   return static_cast<float>(minLr + (optimizer.lr - minLr) * cosine);
 }
 
+SyncMode parseSync(const std::string& text) {
+  SyncMode mode;
+  if (text == "every_step") return mode;
+  const size_t colon = text.find(':');
+  const std::string kind = text.substr(0, colon);
+  int every = 0;
+  if (colon != std::string::npos) {
+    try {
+      size_t used = 0;
+      every = std::stoi(text.substr(colon + 1), &used);
+      if (used != text.size() - colon - 1) every = 0;
+    } catch (const std::exception&) {
+      every = 0;
+    }
+  }
+  if ((kind != "local" && kind != "diloco") || every < 1) {
+    throw Error(chorusInvalidArgument,
+                fmt::format("sync '{}' is not every_step, local:H or diloco:H (H steps, at least 1)", text));
+  }
+  mode.kind = kind == "local" ? SyncMode::kLocal : SyncMode::kDiloco;
+  mode.every = every;
+  return mode;
+}
+
 Job loadJob(const std::string& path, const std::vector<std::string>& overrides) {
   auto fail = [&](const std::string& what) -> Error {
     return Error(chorusInvalidArgument, "job " + path + ": " + what);
@@ -154,6 +178,9 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("parallel", "cp", job.cp);
   get("parallel", "ep", job.ep);
   get("parallel", "recompute", job.recompute);
+  get("parallel", "sync", job.sync);
+  get("parallel", "outer_lr", job.outerLr);
+  get("parallel", "outer_momentum", job.outerMomentum);
   get("parallel", "zero", job.zero);
   get("parallel", "bucket_mb", job.bucketMb);
   get("parallel", "inflight_buckets", job.inflightBuckets);
@@ -212,6 +239,31 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
                     job.seq, job.cp, 2 * job.cp));
   }
   parseRecompute(job.recompute);
+  SyncMode sync;
+  try {
+    sync = parseSync(job.sync);
+  } catch (const Error& e) {
+    throw fail(fmt::format("[parallel] {}", e.what()));
+  }
+  if (sync.local()) {
+    auto refuse = [&](const std::string& why) {
+      throw fail(fmt::format("[parallel] sync = \"{}\" {}", job.sync, why));
+    };
+    if (job.zero != 0)
+      refuse(fmt::format("with zero = {}: each rank keeps its whole optimizer state (zero = 0)", job.zero));
+    if (job.ep > 1) refuse(fmt::format("with ep = {}: expert parallelism exchanges tokens every step", job.ep));
+    if (job.cp > 1) refuse(fmt::format("with cp = {}: context-parallel ranks share sequences, so every step", job.cp));
+    if (job.compress != "none") refuse("with [compress]: the gradients are not reduced");
+    if (job.checkpointEvery > 0) refuse("with checkpoints: the ranks' inner optimizer states are not kept yet");
+    if (job.evalEvery % sync.every != 0) {
+      refuse(fmt::format("with [run] eval_every = {}: evaluate where the ranks agree (a multiple of {})", job.evalEvery,
+                         sync.every));
+    }
+    if (!(job.outerLr > 0)) refuse(fmt::format("with outer_lr = {} (positive)", job.outerLr));
+    if (!(job.outerMomentum >= 0 && job.outerMomentum < 1)) {
+      refuse(fmt::format("with outer_momentum = {} (in [0, 1))", job.outerMomentum));
+    }
+  }
   try {
     parseCompute(job.compute);
   } catch (const Error& e) {

@@ -34,6 +34,12 @@ struct Job {
   int ep = 1;                      // expert parallel ranks (MoE), carved from dp: dp % ep == 0, experts % ep == 0
   std::string recompute = "none";  // activation checkpointing: none, selective or full
   bool sequenceParallel = false;   // with tp > 1: layernorms and residuals on blocks of the rows
+  // How the data-parallel ranks agree (SyncMode): "every_step" (gradients averaged each step),
+  // "local:H" (local SGD: each rank steps alone, the parameters averaged every H steps) or
+  // "diloco:H" (each rank's H inner steps, then an outer SGD step with Nesterov momentum on the
+  // average of the ranks' parameter deltas: outer_lr, outer_momentum).
+  std::string sync = "every_step";
+  double outerLr = 0.7, outerMomentum = 0.9;
   int zero = 0;
   double bucketMb = 25.0;
   int inflightBuckets = 2;  // ZeRO-2/3: bucket reductions in flight before backward waits
@@ -65,6 +71,14 @@ struct Job {
   // The learning rate of step (from 1): warmup, then cosine to minLr at the last step.
   float learningRate(long step) const;
 };
+
+struct SyncMode {
+  enum Kind { kEveryStep, kLocal, kDiloco } kind = kEveryStep;
+  int every = 1;  // H: the steps between syncs
+  bool local() const { return kind != kEveryStep; }
+};
+// "every_step", "local:H", "diloco:H" (H >= 1); throws chorus::Error naming the text otherwise.
+SyncMode parseSync(const std::string& text);
 
 // Reads a job file; overrides are "section.key=value" (value in TOML syntax, e.g.
 // parallel.zero=2, run.out="x"). Throws chorus::Error naming the file and key on any problem.

@@ -175,6 +175,8 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
   parallel.compressFrom = job.compressWarmup + 1;
   parallel.optimizer = job.optimizer.kind;
   parallel.reduceBf16 = job.reduce == "bf16";
+  const SyncMode sync = parseSync(job.sync);
+  parallel.localSteps = sync.local();
   // Sums over the model-parallel ranks (tp, then pp), on the training thread.
   auto modelParallelSum = [tpComm, ppComm](std::span<double> x) {
     if (tpComm) tpComm->allReduce(x);
@@ -254,6 +256,10 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     if (leader) std::printf("resumed from %s at step %ld\n", ckptPath.c_str(), result.resumedFrom);
   }
 
+  if (sync.local()) dp.anchorParameters();
+  long outerSteps = 0;
+  double syncSecondsTotal = 0;
+
   std::string pipelineText;
   if (job.pp > 1) {
     pipelineText = fmt::format(" ({}, {} chunk(s) per stage; blocks", job.schedule, job.vpp);
@@ -295,7 +301,7 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     }
     csv.open(csvPath, std::ios::trunc);
     csv << "step,loss,val_loss,lr,grad_norm,seconds,tokens_per_s,mfu,dp_bytes,compressed,aux_loss,expert_balance,"
-           "dropped,loss_scale,skipped\n";
+           "dropped,loss_scale,skipped,sync_ms\n";
     for (const auto& line : kept) csv << line << "\n";
     csv.flush();
   }
@@ -405,6 +411,24 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     r.gradNorm = dp.step(optimizer, step - lossScale.skipped(), job.clip, static_cast<float>(lossScale.scale()));
     dp.setNextStep(step + 1);
     r.skipped = !lossScale.update(r.gradNorm);
+    // Local SGD / DiLoCo: every H steps, and at the last, the ranks agree again.
+    if (sync.local() && (step % sync.every == 0 || step == job.steps)) {
+      const auto ts = Clock::now();
+      if (sync.kind == SyncMode::kDiloco) {
+        kernels::OptimizerSettings outer;
+        outer.kind = kernels::Optimizer::kSgd;
+        outer.lr = static_cast<float>(job.outerLr);
+        outer.momentum = static_cast<float>(job.outerMomentum);
+        outer.nesterov = job.outerMomentum > 0;
+        outer.weightDecay = 0.0f;
+        dp.syncParameters(&outer, ++outerSteps);
+      } else {
+        dp.syncParameters(nullptr, 0);
+      }
+      r.synced = true;
+      r.syncSeconds = std::chrono::duration<double>(Clock::now() - ts).count();
+      syncSecondsTotal += r.syncSeconds;
+    }
     r.compressed = compressed;
     const uint64_t sentNow = dp.wireBytes();
     r.dpBytes = sentNow - dpSent;
@@ -421,12 +445,12 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     }
     result.steps.push_back(r);
     if (leader) {
-      csv << fmt::format("{},{:.7f},{},{:.6g},{:.8g},{:.6f},{:.1f},{:.5f},{},{},{},{},{}\n", r.step, r.loss,
+      csv << fmt::format("{},{:.7f},{},{:.6g},{:.8g},{:.6f},{:.1f},{:.5f},{},{},{},{},{},{}\n", r.step, r.loss,
                          r.valLoss >= 0 ? fmt::format("{:.7f}", r.valLoss) : "", r.lr, r.gradNorm, r.seconds,
                          r.tokensPerSecond, r.mfu, r.dpBytes, r.compressed ? 1 : 0,
                          r.auxLoss >= 0 ? fmt::format("{:.6f},{:.4f},{:.6f}", r.auxLoss, r.expertBalance, r.dropped)
                                         : std::string(",,"),
-                         r.lossScale, r.skipped ? 1 : 0);
+                         r.lossScale, r.skipped ? 1 : 0, r.synced ? fmt::format("{:.3f}", 1e3 * r.syncSeconds) : "");
       csv.flush();
     }
 
@@ -453,6 +477,10 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
       std::string extraText = r.auxLoss >= 0 ? fmt::format(" | aux {:.3f} | balance {:.2f} | dropped {:.1f}%",
                                                            r.auxLoss, r.expertBalance, 100 * r.dropped)
                                              : "";
+      if (sync.local()) {
+        extraText +=
+            fmt::format(" | sync {:.1f} ms/step", 1e3 * syncSecondsTotal / static_cast<double>(step - start + 1));
+      }
       if (lossScale.dynamic()) extraText += fmt::format(" | scale {:g} | skipped {}", r.lossScale, lossScale.skipped());
       std::printf(
           "step %5ld/%ld | loss %.4f%s%s | lr %.2e | norm %.3f | %.0f tok/s | %s | %.0f ms | state/rank %s "

@@ -35,6 +35,9 @@ struct StepRecord {
   // skipped (its gradient overflowed: the parameters did not move).
   double lossScale = 1.0;
   bool skipped = false;
+  // Local SGD / DiLoCo: the seconds the step spent bringing the ranks together (0: no sync).
+  double syncSeconds = 0.0;
+  bool synced = false;
 };
 
 // One rank's memory: the training state (StateBytes), activations and the process's resident set.

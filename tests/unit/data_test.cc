@@ -273,6 +273,26 @@ TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
   EXPECT_NE(message({"precision.reduce=\"bf16\"", "compress.name=\"sign\""})
                 .find("[precision] reduce = \"bf16\" with [compress] name = \"sign\""),
             std::string::npos);
+  // Local SGD and DiLoCo: H steps of at least 1; ZeRO 0, no ep, cp, compression or checkpoints;
+  // evaluation where the ranks agree.
+  EXPECT_EQ(parseSync("every_step").kind, SyncMode::kEveryStep);
+  EXPECT_EQ(parseSync("local:10").kind, SyncMode::kLocal);
+  EXPECT_EQ(parseSync("local:10").every, 10);
+  EXPECT_EQ(parseSync("diloco:50").kind, SyncMode::kDiloco);
+  for (const char* wrong : {"local", "local:0", "diloco:x", "diloco:5x", "sometimes:3"}) {
+    EXPECT_THROW(parseSync(wrong), Error) << wrong;
+  }
+  const Job local = loadJob(path, {"parallel.sync=\"diloco:5\"", "parallel.outer_lr=0.5"});
+  EXPECT_EQ(local.sync, "diloco:5");
+  EXPECT_DOUBLE_EQ(local.outerLr, 0.5);
+  EXPECT_NE(message({"parallel.sync=\"local:0\""}).find("[parallel] sync 'local:0'"), std::string::npos);
+  EXPECT_NE(message({"parallel.sync=\"local:4\"", "parallel.zero=2"}).find("sync = \"local:4\" with zero = 2"),
+            std::string::npos);
+  EXPECT_NE(message({"parallel.sync=\"local:4\"", "run.checkpoint_every=4"}).find("with checkpoints"),
+            std::string::npos);
+  EXPECT_NE(message({"parallel.sync=\"local:4\"", "run.eval_every=6"}).find("eval_every = 6"), std::string::npos);
+  EXPECT_NE(message({"parallel.sync=\"diloco:4\"", "parallel.outer_momentum=1"}).find("outer_momentum = 1"),
+            std::string::npos);
   EXPECT_NE(message({"batch.seq=64"}).find("exceeds [model] context = 32"), std::string::npos);
   EXPECT_NE(message({"batch.micro=\"four\""}).find("[batch] micro must be an integer"), std::string::npos);
   EXPECT_NE(message({"nonsense"}).find("not section.key=value"), std::string::npos);

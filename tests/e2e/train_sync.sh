@@ -1,0 +1,54 @@
+# train_sync.sh: local SGD and DiLoCo on 4 data-parallel ranks. With plain SGD, local SGD that
+# averages the parameters after every step, and DiLoCo with one inner step, an outer learning rate
+# of 1 and no outer momentum, are data parallelism by another road: their losses must equal
+# every-step data parallelism's within 1e-5 for 20 steps (the logged gradient norm is each rank's
+# own gradient's under local steps, so it differs by design). With AdamW and H = 5,
+# both must train (a falling loss), send about a fifth of every-step's bytes (one average of the
+# parameters per 5 steps against a gradient average per step), and DiLoCo's outer momentum must
+# make it differ from local SGD. Local steps are refused with ZeRO and with checkpoints, by name.
+source "$(dirname "$0")/lib.sh"
+job="$source_dir/tests/data/jobs/parity.toml"
+run() { train_run "$job" "$1" --ranks 4 --set batch.micro=2 "${@:2}"; }  # name, then options
+sgd=(--set 'optimizer.name="sgd"' --set optimizer.momentum=0 --set optimizer.lr=0.2 --set optimizer.min_lr=0.02
+  --set optimizer.weight_decay=0 --set optimizer.clip=0)
+run sgd_every "${sgd[@]}"
+run sgd_local1 "${sgd[@]}" --set 'parallel.sync="local:1"'
+run sgd_diloco1 "${sgd[@]}" --set 'parallel.sync="diloco:1"' --set parallel.outer_lr=1 --set parallel.outer_momentum=0
+run every
+run local5 --set 'parallel.sync="local:5"'
+run diloco5 --set 'parallel.sync="diloco:5"'
+for refused in "--zero 1" "--set run.checkpoint_every=5"; do
+  # shellcheck disable=SC2086
+  if "$build/chorus-train" "$job" --out "$work/refused" --set data.dir="\"$work/data\"" --ranks 4 \
+    --set batch.micro=2 --set 'parallel.sync="local:5"' $refused >"$work/refused.log" 2>&1; then
+    fail "local:5 with $refused was accepted"
+  fi
+  grep -q '\[parallel\] sync = "local:5" with' "$work/refused.log" || { cat "$work/refused.log"; fail "no reason given"; }
+  head -n 1 "$work/refused.log"
+done
+grep -q "sync .* ms/step" "$work/local5.log" || { cat "$work/local5.log"; fail "no sync cost on the progress line"; }
+/usr/bin/python3 - "$work" <<'PY'
+import csv, sys
+work = sys.argv[1]
+def column(name, key):
+    return [float(r[key]) if r[key] else 0.0 for r in csv.DictReader(open(f"{work}/{name}/metrics.csv"))]
+bad = []
+for name in ["sgd_local1", "sgd_diloco1"]:
+    worst = max(abs(a - b) / abs(b) for a, b in zip(column(name, "loss"), column("sgd_every", "loss")))
+    print(f"{name}: 20 steps against every-step data parallelism: loss within {worst:.2e}")
+    if len(column(name, "loss")) != 20 or worst > 1e-5:
+        bad.append(name)
+every = sum(column("every", "dp_bytes"))
+for name in ["local5", "diloco5"]:
+    loss, sent = column(name, "loss"), sum(column(name, "dp_bytes"))
+    syncs = sum(1 for x in column(name, "sync_ms") if x > 0)
+    print(f"{name}: loss {loss[0]:.4f} -> {loss[-1]:.4f}; {syncs} syncs; data-parallel bytes {sent:.0f} "
+          f"({sent / every:.3f} of every-step's {every:.0f})")
+    if not loss[-1] < loss[0] - 0.5 or syncs != 4 or not 0.15 < sent / every < 0.25:
+        bad.append(name)
+if column("diloco5", "loss")[6:] == column("local5", "loss")[6:]:
+    bad.append("DiLoCo's outer momentum changed nothing")
+if bad:
+    sys.exit("FAIL: " + "; ".join(bad))
+print("train_sync: local SGD and DiLoCo at H = 1 are data parallelism; at H = 5 they train on a fifth of the bytes")
+PY
