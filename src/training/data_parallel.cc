@@ -428,7 +428,15 @@ void DataParallel::syncParameters(const kernels::OptimizerSettings* outer, long 
     CommWorker* worker = groupOf(b).worker.get();
     if (!worker) continue;
     float* at = x + b.fullOffset;
-    const size_t padded = b.padded;
+    const size_t padded = b.padded, count = b.count;
+    if (outer != nullptr && compressing()) {  // DiLoCo's delta through the bucket's compressor
+      Compressor* compressor = &compressors_[static_cast<size_t>(&b - buckets_.data())];
+      averages.push_back(worker->submit([at, count, compressor](Communicator& c) -> std::optional<Request> {
+        compressor->allReduce(std::span<float>(at, count), c, ReduceOp::kAvg);  // blocking, on this thread
+        return std::nullopt;
+      }));
+      continue;
+    }
     averages.push_back(worker->submit([at, padded](Communicator& c) -> std::optional<Request> {
       return c.iallReduce(std::span<float>(at, padded), ReduceOp::kAvg);
     }));

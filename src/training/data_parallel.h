@@ -52,10 +52,10 @@ struct DataParallelSettings {
   // called on the training thread in step() before the data-parallel reduction. The unit holding
   // them is a bucket of its own and is reduced only then. Empty: the embedding is tied on this rank.
   std::function<void(std::span<float>)> tiedSum;
-  // Gradient compression (ZeRO-0 only): each bucket is averaged by a compressed all-reduce with
-  // this compressor (a chorusCompressorCreate spec such as "powersgd:4"; empty or "none": the
-  // fp32 all-reduce), one compressor per bucket holding its tensors' error feedback and warm
-  // start, from step compressFrom on (the steps before are uncompressed: a warm-up).
+  // Gradient compression (ZeRO-0 only; with localSteps DiLoCo's parameter delta instead): each bucket is averaged by a
+  // compressed all-reduce with this compressor (a chorusCompressorCreate spec such as "powersgd:4"; empty or "none":
+  // the fp32 all-reduce), one compressor per bucket holding its tensors' error feedback and warm start, from step
+  // compressFrom on (the steps before are uncompressed: a warm-up).
   std::string compressor;
   long compressFrom = 1;
   // Expert parallelism (the layout's ep > 1): the units holding MoE experts differ between the ep
@@ -122,7 +122,8 @@ class DataParallel : public UnitAccess {
   // first step (after a checkpoint is loaded).
   void anchorParameters();
   // Collective over the data-parallel ranks. Local SGD (outer null): the parameters averaged.
-  // DiLoCo: the delta of each rank's parameters from the anchor averaged, and taken as the
+  // DiLoCo: the delta of each rank's parameters from the anchor averaged (by the compressor when
+  // the settings name one: each bucket's, with its error feedback), and taken as the
   // gradient of one step of the outer optimizer (its kind and settings; outerStep counts from 1)
   // on the anchor; every rank then starts again from it.
   void syncParameters(const kernels::OptimizerSettings* outer, long outerStep);

@@ -253,7 +253,9 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
       refuse(fmt::format("with zero = {}: each rank keeps its whole optimizer state (zero = 0)", job.zero));
     if (job.ep > 1) refuse(fmt::format("with ep = {}: expert parallelism exchanges tokens every step", job.ep));
     if (job.cp > 1) refuse(fmt::format("with cp = {}: context-parallel ranks share sequences, so every step", job.cp));
-    if (job.compress != "none") refuse("with [compress]: the gradients are not reduced");
+    if (job.compress != "none" && sync.kind == SyncMode::kLocal) {
+      refuse("with [compress]: the gradients are not reduced (diloco:H compresses its parameter delta)");
+    }
     if (job.checkpointEvery > 0) refuse("with checkpoints: the ranks' inner optimizer states are not kept yet");
     if (job.evalEvery % sync.every != 0) {
       refuse(fmt::format("with [run] eval_every = {}: evaluate where the ranks agree (a multiple of {})", job.evalEvery,

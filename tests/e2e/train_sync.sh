@@ -5,7 +5,8 @@
 # own gradient's under local steps, so it differs by design). With AdamW and H = 5,
 # both must train (a falling loss), send about a fifth of every-step's bytes (one average of the
 # parameters per 5 steps against a gradient average per step), and DiLoCo's outer momentum must
-# make it differ from local SGD. Local steps are refused with ZeRO and with checkpoints, by name.
+# make it differ from local SGD; DiLoCo's delta compressed by bf16 must send about half its bytes.
+# Local steps are refused with ZeRO and with checkpoints, by name.
 source "$(dirname "$0")/lib.sh"
 job="$source_dir/tests/data/jobs/parity.toml"
 run() { train_run "$job" "$1" --ranks 4 --set batch.micro=2 "${@:2}"; }  # name, then options
@@ -17,6 +18,7 @@ run sgd_diloco1 "${sgd[@]}" --set 'parallel.sync="diloco:1"' --set parallel.oute
 run every
 run local5 --set 'parallel.sync="local:5"'
 run diloco5 --set 'parallel.sync="diloco:5"'
+run diloco5_bf16 --set 'parallel.sync="diloco:5"' --compress bf16
 for refused in "--zero 1" "--set run.checkpoint_every=5"; do
   # shellcheck disable=SC2086
   if "$build/chorus-train" "$job" --out "$work/refused" --set data.dir="\"$work/data\"" --ranks 4 \
@@ -46,6 +48,12 @@ for name in ["local5", "diloco5"]:
           f"({sent / every:.3f} of every-step's {every:.0f})")
     if not loss[-1] < loss[0] - 0.5 or syncs != 4 or not 0.15 < sent / every < 0.25:
         bad.append(name)
+# DiLoCo's delta compressed by bf16: half the bytes of the plain delta, and still training.
+half, plain = sum(column("diloco5_bf16", "dp_bytes")), sum(column("diloco5", "dp_bytes"))
+loss = column("diloco5_bf16", "loss")
+print(f"diloco5 with a bf16 delta: loss {loss[0]:.4f} -> {loss[-1]:.4f}; bytes {half / plain:.3f} of the fp32 delta's")
+if not 0.45 < half / plain < 0.6 or not loss[-1] < loss[0] - 0.5:
+    bad.append("diloco5_bf16")
 if column("diloco5", "loss")[6:] == column("local5", "loss")[6:]:
     bad.append("DiLoCo's outer momentum changed nothing")
 if bad:

@@ -293,6 +293,9 @@ TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
   EXPECT_NE(message({"parallel.sync=\"local:4\"", "run.eval_every=6"}).find("eval_every = 6"), std::string::npos);
   EXPECT_NE(message({"parallel.sync=\"diloco:4\"", "parallel.outer_momentum=1"}).find("outer_momentum = 1"),
             std::string::npos);
+  EXPECT_NE(message({"parallel.sync=\"local:4\"", "compress.name=\"bf16\""}).find("with [compress]"),
+            std::string::npos);
+  EXPECT_EQ(loadJob(path, {"parallel.sync=\"diloco:4\"", "compress.name=\"bf16\""}).compress, "bf16");
   EXPECT_NE(message({"batch.seq=64"}).find("exceeds [model] context = 32"), std::string::npos);
   EXPECT_NE(message({"batch.micro=\"four\""}).find("[batch] micro must be an integer"), std::string::npos);
   EXPECT_NE(message({"nonsense"}).find("not section.key=value"), std::string::npos);
