@@ -160,8 +160,8 @@ inline constexpr KnobSpec kKnobs[] = {
     {"CHORUS_TRAIN_PEAK_SOURCE", "",
      "set by chorus-train's launcher for its ranks: where that peak came from (declared, calibrated or measured)",
      "training"},
-    {"CHORUS_TRAIN_PEAK_WHERE", "",
-     "set by chorus-train's launcher for its ranks: a calibrated peak's file and date", "training"},
+    {"CHORUS_TRAIN_PEAK_WHERE", "", "set by chorus-train's launcher for its ranks: a calibrated peak's file and date",
+     "training"},
     {"CHORUS_CALIBRATION", "",
      "chorus-train's calibration file of GEMM peaks per machine and precision (chorus-train --calibrate writes it; "
      "unset: $XDG_CACHE_HOME/chorus/gemm-peaks.json, else ~/.cache/chorus/gemm-peaks.json)",
@@ -169,6 +169,10 @@ inline constexpr KnobSpec kKnobs[] = {
     {"CHORUS_TRAIN_COMM_DELAY_MS", "0",
      "test hook: a pause before each data-parallel gradient bucket and each chunked MoE exchange is sent (a slow "
      "link, for the in-flight cap and overlap tests)",
+     "training"},
+    {"CHORUS_TRAIN_STRAGGLER_MS", "0",
+     "emulated straggler: each training step, data-parallel rank (step mod dp ranks) pauses this long before its "
+     "first micro-batch (to compare every-step data parallelism with local SGD and DiLoCo)",
      "training"},
     {"CHORUS_TRAIN_CRASH_IN_SAVE", "-1",
      "test hook: the step whose checkpoint the process dies half-way through writing (the checkpoint test)",

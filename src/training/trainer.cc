@@ -15,6 +15,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 #include "chorus/error.hpp"
 #include "kernels/cpu/matmul.h"
@@ -375,8 +376,12 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
       std::getenv("CHORUS_TRAIN_CRASH_IN_SAVE") ? std::atoi(std::getenv("CHORUS_TRAIN_CRASH_IN_SAVE")) : -1;
   uint64_t dpSent = dp.wireBytes();
   MoeProfile moeTime;  // the MoE layers' time over the training steps
+  const char* stragglerText = std::getenv("CHORUS_TRAIN_STRAGGLER_MS");
+  const int stragglerMs = stragglerText ? std::max(0, std::atoi(stragglerText)) : 0;
   for (long step = start; step <= job.steps; ++step) {
     const auto t0 = Clock::now();
+    // The emulated straggler (CHORUS_TRAIN_STRAGGLER_MS): a different data-parallel rank each step.
+    if (stragglerMs > 0 && step % ranks == rank) std::this_thread::sleep_for(std::chrono::milliseconds(stragglerMs));
     const bool compressed = dp.compressing();
     double lossSum = 0.0;
     if (pipeline) {
