@@ -83,7 +83,7 @@ tr::Machine machineFromTopology(const std::string& path, tr::Machine base) {
 int main(int argc, char** argv) {
   CLI::App app{"chorus-plan: the memory, FLOPs, communication and step time of a training layout"};
   std::string preset, jobPath, machineName = "dgx-h100", topology, precisionName = "fp32", compute = "fp32",
-                               reduce = "fp32", recompute = "none", schedule = "1f1b";
+                               reduce = "fp32", sync = "every_step", recompute = "none", schedule = "1f1b";
   tr::ModelShape shape;
   bool gated = false, untied = false, rope = false, noBiases = false, rmsnorm = false;
   int vocab = 0, micro = 1, dp = 0, tp = 1, pp = 1, vpp = 1, cp = 1, ep = 1, zero = 0, devices = 0, top = 10;
@@ -131,6 +131,7 @@ int main(int argc, char** argv) {
   app.add_option("--compute", compute,
                  "chorus-train's compute type: fp32, or bf16 / fp16 (the linear layers' activations in 16 bits)");
   app.add_option("--reduce", reduce, "chorus-train's gradient reduction type: fp32 or bf16");
+  app.add_option("--sync", sync, "chorus-train's [parallel] sync: every_step, local:H or diloco:H");
   app.add_flag("--dropout", dropout, "count dropout masks (as Korthikanti et al. do)");
   app.add_option("--machine", machineName, "dgx-h100, or local (this host's cores shared by the ranks)");
   app.add_option("--topology", topology, "links from a topology file (chorus, NCCL or hwloc XML)");
@@ -160,7 +161,7 @@ int main(int argc, char** argv) {
       layout.zero = job.zero, layout.sequenceParallel = job.sequenceParallel;
       layout.recompute = tr::parseRecompute(job.recompute), layout.schedule = tr::parseSchedule(job.schedule);
       layout.micro = job.micro, layout.globalBatch = job.globalBatch();
-      compute = job.compute, reduce = job.reduce;
+      compute = job.compute, reduce = job.reduce, sync = job.sync;
       if (devices == 0) devices = job.ranks;
     } else {
       if (!preset.empty()) {
@@ -202,6 +203,9 @@ int main(int argc, char** argv) {
     if (shape.vocab <= 0) throw chorus::Error(chorusInvalidArgument, "the model's vocab is 0: give --vocab");
     layout.dropout = dropout;
     const tr::Precision precision = tr::withCompute(tr::parsePrecision(precisionName), compute, reduce);
+    const tr::SyncMode syncMode = tr::parseSync(sync);
+    layout.syncEvery = syncMode.local() ? syncMode.every : 0;
+    layout.diloco = syncMode.kind == tr::SyncMode::kDiloco;
     tr::Machine machine = machineName == "local" ? localMachine(devices) : tr::machinePreset(machineName, devices);
     if (!topology.empty()) machine = machineFromTopology(topology, machine);
     if (perNode > 0) machine.devicesPerNode = perNode;

@@ -97,7 +97,8 @@ void writeMetrics(const Job& job, const TrainResult& r, size_t parameters, const
                  {"cp", job.cp},
                  {"ep", job.ep},
                  {"sequence_parallel", job.sequenceParallel},
-                 {"recompute", job.recompute}};
+                 {"recompute", job.recompute},
+                 {"sync", job.sync}};
   if (job.pp > 1) {
     nlohmann::json cut = nlohmann::json::array();
     for (const auto& s : r.stages) cut.push_back({s.begin, s.end});

@@ -410,6 +410,8 @@ void DataParallel::waitReductions() {
 void DataParallel::anchorParameters() {
   if (!localSteps_) throw Error(chorusInvalidUsage, "data parallel: an anchor without local steps");
   anchor_ = params_;
+  outerMomentum_.assign(params_.size(), 0.0f);
+  delta_.assign(params_.size(), 0.0f);
 }
 
 void DataParallel::syncParameters(const kernels::OptimizerSettings* outer, long outerStep) {
@@ -419,7 +421,6 @@ void DataParallel::syncParameters(const kernels::OptimizerSettings* outer, long 
   }
   if (outer != nullptr) {
     // The outer gradient: how far this rank moved from the anchor (padding stays 0).
-    delta_.resize(params_.size());
     for (size_t i = 0; i < params_.size(); ++i) delta_[i] = anchor_[i] - params_[i];
   }
   float* x = outer != nullptr ? delta_.data() : params_.data();
@@ -443,7 +444,6 @@ void DataParallel::syncParameters(const kernels::OptimizerSettings* outer, long 
   }
   for (auto& f : averages) f.get();
   if (outer == nullptr) return;
-  outerMomentum_.resize(params_.size(), 0.0f);
   kernels::OptimizerSettings s = *outer;
   s.weightDecay = 0.0f;
   if (s.kind == kernels::Optimizer::kSgd) {
@@ -650,7 +650,8 @@ StateBytes DataParallel::bytes() const {
   StateBytes s;
   s.params = params_.size() * sizeof(float);
   s.grads = grads_.size() * sizeof(float);
-  s.optimizer = (m_.size() + v_.size()) * sizeof(float);
+  // DiLoCo's outer optimizer: the anchor, its momentum and the averaged delta.
+  s.optimizer = (m_.size() + v_.size() + anchor_.size() + outerMomentum_.size() + delta_.size()) * sizeof(float);
   s.transientPeak = transientPeak_;
   return s;
 }

@@ -117,9 +117,9 @@ class DataParallel : public UnitAccess {
   float* gradients(int unit) override;
   void gradientsDone(int unit) override;
 
-  // Local steps (DataParallelSettings::localSteps): the parameters' state the ranks last agreed on
-  // (the outer optimizer's parameters), taken from the current parameters; call once before the
-  // first step (after a checkpoint is loaded).
+  // DiLoCo (DataParallelSettings::localSteps): the parameters the ranks last agreed on (the outer
+  // optimizer's), taken from the current parameters, with the outer momentum and delta buffers
+  // (counted as optimizer state); call once before the first step (after a checkpoint is loaded).
   void anchorParameters();
   // Collective over the data-parallel ranks. Local SGD (outer null): the parameters averaged.
   // DiLoCo: the delta of each rank's parameters from the anchor averaged (by the compressor when

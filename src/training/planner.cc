@@ -184,6 +184,7 @@ std::string PlanLayout::describe() const {
   if (sequenceParallel && tp > 1) s += " sp";
   if (recompute != Recompute::kNone) s += recompute == Recompute::kFull ? " full" : " selective";
   if (pp > 1) s += std::string(" ") + scheduleName(schedule);
+  if (syncEvery > 0) s += fmt::format(" {}:{}", diloco ? "diloco" : "local", syncEvery);
   return s + fmt::format(" micro{}", micro);
 }
 
@@ -324,6 +325,10 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
     throw invalid(fmt::format("the global batch {} is not a multiple of micro x dp = {} x {}", global, l.micro, l.dp));
   }
   if (l.zero < 0 || l.zero > 3) throw invalid(fmt::format("zero = {} is not 0..3", l.zero));
+  if (l.syncEvery < 0 || (l.syncEvery > 0 && (l.zero != 0 || l.ep > 1 || l.cp > 1))) {
+    throw invalid(fmt::format("local steps every {} with zero = {}, ep = {}, cp = {} (ZeRO 0, no ep or cp)",
+                              l.syncEvery, l.zero, l.ep, l.cp));
+  }
   if (l.pp > 1 && l.zero > 1) throw invalid(fmt::format("zero = {} with pp = {} (ZeRO 0 or 1 only)", l.zero, l.pp));
   if ((l.schedule == Schedule::kInterleaved) != (l.vpp > 1)) {
     throw invalid(fmt::format("vpp = {} with the {} schedule", l.vpp, scheduleName(l.schedule)));
@@ -452,6 +457,7 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
     stage.paramBytes = zeroBytes(precision.param, 3);
     stage.gradBytes = zeroBytes(precision.grad, 2);
     stage.optimizerBytes = zeroBytes(precision.optimizer, 1);
+    if (l.diloco) stage.optimizerBytes += 3.0 * 4.0 * stage.parameters;
 
     // Activations: each chunk's blocks for each micro-batch in flight, its output, the first chunk's
     // tokens, the last chunk's head (the final norm, the gathered rows with sp, logits and
@@ -557,6 +563,10 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
            {std::tuple<std::string, int, double>{"dp", l.dp * l.cp, P}, {"edp", l.dp / l.ep * l.cp, Pe}}) {
         if (count <= 0 || (group == "edp" && n < 2)) continue;
         const double grads = count * precision.wire, params = count * precision.param;
+        if (l.syncEvery > 0) {  // local steps: one fp32 average of the parameters (or delta) per H steps
+          dpCalls.push_back({{group, chorusCollAllReduce, n, count * 4.0, 1.0 / l.syncEvery, ""}, 0.0});
+          continue;
+        }
         if (l.zero == 0) dpCalls.push_back({{group, chorusCollAllReduce, n, grads, 1.0, "backward"}, backwardCompute});
         if (l.zero == 1) {
           dpCalls.push_back({{group, chorusCollReduceScatter, n, grads, 1.0, "backward"}, backwardCompute});

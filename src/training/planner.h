@@ -100,6 +100,11 @@ struct PlanLayout {
   int micro = 1;         // sequences per rank per micro-batch
   long globalBatch = 0;  // sequences per step; 0: micro x dp
   bool dropout = false;  // dropout masks kept (Korthikanti's accounting); chorus trains without
+  // Local SGD / DiLoCo (chorus-train's [parallel] sync): the data-parallel ranks reduce no gradients
+  // and agree every syncEvery steps by one fp32 all-reduce of the parameters (or DiLoCo's delta);
+  // DiLoCo keeps three more copies of the parameters (anchor, outer momentum, delta). 0: every step.
+  int syncEvery = 0;
+  bool diloco = false;
   int devices() const { return dp * tp * pp * cp; }
   int accumulate() const;        // micro-batches per step
   std::string describe() const;  // "dp2 tp2 pp2 cp1 zero1 sp 1f1b", " ep2" after cp with ep

@@ -257,7 +257,7 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     if (leader) std::printf("resumed from %s at step %ld\n", ckptPath.c_str(), result.resumedFrom);
   }
 
-  if (sync.local()) dp.anchorParameters();
+  if (sync.kind == SyncMode::kDiloco) dp.anchorParameters();
   long outerSteps = 0;
   double syncSecondsTotal = 0;
 

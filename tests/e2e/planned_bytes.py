@@ -17,6 +17,8 @@ def plan(build, m):
         args.append("--sp")
     if "pipeline" in m:
         args += ["--schedule", m["pipeline"]["schedule"], "--vpp", str(m["pipeline"]["vpp"])]
+    if "sync" in L:
+        args += ["--sync", L["sync"]]
     if "precision" in m:
         args += ["--compute", m["precision"]["compute"], "--reduce", m["precision"]["reduce"]]
     return json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)

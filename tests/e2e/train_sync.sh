@@ -29,9 +29,11 @@ for refused in "--zero 1" "--set run.checkpoint_every=5"; do
   head -n 1 "$work/refused.log"
 done
 grep -q "sync .* ms/step" "$work/local5.log" || { cat "$work/local5.log"; fail "no sync cost on the progress line"; }
-/usr/bin/python3 - "$work" <<'PY'
+/usr/bin/python3 - "$work" "$build" "$(dirname "$0")" <<'PY'
 import csv, sys
-work = sys.argv[1]
+work, build = sys.argv[1], sys.argv[2]
+sys.path.insert(0, sys.argv[3])
+import planned_bytes
 def column(name, key):
     return [float(r[key]) if r[key] else 0.0 for r in csv.DictReader(open(f"{work}/{name}/metrics.csv"))]
 bad = []
@@ -56,6 +58,8 @@ if not 0.45 < half / plain < 0.6 or not loss[-1] < loss[0] - 0.5:
     bad.append("diloco5_bf16")
 if column("diloco5", "loss")[6:] == column("local5", "loss")[6:]:
     bad.append("DiLoCo's outer momentum changed nothing")
+# The planner's bytes per rank: DiLoCo's three more copies of the parameters in the optimizer state.
+planned_bytes.check(work, build, ["every", "local5", "diloco5"], bad)
 if bad:
     sys.exit("FAIL: " + "; ".join(bad))
 print("train_sync: local SGD and DiLoCo at H = 1 are data parallelism; at H = 5 they train on a fifth of the bytes")

@@ -183,6 +183,26 @@ TEST(PlannerTest, CommunicationVolumesFollowTheLayout) {
     }
   }
   EXPECT_DOUBLE_EQ(halved.stages[0].stateBytes(), plan.stages[0].stateBytes());
+  // Local steps: one fp32 all-reduce of the parameters per H steps, no gradients; DiLoCo keeps
+  // three more copies of the parameters as optimizer state.
+  PlanLayout local = l;
+  local.syncEvery = 10;
+  const Plan localPlan = makePlan(m, local, machineOf(8), parsePrecision("fp32"));
+  int dpCalls = 0;
+  for (const auto& c : localPlan.collectives) {
+    if (c.group != "dp") continue;
+    ++dpCalls;
+    EXPECT_EQ(c.op, "all_reduce");
+    EXPECT_DOUBLE_EQ(c.bytes, 4 * plan.stages[0].parameters);
+    EXPECT_DOUBLE_EQ(c.calls, 0.1);
+  }
+  EXPECT_EQ(dpCalls, 1);
+  EXPECT_DOUBLE_EQ(localPlan.stages[0].optimizerBytes, plan.stages[0].optimizerBytes);
+  local.diloco = true;
+  EXPECT_DOUBLE_EQ(makePlan(m, local, machineOf(8), parsePrecision("fp32")).stages[0].optimizerBytes,
+                   plan.stages[0].optimizerBytes + 12 * plan.stages[0].parameters);
+  local.zero = 1;
+  EXPECT_THROW(makePlan(m, local, machineOf(8), parsePrecision("fp32")), Error);
 }
 
 TEST(PlannerTest, BadLayoutsAreRefusedByName) {
