@@ -468,8 +468,9 @@ void DataParallel::sumOverRanks(std::vector<double>& values) {
   worker->run([&values](Communicator& c) { c.allReduce(std::span<double>(values), ReduceOp::kSum); });
 }
 
-double DataParallel::step(const kernels::OptimizerSettings& optimizer, long stepNumber, float clipNorm,
-                          float gradScale) {
+double DataParallel::step(const kernels::OptimizerSettings& optimizer, long stepNumber, float clipNorm, float gradScale,
+                          long skipped) {
+  const long updates = stepNumber - skipped;  // the optimizer's own count (bias correction, SGD's first step)
   if (optimizer.kind != optimizer_) {
     throw Error(chorusInvalidUsage, "data parallel: step() with another optimizer than the one it was made for");
   }
@@ -560,10 +561,10 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
     auto s = optimizer;
     if (!t.decay) s.weightDecay = 0.0f;
     if (optimizer_ == kernels::Optimizer::kSgd) {
-      kernels::sgdStep(params_.data() + o.p + d, grads_.data() + o.g + d, m_.data() + o.mv + d, n, stepNumber, s);
+      kernels::sgdStep(params_.data() + o.p + d, grads_.data() + o.g + d, m_.data() + o.mv + d, n, updates, s);
     } else {
       kernels::adamwStep(params_.data() + o.p + d, grads_.data() + o.g + d, m_.data() + o.mv + d, v_.data() + o.mv + d,
-                         n, stepNumber, s);
+                         n, updates, s);
     }
   });
 

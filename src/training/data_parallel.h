@@ -109,7 +109,10 @@ class DataParallel : public UnitAccess {
   // before clipping. When that norm is not finite (an overflow, on some rank: the norm is global),
   // no step is taken: parameters and optimizer state stay as they were. Gradients are then zeroed
   // for the next step.
-  double step(const kernels::OptimizerSettings& optimizer, long step, float clipNorm, float gradScale = 1.0f);
+  // skipped: the earlier steps that overflowed; the optimizer counts step - skipped updates (as
+  // PyTorch's does not count a step the loss scaler skipped), the compression warm-up the steps.
+  double step(const kernels::OptimizerSettings& optimizer, long step, float clipNorm, float gradScale = 1.0f,
+              long skipped = 0);
 
   // UnitAccess, for Gpt::forward and backward.
   const float* acquire(int unit, Pass pass) override;

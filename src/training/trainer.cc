@@ -411,10 +411,7 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     r.step = step;
     r.lr = optimizer.lr;
     r.lossScale = lossScale.scale();
-    // The optimizer counts the updates it took (as PyTorch's skips a step an overflow skipped), the
-    // compression warm-up the training steps.
-    r.gradNorm = dp.step(optimizer, step - lossScale.skipped(), job.clip, static_cast<float>(lossScale.scale()));
-    dp.setNextStep(step + 1);
+    r.gradNorm = dp.step(optimizer, step, job.clip, static_cast<float>(lossScale.scale()), lossScale.skipped());
     r.skipped = !lossScale.update(r.gradNorm);
     // Local SGD / DiLoCo: every H steps, and at the last, the ranks agree again.
     if (sync.local() && (step % sync.every == 0 || step == job.steps)) {
