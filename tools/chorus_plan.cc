@@ -83,7 +83,9 @@ tr::Machine machineFromTopology(const std::string& path, tr::Machine base) {
 int main(int argc, char** argv) {
   CLI::App app{"chorus-plan: the memory, FLOPs, communication and step time of a training layout"};
   std::string preset, jobPath, machineName = "dgx-h100", topology, precisionName = "fp32", compute = "fp32",
-                               reduce = "fp32", sync = "every_step", recompute = "none", schedule = "1f1b";
+                               reduce = "fp32", sync = "every_step", recompute = "none", schedule = "1f1b",
+                               offload = "none", offloadParams = "none";
+  double offloadWindowMb = 64;
   tr::ModelShape shape;
   bool gated = false, untied = false, rope = false, noBiases = false, rmsnorm = false;
   int vocab = 0, micro = 1, dp = 0, tp = 1, pp = 1, vpp = 1, cp = 1, ep = 1, zero = 0, devices = 0, top = 10;
@@ -132,6 +134,9 @@ int main(int argc, char** argv) {
                  "chorus-train's compute type: fp32, or bf16 / fp16 (the linear layers' activations in 16 bits)");
   app.add_option("--reduce", reduce, "chorus-train's gradient reduction type: fp32 or bf16");
   app.add_option("--sync", sync, "chorus-train's [parallel] sync: every_step, local:H or diloco:H");
+  app.add_option("--offload", offload, "chorus-train's [offload] optimizer: none, host or file");
+  app.add_option("--offload-params", offloadParams, "chorus-train's [offload] params: none or file (ZeRO-3)");
+  app.add_option("--offload-window-mb", offloadWindowMb, "chorus-train's [offload] window_mb");
   app.add_flag("--dropout", dropout, "count dropout masks (as Korthikanti et al. do)");
   app.add_option("--machine", machineName, "dgx-h100, or local (this host's cores shared by the ranks)");
   app.add_option("--topology", topology, "links from a topology file (chorus, NCCL or hwloc XML)");
@@ -162,6 +167,7 @@ int main(int argc, char** argv) {
       layout.recompute = tr::parseRecompute(job.recompute), layout.schedule = tr::parseSchedule(job.schedule);
       layout.micro = job.micro, layout.globalBatch = job.globalBatch();
       compute = job.compute, reduce = job.reduce, sync = job.sync;
+      offload = job.offloadOptimizer, offloadParams = job.offloadParams, offloadWindowMb = job.offloadWindowMb;
       if (devices == 0) devices = job.ranks;
     } else {
       if (!preset.empty()) {
@@ -206,6 +212,9 @@ int main(int argc, char** argv) {
     const tr::SyncMode syncMode = tr::parseSync(sync);
     layout.syncEvery = syncMode.local() ? syncMode.every : 0;
     layout.diloco = syncMode.kind == tr::SyncMode::kDiloco;
+    layout.offloadOptimizer = tr::parseOffloadTarget(offload);
+    layout.offloadParams = tr::parseOffloadTarget(offloadParams) == tr::OffloadTarget::kFile;
+    layout.offloadWindowBytes = offloadWindowMb * 1024 * 1024;
     tr::Machine machine = machineName == "local" ? localMachine(devices) : tr::machinePreset(machineName, devices);
     if (!topology.empty()) machine = machineFromTopology(topology, machine);
     if (perNode > 0) machine.devicesPerNode = perNode;

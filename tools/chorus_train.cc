@@ -111,6 +111,11 @@ void writeMetrics(const Job& job, const TrainResult& r, size_t parameters, const
   }
   j["zero"] = job.zero;
   j["precision"] = {{"compute", job.compute}, {"reduce", job.reduce}};
+  j["offload"] = {{"optimizer", job.offloadOptimizer}, {"params", job.offloadParams}};
+  if (job.offloadOptimizer == "file") {
+    j["offload"]["window_bytes"] = job.offload().windowBytes;
+    j["offload"]["io"] = job.offloadIo;
+  }
   if (job.compute == "fp16") {
     long skipped = 0;
     for (const auto& s : r.steps) skipped += s.skipped ? 1 : 0;
@@ -139,6 +144,7 @@ void writeMetrics(const Job& job, const TrainResult& r, size_t parameters, const
     j["memory_per_rank"].push_back({{"params_bytes", m.state.params},
                                     {"grads_bytes", m.state.grads},
                                     {"optimizer_bytes", m.state.optimizer},
+                                    {"offloaded_bytes", m.state.offloaded},
                                     {"transient_peak_bytes", m.state.transientPeak},
                                     {"activation_bytes", m.activations},
                                     {"resident_peak_bytes", m.residentPeak}});
@@ -261,7 +267,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets;
   int ranks = 0, zero = -1, tp = 0, pp = 0, cp = 0, ep = 0;
   long steps = 0;
-  std::string out, compress, precision;
+  std::string out, compress, precision, offload;
   bool resume = false, calibrate = false;
   double peakTflops = 0;
   app.add_option("job", jobPath, "the job file (TOML)");
@@ -279,6 +285,8 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision,
                  "compute precision: fp32, bf16 or fp16 (fp16 with a dynamic loss scale) (overrides [precision] "
                  "compute)");
+  app.add_option("--offload", offload,
+                 "where the optimizer state lives: none, host or file (overrides [offload] optimizer)");
   app.add_flag("--resume", resume, "continue from the output directory's checkpoint");
   app.add_option("--peak-tflops", peakTflops, "this machine's GEMM peak for MFU (overrides [run] peak_tflops)");
   app.add_flag("--calibrate", calibrate,
@@ -316,6 +324,7 @@ int main(int argc, char** argv) {
   if (!out.empty()) sets.push_back(fmt::format("run.out={}", nlohmann::json(out).dump()));
   if (resume) sets.push_back("run.resume=true");
   if (!precision.empty()) sets.push_back(fmt::format("precision.compute={}", nlohmann::json(precision).dump()));
+  if (!offload.empty()) sets.push_back(fmt::format("offload.optimizer={}", nlohmann::json(offload).dump()));
   if (!compress.empty()) sets.push_back(fmt::format("compress.name={}", nlohmann::json(compress).dump()));
   try {
     const Job job = loadJob(jobPath, sets);

@@ -105,10 +105,23 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
     buckets_.push_back(std::move(b));
   }
 
-  params_.assign(stage_ == 3 ? shardTotal_ : fullTotal_, 0.0f);
+  const bool paramsInFile = settings.offload.params == OffloadTarget::kFile;
+  if (paramsInFile && (stage_ != 3 || settings.offload.optimizer != OffloadTarget::kFile)) {
+    throw Error(chorusInvalidArgument,
+                fmt::format("data parallel: parameters offloaded to a file with ZeRO-{} and the optimizer state in {}: "
+                            "the file holds ZeRO-3's parameter shard beside the optimizer state, so ZeRO-3 with the "
+                            "optimizer state offloaded to the file too",
+                            stage_, offloadTargetName(settings.offload.optimizer)));
+  }
+  params_.assign(paramsInFile ? 0 : stage_ == 3 ? shardTotal_ : fullTotal_, 0.0f);
   grads_.assign(stage_ >= 2 ? shardTotal_ : fullTotal_, 0.0f);
-  m_.assign(stage_ >= 1 ? shardTotal_ : fullTotal_, 0.0f);
   optimizer_ = settings.optimizer;
+  int arrays = 0;
+  if (paramsInFile) stateParams_ = arrays++;
+  stateM_ = arrays++;
+  if (optimizer_ == kernels::Optimizer::kAdamW) stateV_ = arrays++;
+  state_ = makeStateStore(settings.offload.optimizer, settings.offload, arrays, stage_ >= 1 ? shardTotal_ : fullTotal_,
+                          settings.offloadFile);
   reduceBf16_ = settings.reduceBf16;
   localSteps_ = settings.localSteps;
   if (localSteps_ && (stage_ != 0 || expertParallel)) {
@@ -122,13 +135,18 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
                 fmt::format("data parallel: gradients reduced in bf16 and compressed by '{}' at once; choose one",
                             settings.compressor));
   }
-  v_.assign(optimizer_ == kernels::Optimizer::kAdamW ? m_.size() : 0, 0.0f);
   for (auto& b : buckets_) {
     if (stage_ == 3) {
       const size_t rank = static_cast<size_t>(groupOf(b).rank);
       const size_t lo = b.lo + std::min(b.count, rank * b.shard);
       const size_t hi = b.lo + std::min(b.count, (rank + 1) * b.shard);
-      layout.initialize(seed, params_.data() + b.shardOffset, lo, hi);
+      if (paramsInFile) {
+        std::vector<float> shard(b.shard, 0.0f);
+        layout.initialize(seed, shard.data(), lo, hi);
+        state_->write(stateParams_, b.shardOffset, b.shard, shard.data());
+      } else {
+        layout.initialize(seed, params_.data() + b.shardOffset, lo, hi);
+      }
     } else {
       layout.initialize(seed, params_.data() + b.fullOffset, b.lo, b.lo + b.count);
     }
@@ -185,6 +203,7 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
       make(*comm);  // one rank: nothing is sent, but the spec is checked and the compressors exist
     }
   }
+  state_->prefetch();  // the first step's state, read during the first forward and backward
 }
 
 uint64_t DataParallel::wireBytes() {
@@ -240,15 +259,29 @@ void DataParallel::startGather(Bucket& b) {
   if (!b.gathered.empty() || b.gather.valid()) return;
   b.gathered.assign(b.padded, 0.0f);
   trackTransient(static_cast<long>(b.padded * sizeof(float)));
-  float* shard = params_.data() + b.shardOffset;
   CommWorker* worker = groupOf(b).worker.get();
+  const size_t count = b.shard, from = b.shardOffset;
   if (!worker) {
-    std::memcpy(b.gathered.data(), shard, b.shard * sizeof(float));
+    if (stateParams_ >= 0) {
+      state_->read(stateParams_, from, count, b.gathered.data());
+    } else {
+      std::memcpy(b.gathered.data(), params_.data() + from, count * sizeof(float));
+    }
     return;
   }
+  // With the shard in a file, the communication thread reads it first (outside the step's pass).
+  const float* shard = params_.data() + from;
+  const StateStore* store = nullptr;
+  if (stateParams_ >= 0) {
+    b.gatherSource.assign(count, 0.0f);
+    trackTransient(static_cast<long>(count * sizeof(float)));
+    shard = b.gatherSource.data();
+    store = state_.get();
+  }
   float* out = b.gathered.data();
-  const size_t count = b.shard;
-  b.gather = worker->submit([shard, out, count](Communicator& c) -> std::optional<Request> {
+  const int array = stateParams_;
+  b.gather = worker->submit([shard, out, count, from, store, array](Communicator& c) -> std::optional<Request> {
+    if (store) store->read(array, from, count, const_cast<float*>(shard));
     return c.iallGather(std::span<const float>(shard, count), std::span<float>(out, count * c.size()));
   });
 }
@@ -256,6 +289,10 @@ void DataParallel::startGather(Bucket& b) {
 void DataParallel::waitGather(Bucket& b) {
   startGather(b);
   if (b.gather.valid()) b.gather.get();
+  if (!b.gatherSource.empty()) {
+    trackTransient(-static_cast<long>(b.gatherSource.size() * sizeof(float)));
+    std::vector<float>().swap(b.gatherSource);
+  }
 }
 
 const float* DataParallel::acquire(int unit, Pass /*pass*/) {
@@ -557,16 +594,25 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
     }
   }
 
+  // One pass over the optimizer state, in increasing order (buckets and tensors are laid out in
+  // the order visited), a run of resident elements at a time.
   eachTensorPart([&](const ParamTensor& t, const Own& o, size_t d, size_t n) {
     auto s = optimizer;
     if (!t.decay) s.weightDecay = 0.0f;
-    if (optimizer_ == kernels::Optimizer::kSgd) {
-      kernels::sgdStep(params_.data() + o.p + d, grads_.data() + o.g + d, m_.data() + o.mv + d, n, updates, s);
-    } else {
-      kernels::adamwStep(params_.data() + o.p + d, grads_.data() + o.g + d, m_.data() + o.mv + d, v_.data() + o.mv + d,
-                         n, updates, s);
+    for (size_t done = 0; done < n;) {
+      const StateStore::Run run = state_->at(o.mv + d + done);
+      const size_t k = std::min(n - done, run.count);
+      float* param = stateParams_ >= 0 ? run.array[stateParams_] : params_.data() + o.p + d + done;
+      const float* grad = grads_.data() + o.g + d + done;
+      if (optimizer_ == kernels::Optimizer::kSgd) {
+        kernels::sgdStep(param, grad, run.array[stateM_], k, updates, s);
+      } else {
+        kernels::adamwStep(param, grad, run.array[stateM_], run.array[stateV_], k, updates, s);
+      }
+      done += k;
     }
   });
+  state_->finish();
 
   // ZeRO-1/2: every rank's updated slice to everyone.
   if (stage_ == 1 || stage_ == 2) {
@@ -584,6 +630,7 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
   }
   std::fill(grads_.begin(), grads_.end(), 0.0f);
   nextStep_ = stepNumber + 1;
+  state_->prefetch();  // the next step's first chunks, read during its forward and backward
   return norm;
 }
 
@@ -591,10 +638,16 @@ void DataParallel::gatherState(std::vector<float>& params, std::vector<float>& m
   params.assign(layout_.total(), 0.0f);
   m.assign(layout_.total(), 0.0f);
   v.assign(layout_.total(), 0.0f);
-  std::vector<float> whole;
-  // Copies bucket b's padded whole (or gathers it from shards first) into the flat array.
-  auto collect = [&](const Bucket& b, const std::vector<float>& src, bool sharded, std::vector<float>& dst) {
-    const float* from = src.data() + (sharded ? b.shardOffset : b.fullOffset);
+  std::vector<float> whole, stored;
+  // Bucket b's part of one of state_'s arrays (its shard, or its padded whole at stage 0).
+  auto fromStore = [&](const Bucket& b, int array) -> const float* {
+    const bool sharded = stage_ >= 1;
+    stored.resize(sharded ? b.shard : b.padded);
+    state_->read(array, sharded ? b.shardOffset : b.fullOffset, stored.size(), stored.data());
+    return stored.data();
+  };
+  // Copies bucket b's padded whole (or gathers it from shards first, at `from`) into the flat array.
+  auto collect = [&](const Bucket& b, const float* from, bool sharded, std::vector<float>& dst) {
     if (sharded) {
       whole.assign(b.padded, 0.0f);
       if (CommWorker* worker = groupOf(b).worker.get()) {
@@ -611,9 +664,11 @@ void DataParallel::gatherState(std::vector<float>& params, std::vector<float>& m
     std::memcpy(dst.data() + b.lo, from, b.count * sizeof(float));
   };
   for (const auto& b : buckets_) {
-    collect(b, params_, stage_ == 3, params);
-    collect(b, m_, stage_ >= 1, m);
-    if (!v_.empty()) collect(b, v_, stage_ >= 1, v);  // SGD has none: zeros
+    const float* ownParams =
+        stateParams_ >= 0 ? fromStore(b, stateParams_) : params_.data() + (stage_ == 3 ? b.shardOffset : b.fullOffset);
+    collect(b, ownParams, stage_ == 3, params);
+    collect(b, fromStore(b, stateM_), stage_ >= 1, m);
+    if (stateV_ >= 0) collect(b, fromStore(b, stateV_), stage_ >= 1, v);  // SGD has none: zeros
   }
 }
 
@@ -623,22 +678,35 @@ void DataParallel::loadState(const std::vector<float>& params, const std::vector
     throw Error(chorusInvalidArgument, fmt::format("data parallel: state of {} / {} / {} elements for a model of {}",
                                                    params.size(), m.size(), v.size(), layout_.total()));
   }
-  auto place = [&](const Bucket& b, const std::vector<float>& src, bool sharded, std::vector<float>& dst) {
+  // Bucket b's part of the flat array src (its shard, or its whole) at dst.
+  auto place = [&](const Bucket& b, const std::vector<float>& src, bool sharded, float* dst) {
     if (!sharded) {
-      std::memcpy(dst.data() + b.fullOffset, src.data() + b.lo, b.count * sizeof(float));
+      std::memcpy(dst, src.data() + b.lo, b.count * sizeof(float));
       return;
     }
     const size_t rank = static_cast<size_t>(groupOf(b).rank);
     const size_t start = std::min(b.count, rank * b.shard);
     const size_t end = std::min(b.count, (rank + 1) * b.shard);
-    std::fill_n(dst.data() + b.shardOffset, b.shard, 0.0f);
-    std::memcpy(dst.data() + b.shardOffset, src.data() + b.lo + start, (end - start) * sizeof(float));
+    std::fill_n(dst, b.shard, 0.0f);
+    std::memcpy(dst, src.data() + b.lo + start, (end - start) * sizeof(float));
+  };
+  std::vector<float> own;
+  auto toStore = [&](const Bucket& b, const std::vector<float>& src, int array) {
+    const bool sharded = stage_ >= 1;
+    own.assign(sharded ? b.shard : b.padded, 0.0f);
+    place(b, src, sharded, own.data());
+    state_->write(array, sharded ? b.shardOffset : b.fullOffset, own.size(), own.data());
   };
   for (const auto& b : buckets_) {
-    place(b, params, stage_ == 3, params_);
-    place(b, m, stage_ >= 1, m_);
-    if (!v_.empty()) place(b, v, stage_ >= 1, v_);
+    if (stateParams_ >= 0) {
+      toStore(b, params, stateParams_);
+    } else {
+      place(b, params, stage_ == 3, params_.data() + (stage_ == 3 ? b.shardOffset : b.fullOffset));
+    }
+    toStore(b, m, stateM_);
+    if (stateV_ >= 0) toStore(b, v, stateV_);
   }
+  state_->prefetch();
 }
 
 size_t DataParallel::largestBucketBytes() const {
@@ -651,8 +719,13 @@ StateBytes DataParallel::bytes() const {
   StateBytes s;
   s.params = params_.size() * sizeof(float);
   s.grads = grads_.size() * sizeof(float);
+  // The store's memory, its arrays' shares: ZeRO-3's parameters in a file take one.
+  const size_t perArray = state_->residentBytes() / static_cast<size_t>(state_->arrays());
+  if (stateParams_ >= 0) s.params += perArray;
   // DiLoCo's outer optimizer: the anchor, its momentum and the averaged delta.
-  s.optimizer = (m_.size() + v_.size() + anchor_.size() + outerMomentum_.size() + delta_.size()) * sizeof(float);
+  s.optimizer = state_->residentBytes() - (stateParams_ >= 0 ? perArray : 0) +
+                (anchor_.size() + outerMomentum_.size() + delta_.size()) * sizeof(float);
+  s.offloaded = state_->fileBytes();
   s.transientPeak = transientPeak_;
   return s;
 }

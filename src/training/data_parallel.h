@@ -23,14 +23,16 @@
 #include "kernels/cpu/nn.h"
 #include "src/training/comm_worker.h"
 #include "src/training/gpt.h"
+#include "src/training/offload.h"
 
 namespace chorus::training {
 
 // Bytes a rank holds for the training state. params/grads/optimizer are the persistent buffers
 // (padding included); transient is the peak of buffers that live only within a step (ZeRO-2/3
 // gradient buckets, ZeRO-3 gathered units).
+// offloaded: bytes kept in a file (offload.h) rather than memory, not counted in the others.
 struct StateBytes {
-  size_t params = 0, grads = 0, optimizer = 0, transientPeak = 0;
+  size_t params = 0, grads = 0, optimizer = 0, transientPeak = 0, offloaded = 0;
   size_t persistent() const { return params + grads + optimizer; }
 };
 
@@ -74,6 +76,13 @@ struct DataParallelSettings {
   bool reduceBf16 = false;
   // The optimizer step() takes: AdamW keeps m and v per parameter, SGD m only.
   kernels::Optimizer optimizer = kernels::Optimizer::kAdamW;
+  // Where the optimizer state (and with ZeRO-3 the parameter shard) lives: memory, or the file
+  // offload.directory/offloadFile streamed through offload.windowBytes (offload.h). The step reads
+  // and writes it in one pass, and reads the next step's first chunks as it ends, so they arrive
+  // during the next forward and backward. Parameters in the file need ZeRO-3 and the optimizer
+  // state there too.
+  OffloadSettings offload;
+  std::string offloadFile = "state.bin";
 };
 
 // How far the reductions overlapped backward: of `reductions` bucket reductions, `overlapped`
@@ -152,6 +161,8 @@ class DataParallel : public UnitAccess {
   // Bytes this rank has sent on the data-parallel communicators so far, headers included
   // (chorusCommGetTraffic; 0 on one rank). Not collective.
   uint64_t wireBytes();
+  // Where the optimizer state lives, for the banner (StateStore::describe).
+  std::string stateDescription() const { return state_->describe(); }
   // Each bucket's compression ratio by formula (empty without compression).
   std::vector<double> compressionRatios();
   // The payload bytes one compressed step sends from this rank, by formula (0 without compression).
@@ -176,6 +187,7 @@ class DataParallel : public UnitAccess {
     bool reduced = false;              // ZeRO-0/1: its reduction has been started this step
     std::vector<float> transientGrad;  // ZeRO-2/3: the bucket's whole gradient during backward
     std::vector<float> gathered;       // ZeRO-3: the bucket's whole parameters while in use
+    std::vector<float> gatherSource;   // ZeRO-3 with parameters in a file: this rank's shard, read for the gather
     std::vector<uint16_t> half;        // reduceBf16: the gradient in bf16 while it is reduced (worker only)
     std::future<void> reduction, gather;
   };
@@ -212,8 +224,12 @@ class DataParallel : public UnitAccess {
   std::vector<Bucket> buckets_;
   std::vector<int> unitBucket_;
   size_t fullTotal_ = 0, shardTotal_ = 0;
-  // Persistent state: full padded arrays or shard arrays, by stage.
-  std::vector<float> params_, grads_, m_, v_;  // v_: AdamW only
+  // Persistent state: full padded arrays or shard arrays, by stage. The optimizer state (m, and v
+  // for AdamW) is in state_, in the shard layout from stage 1 on; so are ZeRO-3's parameters when
+  // offloaded to a file (params_ is then empty). The arrays' indices in state_ (-1: not there):
+  std::vector<float> params_, grads_;
+  std::unique_ptr<StateStore> state_;
+  int stateParams_ = -1, stateM_ = 0, stateV_ = -1;
   bool reduceBf16_ = false;
   bool localSteps_ = false;
   std::vector<float> anchor_, delta_, outerMomentum_;  // DiLoCo: see syncParameters

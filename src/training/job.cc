@@ -15,6 +15,16 @@
 
 namespace chorus::training {
 
+OffloadSettings Job::offload() const {
+  OffloadSettings s;
+  s.optimizer = parseOffloadTarget(offloadOptimizer);
+  s.params = parseOffloadTarget(offloadParams);
+  s.directory = offloadPath;
+  s.windowBytes = static_cast<size_t>(offloadWindowMb * 1024 * 1024);
+  s.io = parseOffloadIo(offloadIo);
+  return s;
+}
+
 float Job::learningRate(long step) const {
   if (warmup > 0 && step <= warmup) return optimizer.lr * static_cast<float>(step) / static_cast<float>(warmup);
   if (steps <= warmup) return optimizer.lr;
@@ -190,6 +200,11 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("precision", "reduce", job.reduce);
   get("precision", "loss_scale", job.lossScale);
   get("precision", "growth_interval", job.growthInterval);
+  get("offload", "optimizer", job.offloadOptimizer);
+  get("offload", "params", job.offloadParams);
+  get("offload", "path", job.offloadPath);
+  get("offload", "window_mb", job.offloadWindowMb);
+  get("offload", "io", job.offloadIo);
   get("run", "steps", job.steps);
   get("run", "seed", job.seed);
   get("run", "eval_every", job.evalEvery);
@@ -201,6 +216,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("run", "blas_coretype", job.blasCoretype);
   get("run", "peak_tflops", job.peakTflops);
   if (job.dataDir.empty()) job.dataDir = job.out + "/data";
+  if (job.offloadPath.empty()) job.offloadPath = job.out + "/offload";
   for (const auto& [k, node] : root) {
     const std::string key(k.str());
     if (node.is_table()) {
@@ -282,6 +298,19 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
                     "compressed or reduced in bf16 (the bf16 compressor is the latter with error feedback)",
                     job.compress));
   }
+  OffloadSettings offload;
+  try {
+    offload = job.offload();
+  } catch (const Error& e) {
+    throw fail(fmt::format("[offload] {}", e.what()));
+  }
+  if (offload.params == OffloadTarget::kFile && (job.zero != 3 || offload.optimizer != OffloadTarget::kFile)) {
+    throw fail(
+        fmt::format("[offload] params = \"file\" with zero = {} and optimizer = \"{}\": the parameter shard "
+                    "goes to the file beside the optimizer state, so zero = 3 and optimizer = \"file\"",
+                    job.zero, job.offloadOptimizer));
+  }
+  if (!(job.offloadWindowMb > 0)) throw fail(fmt::format("[offload] window_mb = {} (positive)", job.offloadWindowMb));
   const Schedule schedule = parseSchedule(job.schedule);
   if ((schedule == Schedule::kInterleaved) != (job.vpp > 1)) {
     throw fail(

@@ -9,6 +9,7 @@
 #include "kernels/cpu/nn.h"
 #include "src/training/data.h"
 #include "src/training/gpt.h"
+#include "src/training/offload.h"
 
 namespace chorus::training {
 
@@ -55,6 +56,15 @@ struct Job {
   std::string reduce = "fp32";
   double lossScale = 65536.0;
   int growthInterval = 2000;
+  // [offload]: where the optimizer state lives (OffloadTarget: none, host, file) and, with
+  // zero = 3 and optimizer = "file", the parameter shard too; the files' directory (default
+  // <out>/offload), the memory window they stream through, and the I/O engine (auto, io_uring,
+  // threads).
+  std::string offloadOptimizer = "none";
+  std::string offloadParams = "none";
+  std::string offloadPath;
+  double offloadWindowMb = 64.0;
+  std::string offloadIo = "auto";
   long steps = 100;
   uint64_t seed = 1;
   int evalEvery = 0;    // 0: only at the end
@@ -67,6 +77,8 @@ struct Job {
   double peakTflops = 0;     // the machine's declared GEMM peak for MFU (0: calibrated or measured, peak.h)
 
   int dp() const { return ranks / (tp * pp * cp); }
+  // The [offload] settings, parsed (checked by loadJob).
+  OffloadSettings offload() const;
   long globalBatch() const { return static_cast<long>(micro) * dp() * accumulate; }
   // The learning rate of step (from 1): warmup, then cosine to minLr at the last step.
   float learningRate(long step) const;

@@ -185,6 +185,9 @@ std::string PlanLayout::describe() const {
   if (recompute != Recompute::kNone) s += recompute == Recompute::kFull ? " full" : " selective";
   if (pp > 1) s += std::string(" ") + scheduleName(schedule);
   if (syncEvery > 0) s += fmt::format(" {}:{}", diloco ? "diloco" : "local", syncEvery);
+  if (offloadOptimizer != OffloadTarget::kNone) {
+    s += fmt::format(" offload:{}{}", offloadTargetName(offloadOptimizer), offloadParams ? "+params" : "");
+  }
   return s + fmt::format(" micro{}", micro);
 }
 
@@ -330,6 +333,10 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
                               l.syncEvery, l.zero, l.ep, l.cp));
   }
   if (l.pp > 1 && l.zero > 1) throw invalid(fmt::format("zero = {} with pp = {} (ZeRO 0 or 1 only)", l.zero, l.pp));
+  if (l.offloadParams && (l.zero != 3 || l.offloadOptimizer != OffloadTarget::kFile)) {
+    throw invalid(fmt::format("parameters offloaded with zero = {} and the optimizer state in {} (zero 3, file)",
+                              l.zero, offloadTargetName(l.offloadOptimizer)));
+  }
   if ((l.schedule == Schedule::kInterleaved) != (l.vpp > 1)) {
     throw invalid(fmt::format("vpp = {} with the {} schedule", l.vpp, scheduleName(l.schedule)));
   }
@@ -458,6 +465,26 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
     stage.gradBytes = zeroBytes(precision.grad, 2);
     stage.optimizerBytes = zeroBytes(precision.optimizer, 1);
     if (l.diloco) stage.optimizerBytes += 3.0 * 4.0 * stage.parameters;
+    // Offload moves AdamW's state (not DiLoCo's anchor and outer momentum, which stay in memory).
+    const double optimizerState = zeroBytes(precision.optimizer, 1);
+    if (l.offloadOptimizer == OffloadTarget::kHost && !machine.sharedCores) {
+      stage.offloadedBytes = optimizerState;
+      stage.optimizerBytes -= optimizerState;
+    } else if (l.offloadOptimizer == OffloadTarget::kFile) {
+      // The file holds the optimizer's arrays (and the parameter shard) of this rank's elements; the
+      // window holds up to four chunks of them, each array's share counted where it belongs.
+      const int optimizerArrays = static_cast<int>(std::lround(precision.optimizer / 4.0));
+      const int arrays = optimizerArrays + (l.offloadParams ? 1 : 0);
+      const auto elements = static_cast<size_t>(std::ceil(zeroBytes(1.0, 1)));
+      const double resident = static_cast<double>(
+          storeWindow(static_cast<size_t>(l.offloadWindowBytes), arrays, elements).residentBytes(arrays));
+      stage.offloadedBytes = optimizerState;
+      stage.optimizerBytes += resident * optimizerArrays / arrays - optimizerState;
+      if (l.offloadParams) {
+        stage.offloadedBytes += stage.paramBytes;
+        stage.paramBytes = resident / arrays;
+      }
+    }
 
     // Activations: each chunk's blocks for each micro-batch in flight, its output, the first chunk's
     // tokens, the last chunk's head (the final norm, the gathered rows with sp, logits and
@@ -713,6 +740,13 @@ std::string describePlan(const Plan& p) {
                        humanBytes(s.paramBytes, 2), humanBytes(s.gradBytes, 2), humanBytes(s.optimizerBytes, 2),
                        humanBytes(s.activationBytes, 2), humanBytes(s.totalBytes(), 2), blocks);
   }
+  for (const auto& s : p.stages) {
+    if (s.offloadedBytes > 0) {
+      out += fmt::format("  stage {}: {} of state offloaded ({}), not in the columns\n", s.stage,
+                         humanBytes(s.offloadedBytes, 2),
+                         p.layout.offloadOptimizer == OffloadTarget::kHost ? "to host memory" : "to a file");
+    }
+  }
   if (p.layout.pp > 1) {
     out += fmt::format("pipeline bubble: {:.3f} of the step by the formula (p-1)/(vm+p-1), {:.3f} simulated\n",
                        p.bubbleFormula, p.bubbleSimulated);
@@ -800,6 +834,7 @@ nlohmann::json planJson(const Plan& p) {
                       {"params_bytes", s.paramBytes},
                       {"grads_bytes", s.gradBytes},
                       {"optimizer_bytes", s.optimizerBytes},
+                      {"offloaded_bytes", s.offloadedBytes},
                       {"activation_bytes", s.activationBytes},
                       {"total_bytes", s.totalBytes()},
                       {"forward_seconds", s.forwardSeconds},

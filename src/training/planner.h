@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "src/training/gpt.h"
+#include "src/training/offload.h"
 #include "src/training/pipeline.h"
 
 namespace chorus::training {
@@ -105,6 +106,13 @@ struct PlanLayout {
   // DiLoCo keeps three more copies of the parameters (anchor, outer momentum, delta). 0: every step.
   int syncEvery = 0;
   bool diloco = false;
+  // Offload (chorus-train's [offload]): the optimizer state in host memory (kHost: out of the
+  // device's memory, except on a machine whose devices share the host's cores, where it already
+  // is) or in a file streamed through offloadWindowBytes of memory (kFile; with ZeRO-3 and
+  // offloadParams, the parameter shard too). The window is cut as the runtime cuts it.
+  OffloadTarget offloadOptimizer = OffloadTarget::kNone;
+  bool offloadParams = false;
+  double offloadWindowBytes = 64.0 * (1 << 20);
   int devices() const { return dp * tp * pp * cp; }
   int accumulate() const;        // micro-batches per step
   std::string describe() const;  // "dp2 tp2 pp2 cp1 zero1 sp 1f1b", " ep2" after cp with ep
@@ -169,6 +177,7 @@ struct StagePlan {
   double parameters = 0;          // elements on this rank (tp rank 0)
   double expertParameters = 0;    // of them, routed experts' (ZeRO shards them over dp / ep x cp)
   double paramBytes = 0, gradBytes = 0, optimizerBytes = 0, activationBytes = 0;
+  double offloadedBytes = 0;  // state moved out of the device's memory (to the host or a file), not in the others
   double stateBytes() const { return paramBytes + gradBytes + optimizerBytes; }
   double totalBytes() const { return stateBytes() + activationBytes; }
   double forwardSeconds = 0, backwardSeconds = 0;  // one micro-batch through all its chunks

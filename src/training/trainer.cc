@@ -178,6 +178,8 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
   parallel.reduceBf16 = job.reduce == "bf16";
   const SyncMode sync = parseSync(job.sync);
   parallel.localSteps = sync.local();
+  parallel.offload = job.offload();
+  parallel.offloadFile = fmt::format("rank{}.state", world ? world->rank() : 0);
   // Sums over the model-parallel ranks (tp, then pp), on the training thread.
   auto modelParallelSum = [tpComm, ppComm](std::span<double> x) {
     if (tpComm) tpComm->allReduce(x);
@@ -280,7 +282,11 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
                             kernels::gemm16Description(job.compute == "fp16" ? kernels::Float16::kFp16
                                                                              : kernels::Float16::kBf16))
               : "") +
-         (job.reduce != "fp32" ? ", gradients reduced in " + job.reduce : ""))
+         (job.reduce != "fp32" ? ", gradients reduced in " + job.reduce : "") +
+         (job.offloadOptimizer != "none"
+              ? fmt::format(", optimizer state{} offloaded to {}", job.offloadParams == "file" ? " and parameters" : "",
+                            dp.stateDescription())
+              : ""))
             .c_str(),
         job.zero, dp.buckets(), job.micro, ranks, job.accumulate, job.globalBatch(), job.seq, trainTokens.size(),
         valTokens.size(), tokenizer.kind().c_str(), tokenizer.vocab(), kernels::blasDescription().c_str(), blasThreads);
@@ -486,11 +492,13 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
       if (lossScale.dynamic()) extraText += fmt::format(" | scale {:g} | skipped {}", r.lossScale, lossScale.skipped());
       std::printf(
           "step %5ld/%ld | loss %.4f%s%s | lr %.2e | norm %.3f | %.0f tok/s | %s | %.0f ms | state/rank %s "
-          "(params %s, grads %s, optimizer %s) | RSS %s\n",
+          "(params %s, grads %s, optimizer %s%s) | RSS %s\n",
           step, job.steps, r.loss, r.valLoss >= 0 ? fmt::format(" val {:.4f}", r.valLoss).c_str() : "",
           extraText.c_str(), r.lr, r.gradNorm, r.tokensPerSecond, mfuText(r.mfu, peak.source).c_str(), 1000 * r.seconds,
           humanBytes(b.persistent()).c_str(), humanBytes(b.params).c_str(), humanBytes(b.grads).c_str(),
-          humanBytes(b.optimizer).c_str(), humanBytes(residentPeakBytes()).c_str());
+          humanBytes(b.optimizer).c_str(),
+          b.offloaded ? fmt::format(", {} in a file", humanBytes(b.offloaded)).c_str() : "",
+          humanBytes(residentPeakBytes()).c_str());
       std::fflush(stdout);
     }
   }
@@ -513,7 +521,8 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
                               moeTime.combine,
                               moeTime.wait,
                               double(moeTime.chunks),
-                              double(moeTime.overlapped)};
+                              double(moeTime.overlapped),
+                              double(b.offloaded)};
   std::vector<double> all(mine.size() * worldSize, 0.0);
   const int worldRank = world ? world->rank() : 0;
   std::copy(mine.begin(), mine.end(), all.begin() + static_cast<long>(worldRank * mine.size()));
@@ -521,7 +530,7 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
   for (int r = 0; r < worldSize; ++r) {
     RankMemory mem;
     const double* x = all.data() + r * mine.size();
-    mem.state = StateBytes{size_t(x[0]), size_t(x[1]), size_t(x[2]), size_t(x[3])};
+    mem.state = StateBytes{size_t(x[0]), size_t(x[1]), size_t(x[2]), size_t(x[3]), size_t(x[17])};
     mem.activations = size_t(x[4]);
     mem.residentPeak = size_t(x[5]);
     result.memory.push_back(mem);

@@ -19,6 +19,11 @@ def plan(build, m):
         args += ["--schedule", m["pipeline"]["schedule"], "--vpp", str(m["pipeline"]["vpp"])]
     if "sync" in L:
         args += ["--sync", L["sync"]]
+    if m.get("offload", {}).get("optimizer", "none") != "none":
+        o = m["offload"]
+        args += ["--offload", o["optimizer"], "--offload-params", o["params"]]
+        if "window_bytes" in o:
+            args += ["--offload-window-mb", str(o["window_bytes"] / 2**20)]
     if "precision" in m:
         args += ["--compute", m["precision"]["compute"], "--reduce", m["precision"]["reduce"]]
     return json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)

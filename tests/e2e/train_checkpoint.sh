@@ -6,6 +6,8 @@
 # checkpoint written by a tp2 x dp2 run, resumed on 4 data-parallel ranks and as pp2 x dp2, and one
 # written by pp2 x tp2 resumed on 4 data-parallel ranks; the dp4 checkpoint resumes as cp2 x dp2, and
 # one written by tp2 x cp2 as dp4: checkpoints hold the whole model, whatever layout wrote them.
+# Resumed on 2 ranks ZeRO-3 with the optimizer state and parameters offloaded to a file, the losses
+# must be those of the same resumption in memory, bit for bit.
 source "$(dirname "$0")/lib.sh"
 train="$build/chorus-train"
 job="$source_dir/tests/data/jobs/parity.toml"
@@ -35,6 +37,9 @@ resume_as() {  # name, copy of the cut run to resume, then options
 }
 resume_as dp2tp2 cut2 --ranks 4 --tp 2 --set batch.micro=4 --zero 1
 resume_as tp4 cut2 --ranks 4 --tp 4 --set batch.micro=8
+# Into a file: ZeRO-3 with the optimizer state and the parameter shard offloaded.
+resume_as offload cut2 --ranks 2 --zero 3 --set batch.micro=4 --offload file --set 'offload.params="file"' \
+  --set offload.window_mb=0.05
 # Written by tp2 x dp2, resumed as dp4.
 tp_layout=(--ranks 4 --tp 2 --set batch.micro=4 --set run.checkpoint_every=5 --set data.dir="\"$work/data\"")
 if CHORUS_TRAIN_CRASH_IN_SAVE=15 "$train" "$job" --out "$work/tpcut" "${tp_layout[@]}" >"$work/tpcut.log" 2>&1; then
@@ -73,6 +78,8 @@ for step in range(11, 21):
         sys.exit(f"FAIL: step {step} loss {cut[step]} after resuming, {whole[step]} uninterrupted")
     if abs(float(other[step]) - float(whole[step])) > 1e-5 * float(whole[step]):
         sys.exit(f"FAIL: step {step} loss {other[step]} resumed under another layout, {whole[step]} uninterrupted")
+    if losses("offload")[step] != other[step]:  # the same layout as cut2's resumption, the state in a file
+        sys.exit(f"FAIL: step {step} loss {losses('offload')[step]} resumed into a file, {other[step]} in memory")
     for name in ["dp2tp2", "tp4", "from_tp", "pp2", "tp_to_pp", "from_pp", "cp2", "from_cp"]:
         got = losses(name)[step]
         if abs(float(got) - float(whole[step])) > 1e-5 * float(whole[step]):

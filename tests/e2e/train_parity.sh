@@ -6,7 +6,8 @@
 # gradient norm of each of 20 steps must equal the one-rank run's within 1e-5 relative, and the
 # parameters after them (the final checkpoint) within 1e-4. AdamW and clipping forgive a gradient
 # of the wrong scale (a sum where a mean is due leaves the loss as it is; only the norm shows it),
-# so plain SGD without clipping runs under dp and ZeRO 2 and 3 too, where the loss shows it as well. The runs' memory reports must
+# so plain SGD without clipping runs under dp and ZeRO 2 and 3 too, where the loss shows it as well.
+# ZeRO-1 with the optimizer state in a file, and SGD under ZeRO-3 with the parameters there too, join them. The runs' memory reports must
 # follow the ZeRO formulas (fp32: 16P, 8P + 8P/N, 4P + 12P/N, 16P/N bytes) within the padding.
 # Reductions must begin while backward is still running (counted per rank). Over a slow link
 # (CHORUS_TRAIN_COMM_DELAY_MS) ZeRO-2/3's whole-gradient buckets must stay within the in-flight cap:
@@ -61,6 +62,10 @@ run sgd_one --ranks 1 --set batch.micro=8 "${sgd[@]}"
 run sgd_dp4 --ranks 4 --set batch.micro=2 "${sgd[@]}"
 run sgd_zero2 --ranks 4 --zero 2 --set batch.micro=2 "${sgd[@]}"
 run sgd_zero3 --ranks 4 --zero 3 --set batch.micro=2 "${sgd[@]}"
+# The optimizer state (and ZeRO-3's parameters) offloaded to a file, streamed through a small window.
+offload=(--offload file --set offload.window_mb=0.05)
+run zero1_offload --ranks 4 --zero 1 --set batch.micro=2 "${offload[@]}"
+run sgd_zero3_offload --ranks 4 --zero 3 --set batch.micro=2 "${sgd[@]}" "${offload[@]}" --set 'offload.params="file"'
 slow=(--ranks 4 --set batch.micro=2 --set model.layers=8 --set run.steps=3 --set parallel.inflight_buckets=1)
 CHORUS_TRAIN_COMM_DELAY_MS=20 run zero2_slow --zero 2 "${slow[@]}"
 CHORUS_TRAIN_COMM_DELAY_MS=20 run zero3_slow --zero 3 "${slow[@]}"
@@ -93,9 +98,9 @@ def matches(name, ref):  # each step's loss and gradient norm, and the final par
     if worst["loss"] > 1e-5 or worst["grad_norm"] > 1e-5 or params > 1e-4:
         bad.append(name)
 for name in ["one_accum", "dp2", "dp4", "dp2_accum", "zero1", "zero2", "zero3", "zero3_dp2_accum", "tp2", "tp4",
-             "dp2_tp2_zero1", "dp2_tp2_zero3_accum", "tp2_sp", "dp2_tp2_sp_zero2", "tp2_sp_full"]:
+             "dp2_tp2_zero1", "dp2_tp2_zero3_accum", "tp2_sp", "dp2_tp2_sp_zero2", "tp2_sp_full", "zero1_offload"]:
     matches(name, "one")
-for name in ["sgd_dp4", "sgd_zero2", "sgd_zero3"]:
+for name in ["sgd_dp4", "sgd_zero2", "sgd_zero3", "sgd_zero3_offload"]:
     matches(name, "sgd_one")
 for ref in ["one", "sgd_one"]:
     if losses(ref)[-1] >= losses(ref)[0] or len(losses(ref)) != 20:

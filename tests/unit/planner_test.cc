@@ -205,6 +205,42 @@ TEST(PlannerTest, CommunicationVolumesFollowTheLayout) {
   EXPECT_THROW(makePlan(m, local, machineOf(8), parsePrecision("fp32")), Error);
 }
 
+// Offload: to the host, the optimizer state leaves a GPU's memory (ZeRO-Offload) but stays where
+// it is when the devices are the host's cores; to a file, what stays is the window the runtime
+// cuts (four chunks of 1024-element multiples of every array), and ZeRO-3's parameters go too.
+TEST(PlannerTest, OffloadMovesTheOptimizerStateOutOfMemory) {
+  const ModelShape m = modelPreset("gpt2-124m");
+  const double P = m.parameters();
+  PlanLayout l = layoutOf(8, 1, 1, 1, 1, 8);
+  l.zero = 1;
+  const Plan base = makePlan(m, l, machineOf(8), parsePrecision("fp32"));
+  PlanLayout host = l;
+  host.offloadOptimizer = OffloadTarget::kHost;
+  const Plan onHost = makePlan(m, host, machineOf(8), parsePrecision("fp32"));
+  EXPECT_DOUBLE_EQ(onHost.stages[0].optimizerBytes, 0.0);
+  EXPECT_DOUBLE_EQ(onHost.stages[0].offloadedBytes, 8 * P / 8);
+  Machine cores = machineOf(8);
+  cores.sharedCores = true;
+  EXPECT_DOUBLE_EQ(makePlan(m, host, cores, parsePrecision("fp32")).stages[0].optimizerBytes,
+                   base.stages[0].optimizerBytes);
+  PlanLayout file = l;
+  file.offloadOptimizer = OffloadTarget::kFile;
+  file.offloadWindowBytes = 4 << 20;  // 4 chunks of 65536 elements of m and v: all 4 MiB
+  const Plan inFile = makePlan(m, file, machineOf(8), parsePrecision("fp32"));
+  EXPECT_DOUBLE_EQ(inFile.stages[0].optimizerBytes, 4 << 20);
+  EXPECT_DOUBLE_EQ(inFile.stages[0].offloadedBytes, 8 * P / 8);
+  EXPECT_DOUBLE_EQ(inFile.stages[0].paramBytes, base.stages[0].paramBytes);
+  file.zero = 3;
+  file.offloadParams = true;
+  file.offloadWindowBytes = 3 << 20;  // 4 chunks of 65536 elements of the parameters, m and v
+  const Plan withParams = makePlan(m, file, machineOf(8), parsePrecision("fp32"));
+  EXPECT_DOUBLE_EQ(withParams.stages[0].paramBytes, 1 << 20);
+  EXPECT_DOUBLE_EQ(withParams.stages[0].optimizerBytes, 2 << 20);
+  EXPECT_DOUBLE_EQ(withParams.stages[0].offloadedBytes, 12 * P / 8);
+  file.zero = 2;
+  EXPECT_THROW(makePlan(m, file, machineOf(8), parsePrecision("fp32")), Error);  // parameters need ZeRO-3
+}
+
 TEST(PlannerTest, BadLayoutsAreRefusedByName) {
   const ModelShape m = modelPreset("gpt2-124m");
   auto message = [&](PlanLayout l, int devices) {
