@@ -451,6 +451,25 @@ void DataParallel::anchorParameters() {
   delta_.assign(params_.size(), 0.0f);
 }
 
+void DataParallel::outerMomentum(std::vector<float>& flat) const {
+  flat.assign(layout_.total(), 0.0f);
+  if (outerMomentum_.size() != params_.size()) throw Error(chorusInvalidUsage, "data parallel: no outer momentum");
+  for (const auto& b : buckets_) {
+    std::memcpy(flat.data() + b.lo, outerMomentum_.data() + b.fullOffset, b.count * sizeof(float));
+  }
+}
+
+void DataParallel::loadOuterMomentum(const std::vector<float>& flat) {
+  if (outerMomentum_.size() != params_.size() || flat.size() != layout_.total()) {
+    throw Error(chorusInvalidUsage, fmt::format("data parallel: an outer momentum of {} elements for a model of {} "
+                                                "(anchorParameters() first)",
+                                                flat.size(), layout_.total()));
+  }
+  for (const auto& b : buckets_) {
+    std::memcpy(outerMomentum_.data() + b.fullOffset, flat.data() + b.lo, b.count * sizeof(float));
+  }
+}
+
 void DataParallel::syncParameters(const kernels::OptimizerSettings* outer, long outerStep) {
   if (!localSteps_) throw Error(chorusInvalidUsage, "data parallel: syncParameters without local steps");
   if (outer != nullptr && anchor_.size() != params_.size()) {

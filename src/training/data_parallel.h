@@ -133,6 +133,10 @@ class DataParallel : public UnitAccess {
   // optimizer's), taken from the current parameters, with the outer momentum and delta buffers
   // (counted as optimizer state); call once before the first step (after a checkpoint is loaded).
   void anchorParameters();
+  // DiLoCo: the outer momentum in the model's flat layout (no padding), for checkpoints; and set
+  // from one (after anchorParameters()). Not collective.
+  void outerMomentum(std::vector<float>& flat) const;
+  void loadOuterMomentum(const std::vector<float>& flat);
   // Collective over the data-parallel ranks. Local SGD (outer null): the parameters averaged.
   // DiLoCo: the delta of each rank's parameters from the anchor averaged (by the compressor when
   // the settings name one: each bucket's, with its error feedback), and taken as the

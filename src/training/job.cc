@@ -272,7 +272,10 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
     if (job.compress != "none" && sync.kind == SyncMode::kLocal) {
       refuse("with [compress]: the gradients are not reduced (diloco:H compresses its parameter delta)");
     }
-    if (job.checkpointEvery > 0) refuse("with checkpoints: the ranks' inner optimizer states are not kept yet");
+    if (job.checkpointEvery % sync.every != 0) {
+      refuse(fmt::format("with [run] checkpoint_every = {}: checkpoint where the ranks agree (a multiple of {})",
+                         job.checkpointEvery, sync.every));
+    }
     if (job.evalEvery % sync.every != 0) {
       refuse(fmt::format("with [run] eval_every = {}: evaluate where the ranks agree (a multiple of {})", job.evalEvery,
                          sync.every));

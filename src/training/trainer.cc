@@ -36,7 +36,9 @@ size_t residentPeakBytes() {
   return static_cast<size_t>(u.ru_maxrss) * 1024;
 }
 
-// ---- checkpoints: "CHCK", uint32 header length, the JSON header, then params, m, v (fp32) ----
+// ---- checkpoints: "CHCK", uint32 header length, the JSON header, then params, m, v (fp32), each
+// of the model's whole size; under local steps more arrays of that size follow (DiLoCo's outer
+// momentum, then the other data-parallel ranks' m and v: see train()) ----
 
 void writeAll(int fd, const void* data, size_t bytes, const std::string& path) {
   const char* p = static_cast<const char*>(data);
@@ -54,7 +56,8 @@ void writeAll(int fd, const void* data, size_t bytes, const std::string& path) {
 // Written to path.tmp, flushed to disk, then renamed over path (and the directory flushed): a
 // crash at any moment leaves either the old checkpoint or the new one, whole.
 void saveCheckpoint(const std::string& path, const nlohmann::json& header, const std::vector<float>& params,
-                    const std::vector<float>& m, const std::vector<float>& v, bool crashHalfway) {
+                    const std::vector<float>& m, const std::vector<float>& v, bool crashHalfway,
+                    const std::vector<std::vector<float>>& more = {}) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(chorusSystemError, "checkpoint: cannot create " + tmp + ": " + std::strerror(errno));
@@ -70,6 +73,7 @@ void saveCheckpoint(const std::string& path, const nlohmann::json& header, const
   }
   writeAll(fd, m.data(), m.size() * sizeof(float), tmp);
   writeAll(fd, v.data(), v.size() * sizeof(float), tmp);
+  for (const auto& a : more) writeAll(fd, a.data(), a.size() * sizeof(float), tmp);
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     throw Error(chorusSystemError, "checkpoint: flushing " + tmp + ": " + std::strerror(errno));
   }
@@ -103,7 +107,20 @@ nlohmann::json loadCheckpoint(const std::string& path, size_t total, std::vector
       throw Error(chorusInvalidArgument, "checkpoint " + path + " is truncated");
     }
   }
+  header["data_offset"] = 8 + length;  // for readCheckpointArray
   return header;
+}
+
+// Array `index` (0: params, 1: m, 2: v, then the local steps' ones) of a checkpoint whose header
+// loadCheckpoint returned.
+void readCheckpointArray(const std::string& path, const nlohmann::json& header, size_t index, size_t total,
+                         std::vector<float>& out) {
+  std::ifstream f(path, std::ios::binary);
+  out.resize(total);
+  f.seekg(static_cast<std::streamoff>(header.at("data_offset").get<size_t>() + index * total * sizeof(float)));
+  if (!f.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(total * sizeof(float)))) {
+    throw Error(chorusInvalidArgument, fmt::format("checkpoint {} is truncated (array {})", path, index));
+  }
 }
 
 }  // namespace
@@ -228,6 +245,8 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
   const std::string ckptPath = job.out + "/checkpoint.bin";
   if (leader) fs::create_directories(job.out);
   long start = 1;
+  std::vector<float> resumedMomentum;  // DiLoCo's outer momentum from a checkpoint (this rank's layout)
+  long resumedOuterSteps = 0;
   if (job.resume && fs::exists(ckptPath)) {
     std::vector<float> p, m, v;
     const auto header = loadCheckpoint(ckptPath, layout.globalTotal(), p, m, v);
@@ -236,6 +255,32 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     for (int i = 0; i < 3; ++i) {
       local[i].resize(layout.total());
       layout.fromGlobal(whole[i]->data(), local[i].data());
+    }
+    // Local steps: each data-parallel rank's own m and v (rank 0's are the main ones), and DiLoCo's
+    // outer momentum, kept only when the run that wrote them had the same sync and ranks.
+    if (header.contains("inner_states")) {
+      const int states = header.at("inner_states");
+      if (header.at("sync") != job.sync || states != ranks) {
+        throw Error(chorusInvalidArgument,
+                    fmt::format("checkpoint {}: written under sync = \"{}\" with each of {} data-parallel ranks' own "
+                                "optimizer state; this run has sync = \"{}\" and {} data-parallel rank(s): resume "
+                                "it with the same sync and ranks",
+                                ckptPath, header.at("sync").get<std::string>(), states, job.sync, ranks));
+      }
+      const bool diloco = header.value("outer_momentum", false);
+      if (rank > 0) {
+        const size_t first = 3 + (diloco ? 1 : 0) + 2 * static_cast<size_t>(rank - 1);
+        readCheckpointArray(ckptPath, header, first, layout.globalTotal(), m);
+        readCheckpointArray(ckptPath, header, first + 1, layout.globalTotal(), v);
+        for (int i = 1; i < 3; ++i) layout.fromGlobal(whole[i]->data(), local[i].data());
+      }
+      if (diloco && sync.kind == SyncMode::kDiloco) {
+        std::vector<float> momentum;
+        readCheckpointArray(ckptPath, header, 3, layout.globalTotal(), momentum);
+        resumedMomentum.resize(layout.total());
+        layout.fromGlobal(momentum.data(), resumedMomentum.data());
+        resumedOuterSteps = header.value("outer_steps", 0L);
+      }
     }
     dp.loadState(local[0], local[1], local[2]);
     result.resumedFrom = header.at("step");
@@ -259,8 +304,14 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     if (leader) std::printf("resumed from %s at step %ld\n", ckptPath.c_str(), result.resumedFrom);
   }
 
-  if (sync.kind == SyncMode::kDiloco) dp.anchorParameters();
   long outerSteps = 0;
+  if (sync.kind == SyncMode::kDiloco) {
+    dp.anchorParameters();  // a checkpoint is written where the ranks agree: its parameters are the anchor
+    if (!resumedMomentum.empty()) {
+      dp.loadOuterMomentum(resumedMomentum);
+      outerSteps = resumedOuterSteps;
+    }
+  }
   double syncSecondsTotal = 0;
 
   std::string pipelineText;
@@ -465,6 +516,33 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     if (job.checkpointEvery > 0 && (step % job.checkpointEvery == 0 || step == job.steps)) {
       std::vector<float> p, m, v;
       wholeState(p, m, v);
+      // Local steps: the other data-parallel ranks' m and v, each from its replica's first rank (tp
+      // and pp rank 0; wholeState gave every rank of a replica the whole), and DiLoCo's outer momentum.
+      std::vector<std::vector<float>> more;
+      if (sync.local()) {
+        if (sync.kind == SyncMode::kDiloco) {
+          std::vector<float> local, momentum(layout.globalTotal(), 0.0f);
+          dp.outerMomentum(local);
+          layout.toGlobal(local.data(), momentum.data(), true);
+          if (tpComm) tpComm->allReduce(std::span<float>(momentum));
+          if (ppComm) ppComm->allReduce(std::span<float>(momentum));
+          more.push_back(std::move(momentum));
+        }
+        const MeshCoords here = mesh ? mesh->coords() : MeshCoords{};
+        if (here.dp > 0 && here.tp == 0 && here.pp == 0 && here.cp == 0) {
+          world->send(std::span<const float>(m), 0);
+          world->send(std::span<const float>(v), 0);
+        }
+        if (leader) {
+          for (int d = 1; d < ranks; ++d) {
+            const int from = rankOf(MeshCoords{d, 0, 0, 0}, shape);
+            for (int k = 0; k < 2; ++k) {
+              more.emplace_back(layout.globalTotal());
+              world->recv(std::span<float>(more.back()), from);
+            }
+          }
+        }
+      }
       if (leader) {
         nlohmann::json header = {{"step", step},
                                  {"parameters", layout.globalTotal()},
@@ -477,7 +555,13 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
                                  {"loss_scale", lossScale.scale()},
                                  {"skipped_steps", lossScale.skipped()},
                                  {"clean_steps", lossScale.cleanRun()}};
-        saveCheckpoint(ckptPath, header, p, m, v, step == crashAt);
+        if (sync.local()) {
+          header["sync"] = job.sync;
+          header["inner_states"] = ranks;
+          header["outer_momentum"] = sync.kind == SyncMode::kDiloco;
+          header["outer_steps"] = outerSteps;
+        }
+        saveCheckpoint(ckptPath, header, p, m, v, step == crashAt, more);
       }
     }
     if (leader && (step % job.logEvery == 0 || step == start || step == job.steps)) {

@@ -6,7 +6,7 @@
 # both must train (a falling loss), send about a fifth of every-step's bytes (one average of the
 # parameters per 5 steps against a gradient average per step), and DiLoCo's outer momentum must
 # make it differ from local SGD; DiLoCo's delta compressed by bf16 must send about half its bytes.
-# Local steps are refused with ZeRO and with checkpoints, by name.
+# Local steps are refused with ZeRO and with checkpoints between syncs, by name.
 source "$(dirname "$0")/lib.sh"
 job="$source_dir/tests/data/jobs/parity.toml"
 run() { train_run "$job" "$1" --ranks 4 --set batch.micro=2 "${@:2}"; }  # name, then options
@@ -19,7 +19,30 @@ run every
 run local5 --set 'parallel.sync="local:5"'
 run diloco5 --set 'parallel.sync="diloco:5"'
 run diloco5_bf16 --set 'parallel.sync="diloco:5"' --compress bf16
-for refused in "--zero 1" "--set run.checkpoint_every=5"; do
+# Checkpoints where the ranks agree (every 10 steps of H = 5): a run killed while saving step 20
+# resumes from step 10 with each rank's own AdamW state (and DiLoCo's outer momentum and step
+# count) and repeats the uninterrupted run's steps 11..20 bit for bit; a checkpoint between syncs,
+# and resuming under another rank count, are refused.
+ckpt=(--set run.checkpoint_every=10 --set data.dir="\"$work/data\"")
+for mode in local diloco; do
+  run "${mode}_whole" --set "parallel.sync=\"$mode:5\"" --set run.checkpoint_every=10
+  if CHORUS_TRAIN_CRASH_IN_SAVE=20 "$build/chorus-train" "$job" --out "$work/${mode}_cut" "${ckpt[@]}" --ranks 4 \
+    --set batch.micro=2 --set "parallel.sync=\"$mode:5\"" >"$work/${mode}_cut.log" 2>&1; then
+    fail "the $mode:5 run meant to die while saving step 20 exited 0"
+  fi
+  "$build/chorus-train" "$job" --out "$work/${mode}_cut" "${ckpt[@]}" --ranks 4 --set batch.micro=2 \
+    --set "parallel.sync=\"$mode:5\"" --resume \
+    >"$work/${mode}_resume.log" 2>&1 || { cat "$work/${mode}_resume.log"; fail "$mode:5 resume"; }
+  grep -q "resumed from .* at step 10" "$work/${mode}_resume.log" || fail "$mode:5 did not resume at step 10"
+done
+if "$build/chorus-train" "$job" --out "$work/local_cut" "${ckpt[@]}" --ranks 2 --set batch.micro=4 \
+  --set 'parallel.sync="local:5"' --resume >"$work/reranked.log" 2>&1; then
+  fail "a local:5 checkpoint of 4 ranks resumed on 2"
+fi
+grep -q "each of 4 data-parallel ranks' own optimizer state" "$work/reranked.log" ||
+  { cat "$work/reranked.log"; fail "no reason given for the other rank count"; }
+tail -n 2 "$work/reranked.log" | head -n 1
+for refused in "--zero 1" "--set run.checkpoint_every=3"; do
   # shellcheck disable=SC2086
   if "$build/chorus-train" "$job" --out "$work/refused" --set data.dir="\"$work/data\"" --ranks 4 \
     --set batch.micro=2 --set 'parallel.sync="local:5"' $refused >"$work/refused.log" 2>&1; then
@@ -56,6 +79,13 @@ loss = column("diloco5_bf16", "loss")
 print(f"diloco5 with a bf16 delta: loss {loss[0]:.4f} -> {loss[-1]:.4f}; bytes {half / plain:.3f} of the fp32 delta's")
 if not 0.45 < half / plain < 0.6 or not loss[-1] < loss[0] - 0.5:
     bad.append("diloco5_bf16")
+for mode in ["local", "diloco"]:
+    whole = [(r["loss"], r["grad_norm"]) for r in csv.DictReader(open(f"{work}/{mode}_whole/metrics.csv"))]
+    cut = [(r["loss"], r["grad_norm"]) for r in csv.DictReader(open(f"{work}/{mode}_cut/metrics.csv"))]
+    print(f"{mode}:5 resumed at step 10: steps 11..20 {'equal' if whole == cut else 'DIFFERENT'} to the "
+          f"uninterrupted run's")
+    if whole != cut or len(cut) != 20:
+        bad.append(f"{mode}:5 resumed differs from the uninterrupted run")
 if column("diloco5", "loss")[6:] == column("local5", "loss")[6:]:
     bad.append("DiLoCo's outer momentum changed nothing")
 # The planner's bytes per rank: DiLoCo's three more copies of the parameters in the optimizer state.
