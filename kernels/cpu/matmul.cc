@@ -3,6 +3,9 @@
 #include "kernels/cpu/matmul.h"
 
 #include <cblas.h>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 #include <map>
 #include <optional>
@@ -243,6 +246,16 @@ void setBlasThreads(int threads) {
 }
 
 int blasThreads() { return openblas_get_num_threads(); }
+
+void setFlushDenormals(bool on) {
+#if defined(__SSE__)
+  constexpr unsigned kFlushToZero = 0x8000, kDenormalsAreZero = 0x0040;
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(on ? csr | kFlushToZero | kDenormalsAreZero : csr & ~(kFlushToZero | kDenormalsAreZero));
+#else
+  (void)on;
+#endif
+}
 
 std::string blasDescription() {
   std::string config = openblas_get_config();

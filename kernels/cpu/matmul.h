@@ -69,6 +69,13 @@ void matmulBackwardAs(Float16 format, float* dinp, float* dweight, float* dbias,
 // its OpenMP threads), and what BLAS reports.
 void setBlasThreads(int threads);
 int blasThreads();
+// Subnormal floats flushed to zero (x86: MXCSR's FTZ and DAZ) in the calling thread's arithmetic,
+// and in the threads it starts afterwards, or not (the IEEE default). On x86, SGEMM and the
+// other kernels run many times slower on subnormal operands (microcode assists): a run whose
+// softmax underflows into the subnormal range (logits pushed far apart) slows down step by step.
+// Values that small change no result that matters in training (PyTorch: torch.set_flush_denormal).
+// A no-op elsewhere.
+void setFlushDenormals(bool on);
 // The BLAS library and the kernels it chose for this CPU, e.g. "OpenBLAS 0.3.21 SkylakeX".
 std::string blasDescription();
 

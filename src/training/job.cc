@@ -215,6 +215,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("run", "out", job.out);
   get("run", "blas_coretype", job.blasCoretype);
   get("run", "peak_tflops", job.peakTflops);
+  get("run", "flush_denormals", job.flushDenormals);
   if (job.dataDir.empty()) job.dataDir = job.out + "/data";
   if (job.offloadPath.empty()) job.offloadPath = job.out + "/offload";
   for (const auto& [k, node] : root) {

@@ -73,8 +73,9 @@ struct Job {
   int checkpointEvery = 0;  // 0: none
   bool resume = false;      // continue from <out>/checkpoint.bin when it exists
   std::string out = "runs/job";
-  std::string blasCoretype;  // OPENBLAS_CORETYPE for the ranks ("" = as the environment has it)
-  double peakTflops = 0;     // the machine's declared GEMM peak for MFU (0: calibrated or measured, peak.h)
+  std::string blasCoretype;    // OPENBLAS_CORETYPE for the ranks ("" = as the environment has it)
+  bool flushDenormals = true;  // subnormal floats flushed to zero on the ranks (kernels::setFlushDenormals)
+  double peakTflops = 0;       // the machine's declared GEMM peak for MFU (0: calibrated or measured, peak.h)
 
   int dp() const { return ranks / (tp * pp * cp); }
   // The [offload] settings, parsed (checked by loadJob).

@@ -141,6 +141,8 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     throw Error(chorusInvalidArgument,
                 fmt::format("train: the job asks for {} ranks, the communicator has {}", job.ranks, worldSize));
   }
+  // This thread and those it starts (data parallelism's communication threads) flush subnormals.
+  kernels::setFlushDenormals(job.flushDenormals);
   // The mesh: tensor parallel over tp neighbouring ranks, then context parallel, data parallel over
   // ranks / (tp pp cp), the pipeline's stages slowest. The cp ranks of a dp rank share its
   // sequences (each holding some positions), so gradients are averaged over dp and cp together.

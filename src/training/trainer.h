@@ -67,7 +67,8 @@ std::string humanBytes(double bytes, int decimals = 1);
 
 // Runs the job. world: every rank of the job (its size must equal job.ranks; the device mesh's
 // groups are split from it), or null for one rank. peak: the GEMM peak MFU is measured against.
-// The data must have been prepared in job.dataDir (prepareData). Fault injection for tests: environment variable
+// The data must have been prepared in job.dataDir (prepareData). The calling thread's subnormal
+// mode is set as job.flushDenormals says (and stays so). Fault injection for tests: environment variable
 // CHORUS_TRAIN_CRASH_IN_SAVE=N makes rank 0 die (SIGKILL) halfway through writing the checkpoint
 // of step N.
 TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak);

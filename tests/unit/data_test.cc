@@ -273,8 +273,8 @@ TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
   EXPECT_NE(message({"precision.reduce=\"bf16\"", "compress.name=\"sign\""})
                 .find("[precision] reduce = \"bf16\" with [compress] name = \"sign\""),
             std::string::npos);
-  // Local SGD and DiLoCo: H steps of at least 1; ZeRO 0, no ep, cp, compression or checkpoints;
-  // evaluation where the ranks agree.
+  // Local SGD and DiLoCo: H steps of at least 1; ZeRO 0, no ep, cp or compression; evaluation and
+  // checkpoints where the ranks agree.
   EXPECT_EQ(parseSync("every_step").kind, SyncMode::kEveryStep);
   EXPECT_EQ(parseSync("local:10").kind, SyncMode::kLocal);
   EXPECT_EQ(parseSync("local:10").every, 10);
@@ -288,8 +288,24 @@ TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
   EXPECT_NE(message({"parallel.sync=\"local:0\""}).find("[parallel] sync 'local:0'"), std::string::npos);
   EXPECT_NE(message({"parallel.sync=\"local:4\"", "parallel.zero=2"}).find("sync = \"local:4\" with zero = 2"),
             std::string::npos);
-  EXPECT_NE(message({"parallel.sync=\"local:4\"", "run.checkpoint_every=4"}).find("with checkpoints"),
+  EXPECT_NE(message({"parallel.sync=\"local:4\"", "run.checkpoint_every=6"}).find("checkpoint_every = 6"),
             std::string::npos);
+  EXPECT_EQ(loadJob(path, {"parallel.sync=\"local:4\"", "run.checkpoint_every=8"}).checkpointEvery, 8);
+  // Offload: the targets by name, parameters in the file only with ZeRO-3 and the optimizer state
+  // there too, a positive window; the files under the output directory unless told otherwise.
+  const Job offloaded = loadJob(path, {"offload.optimizer=\"file\"", "run.out=\"o\""});
+  EXPECT_EQ(offloaded.offload().optimizer, OffloadTarget::kFile);
+  EXPECT_EQ(offloaded.offload().directory, "o/offload");
+  EXPECT_EQ(offloaded.offload().windowBytes, 64u << 20);
+  EXPECT_NE(message({"offload.optimizer=\"nvme\""}).find("offload target 'nvme'"), std::string::npos);
+  EXPECT_NE(message({"offload.io=\"aio\""}).find("offload io 'aio'"), std::string::npos);
+  EXPECT_NE(message({"offload.optimizer=\"file\"", "offload.params=\"file\"", "parallel.zero=2"})
+                .find("params = \"file\" with zero = 2"),
+            std::string::npos);
+  EXPECT_NE(message({"offload.optimizer=\"host\"", "offload.params=\"file\"", "parallel.zero=3"})
+                .find("optimizer = \"host\""),
+            std::string::npos);
+  EXPECT_NE(message({"offload.window_mb=0"}).find("window_mb = 0"), std::string::npos);
   EXPECT_NE(message({"parallel.sync=\"local:4\"", "run.eval_every=6"}).find("eval_every = 6"), std::string::npos);
   EXPECT_NE(message({"parallel.sync=\"diloco:4\"", "parallel.outer_momentum=1"}).find("outer_momentum = 1"),
             std::string::npos);

@@ -8,6 +8,8 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
@@ -161,6 +163,31 @@ std::vector<Gemm16Backend> backendsFor(Float16 format) {
   std::vector<Gemm16Backend> backends{Gemm16Backend::kWidened};
   if (gemm16Supported(format, Gemm16Backend::kOneDnn)) backends.push_back(Gemm16Backend::kOneDnn);
   return backends;
+}
+
+// Flushing subnormals: a product below the smallest normal float comes out 0, and a subnormal
+// operand counts as 0; switched off, both are IEEE's (a subnormal result, a non-zero product). In
+// this thread and in one it starts afterwards; GEMM (on this thread) sees the same.
+TEST(NnKernelsTest, FlushDenormalsZeroesSubnormalResultsAndOperands) {
+  const float subnormalValue = std::ldexp(1.0f, -130), twice = std::ldexp(1.0f, -129);  // exact subnormals
+  volatile float tiny = 1e-30f, small = 1e-10f, subnormal = subnormalValue, two = 2.0f;
+  auto results = [&] { return std::pair<float, float>(tiny * small, subnormal * two); };
+  setFlushDenormals(false);
+  const auto ieee = results();
+  EXPECT_GT(ieee.first, 0.0f);
+  EXPECT_EQ(ieee.second, twice);
+  setFlushDenormals(true);
+  EXPECT_EQ(results(), std::make_pair(0.0f, 0.0f));
+  std::pair<float, float> inThread;
+  std::thread([&] { inThread = results(); }).join();
+  EXPECT_EQ(inThread, std::make_pair(0.0f, 0.0f));
+  const float a[4] = {subnormal, 0, 0, 0}, b[4] = {two, 0, 0, 0};
+  float c[4] = {};
+  matmulForward(c, a, b, nullptr, 2, 2, 2);  // c = a b^T: c[0] = 2^-130 x 2
+  EXPECT_EQ(c[0], 0.0f);
+  setFlushDenormals(false);
+  matmulForward(c, a, b, nullptr, 2, 2, 2);
+  EXPECT_EQ(c[0], twice);
 }
 
 TEST(NnKernelsTest, SixteenBitGemmEqualsTheProductOfTheRoundedOperandsInEveryLayout) {
