@@ -112,6 +112,14 @@ std::string transferFailure(const std::string& path, const Transfer& t, int erro
                      path, error ? std::strerror(error) : "short transfer");
 }
 
+// Throws a slot's recorded failure, if any, and clears it (the slot is usable again).
+void throwFailure(std::string& failure) {
+  if (failure.empty()) return;
+  std::string message;
+  message.swap(failure);
+  throw Error(chorusSystemError, message);
+}
+
 // Whole transfer by pread/pwrite (retried on short counts and EINTR); 0 or an errno.
 int transferAll(int fd, const Transfer& t) {
   size_t done = 0;
@@ -157,11 +165,7 @@ class ThreadEngine final : public IoEngine {
       throw Error(chorusTimeout, fmt::format("offload: slot {}'s transfers on {} did not finish in {} s", slot, path_,
                                              kIoTimeout.count()));
     }
-    if (!s.failure.empty()) {
-      std::string message;
-      message.swap(s.failure);
-      throw Error(chorusSystemError, message);
-    }
+    throwFailure(s.failure);
   }
   const char* name() const override { return "threads"; }
 
@@ -276,11 +280,7 @@ class UringEngine final : public IoEngine {
         }
       }
     }
-    if (!g.failure.empty()) {
-      std::string message;
-      message.swap(g.failure);
-      throw Error(chorusSystemError, message);
-    }
+    throwFailure(g.failure);
   }
   const char* name() const override { return "io_uring"; }
 

@@ -85,8 +85,16 @@ void saveCheckpoint(const std::string& path, const nlohmann::json& header, const
   }
 }
 
-nlohmann::json loadCheckpoint(const std::string& path, size_t total, std::vector<float>& params, std::vector<float>& m,
-                              std::vector<float>& v) {
+// A checkpoint's header, and where its arrays begin: each of `total` floats.
+struct CheckpointFile {
+  std::string path;
+  nlohmann::json header;
+  size_t dataOffset = 0, total = 0;
+};
+
+// Reads the header; throws naming the file when it is not a chorus checkpoint or holds another
+// parameter count than total.
+CheckpointFile openCheckpoint(const std::string& path, size_t total) {
   std::ifstream f(path, std::ios::binary);
   char magic[4];
   uint32_t length = 0;
@@ -101,25 +109,16 @@ nlohmann::json loadCheckpoint(const std::string& path, size_t total, std::vector
                 fmt::format("checkpoint {} holds {} parameters; this model has {}", path,
                             header.is_discarded() ? 0 : header.value("parameters", size_t{0}), total));
   }
-  for (auto* a : {&params, &m, &v}) {
-    a->resize(total);
-    if (!f.read(reinterpret_cast<char*>(a->data()), static_cast<std::streamsize>(total * sizeof(float)))) {
-      throw Error(chorusInvalidArgument, "checkpoint " + path + " is truncated");
-    }
-  }
-  header["data_offset"] = 8 + length;  // for readCheckpointArray
-  return header;
+  return CheckpointFile{path, std::move(header), 8 + static_cast<size_t>(length), total};
 }
 
-// Array `index` (0: params, 1: m, 2: v, then the local steps' ones) of a checkpoint whose header
-// loadCheckpoint returned.
-void readCheckpointArray(const std::string& path, const nlohmann::json& header, size_t index, size_t total,
-                         std::vector<float>& out) {
-  std::ifstream f(path, std::ios::binary);
-  out.resize(total);
-  f.seekg(static_cast<std::streamoff>(header.at("data_offset").get<size_t>() + index * total * sizeof(float)));
-  if (!f.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(total * sizeof(float)))) {
-    throw Error(chorusInvalidArgument, fmt::format("checkpoint {} is truncated (array {})", path, index));
+// Array `index` of the checkpoint: 0 params, 1 m, 2 v, then the local steps' ones (see train()).
+void readCheckpointArray(const CheckpointFile& c, size_t index, std::vector<float>& out) {
+  std::ifstream f(c.path, std::ios::binary);
+  out.resize(c.total);
+  f.seekg(static_cast<std::streamoff>(c.dataOffset + index * c.total * sizeof(float)));
+  if (!f.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(c.total * sizeof(float)))) {
+    throw Error(chorusInvalidArgument, fmt::format("checkpoint {} is truncated (array {})", c.path, index));
   }
 }
 
@@ -228,17 +227,19 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
   // copy from none), each ep rank its experts (the rest from ep rank 0 only), and the tp, pp and ep
   // groups sum them. So a checkpoint resumes under any layout.
   const ParamLayout& layout = model.layout();
+  auto toWhole = [&](const std::vector<float>& local, std::vector<float>& whole) {
+    whole.assign(layout.globalTotal(), 0.0f);
+    layout.toGlobal(local.data(), whole.data(), true);
+    if (tpComm) tpComm->allReduce(std::span<float>(whole));
+    if (ppComm) ppComm->allReduce(std::span<float>(whole));
+    if (epComm) epComm->allReduce(std::span<float>(whole));
+  };
   auto wholeState = [&](std::vector<float>& p, std::vector<float>& m, std::vector<float>& v) {
     std::vector<float> local[3];
     dp.gatherState(local[0], local[1], local[2]);
-    std::vector<float>* whole[3] = {&p, &m, &v};
-    for (int i = 0; i < 3; ++i) {
-      whole[i]->assign(layout.globalTotal(), 0.0f);
-      layout.toGlobal(local[i].data(), whole[i]->data(), true);
-      if (tpComm) tpComm->allReduce(std::span<float>(*whole[i]));
-      if (ppComm) ppComm->allReduce(std::span<float>(*whole[i]));
-      if (epComm) epComm->allReduce(std::span<float>(*whole[i]));
-    }
+    toWhole(local[0], p);
+    toWhole(local[1], m);
+    toWhole(local[2], v);
   };
   kernels::setBlasThreads(blasThreads);
 
@@ -250,16 +251,12 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
   std::vector<float> resumedMomentum;  // DiLoCo's outer momentum from a checkpoint (this rank's layout)
   long resumedOuterSteps = 0;
   if (job.resume && fs::exists(ckptPath)) {
-    std::vector<float> p, m, v;
-    const auto header = loadCheckpoint(ckptPath, layout.globalTotal(), p, m, v);
-    const std::vector<float>* whole[3] = {&p, &m, &v};
-    std::vector<float> local[3];
-    for (int i = 0; i < 3; ++i) {
-      local[i].resize(layout.total());
-      layout.fromGlobal(whole[i]->data(), local[i].data());
-    }
-    // Local steps: each data-parallel rank's own m and v (rank 0's are the main ones), and DiLoCo's
-    // outer momentum, kept only when the run that wrote them had the same sync and ranks.
+    const CheckpointFile ckpt = openCheckpoint(ckptPath, layout.globalTotal());
+    const nlohmann::json& header = ckpt.header;
+    // The arrays this rank loads: the parameters, and m and v, which under local steps are each
+    // data-parallel rank's own (rank 0's the usual ones, the others' after DiLoCo's outer momentum),
+    // kept only when the run that wrote them had the same sync and ranks.
+    size_t mIndex = 1;
     if (header.contains("inner_states")) {
       const int states = header.at("inner_states");
       if (header.at("sync") != job.sync || states != ranks) {
@@ -270,19 +267,22 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
                                 ckptPath, header.at("sync").get<std::string>(), states, job.sync, ranks));
       }
       const bool diloco = header.value("outer_momentum", false);
-      if (rank > 0) {
-        const size_t first = 3 + (diloco ? 1 : 0) + 2 * static_cast<size_t>(rank - 1);
-        readCheckpointArray(ckptPath, header, first, layout.globalTotal(), m);
-        readCheckpointArray(ckptPath, header, first + 1, layout.globalTotal(), v);
-        for (int i = 1; i < 3; ++i) layout.fromGlobal(whole[i]->data(), local[i].data());
-      }
+      if (rank > 0) mIndex = 3 + (diloco ? 1 : 0) + 2 * static_cast<size_t>(rank - 1);
       if (diloco && sync.kind == SyncMode::kDiloco) {
         std::vector<float> momentum;
-        readCheckpointArray(ckptPath, header, 3, layout.globalTotal(), momentum);
+        readCheckpointArray(ckpt, 3, momentum);
         resumedMomentum.resize(layout.total());
         layout.fromGlobal(momentum.data(), resumedMomentum.data());
         resumedOuterSteps = header.value("outer_steps", 0L);
       }
+    }
+    std::vector<float> local[3];
+    const size_t indices[3] = {0, mIndex, mIndex + 1};
+    for (int i = 0; i < 3; ++i) {
+      std::vector<float> whole;
+      readCheckpointArray(ckpt, indices[i], whole);
+      local[i].resize(layout.total());
+      layout.fromGlobal(whole.data(), local[i].data());
     }
     dp.loadState(local[0], local[1], local[2]);
     result.resumedFrom = header.at("step");
@@ -523,11 +523,9 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
       std::vector<std::vector<float>> more;
       if (sync.local()) {
         if (sync.kind == SyncMode::kDiloco) {
-          std::vector<float> local, momentum(layout.globalTotal(), 0.0f);
+          std::vector<float> local, momentum;
           dp.outerMomentum(local);
-          layout.toGlobal(local.data(), momentum.data(), true);
-          if (tpComm) tpComm->allReduce(std::span<float>(momentum));
-          if (ppComm) ppComm->allReduce(std::span<float>(momentum));
+          toWhole(local, momentum);
           more.push_back(std::move(momentum));
         }
         const MeshCoords here = mesh ? mesh->coords() : MeshCoords{};
