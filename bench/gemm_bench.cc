@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <thread>
@@ -77,6 +78,11 @@ void sixteenBit(benchmark::State& state, Float16 format, Shape s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // SGEMM as chorus-train runs it: where OpenBLAS took this CPU for an older one, with the kernels
+  // the CPU allows (OPENBLAS_CORETYPE, where set, is kept).
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr)
+    chorus::kernels::runWithBlasCore(chorus::kernels::betterBlasCore(), argv);
+  benchmark::AddCustomContext("blas", chorus::kernels::blasDescription());
   chorus::kernels::setBlasThreads(std::max(1u, std::thread::hardware_concurrency()));
   for (Float16 format : {Float16::kBf16, Float16::kFp16}) {
     for (const Shape& s : kShapes) {

@@ -215,7 +215,6 @@ int launch(const Job& job, const std::vector<std::string>& args) {
   const PreparedData data = prepareData(job.data, job.dataDir);
   std::printf("chorus-train: data in %s%s: %zu train / %zu val tokens, vocab %d\n", job.dataDir.c_str(),
               data.reused ? " (prepared before)" : "", data.trainTokens, data.valTokens, data.vocab);
-  if (!job.blasCoretype.empty()) setenv("OPENBLAS_CORETYPE", job.blasCoretype.c_str(), 1);
   const GemmPeak peak = findPeak(job);
   std::printf("chorus-train: GEMM peak for MFU: %.1f GFLOP/s, %s (%d threads, %s)\n", peak.gflops,
               peak.describe().c_str(), usableCpus(), chorus::kernels::blasDescription().c_str());
@@ -261,6 +260,23 @@ int launch(const Job& job, const std::vector<std::string>& args) {
 
 }  // namespace
 
+// The OpenBLAS kernels this program runs (and the ranks, which inherit the environment): the job's
+// [run] blas_coretype, else OPENBLAS_CORETYPE as the environment has it, else, where OpenBLAS took
+// this CPU for an older one, the kernels its instructions allow (said once, by the launcher).
+std::string blasCoreToRun(const std::string& declared) {
+  if (!declared.empty()) return declared;
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return "";
+  const std::string better = chorus::kernels::betterBlasCore();
+  if (!better.empty() && std::getenv("RANK") == nullptr) {
+    std::printf(
+        "chorus-train: OpenBLAS took this CPU for %s; running its %s kernels instead (OPENBLAS_CORETYPE=%s; "
+        "[run] blas_coretype or the variable chooses others)\n",
+        chorus::kernels::blasCore().c_str(), better.c_str(), better.c_str());
+    std::fflush(stdout);
+  }
+  return better;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"chorus-train: train a GPT on chorus as a job file describes"};
   std::string jobPath;
@@ -297,6 +313,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (calibrate) {
     try {
+      chorus::kernels::runWithBlasCore(blasCoreToRun(""), argv);
       for (const char* precision : {"fp32", "bf16", "fp16"}) {
         const double gflops = measureGemmGflops(usableCpus(), 1024, 5.0, precision);
         saveCalibratedPeak(calibrationFile(), precision, gflops);
@@ -328,6 +345,7 @@ int main(int argc, char** argv) {
   if (!compress.empty()) sets.push_back(fmt::format("compress.name={}", nlohmann::json(compress).dump()));
   try {
     const Job job = loadJob(jobPath, sets);
+    chorus::kernels::runWithBlasCore(blasCoreToRun(job.blasCoretype), argv);
     if (std::getenv("RANK") != nullptr) return worker(job);
     std::vector<std::string> args(argv + 1, argv + argc);
     return launch(job, args);

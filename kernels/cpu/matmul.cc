@@ -7,8 +7,17 @@
 #include <xmmintrin.h>
 #endif
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <optional>
+#include <set>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -261,7 +270,40 @@ std::string blasDescription() {
   std::string config = openblas_get_config();
   // The config string starts "OpenBLAS 0.3.21 ..."; keep the name and version, then the core.
   const auto second = config.find(' ', config.find(' ') + 1);
-  return config.substr(0, second) + " " + openblas_get_corename();
+  return config.substr(0, second) + " " + blasCore();
+}
+
+std::string blasCore() { return openblas_get_corename(); }
+
+std::string betterBlasCoreFor(const std::string& chosen, bool avx2Fma, bool avx512) {
+  std::string name = chosen;
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  // OpenBLAS's x86-64 kernel sets that use AVX2 (and FMA) or AVX-512.
+  static const std::set<std::string> modern = {"haswell", "zen", "skylakex", "cooperlake", "sapphirerapids"};
+  if (modern.count(name) != 0 || !avx2Fma) return "";
+  return avx512 ? "SkylakeX" : "Haswell";
+}
+
+std::string betterBlasCore() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  // libgcc's answers count only what the operating system enables (XCR0), as OpenBLAS's do.
+  const bool avx2Fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  return betterBlasCoreFor(blasCore(), avx2Fma, avx512);
+#else
+  return "";
+#endif
+}
+
+void runWithBlasCore(const std::string& core, char** argv) {
+  const char* now = std::getenv("OPENBLAS_CORETYPE");
+  if (core.empty() || (now != nullptr && core == now)) return;
+  setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+  execv("/proc/self/exe", argv);
+  throw std::runtime_error(std::string("cannot execute this program again with OPENBLAS_CORETYPE=") + core + ": " +
+                           std::strerror(errno));
 }
 
 }  // namespace chorus::kernels

@@ -78,5 +78,22 @@ int blasThreads();
 void setFlushDenormals(bool on);
 // The BLAS library and the kernels it chose for this CPU, e.g. "OpenBLAS 0.3.21 SkylakeX".
 std::string blasDescription();
+// The kernel set OpenBLAS runs here, as it names it ("SkylakeX", "Prescott", ...).
+std::string blasCore();
+
+// OpenBLAS picks its kernels by the CPU's model number and takes a CPU it does not know (a virtual
+// machine's "Intel Xeon Processor" with AVX-512, a newer model) for a pre-AVX2 one: 0.3.21 runs
+// "Prescott", its SSE3 kernels, where SkylakeX's are 4-5x faster at SGEMM. The kernel set such a
+// CPU should run (an OPENBLAS_CORETYPE name) given the one OpenBLAS chose and what the CPU has:
+// "SkylakeX" with AVX-512 F, BW, DQ and VL, else "Haswell" with AVX2 and FMA; "" where OpenBLAS's
+// choice already uses AVX2 or the CPU has neither.
+std::string betterBlasCoreFor(const std::string& chosen, bool avx2Fma, bool avx512);
+// The same for this process's OpenBLAS and CPU.
+std::string betterBlasCore();
+// OpenBLAS reads OPENBLAS_CORETYPE once, as it loads: makes this program run `core` by setting the
+// variable and executing itself again with `argv` (the same arguments) where the environment does
+// not already say `core`. Returns when nothing had to change; throws if the program cannot be
+// executed again.
+void runWithBlasCore(const std::string& core, char** argv);
 
 }  // namespace chorus::kernels

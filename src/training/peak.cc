@@ -85,7 +85,8 @@ std::string machineKey() {
       break;
     }
   }
-  return fmt::format("{}, {} cores", model, usableCpus());
+  // SGEMM's speed depends on the kernels BLAS runs as much as on the CPU.
+  return fmt::format("{}, {} cores, {}", model, usableCpus(), kernels::blasDescription());
 }
 
 std::string calibrationFile() {

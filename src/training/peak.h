@@ -29,7 +29,7 @@ int usableCpus();
 // n, the best of five trials of about seconds / 5 each), in GFLOP/s.
 double measureGemmGflops(int threads, int n = 1024, double seconds = 0.5, const std::string& precision = "fp32");
 
-// This machine, as calibrations are keyed: the CPU model and the usable cores.
+// This machine, as calibrations are keyed: the CPU model, the usable cores and the BLAS kernels.
 std::string machineKey();
 // The calibration file: $CHORUS_CALIBRATION, else $XDG_CACHE_HOME/chorus/gemm-peaks.json, else
 // ~/.cache/chorus/gemm-peaks.json. JSON: {machine: {precision: {"gflops": x, "date": "..."}}}.

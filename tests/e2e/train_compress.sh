@@ -7,8 +7,8 @@
 #    least 20x less;
 #  - convergence: bf16 ends within 2% of the fp32 run's final validation loss. The others' final
 #    losses are printed beside it. Under plain SGD (the setting of PowerSGD's and error feedback's
-#    papers), rank-4 PowerSGD ends within 2% of fp32, and top-k ends at least 2% higher with its
-#    error feedback switched off (sign's pair is printed: see the check).
+#    papers), rank-4 PowerSGD ends within 2% of fp32, and top-k at 0.1% ends within 2% of fp32 with
+#    its error feedback and at least 5% higher without (sign's pair is printed: see the check).
 source "$(dirname "$0")/lib.sh"
 train="$build/chorus-train"
 steps=300
@@ -27,12 +27,16 @@ run topk --compress topk:0.01
 run sign --compress sign
 # Error feedback, switched on and off, under plain SGD (no momentum: the setting of the error
 # feedback papers; with momentum or AdamW the fed-back error arrives late and amplified).
-sgd=(--set 'optimizer.name="sgd"' --set optimizer.momentum=0 --set optimizer.lr=1.0 --set optimizer.min_lr=0.1
+# At lr 0.5 the fp32 run trains steadily; at 1.0 its loss spiked (to 10.5 at step 121 on a Xeon
+# with OpenBLAS's SkylakeX kernels) and which compressed run ended lower turned on the machine's
+# float paths.
+sgd=(--set 'optimizer.name="sgd"' --set optimizer.momentum=0 --set optimizer.lr=0.5 --set optimizer.min_lr=0.05
   --set optimizer.weight_decay=0)
 run sgd-none "${sgd[@]}"
 run sgd-powersgd4 "${sgd[@]}" --compress powersgd:4
-run sgd-topk "${sgd[@]}" --compress topk:0.01
-run sgd-topk-noef "${sgd[@]}" --compress topk:0.01,ef=0
+# Top-k keeps 0.1% of the gradient: without error feedback the other 99.9% is lost for good.
+run sgd-topk "${sgd[@]}" --compress topk:0.001
+run sgd-topk-noef "${sgd[@]}" --compress topk:0.001,ef=0
 run sgd-sign "${sgd[@]}" --compress sign
 run sgd-sign-noef "${sgd[@]}" --compress sign,ef=0
 /usr/bin/python3 - "$work" <<'PY' || fail "compressed training"
@@ -69,10 +73,15 @@ for n in ["powersgd4", "topk", "sign"]:
 check(abs(val["sgd-powersgd4"] / val["sgd-none"] - 1) <= 0.02,
       f"plain SGD: powersgd:4 final val loss {val['sgd-powersgd4']:.4f} within 2% of fp32's {val['sgd-none']:.4f}")
 on, off = val["sgd-topk"], val["sgd-topk-noef"]
-check(off >= 1.02 * on, f"sgd-topk: without error feedback {off:.4f}, at least 2% above {on:.4f} with it")
-# Sign's is printed, not asserted: the same code ended 2.8917 without error feedback and 2.9083 with
-# it on an AMD EPYC machine (2026-11-27) where another machine had the order reversed by more than
-# 2%; within this job's 300 steps its effect on 1-bit sign depends on the machine's float paths.
+# Measured on one Xeon with OpenBLAS's Prescott, Haswell and SkylakeX kernels (2026-11-28): fp32
+# 2.7096-2.7097, top-k 2.7200-2.7292 with error feedback, 3.1044-3.1306 without.
+check(abs(on / val["sgd-none"] - 1) <= 0.02,
+      f"plain SGD: topk:0.001 final val loss {on:.4f} within 2% of fp32's {val['sgd-none']:.4f}")
+check(off >= 1.05 * on, f"sgd-topk: without error feedback {off:.4f}, at least 5% above {on:.4f} with it")
+# Sign's is printed, not asserted: at lr 1.0 the same code ended 2.8917 without error feedback and
+# 2.9083 with it on an AMD EPYC machine (2026-11-27) where another machine had the order reversed
+# by more than 2%; within this job's 300 steps its effect on 1-bit sign depends on the machine's
+# float paths.
 on, off = val["sgd-sign"], val["sgd-sign-noef"]
 print(f"     sgd-sign: without error feedback {off:.4f}, with it {on:.4f} ({100 * (off / on - 1):+.1f}%)")
 sys.exit(0 if ok else 1)

@@ -24,6 +24,34 @@ grep -q "GEMM peak for MFU: 0.1 GFLOP/s, declared" "$work/declared.log" || fail 
 grep -q "MFU [0-9.]*% (over 100%: the declared peak is below this machine's)" "$work/declared.log" ||
   fail "an MFU over 100% without its reason"
 grep -q "GEMM peak for MFU: .*, measured now" "$work/measured.log" || fail "no measured peak"
+# The BLAS kernels: the launcher measures its peak with the ones the ranks run. Where OpenBLAS took
+# this CPU for a pre-AVX2 one (it does with a CPU model it does not know), they are the kernels
+# the CPU's AVX2 or AVX-512 allow; OPENBLAS_CORETYPE or [run] blas_coretype, where given, is kept.
+OPENBLAS_CORETYPE=Haswell CHORUS_CALIBRATION="$work/none.json" run haswell
+CHORUS_CALIBRATION="$work/none.json" run declared_core --set run.blas_coretype='"Haswell"'
+/usr/bin/python3 - "$work" <<'PY'
+import json, re, sys
+work = sys.argv[1]
+flags = set()
+for line in open("/proc/cpuinfo"):
+    if line.startswith("flags"):
+        flags = set(line.split(":", 1)[1].split())
+        break
+def cores(name):
+    launcher = re.search(r"GEMM peak for MFU: .*\(\d+ threads, (.*)\)$", open(f"{work}/{name}.log").read(), re.M)
+    assert launcher, f"{name}: no BLAS in the peak line"
+    return launcher.group(1), json.load(open(f"{work}/{name}/metrics.json"))["blas"]
+launcher, ranks = cores("measured")
+assert launcher == ranks, f"the launcher measured its peak with {launcher}, the ranks ran {ranks}"
+core = ranks.split()[-1].lower()
+if {"avx2", "fma"} <= flags:
+    avx2_cores = {"haswell", "zen", "skylakex", "cooperlake", "sapphirerapids"}
+    assert core in avx2_cores, f"an AVX2 CPU runs OpenBLAS's {ranks} kernels"
+for name in ("haswell", "declared_core"):
+    launcher, ranks = cores(name)
+    assert launcher == ranks and ranks.endswith("Haswell"), (name, launcher, ranks)
+print(f"BLAS kernels: {ranks} as asked; {core} chosen for this CPU, the launcher's and the ranks' alike")
+PY
 if chorus_out=$("$train" 2>&1); then fail "chorus-train without a job exited 0"; fi
 grep -q "a job file is needed" <<<"$chorus_out" || fail "no clear error without a job: $chorus_out"
 /usr/bin/python3 - "$work" "$CHORUS_CALIBRATION" <<'PY'

@@ -190,6 +190,22 @@ TEST(NnKernelsTest, FlushDenormalsZeroesSubnormalResultsAndOperands) {
   EXPECT_EQ(c[0], twice);
 }
 
+// OpenBLAS's fallback for a CPU it does not know is replaced by the kernels the CPU's instructions
+// allow; a choice that already uses AVX2, or a CPU without it, is left alone.
+TEST(NnKernelsTest, APreAvx2BlasFallbackIsReplacedByWhatTheCpuCanRun) {
+  EXPECT_EQ(betterBlasCoreFor("Prescott", true, true), "SkylakeX");
+  EXPECT_EQ(betterBlasCoreFor("Prescott", true, false), "Haswell");
+  EXPECT_EQ(betterBlasCoreFor("Nehalem", true, true), "SkylakeX");
+  EXPECT_EQ(betterBlasCoreFor("Sandybridge", true, false), "Haswell");
+  EXPECT_EQ(betterBlasCoreFor("Prescott", false, false), "");
+  for (const char* modern : {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids", "skylakex"}) {
+    EXPECT_EQ(betterBlasCoreFor(modern, true, true), "") << modern;
+  }
+  // And this process: whatever OpenBLAS runs, a better choice is one of the two, or none.
+  const std::string here = betterBlasCore();
+  EXPECT_TRUE(here.empty() || here == "SkylakeX" || here == "Haswell") << here;
+}
+
 TEST(NnKernelsTest, SixteenBitGemmEqualsTheProductOfTheRoundedOperandsInEveryLayout) {
   // C = alpha op(A) op(B) + beta C with A and B rounded to the format: checked against double sums
   // of the rounded values, in all four transpositions with padded leading dimensions. The error

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "chorus/error.hpp"
+#include "kernels/cpu/matmul.h"
 #include "src/training/job.h"
 
 namespace chorus::training {
@@ -56,6 +57,8 @@ TEST_F(PeakTest, ACalibrationIsKeptPerMachineAndPrecisionAndReadBack) {
   EXPECT_NE(fp32->describe().find(file_), std::string::npos) << fp32->describe();
   EXPECT_EQ(calibratedPeak(file_, "bf16")->gflops, 400.0);
   EXPECT_FALSE(calibratedPeak(file_, "fp16").has_value());
+  // The key names the BLAS kernels: SGEMM's peak under OpenBLAS's fallback is not its peak.
+  EXPECT_NE(machineKey().find(chorus::kernels::blasDescription()), std::string::npos) << machineKey();
   // Another machine's entry is not this one's.
   std::ofstream(file_) << R"({"some other CPU, 96 cores": {"fp32": {"gflops": 9000}}})";
   EXPECT_FALSE(calibratedPeak(file_, "fp32").has_value());
