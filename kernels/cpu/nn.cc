@@ -160,12 +160,46 @@ CHORUS_VECTOR_CLONES void layernormBackward(float* dinp, float* dweight, float* 
   }
 }
 
+namespace {
+
+// Each row i of p (T x T) becomes the softmax of its columns j <= i, with zeros above the diagonal.
+CHORUS_VECTOR_CLONES void causalSoftmaxRows(float* p, int T) {
+  for (int i = 0; i < T; ++i) {
+    float* row = p + static_cast<size_t>(i) * T;
+    float maxv = row[0];
+    for (int j = 1; j <= i; ++j) maxv = std::max(maxv, row[j]);
+    float sum = 0.0f;
+    for (int j = 0; j <= i; ++j) {
+      row[j] = vexp(row[j] - maxv);
+      sum += row[j];
+    }
+    const float inv = 1.0f / sum;
+    for (int j = 0; j <= i; ++j) row[j] *= inv;
+    for (int j = i + 1; j < T; ++j) row[j] = 0.0f;
+  }
+}
+
+// The softmax's backward, row by row: ds (holding dP on entry) becomes
+// dS[i, j] = P[i, j] (dP[i, j] - sum_k P[i, k] dP[i, k]) scale, zero above the diagonal.
+void causalSoftmaxBackwardRows(float* ds, const float* p, int T, float scale) {
+  for (int i = 0; i < T; ++i) {
+    const float* prow = p + static_cast<size_t>(i) * T;
+    float* drow = ds + static_cast<size_t>(i) * T;
+    float dot = 0.0f;
+    for (int j = 0; j <= i; ++j) dot += prow[j] * drow[j];
+    for (int j = 0; j <= i; ++j) drow[j] = prow[j] * (drow[j] - dot) * scale;
+    for (int j = i + 1; j < T; ++j) drow[j] = 0.0f;
+  }
+}
+
+}  // namespace
+
 // Per batch row b and head h, with hs = C / NH and q, k, v the head's (T, hs) slices of qkv (row
 // stride 3C):
 //   S = q k^T / sqrt(hs)            (T, T), computed whole; the part above the diagonal is unused
 //   P = softmax of each row i over columns j <= i, zero for j > i  -> att[b, h]
 //   out[b, :, h] = P v              (T, hs) into out's row stride C
-CHORUS_VECTOR_CLONES void attentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+void attentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   const int hs = C / NH;
   const int row3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -177,19 +211,7 @@ CHORUS_VECTOR_CLONES void attentionForward(float* out, float* att, const float* 
       const float* v = base + 2 * C + h * hs;
       float* p = att + (static_cast<size_t>(b) * NH + h) * T * T;
       gemm(false, true, T, T, hs, scale, q, row3, k, row3, 0.0f, p, T);
-      for (int i = 0; i < T; ++i) {
-        float* row = p + static_cast<size_t>(i) * T;
-        float maxv = row[0];
-        for (int j = 1; j <= i; ++j) maxv = std::max(maxv, row[j]);
-        float sum = 0.0f;
-        for (int j = 0; j <= i; ++j) {
-          row[j] = vexp(row[j] - maxv);
-          sum += row[j];
-        }
-        const float inv = 1.0f / sum;
-        for (int j = 0; j <= i; ++j) row[j] *= inv;
-        for (int j = i + 1; j < T; ++j) row[j] = 0.0f;
-      }
+      causalSoftmaxRows(p, T);
       gemm(false, false, T, hs, T, 1.0f, p, T, v, row3, 0.0f, out + static_cast<size_t>(b) * T * C + h * hs, C);
     }
   }
@@ -215,16 +237,67 @@ void attentionBackward(float* dqkv, float* scratch, const float* dout, const flo
       const float* p = att + (static_cast<size_t>(b) * NH + h) * T * T;
       gemm(false, true, T, T, hs, 1.0f, dO + h * hs, C, v, row3, 0.0f, ds, T);
       gemm(true, false, T, hs, T, 1.0f, p, T, dO + h * hs, C, 1.0f, dbase + 2 * C + h * hs, row3);
-      for (int i = 0; i < T; ++i) {
-        const float* prow = p + static_cast<size_t>(i) * T;
-        float* drow = ds + static_cast<size_t>(i) * T;
-        float dot = 0.0f;
-        for (int j = 0; j <= i; ++j) dot += prow[j] * drow[j];
-        for (int j = 0; j <= i; ++j) drow[j] = prow[j] * (drow[j] - dot) * scale;
-        for (int j = i + 1; j < T; ++j) drow[j] = 0.0f;
-      }
+      causalSoftmaxBackwardRows(ds, p, T, scale);
       gemm(false, false, T, hs, T, 1.0f, ds, T, k, row3, 1.0f, dbase + h * hs, row3);
       gemm(true, false, T, hs, T, 1.0f, ds, T, q, row3, 1.0f, dbase + C + h * hs, row3);
+    }
+  }
+}
+
+size_t attention16ScratchFloats(int T, int C) {
+  const size_t tt = static_cast<size_t>(T) * T;
+  return 2 * tt + (tt + 1) / 2 + (static_cast<size_t>(T) * C + 1) / 2;
+}
+
+// As attentionForward, with q, k, v, P and the products in the format: S = q k^T and out = P v
+// multiplied by gemm16 (fp32 sums), the softmax in fp32 (scratch), P rounded once as it is kept.
+void attentionForward16(Float16 format, float* out, uint16_t* att, const uint16_t* qkv, float* scratch, int B, int T,
+                        int C, int NH) {
+  const int hs = C / NH;
+  const int row3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const size_t tt = static_cast<size_t>(T) * T;
+  for (int b = 0; b < B; ++b) {
+    const uint16_t* base = qkv + static_cast<size_t>(b) * T * row3;
+    for (int h = 0; h < NH; ++h) {
+      uint16_t* p = att + (static_cast<size_t>(b) * NH + h) * tt;
+      gemm16(format, false, true, T, T, hs, scale, base + h * hs, row3, base + C + h * hs, row3, 0.0f, scratch, T);
+      causalSoftmaxRows(scratch, T);
+      toFloat16(format, scratch, p, tt);
+      gemm16(format, false, false, T, hs, T, 1.0f, p, T, base + 2 * C + h * hs, row3, 0.0f,
+             out + static_cast<size_t>(b) * T * C + h * hs, C);
+    }
+  }
+}
+
+// As attentionBackward, the products in the format: dO and dS rounded to it for theirs, the
+// softmax's backward in fp32 from P widened.
+void attentionBackward16(Float16 format, float* dqkv, float* scratch, const float* dout, const uint16_t* qkv,
+                         const uint16_t* att, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const int row3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const size_t tt = static_cast<size_t>(T) * T;
+  float* ds = scratch;
+  float* p = scratch + tt;
+  uint16_t* ds16 = reinterpret_cast<uint16_t*>(scratch + 2 * tt);
+  uint16_t* dO16 = reinterpret_cast<uint16_t*>(scratch + 2 * tt + (tt + 1) / 2);
+  for (int b = 0; b < B; ++b) {
+    const uint16_t* base = qkv + static_cast<size_t>(b) * T * row3;
+    float* dbase = dqkv + static_cast<size_t>(b) * T * row3;
+    toFloat16(format, dout + static_cast<size_t>(b) * T * C, dO16, static_cast<size_t>(T) * C);
+    for (int h = 0; h < NH; ++h) {
+      const uint16_t* q = base + h * hs;
+      const uint16_t* k = base + C + h * hs;
+      const uint16_t* v = base + 2 * C + h * hs;
+      const uint16_t* p16 = att + (static_cast<size_t>(b) * NH + h) * tt;
+      gemm16(format, false, true, T, T, hs, 1.0f, dO16 + h * hs, C, v, row3, 0.0f, ds, T);
+      gemm16(format, true, false, T, hs, T, 1.0f, p16, T, dO16 + h * hs, C, 1.0f, dbase + 2 * C + h * hs, row3);
+      fromFloat16(format, p16, p, tt);
+      causalSoftmaxBackwardRows(ds, p, T, scale);
+      toFloat16(format, ds, ds16, tt);
+      gemm16(format, false, false, T, hs, T, 1.0f, ds16, T, k, row3, 1.0f, dbase + h * hs, row3);
+      gemm16(format, true, false, T, hs, T, 1.0f, ds16, T, q, row3, 1.0f, dbase + C + h * hs, row3);
     }
   }
 }

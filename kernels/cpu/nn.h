@@ -7,7 +7,10 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <limits>
+
+#include "kernels/cpu/half.h"
 
 namespace chorus::kernels {
 
@@ -39,6 +42,16 @@ void attentionForward(float* out, float* att, const float* qkv, int B, int T, in
 // dqkv(B, T, 3C) += the gradient through attention; scratch holds T*T floats.
 void attentionBackward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att, int B, int T,
                        int C, int NH);
+// The same in 16 bits (mixed precision): qkv and the kept probabilities att in the format (bf16 or
+// fp16), the four products by gemm16 (16-bit operands, fp32 sums), the softmax and its backward in
+// fp32; out and dqkv are fp32. P is rounded to the format once, as it is kept, and used rounded in
+// P v and in backward; backward rounds dO and dS to the format for their products. scratch holds
+// attention16ScratchFloats(T, C) floats.
+size_t attention16ScratchFloats(int T, int C);
+void attentionForward16(Float16 format, float* out, uint16_t* att, const uint16_t* qkv, float* scratch, int B, int T,
+                        int C, int NH);
+void attentionBackward16(Float16 format, float* dqkv, float* scratch, const float* dout, const uint16_t* qkv,
+                         const uint16_t* att, int B, int T, int C, int NH);
 
 // Attention one block of keys at a time (ring attention, for context parallelism): the softmax is
 // kept online, as a running maximum and sum of exponentials per query row (Milakov and

@@ -437,8 +437,11 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::ve
     ringSum_.resize(ringMax_.size());
     ringScratch_.resize(2 * static_cast<size_t>(T_ / 2) * (T_ / 2));
   } else {
-    dattScratch_.resize(static_cast<size_t>(T_) * T_);
-    if (recompute_ == Recompute::kSelective) attScratch_.resize(static_cast<size_t>(B_) * heads_ * T_ * T_);
+    dattScratch_.resize(sixteen() ? kn::attention16ScratchFloats(T_, Ct_) : static_cast<size_t>(T_) * T_);
+    if (recompute_ == Recompute::kSelective) {
+      const size_t probabilities = static_cast<size_t>(B_) * heads_ * T_ * T_;
+      (sixteen() ? attScratch16_.resize(probabilities) : attScratch_.resize(probabilities));
+    }
   }
   if (config_.moe.enabled()) {
     moe_ = std::make_unique<MoeMlp>(config_.moe, config_.width, ep_, sequenceParallel_ ? tp_.comm : nullptr,
@@ -498,7 +501,10 @@ void Gpt::allocateLayer(Layer& L, bool withAttention, bool dense) const {
   L.ln1Rstd.resize(Nl);
   (half && cp_.size() == 1 ? L.qkvh.resize(N * 3 * Ct) : L.qkv.resize(N * 3 * Ct));
   (half && cp_.size() == 1 ? L.attyh.resize(N * Ct) : L.atty.resize(N * Ct));
-  if (withAttention) L.att.resize(static_cast<size_t>(B_) * heads_ * T_ * T_);
+  if (withAttention) {
+    const size_t probabilities = static_cast<size_t>(B_) * heads_ * T_ * T_;
+    (half ? L.atth.resize(probabilities) : L.att.resize(probabilities));
+  }
   if (cp_.size() > 1) L.lse.resize(static_cast<size_t>(B_) * heads_ * T_);
   L.res2.resize(Nl * C);
   (half && dense ? L.ln2h.resize(Nl * C) : L.ln2.resize(Nl * C));
@@ -513,7 +519,8 @@ size_t Gpt::Layer::bytes() const {
   const size_t floats = ln1.size() + ln1Mean.size() + ln1Rstd.size() + qkv.size() + atty.size() + att.size() +
                         lse.size() + res2.size() + ln2.size() + ln2Mean.size() + ln2Rstd.size() + fch.size() +
                         fchGelu.size() + moe.floats();
-  const size_t halves = ln1h.size() + qkvh.size() + attyh.size() + ln2h.size() + fchh.size() + fchGeluh.size();
+  const size_t halves =
+      ln1h.size() + qkvh.size() + attyh.size() + atth.size() + ln2h.size() + fchh.size() + fchGeluh.size();
   return floats * sizeof(float) + halves * sizeof(uint16_t);
 }
 
@@ -537,7 +544,8 @@ size_t Gpt::activationBytes() const {
             dfchGelu_.size() + dattScratch_.size();
   floats += wholeRows_.size() + dlnRows_.size() + lnGrad_.size();
   floats += attScratch_.size() + recomputeOut_.size() + work_.size() + outWork_.size();
-  bytes += recomputed_.bytes() + (scratch16_.size() + castWeights_.size() + wholeRows16_.size()) * sizeof(uint16_t);
+  bytes += recomputed_.bytes() +
+           (scratch16_.size() + castWeights_.size() + wholeRows16_.size() + attScratch16_.size()) * sizeof(uint16_t);
   for (int i = 0; i < 2; ++i) floats += ringKv_[i].size() + ringDkv_[i].size();
   floats += ringMax_.size() + ringSum_.size() + ringScratch_.size();
   floats += moeGrad_.size() + (moe_ ? moe_->scratchFloats() : 0);
@@ -565,9 +573,27 @@ double Gpt::flopsPerStep() const {
   return 6.0 * N * matmulParams + 3.0 * N * attention;
 }
 
+void Gpt::attention(Layer& L, float* out) {
+  if (sixteen()) {
+    kn::attentionForward16(format_, out, attOf16(L), L.qkvh.data(), dattScratch_.data(), B_, T_, Ct_, heads_);
+  } else {
+    kn::attentionForward(out, attOf(L), L.qkv.data(), B_, T_, Ct_, heads_);
+  }
+}
+
+void Gpt::attentionBackward(Layer& L) {
+  if (sixteen()) {
+    kn::attentionBackward16(format_, dqkv_.data(), dattScratch_.data(), datty_.data(), L.qkvh.data(), attOf16(L), B_,
+                            T_, Ct_, heads_);
+  } else {
+    kn::attentionBackward(dqkv_.data(), dattScratch_.data(), datty_.data(), L.qkv.data(), attOf(L), B_, T_, Ct_,
+                          heads_);
+  }
+}
+
 void Gpt::blockForward(const float* weights, const float* experts, Layer& L, const float* in, float* out, int layer) {
   const int B = B_, T = T_, C = config_.width, N = B * T;
-  const int Ct = Ct_, Ft = Ft_, NHt = heads_, Nl = rows_;
+  const int Ct = Ct_, Ft = Ft_, Nl = rows_;
   const size_t NlC = static_cast<size_t>(Nl) * C;
   const bool split = tp_.size() > 1;
   const auto w = blockPtrs<const float*>(weights, C, Ct, Ft);
@@ -582,7 +608,7 @@ void Gpt::blockForward(const float* weights, const float* experts, Layer& L, con
   if (cp_.size() > 1) {
     ringAttention(L, Pass::kForward);  // from L.qkv into L.atty, both kept in fp32 with context parallelism
   } else {
-    kn::attentionForward(atty, attOf(L), qkv, B, T, Ct, NHt);
+    attention(L, atty);
   }
   const Operand attyIn = operand(atty, L.attyh, static_cast<size_t>(N) * Ct);
   // The projection's output goes to `out` for a moment, then the residual sum into res2. Row
@@ -888,7 +914,7 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
   const int B = B_, T = T_, C = config_.width;
   const int N = B * T;
   const int v0 = layout_.vocabBegin(), Vt = layout_.vocabCount();
-  const int Ct = Ct_, Ft = Ft_, NHt = heads_;
+  const int Ct = Ct_, Ft = Ft_;
   auto zero = [](std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); };
   // Input gradients of the column-parallel layers are partial sums over whole rows (dln_); this
   // rank's rows of their total go to dlnRows (the same buffer without sequence parallelism).
@@ -946,9 +972,7 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
     }
     const auto wh =
         sixteen() ? blockPtrs(castWeights(weights, layout_.unitCount(u)), C, Ct, Ft) : BlockPtrs<const uint16_t*>{};
-    if (recompute_ == Recompute::kSelective && cp_.size() == 1) {
-      kn::attentionForward(datty_.data(), attOf(L), widened(L.qkv, L.qkvh), B, T, Ct, NHt);
-    }
+    if (recompute_ == Recompute::kSelective && cp_.size() == 1) attention(L, datty_.data());
     if (config_.moeLayer(span.begin + i)) {
       moeBackward(w.fcw, experts, g.fcw, access.gradients(expertUnit), L, dlnRows, lossScale);
       access.release(expertUnit, Pass::kBackward);
@@ -976,8 +1000,7 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
     if (cp_.size() > 1) {
       ringAttention(L, Pass::kBackward);
     } else {
-      kn::attentionBackward(dqkv_.data(), dattScratch_.data(), datty_.data(), widened(L.qkv, L.qkvh), attOf(L), B, T,
-                            Ct, NHt);
+      attentionBackward(L);
     }
     zero(dln_);
     linearBackward(dln_.data(), g.qkvw, g.qkvb, dqkv_.data(), gathered(keptOperand(L.ln1, L.ln1h)), w.qkvw, wh.qkvw, N,

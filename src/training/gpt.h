@@ -330,13 +330,14 @@ class Gpt {
 
  private:
   struct Layer {
-    // att: the attention probabilities (B, heads, T, T); with context parallelism instead lse, the
-    // log-sum-exp of each query row's scores (B, heads, T), from which backward rebuilds them.
+    // att: the attention probabilities (B, heads, T, T) (atth in 16-bit compute); with context
+    // parallelism instead lse, the log-sum-exp of each query row's scores (B, heads, T), from which
+    // backward rebuilds them.
     // In 16-bit compute the linear layers' inputs and outputs are kept as ln1h, qkvh, attyh, ln2h,
     // fchh and fchGeluh instead (their fp32 vectors then empty); qkv and atty stay fp32 with
     // context parallelism (ring attention reads them), ln2 in an MoE block (its router is fp32).
     std::vector<float> ln1, ln1Mean, ln1Rstd, qkv, atty, att, lse, res2, ln2, ln2Mean, ln2Rstd, fch, fchGelu;
-    std::vector<uint16_t> ln1h, qkvh, attyh, ln2h, fchh, fchGeluh;
+    std::vector<uint16_t> ln1h, qkvh, attyh, atth, ln2h, fchh, fchGeluh;
     MoeActivations moe;  // an MoE block's MLP (fch and fchGelu unused)
     size_t bytes() const;
   };
@@ -363,6 +364,12 @@ class Gpt {
   Layer& layerOf(Activations& a, int i) { return recompute_ == Recompute::kFull ? recomputed_ : a.layers[i]; }
   // The attention probabilities' buffer: the layer's own, or the shared one of selective recompute.
   float* attOf(Layer& L) { return L.att.empty() ? attScratch_.data() : L.att.data(); }
+  uint16_t* attOf16(Layer& L) { return L.atth.empty() ? attScratch16_.data() : L.atth.data(); }
+  // Attention forward (into out) and backward (into dqkv_, from datty_) of a block without context
+  // parallelism: in fp32 from L.qkv, or in 16-bit compute from L.qkvh with the probabilities kept
+  // in the format (kernels::attentionForward16).
+  void attention(Layer& L, float* out);
+  void attentionBackward(Layer& L);
   // A row-parallel layer's partial output goes where sumRows wants it: the whole rows' scratch
   // with sequence parallelism (reduce-scattered from there), else the destination itself.
   float* partialFor(float* rowsOut) { return sequenceParallel_ ? wholeRows_.data() : rowsOut; }
@@ -436,9 +443,10 @@ class Gpt {
   // casts not kept, a unit's weights cast, and sequence parallelism's gathered 16-bit rows.
   std::vector<float> work_, outWork_;
   std::vector<uint16_t> scratch16_, castWeights_, wholeRows16_;
-  Layer recomputed_;                 // full recompute: one block's intermediate values, rebuilt in backward
-  std::vector<float> attScratch_;    // selective recompute: the attention probabilities of one block
-  std::vector<float> recomputeOut_;  // full recompute: the rerun block's output (already kept as the next input)
+  Layer recomputed_;                    // full recompute: one block's intermediate values, rebuilt in backward
+  std::vector<float> attScratch_;       // selective recompute: the attention probabilities of one block
+  std::vector<uint16_t> attScratch16_;  // the same in 16-bit compute
+  std::vector<float> recomputeOut_;     // full recompute: the rerun block's output (already kept as the next input)
   ContextParallel cp_;
   ExpertParallel ep_;
   std::unique_ptr<MoeMlp> moe_;  // the MoE blocks' layer (one: they share its shape and scratch)

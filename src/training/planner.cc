@@ -224,12 +224,12 @@ LayerActivations layerActivations(const ModelShape& m, const PlanLayout& l, cons
     r.replicated += 4.0 * rows * m.experts + e * rows * m.topK * (2.0 * h + expertMatrices(m) * m.expertUnits());
     r.split += e * s * b * m.sharedExperts * expertMatrices(m) * m.expertUnits() / t;
   }
-  // The softmax output, its dropout mask and dropout output; ring attention keeps the fp32
-  // log-sum-exp of each query row instead.
+  // The softmax output (in `linear` bytes: 16-bit compute keeps it in the format), its dropout
+  // mask and dropout output; ring attention keeps the fp32 log-sum-exp of each query row instead.
   if (l.cp > 1) {
     r.scores = 4.0 * a * s * b / t;
   } else if (l.recompute == Recompute::kNone) {
-    r.scores = (e + d + d * e) * a * s * s * b / t;
+    r.scores = (lin + d + d * lin) * a * s * s * b / t;
   }
   r.stats = 2.0 * 2.0 * 4.0 * s * b * rowsShare;
   if (l.recompute == Recompute::kFull) {  // only the block's input
@@ -506,8 +506,10 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
     double workspace =
         e * (N * h * rowsShare + N * h + N * h / t + N * (h / t + 2.0 * kvd) + mlpMatrices(model) * N * ffn);
     if (l.cp == 1) {
-      workspace += 4.0 * s * s;
-      if (l.recompute == Recompute::kSelective) workspace += e * b * heads * s * s;
+      // Backward's T x T scores; 16-bit compute's attention also widens P and rounds dS and dO
+      // (kernels::attention16ScratchFloats). Selective recompute's probabilities of one block.
+      workspace += precision.compute == "fp32" ? 4.0 * s * s : 4.0 * (2.5 * s * s + 0.5 * s * h / t);
+      if (l.recompute == Recompute::kSelective) workspace += precision.linear * b * heads * s * s;
     } else {
       workspace += 4.0 * (4.0 * N * 2.0 * kvd + 2.0 * b * heads * s + 2.0 * (s / 2) * (s / 2));
     }

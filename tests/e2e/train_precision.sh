@@ -60,6 +60,23 @@ def parameters(name):  # the whole model's parameters in the final checkpoint
     length = struct.unpack("<I", data[4:8])[0]
     count = json.loads(data[8:8 + length])["parameters"]
     return np.frombuffer(data, dtype=np.float32, count=count, offset=8 + length)
+# The key biases (the middle third of each block's c_attn.bias): softmax ignores a constant added
+# to every key, so their gradient is zero but for rounding, which AdamW's normalisation turns into
+# steps of about lr either way; no two layouts agree on them, and the parameter check skips them.
+# ParamLayout's order: wte, wpe, then per block ln_1 (w, b), c_attn (w, b), attn.c_proj (w, b),
+# ln_2 (w, b), c_fc (w, b), mlp.c_proj (w, b) (a dense model).
+def key_biases(name):
+    data = open(f"{work}/{name}/checkpoint.bin", "rb").read()
+    header = json.loads(data[8:8 + struct.unpack("<I", data[4:8])[0]])
+    shape = dict(kv.split("=") for kv in header["config"].split()[1:])
+    L, C, T, V = (int(shape[k]) for k in ("layers", "width", "context", "vocab"))
+    block = 12 * C * C + 13 * C
+    keep = np.ones(header["parameters"], dtype=bool)
+    for l in range(L):
+        k = V * C + T * C + l * block + 2 * C + 3 * C * C + C
+        keep[k:k + C] = False
+    assert keep.size == V * C + T * C + L * block + 2 * C, (keep.size, L, C)
+    return keep
 def per_rank(name, key):
     return [mem[key] for mem in json.load(open(f"{work}/{name}/metrics.json"))["memory_per_rank"]]
 bad = []
@@ -67,14 +84,15 @@ def follows(name, ref, loss_tol, norm_tol, param_tol):
     got = {k: column(name, k) for k in ("loss", "grad_norm")}
     want = {k: column(ref, k) for k in ("loss", "grad_norm")}
     worst = {k: max(abs(a - b) / abs(b) for a, b in zip(got[k], want[k])) for k in got}
-    params = float(np.abs(parameters(name) - parameters(ref)).max())
+    keep = key_biases(ref) if "moe" not in ref else slice(None)
+    params = float(np.abs(parameters(name) - parameters(ref))[keep].max())
     print(f"{name:22s} 20 steps against {ref}: loss within {worst['loss']:.2e}, gradient norm "
           f"{worst['grad_norm']:.2e}; final parameters within {params:.1e}")
     if len(got["loss"]) != 20 or worst["loss"] > loss_tol or worst["grad_norm"] > norm_tol or params > param_tol:
         bad.append(f"{name} against {ref}")
 # Measured: the layouts within 1.0e-5 (loss) and 1.4e-4 (norm) of one bf16 rank, 3.9e-4 with bf16
 # reduction, MoE ep2 1.0e-4 and 7.5e-4; bf16 against fp32 within 6.9e-5 and 8.9e-4; the parameters
-# of any two within AdamW's step of about lr (1e-3) after 20 steps (MoE 2.2e-3).
+# of any two (but the key biases) within AdamW's step of about lr (1e-3) after 20 steps (MoE 2.2e-3).
 for name in ["b_zero3", "b_tp2_sp", "b_pp2", "b_cp2"]:
     follows(name, "b_one", 3e-5, 5e-4, 1e-3)
 # (MoE: a token whose top-2 choice is near a tie may route the other way after a rounding.)
@@ -93,14 +111,18 @@ print(f"step 1 gradient norm: bf16 against fp32 {rounding:.2e}, fp16 against fp3
       f"{abs(first('h_one') - first('f_one')) / first('f_one'):.2e}")
 if rounding == 0 or first("h_one") == first("f_one"):
     bad.append("16-bit compute gave fp32's step-1 gradient norm")
-def separated(name, ref, fp32):
+def separated(name, ref, fp32, part=5):
     rounding = abs(first(ref) - first(fp32)) / first(fp32)
     layout = abs(first(name) - first(ref)) / first(ref)
     print(f"step 1 gradient norm: {name} against one bf16 rank {layout:.2e} (bf16 against fp32 {rounding:.2e})")
-    if not layout < rounding / 5:
+    if not layout < rounding / part:
         bad.append(f"{name}: step-1 gradient norm {layout:.2e} from one bf16 rank, bf16's rounding {rounding:.2e}")
-for name in ["b_zero3", "b_tp2_sp", "b_pp2", "b_cp2"]:  # (bf16 reduction rounds the gradient itself)
+for name in ["b_zero3", "b_tp2_sp", "b_pp2"]:  # (bf16 reduction rounds the gradient itself)
     separated(name, "b_one", "f_one")
+# Ring attention (cp2) multiplies the rounded q, k, v in fp32, and its probabilities stay fp32, where
+# one rank's attention rounds P and dS for 16-bit products: measured 0.46 of bf16's distance from
+# fp32 (2026-11-28). A cp2 run whose linear layers computed in fp32 too would sit at the whole of it.
+separated("b_cp2", "b_one", "f_one", part=1.5)
 separated("b_moe_ep2", "b_moe_one", "f_moe_one")
 # Activation bytes: the linear layers' inputs in 16 bits (the unit test counts them exactly; here
 # one weight cast and one fp32 scratch take back part of the saving at this small size).

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "chorus/error.hpp"
+#include "kernels/cpu/nn.h"
 
 namespace chorus::training {
 namespace {
@@ -296,10 +297,14 @@ TEST(GptTest, SixteenBitComputeFollowsFp32AndKeepsTheLinearLayersActivationsInHa
     EXPECT_LT(std::sqrt(diff / norm), bf16 ? 2e-2 : 3e-3);
     EXPECT_GT(diff, 0.0);
     // Per block ln1, atty, ln2 (N C each), qkv (3 N C), the MLP's hidden values and their GELU (4 N C
-    // each), and the final layernorm's output, go from 4 bytes to 2; two fp32 scratch buffers of
-    // 4 N C and one unit's weights cast are added.
-    const size_t saved = (c.layers * 14 * N * C + N * C) * 2;
-    EXPECT_EQ(half.bytes, fp32.bytes - saved + 8 * N * C * sizeof(float) + half.castCount * sizeof(uint16_t));
+    // each) and the attention probabilities (B heads T T), and the final layernorm's output, go
+    // from 4 bytes to 2; two fp32 scratch buffers of 4 N C and one unit's weights cast are added,
+    // and attention's scratch grows from T T floats to the 16-bit form's.
+    const size_t probabilities = static_cast<size_t>(B) * c.heads * T * T;
+    const size_t saved = (c.layers * (14 * N * C + probabilities) + N * C) * 2;
+    const size_t scratch =
+        (chorus::kernels::attention16ScratchFloats(T, c.width) - static_cast<size_t>(T) * T) * sizeof(float);
+    EXPECT_EQ(half.bytes, fp32.bytes - saved + 8 * N * C * sizeof(float) + half.castCount * sizeof(uint16_t) + scratch);
   }
   EXPECT_THROW(parseCompute("fp8"), Error);
 }

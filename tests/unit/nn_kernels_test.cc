@@ -390,6 +390,48 @@ TEST(NnKernelsTest, CausalAttentionForwardAndBackward) {
   }
 }
 
+// 16-bit attention against the exact (double) attention of the rounded q, k, v: the one rounding of
+// P (kept in the format) bounds the forward error at the format's unit roundoff u relative to the
+// output, so the test allows 2u; backward rounds dO and dS too and sums T of them: 8u. A formula
+// slip (a missing scale, P unrounded where backward expects it rounded, a transposed product)
+// errs by O(1).
+TEST(NnKernelsTest, SixteenBitAttentionFollowsTheExactAttentionOfTheRoundedInputs) {
+  for (Float16 format : {Float16::kBf16, Float16::kFp16}) {
+    const double u = format == Float16::kBf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+    for (const auto& [B, T, C, NH] : std::vector<std::array<int, 4>>{{2, 5, 8, 2}, {1, 7, 12, 3}, {2, 16, 32, 2}}) {
+      SCOPED_TRACE(::testing::Message() << float16Name(format) << " B=" << B << " T=" << T << " C=" << C
+                                        << " NH=" << NH);
+      const auto qkv = roundTo(format, randomFloats(static_cast<size_t>(B) * T * 3 * C, 52 + T, 2.0f));
+      std::vector<float> out(B * T * C), scratch(attention16ScratchFloats(T, C));
+      std::vector<uint16_t> att(static_cast<size_t>(B) * NH * T * T);
+      attentionForward16(format, out.data(), att.data(), qkv.bits.data(), scratch.data(), B, T, C, NH);
+      const double forward = relativeError(out, attentionRef(qkv.values, B, T, C, NH));
+      EXPECT_LT(forward, 2 * u);
+      std::vector<float> p(att.size());
+      fromFloat16(format, att.data(), p.data(), att.size());
+      for (int r = 0; r < B * NH * T; ++r) {  // nothing above the diagonal; rows sum to 1 within the rounding
+        double sum = 0.0;
+        for (int j = 0; j < T; ++j) {
+          if (j > r % T) {
+            EXPECT_EQ(p[r * T + j], 0.0f);
+          }
+          sum += p[r * T + j];
+        }
+        EXPECT_NEAR(sum, 1.0, u);
+      }
+      const auto dout = randomFloats(B * T * C, 53);
+      std::vector<float> dqkv(qkv.bits.size(), 0.0f);
+      attentionBackward16(format, dqkv.data(), scratch.data(), dout.data(), qkv.bits.data(), att.data(), B, T, C, NH);
+      const Vec expect =
+          numericGradient(qkv.values, asDoubles(dout), [&](const Vec& v) { return attentionRef(v, B, T, C, NH); });
+      const double backward = relativeError(dqkv, expect);
+      EXPECT_LT(backward, 8 * u);
+      std::printf("%s B=%d T=%d C=%d NH=%d: forward %.2e, backward %.2e relative (u = %.2e)\n", float16Name(format), B,
+                  T, C, NH, forward, backward, u);
+    }
+  }
+}
+
 // Ring attention's pieces: one sequence cut into blocks of positions; each query block attends
 // the key blocks at or before it, one at a time, in an order that is not the positions' (the last
 // block first), as blocks arrive around a ring. The output and the gradient of q, k and v equal the
