@@ -151,7 +151,10 @@ void writeMetrics(const Job& job, const TrainResult& r, size_t parameters, const
   }
   j["buckets"] = {{"count", r.buckets}, {"largest_bytes", r.largestBucketBytes}, {"inflight", job.inflightBuckets}};
   for (const auto& o : r.overlap) {
-    j["reductions_per_rank"].push_back({{"reductions", o.reductions}, {"begun_during_backward", o.overlapped}});
+    j["reductions_per_rank"].push_back({{"reductions", o.reductions},
+                                        {"begun_during_backward", o.overlapped},
+                                        {"bucket_steps", o.steps},
+                                        {"steps_begun_during_backward", o.stepsOverlapped}});
   }
   // Gradient compression: the bytes rank 0 sent on the data-parallel communicator per step (median
   // over the compressed steps, and over the uncompressed ones), the ratio of each bucket's compressor.

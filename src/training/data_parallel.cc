@@ -124,6 +124,15 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
                           settings.offloadFile);
   reduceBf16_ = settings.reduceBf16;
   localSteps_ = settings.localSteps;
+  stepInBackward_ = settings.stepInBackward;
+  if (stepInBackward_ && (tiedUnit_ >= 0 || localSteps_ || paramsInFile)) {
+    throw Error(chorusInvalidArgument,
+                fmt::format("data parallel: the optimizer step during backward with {}",
+                            tiedUnit_ >= 0 ? "pipeline parallelism (its tied embedding is summed after backward)"
+                            : localSteps_  ? "local steps (each rank steps on its own gradient after backward)"
+                                           : "ZeRO-3's parameters in a file (backward's gathers read the file the "
+                                             "step writes)"));
+  }
   if (localSteps_ && (stage_ != 0 || expertParallel)) {
     throw Error(chorusInvalidArgument,
                 fmt::format("data parallel: local steps (local SGD, DiLoCo) with ZeRO-{}{}: each rank keeps the whole "
@@ -227,6 +236,14 @@ std::vector<double> DataParallel::compressionRatios() {
 }
 
 DataParallel::~DataParallel() {
+  if (armed_ && armed_->thread.joinable()) {  // a step armed and never taken (backward failed): let it go
+    {
+      std::lock_guard<std::mutex> lock(stepMutex_);
+      armed_->ready.assign(armed_->ready.size(), 2);
+    }
+    stepReady_.notify_all();
+    armed_->thread.join();
+  }
   // Outstanding collectives finish before their buffers go.
   for (auto& b : buckets_) {
     if (b.reduction.valid()) b.reduction.wait();
@@ -355,26 +372,37 @@ std::function<void()> DataParallel::countOverlap() {
 void DataParallel::reduceBucket(Bucket& b) {
   b.reduced = true;
   CommWorker* worker = groupOf(b).worker.get();
+  // stepInBackward: the step's last reduction of the bucket tells the step thread when it is done.
+  const size_t index = static_cast<size_t>(&b - buckets_.data());
+  const bool tell = armed_.has_value() && lastMicro_;
+  auto ready = [this, index, tell] {
+    if (tell) bucketReady(index);
+  };
   if (b.group == kExperts) {  // see DataParallelSettings::expertComm
     float* g = stage_ < 2 ? grads_.data() + b.fullOffset : b.transientGrad.data();
     kernels::scale(g, b.count, expertScale_);
   }
   if (stage_ < 2) {
-    if (!worker || localSteps_) return;  // local steps: each rank's own gradient
+    if (!worker || localSteps_) {  // local steps: each rank's own gradient
+      ready();
+      return;
+    }
     float* g = grads_.data() + b.fullOffset;
     if (compressing()) {
-      Compressor* compressor = &compressors_[static_cast<size_t>(&b - buckets_.data())];
+      Compressor* compressor = &compressors_[index];
       const size_t count = b.count;
-      b.reduction =
-          worker->submit([g, count, compressor, tally = countOverlap()](Communicator& c) -> std::optional<Request> {
+      b.reduction = worker->submit(
+          [g, count, compressor, tally = countOverlap()](Communicator& c) -> std::optional<Request> {
             tally();
             compressor->allReduce(std::span<float>(g, count), c, ReduceOp::kAvg);  // blocking, on this thread
             return std::nullopt;
-          });
+          },
+          ready);
       return;
     }
     // ZeRO-0 averages the bucket in place; ZeRO-1 puts this rank's slice of the average in place.
-    b.reduction = submitReduction(b, g, stage_ == 1 ? g + static_cast<size_t>(groupOf(b).rank) * b.shard : nullptr, {});
+    b.reduction =
+        submitReduction(b, g, stage_ == 1 ? g + static_cast<size_t>(groupOf(b).rank) * b.shard : nullptr, ready);
     return;
   }
   // ZeRO-2/3: reduce-scatter the bucket's whole gradient, add this rank's slice into the shard
@@ -384,10 +412,11 @@ void DataParallel::reduceBucket(Bucket& b) {
   float* acc = grads_.data() + b.shardOffset;
   const size_t shard = b.shard;
   Bucket* bucket = &b;
-  auto accumulate = [this, own, acc, shard, bucket] {
+  auto accumulate = [this, own, acc, shard, bucket, ready] {
     for (size_t i = 0; i < shard; ++i) acc[i] += own[i];
     trackTransient(-static_cast<long>(bucket->transientGrad.size() * sizeof(float)));
     std::vector<float>().swap(bucket->transientGrad);
+    ready();
   };
   if (!worker) {
     accumulate();
@@ -524,6 +553,110 @@ void DataParallel::sumOverRanks(std::vector<double>& values) {
   worker->run([&values](Communicator& c) { c.allReduce(std::span<double>(values), ReduceOp::kSum); });
 }
 
+DataParallel::Own DataParallel::ownOf(const Bucket& b) const {
+  Own o;
+  if (stage_ == 0) {
+    o.lo = b.lo;
+    o.hi = b.lo + b.count;
+    o.p = o.g = o.mv = b.fullOffset;
+    return o;
+  }
+  const size_t rank = static_cast<size_t>(groupOf(b).rank);
+  const size_t start = std::min(b.count, rank * b.shard);
+  o.lo = b.lo + start;
+  o.hi = b.lo + std::min(b.count, (rank + 1) * b.shard);
+  const size_t inFull = b.fullOffset + start;
+  o.p = stage_ == 3 ? b.shardOffset : inFull;
+  o.g = stage_ >= 2 ? b.shardOffset : inFull;
+  o.mv = b.shardOffset;
+  return o;
+}
+
+void DataParallel::eachTensorPart(const Bucket& b,
+                                  const std::function<void(const ParamTensor&, const Own&, size_t, size_t)>& fn) {
+  const Own o = ownOf(b);
+  for (const auto& t : layout_.tensors()) {
+    const size_t lo = std::max(o.lo, t.offset), hi = std::min(o.hi, t.offset + t.count);
+    if (lo < hi) fn(t, o, lo - o.lo, hi - lo);
+  }
+}
+
+double DataParallel::gradientSquares(const Bucket& b) {
+  double squares = 0.0;
+  eachTensorPart(b, [&](const ParamTensor& t, const Own& o, size_t d, size_t n) {
+    if (t.counted) squares += kernels::sumOfSquares(grads_.data() + o.g + d, n);
+  });
+  return squares;
+}
+
+void DataParallel::stepBucket(const Bucket& b, const kernels::OptimizerSettings& optimizer, long updates) {
+  eachTensorPart(b, [&](const ParamTensor& t, const Own& o, size_t d, size_t n) {
+    auto s = optimizer;
+    if (!t.decay) s.weightDecay = 0.0f;
+    for (size_t done = 0; done < n;) {
+      const StateStore::Run run = state_->at(o.mv + d + done);
+      const size_t k = std::min(n - done, run.count);
+      float* param = stateParams_ >= 0 ? run.array[stateParams_] : params_.data() + o.p + d + done;
+      const float* grad = grads_.data() + o.g + d + done;
+      if (optimizer_ == kernels::Optimizer::kSgd) {
+        kernels::sgdStep(param, grad, run.array[stateM_], k, updates, s);
+      } else {
+        kernels::adamwStep(param, grad, run.array[stateM_], run.array[stateV_], k, updates, s);
+      }
+      done += k;
+    }
+  });
+}
+
+void DataParallel::armStep(const kernels::OptimizerSettings& optimizer, long stepNumber, long skipped) {
+  if (!stepInBackward_) {
+    throw Error(chorusInvalidUsage, "data parallel: armStep() without stepInBackward in the settings");
+  }
+  if (armed_) throw Error(chorusInvalidUsage, fmt::format("data parallel: step {} armed twice", stepNumber));
+  if (optimizer.kind != optimizer_) {
+    throw Error(chorusInvalidUsage, "data parallel: armStep() with another optimizer than the one it was made for");
+  }
+  armed_.emplace();
+  armed_->optimizer = optimizer;
+  armed_->step = stepNumber;
+  armed_->updates = stepNumber - skipped;
+  armed_->ready.assign(buckets_.size(), 0);
+  armed_->thread = std::thread([this] { stepInOrder(); });
+}
+
+void DataParallel::bucketReady(size_t i) {
+  {
+    std::lock_guard<std::mutex> lock(stepMutex_);
+    armed_->ready[i] = 1;
+  }
+  stepReady_.notify_all();
+}
+
+// The step thread: buckets in their order (the order backward finishes them, and the order the
+// optimizer state is laid out in), each as soon as its gradient is final. ready 2: given up.
+void DataParallel::stepInOrder() {
+  const long micro = microsBegun_;
+  try {
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      {
+        std::unique_lock<std::mutex> lock(stepMutex_);
+        stepReady_.wait(lock, [&] { return armed_->ready[i] != 0; });
+        if (armed_->ready[i] == 2) return;
+      }
+      const Bucket& b = buckets_[i];
+      bucketSteps_.fetch_add(1, std::memory_order_relaxed);
+      if (backwardsEnded_.load(std::memory_order_acquire) < micro) {
+        bucketStepsOverlapped_.fetch_add(1, std::memory_order_relaxed);
+      }
+      armed_->squares[b.group] += gradientSquares(b);
+      stepBucket(b, armed_->optimizer, armed_->updates);
+    }
+    state_->finish();
+  } catch (...) {
+    armed_->error = std::current_exception();
+  }
+}
+
 double DataParallel::step(const kernels::OptimizerSettings& optimizer, long stepNumber, float clipNorm, float gradScale,
                           long skipped) {
   const long updates = stepNumber - skipped;  // the optimizer's own count (bias correction, SGD's first step)
@@ -543,56 +676,34 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
   }
   waitReductions();
   for (auto& b : buckets_) b.reduced = false;
-  // Where this rank's elements of bucket b are, in each array: [ownLo, ownHi) of the flat range,
-  // and the position of ownLo in params, grads and m/v.
-  struct Own {
-    size_t lo, hi, p, g, mv;
-    int group;  // the bucket's
-  };
-  auto own = [&](const Bucket& b) {
-    Own o;
-    o.group = b.group;
-    if (stage_ == 0) {
-      o.lo = b.lo;
-      o.hi = b.lo + b.count;
-      o.p = o.g = o.mv = b.fullOffset;
-      return o;
+  double groupSquares[2] = {0.0, 0.0};
+  const bool stepped = armed_.has_value();
+  if (stepped) {  // stepInBackward: the buckets stepped as they came; their squares were taken before
+    if (optimizer.lr != armed_->optimizer.lr || stepNumber != armed_->step || updates != armed_->updates ||
+        clipNorm != 0.0f || gradScale != 1.0f) {
+      throw Error(chorusInvalidUsage,
+                  fmt::format("data parallel: step({}) with lr {}, clip {}, scale {} where step {} was armed with lr "
+                              "{}: a step taken during backward is neither clipped nor scaled",
+                              stepNumber, optimizer.lr, clipNorm, gradScale, armed_->step, armed_->optimizer.lr));
     }
-    const size_t rank = static_cast<size_t>(groupOf(b).rank);
-    const size_t start = std::min(b.count, rank * b.shard);
-    o.lo = b.lo + start;
-    o.hi = b.lo + std::min(b.count, (rank + 1) * b.shard);
-    const size_t inFull = b.fullOffset + start;
-    o.p = stage_ == 3 ? b.shardOffset : inFull;
-    o.g = stage_ >= 2 ? b.shardOffset : inFull;
-    o.mv = b.shardOffset;
-    return o;
-  };
-
+    armed_->thread.join();
+    const std::exception_ptr error = armed_->error;
+    groupSquares[kDense] = armed_->squares[kDense];
+    groupSquares[kExperts] = armed_->squares[kExperts];
+    armed_.reset();
+    if (error) std::rethrow_exception(error);
+  } else {
+    if (gradScale != 1.0f) {
+      for (const auto& b : buckets_) {
+        const Own o = ownOf(b);
+        kernels::scale(grads_.data() + o.g, o.hi - o.lo, 1.0f / gradScale);
+      }
+    }
+    for (const auto& b : buckets_) groupSquares[b.group] += gradientSquares(b);
+  }
   // The global gradient norm: each rank's own elements, summed over the group's ranks when sharded,
   // the experts' over the ep group (each rank holds others), then all over the model-parallel
   // ranks (of the tensors replicated there, one rank's count).
-  // Calls fn(tensor, own, d, n) for each tensor's part of this rank's elements: n elements from
-  // position d of the bucket's own range.
-  auto eachTensorPart = [&](const auto& fn) {
-    for (const auto& b : buckets_) {
-      const Own o = own(b);
-      for (const auto& t : layout_.tensors()) {
-        const size_t lo = std::max(o.lo, t.offset), hi = std::min(o.hi, t.offset + t.count);
-        if (lo < hi) fn(t, o, lo - o.lo, hi - lo);
-      }
-    }
-  };
-  if (gradScale != 1.0f) {
-    for (const auto& b : buckets_) {
-      const Own o = own(b);
-      kernels::scale(grads_.data() + o.g, o.hi - o.lo, 1.0f / gradScale);
-    }
-  }
-  double groupSquares[2] = {0.0, 0.0};
-  eachTensorPart([&](const ParamTensor& t, const Own& o, size_t d, size_t n) {
-    if (t.counted) groupSquares[o.group] += kernels::sumOfSquares(grads_.data() + o.g + d, n);
-  });
   for (int g = kDense; g <= kExperts; ++g) {
     if (stage_ >= 1) groupSquares[g] = averageOver(groups_[g], groupSquares[g]) * groups_[g].size;
   }
@@ -600,38 +711,24 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
   double squares = groupSquares[kDense] + groupSquares[kExperts];
   if (modelParallelSum_) squares = modelParallelSum_(squares);
   const double norm = std::sqrt(squares);
-  if (!std::isfinite(norm)) {  // every rank sees the same norm, so every rank skips
-    std::fill(grads_.begin(), grads_.end(), 0.0f);
-    nextStep_ = stepNumber + 1;
-    return norm;
-  }
-  if (clipNorm > 0.0f && norm > clipNorm) {
-    const float factor = static_cast<float>(clipNorm / (norm + 1e-6));
-    for (const auto& b : buckets_) {
-      const Own o = own(b);
-      kernels::scale(grads_.data() + o.g, o.hi - o.lo, factor);
+  if (!stepped) {
+    if (!std::isfinite(norm)) {  // every rank sees the same norm, so every rank skips
+      std::fill(grads_.begin(), grads_.end(), 0.0f);
+      nextStep_ = stepNumber + 1;
+      return norm;
     }
-  }
-
-  // One pass over the optimizer state, in increasing order (buckets and tensors are laid out in
-  // the order visited), a run of resident elements at a time.
-  eachTensorPart([&](const ParamTensor& t, const Own& o, size_t d, size_t n) {
-    auto s = optimizer;
-    if (!t.decay) s.weightDecay = 0.0f;
-    for (size_t done = 0; done < n;) {
-      const StateStore::Run run = state_->at(o.mv + d + done);
-      const size_t k = std::min(n - done, run.count);
-      float* param = stateParams_ >= 0 ? run.array[stateParams_] : params_.data() + o.p + d + done;
-      const float* grad = grads_.data() + o.g + d + done;
-      if (optimizer_ == kernels::Optimizer::kSgd) {
-        kernels::sgdStep(param, grad, run.array[stateM_], k, updates, s);
-      } else {
-        kernels::adamwStep(param, grad, run.array[stateM_], run.array[stateV_], k, updates, s);
+    if (clipNorm > 0.0f && norm > clipNorm) {
+      const float factor = static_cast<float>(clipNorm / (norm + 1e-6));
+      for (const auto& b : buckets_) {
+        const Own o = ownOf(b);
+        kernels::scale(grads_.data() + o.g, o.hi - o.lo, factor);
       }
-      done += k;
     }
-  });
-  state_->finish();
+    // One pass over the optimizer state, in increasing order (buckets and tensors are laid out in
+    // the order visited), a run of resident elements at a time.
+    for (const auto& b : buckets_) stepBucket(b, optimizer, updates);
+    state_->finish();
+  }
 
   // ZeRO-1/2: every rank's updated slice to everyone.
   if (stage_ == 1 || stage_ == 2) {

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <future>
 #include <memory>
@@ -83,12 +84,23 @@ struct DataParallelSettings {
   // state there too.
   OffloadSettings offload;
   std::string offloadFile = "state.bin";
+  // The optimizer step during backward, bucket by bucket (PyTorch's optimizer in backward): once a
+  // bucket's last reduction of the step is complete, a thread of the step takes that bucket's
+  // optimizer step while backward computes the rest, visiting the buckets (and the offloaded
+  // state) in their order. armStep() sets it going each step. The step then cannot depend on the
+  // whole gradient: no clipping, no loss scale, and a non-finite gradient is applied, not skipped
+  // (the norm is still computed, from each bucket before its step). Not with pipeline parallelism
+  // (tiedSum), local steps, or ZeRO-3's parameters in a file (the gathers read the file during
+  // backward).
+  bool stepInBackward = false;
 };
 
 // How far the reductions overlapped backward: of `reductions` bucket reductions, `overlapped`
 // began on the communication thread before their micro-batch's backward had finished.
+// With stepInBackward, of `steps` bucket steps, `stepsOverlapped` began so.
 struct OverlapCounts {
   long reductions = 0, overlapped = 0;
+  long steps = 0, stepsOverlapped = 0;
 };
 
 class DataParallel : public UnitAccess {
@@ -122,6 +134,10 @@ class DataParallel : public UnitAccess {
   // PyTorch's does not count a step the loss scaler skipped), the compression warm-up the steps.
   double step(const kernels::OptimizerSettings& optimizer, long step, float clipNorm, float gradScale = 1.0f,
               long skipped = 0);
+  // stepInBackward: before the step's last micro-batch (after its beginMicro), the settings and
+  // step number that step() will be called with; its bucket steps begin as their reductions
+  // complete. step() must then be called with the same, clipNorm 0 and gradScale 1.
+  void armStep(const kernels::OptimizerSettings& optimizer, long step, long skipped = 0);
 
   // UnitAccess, for Gpt::forward and backward.
   const float* acquire(int unit, Pass pass) override;
@@ -157,7 +173,9 @@ class DataParallel : public UnitAccess {
   StateBytes bytes() const;
   // The largest bucket's padded whole, in bytes (the unit of the transient-memory bound).
   size_t largestBucketBytes() const;
-  OverlapCounts overlap() const { return {reductions_.load(), overlapped_.load()}; }
+  OverlapCounts overlap() const {
+    return {reductions_.load(), overlapped_.load(), bucketSteps_.load(), bucketStepsOverlapped_.load()};
+  }
   // The step the next backward belongs to (a resumed run sets it; step() advances it): whether
   // its buckets are compressed.
   void setNextStep(long step) { nextStep_ = step; }
@@ -213,6 +231,23 @@ class DataParallel : public UnitAccess {
   std::function<void()> countOverlap();
   void trackTransient(long delta);
   int nextInOrder() const;
+  // Where this rank's elements of a bucket are: [lo, hi) of the flat range, and the position of lo
+  // in params, grads and the optimizer state.
+  struct Own {
+    size_t lo, hi, p, g, mv;
+  };
+  Own ownOf(const Bucket& b) const;
+  // fn(tensor, own, d, n) for each tensor's part of this rank's elements of b: n elements from
+  // position d of its own range.
+  void eachTensorPart(const Bucket& b, const std::function<void(const ParamTensor&, const Own&, size_t, size_t)>& fn);
+  // The squares of b's own gradient elements that the norm counts.
+  double gradientSquares(const Bucket& b);
+  // The optimizer step of b's own elements, through the state store's pass.
+  void stepBucket(const Bucket& b, const kernels::OptimizerSettings& optimizer, long updates);
+  // stepInBackward: bucket i's gradients are final for the armed step (from the worker or the
+  // training thread); the step thread's loop.
+  void bucketReady(size_t i);
+  void stepInOrder();
 
   const ParamLayout& layout_;
   Group groups_[2];
@@ -253,6 +288,20 @@ class DataParallel : public UnitAccess {
   std::vector<Compressor> compressors_;  // per bucket, used on the communication thread
   long compressFrom_ = 1;
   long nextStep_ = 1;
+  // stepInBackward: the armed step and its thread. ready_ and the thread's error under stepMutex_.
+  struct ArmedStep {
+    kernels::OptimizerSettings optimizer;
+    long step = 0, updates = 0;
+    std::vector<char> ready;
+    double squares[2] = {0.0, 0.0};
+    std::exception_ptr error;
+    std::thread thread;
+  };
+  bool stepInBackward_ = false;
+  std::optional<ArmedStep> armed_;
+  std::mutex stepMutex_;
+  std::condition_variable stepReady_;
+  std::atomic<long> bucketSteps_{0}, bucketStepsOverlapped_{0};
 };
 
 }  // namespace chorus::training

@@ -179,6 +179,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("optimizer", "eps", job.optimizer.eps);
   get("optimizer", "weight_decay", job.optimizer.weightDecay);
   get("optimizer", "clip", job.clip);
+  get("optimizer", "in_backward", job.stepInBackward);
   get("parallel", "ranks", job.ranks);
   get("parallel", "tp", job.tp);
   get("parallel", "sequence_parallel", job.sequenceParallel);
@@ -302,11 +303,36 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
                     "compressed or reduced in bf16 (the bf16 compressor is the latter with error feedback)",
                     job.compress));
   }
+  if (job.stepInBackward) {
+    // Each bucket's step begins while backward computes the rest, so it cannot wait for anything
+    // that needs the whole gradient or a later exchange.
+    auto refuse = [&](const std::string& why) { throw fail("[optimizer] in_backward = true " + why); };
+    if (job.clip != 0.0f) {
+      refuse(
+          fmt::format("with clip = {}: clipping scales every gradient by the global norm, known only after "
+                      "backward; set clip = 0",
+                      job.clip));
+    }
+    if (job.compute == "fp16") {
+      refuse(
+          "with [precision] compute = \"fp16\": the loss scale skips a step whose gradient overflowed, known "
+          "only after backward");
+    }
+    if (job.pp > 1) {
+      refuse(fmt::format("with pp = {}: the pipeline's tied embedding is summed over its ends after backward", job.pp));
+    }
+    if (sync.local()) refuse(fmt::format("with [parallel] sync = \"{}\": the ranks step on their own", job.sync));
+  }
   OffloadSettings offload;
   try {
     offload = job.offload();
   } catch (const Error& e) {
     throw fail(fmt::format("[offload] {}", e.what()));
+  }
+  if (offload.params == OffloadTarget::kFile && job.stepInBackward) {
+    throw fail(
+        "[optimizer] in_backward = true with [offload] params = \"file\": backward's gathers read the parameter "
+        "shard from the file that the steps write");
   }
   if (offload.params == OffloadTarget::kFile && (job.zero != 3 || offload.optimizer != OffloadTarget::kFile)) {
     throw fail(

@@ -26,6 +26,7 @@ struct Job {
   float minLr = 0.0f;              // cosine decay from optimizer.lr to minLr after warmup
   int warmup = 0;                  // linear warmup steps
   float clip = 1.0f;               // global gradient norm clip; 0 = none
+  bool stepInBackward = false;     // [optimizer] in_backward: each bucket's step during backward (clip 0)
   int ranks = 1;                   // the world: dp x tp x pp x cp
   int tp = 1;                      // tensor parallel ranks (Megatron); data parallel gets ranks / (tp pp cp)
   int pp = 1;                      // pipeline stages

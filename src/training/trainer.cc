@@ -198,6 +198,7 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
   parallel.localSteps = sync.local();
   parallel.offload = job.offload();
   parallel.offloadFile = fmt::format("rank{}.state", world ? world->rank() : 0);
+  parallel.stepInBackward = job.stepInBackward;
   // Sums over the model-parallel ranks (tp, then pp), on the training thread.
   auto modelParallelSum = [tpComm, ppComm](std::span<double> x) {
     if (tpComm) tpComm->allReduce(x);
@@ -442,6 +443,8 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     // The emulated straggler (CHORUS_TRAIN_STRAGGLER_MS): a different data-parallel rank each step.
     if (stragglerMs > 0 && step % ranks == rank) std::this_thread::sleep_for(std::chrono::milliseconds(stragglerMs));
     const bool compressed = dp.compressing();
+    auto optimizer = job.optimizer;
+    optimizer.lr = job.learningRate(step);
     double lossSum = 0.0;
     if (pipeline) {
       lossSum = pipeline->train(
@@ -458,6 +461,7 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
         sampler.fill(step - 1, micro, rank, ranks, job.micro, job.accumulate, wholeInputs.data(), wholeTargets.data());
         keepPositions(inputs.data(), targets.data());
         dp.beginMicro(micro == job.accumulate - 1);
+        if (job.stepInBackward && micro == job.accumulate - 1) dp.armStep(optimizer, step, lossScale.skipped());
         lossSum += model.forward(inputs.data(), targets.data(), dp);
         model.backward(dp, static_cast<float>(lossScale.scale()) / static_cast<float>(job.accumulate));
       }
@@ -465,8 +469,6 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     StepRecord r;
     if (config.moe.enabled()) moeStep(model.takeMoeTotals(), r);
     moeTime.add(model.takeMoeProfile());
-    auto optimizer = job.optimizer;
-    optimizer.lr = job.learningRate(step);
     r.step = step;
     r.lr = optimizer.lr;
     r.lossScale = lossScale.scale();
@@ -606,7 +608,9 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
                               moeTime.wait,
                               double(moeTime.chunks),
                               double(moeTime.overlapped),
-                              double(b.offloaded)};
+                              double(b.offloaded),
+                              double(dp.overlap().steps),
+                              double(dp.overlap().stepsOverlapped)};
   std::vector<double> all(mine.size() * worldSize, 0.0);
   const int worldRank = world ? world->rank() : 0;
   std::copy(mine.begin(), mine.end(), all.begin() + static_cast<long>(worldRank * mine.size()));
@@ -618,7 +622,7 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     mem.activations = size_t(x[4]);
     mem.residentPeak = size_t(x[5]);
     result.memory.push_back(mem);
-    result.overlap.push_back({long(x[6]), long(x[7])});
+    result.overlap.push_back({long(x[6]), long(x[7]), long(x[18]), long(x[19])});
     result.pipelineIdle.push_back(x[8] > 0 ? x[9] / x[8] : 0.0);
     if (config.moe.enabled()) {
       const double steps = std::max<double>(1.0, static_cast<double>(result.steps.size()));

@@ -1,7 +1,8 @@
 # train_offload.sh: the optimizer state offloaded to a file. On 2 data-parallel ranks, ZeRO-1 with
 # the state streamed through io_uring, and ZeRO-3 with the parameter shard in the file too (on
 # threads), must give the losses, gradient norms and final checkpoint (parameters, m and v) of
-# the same runs in memory, bit for bit. On one rank of a wider model (25 MB of AdamW state against
+# the same runs in memory, bit for bit; so must the step during backward ([optimizer] in_backward)
+# for ZeRO 0 to 3, in memory and in the file, against the step after backward. On one rank of a wider model (25 MB of AdamW state against
 # a 2 MB window) the process's peak resident memory must fall by most of the state, the reported
 # optimizer memory stay within the window and the file hold the state. A window too small, and
 # parameters in the file without ZeRO-3, are refused by name. The step times are printed beside
@@ -18,6 +19,16 @@ run zero3_file --ranks 2 --zero 3 --set batch.micro=4 "${file[@]}" --set 'offloa
 grep -q "optimizer state offloaded to file .*io_uring" "$work/zero1_file.log" || fail "zero1_file: no io_uring banner"
 grep -q "optimizer state and parameters offloaded to file .*threads" "$work/zero3_file.log" ||
   fail "zero3_file: no banner naming the parameters and threads"
+# The optimizer step during backward ([optimizer] in_backward, no clipping): bucket by bucket as the
+# reductions complete, through the state in memory and in the file, the very bits of the step after
+# backward, for ZeRO 0 to 3.
+noclip=(--ranks 2 --set batch.micro=4 --set optimizer.clip=0)
+ib=(--set optimizer.in_backward=true)
+for zero in 0 1 2 3; do run "z${zero}" "${noclip[@]}" --zero $zero; done
+run z0_ib "${noclip[@]}" --zero 0 "${ib[@]}"
+run z1_ib_file "${noclip[@]}" --zero 1 "${ib[@]}" "${file[@]}" --set 'offload.io="io_uring"'
+run z2_ib "${noclip[@]}" --zero 2 "${ib[@]}"
+run z3_ib_file "${noclip[@]}" --zero 3 "${ib[@]}" "${file[@]}" --set 'offload.io="threads"'
 wide=(--ranks 1 --set model.width=256 --set model.layers=4 --set batch.micro=2 --set run.steps=3)
 run wide "${wide[@]}"
 run wide_file "${wide[@]}" --offload file --set offload.window_mb=2
@@ -43,7 +54,8 @@ def rows(name):
     return list(csv.DictReader(open(f"{work}/{name}/metrics.csv")))
 def metrics(name):
     return json.load(open(f"{work}/{name}/metrics.json"))
-for ref, name in [("zero1", "zero1_file"), ("zero3", "zero3_file")]:
+for ref, name in [("zero1", "zero1_file"), ("zero3", "zero3_file"), ("z0", "z0_ib"), ("z1", "z1_ib_file"),
+                  ("z2", "z2_ib"), ("z3", "z3_ib_file")]:
     a, b = rows(ref), rows(name)
     same = [(x["loss"], x["grad_norm"]) for x in a] == [(x["loss"], x["grad_norm"]) for x in b] and len(a) == 20
     ckpt = open(f"{work}/{ref}/checkpoint.bin", "rb").read() == open(f"{work}/{name}/checkpoint.bin", "rb").read()
@@ -54,11 +66,24 @@ for ref, name in [("zero1", "zero1_file"), ("zero3", "zero3_file")]:
           f"{1e3 * t_ref:.1f} ms ({t_file / t_ref:.2f}x)")
     if not same or not ckpt:
         bad.append(f"{name} differs from {ref}")
+    if "file" not in name:
+        continue
     for r, mem in enumerate(metrics(name)["memory_per_rank"]):
         window = metrics(name)["offload"]["window_bytes"]
         if not mem["optimizer_bytes"] <= window or mem["offloaded_bytes"] == 0:
             bad.append(f"{name} rank {r}: optimizer {mem['optimizer_bytes']} bytes in memory (window {window}), "
                        f"{mem['offloaded_bytes']} in the file")
+# Every bucket of every step was stepped on the step thread; some began while backward still ran
+# (the first buckets' reductions complete while backward computes the earlier layers).
+for name in ["z0_ib", "z1_ib_file", "z2_ib", "z3_ib_file"]:
+    j = metrics(name)
+    counts = [(c["steps_begun_during_backward"], c["bucket_steps"]) for c in j["reductions_per_rank"]]
+    print(f"{name}: {j['buckets']['count']} buckets x 20 steps; bucket steps begun during backward / all, per "
+          f"rank: {counts}")
+    if any(n != 20 * j["buckets"]["count"] for _, n in counts) or sum(b for b, _ in counts) == 0:
+        bad.append(f"{name}: bucket steps {counts}")
+if any(c["bucket_steps"] for c in metrics("z0")["reductions_per_rank"]):
+    bad.append("z0: bucket steps counted without in_backward")
 m, f = metrics("wide"), metrics("wide_file")
 state = 8 * m["model"]["parameters"]  # AdamW's m and v
 window = f["offload"]["window_bytes"]

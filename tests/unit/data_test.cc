@@ -306,6 +306,23 @@ TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
                 .find("optimizer = \"host\""),
             std::string::npos);
   EXPECT_NE(message({"offload.window_mb=0"}).find("window_mb = 0"), std::string::npos);
+  // The step during backward: only where nothing of it waits for the whole gradient.
+  EXPECT_TRUE(loadJob(path, {"optimizer.in_backward=true", "optimizer.clip=0"}).stepInBackward);
+  EXPECT_NE(message({"optimizer.in_backward=true"}).find("in_backward = true with clip = 1"), std::string::npos);
+  EXPECT_NE(message({"optimizer.in_backward=true", "optimizer.clip=0", "precision.compute=\"fp16\""})
+                .find("compute = \"fp16\""),
+            std::string::npos);
+  EXPECT_NE(message({"optimizer.in_backward=true", "optimizer.clip=0", "parallel.ranks=2", "parallel.pp=2"})
+                .find("with pp = 2"),
+            std::string::npos);
+  EXPECT_NE(message({"optimizer.in_backward=true", "optimizer.clip=0", "parallel.sync=\"local:4\"",
+                     "run.checkpoint_every=8", "run.eval_every=8"})
+                .find("sync = \"local:4\""),
+            std::string::npos);
+  EXPECT_NE(message({"optimizer.in_backward=true", "optimizer.clip=0", "offload.optimizer=\"file\"",
+                     "offload.params=\"file\"", "parallel.zero=3"})
+                .find("params = \"file\""),
+            std::string::npos);
   EXPECT_NE(message({"parallel.sync=\"local:4\"", "run.eval_every=6"}).find("eval_every = 6"), std::string::npos);
   EXPECT_NE(message({"parallel.sync=\"diloco:4\"", "parallel.outer_momentum=1"}).find("outer_momentum = 1"),
             std::string::npos);
