@@ -302,35 +302,86 @@ void attentionBackward16(Float16 format, float* dqkv, float* scratch, const floa
   }
 }
 
-CHORUS_VECTOR_CLONES void attentionBlockForward(const AttentionBlock& blk, float* out, int outStride, float* rowMax,
-                                                float* rowSum, int statStride, float* scratch) {
+namespace {
+
+// The online softmax of one block's scores s (Tq x Tk, scaled) for one head: each row's
+// exponentials relative to its new running maximum, in place (zero where masked), the running
+// maximum and sum updated, and the head's output so far (hs columns of out's rows) rescaled to
+// the new maximum.
+CHORUS_VECTOR_CLONES void onlineSoftmaxRows(float* s, int Tq, int Tk, bool diagonal, float* maxes, float* sums,
+                                            float* out, int outStride, int hs) {
+  for (int i = 0; i < Tq; ++i) {
+    float* row = s + static_cast<size_t>(i) * Tk;
+    const int keys = diagonal ? i + 1 : Tk;
+    float blockMax = row[0];
+    for (int j = 1; j < keys; ++j) blockMax = std::max(blockMax, row[j]);
+    const float newMax = std::max(maxes[i], blockMax);
+    // What the earlier blocks' exponentials were relative to, rescaled to the new maximum.
+    const float carry = maxes[i] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(maxes[i] - newMax);
+    float sum = 0.0f;
+    for (int j = 0; j < keys; ++j) {
+      row[j] = vexp(row[j] - newMax);
+      sum += row[j];
+    }
+    for (int j = keys; j < Tk; ++j) row[j] = 0.0f;
+    maxes[i] = newMax;
+    sums[i] = sums[i] * carry + sum;
+    float* o = out + static_cast<size_t>(i) * outStride;
+    for (int c = 0; c < hs; ++c) o[c] *= carry;
+  }
+}
+
+// Backward's rows for one head: p (holding the scaled scores) becomes P = exp(s - lse), ds
+// (holding dP) becomes dS = P (dP - delta) scale; zero where masked.
+CHORUS_VECTOR_CLONES void blockSoftmaxBackwardRows(float* p, float* ds, int Tq, int Tk, bool diagonal, const float* lse,
+                                                   const float* delta, float scale) {
+  for (int i = 0; i < Tq; ++i) {
+    float* prow = p + static_cast<size_t>(i) * Tk;
+    float* drow = ds + static_cast<size_t>(i) * Tk;
+    const int keys = diagonal ? i + 1 : Tk;
+    for (int j = 0; j < keys; ++j) {
+      prow[j] = vexp(prow[j] - lse[i]);
+      drow[j] = prow[j] * (drow[j] - delta[i]) * scale;
+    }
+    for (int j = keys; j < Tk; ++j) prow[j] = drow[j] = 0.0f;
+  }
+}
+
+}  // namespace
+
+void attentionBlockForward(const AttentionBlock& blk, float* out, int outStride, float* rowMax, float* rowSum,
+                           int statStride, float* scratch) {
   const int Tq = blk.Tq, Tk = blk.Tk, hs = blk.C / blk.NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (int h = 0; h < blk.NH; ++h) {
     float* s = scratch;
     gemm(false, true, Tq, Tk, hs, scale, blk.q + h * hs, blk.qStride, blk.k + h * hs, blk.kvStride, 0.0f, s, Tk);
-    float* maxes = rowMax + static_cast<size_t>(h) * statStride;
-    float* sums = rowSum + static_cast<size_t>(h) * statStride;
-    for (int i = 0; i < Tq; ++i) {
-      float* row = s + static_cast<size_t>(i) * Tk;
-      const int keys = blk.diagonal ? i + 1 : Tk;
-      float blockMax = row[0];
-      for (int j = 1; j < keys; ++j) blockMax = std::max(blockMax, row[j]);
-      const float newMax = std::max(maxes[i], blockMax);
-      // What the earlier blocks' exponentials were relative to, rescaled to the new maximum.
-      const float carry = maxes[i] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(maxes[i] - newMax);
-      float sum = 0.0f;
-      for (int j = 0; j < keys; ++j) {
-        row[j] = vexp(row[j] - newMax);
-        sum += row[j];
-      }
-      for (int j = keys; j < Tk; ++j) row[j] = 0.0f;
-      maxes[i] = newMax;
-      sums[i] = sums[i] * carry + sum;
-      float* o = out + static_cast<size_t>(i) * outStride + h * hs;
-      for (int c = 0; c < hs; ++c) o[c] *= carry;
-    }
+    onlineSoftmaxRows(s, Tq, Tk, blk.diagonal, rowMax + static_cast<size_t>(h) * statStride,
+                      rowSum + static_cast<size_t>(h) * statStride, out + h * hs, outStride, hs);
     gemm(false, false, Tq, hs, Tk, 1.0f, s, Tk, blk.v + h * hs, blk.kvStride, 1.0f, out + h * hs, outStride);
+  }
+}
+
+size_t attentionBlock16ScratchFloats(int Tq, int Tk, int C) {
+  const size_t tt = static_cast<size_t>(Tq) * Tk;
+  return 3 * tt + (static_cast<size_t>(Tq) * C + 1) / 2;
+}
+
+void attentionBlockForward16(const AttentionBlock16& blk, float* out, int outStride, float* rowMax, float* rowSum,
+                             int statStride, float* scratch) {
+  const int Tq = blk.Tq, Tk = blk.Tk, hs = blk.C / blk.NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const size_t tt = static_cast<size_t>(Tq) * Tk;
+  float* s = scratch;
+  uint16_t* p16 = reinterpret_cast<uint16_t*>(scratch + tt);
+  for (int h = 0; h < blk.NH; ++h) {
+    gemm16(blk.format, false, true, Tq, Tk, hs, scale, blk.q + h * hs, blk.qStride, blk.k + h * hs, blk.kvStride, 0.0f,
+           s, Tk);
+    onlineSoftmaxRows(s, Tq, Tk, blk.diagonal, rowMax + static_cast<size_t>(h) * statStride,
+                      rowSum + static_cast<size_t>(h) * statStride, out + h * hs, outStride, hs);
+    toFloat16(blk.format, s, p16, tt);
+    gemm16(blk.format, false, false, Tq, hs, Tk, 1.0f, p16, Tk, blk.v + h * hs, blk.kvStride, 1.0f, out + h * hs,
+           outStride);
   }
 }
 
@@ -364,9 +415,9 @@ void attentionBlockDelta(float* delta, int statStride, const float* dout, const 
 
 // Per head, with P = exp(q k^T / sqrt(hs) - lse) (masked as in forward) and dO the head's dout:
 //   dv += P^T dO;  dP = dO v^T;  dS = P (dP - delta) / sqrt(hs);  dq += dS k;  dk += dS^T q.
-CHORUS_VECTOR_CLONES void attentionBlockBackward(const AttentionBlock& blk, const float* dout, int doutStride,
-                                                 const float* lse, const float* delta, int statStride, float* dq,
-                                                 int dqStride, float* dk, float* dv, int dkvStride, float* scratch) {
+void attentionBlockBackward(const AttentionBlock& blk, const float* dout, int doutStride, const float* lse,
+                            const float* delta, int statStride, float* dq, int dqStride, float* dk, float* dv,
+                            int dkvStride, float* scratch) {
   const int Tq = blk.Tq, Tk = blk.Tk, hs = blk.C / blk.NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   float* p = scratch;
@@ -376,23 +427,44 @@ CHORUS_VECTOR_CLONES void attentionBlockBackward(const AttentionBlock& blk, cons
     const float* k = blk.k + h * hs;
     const float* v = blk.v + h * hs;
     const float* dO = dout + h * hs;
-    const float* l = lse + static_cast<size_t>(h) * statStride;
-    const float* dl = delta + static_cast<size_t>(h) * statStride;
     gemm(false, true, Tq, Tk, hs, scale, q, blk.qStride, k, blk.kvStride, 0.0f, p, Tk);
     gemm(false, true, Tq, Tk, hs, 1.0f, dO, doutStride, v, blk.kvStride, 0.0f, ds, Tk);
-    for (int i = 0; i < Tq; ++i) {
-      float* prow = p + static_cast<size_t>(i) * Tk;
-      float* drow = ds + static_cast<size_t>(i) * Tk;
-      const int keys = blk.diagonal ? i + 1 : Tk;
-      for (int j = 0; j < keys; ++j) {
-        prow[j] = vexp(prow[j] - l[i]);
-        drow[j] = prow[j] * (drow[j] - dl[i]) * scale;
-      }
-      for (int j = keys; j < Tk; ++j) prow[j] = drow[j] = 0.0f;
-    }
+    blockSoftmaxBackwardRows(p, ds, Tq, Tk, blk.diagonal, lse + static_cast<size_t>(h) * statStride,
+                             delta + static_cast<size_t>(h) * statStride, scale);
     gemm(true, false, Tk, hs, Tq, 1.0f, p, Tk, dO, doutStride, 1.0f, dv + h * hs, dkvStride);
     gemm(false, false, Tq, hs, Tk, 1.0f, ds, Tk, k, blk.kvStride, 1.0f, dq + h * hs, dqStride);
     gemm(true, false, Tk, hs, Tq, 1.0f, ds, Tk, q, blk.qStride, 1.0f, dk + h * hs, dkvStride);
+  }
+}
+
+void attentionBlockBackward16(const AttentionBlock16& blk, const float* dout, int doutStride, const float* lse,
+                              const float* delta, int statStride, float* dq, int dqStride, float* dk, float* dv,
+                              int dkvStride, float* scratch) {
+  const int Tq = blk.Tq, Tk = blk.Tk, C = blk.C, hs = C / blk.NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const size_t tt = static_cast<size_t>(Tq) * Tk;
+  float* p = scratch;
+  float* ds = scratch + tt;
+  uint16_t* p16 = reinterpret_cast<uint16_t*>(scratch + 2 * tt);
+  uint16_t* ds16 = p16 + tt;
+  uint16_t* dO16 = ds16 + tt;  // (Tq, C), rows C apart
+  for (int i = 0; i < Tq; ++i) {
+    toFloat16(blk.format, dout + static_cast<size_t>(i) * doutStride, dO16 + static_cast<size_t>(i) * C, C);
+  }
+  for (int h = 0; h < blk.NH; ++h) {
+    const uint16_t* q = blk.q + h * hs;
+    const uint16_t* k = blk.k + h * hs;
+    const uint16_t* v = blk.v + h * hs;
+    const uint16_t* dO = dO16 + h * hs;
+    gemm16(blk.format, false, true, Tq, Tk, hs, scale, q, blk.qStride, k, blk.kvStride, 0.0f, p, Tk);
+    gemm16(blk.format, false, true, Tq, Tk, hs, 1.0f, dO, C, v, blk.kvStride, 0.0f, ds, Tk);
+    blockSoftmaxBackwardRows(p, ds, Tq, Tk, blk.diagonal, lse + static_cast<size_t>(h) * statStride,
+                             delta + static_cast<size_t>(h) * statStride, scale);
+    toFloat16(blk.format, p, p16, tt);
+    toFloat16(blk.format, ds, ds16, tt);
+    gemm16(blk.format, true, false, Tk, hs, Tq, 1.0f, p16, Tk, dO, C, 1.0f, dv + h * hs, dkvStride);
+    gemm16(blk.format, false, false, Tq, hs, Tk, 1.0f, ds16, Tk, k, blk.kvStride, 1.0f, dq + h * hs, dqStride);
+    gemm16(blk.format, true, false, Tk, hs, Tq, 1.0f, ds16, Tk, q, blk.qStride, 1.0f, dk + h * hs, dkvStride);
   }
 }
 

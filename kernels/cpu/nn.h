@@ -85,6 +85,26 @@ void attentionBlockDelta(float* delta, int statStride, const float* dout, const 
 void attentionBlockBackward(const AttentionBlock& blk, const float* dout, int doutStride, const float* lse,
                             const float* delta, int statStride, float* dq, int dqStride, float* dk, float* dv,
                             int dkvStride, float* scratch);
+// The same blocks in 16-bit compute: q, k and v in the format (bf16 or fp16), their products by
+// gemm16 (fp32 sums); the scores, the online softmax, out and every gradient in fp32. Forward rounds
+// the block's unnormalised probabilities to the format for P v; backward rounds P, dS and dO for its
+// products. scratch: attentionBlock16ScratchFloats(Tq, Tk, C) floats.
+struct AttentionBlock16 {
+  Float16 format;
+  const uint16_t* q;
+  int qStride;
+  const uint16_t* k;
+  const uint16_t* v;
+  int kvStride;
+  int Tq, Tk, C, NH;
+  bool diagonal;
+};
+size_t attentionBlock16ScratchFloats(int Tq, int Tk, int C);
+void attentionBlockForward16(const AttentionBlock16& blk, float* out, int outStride, float* rowMax, float* rowSum,
+                             int statStride, float* scratch);
+void attentionBlockBackward16(const AttentionBlock16& blk, const float* dout, int doutStride, const float* lse,
+                              const float* delta, int statStride, float* dq, int dqStride, float* dk, float* dv,
+                              int dkvStride, float* scratch);
 
 // GELU, GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void geluForward(float* out, const float* inp, size_t n);

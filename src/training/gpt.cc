@@ -429,13 +429,15 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::ve
   const bool ring = cp_.size() > 1;
   if (ring) {
     // Nothing of size T x T is kept with ring attention, so selective recompute has nothing to drop.
+    // Keys and values travel in the compute type (16 bits: half the bytes); their gradients in fp32.
     for (int i = 0; i < 2; ++i) {
-      ringKv_[i].resize(N * 2 * Ct);
+      (sixteen() ? ringKv16_[i].resize(N * 2 * Ct) : ringKv_[i].resize(N * 2 * Ct));
       ringDkv_[i].resize(N * 2 * Ct);
     }
     ringMax_.resize(static_cast<size_t>(B_) * heads_ * T_);
     ringSum_.resize(ringMax_.size());
-    ringScratch_.resize(2 * static_cast<size_t>(T_ / 2) * (T_ / 2));
+    ringScratch_.resize(sixteen() ? kn::attentionBlock16ScratchFloats(T_ / 2, T_ / 2, Ct_)
+                                  : 2 * static_cast<size_t>(T_ / 2) * (T_ / 2));
   } else {
     dattScratch_.resize(sixteen() ? kn::attention16ScratchFloats(T_, Ct_) : static_cast<size_t>(T_) * T_);
     if (recompute_ == Recompute::kSelective) {
@@ -499,7 +501,7 @@ void Gpt::allocateLayer(Layer& L, bool withAttention, bool dense) const {
   (half ? L.ln1h.resize(Nl * C) : L.ln1.resize(Nl * C));
   L.ln1Mean.resize(Nl);
   L.ln1Rstd.resize(Nl);
-  (half && cp_.size() == 1 ? L.qkvh.resize(N * 3 * Ct) : L.qkv.resize(N * 3 * Ct));
+  (half ? L.qkvh.resize(N * 3 * Ct) : L.qkv.resize(N * 3 * Ct));
   (half && cp_.size() == 1 ? L.attyh.resize(N * Ct) : L.atty.resize(N * Ct));
   if (withAttention) {
     const size_t probabilities = static_cast<size_t>(B_) * heads_ * T_ * T_;
@@ -544,8 +546,9 @@ size_t Gpt::activationBytes() const {
             dfchGelu_.size() + dattScratch_.size();
   floats += wholeRows_.size() + dlnRows_.size() + lnGrad_.size();
   floats += attScratch_.size() + recomputeOut_.size() + work_.size() + outWork_.size();
-  bytes += recomputed_.bytes() +
-           (scratch16_.size() + castWeights_.size() + wholeRows16_.size() + attScratch16_.size()) * sizeof(uint16_t);
+  bytes += recomputed_.bytes() + (scratch16_.size() + castWeights_.size() + wholeRows16_.size() + attScratch16_.size() +
+                                  ringKv16_[0].size() + ringKv16_[1].size()) *
+                                     sizeof(uint16_t);
   for (int i = 0; i < 2; ++i) floats += ringKv_[i].size() + ringDkv_[i].size();
   floats += ringMax_.size() + ringSum_.size() + ringScratch_.size();
   floats += moeGrad_.size() + (moe_ ? moe_->scratchFloats() : 0);
@@ -606,7 +609,7 @@ void Gpt::blockForward(const float* weights, const float* experts, Layer& L, con
   keep(qkv, L.qkvh, static_cast<size_t>(N) * 3 * Ct);
   float* atty = madeIn(L.atty, work_);
   if (cp_.size() > 1) {
-    ringAttention(L, Pass::kForward);  // from L.qkv into L.atty, both kept in fp32 with context parallelism
+    ringAttention(L, Pass::kForward);  // from L.qkv (or L.qkvh) into L.atty, kept in fp32 with context parallelism
   } else {
     attention(L, atty);
   }
@@ -1067,17 +1070,32 @@ void Gpt::ringAttention(Layer& L, Pass pass) {
     }
     std::fill(ringDkv_[0].begin(), ringDkv_[0].end(), 0.0f);
   }
+  // q, k and v in the compute type: fp32, or 16 bits (their bits travel as BFloat16 either way).
+  const bool half = sixteen();
   for (size_t row = 0; row < N; ++row) {
-    std::memcpy(ringKv_[0].data() + row * 2 * Ct, L.qkv.data() + row * 3 * Ct + Ct, 2 * Ct * sizeof(float));
+    if (half) {
+      std::memcpy(ringKv16_[0].data() + row * 2 * Ct, L.qkvh.data() + row * 3 * Ct + Ct, 2 * Ct * sizeof(uint16_t));
+    } else {
+      std::memcpy(ringKv_[0].data() + row * 2 * Ct, L.qkv.data() + row * 3 * Ct + Ct, 2 * Ct * sizeof(float));
+    }
   }
+  auto as16 = [](std::vector<uint16_t>& v) {
+    return std::span<BFloat16>(reinterpret_cast<BFloat16*>(v.data()), v.size());
+  };
   for (int s = 0; s < cp; ++s) {
     const int owner = (r - s + cp) % cp;
-    const std::vector<float>& kv = ringKv_[s % 2];
+    const float* kv = half ? nullptr : ringKv_[s % 2].data();
+    const uint16_t* kv16 = half ? ringKv16_[s % 2].data() : nullptr;
     std::vector<float>& dkv = ringDkv_[s % 2];
     Request send, recv;
     if (s + 1 < cp) {
-      send = cp_.comm->isend(std::span<const float>(kv), next);
-      recv = cp_.comm->irecv(std::span<float>(ringKv_[(s + 1) % 2]), prev);
+      if (half) {
+        send = cp_.comm->isend(std::span<const BFloat16>(as16(ringKv16_[s % 2])), next);
+        recv = cp_.comm->irecv(as16(ringKv16_[(s + 1) % 2]), prev);
+      } else {
+        send = cp_.comm->isend(std::span<const float>(ringKv_[s % 2]), next);
+        recv = cp_.comm->irecv(std::span<float>(ringKv_[(s + 1) % 2]), prev);
+      }
     }
     for (int b = 0; b < B; ++b) {
       for (int qh = 0; qh < 2; ++qh) {
@@ -1085,24 +1103,48 @@ void Gpt::ringAttention(Layer& L, Pass pass) {
           const int qChunk = chunkOf(r, qh, cp), kChunk = chunkOf(owner, kh, cp);
           if (kChunk > qChunk) continue;
           const size_t qRow = static_cast<size_t>(b) * T + qh * Tc, kRow = static_cast<size_t>(b) * T + kh * Tc;
-          const kn::AttentionBlock blk{.q = L.qkv.data() + qRow * 3 * Ct,
-                                       .qStride = 3 * Ct,
-                                       .k = kv.data() + kRow * 2 * Ct,
-                                       .v = kv.data() + kRow * 2 * Ct + Ct,
-                                       .kvStride = 2 * Ct,
-                                       .Tq = Tc,
-                                       .Tk = Tc,
-                                       .C = Ct,
-                                       .NH = NH,
-                                       .diagonal = kChunk == qChunk};
           const size_t stat = static_cast<size_t>(b) * NH * T + qh * Tc;
-          if (forward) {
-            kn::attentionBlockForward(blk, L.atty.data() + qRow * Ct, Ct, ringMax_.data() + stat,
-                                      ringSum_.data() + stat, T, ringScratch_.data());
+          const bool diagonal = kChunk == qChunk;
+          float* dk = dkv.data() + kRow * 2 * Ct;
+          if (half) {
+            const kn::AttentionBlock16 blk{.format = format_,
+                                           .q = L.qkvh.data() + qRow * 3 * Ct,
+                                           .qStride = 3 * Ct,
+                                           .k = kv16 + kRow * 2 * Ct,
+                                           .v = kv16 + kRow * 2 * Ct + Ct,
+                                           .kvStride = 2 * Ct,
+                                           .Tq = Tc,
+                                           .Tk = Tc,
+                                           .C = Ct,
+                                           .NH = NH,
+                                           .diagonal = diagonal};
+            if (forward) {
+              kn::attentionBlockForward16(blk, L.atty.data() + qRow * Ct, Ct, ringMax_.data() + stat,
+                                          ringSum_.data() + stat, T, ringScratch_.data());
+            } else {
+              kn::attentionBlockBackward16(blk, datty_.data() + qRow * Ct, Ct, L.lse.data() + stat, delta + stat, T,
+                                           dqkv_.data() + qRow * 3 * Ct, 3 * Ct, dk, dk + Ct, 2 * Ct,
+                                           ringScratch_.data());
+            }
           } else {
-            kn::attentionBlockBackward(blk, datty_.data() + qRow * Ct, Ct, L.lse.data() + stat, delta + stat, T,
-                                       dqkv_.data() + qRow * 3 * Ct, 3 * Ct, dkv.data() + kRow * 2 * Ct,
-                                       dkv.data() + kRow * 2 * Ct + Ct, 2 * Ct, ringScratch_.data());
+            const kn::AttentionBlock blk{.q = L.qkv.data() + qRow * 3 * Ct,
+                                         .qStride = 3 * Ct,
+                                         .k = kv + kRow * 2 * Ct,
+                                         .v = kv + kRow * 2 * Ct + Ct,
+                                         .kvStride = 2 * Ct,
+                                         .Tq = Tc,
+                                         .Tk = Tc,
+                                         .C = Ct,
+                                         .NH = NH,
+                                         .diagonal = diagonal};
+            if (forward) {
+              kn::attentionBlockForward(blk, L.atty.data() + qRow * Ct, Ct, ringMax_.data() + stat,
+                                        ringSum_.data() + stat, T, ringScratch_.data());
+            } else {
+              kn::attentionBlockBackward(blk, datty_.data() + qRow * Ct, Ct, L.lse.data() + stat, delta + stat, T,
+                                         dqkv_.data() + qRow * 3 * Ct, 3 * Ct, dk, dk + Ct, 2 * Ct,
+                                         ringScratch_.data());
+            }
           }
         }
       }

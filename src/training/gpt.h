@@ -334,8 +334,9 @@ class Gpt {
     // parallelism instead lse, the log-sum-exp of each query row's scores (B, heads, T), from which
     // backward rebuilds them.
     // In 16-bit compute the linear layers' inputs and outputs are kept as ln1h, qkvh, attyh, ln2h,
-    // fchh and fchGeluh instead (their fp32 vectors then empty); qkv and atty stay fp32 with
-    // context parallelism (ring attention reads them), ln2 in an MoE block (its router is fp32).
+    // fchh and fchGeluh instead (their fp32 vectors then empty); atty stays fp32 with context
+    // parallelism (ring attention accumulates it block by block), ln2 in an MoE block (its router
+    // is fp32).
     std::vector<float> ln1, ln1Mean, ln1Rstd, qkv, atty, att, lse, res2, ln2, ln2Mean, ln2Rstd, fch, fchGelu;
     std::vector<uint16_t> ln1h, qkvh, attyh, atth, ln2h, fchh, fchGeluh;
     MoeActivations moe;  // an MoE block's MLP (fch and fchGelu unused)
@@ -457,7 +458,8 @@ class Gpt {
   // gradients travelling with them, each query row's running max and sum (then lse and delta),
   // and one block pair's scores.
   std::vector<float> ringKv_[2], ringDkv_[2], ringMax_, ringSum_, ringScratch_;
-  int rows_ = 0, firstRow_ = 0;  // this rank's rows of the B x T: all, or its block with sequence parallelism
+  std::vector<uint16_t> ringKv16_[2];  // 16-bit compute: the keys and values on the ring
+  int rows_ = 0, firstRow_ = 0;        // this rank's rows of the B x T: all, or its block with sequence parallelism
   std::vector<Chunk> chunks_;
   // Sequence parallel: one (B T, C) scratch for whole rows, used in turn for a row-parallel layer's
   // partial output, a gathered layernorm output and the gathered dres (each is done with before

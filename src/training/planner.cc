@@ -203,10 +203,10 @@ Machine machinePreset(const std::string& name, int devices) {
 
 LayerActivations layerActivations(const ModelShape& m, const PlanLayout& l, const Precision& precision, bool moe) {
   const double e = precision.activation, d = l.dropout ? 1.0 : 0.0;
-  // What the linear layers read and write: in `linear` bytes, but q, k, v and the attention output
-  // in fp32 under context parallelism (ring attention reads them) and an MoE block's second
-  // layernorm output (its router is fp32).
-  const double lin = precision.linear, attn = l.cp > 1 ? e : lin;
+  // What the linear layers read and write: in `linear` bytes, but the attention output in fp32
+  // under context parallelism (ring attention accumulates it) and an MoE block's second layernorm
+  // output (its router is fp32).
+  const double lin = precision.linear, attyBytes = l.cp > 1 ? e : lin;
   const double s = static_cast<double>(m.seq) / l.cp, b = l.micro, h = m.hidden, a = m.heads, t = l.tp;
   const double rowsShare = l.sequenceParallel && l.tp > 1 ? 1.0 / t : 1.0;
   LayerActivations r;
@@ -215,7 +215,8 @@ LayerActivations layerActivations(const ModelShape& m, const PlanLayout& l, cons
   r.replicated = (2.0 * e + lin + (moe ? e : lin) + 2.0 * d) * s * b * h * rowsShare;
   // q, k, v; the attention output (the projection's input); the MLP's hidden activations (GELU's
   // input and output, or SwiGLU's gate, up and product).
-  r.split = s * b * (attn * (h + 2.0 * kvWidth(m) + h) + (moe ? 0.0 : lin * mlpMatrices(m) * m.ffnUnits())) / t;
+  r.split =
+      s * b * (lin * (h + 2.0 * kvWidth(m)) + attyBytes * h + (moe ? 0.0 : lin * mlpMatrices(m) * m.ffnUnits())) / t;
   if (moe) {
     // Not cut over tp: the router's probabilities (fp32), then each row's topK copies: the
     // expert's input, its hidden activations, its output back home. Cut: the shared experts'
@@ -511,7 +512,12 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
       workspace += precision.compute == "fp32" ? 4.0 * s * s : 4.0 * (2.5 * s * s + 0.5 * s * h / t);
       if (l.recompute == Recompute::kSelective) workspace += precision.linear * b * heads * s * s;
     } else {
-      workspace += 4.0 * (4.0 * N * 2.0 * kvd + 2.0 * b * heads * s + 2.0 * (s / 2) * (s / 2));
+      // Ring attention: two buffers of keys and values (in `linear` bytes) and two of their
+      // gradients (fp32), each row's running max and sum, and a block's scratch (16-bit compute's
+      // also holds the rounded P, dS and dO: kernels::attentionBlock16ScratchFloats).
+      const double blockScratch =
+          precision.compute == "fp32" ? 2.0 * (s / 2) * (s / 2) : 3.0 * (s / 2) * (s / 2) + 0.5 * (s / 2) * h / t;
+      workspace += (2.0 * precision.linear + 2.0 * 4.0) * N * 2.0 * kvd + 4.0 * (2.0 * b * heads * s + blockScratch);
     }
     if (sp) workspace += e * (N * h + N * h / t) + 4.0 * 2.0 * h;
     if (l.tp > 1 && last) workspace += 4.0 * 3.0 * N;
@@ -519,13 +525,13 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
     if (precision.compute != "fp32") {
       // 16-bit compute's buffers: fp32 scratch for the layernorms', attention's and GELU's outputs
       // and for the linear layers' outputs before their casts; the largest unit's weights cast (a
-      // block, or the head's vocabulary rows); under context parallelism one qkv cast, with
-      // sequence parallelism the gathered 16-bit rows.
+      // block, or the head's vocabulary rows); under context parallelism the attention output's
+      // cast, with sequence parallelism the gathered 16-bit rows.
       const double ffnRows = N * ffn, qkvRows = N * (h / t + 2.0 * kvd);
       workspace += e * std::max({N * h * rowsShare, N * h / t, ffnRows}) + e * std::max(qkvRows, ffnRows);
       const double castUnit = std::max(moeBlocks > 0 ? moeDense : 0.0, denseBlocks > 0 ? block : 0.0);
       workspace += precision.linear * std::max(castUnit, last ? Vt * h : 0.0);
-      if (l.cp > 1) workspace += precision.linear * qkvRows;
+      if (l.cp > 1) workspace += precision.linear * N * h / t;
       if (sp) workspace += precision.linear * N * h;
     }
     stage.activationBytes = activations + workspace;

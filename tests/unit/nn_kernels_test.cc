@@ -489,6 +489,68 @@ TEST(NnKernelsTest, BlockwiseAttentionInAnyOrderEqualsTheWhole) {
   EXPECT_LT(relativeError(dqkv, expect), 1e-5);
 }
 
+// The 16-bit blocks, in the same order, against the exact attention of the rounded q, k, v: each
+// block's unnormalised P is rounded once for P v (forward 2u, as the whole 16-bit attention's);
+// backward rounds P, dS and dO (8u). u: the format's unit roundoff.
+TEST(NnKernelsTest, SixteenBitBlockwiseAttentionFollowsTheExactAttentionOfTheRoundedInputs) {
+  const int T = 16, C = 16, NH = 2, block = 4, blocks = T / block, row3 = 3 * C;
+  for (Float16 format : {Float16::kBf16, Float16::kFp16}) {
+    SCOPED_TRACE(float16Name(format));
+    const double u = format == Float16::kBf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+    const auto qkv = roundTo(format, randomFloats(static_cast<size_t>(T) * row3, 61, 2.0f));
+    auto part = [&](auto* base, int blockIndex, int column) {
+      return base + static_cast<size_t>(blockIndex) * block * row3 + column;
+    };
+    auto blockOf = [&](int i, int j) {
+      return AttentionBlock16{.format = format,
+                              .q = part(qkv.bits.data(), i, 0),
+                              .qStride = row3,
+                              .k = part(qkv.bits.data(), j, C),
+                              .v = part(qkv.bits.data(), j, 2 * C),
+                              .kvStride = row3,
+                              .Tq = block,
+                              .Tk = block,
+                              .C = C,
+                              .NH = NH,
+                              .diagonal = i == j};
+    };
+    auto keyOrder = [&](int i) {  // its own block last
+      std::vector<int> order;
+      for (int j = i - 1; j >= 0; --j) order.push_back(j);
+      order.push_back(i);
+      return order;
+    };
+    std::vector<float> out(T * C, 0.0f), rowMax(NH * T, -std::numeric_limits<float>::infinity()), rowSum(NH * T, 0.0f),
+        lse(NH * T), scratch(attentionBlock16ScratchFloats(block, block, C));
+    for (int i = 0; i < blocks; ++i) {
+      for (int j : keyOrder(i)) {
+        attentionBlockForward16(blockOf(i, j), out.data() + i * block * C, C, rowMax.data() + i * block,
+                                rowSum.data() + i * block, T, scratch.data());
+      }
+      attentionBlockFinish(out.data() + i * block * C, C, lse.data() + i * block, rowMax.data() + i * block,
+                           rowSum.data() + i * block, T, block, C, NH);
+    }
+    const double forward = relativeError(out, attentionRef(qkv.values, 1, T, C, NH));
+    EXPECT_LT(forward, 2 * u);
+    const auto dout = randomFloats(T * C, 62);
+    std::vector<float> delta(NH * T), dqkv(qkv.bits.size(), 0.0f);
+    attentionBlockDelta(delta.data(), T, dout.data(), out.data(), C, T, C, NH);
+    for (int i = 0; i < blocks; ++i) {
+      for (int j : keyOrder(i)) {
+        attentionBlockBackward16(blockOf(i, j), dout.data() + i * block * C, C, lse.data() + i * block,
+                                 delta.data() + i * block, T, part(dqkv.data(), i, 0), row3, part(dqkv.data(), j, C),
+                                 part(dqkv.data(), j, 2 * C), row3, scratch.data());
+      }
+    }
+    const Vec expect =
+        numericGradient(qkv.values, asDoubles(dout), [&](const Vec& v) { return attentionRef(v, 1, T, C, NH); });
+    const double backward = relativeError(dqkv, expect);
+    EXPECT_LT(backward, 8 * u);
+    std::printf("%s blockwise: forward %.2e, backward %.2e relative (u = %.2e)\n", float16Name(format), forward,
+                backward, u);
+  }
+}
+
 TEST(NnKernelsTest, GeluForwardAndBackward) {
   auto x = randomFloats(64, 14, 3.0f);
   x[0] = 0.0f;
