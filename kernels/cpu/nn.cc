@@ -367,8 +367,8 @@ size_t attentionBlock16ScratchFloats(int Tq, int Tk, int C) {
   return 3 * tt + (static_cast<size_t>(Tq) * C + 1) / 2;
 }
 
-void attentionBlockForward16(const AttentionBlock16& blk, float* out, int outStride, float* rowMax, float* rowSum,
-                             int statStride, float* scratch) {
+void attentionBlockForward(const AttentionBlock16& blk, float* out, int outStride, float* rowMax, float* rowSum,
+                           int statStride, float* scratch) {
   const int Tq = blk.Tq, Tk = blk.Tk, hs = blk.C / blk.NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const size_t tt = static_cast<size_t>(Tq) * Tk;
@@ -437,9 +437,9 @@ void attentionBlockBackward(const AttentionBlock& blk, const float* dout, int do
   }
 }
 
-void attentionBlockBackward16(const AttentionBlock16& blk, const float* dout, int doutStride, const float* lse,
-                              const float* delta, int statStride, float* dq, int dqStride, float* dk, float* dv,
-                              int dkvStride, float* scratch) {
+void attentionBlockBackward(const AttentionBlock16& blk, const float* dout, int doutStride, const float* lse,
+                            const float* delta, int statStride, float* dq, int dqStride, float* dk, float* dv,
+                            int dkvStride, float* scratch) {
   const int Tq = blk.Tq, Tk = blk.Tk, C = blk.C, hs = C / blk.NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const size_t tt = static_cast<size_t>(Tq) * Tk;

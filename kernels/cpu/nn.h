@@ -60,15 +60,20 @@ void attentionBackward16(Float16 format, float* dqkv, float* scratch, const floa
 // values v (Tk rows); head h of each at columns [h C/NH, (h + 1) C/NH), rows `stride` floats apart.
 // diagonal: the two blocks are the same positions (Tq == Tk) and key j > query i is masked;
 // otherwise every key precedes every query (a block wholly after the queries is not attended).
-struct AttentionBlock {
-  const float* q;
+// Element: float, or uint16_t for 16-bit compute's blocks, whose format says bf16 or fp16.
+template <typename Element>
+struct AttentionBlockOf {
+  const Element* q;
   int qStride;
-  const float* k;
-  const float* v;
+  const Element* k;
+  const Element* v;
   int kvStride;
   int Tq, Tk, C, NH;
   bool diagonal;
+  Float16 format = Float16::kBf16;  // 16-bit blocks only
 };
+using AttentionBlock = AttentionBlockOf<float>;
+using AttentionBlock16 = AttentionBlockOf<uint16_t>;
 // Adds the block into out(Tq, C; rows outStride apart), unnormalised, and updates rowMax and
 // rowSum (NH x Tq, heads statStride apart; start them at -infinity and 0, out at 0). scratch: Tq x Tk.
 void attentionBlockForward(const AttentionBlock& blk, float* out, int outStride, float* rowMax, float* rowSum,
@@ -89,22 +94,12 @@ void attentionBlockBackward(const AttentionBlock& blk, const float* dout, int do
 // gemm16 (fp32 sums); the scores, the online softmax, out and every gradient in fp32. Forward rounds
 // the block's unnormalised probabilities to the format for P v; backward rounds P, dS and dO for its
 // products. scratch: attentionBlock16ScratchFloats(Tq, Tk, C) floats.
-struct AttentionBlock16 {
-  Float16 format;
-  const uint16_t* q;
-  int qStride;
-  const uint16_t* k;
-  const uint16_t* v;
-  int kvStride;
-  int Tq, Tk, C, NH;
-  bool diagonal;
-};
 size_t attentionBlock16ScratchFloats(int Tq, int Tk, int C);
-void attentionBlockForward16(const AttentionBlock16& blk, float* out, int outStride, float* rowMax, float* rowSum,
-                             int statStride, float* scratch);
-void attentionBlockBackward16(const AttentionBlock16& blk, const float* dout, int doutStride, const float* lse,
-                              const float* delta, int statStride, float* dq, int dqStride, float* dk, float* dv,
-                              int dkvStride, float* scratch);
+void attentionBlockForward(const AttentionBlock16& blk, float* out, int outStride, float* rowMax, float* rowSum,
+                           int statStride, float* scratch);
+void attentionBlockBackward(const AttentionBlock16& blk, const float* dout, int doutStride, const float* lse,
+                            const float* delta, int statStride, float* dq, int dqStride, float* dk, float* dv,
+                            int dkvStride, float* scratch);
 
 // GELU, GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void geluForward(float* out, const float* inp, size_t n);

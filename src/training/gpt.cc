@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include "chorus/error.hpp"
@@ -1104,39 +1105,21 @@ void Gpt::ringAttention(Layer& L, Pass pass) {
           if (kChunk > qChunk) continue;
           const size_t qRow = static_cast<size_t>(b) * T + qh * Tc, kRow = static_cast<size_t>(b) * T + kh * Tc;
           const size_t stat = static_cast<size_t>(b) * NH * T + qh * Tc;
-          const bool diagonal = kChunk == qChunk;
           float* dk = dkv.data() + kRow * 2 * Ct;
-          if (half) {
-            const kn::AttentionBlock16 blk{.format = format_,
-                                           .q = L.qkvh.data() + qRow * 3 * Ct,
-                                           .qStride = 3 * Ct,
-                                           .k = kv16 + kRow * 2 * Ct,
-                                           .v = kv16 + kRow * 2 * Ct + Ct,
-                                           .kvStride = 2 * Ct,
-                                           .Tq = Tc,
-                                           .Tk = Tc,
-                                           .C = Ct,
-                                           .NH = NH,
-                                           .diagonal = diagonal};
-            if (forward) {
-              kn::attentionBlockForward16(blk, L.atty.data() + qRow * Ct, Ct, ringMax_.data() + stat,
-                                          ringSum_.data() + stat, T, ringScratch_.data());
-            } else {
-              kn::attentionBlockBackward16(blk, datty_.data() + qRow * Ct, Ct, L.lse.data() + stat, delta + stat, T,
-                                           dqkv_.data() + qRow * 3 * Ct, 3 * Ct, dk, dk + Ct, 2 * Ct,
-                                           ringScratch_.data());
-            }
-          } else {
-            const kn::AttentionBlock blk{.q = L.qkv.data() + qRow * 3 * Ct,
-                                         .qStride = 3 * Ct,
-                                         .k = kv + kRow * 2 * Ct,
-                                         .v = kv + kRow * 2 * Ct + Ct,
-                                         .kvStride = 2 * Ct,
-                                         .Tq = Tc,
-                                         .Tk = Tc,
-                                         .C = Ct,
-                                         .NH = NH,
-                                         .diagonal = diagonal};
+          // One block in the compute type: fp32, or 16 bits from L.qkvh and the 16-bit ring.
+          auto attend = [&](const auto* qkv, const auto* keysValues) {
+            using Element = std::remove_cv_t<std::remove_pointer_t<decltype(qkv)>>;
+            const kn::AttentionBlockOf<Element> blk{.q = qkv + qRow * 3 * Ct,
+                                                    .qStride = 3 * Ct,
+                                                    .k = keysValues + kRow * 2 * Ct,
+                                                    .v = keysValues + kRow * 2 * Ct + Ct,
+                                                    .kvStride = 2 * Ct,
+                                                    .Tq = Tc,
+                                                    .Tk = Tc,
+                                                    .C = Ct,
+                                                    .NH = NH,
+                                                    .diagonal = kChunk == qChunk,
+                                                    .format = format_};
             if (forward) {
               kn::attentionBlockForward(blk, L.atty.data() + qRow * Ct, Ct, ringMax_.data() + stat,
                                         ringSum_.data() + stat, T, ringScratch_.data());
@@ -1145,6 +1128,11 @@ void Gpt::ringAttention(Layer& L, Pass pass) {
                                          dqkv_.data() + qRow * 3 * Ct, 3 * Ct, dk, dk + Ct, 2 * Ct,
                                          ringScratch_.data());
             }
+          };
+          if (half) {
+            attend(L.qkvh.data(), kv16);
+          } else {
+            attend(L.qkv.data(), kv);
           }
         }
       }

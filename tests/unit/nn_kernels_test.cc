@@ -432,59 +432,68 @@ TEST(NnKernelsTest, SixteenBitAttentionFollowsTheExactAttentionOfTheRoundedInput
   }
 }
 
-// Ring attention's pieces: one sequence cut into blocks of positions; each query block attends
-// the key blocks at or before it, one at a time, in an order that is not the positions' (the last
-// block first), as blocks arrive around a ring. The output and the gradient of q, k and v equal the
-// whole causal attention's.
-TEST(NnKernelsTest, BlockwiseAttentionInAnyOrderEqualsTheWhole) {
-  const int T = 12, C = 8, NH = 2, block = 3, blocks = T / block, row3 = 3 * C;
-  const auto qkv = randomFloats(static_cast<size_t>(T) * row3, 31);
-  auto keyOrder = [&](int i) {  // the key blocks block i attends, its own last
+// Ring attention's pieces over one sequence of T positions cut into blocks of `block`: each query
+// block attends the key blocks at or before it one at a time, in an order that is not the
+// positions' (the latest first, its own last), as blocks arrive around a ring. qkv (T, 3C) holds
+// q, k, v in Element (float, or uint16_t in `format`). Returns the output; dqkv (T, 3C) gets the
+// gradient from dout.
+template <typename Element>
+std::vector<float> blockwiseAttention(const Element* qkv, int T, int C, int NH, int block, Float16 format,
+                                      size_t scratchFloats, const std::vector<float>& dout, std::vector<float>& dqkv) {
+  const int blocks = T / block, row3 = 3 * C;
+  auto part = [&](auto* base, int blockIndex, int column) {
+    return base + static_cast<size_t>(blockIndex) * block * row3 + column;
+  };
+  auto blockOf = [&](int i, int j) {  // queries of block i, keys and values of block j
+    return AttentionBlockOf<Element>{.q = part(qkv, i, 0),
+                                     .qStride = row3,
+                                     .k = part(qkv, j, C),
+                                     .v = part(qkv, j, 2 * C),
+                                     .kvStride = row3,
+                                     .Tq = block,
+                                     .Tk = block,
+                                     .C = C,
+                                     .NH = NH,
+                                     .diagonal = i == j,
+                                     .format = format};
+  };
+  auto keyOrder = [&](int i) {
     std::vector<int> order;
     for (int j = i - 1; j >= 0; --j) order.push_back(j);
     order.push_back(i);
     return order;
   };
-  auto part = [&](auto* base, int blockIndex, int column) {
-    return base + static_cast<size_t>(blockIndex) * block * row3 + column;
-  };
-  auto blockOf = [&](int i, int j) {  // queries of block i, keys and values of block j
-    return AttentionBlock{.q = part(qkv.data(), i, 0),
-                          .qStride = row3,
-                          .k = part(qkv.data(), j, C),
-                          .v = part(qkv.data(), j, 2 * C),
-                          .kvStride = row3,
-                          .Tq = block,
-                          .Tk = block,
-                          .C = C,
-                          .NH = NH,
-                          .diagonal = i == j};
-  };
   std::vector<float> out(T * C, 0.0f), rowMax(NH * T, -std::numeric_limits<float>::infinity()), rowSum(NH * T, 0.0f);
-  std::vector<float> lse(NH * T), scratch(2 * block * block);
+  std::vector<float> lse(NH * T), scratch(scratchFloats);
   for (int i = 0; i < blocks; ++i) {
     for (int j : keyOrder(i)) {
-      const AttentionBlock blk = blockOf(i, j);
-      attentionBlockForward(blk, out.data() + i * block * C, C, rowMax.data() + i * block, rowSum.data() + i * block, T,
-                            scratch.data());
+      attentionBlockForward(blockOf(i, j), out.data() + i * block * C, C, rowMax.data() + i * block,
+                            rowSum.data() + i * block, T, scratch.data());
     }
     attentionBlockFinish(out.data() + i * block * C, C, lse.data() + i * block, rowMax.data() + i * block,
                          rowSum.data() + i * block, T, block, C, NH);
   }
-  const Vec QKV = asDoubles(qkv);
-  EXPECT_LT(relativeError(out, attentionRef(QKV, 1, T, C, NH)), 1e-6);
-
-  const auto dout = randomFloats(T * C, 32);
-  std::vector<float> delta(NH * T), dqkv(qkv.size(), 0.0f);
+  std::vector<float> delta(NH * T);
   attentionBlockDelta(delta.data(), T, dout.data(), out.data(), C, T, C, NH);
   for (int i = 0; i < blocks; ++i) {
     for (int j : keyOrder(i)) {
-      const AttentionBlock blk = blockOf(i, j);
-      attentionBlockBackward(blk, dout.data() + i * block * C, C, lse.data() + i * block, delta.data() + i * block, T,
-                             part(dqkv.data(), i, 0), row3, part(dqkv.data(), j, C), part(dqkv.data(), j, 2 * C), row3,
-                             scratch.data());
+      attentionBlockBackward(blockOf(i, j), dout.data() + i * block * C, C, lse.data() + i * block,
+                             delta.data() + i * block, T, part(dqkv.data(), i, 0), row3, part(dqkv.data(), j, C),
+                             part(dqkv.data(), j, 2 * C), row3, scratch.data());
     }
   }
+  return out;
+}
+
+// The output and the gradient of q, k and v equal the whole causal attention's.
+TEST(NnKernelsTest, BlockwiseAttentionInAnyOrderEqualsTheWhole) {
+  const int T = 12, C = 8, NH = 2, block = 3;
+  const auto qkv = randomFloats(static_cast<size_t>(T) * 3 * C, 31);
+  const auto dout = randomFloats(T * C, 32);
+  std::vector<float> dqkv(qkv.size(), 0.0f);
+  const auto out = blockwiseAttention(qkv.data(), T, C, NH, block, Float16::kBf16, 2 * block * block, dout, dqkv);
+  const Vec QKV = asDoubles(qkv);
+  EXPECT_LT(relativeError(out, attentionRef(QKV, 1, T, C, NH)), 1e-6);
   const Vec expect = numericGradient(QKV, asDoubles(dout), [&](const Vec& v) { return attentionRef(v, 1, T, C, NH); });
   EXPECT_LT(relativeError(dqkv, expect), 1e-5);
 }
@@ -493,55 +502,17 @@ TEST(NnKernelsTest, BlockwiseAttentionInAnyOrderEqualsTheWhole) {
 // block's unnormalised P is rounded once for P v (forward 2u, as the whole 16-bit attention's);
 // backward rounds P, dS and dO (8u). u: the format's unit roundoff.
 TEST(NnKernelsTest, SixteenBitBlockwiseAttentionFollowsTheExactAttentionOfTheRoundedInputs) {
-  const int T = 16, C = 16, NH = 2, block = 4, blocks = T / block, row3 = 3 * C;
+  const int T = 16, C = 16, NH = 2, block = 4;
   for (Float16 format : {Float16::kBf16, Float16::kFp16}) {
     SCOPED_TRACE(float16Name(format));
     const double u = format == Float16::kBf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
-    const auto qkv = roundTo(format, randomFloats(static_cast<size_t>(T) * row3, 61, 2.0f));
-    auto part = [&](auto* base, int blockIndex, int column) {
-      return base + static_cast<size_t>(blockIndex) * block * row3 + column;
-    };
-    auto blockOf = [&](int i, int j) {
-      return AttentionBlock16{.format = format,
-                              .q = part(qkv.bits.data(), i, 0),
-                              .qStride = row3,
-                              .k = part(qkv.bits.data(), j, C),
-                              .v = part(qkv.bits.data(), j, 2 * C),
-                              .kvStride = row3,
-                              .Tq = block,
-                              .Tk = block,
-                              .C = C,
-                              .NH = NH,
-                              .diagonal = i == j};
-    };
-    auto keyOrder = [&](int i) {  // its own block last
-      std::vector<int> order;
-      for (int j = i - 1; j >= 0; --j) order.push_back(j);
-      order.push_back(i);
-      return order;
-    };
-    std::vector<float> out(T * C, 0.0f), rowMax(NH * T, -std::numeric_limits<float>::infinity()), rowSum(NH * T, 0.0f),
-        lse(NH * T), scratch(attentionBlock16ScratchFloats(block, block, C));
-    for (int i = 0; i < blocks; ++i) {
-      for (int j : keyOrder(i)) {
-        attentionBlockForward16(blockOf(i, j), out.data() + i * block * C, C, rowMax.data() + i * block,
-                                rowSum.data() + i * block, T, scratch.data());
-      }
-      attentionBlockFinish(out.data() + i * block * C, C, lse.data() + i * block, rowMax.data() + i * block,
-                           rowSum.data() + i * block, T, block, C, NH);
-    }
+    const auto qkv = roundTo(format, randomFloats(static_cast<size_t>(T) * 3 * C, 61, 2.0f));
+    const auto dout = randomFloats(T * C, 62);
+    std::vector<float> dqkv(qkv.bits.size(), 0.0f);
+    const auto out = blockwiseAttention(qkv.bits.data(), T, C, NH, block, format,
+                                        attentionBlock16ScratchFloats(block, block, C), dout, dqkv);
     const double forward = relativeError(out, attentionRef(qkv.values, 1, T, C, NH));
     EXPECT_LT(forward, 2 * u);
-    const auto dout = randomFloats(T * C, 62);
-    std::vector<float> delta(NH * T), dqkv(qkv.bits.size(), 0.0f);
-    attentionBlockDelta(delta.data(), T, dout.data(), out.data(), C, T, C, NH);
-    for (int i = 0; i < blocks; ++i) {
-      for (int j : keyOrder(i)) {
-        attentionBlockBackward16(blockOf(i, j), dout.data() + i * block * C, C, lse.data() + i * block,
-                                 delta.data() + i * block, T, part(dqkv.data(), i, 0), row3, part(dqkv.data(), j, C),
-                                 part(dqkv.data(), j, 2 * C), row3, scratch.data());
-      }
-    }
     const Vec expect =
         numericGradient(qkv.values, asDoubles(dout), [&](const Vec& v) { return attentionRef(v, 1, T, C, NH); });
     const double backward = relativeError(dqkv, expect);
