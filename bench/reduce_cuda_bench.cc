@@ -20,10 +20,13 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda_bench.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cuda/reduce.h"
 
 namespace {
+
+using chorus::bench::timeLaunches;
 
 constexpr size_t kSizes[] = {1 << 20, 16 << 20, 256 << 20, size_t{1} << 30};  // bytes per buffer
 
@@ -54,28 +57,6 @@ Buffers& buffersOf(size_t bytes) {
     cudaDeviceSynchronize();
   }
   return buffers;
-}
-
-// Times `launch` (one enqueue on the NULL stream) per iteration with CUDA events.
-template <typename Launch>
-void timeLaunches(benchmark::State& state, Launch launch) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  launch();  // warm: the first launch loads the module
-  for (auto _ : state) {
-    cudaEventRecord(start);
-    launch();
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms * 1e-3);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess)
-    state.SkipWithError(cudaGetErrorString(error));
 }
 
 // The device copy's bytes (read + written) per second at this size: the best of 5 timings of 5
@@ -149,22 +130,7 @@ void reduceKernel(benchmark::State& state, chorusDataType_t type, chorusRedOp_t 
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
-  int devices = 0;
-  const cudaError_t probe = cudaGetDeviceCount(&devices);
-  if (probe != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "reduce_cuda_bench: no usable CUDA device here (%s)\n",
-                 probe != cudaSuccess ? cudaGetErrorString(probe) : "none found");
-    return 77;
-  }
-  int device = 0, clockKHz = 0, busBits = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&clockKHz, cudaDevAttrMemoryClockRate, device);
-  cudaDeviceGetAttribute(&busBits, cudaDevAttrGlobalMemoryBusWidth, device);
-  peakBytesPerSecond = 2.0 * clockKHz * 1e3 * busBits / 8;
-  cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, device);
-  benchmark::AddCustomContext("device", prop.name);
-  benchmark::AddCustomContext("memory_peak_GBps", std::to_string(peakBytesPerSecond / 1e9));
+  if (const int skip = chorus::bench::probeDevice("reduce_cuda_bench", &peakBytesPerSecond)) return skip;
   for (size_t bytes : kSizes) {
     benchmark::RegisterBenchmark("device_copy", deviceCopy)->Arg(static_cast<int64_t>(bytes))->UseManualTime();
   }

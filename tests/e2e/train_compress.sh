@@ -8,7 +8,7 @@
 #  - convergence: bf16 ends within 2% of the fp32 run's final validation loss. The others' final
 #    losses are printed beside it. Under plain SGD (the setting of PowerSGD's and error feedback's
 #    papers), rank-4 PowerSGD ends within 2% of fp32, and top-k at 0.1% ends within 2% of fp32 with
-#    its error feedback and at least 5% higher without (sign's pair is printed: see the check).
+#    its error feedback and at least 5% higher without (sign's pair is not run: see the end).
 source "$(dirname "$0")/lib.sh"
 train="$build/chorus-train"
 steps=300
@@ -37,14 +37,11 @@ run sgd-powersgd4 "${sgd[@]}" --compress powersgd:4
 # Top-k keeps 0.1% of the gradient: without error feedback the other 99.9% is lost for good.
 run sgd-topk "${sgd[@]}" --compress topk:0.001
 run sgd-topk-noef "${sgd[@]}" --compress topk:0.001,ef=0
-run sgd-sign "${sgd[@]}" --compress sign
-run sgd-sign-noef "${sgd[@]}" --compress sign,ef=0
 /usr/bin/python3 - "$work" <<'PY' || fail "compressed training"
 import json, sys
 work = sys.argv[1]
 m = {n: json.load(open(f"{work}/{n}/metrics.json"))
-     for n in ["none", "powersgd4", "bf16", "topk", "sign", "sgd-none", "sgd-powersgd4", "sgd-topk", "sgd-topk-noef", "sgd-sign",
-               "sgd-sign-noef"]}
+     for n in ["none", "powersgd4", "bf16", "topk", "sign", "sgd-none", "sgd-powersgd4", "sgd-topk", "sgd-topk-noef"]}
 ok = True
 def check(cond, what):
     global ok
@@ -78,11 +75,8 @@ on, off = val["sgd-topk"], val["sgd-topk-noef"]
 check(abs(on / val["sgd-none"] - 1) <= 0.02,
       f"plain SGD: topk:0.001 final val loss {on:.4f} within 2% of fp32's {val['sgd-none']:.4f}")
 check(off >= 1.05 * on, f"sgd-topk: without error feedback {off:.4f}, at least 5% above {on:.4f} with it")
-# Sign's is printed, not asserted: at lr 1.0 the same code ended 2.8917 without error feedback and
-# 2.9083 with it on an AMD EPYC machine (2026-11-27) where another machine had the order reversed
-# by more than 2%; within this job's 300 steps its effect on 1-bit sign depends on the machine's
-# float paths.
-on, off = val["sgd-sign"], val["sgd-sign-noef"]
-print(f"     sgd-sign: without error feedback {off:.4f}, with it {on:.4f} ({100 * (off / on - 1):+.1f}%)")
+# Sign's error feedback is not run: at lr 1.0 it ended 2.8917 without error feedback and 2.9083
+# with it on an AMD EPYC machine (2026-11-27) where another machine had the order reversed by more
+# than 2%; within this job's 300 steps its effect on 1-bit sign depends on the machine's float paths.
 sys.exit(0 if ok else 1)
 PY

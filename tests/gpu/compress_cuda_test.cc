@@ -14,24 +14,7 @@
 namespace chorus::kernels {
 namespace {
 
-template <typename T>
-struct DeviceBuffer {
-  explicit DeviceBuffer(size_t n) : count(n) {
-    EXPECT_EQ(cudaMalloc(&data, n * sizeof(T) + 1), cudaSuccess);
-    EXPECT_EQ(cudaMemset(data, 0, n * sizeof(T) + 1), cudaSuccess);
-  }
-  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
-    EXPECT_EQ(cudaMemcpy(data, host.data(), count * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~DeviceBuffer() { cudaFree(data); }
-  std::vector<T> read(size_t n) const {
-    std::vector<T> host(n);
-    EXPECT_EQ(cudaMemcpy(host.data(), data, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return host;
-  }
-  T* data = nullptr;
-  size_t count;
-};
+using chorus::testing::DeviceBuffer;
 
 std::vector<float> gradient(size_t n, uint64_t seed) {
   std::vector<float> x(n);

@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace chorus::testing {
 
@@ -40,6 +41,31 @@ inline bool haveCudaDevice(std::string* why) {
   *why = got > 0 ? std::string(buffer, static_cast<size_t>(got)) : "the probe process failed";
   return false;
 }
+
+// A device copy of a host vector (or n zeroed elements), with 16 bytes of slack past its end;
+// freed at scope exit.
+template <typename T>
+struct DeviceBuffer {
+  explicit DeviceBuffer(size_t n) : count(n) {
+    EXPECT_EQ(cudaMalloc(&data, n * sizeof(T) + 16), cudaSuccess);
+    EXPECT_EQ(cudaMemset(data, 0, n * sizeof(T) + 16), cudaSuccess);
+  }
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
+    EXPECT_EQ(cudaMemcpy(data, host.data(), count * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(data); }
+  // The first n elements (all by default), after the device is done with what was enqueued.
+  std::vector<T> read(size_t n) const {
+    std::vector<T> host(n);
+    EXPECT_EQ(cudaMemcpy(host.data(), data, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+  std::vector<T> read() const { return read(count); }
+  T* data = nullptr;
+  size_t count;
+};
 
 }  // namespace chorus::testing
 

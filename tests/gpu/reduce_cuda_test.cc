@@ -18,22 +18,7 @@
 namespace chorus::kernels {
 namespace {
 
-// A device copy of a host vector, freed at scope exit.
-template <typename T>
-struct DeviceBuffer {
-  explicit DeviceBuffer(const std::vector<T>& host) : count(host.size()) {
-    EXPECT_EQ(cudaMalloc(&data, count * sizeof(T) + 16), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(data, host.data(), count * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~DeviceBuffer() { cudaFree(data); }
-  std::vector<T> read() const {
-    std::vector<T> host(count);
-    EXPECT_EQ(cudaMemcpy(host.data(), data, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return host;
-  }
-  T* data = nullptr;
-  size_t count;
-};
+using chorus::testing::DeviceBuffer;
 
 TEST(CudaReduceTest, MatchesCpuReferenceForEveryTypeAndOp) {
   CHORUS_REQUIRE_CUDA_DEVICE();

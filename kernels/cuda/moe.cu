@@ -1,0 +1,323 @@
+// moe.cu: the mixture-of-experts routing kernels of moe.h on device memory. The top-k choice runs
+// in three passes: each token's k best experts (a thread per token), then one block per expert
+// numbering its choices in GShard's priority order (every token's first choice before any second
+// one) by a block-wide prefix count, dropping those past the capacity, then the experts' offsets
+// added to the rows. Dispatch and combine go a block per choice or per token, a token's choices in
+// order; products that the reference rounds separately are rounded separately here too.
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "kernels/cuda/block.cuh"
+#include "kernels/cuda/moe.h"
+
+namespace chorus::kernels::cuda {
+namespace {
+
+constexpr int kMaxChoices = 16;  // k, at most (a register per choice in the top-k pass)
+constexpr int kPlaceThreads = 1024;
+
+// ---- router ----
+
+// One warp per row: the row's maximum, its exponentials summed in double, probabilities and lse.
+__global__ void routerSoftmaxKernel(float* probs, float* lse, const float* logits, int n, int E) {
+  const int lane = threadIdx.x % kWarp;
+  const int i = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (i >= n) return;
+  const float* in = logits + static_cast<size_t>(i) * E;
+  float* out = probs + static_cast<size_t>(i) * E;
+  float max = -INFINITY;
+  for (int e = lane; e < E; e += kWarp) max = fmaxf(max, in[e]);
+  max = warpMax(max);
+  double sum = 0.0;
+  for (int e = lane; e < E; e += kWarp) {
+    out[e] = expf(in[e] - max);
+    sum += out[e];
+  }
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int e = lane; e < E; e += kWarp) out[e] *= inv;
+  if (lane == 0) lse[i] = max + static_cast<float>(log(sum));
+}
+
+// A thread per token: its k best experts by (probability descending, expert ascending), as the
+// reference's partial sort orders them, and their gates.
+__global__ void topKKernel(int* expert, float* gate, const float* probs, int n, int E, int k, bool normalize) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float* p = probs + static_cast<size_t>(i) * E;
+  int chosen[kMaxChoices];
+  float prev = INFINITY;
+  int prevExpert = -1;
+  float sum = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    // The best expert after the previous pick in that order.
+    int best = -1;
+    for (int e = 0; e < E; ++e) {
+      const bool after = p[e] < prev || (p[e] == prev && e > prevExpert);
+      if (after && (best < 0 || p[e] > p[best])) best = e;
+    }
+    chosen[j] = best;
+    prev = p[best];
+    prevExpert = best;
+    sum += p[best];
+  }
+  for (int j = 0; j < k; ++j) {
+    expert[i * k + j] = chosen[j];
+    gate[i * k + j] = normalize ? p[chosen[j]] / sum : p[chosen[j]];
+  }
+}
+
+// One block per expert e: its choices numbered in priority order (choice j of token i at position
+// j n + i), a 32-way ballot per warp and the warps' totals in order. Writes each kept choice's
+// place within the expert to row (-1 past the capacity), and assigned[e], counts[e].
+__global__ void placeKernel(int* row, int* assigned, int* counts, const int* expert, int n, int k, int capacity) {
+  __shared__ int warpCounts[kPlaceThreads / kWarp];
+  const int e = blockIdx.x, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int total = n * k;
+  int before = 0;  // this expert's choices in earlier chunks
+  for (int first = 0; first < total; first += blockDim.x) {
+    const int at = first + threadIdx.x;  // priority position
+    const int choice = at < total ? (at % n) * k + at / n : 0;
+    const bool mine = at < total && expert[choice] == e;
+    const unsigned ballot = __ballot_sync(0xffffffffu, mine);
+    const int inWarp = __popc(ballot & ((1u << lane) - 1));
+    __syncthreads();  // the previous chunk's counts are read
+    if (lane == 0) warpCounts[warp] = __popc(ballot);
+    __syncthreads();
+    int place = before + inWarp;
+    int chunk = 0;
+    for (int w = 0; w < blockDim.x / kWarp; ++w) {
+      if (w < warp) place += warpCounts[w];
+      chunk += warpCounts[w];
+    }
+    if (mine) row[choice] = capacity < 0 || place < capacity ? place : -1;
+    before += chunk;
+  }
+  if (threadIdx.x == 0) {
+    assigned[e] = before;
+    counts[e] = capacity < 0 ? before : min(before, capacity);
+  }
+}
+
+// A thread per choice: a kept place becomes a row of the dispatch buffer (the experts' rows in
+// expert order); the first thread counts the choices dropped.
+__global__ void offsetRowsKernel(int* row, int* dropped, const int* expert, const int* assigned, const int* counts,
+                                 int total, int E) {
+  extern __shared__ int offsets[];  // E + 1
+  if (threadIdx.x == 0) {
+    offsets[0] = 0;
+    for (int e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
+    if (blockIdx.x == 0) {
+      int lost = 0;
+      for (int e = 0; e < E; ++e) lost += assigned[e] - counts[e];
+      *dropped = lost;
+    }
+  }
+  __syncthreads();
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c < total && row[c] >= 0) row[c] += offsets[expert[c]];
+}
+
+// A block per expert: the column's sum over the rows, in double.
+__global__ void columnSumsKernel(float* sums, const float* probs, int n, int E) {
+  const int e = blockIdx.x;
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) sum += probs[static_cast<size_t>(i) * E + e];
+  sum = blockReduce(sum, Add{});
+  if (threadIdx.x == 0) sums[e] = static_cast<float>(sum);
+}
+
+// A block per token; dp(E) in shared memory, the gate terms added by one thread in choice order.
+__global__ void routerBackwardKernel(float* dlogits, const float* dgate, const float* probs, const float* lse,
+                                     const int* expert, const float* gate, const int* row, const int* assigned,
+                                     int total, int E, int k, bool normalize, double auxPerToken, float zScale) {
+  extern __shared__ float dp[];  // E
+  const int i = blockIdx.x;
+  const float* p = probs + static_cast<size_t>(i) * E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) dp[e] = static_cast<float>(auxPerToken * assigned[e]);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    // Gates: g_j = p_j / S with S the sum of the chosen p (normalize), else g_j = p_j.
+    float sum = 0, dot = 0;
+    for (int j = 0; j < k; ++j) {
+      sum += p[expert[i * k + j]];
+      if (row[i * k + j] >= 0) dot += dgate[i * k + j] * gate[i * k + j];
+    }
+    for (int j = 0; j < k; ++j) {
+      const float dg = row[i * k + j] >= 0 ? dgate[i * k + j] : 0.0f;
+      dp[expert[i * k + j]] += normalize ? (dg - dot) / sum : dg;
+    }
+  }
+  __syncthreads();
+  double pdp = 0.0;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) pdp += static_cast<double>(p[e]) * dp[e];
+  pdp = blockReduce(pdp, Add{});
+  float* out = dlogits + static_cast<size_t>(i) * E;
+  const float z = zScale * 2.0f * lse[i] / total;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) out[e] = p[e] * (dp[e] - static_cast<float>(pdp)) + z * p[e];
+}
+
+// ---- dispatch and combine ----
+
+__global__ void dispatchKernel(float* buffer, const float* x, const int* row, int k, int C) {
+  const int c = blockIdx.x;
+  if (row[c] < 0) return;
+  const float* src = x + static_cast<size_t>(c / k) * C;
+  float* dst = buffer + static_cast<size_t>(row[c]) * C;
+  for (int ch = threadIdx.x; ch < C; ch += blockDim.x) dst[ch] = src[ch];
+}
+
+// A block per token: its choices' rows added in choice order.
+__global__ void dispatchBackwardKernel(float* dx, const float* dbuffer, const int* row, int k, int C) {
+  const int i = blockIdx.x;
+  float* dst = dx + static_cast<size_t>(i) * C;
+  for (int ch = threadIdx.x; ch < C; ch += blockDim.x) {
+    float acc = dst[ch];
+    for (int j = 0; j < k; ++j) {
+      const int r = row[i * k + j];
+      if (r >= 0) acc += dbuffer[static_cast<size_t>(r) * C + ch];
+    }
+    dst[ch] = acc;
+  }
+}
+
+// A block per token: out = the gated rows in choice order, each product rounded before its sum.
+__global__ void combineKernel(float* out, const float* y, const int* row, const float* gate, int k, int C) {
+  const int i = blockIdx.x;
+  float* dst = out + static_cast<size_t>(i) * C;
+  for (int ch = threadIdx.x; ch < C; ch += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const int r = row[i * k + j];
+      if (r >= 0) acc = __fadd_rn(acc, __fmul_rn(gate[i * k + j], y[static_cast<size_t>(r) * C + ch]));
+    }
+    dst[ch] = acc;
+  }
+}
+
+// A block per choice: dy's row, and the gate's gradient (a dot product in double).
+__global__ void combineBackwardKernel(float* dy, float* dgate, const float* dout, const float* y, const int* row,
+                                      const float* gate, int k, int C) {
+  const int c = blockIdx.x;
+  const int r = row[c];
+  if (r < 0) {
+    if (threadIdx.x == 0) dgate[c] = 0.0f;
+    return;
+  }
+  const float* g = dout + static_cast<size_t>(c / k) * C;
+  const float* src = y + static_cast<size_t>(r) * C;
+  float* dst = dy + static_cast<size_t>(r) * C;
+  double dot = 0.0;
+  for (int ch = threadIdx.x; ch < C; ch += blockDim.x) {
+    dst[ch] = gate[c] * g[ch];
+    dot += static_cast<double>(g[ch]) * src[ch];
+  }
+  dot = blockReduce(dot, Add{});
+  if (threadIdx.x == 0) dgate[c] = static_cast<float>(dot);
+}
+
+// ---- SwiGLU ----
+
+__global__ void swigluForwardKernel(float* out, const float* inp, int n, int h) {
+  const size_t count = static_cast<size_t>(n) * h;
+  for (size_t at = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; at < count;
+       at += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t i = at / h, c = at % h;
+    const float a = inp[i * 2 * h + c], b = inp[i * 2 * h + h + c];
+    out[at] = a / (1.0f + expf(-a)) * b;
+  }
+}
+
+__global__ void swigluBackwardKernel(float* dinp, const float* inp, const float* dout, int n, int h) {
+  const size_t count = static_cast<size_t>(n) * h;
+  for (size_t at = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; at < count;
+       at += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t i = at / h, c = at % h;
+    const float a = inp[i * 2 * h + c], b = inp[i * 2 * h + h + c];
+    const float s = 1.0f / (1.0f + expf(-a));
+    dinp[i * 2 * h + c] += dout[at] * b * s * (1.0f + a * (1.0f - s));
+    dinp[i * 2 * h + h + c] += dout[at] * (a * s);
+  }
+}
+
+}  // namespace
+
+int routerSoftmax(float* probs, float* lse, const float* logits, int n, int E, void* stream) {
+  if (n == 0) return 0;
+  constexpr int kRowsPerBlock = kThreads / kWarp;
+  routerSoftmaxKernel<<<(n + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, asStream(stream)>>>(probs, lse, logits, n,
+                                                                                                  E);
+  return launched();
+}
+
+int routeTopK(int* expert, float* gate, int* row, int* assigned, int* counts, int* dropped, const float* probs, int n,
+              int E, int k, bool normalize, int capacity, void* stream) {
+  if (k < 1 || k > kMaxChoices || k > E || E > kMaxExperts) return static_cast<int>(cudaErrorInvalidValue);
+  const cudaStream_t s = asStream(stream);
+  if (n > 0) {
+    topKKernel<<<(n + kThreads - 1) / kThreads, kThreads, 0, s>>>(expert, gate, probs, n, E, k, normalize);
+    if (const int error = launched()) return error;
+  }
+  placeKernel<<<E, kPlaceThreads, 0, s>>>(row, assigned, counts, expert, n, k, capacity);
+  if (const int error = launched()) return error;
+  const int total = n * k;
+  offsetRowsKernel<<<std::max(1, (total + kThreads - 1) / kThreads), kThreads, (E + 1) * sizeof(int), s>>>(
+      row, dropped, expert, assigned, counts, total, E);
+  return launched();
+}
+
+int routerColumnSums(float* sums, const float* probs, int n, int E, void* stream) {
+  columnSumsKernel<<<E, kThreads, 0, asStream(stream)>>>(sums, probs, n, E);
+  return launched();
+}
+
+int routerBackward(float* dlogits, const float* dgate, const float* probs, const float* lse, const int* expert,
+                   const float* gate, const int* row, const int* assigned, int n, int total, int E, int k,
+                   bool normalize, float auxScale, float zScale, void* stream) {
+  if (n == 0) return 0;
+  if (E > kMaxExperts) return static_cast<int>(cudaErrorInvalidValue);
+  const double auxPerToken = static_cast<double>(auxScale) * E / (static_cast<double>(total) * total * k);
+  routerBackwardKernel<<<n, 128, E * sizeof(float), asStream(stream)>>>(
+      dlogits, dgate, probs, lse, expert, gate, row, assigned, total, E, k, normalize, auxPerToken, zScale);
+  return launched();
+}
+
+int moeDispatch(float* buffer, const float* x, const int* row, int n, int k, int C, void* stream) {
+  if (n * k == 0) return 0;
+  dispatchKernel<<<n * k, kThreads, 0, asStream(stream)>>>(buffer, x, row, k, C);
+  return launched();
+}
+
+int moeDispatchBackward(float* dx, const float* dbuffer, const int* row, int n, int k, int C, void* stream) {
+  if (n == 0) return 0;
+  dispatchBackwardKernel<<<n, kThreads, 0, asStream(stream)>>>(dx, dbuffer, row, k, C);
+  return launched();
+}
+
+int moeCombine(float* out, const float* y, const int* row, const float* gate, int n, int k, int C, void* stream) {
+  if (n == 0) return 0;
+  combineKernel<<<n, kThreads, 0, asStream(stream)>>>(out, y, row, gate, k, C);
+  return launched();
+}
+
+int moeCombineBackward(float* dy, float* dgate, const float* dout, const float* y, const int* row, const float* gate,
+                       int n, int k, int C, void* stream) {
+  if (n * k == 0) return 0;
+  combineBackwardKernel<<<n * k, kThreads, 0, asStream(stream)>>>(dy, dgate, dout, y, row, gate, k, C);
+  return launched();
+}
+
+int swigluForward(float* out, const float* inp, int n, int h, void* stream) {
+  if (n == 0 || h == 0) return 0;
+  swigluForwardKernel<<<blocksFor(static_cast<size_t>(n) * h), kThreads, 0, asStream(stream)>>>(out, inp, n, h);
+  return launched();
+}
+
+int swigluBackward(float* dinp, const float* inp, const float* dout, int n, int h, void* stream) {
+  if (n == 0 || h == 0) return 0;
+  swigluBackwardKernel<<<blocksFor(static_cast<size_t>(n) * h), kThreads, 0, asStream(stream)>>>(dinp, inp, dout, n, h);
+  return launched();
+}
+
+}  // namespace chorus::kernels::cuda

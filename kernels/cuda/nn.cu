@@ -1,0 +1,474 @@
+// nn.cu: the transformer's element-wise and row-wise layers on device memory (embeddings,
+// layernorm, GELU, residual, softmax cross-entropy, the optimizers, sums), matching
+// kernels/cpu/nn.cc formula for formula. Attention is in attention.cu, the products in matmul.cu.
+// Sums over rows that the CPU folds in order are folded here in a fixed order too (per block of
+// rows, then the blocks in order), so a run repeats bit for bit.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/block.cuh"
+#include "kernels/cuda/nn.h"
+
+namespace chorus::kernels::cuda {
+namespace {
+
+// Blocks whose partial sums sumOfSquares and meanOf add in order.
+constexpr int kSumBlocks = 512;
+// Rows per block of columnSums / layernormBackward's partial sums, at least.
+constexpr int kFoldRows = 64;
+constexpr int kMaxFoldBlocks = 512;
+
+int foldBlocks(int n) { return std::clamp((n + kFoldRows - 1) / kFoldRows, 1, kMaxFoldBlocks); }
+
+// ---- embeddings ----
+
+__global__ void embeddingForwardKernel(float* out, const int* tokens, const float* wte, const float* wpe, int T, int C,
+                                       int v0, int vcount, const int* positions) {
+  const size_t row = blockIdx.x;  // b T + t
+  const int t = static_cast<int>(row % T);
+  const int token = tokens[row] - v0;
+  const bool mine = token >= 0 && token < vcount;
+  const float* te = wte + static_cast<size_t>(mine ? token : 0) * C;
+  const float* pe = wpe ? wpe + static_cast<size_t>(positions ? positions[t] : t) * C : nullptr;
+  float* o = out + row * C;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) {
+    float x = mine ? te[i] : 0.0f;
+    if (pe) x += pe[i];
+    o[i] = x;
+  }
+}
+
+__global__ void embeddingTokenBackwardKernel(float* dwte, const float* dout, const int* tokens, int C, int v0,
+                                             int vcount) {
+  const size_t row = blockIdx.x;
+  const int token = tokens[row] - v0;
+  if (token < 0 || token >= vcount) return;
+  float* te = dwte + static_cast<size_t>(token) * C;
+  const float* d = dout + row * C;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) atomicAdd(te + i, d[i]);
+}
+
+// One block per position t: its rows of dout added in batch order, as the CPU's loop adds them.
+__global__ void embeddingPositionBackwardKernel(float* dwpe, const float* dout, int B, int T, int C,
+                                                const int* positions) {
+  const int t = blockIdx.x;
+  float* pe = dwpe + static_cast<size_t>(positions ? positions[t] : t) * C;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) {
+    float acc = pe[i];
+    for (int b = 0; b < B; ++b) acc += dout[(static_cast<size_t>(b) * T + t) * C + i];
+    pe[i] = acc;
+  }
+}
+
+// ---- layernorm ----
+
+// One warp per row.
+__global__ void layernormForwardKernel(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                       const float* bias, int n, int c) {
+  const int lane = threadIdx.x % kWarp;
+  const int row = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (row >= n) return;
+  const float* x = inp + static_cast<size_t>(row) * c;
+  float sum = 0.0f;
+  for (int i = lane; i < c; i += kWarp) sum += x[i];
+  const float m = warpSum(sum) / c;
+  float var = 0.0f;
+  for (int i = lane; i < c; i += kWarp) var += (x[i] - m) * (x[i] - m);
+  const float r = 1.0f / sqrtf(warpSum(var) / c + kLayernormEps);
+  float* o = out + static_cast<size_t>(row) * c;
+  for (int i = lane; i < c; i += kWarp) o[i] = (x[i] - m) * r * weight[i] + bias[i];
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+// Block g takes rows [g rows, (g + 1) rows): a warp per row for the input gradient
+// (dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dout weight, xhat = (x - mean) rstd), then a
+// thread per column for the block's sums of dout xhat and dout into partial (weights, then biases:
+// `blocks` rows of c each).
+__global__ void layernormBackwardKernel(float* dinp, float* partial, const float* dout, const float* inp,
+                                        const float* weight, const float* mean, const float* rstd, int n, int c,
+                                        int rowsPerBlock) {
+  const int begin = blockIdx.x * rowsPerBlock;
+  const int end = min(n, begin + rowsPerBlock);
+  const int lane = threadIdx.x % kWarp, warps = blockDim.x / kWarp;
+  for (int row = begin + threadIdx.x / kWarp; row < end; row += warps) {
+    const float* x = inp + static_cast<size_t>(row) * c;
+    const float* d = dout + static_cast<size_t>(row) * c;
+    const float m = mean[row], r = rstd[row];
+    float gSum = 0.0f, gxSum = 0.0f;
+    for (int i = lane; i < c; i += kWarp) {
+      const float xhat = (x[i] - m) * r;
+      const float g = d[i] * weight[i];
+      gSum += g;
+      gxSum += g * xhat;
+    }
+    const float gMean = warpSum(gSum) / c, gxMean = warpSum(gxSum) / c;
+    float* dx = dinp + static_cast<size_t>(row) * c;
+    for (int i = lane; i < c; i += kWarp) {
+      const float xhat = (x[i] - m) * r;
+      dx[i] += (d[i] * weight[i] - gMean - xhat * gxMean) * r;
+    }
+  }
+  float* weights = partial + static_cast<size_t>(blockIdx.x) * c;
+  float* biases = partial + static_cast<size_t>(gridDim.x + blockIdx.x) * c;
+  for (int i = threadIdx.x; i < c; i += blockDim.x) {
+    float dw = 0.0f, db = 0.0f;
+    for (int row = begin; row < end; ++row) {
+      const size_t at = static_cast<size_t>(row) * c + i;
+      dw += (inp[at] - mean[row]) * rstd[row] * dout[at];
+      db += dout[at];
+    }
+    weights[i] = dw;
+    biases[i] = db;
+  }
+}
+
+// dst[i] += the sum of partial[p][i] over p < parts, in order.
+__global__ void foldColumnsKernel(float* dst, const float* partial, int parts, int c) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= c) return;
+  float sum = 0.0f;
+  for (int p = 0; p < parts; ++p) sum += partial[static_cast<size_t>(p) * c + i];
+  dst[i] += sum;
+}
+
+// partial[g][i] = the sum of src's rows [g rows, (g + 1) rows) at column i.
+__global__ void columnPartialsKernel(float* partial, const float* src, int n, int c, int rowsPerBlock) {
+  const int begin = blockIdx.y * rowsPerBlock;
+  const int end = min(n, begin + rowsPerBlock);
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= c) return;
+  float sum = 0.0f;
+  for (int row = begin; row < end; ++row) sum += src[static_cast<size_t>(row) * c + i];
+  partial[static_cast<size_t>(blockIdx.y) * c + i] = sum;
+}
+
+// ---- element-wise ----
+
+constexpr float kGeluBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluKappa = 0.044715f;
+
+__global__ void geluForwardKernel(float* out, const float* inp, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + tanhf(kGeluBeta * (x + kGeluKappa * x * x * x)));
+  }
+}
+
+__global__ void geluBackwardKernel(float* dinp, const float* inp, const float* dout, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float x = inp[i];
+    const float th = tanhf(kGeluBeta * (x + kGeluKappa * x * x * x));
+    const float dinner = kGeluBeta * (1.0f + 3.0f * kGeluKappa * x * x);
+    dinp[i] += dout[i] * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * dinner);
+  }
+}
+
+__global__ void residualForwardKernel(float* out, const float* a, const float* b, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    out[i] = a[i] + b[i];
+  }
+}
+
+__global__ void residualBackwardKernel(float* da, float* db, const float* dout, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    da[i] += dout[i];
+    db[i] += dout[i];
+  }
+}
+
+__global__ void scaleKernel(float* x, size_t n, float factor) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    x[i] *= factor;
+  }
+}
+
+// ---- softmax cross-entropy: one block per row ----
+
+constexpr int kRowThreads = 512;
+
+__global__ void crossEntropyMaxKernel(float* rowMax, const float* logits, int v) {
+  const float* x = logits + static_cast<size_t>(blockIdx.x) * v;
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, x[j]);
+  m = blockReduce(m, Max{});
+  if (threadIdx.x == 0) rowMax[blockIdx.x] = m;
+}
+
+__global__ void crossEntropyExpKernel(float* probs, float* sums, float* targetLogits, const float* logits,
+                                      const float* rowMax, const int* targets, int v, int v0) {
+  const size_t row = blockIdx.x;
+  const float* x = logits + row * v;
+  float* p = probs + row * v;
+  const float maxv = rowMax[row];
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < v; j += blockDim.x) {
+    p[j] = expf(x[j] - maxv);
+    sum += p[j];
+  }
+  sum = blockReduce(sum, Add{});
+  if (threadIdx.x == 0) {
+    sums[row] = sum;
+    const int column = targets[row] - v0;
+    targetLogits[row] = column >= 0 && column < v ? x[column] : 0.0f;
+  }
+}
+
+__global__ void crossEntropyLossKernel(float* probs, float* losses, const float* sums, const float* rowMax,
+                                       const float* targetLogits, int v) {
+  const size_t row = blockIdx.x;
+  float* p = probs + row * v;
+  const float inv = 1.0f / sums[row];
+  for (int j = threadIdx.x; j < v; j += blockDim.x) p[j] *= inv;
+  // -log softmax[target] = log(sum) + max - logit[target]: exact where the probability underflows.
+  if (threadIdx.x == 0) losses[row] = logf(sums[row]) + rowMax[row] - targetLogits[row];
+}
+
+// The three passes in one block per row, the row's statistics kept in registers.
+__global__ void crossEntropyForwardKernel(float* probs, float* losses, const float* logits, const int* targets, int v) {
+  const size_t row = blockIdx.x;
+  const float* x = logits + row * v;
+  float* p = probs + row * v;
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, x[j]);
+  m = blockReduce(m, Max{});
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < v; j += blockDim.x) {
+    p[j] = expf(x[j] - m);
+    sum += p[j];
+  }
+  sum = blockReduce(sum, Add{});
+  const float inv = 1.0f / sum;
+  for (int j = threadIdx.x; j < v; j += blockDim.x) p[j] *= inv;
+  if (threadIdx.x == 0) losses[row] = logf(sum) + m - x[targets[row]];
+}
+
+__global__ void crossEntropyBackwardKernel(float* dlogits, const float* probs, const int* targets, int v, float scale,
+                                           int v0) {
+  const size_t row = blockIdx.x;
+  const float* p = probs + row * v;
+  float* d = dlogits + row * v;
+  const int column = targets[row] - v0;
+  for (int j = threadIdx.x; j < v; j += blockDim.x) {
+    const float value = p[j] * scale;
+    d[j] = j == column ? value - scale : value;
+  }
+}
+
+// ---- optimizers (the step's scalars computed on the host, in double, as the CPU does) ----
+
+__global__ void adamwKernel(float* param, const float* grad, float* m, float* v, size_t n, float decay, float b1,
+                            float b2, float stepSize, float bc2Sqrt, float eps) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float g = grad[i];
+    const float p = param[i] * decay;
+    const float mi = m[i] * b1 + g * (1.0f - b1);
+    const float vi = v[i] * b2 + g * g * (1.0f - b2);
+    m[i] = mi;
+    v[i] = vi;
+    param[i] = p - stepSize * (mi / (sqrtf(vi) / bc2Sqrt + eps));
+  }
+}
+
+__global__ void sgdKernel(float* param, const float* grad, float* m, size_t n, bool first, float momentum, float decay,
+                          float lr, bool nesterov) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float g = grad[i] + decay * param[i];
+    const float mi = first ? g : m[i] * momentum + g;
+    m[i] = mi;
+    param[i] -= lr * (nesterov ? g + momentum * mi : mi);
+  }
+}
+
+// ---- sums in double, folded in block order ----
+
+template <bool kSquares>
+__global__ void partialSumsKernel(double* partial, const float* x, size_t n) {
+  double sum = 0.0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const double value = x[i];
+    sum += kSquares ? value * value : value;
+  }
+  sum = blockReduce(sum, Add{});
+  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
+}
+
+// One thread: the partial sums in order; *dst = the total (sumOfSquares) or total / n as float.
+__global__ void foldSumsKernel(double* total, float* mean, const double* partial, int parts, int n) {
+  double sum = 0.0;
+  for (int p = 0; p < parts; ++p) sum += partial[p];
+  if (total) *total = sum;
+  if (mean) *mean = n > 0 ? static_cast<float>(sum / n) : 0.0f;
+}
+
+}  // namespace
+
+int embeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C, int v0,
+                     int vcount, const int* positions, void* stream) {
+  if (B * T == 0) return 0;
+  embeddingForwardKernel<<<B * T, kThreads, 0, asStream(stream)>>>(out, tokens, wte, wpe, T, C, v0, vcount, positions);
+  return launched();
+}
+
+int embeddingBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v0,
+                      int vcount, const int* positions, void* stream) {
+  if (B * T == 0) return 0;
+  embeddingTokenBackwardKernel<<<B * T, kThreads, 0, asStream(stream)>>>(dwte, dout, tokens, C, v0, vcount);
+  if (const int error = launched()) return error;
+  embeddingPositionBackwardKernel<<<T, kThreads, 0, asStream(stream)>>>(dwpe, dout, B, T, C, positions);
+  return launched();
+}
+
+int layernormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                     int n, int c, void* stream) {
+  if (n == 0) return 0;
+  const int rowsPerBlock = kThreads / kWarp;
+  layernormForwardKernel<<<(n + rowsPerBlock - 1) / rowsPerBlock, kThreads, 0, asStream(stream)>>>(out, mean, rstd, inp,
+                                                                                                   weight, bias, n, c);
+  return launched();
+}
+
+size_t columnSumsScratchFloats(int n, int c) { return static_cast<size_t>(foldBlocks(n)) * c; }
+size_t layernormBackwardScratchFloats(int n, int c) { return 2 * columnSumsScratchFloats(n, c); }
+
+int layernormBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                      const float* weight, const float* mean, const float* rstd, int n, int c, float* scratch,
+                      void* stream) {
+  if (n == 0) return 0;
+  const int blocks = foldBlocks(n);
+  const int rowsPerBlock = (n + blocks - 1) / blocks;
+  layernormBackwardKernel<<<blocks, kThreads, 0, asStream(stream)>>>(dinp, scratch, dout, inp, weight, mean, rstd, n, c,
+                                                                     rowsPerBlock);
+  if (const int error = launched()) return error;
+  const unsigned columnBlocks = (c + kThreads - 1) / kThreads;
+  foldColumnsKernel<<<columnBlocks, kThreads, 0, asStream(stream)>>>(dweight, scratch, blocks, c);
+  if (const int error = launched()) return error;
+  foldColumnsKernel<<<columnBlocks, kThreads, 0, asStream(stream)>>>(dbias, scratch + static_cast<size_t>(blocks) * c,
+                                                                     blocks, c);
+  return launched();
+}
+
+int columnSums(float* dst, const float* src, int n, int c, float* scratch, void* stream) {
+  if (n == 0 || c == 0) return 0;
+  const int blocks = foldBlocks(n);
+  const int rowsPerBlock = (n + blocks - 1) / blocks;
+  const unsigned columnBlocks = (c + kThreads - 1) / kThreads;
+  columnPartialsKernel<<<dim3(columnBlocks, blocks), kThreads, 0, asStream(stream)>>>(scratch, src, n, c, rowsPerBlock);
+  if (const int error = launched()) return error;
+  foldColumnsKernel<<<columnBlocks, kThreads, 0, asStream(stream)>>>(dst, scratch, blocks, c);
+  return launched();
+}
+
+int geluForward(float* out, const float* inp, size_t n, void* stream) {
+  if (n == 0) return 0;
+  geluForwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(out, inp, n);
+  return launched();
+}
+
+int geluBackward(float* dinp, const float* inp, const float* dout, size_t n, void* stream) {
+  if (n == 0) return 0;
+  geluBackwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dinp, inp, dout, n);
+  return launched();
+}
+
+int residualForward(float* out, const float* a, const float* b, size_t n, void* stream) {
+  if (n == 0) return 0;
+  residualForwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(out, a, b, n);
+  return launched();
+}
+
+int residualBackward(float* da, float* db, const float* dout, size_t n, void* stream) {
+  if (n == 0) return 0;
+  residualBackwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(da, db, dout, n);
+  return launched();
+}
+
+int crossEntropyForward(float* probs, float* losses, const float* logits, const int* targets, int n, int v,
+                        void* stream) {
+  if (n == 0) return 0;
+  crossEntropyForwardKernel<<<n, kRowThreads, 0, asStream(stream)>>>(probs, losses, logits, targets, v);
+  return launched();
+}
+
+int crossEntropyShardMax(float* rowMax, const float* logits, int n, int v, void* stream) {
+  if (n == 0) return 0;
+  crossEntropyMaxKernel<<<n, kRowThreads, 0, asStream(stream)>>>(rowMax, logits, v);
+  return launched();
+}
+
+int crossEntropyShardExp(float* probs, float* sums, float* targetLogits, const float* logits, const float* rowMax,
+                         const int* targets, int n, int v, int v0, void* stream) {
+  if (n == 0) return 0;
+  crossEntropyExpKernel<<<n, kRowThreads, 0, asStream(stream)>>>(probs, sums, targetLogits, logits, rowMax, targets, v,
+                                                                 v0);
+  return launched();
+}
+
+int crossEntropyShardLoss(float* probs, float* losses, const float* sums, const float* rowMax,
+                          const float* targetLogits, int n, int v, void* stream) {
+  if (n == 0) return 0;
+  crossEntropyLossKernel<<<n, kRowThreads, 0, asStream(stream)>>>(probs, losses, sums, rowMax, targetLogits, v);
+  return launched();
+}
+
+int crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale, int v0,
+                         void* stream) {
+  if (n == 0) return 0;
+  crossEntropyBackwardKernel<<<n, kRowThreads, 0, asStream(stream)>>>(dlogits, probs, targets, v, scale, v0);
+  return launched();
+}
+
+int adamwStep(float* param, const float* grad, float* m, float* v, size_t n, long step, const OptimizerSettings& s,
+              void* stream) {
+  if (n == 0) return 0;
+  const double bc1 = 1.0 - std::pow(static_cast<double>(s.beta1), static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(s.beta2), static_cast<double>(step));
+  const float decay = static_cast<float>(1.0 - static_cast<double>(s.lr) * s.weightDecay);
+  adamwKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(param, grad, m, v, n, decay, s.beta1, s.beta2,
+                                                               static_cast<float>(s.lr / bc1),
+                                                               static_cast<float>(std::sqrt(bc2)), s.eps);
+  return launched();
+}
+
+int sgdStep(float* param, const float* grad, float* m, size_t n, long step, const OptimizerSettings& s, void* stream) {
+  if (n == 0) return 0;
+  sgdKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(param, grad, m, n, step <= 1, s.momentum, s.weightDecay,
+                                                             s.lr, s.nesterov);
+  return launched();
+}
+
+size_t sumScratchDoubles() { return kSumBlocks; }
+
+int sumOfSquares(double* result, const float* x, size_t n, double* scratch, void* stream) {
+  partialSumsKernel<true><<<kSumBlocks, kThreads, 0, asStream(stream)>>>(scratch, x, n);
+  if (const int error = launched()) return error;
+  foldSumsKernel<<<1, 1, 0, asStream(stream)>>>(result, nullptr, scratch, kSumBlocks, 0);
+  return launched();
+}
+
+int meanOf(float* result, const float* x, int n, double* scratch, void* stream) {
+  partialSumsKernel<false><<<kSumBlocks, kThreads, 0, asStream(stream)>>>(scratch, x, static_cast<size_t>(n));
+  if (const int error = launched()) return error;
+  foldSumsKernel<<<1, 1, 0, asStream(stream)>>>(nullptr, result, scratch, kSumBlocks, n);
+  return launched();
+}
+
+int scale(float* x, size_t n, float factor, void* stream) {
+  if (n == 0) return 0;
+  scaleKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(x, n, factor);
+  return launched();
+}
+
+}  // namespace chorus::kernels::cuda

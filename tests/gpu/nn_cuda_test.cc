@@ -1,0 +1,558 @@
+// nn_cuda_test.cc: the transformer's CUDA kernels (kernels/cuda/nn.h, matmul.h, moe.h) against the
+// CPU reference (kernels/cpu/nn.h, matmul.h, moe.h) on random inputs, forward and backward: every
+// result within 1e-5 of the reference's largest magnitude in fp32 (the GPU sums in another order),
+// what involves no sum in another order bit for bit (the embedding, the positions' gradient, the
+// experts' choices, rows and gates, dispatch and combine), 16-bit products against the reference's
+// own 16-bit products, TF32 within its 10-bit mantissas. Skipped (with the reason) without a device.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/half.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/moe.h"
+#include "kernels/cpu/nn.h"
+#include "kernels/cuda/matmul.h"
+#include "kernels/cuda/moe.h"
+#include "kernels/cuda/nn.h"
+#include "tests/gpu/device.h"
+
+namespace chorus::kernels {
+namespace {
+
+using chorus::testing::DeviceBuffer;
+
+std::vector<float> randomVector(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> x(n);
+  for (float& v : x) v = normal(gen);
+  return x;
+}
+
+std::vector<int> randomTokens(size_t n, int v, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> pick(0, v - 1);
+  std::vector<int> t(n);
+  for (int& x : t) x = pick(gen);
+  return t;
+}
+
+// Every element of gpu within rel x (the reference's largest magnitude) of the reference.
+void expectNear(const std::vector<float>& gpu, const std::vector<float>& cpu, double rel, const std::string& what) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  double largest = 0.0;
+  for (const float c : cpu) largest = std::max(largest, std::fabs(static_cast<double>(c)));
+  const double bound = rel * std::max(largest, 1e-30);
+  size_t wrong = 0, first = 0;
+  double worst = 0.0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double diff = std::fabs(static_cast<double>(gpu[i]) - cpu[i]);
+    if (!(diff <= bound)) {
+      if (wrong++ == 0) first = i;
+    }
+    worst = std::max(worst, diff);
+  }
+  EXPECT_EQ(wrong, 0u) << what << ": " << wrong << " of " << cpu.size() << " beyond " << bound << "; first at " << first
+                       << " (gpu " << gpu[first] << ", cpu " << cpu[first] << "), worst " << worst;
+}
+
+void expectOk(int code, const char* call) { ASSERT_EQ(code, 0) << call << ": " << cuda::errorName(code); }
+#define CUDA_OK(call) expectOk((call), #call)
+
+void sync() { ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess); }
+
+TEST(CudaNnTest, EmbeddingsForwardAndBackward) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  const int B = 3, T = 17, C = 40, V = 53, v0 = 11, vcount = 30, context = 64;
+  const std::vector<int> tokens = randomTokens(static_cast<size_t>(B) * T, V, 1);
+  std::vector<int> positions(T);
+  for (int t = 0; t < T; ++t) positions[t] = 3 * t + 1;  // context parallelism's kind of positions
+  const auto wte = randomVector(static_cast<size_t>(vcount) * C, 2);
+  const auto wpe = randomVector(static_cast<size_t>(context) * C, 3);
+  const auto dout = randomVector(static_cast<size_t>(B) * T * C, 4);
+  for (const bool withPositions : {false, true}) {
+    const int* pos = withPositions ? positions.data() : nullptr;
+    std::vector<float> out(dout.size()), dwte = randomVector(wte.size(), 5), dwpe = randomVector(wpe.size(), 6);
+    DeviceBuffer<int> dTokens(tokens), dPositions(positions);
+    DeviceBuffer<float> dWte(wte), dWpe(wpe), dOut(out.size()), dDout(dout), dDwte(dwte), dDwpe(dwpe);
+    embeddingForward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, v0, vcount, pos);
+    embeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C, v0, vcount, pos);
+    const int* dPos = withPositions ? dPositions.data : nullptr;
+    CUDA_OK(cuda::embeddingForward(dOut.data, dTokens.data, dWte.data, dWpe.data, B, T, C, v0, vcount, dPos, nullptr));
+    CUDA_OK(
+        cuda::embeddingBackward(dDwte.data, dDwpe.data, dDout.data, dTokens.data, B, T, C, v0, vcount, dPos, nullptr));
+    sync();
+    EXPECT_EQ(dOut.read(), out) << "forward is one addition per element, as on the CPU";
+    EXPECT_EQ(dDwpe.read(), dwpe) << "the positions' gradient is added in batch order, as on the CPU";
+    expectNear(dDwte.read(), dwte, 1e-6, "token embedding gradient");
+  }
+}
+
+TEST(CudaNnTest, LayernormForwardAndBackward) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  for (const auto& [n, c] : std::vector<std::pair<int, int>>{{1, 7}, {37, 96}, {300, 768}}) {
+    const size_t count = static_cast<size_t>(n) * c;
+    auto inp = randomVector(count, 7, 2.0f);
+    for (size_t i = 0; i < count; ++i) inp[i] += 0.5f;  // a mean to remove
+    const auto weight = randomVector(c, 8), bias = randomVector(c, 9), dout = randomVector(count, 10);
+    std::vector<float> out(count), mean(n), rstd(n), dinp = randomVector(count, 11), dweight = randomVector(c, 12),
+                                                     dbias = randomVector(c, 13);
+    DeviceBuffer<float> dInp(inp), dWeight(weight), dBias(bias), dOut(count), dMean(n), dRstd(n), dDout(dout),
+        dDinp(dinp), dDweight(dweight), dDbias(dbias), scratch(cuda::layernormBackwardScratchFloats(n, c));
+    layernormForward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), n, c);
+    layernormBackward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data(), mean.data(),
+                      rstd.data(), n, c);
+    CUDA_OK(
+        cuda::layernormForward(dOut.data, dMean.data, dRstd.data, dInp.data, dWeight.data, dBias.data, n, c, nullptr));
+    CUDA_OK(cuda::layernormBackward(dDinp.data, dDweight.data, dDbias.data, dDout.data, dInp.data, dWeight.data,
+                                    dMean.data, dRstd.data, n, c, scratch.data, nullptr));
+    sync();
+    const std::string shape = " (" + std::to_string(n) + " x " + std::to_string(c) + ")";
+    expectNear(dOut.read(), out, 1e-5, "layernorm out" + shape);
+    expectNear(dMean.read(), mean, 1e-5, "layernorm mean" + shape);
+    expectNear(dRstd.read(), rstd, 1e-5, "layernorm rstd" + shape);
+    expectNear(dDinp.read(), dinp, 1e-5, "layernorm dinp" + shape);
+    expectNear(dDweight.read(), dweight, 1e-5, "layernorm dweight" + shape);
+    expectNear(dDbias.read(), dbias, 1e-5, "layernorm dbias" + shape);
+  }
+}
+
+TEST(CudaNnTest, GeluResidualScaleAndColumnSums) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  const size_t n = 100003;
+  const auto x = randomVector(n, 14, 3.0f), y = randomVector(n, 15), dout = randomVector(n, 16);
+  std::vector<float> gelu(n), dgelu = randomVector(n, 17), sum(n), da = randomVector(n, 18), db = randomVector(n, 19);
+  geluForward(gelu.data(), x.data(), n);
+  geluBackward(dgelu.data(), x.data(), dout.data(), n);
+  residualForward(sum.data(), x.data(), y.data(), n);
+  residualBackward(da.data(), db.data(), dout.data(), n);
+  DeviceBuffer<float> dX(x), dY(y), dDout(dout), dGelu(n), dDgelu(randomVector(n, 17)), dSum(n),
+      dDa(randomVector(n, 18)), dDb(randomVector(n, 19));
+  CUDA_OK(cuda::geluForward(dGelu.data, dX.data, n, nullptr));
+  CUDA_OK(cuda::geluBackward(dDgelu.data, dX.data, dDout.data, n, nullptr));
+  CUDA_OK(cuda::residualForward(dSum.data, dX.data, dY.data, n, nullptr));
+  CUDA_OK(cuda::residualBackward(dDa.data, dDb.data, dDout.data, n, nullptr));
+  sync();
+  expectNear(dGelu.read(), gelu, 1e-5, "gelu");
+  expectNear(dDgelu.read(), dgelu, 1e-5, "gelu backward");
+  EXPECT_EQ(dSum.read(), sum);
+  EXPECT_EQ(dDa.read(), da);
+  EXPECT_EQ(dDb.read(), db);
+
+  std::vector<float> scaled = x;
+  scale(scaled.data(), n, 0.37f);
+  CUDA_OK(cuda::scale(dX.data, n, 0.37f, nullptr));
+  sync();
+  EXPECT_EQ(dX.read(), scaled);
+
+  // The bias gradient's column sums against the CPU's matmulBackward (dbias only).
+  const int rows = 1000, cols = 77;
+  const auto m = randomVector(static_cast<size_t>(rows) * cols, 20);
+  std::vector<float> sums = randomVector(cols, 21);
+  matmulBackward(nullptr, nullptr, sums.data(), m.data(), nullptr, nullptr, rows, 1, cols);
+  DeviceBuffer<float> dM(m), dSums(randomVector(cols, 21)), scratch(cuda::columnSumsScratchFloats(rows, cols));
+  CUDA_OK(cuda::columnSums(dSums.data, dM.data, rows, cols, scratch.data, nullptr));
+  sync();
+  expectNear(dSums.read(), sums, 1e-5, "column sums");
+}
+
+TEST(CudaNnTest, CrossEntropyWholeAndVocabParallel) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  const int n = 37, V = 1001, split = 400;
+  const auto logits = randomVector(static_cast<size_t>(n) * V, 22, 4.0f);
+  const auto targets = randomTokens(n, V, 23);
+  std::vector<float> probs(logits.size()), losses(n), dlogits(logits.size());
+  crossEntropyForward(probs.data(), losses.data(), logits.data(), targets.data(), n, V);
+  crossEntropyBackward(dlogits.data(), probs.data(), targets.data(), n, V, 1.0f / n);
+  DeviceBuffer<float> dLogits(logits), dProbs(logits.size()), dLosses(n), dD(logits.size());
+  DeviceBuffer<int> dTargets(targets);
+  CUDA_OK(cuda::crossEntropyForward(dProbs.data, dLosses.data, dLogits.data, dTargets.data, n, V, nullptr));
+  CUDA_OK(cuda::crossEntropyBackward(dD.data, dProbs.data, dTargets.data, n, V, 1.0f / n, 0, nullptr));
+  sync();
+  expectNear(dProbs.read(), probs, 1e-5, "probabilities");
+  expectNear(dLosses.read(), losses, 1e-5, "losses");
+  expectNear(dD.read(), dlogits, 1e-5, "dlogits");
+
+  // Two vocabulary shards [0, split) and [split, V): the per-row values combined on the host as the
+  // ranks' all-reduces would, then each shard's loss pass; the losses are the whole ones.
+  const int widths[2] = {split, V - split};
+  std::vector<std::vector<float>> shardLogits(2), shardProbs(2);
+  for (int s = 0; s < 2; ++s) {
+    for (int r = 0; r < n; ++r) {
+      const float* row = logits.data() + static_cast<size_t>(r) * V + (s == 0 ? 0 : split);
+      shardLogits[s].insert(shardLogits[s].end(), row, row + widths[s]);
+    }
+  }
+  std::vector<float> rowMax(n, -std::numeric_limits<float>::infinity()), sums(n, 0.0f), targetLogits(n, 0.0f);
+  DeviceBuffer<float> dShard0(shardLogits[0]), dShard1(shardLogits[1]), dP0(shardLogits[0].size()),
+      dP1(shardLogits[1].size()), dPart(n), dTargetPart(n);
+  DeviceBuffer<float>* dShards[2] = {&dShard0, &dShard1};
+  DeviceBuffer<float>* dPs[2] = {&dP0, &dP1};
+  for (int s = 0; s < 2; ++s) {
+    CUDA_OK(cuda::crossEntropyShardMax(dPart.data, dShards[s]->data, n, widths[s], nullptr));
+    sync();
+    const auto maxes = dPart.read();
+    for (int r = 0; r < n; ++r) rowMax[r] = std::max(rowMax[r], maxes[r]);
+  }
+  DeviceBuffer<float> dRowMax(rowMax);
+  for (int s = 0; s < 2; ++s) {
+    CUDA_OK(cuda::crossEntropyShardExp(dPs[s]->data, dPart.data, dTargetPart.data, dShards[s]->data, dRowMax.data,
+                                       dTargets.data, n, widths[s], s == 0 ? 0 : split, nullptr));
+    sync();
+    const auto part = dPart.read(), target = dTargetPart.read();
+    for (int r = 0; r < n; ++r) {
+      sums[r] += part[r];
+      targetLogits[r] += target[r];
+    }
+  }
+  DeviceBuffer<float> dSums(sums), dTarget(targetLogits), dShardLosses(n);
+  CUDA_OK(cuda::crossEntropyShardLoss(dP1.data, dShardLosses.data, dSums.data, dRowMax.data, dTarget.data, n, widths[1],
+                                      nullptr));
+  sync();
+  expectNear(dShardLosses.read(), losses, 1e-5, "vocab-parallel losses");
+  std::vector<float> tail;
+  for (int r = 0; r < n; ++r) {
+    const float* row = probs.data() + static_cast<size_t>(r) * V + split;
+    tail.insert(tail.end(), row, row + widths[1]);
+  }
+  expectNear(dP1.read(), tail, 1e-5, "vocab-parallel probabilities of the second shard");
+
+  DeviceBuffer<double> sumScratch(cuda::sumScratchDoubles());
+  DeviceBuffer<float> mean(1);
+  CUDA_OK(cuda::meanOf(mean.data, dLosses.data, n, sumScratch.data, nullptr));
+  sync();
+  double total = 0.0;
+  for (const float l : losses) total += l;
+  EXPECT_NEAR(mean.read()[0], total / n, 1e-5 * std::fabs(total / n));
+}
+
+TEST(CudaNnTest, OptimizersAndGradientNorm) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  const size_t n = 50001;
+  for (const Optimizer kind : {Optimizer::kAdamW, Optimizer::kSgd}) {
+    for (const bool nesterov : {false, true}) {
+      if (kind == Optimizer::kAdamW && nesterov) continue;
+      OptimizerSettings s;
+      s.kind = kind;
+      s.lr = 1e-2f;
+      s.nesterov = nesterov;
+      auto param = randomVector(n, 24), m = std::vector<float>(n), v = std::vector<float>(n);
+      DeviceBuffer<float> dParam(param), dM(n), dV(n);
+      for (long step = 1; step <= 3; ++step) {
+        const auto grad = randomVector(n, 25 + static_cast<uint32_t>(step));
+        DeviceBuffer<float> dGrad(grad);
+        if (kind == Optimizer::kAdamW) {
+          adamwStep(param.data(), grad.data(), m.data(), v.data(), n, step, s);
+          CUDA_OK(cuda::adamwStep(dParam.data, dGrad.data, dM.data, dV.data, n, step, s, nullptr));
+        } else {
+          sgdStep(param.data(), grad.data(), m.data(), n, step, s);
+          CUDA_OK(cuda::sgdStep(dParam.data, dGrad.data, dM.data, n, step, s, nullptr));
+        }
+        sync();
+      }
+      const std::string name = kind == Optimizer::kAdamW ? "AdamW" : nesterov ? "SGD nesterov" : "SGD";
+      expectNear(dParam.read(), param, 1e-5, name + " parameters");
+      expectNear(dM.read(), m, 1e-5, name + " momentum");
+      if (kind == Optimizer::kAdamW) expectNear(dV.read(), v, 1e-5, name + " second moment");
+    }
+  }
+  const auto x = randomVector(n, 30);
+  DeviceBuffer<float> dX(x);
+  DeviceBuffer<double> result(1), scratch(cuda::sumScratchDoubles());
+  CUDA_OK(cuda::sumOfSquares(result.data, dX.data, n, scratch.data, nullptr));
+  sync();
+  const double cpu = sumOfSquares(x.data(), n);
+  EXPECT_NEAR(result.read()[0], cpu, 1e-12 * cpu);
+}
+
+TEST(CudaNnTest, MatrixProductsFp32Bf16Fp16AndTf32) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  const int n = 75, c = 96, oc = 130;
+  const auto inp = randomVector(static_cast<size_t>(n) * c, 31), weight = randomVector(static_cast<size_t>(oc) * c, 32);
+  const auto bias = randomVector(oc, 33), dout = randomVector(static_cast<size_t>(n) * oc, 34);
+  const auto dinp0 = randomVector(inp.size(), 35), dweight0 = randomVector(weight.size(), 36),
+             dbias0 = randomVector(oc, 37);
+  {
+    std::vector<float> out(static_cast<size_t>(n) * oc), dinp = dinp0, dweight = dweight0, dbias = dbias0;
+    matmulForward(out.data(), inp.data(), weight.data(), bias.data(), n, c, oc);
+    matmulBackward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data(), n, c, oc);
+    DeviceBuffer<float> dInp(inp), dWeight(weight), dBias(bias), dOut(out.size()), dDout(dout), dDinp(dinp0),
+        dDweight(dweight0), dDbias(dbias0);
+    DeviceBuffer<char> scratch(cuda::matmulBackwardScratchBytes(n, oc));
+    CUDA_OK(cuda::matmulForward(dOut.data, dInp.data, dWeight.data, dBias.data, n, c, oc, nullptr));
+    CUDA_OK(cuda::matmulBackward(dDinp.data, dDweight.data, dDbias.data, dDout.data, dInp.data, dWeight.data, n, c, oc,
+                                 scratch.data, nullptr));
+    sync();
+    expectNear(dOut.read(), out, 1e-5, "fp32 forward");
+    expectNear(dDinp.read(), dinp, 1e-5, "fp32 dinp");
+    expectNear(dDweight.read(), dweight, 1e-5, "fp32 dweight");
+    expectNear(dDbias.read(), dbias, 1e-5, "fp32 dbias");
+
+    // TF32: products of 10-bit mantissas (relative error up to 2^-10 each), fp32 sums.
+    cuda::setTf32(true);
+    CUDA_OK(cuda::matmulForward(dOut.data, dInp.data, dWeight.data, dBias.data, n, c, oc, nullptr));
+    sync();
+    cuda::setTf32(false);
+    expectNear(dOut.read(), out, 1e-2, "TF32 forward");
+  }
+  for (const Float16 format : {Float16::kBf16, Float16::kFp16}) {
+    std::vector<uint16_t> inp16(inp.size()), weight16(weight.size());
+    toFloat16(format, inp.data(), inp16.data(), inp.size());
+    toFloat16(format, weight.data(), weight16.data(), weight.size());
+    std::vector<float> out(static_cast<size_t>(n) * oc), dinp = dinp0, dweight = dweight0, dbias = dbias0;
+    matmulForward16(format, out.data(), inp16.data(), weight16.data(), bias.data(), n, c, oc);
+    matmulBackward16(format, dinp.data(), dweight.data(), dbias.data(), dout.data(), inp16.data(), weight16.data(), n,
+                     c, oc);
+    DeviceBuffer<uint16_t> dInp(inp16), dWeight(weight16);
+    DeviceBuffer<float> dBias(bias), dOut(out.size()), dDout(dout), dDinp(dinp0), dDweight(dweight0), dDbias(dbias0);
+    DeviceBuffer<char> scratch(cuda::matmulBackward16ScratchBytes(n, oc));
+    CUDA_OK(cuda::matmulForward16(format, dOut.data, dInp.data, dWeight.data, dBias.data, n, c, oc, nullptr));
+    CUDA_OK(cuda::matmulBackward16(format, dDinp.data, dDweight.data, dDbias.data, dDout.data, dInp.data, dWeight.data,
+                                   n, c, oc, scratch.data, nullptr));
+    sync();
+    // The same products of the same 16-bit values, exact in fp32: only the order of the sums differs.
+    const std::string name = float16Name(format);
+    expectNear(dOut.read(), out, 1e-5, name + " forward");
+    expectNear(dDinp.read(), dinp, 1e-5, name + " dinp");
+    expectNear(dDweight.read(), dweight, 1e-5, name + " dweight");
+    expectNear(dDbias.read(), dbias, 1e-5, name + " dbias");
+  }
+}
+
+// The whole causal attention against the CPU's (which keeps the probabilities), for head sizes
+// that fill one to four column lanes and a length that is no multiple of the tiles.
+TEST(CudaNnTest, AttentionForwardAndBackward) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  struct Shape {
+    int B, T, C, NH;
+  };
+  for (const Shape& s : {Shape{2, 67, 48, 3}, Shape{1, 130, 128, 2}, Shape{2, 45, 200, 2}, Shape{1, 33, 256, 2}}) {
+    const size_t rows = static_cast<size_t>(s.B) * s.T;
+    const auto qkv = randomVector(rows * 3 * s.C, 40);
+    const auto dout = randomVector(rows * s.C, 41);
+    const auto dqkv0 = randomVector(qkv.size(), 42);
+    std::vector<float> out(rows * s.C), att(static_cast<size_t>(s.B) * s.NH * s.T * s.T),
+        scratch(static_cast<size_t>(s.T) * s.T), dqkv = dqkv0;
+    attentionForward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+    attentionBackward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), s.B, s.T, s.C, s.NH);
+    const size_t stats = static_cast<size_t>(s.B) * s.NH * s.T;
+    DeviceBuffer<float> dQkv(qkv), dOut(out.size()), dLse(stats), dSum(stats), dDelta(stats), dDout(dout), dDqkv(dqkv0);
+    CUDA_OK(cuda::attentionForward(dOut.data, dLse.data, dSum.data, dQkv.data, s.B, s.T, s.C, s.NH, nullptr));
+    CUDA_OK(cuda::attentionBackward(dDqkv.data, dDelta.data, dDout.data, dOut.data, dQkv.data, dLse.data, s.B, s.T, s.C,
+                                    s.NH, nullptr));
+    sync();
+    const std::string shape = " (B " + std::to_string(s.B) + ", T " + std::to_string(s.T) + ", C " +
+                              std::to_string(s.C) + ", heads " + std::to_string(s.NH) + ")";
+    expectNear(dOut.read(), out, 1e-5, "attention out" + shape);
+    expectNear(dDqkv.read(), dqkv, 1e-5, "attention dqkv" + shape);
+
+    // 16-bit q, k, v: the GPU computes in fp32 from them, so it matches the CPU's fp32 attention
+    // of the same values widened.
+    for (const Float16 format : {Float16::kBf16, Float16::kFp16}) {
+      std::vector<uint16_t> qkv16(qkv.size());
+      std::vector<float> widened(qkv.size());
+      toFloat16(format, qkv.data(), qkv16.data(), qkv.size());
+      fromFloat16(format, qkv16.data(), widened.data(), qkv.size());
+      std::vector<float> out16(out.size()), dqkv16 = dqkv0;
+      attentionForward(out16.data(), att.data(), widened.data(), s.B, s.T, s.C, s.NH);
+      attentionBackward(dqkv16.data(), scratch.data(), dout.data(), widened.data(), att.data(), s.B, s.T, s.C, s.NH);
+      DeviceBuffer<uint16_t> dQkv16(qkv16);
+      DeviceBuffer<float> dDqkv16(dqkv0);
+      CUDA_OK(
+          cuda::attentionForward16(format, dOut.data, dLse.data, dSum.data, dQkv16.data, s.B, s.T, s.C, s.NH, nullptr));
+      CUDA_OK(cuda::attentionBackward16(format, dDqkv16.data, dDelta.data, dDout.data, dOut.data, dQkv16.data,
+                                        dLse.data, s.B, s.T, s.C, s.NH, nullptr));
+      sync();
+      expectNear(dOut.read(), out16, 1e-5, std::string(float16Name(format)) + " attention out" + shape);
+      expectNear(dDqkv16.read(), dqkv16, 1e-5, std::string(float16Name(format)) + " attention dqkv" + shape);
+    }
+  }
+  // A head larger than the kernels take is refused, not run.
+  DeviceBuffer<float> small(16);
+  EXPECT_EQ(cuda::attentionForward(small.data, small.data, small.data, small.data, 1, 1, 2 * 129, 2, nullptr),
+            static_cast<int>(cudaErrorInvalidValue));
+}
+
+// Ring attention's blocks: queries against a block of earlier keys (no mask) and then their own
+// (the diagonal), several sequences in one call with rows of other sequences between them, against
+// the CPU's blocks one sequence at a time; then backward through both blocks.
+TEST(CudaNnTest, AttentionBlocksOfRingAttention) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  const int batch = 3, Tq = 37, Tk = 37, C = 64, NH = 2, stride = 3 * C;
+  // Each sequence holds 2 Tq rows (two chunks, as a cp rank's); the queries are the second chunk,
+  // the earlier keys the first.
+  const size_t seqRows = 2 * Tq;
+  const auto qkv = randomVector(batch * seqRows * stride, 50);
+  const auto dout = randomVector(batch * seqRows * C, 51);
+  const auto grads0 = randomVector(qkv.size(), 52);
+  const size_t stats = static_cast<size_t>(batch) * NH * Tq;
+  std::vector<float> out(batch * seqRows * C, 0.0f), rowMax(stats, -std::numeric_limits<float>::infinity()),
+      rowSum(stats, 0.0f), lse(stats), delta(stats), scratch(2 * Tq * Tk), grads = grads0;
+  auto block = [&](const float* base, bool diagonal) {
+    // Queries at rows Tq.. of the sequence; keys at rows 0.. (earlier) or Tq.. (the diagonal).
+    return AttentionBlock{base + Tq * stride,
+                          stride,
+                          base + (diagonal ? Tq : 0) * stride + C,
+                          base + (diagonal ? Tq : 0) * stride + 2 * C,
+                          stride,
+                          Tq,
+                          Tk,
+                          C,
+                          NH,
+                          diagonal};
+  };
+  for (int b = 0; b < batch; ++b) {
+    const float* base = qkv.data() + b * seqRows * stride;
+    float* o = out.data() + (b * seqRows + Tq) * C;
+    const size_t st = static_cast<size_t>(b) * NH * Tq;
+    for (const bool diagonal : {false, true}) {
+      attentionBlockForward(block(base, diagonal), o, C, rowMax.data() + st, rowSum.data() + st, Tq, scratch.data());
+    }
+    attentionBlockFinish(o, C, lse.data() + st, rowMax.data() + st, rowSum.data() + st, Tq, Tq, C, NH);
+    attentionBlockDelta(delta.data() + st, Tq, dout.data() + (b * seqRows + Tq) * C, o, C, Tq, C, NH);
+    float* g = grads.data() + b * seqRows * stride;
+    for (const bool diagonal : {false, true}) {
+      const size_t kv = (diagonal ? Tq : 0) * stride;
+      attentionBlockBackward(block(base, diagonal), dout.data() + (b * seqRows + Tq) * C, C, lse.data() + st,
+                             delta.data() + st, Tq, g + Tq * stride, stride, g + kv + C, g + kv + 2 * C, stride,
+                             scratch.data());
+    }
+  }
+  DeviceBuffer<float> dQkv(qkv), dOut(out.size()), dMax(stats), dSum(stats), dLse(stats), dDelta(stats), dDout(dout),
+      dGrads(grads0);
+  const cuda::AttentionBatch bat{batch, seqRows, seqRows, static_cast<size_t>(NH) * Tq};
+  float* o = dOut.data + Tq * C;
+  CUDA_OK(cuda::attentionBlockStart(o, C, dMax.data, dSum.data, Tq, Tq, C, NH, bat, nullptr));
+  for (const bool diagonal : {false, true}) {
+    CUDA_OK(cuda::attentionBlockForward(block(dQkv.data, diagonal), bat, o, C, dMax.data, dSum.data, Tq, nullptr));
+  }
+  CUDA_OK(cuda::attentionBlockFinish(o, C, dLse.data, dMax.data, dSum.data, Tq, Tq, C, NH, bat, nullptr));
+  CUDA_OK(cuda::attentionBlockDelta(dDelta.data, Tq, dDout.data + Tq * C, o, C, Tq, C, NH, bat, nullptr));
+  for (const bool diagonal : {false, true}) {
+    const size_t kv = (diagonal ? Tq : 0) * stride;
+    CUDA_OK(cuda::attentionBlockBackward(block(dQkv.data, diagonal), bat, dDout.data + Tq * C, C, dLse.data,
+                                         dDelta.data, Tq, dGrads.data + Tq * stride, stride, dGrads.data + kv + C,
+                                         dGrads.data + kv + 2 * C, stride, nullptr));
+  }
+  sync();
+  expectNear(dOut.read(), out, 1e-5, "blockwise out (the first chunks' rows stay 0)");
+  expectNear(dLse.read(), lse, 1e-5, "blockwise lse");
+  expectNear(dDelta.read(), delta, 1e-5, "blockwise delta");
+  expectNear(dGrads.read(), grads, 1e-5, "blockwise dq, dk, dv");
+}
+
+// The router: softmax, the top-k choice (with ties, with and without gate normalisation, with and
+// without a capacity that drops choices), the load-balancing sums and backward.
+TEST(CudaNnTest, RouterChoosesAsTheReference) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  const int n = 300, E = 8, k = 2;
+  auto logits = randomVector(static_cast<size_t>(n) * E, 60, 2.0f);
+  for (int i = 0; i < n; i += 7)
+    logits[static_cast<size_t>(i) * E + 5] = logits[static_cast<size_t>(i) * E + 2];  // ties
+  std::vector<float> probs(logits.size()), lse(n), sums(E);
+  routerSoftmax(probs.data(), lse.data(), logits.data(), n, E);
+  routerColumnSums(sums.data(), probs.data(), n, E);
+  DeviceBuffer<float> dLogits(logits), dProbs(probs.size()), dLse(n), dSums(E);
+  CUDA_OK(cuda::routerSoftmax(dProbs.data, dLse.data, dLogits.data, n, E, nullptr));
+  CUDA_OK(cuda::routerColumnSums(dSums.data, dProbs.data, n, E, nullptr));
+  sync();
+  expectNear(dProbs.read(), probs, 1e-6, "router probabilities");
+  expectNear(dLse.read(), lse, 1e-6, "router lse");
+  expectNear(dSums.read(), sums, 1e-6, "router column sums");
+  // The choices from the same probabilities (the reference's), so ties stay ties.
+  DeviceBuffer<float> dRef(probs);
+  for (const bool normalize : {false, true}) {
+    for (const int capacity : {-1, expertCapacity(0.6, n, E, k)}) {
+      std::vector<int> expert(n * k), row(n * k), assigned(E), counts(E);
+      std::vector<float> gate(n * k);
+      const int dropped = routeTopK(expert.data(), gate.data(), row.data(), assigned.data(), counts.data(),
+                                    probs.data(), n, E, k, normalize, capacity);
+      DeviceBuffer<int> dExpert(n * k), dRow(n * k), dAssigned(E), dCounts(E), dDropped(1);
+      DeviceBuffer<float> dGate(n * k);
+      CUDA_OK(cuda::routeTopK(dExpert.data, dGate.data, dRow.data, dAssigned.data, dCounts.data, dDropped.data,
+                              dRef.data, n, E, k, normalize, capacity, nullptr));
+      sync();
+      const std::string what =
+          std::string(normalize ? "normalized" : "raw") + " gates, capacity " + std::to_string(capacity);
+      EXPECT_EQ(dExpert.read(), expert) << what;
+      EXPECT_EQ(dGate.read(), gate) << what;
+      EXPECT_EQ(dRow.read(), row) << what;
+      EXPECT_EQ(dAssigned.read(), assigned) << what;
+      EXPECT_EQ(dCounts.read(), counts) << what;
+      EXPECT_EQ(dDropped.read()[0], dropped) << what;
+      if (capacity > 0) {
+        EXPECT_GT(dropped, 0) << "the capacity drops choices";
+      }
+
+      const auto dgate = randomVector(n * k, 61);
+      std::vector<float> dlogits(logits.size());
+      const int total = 4 * n;  // as if four ranks shared the tokens
+      routerBackward(dlogits.data(), dgate.data(), probs.data(), lse.data(), expert.data(), gate.data(), row.data(),
+                     assigned.data(), n, total, E, k, normalize, 0.01f, 0.001f);
+      DeviceBuffer<float> dDgate(dgate), dDlogits(dlogits.size());
+      CUDA_OK(cuda::routerBackward(dDlogits.data, dDgate.data, dRef.data, dLse.data, dExpert.data, dGate.data,
+                                   dRow.data, dAssigned.data, n, total, E, k, normalize, 0.01f, 0.001f, nullptr));
+      sync();
+      expectNear(dDlogits.read(), dlogits, 1e-5, "router backward, " + what);
+    }
+  }
+}
+
+TEST(CudaNnTest, DispatchCombineAndSwiglu) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  const int n = 200, E = 4, k = 2, C = 96, h = 150;
+  const auto probs0 = randomVector(static_cast<size_t>(n) * E, 62);
+  std::vector<float> probs(probs0.size()), lse(n);
+  routerSoftmax(probs.data(), lse.data(), probs0.data(), n, E);
+  std::vector<int> expert(n * k), row(n * k), assigned(E), counts(E);
+  std::vector<float> gate(n * k);
+  routeTopK(expert.data(), gate.data(), row.data(), assigned.data(), counts.data(), probs.data(), n, E, k, true,
+            expertCapacity(0.8, n, E, k));
+  int rows = 0;
+  for (const int c : counts) rows += c;
+  const auto x = randomVector(static_cast<size_t>(n) * C, 63), y = randomVector(static_cast<size_t>(rows) * C, 64);
+  const auto dout = randomVector(static_cast<size_t>(n) * C, 65), dbuffer = randomVector(y.size(), 66);
+  const auto dx0 = randomVector(x.size(), 67);
+  std::vector<float> buffer(y.size()), dx = dx0, out(x.size()), dy(y.size()), dgate(n * k);
+  moeDispatch(buffer.data(), x.data(), row.data(), n, k, C);
+  moeDispatchBackward(dx.data(), dbuffer.data(), row.data(), n, k, C);
+  moeCombine(out.data(), y.data(), row.data(), gate.data(), n, k, C);
+  moeCombineBackward(dy.data(), dgate.data(), dout.data(), y.data(), row.data(), gate.data(), n, k, C);
+  DeviceBuffer<int> dRow(row);
+  DeviceBuffer<float> dGate(gate), dX(x), dY(y), dDout(dout), dDbuffer(dbuffer), dBuffer(buffer.size()), dDx(dx0),
+      dOut(out.size()), dDy(dy.size()), dDgate(dgate.size());
+  CUDA_OK(cuda::moeDispatch(dBuffer.data, dX.data, dRow.data, n, k, C, nullptr));
+  CUDA_OK(cuda::moeDispatchBackward(dDx.data, dDbuffer.data, dRow.data, n, k, C, nullptr));
+  CUDA_OK(cuda::moeCombine(dOut.data, dY.data, dRow.data, dGate.data, n, k, C, nullptr));
+  CUDA_OK(
+      cuda::moeCombineBackward(dDy.data, dDgate.data, dDout.data, dY.data, dRow.data, dGate.data, n, k, C, nullptr));
+  sync();
+  EXPECT_EQ(dBuffer.read(), buffer);
+  EXPECT_EQ(dDx.read(), dx);
+  EXPECT_EQ(dOut.read(), out);
+  EXPECT_EQ(dDy.read(), dy);
+  expectNear(dDgate.read(), dgate, 1e-6, "gates' gradient");
+
+  const auto inp = randomVector(static_cast<size_t>(n) * 2 * h, 68, 2.0f),
+             dact = randomVector(static_cast<size_t>(n) * h, 69);
+  const auto dinp0 = randomVector(inp.size(), 70);
+  std::vector<float> act(static_cast<size_t>(n) * h), dinp = dinp0;
+  swigluForward(act.data(), inp.data(), n, h);
+  swigluBackward(dinp.data(), inp.data(), dact.data(), n, h);
+  DeviceBuffer<float> dInp(inp), dAct(act.size()), dDact(dact), dDinp(dinp0);
+  CUDA_OK(cuda::swigluForward(dAct.data, dInp.data, n, h, nullptr));
+  CUDA_OK(cuda::swigluBackward(dDinp.data, dInp.data, dDact.data, n, h, nullptr));
+  sync();
+  expectNear(dAct.read(), act, 1e-5, "swiglu");
+  expectNear(dDinp.read(), dinp, 1e-5, "swiglu backward");
+}
+
+}  // namespace
+}  // namespace chorus::kernels
