@@ -185,10 +185,36 @@ __global__ void residualBackwardKernel(float* da, float* db, const float* dout, 
   }
 }
 
+__global__ void addRowsKernel(float* dst, size_t dstStride, const float* src, size_t srcStride, size_t width,
+                              size_t rows) {
+  const size_t count = width * rows;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t r = i / width, c = i % width;
+    dst[r * dstStride + c] += src[r * srcStride + c];
+  }
+}
+
+__global__ void addIndexedRowsKernel(float* out, const float* table, const int* index, size_t width, size_t rows) {
+  const size_t count = width * rows;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t r = i / width, c = i % width;
+    out[i] += table[static_cast<size_t>(index[r]) * width + c];
+  }
+}
+
 __global__ void scaleKernel(float* x, size_t n, float factor) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     x[i] *= factor;
+  }
+}
+
+__global__ void fillKernel(float* x, size_t n, float value) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    x[i] = value;
   }
 }
 
@@ -395,6 +421,20 @@ int residualBackward(float* da, float* db, const float* dout, size_t n, void* st
   return launched();
 }
 
+int addRows(float* dst, size_t dstStride, const float* src, size_t srcStride, size_t width, size_t rows,
+            void* stream) {
+  if (width * rows == 0) return 0;
+  addRowsKernel<<<blocksFor(width * rows), kThreads, 0, asStream(stream)>>>(dst, dstStride, src, srcStride, width,
+                                                                            rows);
+  return launched();
+}
+
+int addIndexedRows(float* out, const float* table, const int* index, size_t width, size_t rows, void* stream) {
+  if (width * rows == 0) return 0;
+  addIndexedRowsKernel<<<blocksFor(width * rows), kThreads, 0, asStream(stream)>>>(out, table, index, width, rows);
+  return launched();
+}
+
 int crossEntropyForward(float* probs, float* losses, const float* logits, const int* targets, int n, int v,
                         void* stream) {
   if (n == 0) return 0;
@@ -468,6 +508,12 @@ int meanOf(float* result, const float* x, int n, double* scratch, void* stream) 
 int scale(float* x, size_t n, float factor, void* stream) {
   if (n == 0) return 0;
   scaleKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(x, n, factor);
+  return launched();
+}
+
+int fill(float* x, size_t n, float value, void* stream) {
+  if (n == 0) return 0;
+  fillKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(x, n, value);
   return launched();
 }
 

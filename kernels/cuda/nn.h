@@ -96,6 +96,12 @@ int geluForward(float* out, const float* inp, size_t n, void* stream);
 int geluBackward(float* dinp, const float* inp, const float* dout, size_t n, void* stream);
 int residualForward(float* out, const float* a, const float* b, size_t n, void* stream);
 int residualBackward(float* da, float* db, const float* dout, size_t n, void* stream);
+// dst row i (width floats, rows dstStride apart) += src row i (srcStride apart; 0: one row added to
+// every row, a bias), one addition per element as kernels::residualForward row by row.
+int addRows(float* dst, size_t dstStride, const float* src, size_t srcStride, size_t width, size_t rows,
+            void* stream);
+// out row i (width floats) += table row index[i] (index a device array).
+int addIndexedRows(float* out, const float* table, const int* index, size_t width, size_t rows, void* stream);
 
 // As kernels::crossEntropyForward, except that the mean loss is not returned (it would wait for
 // the stream): losses(n) holds each row's; meanOf gives their mean.
@@ -124,5 +130,7 @@ int sumOfSquares(double* result, const float* x, size_t n, double* scratch, void
 int meanOf(float* result, const float* x, int n, double* scratch, void* stream);
 // x *= factor.
 int scale(float* x, size_t n, float factor, void* stream);
+// x[i] = value.
+int fill(float* x, size_t n, float value, void* stream);
 
 }  // namespace chorus::kernels::cuda

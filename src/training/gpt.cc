@@ -12,7 +12,6 @@
 #include <utility>
 
 #include "chorus/error.hpp"
-#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/nn.h"
 
 namespace chorus::training {
@@ -327,12 +326,6 @@ BlockPtrs<P> blockPtrs(P base, int C, int Ct, int Ft) {
   return b;
 }
 
-// out(n rows, c) += bias(c), the bias of a row-parallel layer added once its partial sums are summed.
-void addBias(float* out, const float* bias, int n, int c) {
-  for (int row = 0; row < n; ++row)
-    kn::residualForward(out + static_cast<size_t>(row) * c, out + static_cast<size_t>(row) * c, bias, c);
-}
-
 }  // namespace
 
 Recompute parseRecompute(const std::string& name) {
@@ -378,8 +371,9 @@ std::vector<int> contextPositions(int seq, int size, int rank) {
 }
 
 Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::vector<LayerSpan> spans,
-         Recompute recompute, ContextParallel cp, ExpertParallel ep, Compute compute)
-    : config_(config),
+         Recompute recompute, ContextParallel cp, ExpertParallel ep, Compute compute, Device device)
+    : backend_(makeBackend(device)),
+      config_(config),
       tp_(tp),
       layout_(config, tp.size(), tp.rank(), std::move(spans), ep.size(), ep.rank()),
       B_(batch),
@@ -398,7 +392,13 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::ve
     throw Error(chorusInvalidArgument,
                 fmt::format("GPT: sequence length {} is not in [1, context = {}]", seq, config.context));
   }
+  if (config.moe.enabled() && device != Device::kCpu) {
+    throw Error(chorusInvalidUsage,
+                fmt::format("GPT: MoE blocks on device \"{}\": they run on the CPU only so far", deviceName(device)));
+  }
   positions_ = contextPositions(seq, cp.size(), cp.rank());
+  make(positionsOn_, positions_.size());
+  backend_->fromHost(positionsOn_.data(), positions_.data(), positions_.size() * sizeof(int));
   const size_t N = static_cast<size_t>(B_) * T_;
   const size_t C = config.width, Ct = Ct_, Ft = Ft_;
   if (sequenceParallel_ && N % tp.size() != 0) {
@@ -410,50 +410,51 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::ve
   rows_ = static_cast<int>(sequenceParallel_ ? N / tp.size() : N);
   firstRow_ = sequenceParallel_ ? tp.rank() * rows_ : 0;
   const size_t Nl = rows_;
+  if (tp.size() > 1) {
+    // The embedding's position term is added to this rank's rows after the ranks' lookups are summed.
+    std::vector<int> rowPositions(Nl);
+    for (size_t r = 0; r < Nl; ++r) rowPositions[r] = positions_[(firstRow_ + r) % T_];
+    make(rowPositions_, Nl);
+    backend_->fromHost(rowPositions_.data(), rowPositions.data(), Nl * sizeof(int));
+  }
   for (const auto& span : layout_.spans()) chunks_.push_back(Chunk{span, {}});
-  if (tp_.size() > 1 && lastChunk(chunks() - 1)) ceStats_.resize(3 * N);
-  dres_.resize(Nl * C);
-  dln_.resize(N * C);
-  datty_.resize(N * Ct);
-  dqkv_.resize(N * 3 * Ct);
-  dfch_.resize(N * Ft);
-  dfchGelu_.resize(N * Ft);
+  if (tp_.size() > 1 && lastChunk(chunks() - 1)) make(ceStats_, 3 * N);
+  make(dres_, Nl * C);
+  make(dln_, N * C);
+  make(datty_, N * Ct);
+  make(dqkv_, N * 3 * Ct);
+  make(dfch_, N * Ft);
+  make(dfchGelu_, N * Ft);
   if (sixteen()) {
-    work_.resize(std::max({Nl * C, N * Ct, N * Ft}));
-    outWork_.resize(N * std::max(3 * Ct, Ft));
+    make(work_, std::max({Nl * C, N * Ct, N * Ft}));
+    make(outWork_, N * std::max(3 * Ct, Ft));
   }
   if (sequenceParallel_) {
-    wholeRows_.resize(N * C);
-    dlnRows_.resize(Nl * C);
-    lnGrad_.resize(2 * C);
+    make(wholeRows_, N * C);
+    make(dlnRows_, Nl * C);
+    make(lnGrad_, 2 * C);
   }
   const bool ring = cp_.size() > 1;
   if (ring) {
     // Nothing of size T x T is kept with ring attention, so selective recompute has nothing to drop.
     // Keys and values travel in the compute type (16 bits: half the bytes); their gradients in fp32.
     for (int i = 0; i < 2; ++i) {
-      (sixteen() ? ringKv16_[i].resize(N * 2 * Ct) : ringKv_[i].resize(N * 2 * Ct));
-      ringDkv_[i].resize(N * 2 * Ct);
+      (sixteen() ? make(ringKv16_[i], N * 2 * Ct) : make(ringKv_[i], N * 2 * Ct));
+      make(ringDkv_[i], N * 2 * Ct);
     }
-    ringMax_.resize(static_cast<size_t>(B_) * heads_ * T_);
-    ringSum_.resize(ringMax_.size());
-    ringScratch_.resize(sixteen() ? kn::attentionBlock16ScratchFloats(T_ / 2, T_ / 2, Ct_)
-                                  : 2 * static_cast<size_t>(T_ / 2) * (T_ / 2));
-  } else {
-    dattScratch_.resize(sixteen() ? kn::attention16ScratchFloats(T_, Ct_) : static_cast<size_t>(T_) * T_);
-    if (recompute_ == Recompute::kSelective) {
-      const size_t probabilities = static_cast<size_t>(B_) * heads_ * T_ * T_;
-      (sixteen() ? attScratch16_.resize(probabilities) : attScratch_.resize(probabilities));
-    }
+    make(ringMax_, static_cast<size_t>(B_) * heads_ * T_);
+    make(ringSum_, ringMax_.size());
+  } else if (recompute_ == Recompute::kSelective) {
+    make(attScratch_, backend_->attentionKeptBytes(sixteen(), B_, T_, Ct_, heads_));
   }
   if (config_.moe.enabled()) {
     moe_ = std::make_unique<MoeMlp>(config_.moe, config_.width, ep_, sequenceParallel_ ? tp_.comm : nullptr,
                                     sixteen() ? std::optional(format_) : std::nullopt);
-    if (sequenceParallel_) moeGrad_.resize(moe_->paramFloats());
+    if (sequenceParallel_) make(moeGrad_, moe_->paramFloats());
   }
   if (recompute_ == Recompute::kFull) {
     allocateLayer(recomputed_, !ring, true);
-    recomputeOut_.resize(Nl * C);
+    make(recomputeOut_, Nl * C);
   }
   slotOf(0, 0);  // the first micro-batch's activations, made up front
 }
@@ -470,8 +471,9 @@ Gpt::Activations& Gpt::slotOf(int c, int slot) {
   const size_t N = static_cast<size_t>(B_) * T_, Nl = rows_;
   const size_t C = config_.width;
   auto a = std::make_unique<Activations>();
-  if (firstChunk(c)) a->tokens.resize(N);
-  a->residual.assign(chunk.span.layers() + 1, std::vector<float>(Nl * C));
+  if (firstChunk(c)) make(a->tokens, N);
+  a->residual.resize(chunk.span.layers() + 1);
+  for (Buffer<float>& r : a->residual) make(r, Nl * C);
   if (recompute_ != Recompute::kFull) {
     a->layers.resize(chunk.span.layers());
     for (int i = 0; i < chunk.span.layers(); ++i) {
@@ -481,14 +483,14 @@ Gpt::Activations& Gpt::slotOf(int c, int slot) {
   }
   if (lastChunk(c)) {
     const size_t V = layout_.vocabCount();
-    a->targets.resize(N);
-    (sixteen() ? a->lnfh.resize(Nl * C) : a->lnf.resize(Nl * C));
-    a->lnfMean.resize(Nl);
-    a->lnfRstd.resize(Nl);
-    if (sequenceParallel_) (sixteen() ? a->lnfWholeh.resize(N * C) : a->lnfWhole.resize(N * C));
-    a->logits.resize(N * V);
-    a->probs.resize(N * V);
-    a->losses.resize(N);
+    make(a->targets, N);
+    (sixteen() ? make(a->lnfh, Nl * C) : make(a->lnf, Nl * C));
+    make(a->lnfMean, Nl);
+    make(a->lnfRstd, Nl);
+    if (sequenceParallel_) (sixteen() ? make(a->lnfWholeh, N * C) : make(a->lnfWhole, N * C));
+    make(a->logits, N * V);
+    make(a->probs, N * V);
+    make(a->losses, N);
   }
   chunk.slots.push_back(std::move(a));
   return *chunk.slots.back();
@@ -499,32 +501,28 @@ void Gpt::allocateLayer(Layer& L, bool withAttention, bool dense) const {
   const size_t C = config_.width, Ct = Ct_, Ft = Ft_;
   // 16-bit compute keeps the linear layers' inputs in 16 bits (see Layer).
   const bool half = sixteen();
-  (half ? L.ln1h.resize(Nl * C) : L.ln1.resize(Nl * C));
-  L.ln1Mean.resize(Nl);
-  L.ln1Rstd.resize(Nl);
-  (half ? L.qkvh.resize(N * 3 * Ct) : L.qkv.resize(N * 3 * Ct));
-  (half && cp_.size() == 1 ? L.attyh.resize(N * Ct) : L.atty.resize(N * Ct));
-  if (withAttention) {
-    const size_t probabilities = static_cast<size_t>(B_) * heads_ * T_ * T_;
-    (half ? L.atth.resize(probabilities) : L.att.resize(probabilities));
-  }
-  if (cp_.size() > 1) L.lse.resize(static_cast<size_t>(B_) * heads_ * T_);
-  L.res2.resize(Nl * C);
-  (half && dense ? L.ln2h.resize(Nl * C) : L.ln2.resize(Nl * C));
-  L.ln2Mean.resize(Nl);
-  L.ln2Rstd.resize(Nl);
+  (half ? make(L.ln1h, Nl * C) : make(L.ln1, Nl * C));
+  make(L.ln1Mean, Nl);
+  make(L.ln1Rstd, Nl);
+  (half ? make(L.qkvh, N * 3 * Ct) : make(L.qkv, N * 3 * Ct));
+  (half && cp_.size() == 1 ? make(L.attyh, N * Ct) : make(L.atty, N * Ct));
+  if (withAttention) make(L.att, backend_->attentionKeptBytes(half, B_, T_, Ct_, heads_));
+  if (cp_.size() > 1) make(L.lse, static_cast<size_t>(B_) * heads_ * T_);
+  make(L.res2, Nl * C);
+  (half && dense ? make(L.ln2h, Nl * C) : make(L.ln2, Nl * C));
+  make(L.ln2Mean, Nl);
+  make(L.ln2Rstd, Nl);
   if (!dense) return;
-  (half ? L.fchh.resize(N * Ft) : L.fch.resize(N * Ft));
-  (half ? L.fchGeluh.resize(N * Ft) : L.fchGelu.resize(N * Ft));
+  (half ? make(L.fchh, N * Ft) : make(L.fch, N * Ft));
+  (half ? make(L.fchGeluh, N * Ft) : make(L.fchGelu, N * Ft));
 }
 
 size_t Gpt::Layer::bytes() const {
-  const size_t floats = ln1.size() + ln1Mean.size() + ln1Rstd.size() + qkv.size() + atty.size() + att.size() +
-                        lse.size() + res2.size() + ln2.size() + ln2Mean.size() + ln2Rstd.size() + fch.size() +
-                        fchGelu.size() + moe.floats();
-  const size_t halves =
-      ln1h.size() + qkvh.size() + attyh.size() + atth.size() + ln2h.size() + fchh.size() + fchGeluh.size();
-  return floats * sizeof(float) + halves * sizeof(uint16_t);
+  const size_t floats = ln1.size() + ln1Mean.size() + ln1Rstd.size() + qkv.size() + atty.size() + lse.size() +
+                        res2.size() + ln2.size() + ln2Mean.size() + ln2Rstd.size() + fch.size() + fchGelu.size() +
+                        moe.floats();
+  const size_t halves = ln1h.size() + qkvh.size() + attyh.size() + ln2h.size() + fchh.size() + fchGeluh.size();
+  return floats * sizeof(float) + halves * sizeof(uint16_t) + att.size();
 }
 
 size_t Gpt::Activations::bytes() const {
@@ -543,15 +541,15 @@ size_t Gpt::activationBytes() const {
     for (const auto& a : chunk.slots) bytes += a->bytes();
   }
   size_t floats = 0;
-  floats += ceStats_.size() + dres_.size() + dln_.size() + datty_.size() + dqkv_.size() + dfch_.size() +
-            dfchGelu_.size() + dattScratch_.size();
+  floats +=
+      ceStats_.size() + dres_.size() + dln_.size() + datty_.size() + dqkv_.size() + dfch_.size() + dfchGelu_.size();
   floats += wholeRows_.size() + dlnRows_.size() + lnGrad_.size();
-  floats += attScratch_.size() + recomputeOut_.size() + work_.size() + outWork_.size();
-  bytes += recomputed_.bytes() + (scratch16_.size() + castWeights_.size() + wholeRows16_.size() + attScratch16_.size() +
-                                  ringKv16_[0].size() + ringKv16_[1].size()) *
-                                     sizeof(uint16_t);
+  floats += recomputeOut_.size() + work_.size() + outWork_.size();
+  bytes += recomputed_.bytes() + attScratch_.size() + backend_->scratchBytes() +
+           (scratch16_.size() + castWeights_.size() + wholeRows16_.size() + ringKv16_[0].size() + ringKv16_[1].size()) *
+               sizeof(uint16_t);
   for (int i = 0; i < 2; ++i) floats += ringKv_[i].size() + ringDkv_[i].size();
-  floats += ringMax_.size() + ringSum_.size() + ringScratch_.size();
+  floats += ringMax_.size() + ringSum_.size();
   floats += moeGrad_.size() + (moe_ ? moe_->scratchFloats() : 0);
   return bytes + floats * sizeof(float);
 }
@@ -578,21 +576,13 @@ double Gpt::flopsPerStep() const {
 }
 
 void Gpt::attention(Layer& L, float* out) {
-  if (sixteen()) {
-    kn::attentionForward16(format_, out, attOf16(L), L.qkvh.data(), dattScratch_.data(), B_, T_, Ct_, heads_);
-  } else {
-    kn::attentionForward(out, attOf(L), L.qkv.data(), B_, T_, Ct_, heads_);
-  }
+  const void* qkv = sixteen() ? static_cast<const void*>(L.qkvh.data()) : L.qkv.data();
+  backend_->attentionForward(sixteen(), format_, out, attOf(L), qkv, B_, T_, Ct_, heads_);
 }
 
-void Gpt::attentionBackward(Layer& L) {
-  if (sixteen()) {
-    kn::attentionBackward16(format_, dqkv_.data(), dattScratch_.data(), datty_.data(), L.qkvh.data(), attOf16(L), B_,
-                            T_, Ct_, heads_);
-  } else {
-    kn::attentionBackward(dqkv_.data(), dattScratch_.data(), datty_.data(), L.qkv.data(), attOf(L), B_, T_, Ct_,
-                          heads_);
-  }
+void Gpt::attentionBackward(Layer& L, const float* out) {
+  const void* qkv = sixteen() ? static_cast<const void*>(L.qkvh.data()) : L.qkv.data();
+  backend_->attentionBackward(sixteen(), format_, dqkv_.data(), datty_.data(), out, qkv, attOf(L), B_, T_, Ct_, heads_);
 }
 
 void Gpt::blockForward(const float* weights, const float* experts, Layer& L, const float* in, float* out, int layer) {
@@ -604,7 +594,7 @@ void Gpt::blockForward(const float* weights, const float* experts, Layer& L, con
   const auto wh = sixteen() ? blockPtrs(castWeights(weights, layout_.unitCount(layout_.blockUnit(layer))), C, Ct, Ft)
                             : BlockPtrs<const uint16_t*>{};
   float* ln1 = madeIn(L.ln1, work_);
-  kn::layernormForward(ln1, L.ln1Mean.data(), L.ln1Rstd.data(), in, w.ln1w, w.ln1b, Nl, C);
+  backend_->layernormForward(ln1, L.ln1Mean.data(), L.ln1Rstd.data(), in, w.ln1w, w.ln1b, Nl, C);
   float* qkv = madeIn(L.qkv, outWork_);
   linearForward(qkv, gathered(operand(ln1, L.ln1h, NlC)), w.qkvw, wh.qkvw, w.qkvb, N, C, 3 * Ct);
   keep(qkv, L.qkvh, static_cast<size_t>(N) * 3 * Ct);
@@ -622,30 +612,30 @@ void Gpt::blockForward(const float* weights, const float* experts, Layer& L, con
   } else {
     linearForward(partialFor(out), attyIn, w.projw, wh.projw, nullptr, N, Ct, C);
     sumRows(partialFor(out), out);
-    addBias(out, w.projb, Nl, C);
+    backend_->addRows(out, C, w.projb, 0, C, Nl);  // the bias, once the partial sums are summed
   }
-  kn::residualForward(L.res2.data(), in, out, NlC);
+  backend_->residualForward(L.res2.data(), in, out, NlC);
   float* ln2 = madeIn(L.ln2, work_);
-  kn::layernormForward(ln2, L.ln2Mean.data(), L.ln2Rstd.data(), L.res2.data(), w.ln2w, w.ln2b, Nl, C);
+  backend_->layernormForward(ln2, L.ln2Mean.data(), L.ln2Rstd.data(), L.res2.data(), w.ln2w, w.ln2b, Nl, C);
   if (config_.moeLayer(layer)) {
     moeForward(w.fcw, experts, L, out);  // the router's weight is where the dense MLP's would start
-    kn::residualForward(out, L.res2.data(), out, NlC);
+    backend_->residualForward(out, L.res2.data(), out, NlC);
     return;
   }
   float* fch = madeIn(L.fch, outWork_);
   linearForward(fch, gathered(operand(ln2, L.ln2h, NlC)), w.fcw, wh.fcw, w.fcb, N, C, Ft);
   keep(fch, L.fchh, static_cast<size_t>(N) * Ft);
   float* fchGelu = madeIn(L.fchGelu, work_);
-  kn::geluForward(fchGelu, fch, static_cast<size_t>(N) * Ft);
+  backend_->geluForward(fchGelu, fch, static_cast<size_t>(N) * Ft);
   const Operand geluIn = operand(fchGelu, L.fchGeluh, static_cast<size_t>(N) * Ft);
   if (!split) {
     linearForward(out, geluIn, w.fcprojw, wh.fcprojw, w.fcprojb, N, 4 * C, C);
   } else {
     linearForward(partialFor(out), geluIn, w.fcprojw, wh.fcprojw, nullptr, N, Ft, C);
     sumRows(partialFor(out), out);
-    addBias(out, w.fcprojb, Nl, C);
+    backend_->addRows(out, C, w.fcprojb, 0, C, Nl);
   }
-  kn::residualForward(out, L.res2.data(), out, NlC);
+  backend_->residualForward(out, L.res2.data(), out, NlC);
 }
 
 void Gpt::checkTokens(const int* values, const char* what) const {
@@ -689,25 +679,23 @@ float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, 
   const size_t NlC = static_cast<size_t>(Nl) * C;
 
   if (first) {
-    std::memcpy(a.tokens.data(), tokens, a.tokens.size() * sizeof(int));
+    backend_->fromHost(a.tokens.data(), tokens, a.tokens.size() * sizeof(int));
     const float* embed = access.acquire(layout_.embeddingUnit(), Pass::kForward);
     const float* wpe = embed + static_cast<size_t>(Vt) * C;
     if (!split) {
-      kn::embeddingForward(a.residual[0].data(), a.tokens.data(), embed, wpe, B, T, C, 0, Vt, positions_.data());
+      backend_->embeddingForward(a.residual[0].data(), a.tokens.data(), embed, wpe, B, T, C, 0, Vt,
+                                 positionsOn_.data());
     } else {
       // Each rank looks up the tokens of its vocabulary rows (zeros for the others); the sum is the
       // embedding, and the position term is added once, to this rank's rows.
       float* lookup = partialFor(a.residual[0].data());
-      kn::embeddingForward(lookup, a.tokens.data(), embed, nullptr, B, T, C, v0, Vt);
+      backend_->embeddingForward(lookup, a.tokens.data(), embed, nullptr, B, T, C, v0, Vt, nullptr);
       sumRows(lookup, a.residual[0].data());
-      for (int r = 0; r < Nl; ++r) {
-        float* row = a.residual[0].data() + static_cast<size_t>(r) * C;
-        kn::residualForward(row, row, wpe + static_cast<size_t>(positions_[(firstRow_ + r) % T]) * C, C);
-      }
+      backend_->addIndexedRows(a.residual[0].data(), wpe, rowPositions_.data(), C, Nl);
     }
     access.release(layout_.embeddingUnit(), Pass::kForward);
   } else {
-    std::memcpy(a.residual[0].data(), input, NlC * sizeof(float));
+    backend_->copy(a.residual[0].data(), input, NlC * sizeof(float));
   }
 
   for (int i = 0; i < span.layers(); ++i) {
@@ -729,7 +717,8 @@ float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, 
   const int lnfUnit = layout_.finalNormUnit();
   const float* lnf = access.acquire(lnfUnit, Pass::kForward);
   float* lnfMade = madeIn(a.lnf, work_);
-  kn::layernormForward(lnfMade, a.lnfMean.data(), a.lnfRstd.data(), a.residual.back().data(), lnf, lnf + C, Nl, C);
+  backend_->layernormForward(lnfMade, a.lnfMean.data(), a.lnfRstd.data(), a.residual.back().data(), lnf, lnf + C, Nl,
+                             C);
   access.release(lnfUnit, Pass::kForward);
   // The head sees every row: with sequence parallelism the final layernorm's rows are gathered
   // (and kept for backward's weight gradient).
@@ -751,18 +740,19 @@ float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, 
   access.release(layout_.headUnit(), Pass::kForward);
   a.haveTargets = targets != nullptr;
   if (!a.haveTargets) return 0.0f;
-  std::memcpy(a.targets.data(), targets, a.targets.size() * sizeof(int));
-  if (!split) return kn::crossEntropyForward(a.probs.data(), a.losses.data(), a.logits.data(), a.targets.data(), N, Vt);
+  backend_->fromHost(a.targets.data(), targets, a.targets.size() * sizeof(int));
+  if (!split)
+    return backend_->crossEntropyForward(a.probs.data(), a.losses.data(), a.logits.data(), a.targets.data(), N, Vt);
   // Vocab-parallel cross-entropy: the row maxima, then the exponential sums and target logits,
   // reduced over the ranks between the passes.
   std::span<float> rowMax(ceStats_.data(), N), sumsAndTargets(ceStats_.data() + N, 2 * static_cast<size_t>(N));
-  kn::crossEntropyShardMax(rowMax.data(), a.logits.data(), N, Vt);
+  backend_->crossEntropyShardMax(rowMax.data(), a.logits.data(), N, Vt);
   tpSum(rowMax, ReduceOp::kMax);
-  kn::crossEntropyShardExp(a.probs.data(), sumsAndTargets.data(), sumsAndTargets.data() + N, a.logits.data(),
-                           rowMax.data(), a.targets.data(), N, Vt, v0);
+  backend_->crossEntropyShardExp(a.probs.data(), sumsAndTargets.data(), sumsAndTargets.data() + N, a.logits.data(),
+                                 rowMax.data(), a.targets.data(), N, Vt, v0);
   tpSum(sumsAndTargets);
-  return kn::crossEntropyShardLoss(a.probs.data(), a.losses.data(), sumsAndTargets.data(), rowMax.data(),
-                                   sumsAndTargets.data() + N, N, Vt);
+  return backend_->crossEntropyShardLoss(a.probs.data(), a.losses.data(), sumsAndTargets.data(), rowMax.data(),
+                                         sumsAndTargets.data() + N, N, Vt);
 }
 
 void Gpt::MoeSummary::add(const MoeActivations& block, double weightedLoss) {
@@ -785,20 +775,20 @@ void Gpt::moeForward(const float* router, const float* experts, Layer& L, float*
 
 void Gpt::moeBackward(const float* router, const float* experts, float* dRouter, float* dExperts, Layer& L,
                       float* dlnRows, float lossScale) {
-  std::fill(dlnRows, dlnRows + static_cast<size_t>(rows_) * config_.width, 0.0f);
+  backend_->zero(dlnRows, static_cast<size_t>(rows_) * config_.width * sizeof(float));
   if (!sequenceParallel_) {
     moe_->backward(dlnRows, dRouter, dExperts, dres_.data(), L.ln2.data(), router, experts, L.moe, lossScale);
     return;
   }
   // This rank's rows give part of the gradients (the router's, then the experts'): summed over
   // the tp group, then added.
-  std::fill(moeGrad_.begin(), moeGrad_.end(), 0.0f);
+  backend_->zero(moeGrad_.data(), moeGrad_.size() * sizeof(float));
   const size_t routerFloats = moe_->routerFloats();
   moe_->backward(dlnRows, moeGrad_.data(), moeGrad_.data() + routerFloats, dres_.data(), L.ln2.data(), router, experts,
                  L.moe, lossScale);
   tpSum(moeGrad_);
-  kn::residualForward(dRouter, dRouter, moeGrad_.data(), routerFloats);
-  kn::residualForward(dExperts, dExperts, moeGrad_.data() + routerFloats, moeGrad_.size() - routerFloats);
+  backend_->residualForward(dRouter, dRouter, moeGrad_.data(), routerFloats);
+  backend_->residualForward(dExperts, dExperts, moeGrad_.data() + routerFloats, moeGrad_.size() - routerFloats);
 }
 
 void Gpt::tpSum(std::span<float> x, ReduceOp op) {
@@ -812,35 +802,35 @@ const float* Gpt::gatherRows(const float* rows) {
   return wholeRows_.data();
 }
 
-Gpt::Operand Gpt::operand(const float* made, std::vector<uint16_t>& half, size_t count) {
+Gpt::Operand Gpt::operand(const float* made, Buffer<uint16_t>& half, size_t count) {
   if (!sixteen()) return Operand{made, nullptr};
   uint16_t* to = half.data();
   if (half.empty()) {
-    if (scratch16_.size() < count) scratch16_.resize(count);  // grows only: its size is what it holds
+    if (scratch16_.size() < count) make(scratch16_, count);  // grows only: its size is what it holds
     to = scratch16_.data();
   }
-  kn::toFloat16(format_, made, to, count);
+  backend_->toFloat16(format_, made, to, count);
   return Operand{nullptr, to};
 }
 
-void Gpt::keep(float* made, std::vector<uint16_t>& half, size_t count) {
+void Gpt::keep(float* made, Buffer<uint16_t>& half, size_t count) {
   if (!sixteen()) return;
   uint16_t* to = half.data();
   if (half.empty()) {  // kept in fp32 (context parallelism): rounded all the same, as every layout rounds it
-    if (scratch16_.size() < count) scratch16_.resize(count);  // grows only: its size is what it holds
+    if (scratch16_.size() < count) make(scratch16_, count);  // grows only: its size is what it holds
     to = scratch16_.data();
   }
-  kn::toFloat16(format_, made, to, count);
-  kn::fromFloat16(format_, to, made, count);  // forward goes on with what backward will see
+  backend_->toFloat16(format_, made, to, count);
+  backend_->fromFloat16(format_, to, made, count);  // forward goes on with what backward will see
 }
 
-const float* Gpt::widened(std::vector<float>& full, std::vector<uint16_t>& half) {
+const float* Gpt::widened(Buffer<float>& full, Buffer<uint16_t>& half) {
   if (!full.empty()) return full.data();
-  kn::fromFloat16(format_, half.data(), work_.data(), half.size());
+  backend_->fromFloat16(format_, half.data(), work_.data(), half.size());
   return work_.data();
 }
 
-Gpt::Operand Gpt::keptOperand(std::vector<float>& full, std::vector<uint16_t>& half) {
+Gpt::Operand Gpt::keptOperand(Buffer<float>& full, Buffer<uint16_t>& half) {
   if (!sixteen()) return Operand{full.data(), nullptr};
   if (!half.empty()) return Operand{nullptr, half.data()};
   return operand(full.data(), half, full.size());  // kept in fp32: cast for the product
@@ -850,7 +840,7 @@ Gpt::Operand Gpt::gathered(Operand rows) {
   if (!sequenceParallel_) return rows;
   if (rows.f32 != nullptr) return Operand{gatherRows(rows.f32), nullptr};
   const size_t count = static_cast<size_t>(rows_) * config_.width;
-  wholeRows16_.resize(count * tp_.size());
+  if (wholeRows16_.size() != count * tp_.size()) make(wholeRows16_, count * tp_.size());
   // A gather moves bytes: the 16-bit values travel as BFloat16 whichever format they are.
   tp_.comm->allGather(std::span<const BFloat16>(reinterpret_cast<const BFloat16*>(rows.h), count),
                       std::span<BFloat16>(reinterpret_cast<BFloat16*>(wholeRows16_.data()), wholeRows16_.size()));
@@ -858,26 +848,26 @@ Gpt::Operand Gpt::gathered(Operand rows) {
 }
 
 const uint16_t* Gpt::castWeights(const float* weights, size_t count) {
-  if (castWeights_.size() < count) castWeights_.resize(count);
-  kn::toFloat16(format_, weights, castWeights_.data(), count);
+  if (castWeights_.size() < count) make(castWeights_, count);
+  backend_->toFloat16(format_, weights, castWeights_.data(), count);
   return castWeights_.data();
 }
 
 void Gpt::linearForward(float* out, Operand in, const float* w, const uint16_t* wh, const float* bias, int n, int c,
                         int oc) {
   if (sixteen()) {
-    kn::matmulForward16(format_, out, in.h, wh, bias, n, c, oc);
+    backend_->matmulForward16(format_, out, in.h, wh, bias, n, c, oc);
   } else {
-    kn::matmulForward(out, in.f32, w, bias, n, c, oc);
+    backend_->matmulForward(out, in.f32, w, bias, n, c, oc);
   }
 }
 
 void Gpt::linearBackward(float* dinp, float* dweight, float* dbias, const float* dout, Operand in, const float* w,
                          const uint16_t* wh, int n, int c, int oc) {
   if (sixteen()) {
-    kn::matmulBackward16(format_, dinp, dweight, dbias, dout, in.h, wh, n, c, oc);
+    backend_->matmulBackward16(format_, dinp, dweight, dbias, dout, in.h, wh, n, c, oc);
   } else {
-    kn::matmulBackward(dinp, dweight, dbias, dout, in.f32, w, n, c, oc);
+    backend_->matmulBackward(dinp, dweight, dbias, dout, in.f32, w, n, c, oc);
   }
 }
 
@@ -895,16 +885,16 @@ void Gpt::layernormBackwardRows(float* dinp, float* dweight, float* dbias, const
                                 const float* weight, const float* mean, const float* rstd) {
   const int C = config_.width;
   if (!sequenceParallel_) {
-    kn::layernormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows_, C);
+    backend_->layernormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows_, C);
     return;
   }
   // This rank's rows give a part of the weight and bias gradients: summed over the tp group, then
   // added to the accumulated gradients.
-  std::fill(lnGrad_.begin(), lnGrad_.end(), 0.0f);
-  kn::layernormBackward(dinp, lnGrad_.data(), lnGrad_.data() + C, dout, inp, weight, mean, rstd, rows_, C);
+  backend_->zero(lnGrad_.data(), lnGrad_.size() * sizeof(float));
+  backend_->layernormBackward(dinp, lnGrad_.data(), lnGrad_.data() + C, dout, inp, weight, mean, rstd, rows_, C);
   tpSum(lnGrad_);
-  kn::residualForward(dweight, dweight, lnGrad_.data(), C);
-  kn::residualForward(dbias, dbias, lnGrad_.data() + C, C);
+  backend_->residualForward(dweight, dweight, lnGrad_.data(), C);
+  backend_->residualForward(dbias, dbias, lnGrad_.data() + C, C);
 }
 
 void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& access, float lossScale) {
@@ -919,7 +909,7 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
   const int N = B * T;
   const int v0 = layout_.vocabBegin(), Vt = layout_.vocabCount();
   const int Ct = Ct_, Ft = Ft_;
-  auto zero = [](std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); };
+  auto zero = [&](Buffer<float>& v) { backend_->zero(v.data(), v.size() * sizeof(float)); };
   // Input gradients of the column-parallel layers are partial sums over whole rows (dln_); this
   // rank's rows of their total go to dlnRows (the same buffer without sequence parallelism).
   float* dlnRows = sequenceParallel_ ? dlnRows_.data() : dln_.data();
@@ -933,8 +923,8 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
   if (last) {
     // The loss and the head: probs becomes dlogits in place, then dlnf (into dln_) and dwte. With
     // tp, each rank's vocabulary columns give a part of dlnf: summed over the ranks.
-    kn::crossEntropyBackward(a.probs.data(), a.probs.data(), a.targets.data(), N, Vt, lossScale / static_cast<float>(N),
-                             v0);
+    backend_->crossEntropyBackward(a.probs.data(), a.probs.data(), a.targets.data(), N, Vt,
+                                   lossScale / static_cast<float>(N), v0);
     a.haveTargets = false;  // probs now holds the gradient: a second backward needs a new forward
     const int head = layout_.headUnit();
     const float* wte = access.acquire(head, Pass::kBackward);
@@ -954,7 +944,7 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
     access.release(u, Pass::kBackward);
     access.gradientsDone(u);
   } else {
-    std::memcpy(dres_.data(), doutput, dres_.size() * sizeof(float));
+    backend_->copy(dres_.data(), doutput, dres_.size() * sizeof(float));
   }
 
   // dres_ holds d(residual[i + 1]) (this rank's rows); each block turns it into d(residual[i]).
@@ -987,7 +977,7 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
       linearBackward(dfchGelu_.data(), g.fcprojw, g.fcprojb, dresWhole(), keptOperand(L.fchGelu, L.fchGeluh), w.fcprojw,
                      wh.fcprojw, N, Ft, C);
       zero(dfch_);
-      kn::geluBackward(dfch_.data(), widened(L.fch, L.fchh), dfchGelu_.data(), static_cast<size_t>(N) * Ft);
+      backend_->geluBackward(dfch_.data(), widened(L.fch, L.fchh), dfchGelu_.data(), static_cast<size_t>(N) * Ft);
       zero(dln_);
       linearBackward(dln_.data(), g.fcw, g.fcb, dfch_.data(), gathered(keptOperand(L.ln2, L.ln2h)), w.fcw, wh.fcw, N, C,
                      Ft);
@@ -1004,7 +994,7 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
     if (cp_.size() > 1) {
       ringAttention(L, Pass::kBackward);
     } else {
-      attentionBackward(L);
+      attentionBackward(L, widened(L.atty, L.attyh));
     }
     zero(dln_);
     linearBackward(dln_.data(), g.qkvw, g.qkvb, dqkv_.data(), gathered(keptOperand(L.ln1, L.ln1h)), w.qkvw, wh.qkvw, N,
@@ -1019,8 +1009,8 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
   if (first) {
     const int u = layout_.embeddingUnit();
     float* gEmbed = access.gradients(u);
-    kn::embeddingBackward(gEmbed, gEmbed + static_cast<size_t>(Vt) * C, dresWhole(), a.tokens.data(), B, T, C, v0, Vt,
-                          positions_.data());
+    backend_->embeddingBackward(gEmbed, gEmbed + static_cast<size_t>(Vt) * C, dresWhole(), a.tokens.data(), B, T, C, v0,
+                                Vt, positionsOn_.data());
     access.gradientsDone(u);
   }
 }
@@ -1055,39 +1045,37 @@ void Gpt::ringAttention(Layer& L, Pass pass) {
   const int cp = cp_.size(), r = cp_.rank(), next = (r + 1) % cp, prev = (r + cp - 1) % cp;
   const int B = B_, T = T_, Tc = T_ / 2, Ct = Ct_, NH = heads_;
   const size_t N = static_cast<size_t>(B) * T;
+  // Every sequence of the micro-batch in one call per block pair: sequence b's rows T apart, its
+  // statistics NH T floats apart.
+  const Backend::Batch sequences{B, static_cast<size_t>(T), static_cast<size_t>(T), static_cast<size_t>(NH) * T};
   // Forward: the output accumulates unnormalised beside each row's running max and sum. Backward:
   // delta (the row dot products of the output and its gradient) takes the sums' place, and this
   // rank's block starts its way round with zero gradients.
   float* delta = ringSum_.data();
   if (forward) {
-    std::fill(L.atty.begin(), L.atty.end(), 0.0f);
-    std::fill(ringMax_.begin(), ringMax_.end(), -std::numeric_limits<float>::infinity());
-    std::fill(ringSum_.begin(), ringSum_.end(), 0.0f);
+    backend_->zero(L.atty.data(), L.atty.size() * sizeof(float));
+    backend_->fill(ringMax_.data(), ringMax_.size(), -std::numeric_limits<float>::infinity());
+    backend_->zero(ringSum_.data(), ringSum_.size() * sizeof(float));
   } else {
-    for (int b = 0; b < B; ++b) {
-      const size_t row = static_cast<size_t>(b) * T;
-      kn::attentionBlockDelta(delta + static_cast<size_t>(b) * NH * T, T, datty_.data() + row * Ct,
-                              L.atty.data() + row * Ct, Ct, T, Ct, NH);
-    }
-    std::fill(ringDkv_[0].begin(), ringDkv_[0].end(), 0.0f);
+    backend_->attentionBlockDelta(delta, T, datty_.data(), L.atty.data(), Ct, T, Ct, NH, sequences);
+    backend_->zero(ringDkv_[0].data(), ringDkv_[0].size() * sizeof(float));
   }
   // q, k and v in the compute type: fp32, or 16 bits (their bits travel as BFloat16 either way).
+  // This rank's keys and values start the ring: each row's k and v, side by side.
   const bool half = sixteen();
-  for (size_t row = 0; row < N; ++row) {
-    if (half) {
-      std::memcpy(ringKv16_[0].data() + row * 2 * Ct, L.qkvh.data() + row * 3 * Ct + Ct, 2 * Ct * sizeof(uint16_t));
-    } else {
-      std::memcpy(ringKv_[0].data() + row * 2 * Ct, L.qkv.data() + row * 3 * Ct + Ct, 2 * Ct * sizeof(float));
-    }
+  if (half) {
+    backend_->copyRows(ringKv16_[0].data(), 2 * Ct * sizeof(uint16_t), L.qkvh.data() + Ct, 3 * Ct * sizeof(uint16_t),
+                       2 * Ct * sizeof(uint16_t), N);
+  } else {
+    backend_->copyRows(ringKv_[0].data(), 2 * Ct * sizeof(float), L.qkv.data() + Ct, 3 * Ct * sizeof(float),
+                       2 * Ct * sizeof(float), N);
   }
-  auto as16 = [](std::vector<uint16_t>& v) {
-    return std::span<BFloat16>(reinterpret_cast<BFloat16*>(v.data()), v.size());
-  };
+  auto as16 = [](Buffer<uint16_t>& v) { return std::span<BFloat16>(reinterpret_cast<BFloat16*>(v.data()), v.size()); };
   for (int s = 0; s < cp; ++s) {
     const int owner = (r - s + cp) % cp;
     const float* kv = half ? nullptr : ringKv_[s % 2].data();
     const uint16_t* kv16 = half ? ringKv16_[s % 2].data() : nullptr;
-    std::vector<float>& dkv = ringDkv_[s % 2];
+    Buffer<float>& dkv = ringDkv_[s % 2];
     Request send, recv;
     if (s + 1 < cp) {
       if (half) {
@@ -1098,45 +1086,43 @@ void Gpt::ringAttention(Layer& L, Pass pass) {
         recv = cp_.comm->irecv(std::span<float>(ringKv_[(s + 1) % 2]), prev);
       }
     }
-    for (int b = 0; b < B; ++b) {
-      for (int qh = 0; qh < 2; ++qh) {
-        for (int kh = 0; kh < 2; ++kh) {
-          const int qChunk = chunkOf(r, qh, cp), kChunk = chunkOf(owner, kh, cp);
-          if (kChunk > qChunk) continue;
-          const size_t qRow = static_cast<size_t>(b) * T + qh * Tc, kRow = static_cast<size_t>(b) * T + kh * Tc;
-          const size_t stat = static_cast<size_t>(b) * NH * T + qh * Tc;
-          float* dk = dkv.data() + kRow * 2 * Ct;
-          // One block in the compute type: fp32, or 16 bits from L.qkvh and the 16-bit ring.
-          auto attend = [&](const auto* qkv, const auto* keysValues) {
-            using Element = std::remove_cv_t<std::remove_pointer_t<decltype(qkv)>>;
-            const kn::AttentionBlockOf<Element> blk{.q = qkv + qRow * 3 * Ct,
-                                                    .qStride = 3 * Ct,
-                                                    .k = keysValues + kRow * 2 * Ct,
-                                                    .v = keysValues + kRow * 2 * Ct + Ct,
-                                                    .kvStride = 2 * Ct,
-                                                    .Tq = Tc,
-                                                    .Tk = Tc,
-                                                    .C = Ct,
-                                                    .NH = NH,
-                                                    .diagonal = kChunk == qChunk,
-                                                    .format = format_};
-            if (forward) {
-              kn::attentionBlockForward(blk, L.atty.data() + qRow * Ct, Ct, ringMax_.data() + stat,
-                                        ringSum_.data() + stat, T, ringScratch_.data());
-            } else {
-              kn::attentionBlockBackward(blk, datty_.data() + qRow * Ct, Ct, L.lse.data() + stat, delta + stat, T,
-                                         dqkv_.data() + qRow * 3 * Ct, 3 * Ct, dk, dk + Ct, 2 * Ct,
-                                         ringScratch_.data());
-            }
-          };
-          if (half) {
-            attend(L.qkvh.data(), kv16);
+    for (int qh = 0; qh < 2; ++qh) {
+      for (int kh = 0; kh < 2; ++kh) {
+        const int qChunk = chunkOf(r, qh, cp), kChunk = chunkOf(owner, kh, cp);
+        if (kChunk > qChunk) continue;
+        const size_t qRow = static_cast<size_t>(qh) * Tc, kRow = static_cast<size_t>(kh) * Tc;
+        const size_t stat = static_cast<size_t>(qh) * Tc;
+        float* dk = dkv.data() + kRow * 2 * Ct;
+        // One block in the compute type: fp32, or 16 bits from L.qkvh and the 16-bit ring.
+        auto attend = [&](const auto* qkv, const auto* keysValues) {
+          using Element = std::remove_cv_t<std::remove_pointer_t<decltype(qkv)>>;
+          const kn::AttentionBlockOf<Element> blk{.q = qkv + qRow * 3 * Ct,
+                                                  .qStride = 3 * Ct,
+                                                  .k = keysValues + kRow * 2 * Ct,
+                                                  .v = keysValues + kRow * 2 * Ct + Ct,
+                                                  .kvStride = 2 * Ct,
+                                                  .Tq = Tc,
+                                                  .Tk = Tc,
+                                                  .C = Ct,
+                                                  .NH = NH,
+                                                  .diagonal = kChunk == qChunk,
+                                                  .format = format_};
+          if (forward) {
+            backend_->attentionBlockForward(blk, sequences, L.atty.data() + qRow * Ct, Ct, ringMax_.data() + stat,
+                                            ringSum_.data() + stat, T);
           } else {
-            attend(L.qkv.data(), kv);
+            backend_->attentionBlockBackward(blk, sequences, datty_.data() + qRow * Ct, Ct, L.lse.data() + stat,
+                                             delta + stat, T, dqkv_.data() + qRow * 3 * Ct, 3 * Ct, dk, dk + Ct,
+                                             2 * Ct);
           }
+        };
+        if (half) {
+          attend(L.qkvh.data(), kv16);
+        } else {
+          attend(L.qkv.data(), kv);
         }
+        if (s + 1 < cp) recv.test();  // progress the transfer between blocks of work
       }
-      if (s + 1 < cp) recv.test();  // progress the transfer between blocks of work
     }
     if (s + 1 < cp) {
       finish(recv, "receiving keys and values", s, next, prev);
@@ -1152,17 +1138,10 @@ void Gpt::ringAttention(Layer& L, Pass pass) {
     }
   }
   if (forward) {
-    for (int b = 0; b < B; ++b) {
-      const size_t stat = static_cast<size_t>(b) * NH * T;
-      kn::attentionBlockFinish(L.atty.data() + static_cast<size_t>(b) * T * Ct, Ct, L.lse.data() + stat,
-                               ringMax_.data() + stat, ringSum_.data() + stat, T, T, Ct, NH);
-    }
+    backend_->attentionBlockFinish(L.atty.data(), Ct, L.lse.data(), ringMax_.data(), ringSum_.data(), T, T, Ct, NH,
+                                   sequences);
   } else {
-    const std::vector<float>& own = ringDkv_[cp % 2];
-    for (size_t row = 0; row < N; ++row) {
-      float* dkvRow = dqkv_.data() + row * 3 * Ct + Ct;
-      kn::residualForward(dkvRow, dkvRow, own.data() + row * 2 * Ct, 2 * Ct);
-    }
+    backend_->addRows(dqkv_.data() + Ct, 3 * Ct, ringDkv_[cp % 2].data(), 2 * Ct, 2 * Ct, N);
   }
 }
 

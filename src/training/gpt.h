@@ -1,5 +1,6 @@
 // gpt.h: the GPT-2 model (learned positions, pre-LN blocks, tied token embedding and output head)
-// for any (layers, heads, width, context, vocab), forward and backward on host memory in fp32.
+// for any (layers, heads, width, context, vocab), forward and backward, on the CPU or a CUDA device
+// (backend.h: the layers are written once, against the backend's kernels and memory).
 // Parameters live in one flat buffer split into units (the embeddings, each block, the final
 // layernorm); the model reaches them, and the gradient buffers, only through a UnitAccess, so that
 // data parallelism can all-reduce a unit's gradients as soon as backward is done with it and ZeRO-3
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "kernels/cpu/half.h"
+#include "src/training/backend.h"
 #include "src/training/moe.h"
 
 namespace chorus::training {
@@ -258,14 +260,19 @@ class Gpt {
   // sequence, contextPositions(seq, cp, cp rank), and its batches hold those columns only.
   // ep: expert parallelism for MoE blocks (the layout holds this ep rank's experts; each MoE
   // block's forward and backward are collective over the ep group).
-  // compute: mixed precision (see Compute).
+  // compute: mixed precision (see Compute). device: where the activations live and the kernels run
+  // (the calling thread's current CUDA device for kCuda); the parameters and gradients the
+  // UnitAccess gives, the tokens' copies, chunk inputs and outputs are in that device's memory.
+  // MoE blocks run on the CPU only so far (refused on kCuda, by name).
   Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp = {}, std::vector<LayerSpan> spans = {},
       Recompute recompute = Recompute::kNone, ContextParallel cp = {}, ExpertParallel ep = {},
-      Compute compute = Compute::kFp32);
+      Compute compute = Compute::kFp32, Device device = Device::kCpu);
   ~Gpt();
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
   Compute compute() const { return compute_; }
+  Backend& backend() { return *backend_; }
+  Device device() const { return backend_->device(); }
   int batch() const { return B_; }
   // The positions this rank holds of each sequence (all of them without context parallelism),
   // and their places in the whole sequence.
@@ -319,9 +326,11 @@ class Gpt {
   // Micro-batch slots made so far for chunk c (the most a pipeline schedule kept in flight).
   int slots(int c) const { return static_cast<int>(chunks_[c].slots.size()); }
 
-  // (B, T, vocab) of the last forward of the whole model.
+  // (B, T, vocab) of the last forward of the whole model (in the backend's memory, as chunkOutput's
+  // and inputGradient's).
   std::span<const float> logits() const;
-  // Bytes of activations and scratch held: every slot made so far, and the shared scratch.
+  // Bytes of activations and scratch held: every slot made so far, the shared scratch and the
+  // backend's.
   size_t activationBytes() const;
   // Floating-point operations of one forward + backward over a batch (matmuls and attention,
   // as the 6N + 12 L T C rule of thumb counts them), for the whole model and whole sequences (all
@@ -330,28 +339,29 @@ class Gpt {
 
  private:
   struct Layer {
-    // att: the attention probabilities (B, heads, T, T) (atth in 16-bit compute); with context
-    // parallelism instead lse, the log-sum-exp of each query row's scores (B, heads, T), from which
-    // backward rebuilds them.
+    // att: what the backend's attention keeps for backward (the CPU: the probabilities, B x heads x
+    // T x T; CUDA: each row's log-sum-exp); with context parallelism instead lse, the log-sum-exp of
+    // each query row's scores (B, heads, T), from which backward rebuilds the probabilities.
     // In 16-bit compute the linear layers' inputs and outputs are kept as ln1h, qkvh, attyh, ln2h,
     // fchh and fchGeluh instead (their fp32 vectors then empty); atty stays fp32 with context
     // parallelism (ring attention accumulates it block by block), ln2 in an MoE block (its router
     // is fp32).
-    std::vector<float> ln1, ln1Mean, ln1Rstd, qkv, atty, att, lse, res2, ln2, ln2Mean, ln2Rstd, fch, fchGelu;
-    std::vector<uint16_t> ln1h, qkvh, attyh, atth, ln2h, fchh, fchGeluh;
+    Buffer<float> ln1, ln1Mean, ln1Rstd, qkv, atty, lse, res2, ln2, ln2Mean, ln2Rstd, fch, fchGelu;
+    Buffer<uint16_t> ln1h, qkvh, attyh, ln2h, fchh, fchGeluh;
+    Buffer<char> att;    // what the backend's attention keeps (Backend::attentionKeptBytes)
     MoeActivations moe;  // an MoE block's MLP (fch and fchGelu unused)
     size_t bytes() const;
   };
   // One micro-batch's activations in one chunk.
   struct Activations {
-    std::vector<int> tokens, targets;
-    std::vector<std::vector<float>> residual;  // blocks + 1 of (rows, C): each block's input and the last output
+    Buffer<int> tokens, targets;
+    std::vector<Buffer<float>> residual;  // blocks + 1 of (rows, C): each block's input and the last output
     std::vector<Layer> layers;
     // Last chunk: the final layernorm (and with sequence parallelism its gathered rows, kept for
     // backward's weight gradient), logits, probabilities (then their gradient) and losses.
     // In 16-bit compute the head's input is kept as lnfh and lnfWholeh instead of lnf and lnfWhole.
-    std::vector<float> lnf, lnfMean, lnfRstd, lnfWhole, logits, probs, losses;
-    std::vector<uint16_t> lnfh, lnfWholeh;
+    Buffer<float> lnf, lnfMean, lnfRstd, lnfWhole, logits, probs, losses;
+    Buffer<uint16_t> lnfh, lnfWholeh;
     bool haveTargets = false;
     MoeSummary moe;
     size_t bytes() const;
@@ -363,14 +373,12 @@ class Gpt {
   Activations& slotOf(int c, int slot);
   // Where block i's intermediate values live: the slot's own, or the shared buffers of full recompute.
   Layer& layerOf(Activations& a, int i) { return recompute_ == Recompute::kFull ? recomputed_ : a.layers[i]; }
-  // The attention probabilities' buffer: the layer's own, or the shared one of selective recompute.
-  float* attOf(Layer& L) { return L.att.empty() ? attScratch_.data() : L.att.data(); }
-  uint16_t* attOf16(Layer& L) { return L.atth.empty() ? attScratch16_.data() : L.atth.data(); }
-  // Attention forward (into out) and backward (into dqkv_, from datty_) of a block without context
-  // parallelism: in fp32 from L.qkv, or in 16-bit compute from L.qkvh with the probabilities kept
-  // in the format (kernels::attentionForward16).
+  // What attention keeps: the layer's own, or the shared buffer of selective recompute.
+  void* attOf(Layer& L) { return L.att.empty() ? attScratch_.data() : L.att.data(); }
+  // Attention forward (into out) and backward (into dqkv_, from datty_ and out) of a block without
+  // context parallelism: in fp32 from L.qkv, or in 16-bit compute from L.qkvh.
   void attention(Layer& L, float* out);
-  void attentionBackward(Layer& L);
+  void attentionBackward(Layer& L, const float* out);
   // A row-parallel layer's partial output goes where sumRows wants it: the whole rows' scratch
   // with sequence parallelism (reduce-scattered from there), else the destination itself.
   float* partialFor(float* rowsOut) { return sequenceParallel_ ? wholeRows_.data() : rowsOut; }
@@ -378,6 +386,11 @@ class Gpt {
   // block's experts' unit (null for a dense block).
   void blockForward(const float* weights, const float* experts, Layer& L, const float* in, float* out, int layer);
   void allocateLayer(Layer& L, bool withAttention, bool dense) const;
+  // b becomes count zeroed elements in the backend's memory.
+  template <typename T>
+  void make(Buffer<T>& b, size_t count) const {
+    b = Buffer<T>(*backend_, count);
+  }
   // An MoE block's MLP, forward (ln2 -> out) and backward (dres_ -> the ln2 rows' gradient).
   void moeForward(const float* router, const float* experts, Layer& L, float* out);
   void moeBackward(const float* router, const float* experts, float* dRouter, float* dExperts, Layer& L, float* dlnRows,
@@ -407,20 +420,18 @@ class Gpt {
   bool sixteen() const { return compute_ != Compute::kFp32; }
   // Where an fp32 activation is made: `kept` when the model keeps it, else scratch (16-bit compute,
   // where only its cast is kept).
-  float* madeIn(std::vector<float>& kept, std::vector<float>& scratch) {
-    return kept.empty() ? scratch.data() : kept.data();
-  }
+  float* madeIn(Buffer<float>& kept, Buffer<float>& scratch) { return kept.empty() ? scratch.data() : kept.data(); }
   // Forward, 16-bit compute: an activation just made (count values) rounded to the 16-bit type in
   // place, so that forward goes on with what backward will read, and kept in `half` unless the model
   // keeps it in fp32 (then empty).
-  void keep(float* made, std::vector<uint16_t>& half, size_t count);
+  void keep(float* made, Buffer<uint16_t>& half, size_t count);
   // Backward: an activation in fp32, widened from `half` into scratch when kept so.
-  const float* widened(std::vector<float>& full, std::vector<uint16_t>& half);
+  const float* widened(Buffer<float>& full, Buffer<uint16_t>& half);
   // Forward: an activation just made in `made` (count values) as a product's operand; in 16-bit
   // compute cast into `half` (kept for backward), or into scratch when the model keeps it in fp32.
-  Operand operand(const float* made, std::vector<uint16_t>& half, size_t count);
+  Operand operand(const float* made, Buffer<uint16_t>& half, size_t count);
   // Backward: the operand forward kept (full or half).
-  Operand keptOperand(std::vector<float>& full, std::vector<uint16_t>& half);
+  Operand keptOperand(Buffer<float>& full, Buffer<uint16_t>& half);
   // Sequence parallel: every rank's rows of an operand (this rank's rows), else the operand.
   Operand gathered(Operand rows);
   // The first count values of an acquired unit, cast to the 16-bit type (valid until the next cast).
@@ -430,6 +441,8 @@ class Gpt {
                      int oc);
   void linearBackward(float* dinp, float* dweight, float* dbias, const float* dout, Operand in, const float* w,
                       const uint16_t* wh, int n, int c, int oc);
+  // First: the buffers below are its memory, freed before it goes.
+  std::unique_ptr<Backend> backend_;
   GptConfig config_;
   TensorParallel tp_;
   ParamLayout layout_;
@@ -442,33 +455,33 @@ class Gpt {
   // 16-bit compute: fp32 activations between their making and their cast (work_; outWork_ for the
   // outputs of the linear layers that attention and GELU read while work_ takes their results),
   // casts not kept, a unit's weights cast, and sequence parallelism's gathered 16-bit rows.
-  std::vector<float> work_, outWork_;
-  std::vector<uint16_t> scratch16_, castWeights_, wholeRows16_;
-  Layer recomputed_;                    // full recompute: one block's intermediate values, rebuilt in backward
-  std::vector<float> attScratch_;       // selective recompute: the attention probabilities of one block
-  std::vector<uint16_t> attScratch16_;  // the same in 16-bit compute
-  std::vector<float> recomputeOut_;     // full recompute: the rerun block's output (already kept as the next input)
+  Buffer<float> work_, outWork_;
+  Buffer<uint16_t> scratch16_, castWeights_, wholeRows16_;
+  Layer recomputed_;            // full recompute: one block's intermediate values, rebuilt in backward
+  Buffer<char> attScratch_;     // selective recompute: what attention keeps, for one block
+  Buffer<float> recomputeOut_;  // full recompute: the rerun block's output (already kept as the next input)
   ContextParallel cp_;
   ExpertParallel ep_;
   std::unique_ptr<MoeMlp> moe_;  // the MoE blocks' layer (one: they share its shape and scratch)
-  std::vector<float> moeGrad_;   // sequence parallel: one MoE block's partial gradients, summed over tp
+  Buffer<float> moeGrad_;        // sequence parallel: one MoE block's partial gradients, summed over tp
   MoeSummary moeTotals_;         // see takeMoeTotals
   std::vector<int> positions_;   // T_ of them, see positions()
+  Buffer<int> positionsOn_;      // the same in the backend's memory
+  Buffer<int> rowPositions_;     // tp > 1: the position of each of this rank's rows
   // Ring attention: the key and value blocks in flight (this rank's, and the one arriving), their
-  // gradients travelling with them, each query row's running max and sum (then lse and delta),
-  // and one block pair's scores.
-  std::vector<float> ringKv_[2], ringDkv_[2], ringMax_, ringSum_, ringScratch_;
-  std::vector<uint16_t> ringKv16_[2];  // 16-bit compute: the keys and values on the ring
-  int rows_ = 0, firstRow_ = 0;        // this rank's rows of the B x T: all, or its block with sequence parallelism
+  // gradients travelling with them, and each query row's running max and sum (then lse and delta).
+  Buffer<float> ringKv_[2], ringDkv_[2], ringMax_, ringSum_;
+  Buffer<uint16_t> ringKv16_[2];  // 16-bit compute: the keys and values on the ring
+  int rows_ = 0, firstRow_ = 0;   // this rank's rows of the B x T: all, or its block with sequence parallelism
   std::vector<Chunk> chunks_;
   // Sequence parallel: one (B T, C) scratch for whole rows, used in turn for a row-parallel layer's
   // partial output, a gathered layernorm output and the gathered dres (each is done with before
   // the next is made); this rank's rows of an input gradient; and a layernorm's partial weight and
   // bias gradients.
-  std::vector<float> wholeRows_, dlnRows_, lnGrad_;
-  std::vector<float> ceStats_;  // vocab-parallel cross-entropy: per row max, then exp sum and target logit
+  Buffer<float> wholeRows_, dlnRows_, lnGrad_;
+  Buffer<float> ceStats_;  // vocab-parallel cross-entropy: per row max, then exp sum and target logit
   // Backward scratch, reused by every block.
-  std::vector<float> dres_, dln_, datty_, dqkv_, dfch_, dfchGelu_, dattScratch_;
+  Buffer<float> dres_, dln_, datty_, dqkv_, dfch_, dfchGelu_;
 };
 
 }  // namespace chorus::training

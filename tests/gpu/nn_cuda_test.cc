@@ -124,7 +124,7 @@ TEST(CudaNnTest, LayernormForwardAndBackward) {
   }
 }
 
-TEST(CudaNnTest, GeluResidualScaleAndColumnSums) {
+TEST(CudaNnTest, GeluResidualRowsScaleFillAndColumnSums) {
   CHORUS_REQUIRE_CUDA_DEVICE();
   const size_t n = 100003;
   const auto x = randomVector(n, 14, 3.0f), y = randomVector(n, 15), dout = randomVector(n, 16);
@@ -146,19 +146,48 @@ TEST(CudaNnTest, GeluResidualScaleAndColumnSums) {
   EXPECT_EQ(dDa.read(), da);
   EXPECT_EQ(dDb.read(), db);
 
+  // Rows added with strides (a bias: source stride 0), and rows of a table by index.
+  const size_t rows = 50, width = 33, stride = 40;
+  const auto base = randomVector(rows * stride, 71), rowsIn = randomVector(rows * width, 72),
+             table = randomVector(20 * width, 73);
+  std::vector<int> index(rows);
+  for (size_t r = 0; r < rows; ++r) index[r] = static_cast<int>((r * 7) % 20);
+  std::vector<float> strided = base, biased = base, indexed(rowsIn);
+  for (size_t r = 0; r < rows; ++r) {
+    residualForward(strided.data() + r * stride, strided.data() + r * stride, rowsIn.data() + r * width, width);
+    residualForward(biased.data() + r * stride, biased.data() + r * stride, rowsIn.data(), width);
+    residualForward(indexed.data() + r * width, indexed.data() + r * width, table.data() + index[r] * width, width);
+  }
+  DeviceBuffer<float> dStrided(base), dBiased(base), dRowsIn(rowsIn), dIndexed(rowsIn), dTable(table);
+  DeviceBuffer<int> dIndex(index);
+  CUDA_OK(cuda::addRows(dStrided.data, stride, dRowsIn.data, width, width, rows, nullptr));
+  CUDA_OK(cuda::addRows(dBiased.data, stride, dRowsIn.data, 0, width, rows, nullptr));
+  CUDA_OK(cuda::addIndexedRows(dIndexed.data, dTable.data, dIndex.data, width, rows, nullptr));
+  sync();
+  EXPECT_EQ(dStrided.read(), strided);
+  EXPECT_EQ(dBiased.read(), biased);
+  EXPECT_EQ(dIndexed.read(), indexed);
+
   std::vector<float> scaled = x;
   scale(scaled.data(), n, 0.37f);
   CUDA_OK(cuda::scale(dX.data, n, 0.37f, nullptr));
   sync();
   EXPECT_EQ(dX.read(), scaled);
+  CUDA_OK(cuda::fill(dX.data + 1, n - 2, -std::numeric_limits<float>::infinity(), nullptr));
+  sync();
+  const auto filled = dX.read();
+  EXPECT_EQ(filled[0], scaled[0]);
+  EXPECT_EQ(filled[n - 1], scaled[n - 1]);
+  EXPECT_EQ(std::count(filled.begin() + 1, filled.end() - 1, -std::numeric_limits<float>::infinity()),
+            static_cast<long>(n - 2));
 
   // The bias gradient's column sums against the CPU's matmulBackward (dbias only).
-  const int rows = 1000, cols = 77;
-  const auto m = randomVector(static_cast<size_t>(rows) * cols, 20);
+  const int sumRows = 1000, cols = 77;
+  const auto m = randomVector(static_cast<size_t>(sumRows) * cols, 20);
   std::vector<float> sums = randomVector(cols, 21);
-  matmulBackward(nullptr, nullptr, sums.data(), m.data(), nullptr, nullptr, rows, 1, cols);
-  DeviceBuffer<float> dM(m), dSums(randomVector(cols, 21)), scratch(cuda::columnSumsScratchFloats(rows, cols));
-  CUDA_OK(cuda::columnSums(dSums.data, dM.data, rows, cols, scratch.data, nullptr));
+  matmulBackward(nullptr, nullptr, sums.data(), m.data(), nullptr, nullptr, sumRows, 1, cols);
+  DeviceBuffer<float> dM(m), dSums(randomVector(cols, 21)), scratch(cuda::columnSumsScratchFloats(sumRows, cols));
+  CUDA_OK(cuda::columnSums(dSums.data, dM.data, sumRows, cols, scratch.data, nullptr));
   sync();
   expectNear(dSums.read(), sums, 1e-5, "column sums");
 }

@@ -307,6 +307,9 @@ TEST(GptTest, SixteenBitComputeFollowsFp32AndKeepsTheLinearLayersActivationsInHa
     EXPECT_EQ(half.bytes, fp32.bytes - saved + 8 * N * C * sizeof(float) + half.castCount * sizeof(uint16_t) + scratch);
   }
   EXPECT_THROW(parseCompute("fp8"), Error);
+  EXPECT_EQ(parseDevice("cpu"), Device::kCpu);
+  EXPECT_EQ(parseDevice("cuda"), Device::kCuda);
+  EXPECT_THROW(parseDevice("tpu"), Error);
 }
 
 // Recompute in bf16: attention and whole blocks rerun from the 16-bit values forward kept give

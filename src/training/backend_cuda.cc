@@ -1,0 +1,282 @@
+// backend_cuda.cc: the CUDA backend: kernels/cuda (products through cuBLAS) on the current
+// device's memory, every kernel and copy on the legacy default stream, so that they run in the
+// order the model calls them and chorus's collectives on the same buffers (given no stream, they
+// take that stream too) fall in line. Built where CUDA was found (CHORUS_HAVE_CUDA_BACKEND).
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <string>
+
+#include "chorus/error.hpp"
+#include "kernels/cuda/matmul.h"
+#include "kernels/cuda/nn.h"
+#include "kernels/cuda/reduce.h"
+#include "src/training/backend.h"
+
+namespace chorus::training {
+
+std::unique_ptr<Backend> makeCudaBackend();
+
+namespace {
+
+namespace kn = chorus::kernels;
+namespace kc = chorus::kernels::cuda;
+
+// Throws for a failed call, naming it and the device's error.
+void check(int code, const char* what) {
+  if (code != 0) {
+    throw Error(chorusUnhandledCudaError, fmt::format("cuda backend: {}: {}", what, kc::errorName(code)));
+  }
+}
+void check(cudaError_t code, const char* what) { check(static_cast<int>(code), what); }
+
+chorusDataType_t typeOf(kn::Float16 format) { return format == kn::Float16::kBf16 ? chorusBfloat16 : chorusFloat16; }
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() {
+    check(cudaGetDevice(&device_), "cudaGetDevice");
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
+    name_ = prop.name;
+  }
+  ~CudaBackend() override {
+    for (Scratch& s : scratch_) cudaFree(s.data);
+  }
+  Device device() const override { return Device::kCuda; }
+  std::string describe() const override { return fmt::format("cuda:{} ({})", device_, name_); }
+  size_t scratchBytes() const override { return scratch_[0].bytes + scratch_[1].bytes; }
+
+  void* allocate(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      throw Error(chorusUnhandledCudaError,
+                  fmt::format("cuda backend: no room for {} bytes on device {} ({})", bytes, device_, name_));
+    }
+    zero(p, bytes);
+    return p;
+  }
+  void release(void* p) noexcept override { cudaFree(p); }
+  void zero(void* p, size_t bytes) override {
+    if (bytes > 0) check(cudaMemsetAsync(p, 0, bytes, nullptr), "cudaMemsetAsync");
+  }
+  void fill(float* p, size_t count, float value) override { check(kc::fill(p, count, value, nullptr), "fill"); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes > 0) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr), "cudaMemcpyAsync");
+  }
+  void copyRows(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) override {
+    if (width * rows == 0) return;
+    check(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, nullptr),
+          "cudaMemcpy2DAsync");
+  }
+  void toHost(void* host, const void* src, size_t bytes) override {
+    if (bytes > 0) check(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to the host");
+  }
+  void fromHost(void* dst, const void* host, size_t bytes) override {
+    if (bytes > 0) check(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy from the host");
+  }
+
+  void embeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C, int v0,
+                        int vcount, const int* positions) override {
+    check(kc::embeddingForward(out, tokens, wte, wpe, B, T, C, v0, vcount, positions, nullptr), "embeddingForward");
+  }
+  void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v0,
+                         int vcount, const int* positions) override {
+    check(kc::embeddingBackward(dwte, dwpe, dout, tokens, B, T, C, v0, vcount, positions, nullptr),
+          "embeddingBackward");
+  }
+  void layernormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                        int n, int c) override {
+    check(kc::layernormForward(out, mean, rstd, inp, weight, bias, n, c, nullptr), "layernormForward");
+  }
+  void layernormBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                         const float* weight, const float* mean, const float* rstd, int n, int c) override {
+    float* partial = scratch<float>(0, kc::layernormBackwardScratchFloats(n, c));
+    check(kc::layernormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c, partial, nullptr),
+          "layernormBackward");
+  }
+  void geluForward(float* out, const float* inp, size_t n) override {
+    check(kc::geluForward(out, inp, n, nullptr), "geluForward");
+  }
+  void geluBackward(float* dinp, const float* inp, const float* dout, size_t n) override {
+    check(kc::geluBackward(dinp, inp, dout, n, nullptr), "geluBackward");
+  }
+  void residualForward(float* out, const float* a, const float* b, size_t n) override {
+    check(kc::residualForward(out, a, b, n, nullptr), "residualForward");
+  }
+  void addRows(float* dst, size_t dstStride, const float* src, size_t srcStride, size_t width, size_t rows) override {
+    check(kc::addRows(dst, dstStride, src, srcStride, width, rows, nullptr), "addRows");
+  }
+  void addIndexedRows(float* out, const float* table, const int* index, size_t width, size_t rows) override {
+    check(kc::addIndexedRows(out, table, index, width, rows, nullptr), "addIndexedRows");
+  }
+  void matmulForward(float* out, const float* inp, const float* weight, const float* bias, int n, int c,
+                     int oc) override {
+    check(kc::matmulForward(out, inp, weight, bias, n, c, oc, nullptr), "matmulForward");
+  }
+  void matmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                      const float* weight, int n, int c, int oc) override {
+    void* partial = scratch<char>(0, kc::matmulBackwardScratchBytes(n, oc));
+    check(kc::matmulBackward(dinp, dweight, dbias, dout, inp, weight, n, c, oc, partial, nullptr), "matmulBackward");
+  }
+  void matmulForward16(kn::Float16 format, float* out, const uint16_t* inp, const uint16_t* weight, const float* bias,
+                       int n, int c, int oc) override {
+    check(kc::matmulForward16(format, out, inp, weight, bias, n, c, oc, nullptr), "matmulForward16");
+  }
+  void matmulBackward16(kn::Float16 format, float* dinp, float* dweight, float* dbias, const float* dout,
+                        const uint16_t* inp, const uint16_t* weight, int n, int c, int oc) override {
+    void* partial = scratch<char>(0, kc::matmulBackward16ScratchBytes(n, oc));
+    check(kc::matmulBackward16(format, dinp, dweight, dbias, dout, inp, weight, n, c, oc, partial, nullptr),
+          "matmulBackward16");
+  }
+  void toFloat16(kn::Float16 format, const float* in, uint16_t* out, size_t count) override {
+    check(kc::cast(out, typeOf(format), in, chorusFloat32, count, nullptr), "cast to 16 bits");
+  }
+  void fromFloat16(kn::Float16 format, const uint16_t* in, float* out, size_t count) override {
+    check(kc::cast(out, chorusFloat32, in, typeOf(format), count, nullptr), "cast from 16 bits");
+  }
+
+  // Kept: each row's log-sum-exp (the fused kernels rebuild the probabilities from it).
+  size_t attentionKeptBytes(bool /*sixteen*/, int B, int T, int /*C*/, int NH) const override {
+    return static_cast<size_t>(B) * NH * T * sizeof(float);
+  }
+  void attentionForward(bool sixteen, kn::Float16 format, float* out, void* kept, const void* qkv, int B, int T, int C,
+                        int NH) override {
+    float* rowSum = scratch<float>(0, static_cast<size_t>(B) * NH * T);
+    auto* lse = static_cast<float*>(kept);
+    check(sixteen ? kc::attentionForward16(format, out, lse, rowSum, static_cast<const uint16_t*>(qkv), B, T, C, NH,
+                                           nullptr)
+                  : kc::attentionForward(out, lse, rowSum, static_cast<const float*>(qkv), B, T, C, NH, nullptr),
+          "attentionForward");
+  }
+  void attentionBackward(bool sixteen, kn::Float16 format, float* dqkv, const float* dout, const float* out,
+                         const void* qkv, const void* kept, int B, int T, int C, int NH) override {
+    float* delta = scratch<float>(0, static_cast<size_t>(B) * NH * T);
+    const auto* lse = static_cast<const float*>(kept);
+    check(sixteen ? kc::attentionBackward16(format, dqkv, delta, dout, out, static_cast<const uint16_t*>(qkv), lse, B,
+                                            T, C, NH, nullptr)
+                  : kc::attentionBackward(dqkv, delta, dout, out, static_cast<const float*>(qkv), lse, B, T, C, NH,
+                                          nullptr),
+          "attentionBackward");
+  }
+
+  void attentionBlockForward(const kn::AttentionBlock& blk, const Batch& bat, float* out, int outStride, float* rowMax,
+                             float* rowSum, int statStride) override {
+    blockForward(blk, bat, out, outStride, rowMax, rowSum, statStride);
+  }
+  void attentionBlockForward(const kn::AttentionBlock16& blk, const Batch& bat, float* out, int outStride,
+                             float* rowMax, float* rowSum, int statStride) override {
+    blockForward(blk, bat, out, outStride, rowMax, rowSum, statStride);
+  }
+  void attentionBlockFinish(float* out, int outStride, float* lse, const float* rowMax, const float* rowSum,
+                            int statStride, int Tq, int C, int NH, const Batch& bat) override {
+    check(kc::attentionBlockFinish(out, outStride, lse, rowMax, rowSum, statStride, Tq, C, NH, batchOf(bat), nullptr),
+          "attentionBlockFinish");
+  }
+  void attentionBlockDelta(float* delta, int statStride, const float* dout, const float* out, int stride, int Tq, int C,
+                           int NH, const Batch& bat) override {
+    check(kc::attentionBlockDelta(delta, statStride, dout, out, stride, Tq, C, NH, batchOf(bat), nullptr),
+          "attentionBlockDelta");
+  }
+  void attentionBlockBackward(const kn::AttentionBlock& blk, const Batch& bat, const float* dout, int doutStride,
+                              const float* lse, const float* delta, int statStride, float* dq, int dqStride, float* dk,
+                              float* dv, int dkvStride) override {
+    blockBackward(blk, bat, dout, doutStride, lse, delta, statStride, dq, dqStride, dk, dv, dkvStride);
+  }
+  void attentionBlockBackward(const kn::AttentionBlock16& blk, const Batch& bat, const float* dout, int doutStride,
+                              const float* lse, const float* delta, int statStride, float* dq, int dqStride, float* dk,
+                              float* dv, int dkvStride) override {
+    blockBackward(blk, bat, dout, doutStride, lse, delta, statStride, dq, dqStride, dk, dv, dkvStride);
+  }
+
+  float crossEntropyForward(float* probs, float* losses, const float* logits, const int* targets, int n,
+                            int v) override {
+    check(kc::crossEntropyForward(probs, losses, logits, targets, n, v, nullptr), "crossEntropyForward");
+    return meanOf(losses, n);
+  }
+  void crossEntropyShardMax(float* rowMax, const float* logits, int n, int v) override {
+    check(kc::crossEntropyShardMax(rowMax, logits, n, v, nullptr), "crossEntropyShardMax");
+  }
+  void crossEntropyShardExp(float* probs, float* sums, float* targetLogits, const float* logits, const float* rowMax,
+                            const int* targets, int n, int v, int v0) override {
+    check(kc::crossEntropyShardExp(probs, sums, targetLogits, logits, rowMax, targets, n, v, v0, nullptr),
+          "crossEntropyShardExp");
+  }
+  float crossEntropyShardLoss(float* probs, float* losses, const float* sums, const float* rowMax,
+                              const float* targetLogits, int n, int v) override {
+    check(kc::crossEntropyShardLoss(probs, losses, sums, rowMax, targetLogits, n, v, nullptr), "crossEntropyShardLoss");
+    return meanOf(losses, n);
+  }
+  void crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale,
+                            int v0) override {
+    check(kc::crossEntropyBackward(dlogits, probs, targets, n, v, scale, v0, nullptr), "crossEntropyBackward");
+  }
+
+ private:
+  // Device memory kept between calls, grown as asked: slot 0 for the kernels' own scratch, slot 1
+  // for the mean's sums and result.
+  struct Scratch {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+  template <typename T>
+  T* scratch(int slot, size_t count) {
+    Scratch& s = scratch_[slot];
+    const size_t bytes = count * sizeof(T);
+    if (s.bytes < bytes) {
+      cudaFree(s.data);  // waits for the work that may still use it
+      s.data = nullptr;
+      s.bytes = 0;
+      check(cudaMalloc(&s.data, bytes), "cudaMalloc of scratch");
+      s.bytes = bytes;
+    }
+    return static_cast<T*>(s.data);
+  }
+  // The mean of the losses, in double then float as the CPU's, waited for.
+  float meanOf(const float* losses, int n) {
+    auto* sums = scratch<double>(1, kc::sumScratchDoubles() + 1);
+    auto* mean = reinterpret_cast<float*>(sums + kc::sumScratchDoubles());
+    check(kc::meanOf(mean, losses, n, sums, nullptr), "meanOf");
+    float host = 0.0f;
+    toHost(&host, mean, sizeof(host));
+    return host;
+  }
+  // The block kernels for fp32 and 16-bit blocks alike.
+  template <typename Element>
+  void blockForward(const kn::AttentionBlockOf<Element>& blk, const Batch& bat, float* out, int outStride,
+                    float* rowMax, float* rowSum, int statStride) {
+    check(kc::attentionBlockForward(blk, batchOf(bat), out, outStride, rowMax, rowSum, statStride, nullptr),
+          "attentionBlockForward");
+  }
+  template <typename Element>
+  void blockBackward(const kn::AttentionBlockOf<Element>& blk, const Batch& bat, const float* dout, int doutStride,
+                     const float* lse, const float* delta, int statStride, float* dq, int dqStride, float* dk,
+                     float* dv, int dkvStride) {
+    check(kc::attentionBlockBackward(blk, batchOf(bat), dout, doutStride, lse, delta, statStride, dq, dqStride, dk, dv,
+                                     dkvStride, nullptr),
+          "attentionBlockBackward");
+  }
+  static kc::AttentionBatch batchOf(const Batch& bat) {
+    return kc::AttentionBatch{bat.batch, bat.qRows, bat.kvRows, bat.statsApart};
+  }
+  int device_ = 0;
+  std::string name_;
+  Scratch scratch_[2];
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> makeCudaBackend() {
+  int count = 0;
+  const cudaError_t probe = cudaGetDeviceCount(&count);
+  if (probe != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    throw Error(chorusUnhandledCudaError, fmt::format("device \"cuda\": no usable CUDA device here ({})",
+                                                      probe != cudaSuccess ? cudaGetErrorString(probe) : "none found"));
+  }
+  return std::make_unique<CudaBackend>();
+}
+
+}  // namespace chorus::training
