@@ -222,11 +222,33 @@ __global__ void fillKernel(float* x, size_t n, float value) {
 
 constexpr int kRowThreads = 512;
 
-__global__ void crossEntropyMaxKernel(float* rowMax, const float* logits, int v) {
-  const float* x = logits + static_cast<size_t>(blockIdx.x) * v;
+// The three passes over one row x(v), each over the whole block; every kernel below is made of them
+// (the fused forward of all three, or one each for the vocab-parallel passes, between which the
+// ranks reduce the row's values).
+__device__ float rowMaxOf(const float* x, int v) {
   float m = -INFINITY;
   for (int j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, x[j]);
-  m = blockReduce(m, Max{});
+  return blockReduce(m, Max{});
+}
+// p = exp(x - max); returns the row's sum of p.
+__device__ float rowExp(float* p, const float* x, float maxv, int v) {
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < v; j += blockDim.x) {
+    p[j] = expf(x[j] - maxv);
+    sum += p[j];
+  }
+  return blockReduce(sum, Add{});
+}
+// p /= sum; returns -log softmax[target] = log(sum) + max - logit[target] (exact where the
+// probability underflows).
+__device__ float rowLoss(float* p, float sum, float maxv, float targetLogit, int v) {
+  const float inv = 1.0f / sum;
+  for (int j = threadIdx.x; j < v; j += blockDim.x) p[j] *= inv;
+  return logf(sum) + maxv - targetLogit;
+}
+
+__global__ void crossEntropyMaxKernel(float* rowMax, const float* logits, int v) {
+  const float m = rowMaxOf(logits + static_cast<size_t>(blockIdx.x) * v, v);
   if (threadIdx.x == 0) rowMax[blockIdx.x] = m;
 }
 
@@ -234,14 +256,7 @@ __global__ void crossEntropyExpKernel(float* probs, float* sums, float* targetLo
                                       const float* rowMax, const int* targets, int v, int v0) {
   const size_t row = blockIdx.x;
   const float* x = logits + row * v;
-  float* p = probs + row * v;
-  const float maxv = rowMax[row];
-  float sum = 0.0f;
-  for (int j = threadIdx.x; j < v; j += blockDim.x) {
-    p[j] = expf(x[j] - maxv);
-    sum += p[j];
-  }
-  sum = blockReduce(sum, Add{});
+  const float sum = rowExp(probs + row * v, x, rowMax[row], v);
   if (threadIdx.x == 0) {
     sums[row] = sum;
     const int column = targets[row] - v0;
@@ -252,11 +267,8 @@ __global__ void crossEntropyExpKernel(float* probs, float* sums, float* targetLo
 __global__ void crossEntropyLossKernel(float* probs, float* losses, const float* sums, const float* rowMax,
                                        const float* targetLogits, int v) {
   const size_t row = blockIdx.x;
-  float* p = probs + row * v;
-  const float inv = 1.0f / sums[row];
-  for (int j = threadIdx.x; j < v; j += blockDim.x) p[j] *= inv;
-  // -log softmax[target] = log(sum) + max - logit[target]: exact where the probability underflows.
-  if (threadIdx.x == 0) losses[row] = logf(sums[row]) + rowMax[row] - targetLogits[row];
+  const float loss = rowLoss(probs + row * v, sums[row], rowMax[row], targetLogits[row], v);
+  if (threadIdx.x == 0) losses[row] = loss;
 }
 
 // The three passes in one block per row, the row's statistics kept in registers.
@@ -264,18 +276,10 @@ __global__ void crossEntropyForwardKernel(float* probs, float* losses, const flo
   const size_t row = blockIdx.x;
   const float* x = logits + row * v;
   float* p = probs + row * v;
-  float m = -INFINITY;
-  for (int j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, x[j]);
-  m = blockReduce(m, Max{});
-  float sum = 0.0f;
-  for (int j = threadIdx.x; j < v; j += blockDim.x) {
-    p[j] = expf(x[j] - m);
-    sum += p[j];
-  }
-  sum = blockReduce(sum, Add{});
-  const float inv = 1.0f / sum;
-  for (int j = threadIdx.x; j < v; j += blockDim.x) p[j] *= inv;
-  if (threadIdx.x == 0) losses[row] = logf(sum) + m - x[targets[row]];
+  const float m = rowMaxOf(x, v);
+  const float sum = rowExp(p, x, m, v);
+  const float loss = rowLoss(p, sum, m, x[targets[row]], v);
+  if (threadIdx.x == 0) losses[row] = loss;
 }
 
 __global__ void crossEntropyBackwardKernel(float* dlogits, const float* probs, const int* targets, int v, float scale,
@@ -421,8 +425,7 @@ int residualBackward(float* da, float* db, const float* dout, size_t n, void* st
   return launched();
 }
 
-int addRows(float* dst, size_t dstStride, const float* src, size_t srcStride, size_t width, size_t rows,
-            void* stream) {
+int addRows(float* dst, size_t dstStride, const float* src, size_t srcStride, size_t width, size_t rows, void* stream) {
   if (width * rows == 0) return 0;
   addRowsKernel<<<blocksFor(width * rows), kThreads, 0, asStream(stream)>>>(dst, dstStride, src, srcStride, width,
                                                                             rows);
