@@ -1,7 +1,7 @@
 // chorus_train.cc: chorus-train, the training job runner.
 //
 //   chorus-train JOB.toml [--ranks N] [--tp T] [--pp P] [--cp C] [--ep E] [--zero S] [--steps N] [--out DIR] [--resume]
-//   [--peak-tflops X] [--set sec.key=value]...
+//   [--device cpu|cuda] [--peak-tflops X] [--set sec.key=value]...
 //   chorus-train --calibrate
 //
 // Started by hand, it prepares the job's data, finds this machine's GEMM peak (for MFU: peak.h), starts
@@ -219,8 +219,10 @@ int launch(const Job& job, const std::vector<std::string>& args) {
   std::printf("chorus-train: data in %s%s: %zu train / %zu val tokens, vocab %d\n", job.dataDir.c_str(),
               data.reused ? " (prepared before)" : "", data.trainTokens, data.valTokens, data.vocab);
   const GemmPeak peak = findPeak(job);
-  std::printf("chorus-train: GEMM peak for MFU: %.1f GFLOP/s, %s (%d threads, %s)\n", peak.gflops,
-              peak.describe().c_str(), usableCpus(), chorus::kernels::blasDescription().c_str());
+  std::printf("chorus-train: GEMM peak for MFU: %.1f GFLOP/s, %s (%s)\n", peak.gflops, peak.describe().c_str(),
+              job.device == "cpu"
+                  ? fmt::format("{} threads, {}", usableCpus(), chorus::kernels::blasDescription()).c_str()
+                  : ("device " + job.device).c_str());
   std::fflush(stdout);
   exportPeak(peak);
 
@@ -286,7 +288,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets;
   int ranks = 0, zero = -1, tp = 0, pp = 0, cp = 0, ep = 0;
   long steps = 0;
-  std::string out, compress, precision, offload;
+  std::string out, compress, precision, offload, device;
   bool resume = false, calibrate = false;
   double peakTflops = 0;
   app.add_option("job", jobPath, "the job file (TOML)");
@@ -306,6 +308,8 @@ int main(int argc, char** argv) {
                  "compute)");
   app.add_option("--offload", offload,
                  "where the optimizer state lives: none, host or file (overrides [offload] optimizer)");
+  app.add_option("--device", device,
+                 "where the model trains: cpu or cuda (rank r on GPU r % GPUs) (overrides [run] device)");
   app.add_flag("--resume", resume, "continue from the output directory's checkpoint");
   app.add_option("--peak-tflops", peakTflops, "this machine's GEMM peak for MFU (overrides [run] peak_tflops)");
   app.add_flag("--calibrate", calibrate,
@@ -343,6 +347,7 @@ int main(int argc, char** argv) {
   if (steps > 0) sets.push_back(fmt::format("run.steps={}", steps));
   if (!out.empty()) sets.push_back(fmt::format("run.out={}", nlohmann::json(out).dump()));
   if (resume) sets.push_back("run.resume=true");
+  if (!device.empty()) sets.push_back(fmt::format("run.device={}", nlohmann::json(device).dump()));
   if (!precision.empty()) sets.push_back(fmt::format("precision.compute={}", nlohmann::json(precision).dump()));
   if (!offload.empty()) sets.push_back(fmt::format("offload.optimizer={}", nlohmann::json(offload).dump()));
   if (!compress.empty()) sets.push_back(fmt::format("compress.name={}", nlohmann::json(compress).dump()));

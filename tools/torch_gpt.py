@@ -13,9 +13,10 @@ import torch.nn.functional as F
 
 
 class Attention(nn.Module):
-    def __init__(self, width, heads):
+    def __init__(self, width, heads, sdpa=False):
         super().__init__()
         self.heads = heads
+        self.sdpa = sdpa  # PyTorch 2's fused attention (F.scaled_dot_product_attention)
         self.c_attn = nn.Linear(width, 3 * width)
         self.c_proj = nn.Linear(width, width)
 
@@ -24,8 +25,10 @@ class Attention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         shape = (B, T, self.heads, C // self.heads)
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
+        if self.sdpa:
+            return self.c_proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C))
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // self.heads))
-        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         probs = F.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
         return self.c_proj((probs @ v).transpose(1, 2).reshape(B, T, C))
 
@@ -41,10 +44,10 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, width, heads):
+    def __init__(self, width, heads, sdpa=False):
         super().__init__()
         self.ln_1 = nn.LayerNorm(width)
-        self.attn = Attention(width, heads)
+        self.attn = Attention(width, heads, sdpa)
         self.ln_2 = nn.LayerNorm(width)
         self.mlp = Mlp(width)
 
@@ -54,15 +57,15 @@ class Block(nn.Module):
 
 
 class Gpt(nn.Module):
-    def __init__(self, layers, heads, width, context, vocab):
+    def __init__(self, layers, heads, width, context, vocab, sdpa=False):
         super().__init__()
         self.wte = nn.Embedding(vocab, width)
         self.wpe = nn.Embedding(context, width)
-        self.h = nn.ModuleList(Block(width, heads) for _ in range(layers))
+        self.h = nn.ModuleList(Block(width, heads, sdpa) for _ in range(layers))
         self.ln_f = nn.LayerNorm(width)
 
     def forward(self, tokens, targets):
-        x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1]))
+        x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1], device=tokens.device))
         for block in self.h:
             x = block(x)
         logits = F.linear(self.ln_f(x), self.wte.weight)  # the tied head

@@ -183,35 +183,39 @@ class Communicator {
     return text;
   }
 
+  // The blocking collectives below take host buffers (stream null: they return once complete) or
+  // device buffers with a stream (a cudaStream_t; null: the legacy default stream), on which they
+  // are enqueued, returning at once (see the stream rule in chorus.h).
   // out[i] = op over ranks of in[i]. in and out have equal sizes (or are the same span).
   template <typename T>
-  void allReduce(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::kSum) {
+  void allReduce(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::kSum,
+                 chorusStream_t stream = nullptr) {
     requireSize(out.size(), in.size(), "allReduce: out");
-    detail::check(chorusAllReduce(in.data(), out.data(), in.size(), dataTypeOf<T>(), detail::toC(op), comm_, nullptr),
+    detail::check(chorusAllReduce(in.data(), out.data(), in.size(), dataTypeOf<T>(), detail::toC(op), comm_, stream),
                   comm_);
   }
   template <typename T>
-  void allReduce(std::span<T> inOut, ReduceOp op = ReduceOp::kSum) {
-    allReduce(std::span<const T>(inOut), inOut, op);
+  void allReduce(std::span<T> inOut, ReduceOp op = ReduceOp::kSum, chorusStream_t stream = nullptr) {
+    allReduce(std::span<const T>(inOut), inOut, op, stream);
   }
   // out holds size() * in.size() elements: rank r's input at r * in.size().
   template <typename T>
-  void allGather(std::span<const T> in, std::span<T> out) {
+  void allGather(std::span<const T> in, std::span<T> out, chorusStream_t stream = nullptr) {
     requireSize(out.size(), in.size() * static_cast<size_t>(size()), "allGather: out");
-    detail::check(chorusAllGather(in.data(), out.data(), in.size(), dataTypeOf<T>(), comm_, nullptr), comm_);
+    detail::check(chorusAllGather(in.data(), out.data(), in.size(), dataTypeOf<T>(), comm_, stream), comm_);
   }
   // in holds size() * out.size() elements; out gets block rank() reduced over ranks.
   template <typename T>
-  void reduceScatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::kSum) {
+  void reduceScatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::kSum,
+                     chorusStream_t stream = nullptr) {
     requireSize(in.size(), out.size() * static_cast<size_t>(size()), "reduceScatter: in");
     detail::check(
-        chorusReduceScatter(in.data(), out.data(), out.size(), dataTypeOf<T>(), detail::toC(op), comm_, nullptr),
-        comm_);
+        chorusReduceScatter(in.data(), out.data(), out.size(), dataTypeOf<T>(), detail::toC(op), comm_, stream), comm_);
   }
   // In place: root's buffer is copied into everyone's.
   template <typename T>
-  void broadcast(std::span<T> buffer, int root) {
-    detail::check(chorusBroadcast(buffer.data(), buffer.data(), buffer.size(), dataTypeOf<T>(), root, comm_, nullptr),
+  void broadcast(std::span<T> buffer, int root, chorusStream_t stream = nullptr) {
+    detail::check(chorusBroadcast(buffer.data(), buffer.data(), buffer.size(), dataTypeOf<T>(), root, comm_, stream),
                   comm_);
   }
   // in and out hold size() blocks of in.size() / size() elements: block j of in goes to rank j,
@@ -250,12 +254,12 @@ class Communicator {
         chorusReduce(in.data(), out.data(), in.size(), dataTypeOf<T>(), detail::toC(op), root, comm_, nullptr), comm_);
   }
   template <typename T>
-  void send(std::span<const T> data, int peer) {
-    detail::check(chorusSend(data.data(), data.size(), dataTypeOf<T>(), peer, comm_, nullptr), comm_);
+  void send(std::span<const T> data, int peer, chorusStream_t stream = nullptr) {
+    detail::check(chorusSend(data.data(), data.size(), dataTypeOf<T>(), peer, comm_, stream), comm_);
   }
   template <typename T>
-  void recv(std::span<T> data, int peer) {
-    detail::check(chorusRecv(data.data(), data.size(), dataTypeOf<T>(), peer, comm_, nullptr), comm_);
+  void recv(std::span<T> data, int peer, chorusStream_t stream = nullptr) {
+    detail::check(chorusRecv(data.data(), data.size(), dataTypeOf<T>(), peer, comm_, stream), comm_);
   }
   void barrier() { detail::check(chorusBarrier(comm_, nullptr), comm_); }
 

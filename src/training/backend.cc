@@ -204,6 +204,18 @@ class CpuBackend final : public Backend {
     kn::crossEntropyBackward(dlogits, probs, targets, n, v, scale, v0);
   }
 
+  // These keep no scratch: data parallelism's step thread calls them beside the training thread.
+  void adamwStep(float* param, const float* grad, float* m, float* v, size_t n, long step,
+                 const kn::OptimizerSettings& s) override {
+    kn::adamwStep(param, grad, m, v, n, step, s);
+  }
+  void sgdStep(float* param, const float* grad, float* m, size_t n, long step,
+               const kn::OptimizerSettings& s) override {
+    kn::sgdStep(param, grad, m, n, step, s);
+  }
+  double sumOfSquares(const float* x, size_t n) override { return kn::sumOfSquares(x, n); }
+  void scale(float* x, size_t n, float factor) override { kn::scale(x, n, factor); }
+
  private:
   // count floats of scratch, grown as asked, kept between calls.
   float* scratch(size_t count) {
@@ -250,6 +262,21 @@ std::unique_ptr<Backend> makeBackend(Device device) {
 #else
   throw Error(chorusInvalidUsage,
               "device \"cuda\": this build has no CUDA (nvcc was not found when it was configured)");
+#endif
+}
+
+#if CHORUS_HAVE_CUDA_BACKEND
+int useCudaDeviceOfRank(int rank);  // backend_cuda.cc
+#endif
+
+int useDeviceOfRank(Device device, int rank) {
+  if (device == Device::kCpu) return 0;
+#if CHORUS_HAVE_CUDA_BACKEND
+  return useCudaDeviceOfRank(rank);
+#else
+  (void)rank;
+  makeBackend(device);  // throws, naming what is missing
+  return 0;
 #endif
 }
 

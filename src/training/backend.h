@@ -120,11 +120,41 @@ class Backend {
                                       const float* targetLogits, int n, int v) = 0;
   virtual void crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale,
                                     int v0) = 0;
+
+  // ---- the training state's kernels (kernels/cpu/nn.h's) ----
+  virtual void adamwStep(float* param, const float* grad, float* m, float* v, size_t n, long step,
+                         const kernels::OptimizerSettings& s) = 0;
+  virtual void sgdStep(float* param, const float* grad, float* m, size_t n, long step,
+                       const kernels::OptimizerSettings& s) = 0;
+  // The sum of squares of x(n), accumulated in double (on a device: waiting for it).
+  virtual double sumOfSquares(const float* x, size_t n) = 0;
+  virtual void scale(float* x, size_t n, float factor) = 0;
+
+  // ---- two queues of work: the kernels (kCompute) and the collectives on this backend's memory
+  // (kComm), so that communication overlaps computation where the device allows ----
+  // On the CPU nothing is queued (a call has finished when it returns): streams are null, marks
+  // empty and waits do nothing. On CUDA kCompute is the legacy default stream (where every kernel
+  // above runs) and kComm a stream of its own that does not wait for it implicitly.
+  enum class Queue { kCompute, kComm };
+  // A point in a queue: the work enqueued on it before mark() was called.
+  using Mark = std::shared_ptr<void>;
+  // The queue's stream, for chorus's collectives on device buffers (a cudaStream_t; null on the CPU).
+  virtual void* stream(Queue /*queue*/) { return nullptr; }
+  virtual Mark mark(Queue /*queue*/) { return {}; }
+  // Work enqueued on `queue` after this call waits for the mark (an empty mark: for nothing).
+  virtual void wait(Queue /*queue*/, const Mark& /*mark*/) {}
+  // Makes the calling thread use this backend's device (a thread that enqueues collectives on its
+  // memory, such as a communication thread, calls it first).
+  virtual void bindThread() {}
 };
 
 // A backend for the device; kCuda uses the calling thread's current CUDA device. Throws
 // chorus::Error where the build has no CUDA or no device can be used.
 std::unique_ptr<Backend> makeBackend(Device device);
+// Makes the calling thread's current device the one rank `rank` of a job trains on: GPU
+// rank % (the GPUs visible here), so several ranks may share one. Returns that GPU's index (0 on
+// the CPU). Throws as makeBackend where the build has no CUDA or there is no device.
+int useDeviceOfRank(Device device, int rank);
 
 // count elements of T in a backend's memory, zeroed, freed by the backend; move-only. A range of
 // contiguous elements (std::span takes it), which only the backend's functions may touch where

@@ -16,6 +16,7 @@
 namespace chorus::training {
 
 std::unique_ptr<Backend> makeCudaBackend();
+int useCudaDeviceOfRank(int rank);
 
 namespace {
 
@@ -42,6 +43,7 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     for (Scratch& s : scratch_) cudaFree(s.data);
+    if (comm_ != nullptr) cudaStreamDestroy(comm_);
   }
   Device device() const override { return Device::kCuda; }
   std::string describe() const override { return fmt::format("cuda:{} ({})", device_, name_); }
@@ -214,7 +216,45 @@ class CudaBackend final : public Backend {
     check(kc::crossEntropyBackward(dlogits, probs, targets, n, v, scale, v0, nullptr), "crossEntropyBackward");
   }
 
+  void adamwStep(float* param, const float* grad, float* m, float* v, size_t n, long step,
+                 const kn::OptimizerSettings& s) override {
+    check(kc::adamwStep(param, grad, m, v, n, step, s, nullptr), "adamwStep");
+  }
+  void sgdStep(float* param, const float* grad, float* m, size_t n, long step,
+               const kn::OptimizerSettings& s) override {
+    check(kc::sgdStep(param, grad, m, n, step, s, nullptr), "sgdStep");
+  }
+  double sumOfSquares(const float* x, size_t n) override {
+    auto* sums = scratch<double>(1, kc::sumScratchDoubles() + 1);
+    check(kc::sumOfSquares(sums + kc::sumScratchDoubles(), x, n, sums, nullptr), "sumOfSquares");
+    double host = 0.0;
+    toHost(&host, sums + kc::sumScratchDoubles(), sizeof(host));
+    return host;
+  }
+  void scale(float* x, size_t n, float factor) override { check(kc::scale(x, n, factor, nullptr), "scale"); }
+
+  void* stream(Queue queue) override { return queue == Queue::kCompute ? nullptr : commStream(); }
+  Mark mark(Queue queue) override {
+    cudaEvent_t event = nullptr;
+    check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    Mark mark(event, [](void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); });
+    check(cudaEventRecord(event, static_cast<cudaStream_t>(stream(queue))), "cudaEventRecord");
+    return mark;
+  }
+  void wait(Queue queue, const Mark& mark) override {
+    if (mark == nullptr) return;
+    check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream(queue)), static_cast<cudaEvent_t>(mark.get()), 0),
+          "cudaStreamWaitEvent");
+  }
+  void bindThread() override { check(cudaSetDevice(device_), "cudaSetDevice"); }
+
  private:
+  // The communication stream, made at first use; it does not wait for the legacy default stream
+  // (nor it for this one) but where a mark says.
+  cudaStream_t commStream() {
+    if (comm_ == nullptr) check(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking), "cudaStreamCreate");
+    return comm_;
+  }
   // Device memory kept between calls, grown as asked: slot 0 for the kernels' own scratch, slot 1
   // for the mean's sums and result.
   struct Scratch {
@@ -264,11 +304,15 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   std::string name_;
   Scratch scratch_[2];
+  cudaStream_t comm_ = nullptr;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> makeCudaBackend() {
+namespace {
+
+// The number of devices; throws naming why there is none.
+int deviceCount() {
   int count = 0;
   const cudaError_t probe = cudaGetDeviceCount(&count);
   if (probe != cudaSuccess || count == 0) {
@@ -276,7 +320,20 @@ std::unique_ptr<Backend> makeCudaBackend() {
     throw Error(chorusUnhandledCudaError, fmt::format("device \"cuda\": no usable CUDA device here ({})",
                                                       probe != cudaSuccess ? cudaGetErrorString(probe) : "none found"));
   }
+  return count;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> makeCudaBackend() {
+  deviceCount();
   return std::make_unique<CudaBackend>();
+}
+
+int useCudaDeviceOfRank(int rank) {
+  const int gpu = rank % deviceCount();
+  check(cudaSetDevice(gpu), "cudaSetDevice");
+  return gpu;
 }
 
 }  // namespace chorus::training

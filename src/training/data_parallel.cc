@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "chorus/error.hpp"
 #include "kernels/cpu/half.h"
@@ -32,6 +33,7 @@ namespace chorus::training {
 DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const DataParallelSettings& settings,
                            uint64_t seed)
     : layout_(layout),
+      backend_(makeBackend(settings.device)),
       expertParallelSum_(settings.expertParallelSum),
       stage_(settings.zeroStage),
       inflightBuckets_(settings.inflightBuckets),
@@ -48,7 +50,10 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
   auto makeGroup = [&](Group& g, Communicator* c) {
     g.size = c ? c->size() : 1;
     g.rank = c ? c->rank() : 0;
-    if (c != nullptr && g.size > 1) g.worker = std::make_unique<CommWorker>(*c, CommWorker::delayFromEnvironment());
+    if (c != nullptr && g.size > 1) {
+      g.worker = std::make_unique<CommWorker>(*c, CommWorker::delayFromEnvironment());
+      if (settings.device != Device::kCpu) g.worker->run([this](Communicator&) { backend_->bindThread(); });
+    }
   };
   makeGroup(groups_[kDense], comm);
   if (expertParallel) {
@@ -113,15 +118,30 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
                             "optimizer state offloaded to the file too",
                             stage_, offloadTargetName(settings.offload.optimizer)));
   }
-  params_.assign(paramsInFile ? 0 : stage_ == 3 ? shardTotal_ : fullTotal_, 0.0f);
-  grads_.assign(stage_ >= 2 ? shardTotal_ : fullTotal_, 0.0f);
+  if (onDevice()) {
+    const char* refused = settings.offload.optimizer != OffloadTarget::kNone ? "offloading the optimizer state"
+                          : settings.reduceBf16                              ? "gradients reduced in bf16"
+                          : settings.localSteps                              ? "local steps (local SGD, DiLoCo)"
+                          : settings.stepInBackward                          ? "the optimizer step during backward"
+                          : tiedUnit_ >= 0                                   ? "pipeline parallelism"
+                          : expertParallel                                   ? "expert parallelism"
+                          : !settings.compressor.empty() && settings.compressor != "none" ? "gradient compression"
+                                                                                          : nullptr;
+    if (refused != nullptr) {
+      throw Error(chorusInvalidArgument,
+                  fmt::format("data parallel on {}: {} is not supported on a device yet (it runs on the CPU)",
+                              backend_->describe(), refused));
+    }
+  }
+  params_ = Buffer<float>(*backend_, paramsInFile ? 0 : stage_ == 3 ? shardTotal_ : fullTotal_);
+  grads_ = Buffer<float>(*backend_, stage_ >= 2 ? shardTotal_ : fullTotal_);
   optimizer_ = settings.optimizer;
   int arrays = 0;
   if (paramsInFile) stateParams_ = arrays++;
   stateM_ = arrays++;
   if (optimizer_ == kernels::Optimizer::kAdamW) stateV_ = arrays++;
   state_ = makeStateStore(settings.offload.optimizer, settings.offload, arrays, stage_ >= 1 ? shardTotal_ : fullTotal_,
-                          settings.offloadFile);
+                          settings.offloadFile, backend_.get());
   reduceBf16_ = settings.reduceBf16;
   localSteps_ = settings.localSteps;
   stepInBackward_ = settings.stepInBackward;
@@ -144,20 +164,24 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
                 fmt::format("data parallel: gradients reduced in bf16 and compressed by '{}' at once; choose one",
                             settings.compressor));
   }
+  // Each bucket's own parameters, initialised on the host and placed where they live.
+  std::vector<float> initial;
   for (auto& b : buckets_) {
     if (stage_ == 3) {
       const size_t rank = static_cast<size_t>(groupOf(b).rank);
       const size_t lo = b.lo + std::min(b.count, rank * b.shard);
       const size_t hi = b.lo + std::min(b.count, (rank + 1) * b.shard);
+      initial.assign(b.shard, 0.0f);
+      layout.initialize(seed, initial.data(), lo, hi);
       if (paramsInFile) {
-        std::vector<float> shard(b.shard, 0.0f);
-        layout.initialize(seed, shard.data(), lo, hi);
-        state_->write(stateParams_, b.shardOffset, b.shard, shard.data());
+        state_->write(stateParams_, b.shardOffset, b.shard, initial.data());
       } else {
-        layout.initialize(seed, params_.data() + b.shardOffset, lo, hi);
+        backend_->fromHost(params_.data() + b.shardOffset, initial.data(), b.shard * sizeof(float));
       }
     } else {
-      layout.initialize(seed, params_.data() + b.fullOffset, b.lo, b.lo + b.count);
+      initial.assign(b.count, 0.0f);
+      layout.initialize(seed, initial.data(), b.lo, b.lo + b.count);
+      backend_->fromHost(params_.data() + b.fullOffset, initial.data(), b.count * sizeof(float));
     }
   }
   // ZeRO-3's order of acquire calls in one training micro-batch (see UnitAccess).
@@ -272,9 +296,19 @@ int DataParallel::nextInOrder() const {
   return orderAt_ < end ? order_[orderAt_] : -1;
 }
 
+CommWorker::Task DataParallel::deviceTask(Backend::Mark ready, Backend::Mark* done,
+                                          std::function<void(Communicator&, chorusStream_t)> call) {
+  return [this, ready = std::move(ready), done, call = std::move(call)](Communicator& c) -> std::optional<Request> {
+    backend_->wait(Backend::Queue::kComm, ready);
+    call(c, static_cast<chorusStream_t>(backend_->stream(Backend::Queue::kComm)));
+    *done = backend_->mark(Backend::Queue::kComm);
+    return std::nullopt;
+  };
+}
+
 void DataParallel::startGather(Bucket& b) {
   if (!b.gathered.empty() || b.gather.valid()) return;
-  b.gathered.assign(b.padded, 0.0f);
+  b.gathered = Buffer<float>(*backend_, b.padded);
   trackTransient(static_cast<long>(b.padded * sizeof(float)));
   CommWorker* worker = groupOf(b).worker.get();
   const size_t count = b.shard, from = b.shardOffset;
@@ -282,8 +316,18 @@ void DataParallel::startGather(Bucket& b) {
     if (stateParams_ >= 0) {
       state_->read(stateParams_, from, count, b.gathered.data());
     } else {
-      std::memcpy(b.gathered.data(), params_.data() + from, count * sizeof(float));
+      backend_->copy(b.gathered.data(), params_.data() + from, count * sizeof(float));
     }
+    return;
+  }
+  float* out = b.gathered.data();
+  if (onDevice()) {  // after the step that wrote the shard, on the communication queue
+    const float* shard = params_.data() + from;
+    b.gather = worker->submit(deviceTask(backend_->mark(Backend::Queue::kCompute), &b.gatheredMark,
+                                         [shard, out, count](Communicator& c, chorusStream_t stream) {
+                                           c.allGather(std::span<const float>(shard, count),
+                                                       std::span<float>(out, count * c.size()), stream);
+                                         }));
     return;
   }
   // With the shard in a file, the communication thread reads it first (outside the step's pass).
@@ -295,7 +339,6 @@ void DataParallel::startGather(Bucket& b) {
     shard = b.gatherSource.data();
     store = state_.get();
   }
-  float* out = b.gathered.data();
   const int array = stateParams_;
   b.gather = worker->submit([shard, out, count, from, store, array](Communicator& c) -> std::optional<Request> {
     if (store) store->read(array, from, count, const_cast<float*>(shard));
@@ -306,6 +349,10 @@ void DataParallel::startGather(Bucket& b) {
 void DataParallel::waitGather(Bucket& b) {
   startGather(b);
   if (b.gather.valid()) b.gather.get();
+  if (b.gatheredMark) {
+    backend_->wait(Backend::Queue::kCompute, b.gatheredMark);
+    b.gatheredMark.reset();
+  }
   if (!b.gatherSource.empty()) {
     trackTransient(-static_cast<long>(b.gatherSource.size() * sizeof(float)));
     std::vector<float>().swap(b.gatherSource);
@@ -334,7 +381,7 @@ void DataParallel::release(int unit, Pass /*pass*/) {
   if (nextInOrder() == unit) return;  // used again right away (the head, forward then backward)
   Bucket& b = bucketOf(unit);
   trackTransient(-static_cast<long>(b.gathered.size() * sizeof(float)));
-  std::vector<float>().swap(b.gathered);
+  b.gathered = {};
 }
 
 float* DataParallel::gradients(int unit) {
@@ -342,14 +389,14 @@ float* DataParallel::gradients(int unit) {
   const size_t within = layout_.unitOffset(unit) - b.lo;
   if (stage_ < 2) return grads_.data() + b.fullOffset + within;
   if (b.transientGrad.empty()) {
-    if (b.reduction.valid()) b.reduction.get();  // the previous micro-batch's reduction of this bucket
+    finishReduction(b);  // the previous micro-batch's reduction of this bucket
     // Bound the whole gradients alive: wait for the oldest reductions beyond the cap.
     while (static_cast<int>(pendingWholeGrads_.size()) >= inflightBuckets_) {
       Bucket& oldest = buckets_[pendingWholeGrads_.front()];
       pendingWholeGrads_.pop_front();
-      if (oldest.reduction.valid()) oldest.reduction.get();
+      finishReduction(oldest);
     }
-    b.transientGrad.assign(b.padded, 0.0f);
+    b.transientGrad = Buffer<float>(*backend_, b.padded);
     trackTransient(static_cast<long>(b.padded * sizeof(float)));
   }
   return b.transientGrad.data() + within;
@@ -380,7 +427,7 @@ void DataParallel::reduceBucket(Bucket& b) {
   };
   if (b.group == kExperts) {  // see DataParallelSettings::expertComm
     float* g = stage_ < 2 ? grads_.data() + b.fullOffset : b.transientGrad.data();
-    kernels::scale(g, b.count, expertScale_);
+    backend_->scale(g, b.count, expertScale_);
   }
   if (stage_ < 2) {
     if (!worker || localSteps_) {  // local steps: each rank's own gradient
@@ -413,9 +460,9 @@ void DataParallel::reduceBucket(Bucket& b) {
   const size_t shard = b.shard;
   Bucket* bucket = &b;
   auto accumulate = [this, own, acc, shard, bucket, ready] {
-    for (size_t i = 0; i < shard; ++i) acc[i] += own[i];
+    backend_->residualForward(acc, acc, own, shard);
     trackTransient(-static_cast<long>(bucket->transientGrad.size() * sizeof(float)));
-    std::vector<float>().swap(bucket->transientGrad);
+    bucket->transientGrad = {};
     ready();
   };
   if (!worker) {
@@ -429,6 +476,18 @@ void DataParallel::reduceBucket(Bucket& b) {
 std::future<void> DataParallel::submitReduction(Bucket& b, float* g, float* out, std::function<void()> then) {
   CommWorker* worker = groupOf(b).worker.get();
   const size_t padded = b.padded, shard = b.shard;
+  if (onDevice()) {  // enqueued after backward's kernels so far; `then` follows on the compute queue
+    b.afterReduction = std::move(then);
+    auto call = [g, out, padded, shard, count = countOverlap()](Communicator& c, chorusStream_t stream) {
+      count();
+      if (out == nullptr) {
+        c.allReduce(std::span<float>(g, padded), ReduceOp::kAvg, stream);
+      } else {
+        c.reduceScatter(std::span<const float>(g, padded), std::span<float>(out, shard), ReduceOp::kAvg, stream);
+      }
+    };
+    return worker->submit(deviceTask(backend_->mark(Backend::Queue::kCompute), &b.reducedMark, std::move(call)));
+  }
   if (!reduceBf16_) {
     return worker->submit(
         [g, out, padded, shard, count = countOverlap()](Communicator& c) -> std::optional<Request> {
@@ -466,16 +525,24 @@ std::future<void> DataParallel::submitReduction(Bucket& b, float* g, float* out,
       std::move(widen));
 }
 
-void DataParallel::waitReductions() {
-  for (auto& b : buckets_) {
-    if (b.reduction.valid()) b.reduction.get();
+void DataParallel::finishReduction(Bucket& b) {
+  if (!b.reduction.valid()) return;
+  b.reduction.get();
+  if (b.reducedMark) {
+    backend_->wait(Backend::Queue::kCompute, b.reducedMark);
+    b.reducedMark.reset();
   }
+  if (b.afterReduction) std::exchange(b.afterReduction, nullptr)();
+}
+
+void DataParallel::waitReductions() {
+  for (auto& b : buckets_) finishReduction(b);
   pendingWholeGrads_.clear();
 }
 
 void DataParallel::anchorParameters() {
   if (!localSteps_) throw Error(chorusInvalidUsage, "data parallel: an anchor without local steps");
-  anchor_ = params_;
+  anchor_.assign(params_.begin(), params_.end());  // local steps are host-only
   outerMomentum_.assign(params_.size(), 0.0f);
   delta_.assign(params_.size(), 0.0f);
 }
@@ -506,7 +573,7 @@ void DataParallel::syncParameters(const kernels::OptimizerSettings* outer, long 
   }
   if (outer != nullptr) {
     // The outer gradient: how far this rank moved from the anchor (padding stays 0).
-    for (size_t i = 0; i < params_.size(); ++i) delta_[i] = anchor_[i] - params_[i];
+    for (size_t i = 0; i < params_.size(); ++i) delta_[i] = anchor_[i] - params_.data()[i];
   }
   float* x = outer != nullptr ? delta_.data() : params_.data();
   std::vector<std::future<void>> averages;
@@ -536,7 +603,7 @@ void DataParallel::syncParameters(const kernels::OptimizerSettings* outer, long 
   } else {
     throw Error(chorusInvalidArgument, "data parallel: DiLoCo's outer optimizer is SGD (with Nesterov momentum)");
   }
-  params_ = anchor_;
+  std::copy(anchor_.begin(), anchor_.end(), params_.begin());
 }
 
 double DataParallel::average(double value) { return averageOver(groups_[kDense], value); }
@@ -584,7 +651,7 @@ void DataParallel::eachTensorPart(const Bucket& b,
 double DataParallel::gradientSquares(const Bucket& b) {
   double squares = 0.0;
   eachTensorPart(b, [&](const ParamTensor& t, const Own& o, size_t d, size_t n) {
-    if (t.counted) squares += kernels::sumOfSquares(grads_.data() + o.g + d, n);
+    if (t.counted) squares += backend_->sumOfSquares(grads_.data() + o.g + d, n);
   });
   return squares;
 }
@@ -599,9 +666,9 @@ void DataParallel::stepBucket(const Bucket& b, const kernels::OptimizerSettings&
       float* param = stateParams_ >= 0 ? run.array[stateParams_] : params_.data() + o.p + d + done;
       const float* grad = grads_.data() + o.g + d + done;
       if (optimizer_ == kernels::Optimizer::kSgd) {
-        kernels::sgdStep(param, grad, run.array[stateM_], k, updates, s);
+        backend_->sgdStep(param, grad, run.array[stateM_], k, updates, s);
       } else {
-        kernels::adamwStep(param, grad, run.array[stateM_], run.array[stateV_], k, updates, s);
+        backend_->adamwStep(param, grad, run.array[stateM_], run.array[stateV_], k, updates, s);
       }
       done += k;
     }
@@ -696,7 +763,7 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
     if (gradScale != 1.0f) {
       for (const auto& b : buckets_) {
         const Own o = ownOf(b);
-        kernels::scale(grads_.data() + o.g, o.hi - o.lo, 1.0f / gradScale);
+        backend_->scale(grads_.data() + o.g, o.hi - o.lo, 1.0f / gradScale);
       }
     }
     for (const auto& b : buckets_) groupSquares[b.group] += gradientSquares(b);
@@ -713,7 +780,7 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
   const double norm = std::sqrt(squares);
   if (!stepped) {
     if (!std::isfinite(norm)) {  // every rank sees the same norm, so every rank skips
-      std::fill(grads_.begin(), grads_.end(), 0.0f);
+      backend_->zero(grads_.data(), grads_.size() * sizeof(float));
       nextStep_ = stepNumber + 1;
       return norm;
     }
@@ -721,7 +788,7 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
       const float factor = static_cast<float>(clipNorm / (norm + 1e-6));
       for (const auto& b : buckets_) {
         const Own o = ownOf(b);
-        kernels::scale(grads_.data() + o.g, o.hi - o.lo, factor);
+        backend_->scale(grads_.data() + o.g, o.hi - o.lo, factor);
       }
     }
     // One pass over the optimizer state, in increasing order (buckets and tensors are laid out in
@@ -733,18 +800,32 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
   // ZeRO-1/2: every rank's updated slice to everyone.
   if (stage_ == 1 || stage_ == 2) {
     std::vector<std::future<void>> gathers;
+    const Backend::Mark stepped = onDevice() ? backend_->mark(Backend::Queue::kCompute) : nullptr;
     for (auto& b : buckets_) {
       CommWorker* worker = groupOf(b).worker.get();
       if (!worker) continue;
       float* whole = params_.data() + b.fullOffset;
       const size_t shard = b.shard, padded = b.padded;
+      if (onDevice()) {
+        gathers.push_back(worker->submit(
+            deviceTask(stepped, &b.gatheredMark, [whole, shard, padded](Communicator& c, chorusStream_t stream) {
+              c.allGather(std::span<const float>(whole + c.rank() * shard, shard), std::span<float>(whole, padded),
+                          stream);
+            })));
+        continue;
+      }
       gathers.push_back(worker->submit([whole, shard, padded](Communicator& c) -> std::optional<Request> {
         return c.iallGather(std::span<const float>(whole + c.rank() * shard, shard), std::span<float>(whole, padded));
       }));
     }
     for (auto& f : gathers) f.get();
+    for (auto& b : buckets_) {
+      if (!b.gatheredMark) continue;
+      backend_->wait(Backend::Queue::kCompute, b.gatheredMark);
+      b.gatheredMark.reset();
+    }
   }
-  std::fill(grads_.begin(), grads_.end(), 0.0f);
+  backend_->zero(grads_.data(), grads_.size() * sizeof(float));
   nextStep_ = stepNumber + 1;
   state_->prefetch();  // the next step's first chunks, read during its forward and backward
   return norm;
@@ -779,10 +860,16 @@ void DataParallel::gatherState(std::vector<float>& params, std::vector<float>& m
     }
     std::memcpy(dst.data() + b.lo, from, b.count * sizeof(float));
   };
+  std::vector<float> ownParams;
   for (const auto& b : buckets_) {
-    const float* ownParams =
-        stateParams_ >= 0 ? fromStore(b, stateParams_) : params_.data() + (stage_ == 3 ? b.shardOffset : b.fullOffset);
-    collect(b, ownParams, stage_ == 3, params);
+    if (stateParams_ >= 0) {
+      collect(b, fromStore(b, stateParams_), true, params);
+    } else {  // copied to the host from where they live
+      ownParams.resize(stage_ == 3 ? b.shard : b.padded);
+      backend_->toHost(ownParams.data(), params_.data() + (stage_ == 3 ? b.shardOffset : b.fullOffset),
+                       ownParams.size() * sizeof(float));
+      collect(b, ownParams.data(), stage_ == 3, params);
+    }
     collect(b, fromStore(b, stateM_), stage_ >= 1, m);
     if (stateV_ >= 0) collect(b, fromStore(b, stateV_), stage_ >= 1, v);  // SGD has none: zeros
   }
@@ -816,8 +903,11 @@ void DataParallel::loadState(const std::vector<float>& params, const std::vector
   for (const auto& b : buckets_) {
     if (stateParams_ >= 0) {
       toStore(b, params, stateParams_);
-    } else {
-      place(b, params, stage_ == 3, params_.data() + (stage_ == 3 ? b.shardOffset : b.fullOffset));
+    } else {  // placed on the host, then copied to where they live
+      own.assign(stage_ == 3 ? b.shard : b.count, 0.0f);
+      place(b, params, stage_ == 3, own.data());
+      backend_->fromHost(params_.data() + (stage_ == 3 ? b.shardOffset : b.fullOffset), own.data(),
+                         own.size() * sizeof(float));
     }
     toStore(b, m, stateM_);
     if (stateV_ >= 0) toStore(b, v, stateV_);

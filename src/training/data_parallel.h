@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/cpu/nn.h"
+#include "src/training/backend.h"
 #include "src/training/comm_worker.h"
 #include "src/training/gpt.h"
 #include "src/training/offload.h"
@@ -93,6 +94,14 @@ struct DataParallelSettings {
   // (tiedSum), local steps, or ZeRO-3's parameters in a file (the gathers read the file during
   // backward).
   bool stepInBackward = false;
+  // Where parameters, gradients and the optimizer state live and the step computes: host memory,
+  // or the calling thread's current CUDA device (the model's gradients and parameters are then
+  // device pointers; every collective is enqueued on the backend's communication stream, ordered
+  // against the model's kernels by marks, see Backend::Queue). On a device: ZeRO 0-3 with fp32
+  // reductions, AdamW or SGD, clipping and the loss scale; the rest above (compression, bf16
+  // reductions, local steps, offload, the step during backward, pipeline and expert parallelism)
+  // is refused by name.
+  Device device = Device::kCpu;
 };
 
 // How far the reductions overlapped backward: of `reductions` bucket reductions, `overlapped`
@@ -200,18 +209,22 @@ class DataParallel : public UnitAccess {
   };
   struct Bucket {
     int group = kDense;
-    int firstUnit = 0, lastUnit = 0;   // units [firstUnit, lastUnit], contiguous in the flat layout
-    size_t lo = 0, count = 0;          // flat range [lo, lo + count)
-    size_t padded = 0, shard = 0;      // count rounded up to a multiple of N; padded / N
-    size_t fullOffset = 0;             // in the padded full arrays
-    size_t shardOffset = 0;            // in the shard arrays
-    int unitsLeft = 0;                 // units whose gradients backward has not finished this micro-batch
-    bool reduced = false;              // ZeRO-0/1: its reduction has been started this step
-    std::vector<float> transientGrad;  // ZeRO-2/3: the bucket's whole gradient during backward
-    std::vector<float> gathered;       // ZeRO-3: the bucket's whole parameters while in use
-    std::vector<float> gatherSource;   // ZeRO-3 with parameters in a file: this rank's shard, read for the gather
-    std::vector<uint16_t> half;        // reduceBf16: the gradient in bf16 while it is reduced (worker only)
+    int firstUnit = 0, lastUnit = 0;  // units [firstUnit, lastUnit], contiguous in the flat layout
+    size_t lo = 0, count = 0;         // flat range [lo, lo + count)
+    size_t padded = 0, shard = 0;     // count rounded up to a multiple of N; padded / N
+    size_t fullOffset = 0;            // in the padded full arrays
+    size_t shardOffset = 0;           // in the shard arrays
+    int unitsLeft = 0;                // units whose gradients backward has not finished this micro-batch
+    bool reduced = false;             // ZeRO-0/1: its reduction has been started this step
+    Buffer<float> transientGrad;      // ZeRO-2/3: the bucket's whole gradient during backward
+    Buffer<float> gathered;           // ZeRO-3: the bucket's whole parameters while in use
+    std::vector<float> gatherSource;  // ZeRO-3 with parameters in a file: this rank's shard, read for the gather
+    std::vector<uint16_t> half;       // reduceBf16: the gradient in bf16 while it is reduced (worker only)
     std::future<void> reduction, gather;
+    // On a device: where the communication queue's reduction and gather end, and what follows the
+    // reduction on the compute queue (ZeRO-2/3's accumulation; on the CPU the worker runs it).
+    Backend::Mark reducedMark, gatheredMark;
+    std::function<void()> afterReduction;
   };
   Bucket& bucketOf(int unit) { return buckets_[unitBucket_[unit]]; }
   Group& groupOf(const Bucket& b) { return groups_[b.group]; }
@@ -237,6 +250,14 @@ class DataParallel : public UnitAccess {
     size_t lo, hi, p, g, mv;
   };
   Own ownOf(const Bucket& b) const;
+  // Waits for b's reduction (and, on a device, makes the compute queue wait for it, then runs what
+  // was to follow it there).
+  void finishReduction(Bucket& b);
+  // The communication task of a collective on device buffers: waits for the compute queue's
+  // `ready`, enqueues call(c, stream) on the communication queue and keeps its mark in *done.
+  CommWorker::Task deviceTask(Backend::Mark ready, Backend::Mark* done,
+                              std::function<void(Communicator&, chorusStream_t)> call);
+  bool onDevice() const { return backend_->device() != Device::kCpu; }
   // fn(tensor, own, d, n) for each tensor's part of this rank's elements of b: n elements from
   // position d of its own range.
   void eachTensorPart(const Bucket& b, const std::function<void(const ParamTensor&, const Own&, size_t, size_t)>& fn);
@@ -250,6 +271,8 @@ class DataParallel : public UnitAccess {
   void stepInOrder();
 
   const ParamLayout& layout_;
+  // Where the state lives (declared before every buffer in it, so destroyed after them).
+  std::unique_ptr<Backend> backend_;
   Group groups_[2];
   float expertScale_ = 1.0f;  // 1 / ep
   std::function<double(double)> expertParallelSum_;
@@ -266,7 +289,7 @@ class DataParallel : public UnitAccess {
   // Persistent state: full padded arrays or shard arrays, by stage. The optimizer state (m, and v
   // for AdamW) is in state_, in the shard layout from stage 1 on; so are ZeRO-3's parameters when
   // offloaded to a file (params_ is then empty). The arrays' indices in state_ (-1: not there):
-  std::vector<float> params_, grads_;
+  Buffer<float> params_, grads_;
   std::unique_ptr<StateStore> state_;
   int stateParams_ = -1, stateM_ = 0, stateV_ = -1;
   bool reduceBf16_ = false;

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "chorus/error.hpp"
+#include "src/training/backend.h"
 #include "src/training/pipeline.h"
 
 namespace chorus::training {
@@ -216,6 +217,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("run", "out", job.out);
   get("run", "blas_coretype", job.blasCoretype);
   get("run", "peak_tflops", job.peakTflops);
+  get("run", "device", job.device);
   get("run", "flush_denormals", job.flushDenormals);
   if (job.dataDir.empty()) job.dataDir = job.out + "/data";
   if (job.offloadPath.empty()) job.offloadPath = job.out + "/offload";
@@ -409,6 +411,27 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
           fmt::format("[compress] name = \"{}\" with [parallel] ep = {}: gradient compression runs "
                       "without expert parallelism",
                       job.compress, job.ep));
+    }
+  }
+  try {
+    parseDevice(job.device);
+  } catch (const Error& e) {
+    throw fail(fmt::format("[run] {}", e.what()));
+  }
+  if (job.device != "cpu") {
+    // What runs on the CPU only so far, named by its key.
+    const std::string refused = job.pp > 1                ? fmt::format("[parallel] pp = {}", job.pp)
+                                : job.model.moe.enabled() ? fmt::format("[model] experts = {}", job.model.moe.experts)
+                                : job.compress != "none"  ? fmt::format("[compress] name = \"{}\"", job.compress)
+                                : job.reduce != "fp32"    ? fmt::format("[precision] reduce = \"{}\"", job.reduce)
+                                : sync.local()            ? fmt::format("[parallel] sync = \"{}\"", job.sync)
+                                : job.stepInBackward      ? std::string("[optimizer] in_backward = true")
+                                : offload.optimizer != OffloadTarget::kNone
+                                    ? fmt::format("[offload] optimizer = \"{}\"", job.offloadOptimizer)
+                                    : std::string();
+    if (!refused.empty()) {
+      throw fail(fmt::format("[run] device = \"{}\" with {}: that runs on the CPU only so far (device = \"cpu\")",
+                             job.device, refused));
     }
   }
   if (!(job.optimizer.lr > 0)) throw fail("[optimizer] lr must be positive");

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "chorus/error.hpp"
+#include "src/training/backend.h"
 
 #ifdef CHORUS_HAVE_URING
 #include <liburing.h>
@@ -67,8 +68,12 @@ constexpr int kSlots = 4;
 
 class MemoryStore final : public StateStore {
  public:
-  MemoryStore(int arrays, size_t elements) : StateStore(arrays, elements) {
-    for (int a = 0; a < arrays; ++a) data_[a].assign(elements, 0.0f);
+  // memory null: host memory.
+  MemoryStore(int arrays, size_t elements, Backend* memory)
+      : StateStore(arrays, elements),
+        host_(memory == nullptr ? makeBackend(Device::kCpu) : nullptr),
+        memory_(memory == nullptr ? *host_ : *memory) {
+    for (int a = 0; a < arrays; ++a) data_[a] = Buffer<float>(memory_, elements);
   }
   Run at(size_t i) override {
     Run r;
@@ -77,16 +82,20 @@ class MemoryStore final : public StateStore {
     return r;
   }
   void read(int array, size_t lo, size_t count, float* out) const override {
-    std::memcpy(out, data_[array].data() + lo, count * sizeof(float));
+    memory_.toHost(out, data_[array].data() + lo, count * sizeof(float));
   }
   void write(int array, size_t lo, size_t count, const float* in) override {
-    std::memcpy(data_[array].data() + lo, in, count * sizeof(float));
+    memory_.fromHost(data_[array].data() + lo, in, count * sizeof(float));
   }
   size_t residentBytes() const override { return static_cast<size_t>(arrays()) * elements() * sizeof(float); }
-  std::string describe() const override { return "memory"; }
+  std::string describe() const override {
+    return memory_.device() == Device::kCpu ? "memory" : "memory of " + memory_.describe();
+  }
 
  private:
-  std::vector<float> data_[kMaxArrays];
+  std::unique_ptr<Backend> host_;
+  Backend& memory_;
+  Buffer<float> data_[kMaxArrays];
 };
 
 // One read or write of a whole chunk between a slot's buffer and the file.
@@ -476,11 +485,13 @@ StoreWindow storeWindow(size_t windowBytes, int arrays, size_t elements) {
 }
 
 std::unique_ptr<StateStore> makeStateStore(OffloadTarget target, const OffloadSettings& settings, int arrays,
-                                           size_t elements, const std::string& name) {
+                                           size_t elements, const std::string& name, Backend* memory) {
   if (arrays < 1 || arrays > StateStore::kMaxArrays) {
     throw Error(chorusInvalidArgument, fmt::format("offload: {} arrays (1 to {})", arrays, StateStore::kMaxArrays));
   }
-  if (target != OffloadTarget::kFile) return std::make_unique<MemoryStore>(arrays, elements);
+  if (target != OffloadTarget::kFile) {
+    return std::make_unique<MemoryStore>(arrays, elements, target == OffloadTarget::kNone ? memory : nullptr);
+  }
   if (settings.directory.empty()) throw Error(chorusInvalidArgument, "offload: file without a directory");
   return std::make_unique<FileStore>(settings, arrays, elements, name);
 }

@@ -14,6 +14,8 @@
 
 namespace chorus::training {
 
+class Backend;
+
 // Where state lives. On a CPU-only run host memory is where the training computes, so kHost is
 // kMemory under another name; the GPU training keeps its state in host memory with it.
 enum class OffloadTarget { kNone, kHost, kFile };
@@ -88,11 +90,13 @@ struct StoreWindow {
 };
 StoreWindow storeWindow(size_t windowBytes, int arrays, size_t elements);
 
-// A store of `arrays` zeroed arrays of `elements`: in memory for kNone and kHost; for kFile, the
+// A store of `arrays` zeroed arrays of `elements`: in memory for kNone (the backend `memory`'s,
+// host memory when null; at() then gives pointers in it, read() and write() copy from and to the
+// host) and in host memory for kHost; for kFile, the
 // file <directory>/<name> (created or truncated, and removed when the store is destroyed), streamed
 // through windowBytes of memory. Throws chorus::Error when the window cannot hold four chunks of
 // 1024 elements of every array, or the file cannot be created (naming the path and errno).
 std::unique_ptr<StateStore> makeStateStore(OffloadTarget target, const OffloadSettings& settings, int arrays,
-                                           size_t elements, const std::string& name);
+                                           size_t elements, const std::string& name, Backend* memory = nullptr);
 
 }  // namespace chorus::training

@@ -10,11 +10,13 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "chorus/error.hpp"
 #include "kernels/cpu/matmul.h"
+#include "src/training/backend.h"
 #include "src/training/job.h"
 
 namespace chorus::training {
@@ -31,6 +33,7 @@ std::string GemmPeak::describe() const {
     case PeakSource::kMeasured:
       break;
   }
+  if (!where.empty()) return fmt::format("measured now ({})", where);
   return "measured now (reads low if other work shares the cores; chorus-train --calibrate keeps one)";
 }
 
@@ -40,6 +43,33 @@ int usableCpus() {
   if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
   return std::max(1, CPU_COUNT(&set));
 }
+
+namespace {
+
+// GFLOP/s of products of n: the best of five trials of about seconds / 5 each (a trial that shared
+// the machine with something else reads low), after a warm-up. Each round calls product() batch
+// times, then finished() (which returns once they are done).
+double bestOfFiveTrials(int n, double seconds, int batch, const std::function<void()>& product,
+                        const std::function<void()>& finished) {
+  product();
+  finished();
+  double best = 0.0;
+  for (int trial = 0; trial < 5; ++trial) {
+    long calls = 0;
+    const auto start = Clock::now();
+    double elapsed = 0.0;
+    do {
+      for (int k = 0; k < batch; ++k) product();
+      finished();
+      calls += batch;
+      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    } while (elapsed < seconds / 5);
+    best = std::max(best, 2.0 * n * static_cast<double>(n) * n * calls / elapsed / 1e9);
+  }
+  return best;
+}
+
+}  // namespace
 
 double measureGemmGflops(int threads, int n, double seconds, const std::string& precision) {
   const int before = kernels::blasThreads();
@@ -57,20 +87,7 @@ double measureGemmGflops(int threads, int n, double seconds, const std::string& 
       kernels::gemm16(format, false, false, n, n, n, 1.0f, a16.data(), n, b16.data(), n, 0.0f, c.data(), n);
     }
   };
-  product();  // warm-up
-  // The best of five trials: a trial that shared the cores with something else reads low.
-  double best = 0.0;
-  for (int trial = 0; trial < 5; ++trial) {
-    long calls = 0;
-    const auto start = Clock::now();
-    double elapsed = 0.0;
-    do {
-      product();
-      ++calls;
-      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    } while (elapsed < seconds / 5);
-    best = std::max(best, 2.0 * n * static_cast<double>(n) * n * calls / elapsed / 1e9);
-  }
+  const double best = bestOfFiveTrials(n, seconds, 1, product, [] {});
   kernels::setBlasThreads(before);
   return best;
 }
@@ -138,8 +155,35 @@ void saveCalibratedPeak(const std::string& file, const std::string& precision, d
   if (!out) throw Error(chorusSystemError, "cannot write the calibration file " + file);
 }
 
+double measureDeviceGemmGflops(Device device, int n, double seconds, const std::string& precision) {
+  std::unique_ptr<Backend> backend = makeBackend(device);
+  const Compute compute = parseCompute(precision);
+  const auto format = compute == Compute::kFp16 ? kernels::Float16::kFp16 : kernels::Float16::kBf16;
+  const size_t elements = static_cast<size_t>(n) * n;
+  Buffer<float> a(*backend, elements), b(*backend, elements), c(*backend, elements);
+  Buffer<uint16_t> a16(*backend, elements), b16(*backend, elements);
+  backend->fill(a.data(), elements, 0.5f);
+  backend->fill(b.data(), elements, 0.25f);
+  backend->toFloat16(format, a.data(), a16.data(), elements);
+  backend->toFloat16(format, b.data(), b16.data(), elements);
+  auto product = [&] {
+    if (compute == Compute::kFp32) {
+      backend->matmulForward(c.data(), a.data(), b.data(), nullptr, n, n, n);
+    } else {
+      backend->matmulForward16(format, c.data(), a16.data(), b16.data(), nullptr, n, n, n);
+    }
+  };
+  float sink = 0.0f;
+  // The products are enqueued; the host waits for a batch of ten at a time.
+  return bestOfFiveTrials(n, seconds, 10, product, [&] { backend->toHost(&sink, c.data(), sizeof(sink)); });
+}
+
 GemmPeak findPeak(const Job& job) {
   if (job.peakTflops > 0) return GemmPeak{job.peakTflops * 1e3, PeakSource::kDeclared, ""};
+  if (const Device device = parseDevice(job.device); device != Device::kCpu) {
+    return GemmPeak{measureDeviceGemmGflops(device, 8192, 1.0, job.compute), PeakSource::kMeasured,
+                    fmt::format("{} GEMMs of 8192 on the device", job.compute)};
+  }
   if (auto calibrated = calibratedPeak(calibrationFile(), job.compute)) return *calibrated;
   return GemmPeak{measureGemmGflops(usableCpus(), 1024, 0.5, job.compute), PeakSource::kMeasured, ""};
 }

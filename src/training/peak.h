@@ -28,6 +28,11 @@ int usableCpus();
 // products mixed precision uses, kernels::gemm16) with `threads` BLAS threads (square products of
 // n, the best of five trials of about seconds / 5 each), in GFLOP/s.
 double measureGemmGflops(int threads, int n = 1024, double seconds = 0.5, const std::string& precision = "fp32");
+// The same on a device (Device of backend.h, not the CPU): products of n through its backend
+// (cuBLAS), timed in batches of ten from the host. Throws as makeBackend where there is no device.
+enum class Device;
+double measureDeviceGemmGflops(Device device, int n = 8192, double seconds = 1.0,
+                               const std::string& precision = "fp32");
 
 // This machine, as calibrations are keyed: the CPU model, the usable cores and the BLAS kernels.
 std::string machineKey();
@@ -40,7 +45,7 @@ std::optional<GemmPeak> calibratedPeak(const std::string& file, const std::strin
 void saveCalibratedPeak(const std::string& file, const std::string& precision, double gflops);
 
 // The job's peak in its compute precision ([precision] compute): declared, else calibrated, else
-// measured now.
+// measured now (on a device, [run] device: declared, else measured on it now).
 GemmPeak findPeak(const Job& job);
 // The launcher hands its peak to the ranks through the environment (CHORUS_TRAIN_PEAK_*).
 void exportPeak(const GemmPeak& peak);

@@ -176,13 +176,16 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     cut = balanceLayers(config, job.micro, job.seq, job.pp * job.vpp);
     spans = stageSpans(cut, job.pp, mesh->coords().pp);
   }
+  // The device: rank r on GPU r % (the GPUs here), before anything is made on it.
+  const Device device = parseDevice(job.device);
+  useDeviceOfRank(device, world ? world->rank() : 0);
   // MoE exchanges in chunks run on a communication thread of the ep group, overlapping the experts.
   std::unique_ptr<CommWorker> epWorker;
   if (epComm && config.moe.chunks > 1)
     epWorker = std::make_unique<CommWorker>(*epComm, CommWorker::delayFromEnvironment());
   Gpt model(config, job.micro, job.seq, TensorParallel{tpComm, job.sequenceParallel}, spans,
             parseRecompute(job.recompute), ContextParallel{cpComm}, ExpertParallel{epComm, epWorker.get()},
-            parseCompute(job.compute));
+            parseCompute(job.compute), device);
   LossScale lossScale(model.compute() == Compute::kFp16, job.lossScale, job.growthInterval);
   const Sampler sampler(&trainTokens, job.seq, job.seed);
   const Sampler valWindows(&valTokens, job.seq, 0);
@@ -199,6 +202,7 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
   parallel.offload = job.offload();
   parallel.offloadFile = fmt::format("rank{}.state", world ? world->rank() : 0);
   parallel.stepInBackward = job.stepInBackward;
+  parallel.device = device;
   // Sums over the model-parallel ranks (tp, then pp), on the training thread.
   auto modelParallelSum = [tpComm, ppComm](std::span<double> x) {
     if (tpComm) tpComm->allReduce(x);
@@ -327,7 +331,7 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     std::printf(
         "%s: %s, %zu parameters (%zu on rank 0); %d rank(s) as %s, ZeRO-%d, %d bucket(s); batch %d x %d dp "
         "rank(s) x %d micro-batch(es) = %ld sequences of %d; %zu train / %zu val tokens (%s tokenizer, vocab %d); "
-        "BLAS %s, %d thread(s) per rank\n",
+        "%s\n",
         job.name.c_str(), config.describe().c_str(), layout.globalTotal(), layout.total(), worldSize,
         (shape.describe() + (job.sequenceParallel && job.tp > 1 ? " sp" : "") + pipelineText +
          (job.recompute != "none" ? ", recompute " + job.recompute : "") +
@@ -343,7 +347,10 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
               : ""))
             .c_str(),
         job.zero, dp.buckets(), job.micro, ranks, job.accumulate, job.globalBatch(), job.seq, trainTokens.size(),
-        valTokens.size(), tokenizer.kind().c_str(), tokenizer.vocab(), kernels::blasDescription().c_str(), blasThreads);
+        valTokens.size(), tokenizer.kind().c_str(), tokenizer.vocab(),
+        (device == Device::kCpu ? fmt::format("BLAS {}, {} thread(s) per rank", kernels::blasDescription(), blasThreads)
+                                : fmt::format("on {} (rank 0's; rank r on GPU r % GPUs)", model.backend().describe()))
+            .c_str());
     std::fflush(stdout);
   }
 

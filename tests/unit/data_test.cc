@@ -329,6 +329,21 @@ TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
   EXPECT_NE(message({"parallel.sync=\"local:4\"", "compress.name=\"bf16\""}).find("with [compress]"),
             std::string::npos);
   EXPECT_EQ(loadJob(path, {"parallel.sync=\"diloco:4\"", "compress.name=\"bf16\""}).compress, "bf16");
+  // The device: cpu (the default) or cuda; what runs on the CPU only is refused on cuda by its key.
+  EXPECT_EQ(loadJob(path).device, "cpu");
+  EXPECT_EQ(loadJob(path, {"run.device=\"cuda\"", "parallel.zero=3", "precision.compute=\"bf16\""}).device, "cuda");
+  EXPECT_NE(message({"run.device=\"gpu\""}).find("[run] device \"gpu\": expected \"cpu\" or \"cuda\""),
+            std::string::npos);
+  for (const auto& [key, named] : std::vector<std::pair<std::string, std::string>>{
+           {"parallel.pp=2", "[parallel] pp = 2"},
+           {"model.experts=4", "[model] experts = 4"},
+           {"compress.name=\"topk:0.01\"", "[compress] name = \"topk:0.01\""},
+           {"precision.reduce=\"bf16\"", "[precision] reduce = \"bf16\""},
+           {"offload.optimizer=\"host\"", "[offload] optimizer = \"host\""}}) {
+    EXPECT_NE(message({"run.device=\"cuda\"", key}).find("[run] device = \"cuda\" with " + named), std::string::npos)
+        << key << ": " << message({"run.device=\"cuda\"", key});
+    EXPECT_EQ(message({key}).find("[run] device"), std::string::npos) << key << " is taken on the CPU";
+  }
   EXPECT_NE(message({"batch.seq=64"}).find("exceeds [model] context = 32"), std::string::npos);
   EXPECT_NE(message({"batch.micro=\"four\""}).find("[batch] micro must be an integer"), std::string::npos);
   EXPECT_NE(message({"nonsense"}).find("not section.key=value"), std::string::npos);

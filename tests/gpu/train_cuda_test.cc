@@ -1,0 +1,184 @@
+// train_cuda_test.cc: training steps on a CUDA device against the same steps on the CPU: the
+// model and data parallelism (every ZeRO stage, one rank and two ranks sharing the one GPU, as
+// forked processes joined by chorus) with parameters, gradients and the optimizer state in device
+// memory and the gradients reduced by chorus's device collectives on the backend's communication
+// stream. The reference is one CPU rank taking the whole global batch: two ranks that each take
+// half of it and average their gradients take the same steps. SGD with momentum keeps the
+// parameters' difference as small as the gradients' (bounded below); AdamW with clipping and a
+// loss scale is checked by its losses and gradient norms. Skipped (with the reason) without a
+// device. The test process itself never touches CUDA (the ranks are forked from it).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "src/training/data_parallel.h"
+#include "src/training/gpt.h"
+#include "tests/gpu/device.h"
+#include "tests/support/multiprocess.h"
+
+namespace chorus::training {
+namespace {
+
+const GptConfig kConfig{2, 4, 64, 48, 97};
+constexpr int kGlobalBatch = 4, kSeq = 32, kSteps = 3;
+
+struct Settings {
+  int zero = 0;
+  kernels::Optimizer optimizer = kernels::Optimizer::kSgd;
+  float clip = 0.0f;
+  float lossScale = 1.0f;
+  size_t bucketBytes = 64 << 10;  // several buckets
+};
+
+// What a run leaves: each step's mean loss and gradient norm, and the parameters at the end (the
+// model's flat layout, whole).
+struct Steps {
+  std::vector<double> losses, norms;
+  std::vector<float> params;
+};
+
+// The global batch of a step: kGlobalBatch sequences of kSeq tokens and their targets.
+void batchOf(int step, std::vector<int>& tokens, std::vector<int>& targets) {
+  std::mt19937 gen(1000 + step);
+  std::uniform_int_distribution<int> pick(0, kConfig.vocab - 1);
+  tokens.resize(kGlobalBatch * kSeq);
+  targets.resize(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = pick(gen);
+    targets[i] = (tokens[i] * 7 + 3) % kConfig.vocab;  // something to learn
+  }
+}
+
+// kSteps steps on this rank's share of each global batch (comm null: one rank, all of it).
+Steps train(Device device, Communicator* comm, const Settings& s) {
+  const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
+  const int B = kGlobalBatch / ranks;
+  Gpt model(kConfig, B, kSeq, {}, {}, Recompute::kNone, {}, {}, Compute::kFp32, device);
+  DataParallelSettings parallel;
+  parallel.zeroStage = s.zero;
+  parallel.bucketBytes = s.bucketBytes;
+  parallel.optimizer = s.optimizer;
+  parallel.device = device;
+  DataParallel dp(model.layout(), comm, parallel, 3);
+  kernels::OptimizerSettings optimizer;
+  optimizer.kind = s.optimizer;
+  optimizer.lr = s.optimizer == kernels::Optimizer::kSgd ? 0.05f : 1e-3f;
+  optimizer.momentum = 0.9f;
+  Steps run;
+  std::vector<int> tokens, targets;
+  for (int step = 1; step <= kSteps; ++step) {
+    batchOf(step, tokens, targets);
+    const size_t mine = static_cast<size_t>(rank) * B * kSeq;
+    dp.beginMicro(true);
+    const float loss = model.forward(tokens.data() + mine, targets.data() + mine, dp);
+    model.backward(dp, s.lossScale);
+    run.norms.push_back(dp.step(optimizer, step, s.clip, s.lossScale));
+    run.losses.push_back(dp.average(loss));
+  }
+  std::vector<float> m, v;
+  dp.gatherState(run.params, m, v);
+  return run;
+}
+
+// The device runs `ranks` ranks on GPU 0, each its own process, and checks each rank's run against
+// the reference with check(run) (gtest assertions in the rank fail its process).
+void onDevice(int ranks, const Settings& s, const std::function<void(const Steps&)>& check) {
+  const auto codes = ::chorus::testing::runProcesses(ranks, [&](int rank, const chorusUniqueId& id) {
+    try {
+      useDeviceOfRank(Device::kCuda, 0);
+      std::optional<Communicator> comm;
+      if (ranks > 1) comm.emplace(UniqueId(id), ranks, rank);
+      check(train(Device::kCuda, comm ? &*comm : nullptr, s));
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << rank << ": " << e.what();
+    }
+  });
+  for (int r = 0; r < ranks; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r << " of " << ranks << " failed";
+}
+
+double relative(double got, double want) { return std::fabs(got - want) / std::max(std::fabs(want), 1e-12); }
+
+// SGD with momentum: every ZeRO stage, one and two ranks. The GPU's gradients are within 1e-4 of
+// the largest of the CPU's (gpt_cuda_test); three steps of lr 0.05 with momentum 0.9 move a
+// parameter by under 0.3 x that error, so 1e-4 bounds the parameters' difference with room, while
+// a reduction that summed instead of averaging, missed a rank, or a ZeRO gather left undone moves
+// them by a whole step (lr x gradient, ~1e-3 and up).
+TEST(CudaTrainTest, SgdStepsOnTheGpuFollowTheCpuForEveryZeroStageOnOneAndTwoRanks) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  for (int zero = 0; zero <= 3; ++zero) {
+    Settings s;
+    s.zero = zero;
+    const Steps cpu = train(Device::kCpu, nullptr, s);
+    // The steps move the parameters well past the bound below (else the comparison says nothing).
+    std::vector<float> initial(cpu.params.size());
+    ParamLayout(kConfig).initialize(3, initial.data(), 0, initial.size());
+    double moved = 0;
+    for (size_t i = 0; i < initial.size(); ++i) moved = std::max(moved, std::fabs(double(cpu.params[i]) - initial[i]));
+    ASSERT_GT(moved, 1e-3) << "the reference's steps hardly moved the parameters";
+    for (int ranks : {1, 2}) {
+      SCOPED_TRACE("ZeRO-" + std::to_string(zero) + ", " + std::to_string(ranks) + " rank(s) on the GPU");
+      onDevice(ranks, s, [&](const Steps& gpu) {
+        ASSERT_EQ(gpu.losses.size(), cpu.losses.size());
+        for (size_t i = 0; i < cpu.losses.size(); ++i) {
+          EXPECT_LT(relative(gpu.losses[i], cpu.losses[i]), 1e-5) << "loss of step " << i + 1;
+          EXPECT_LT(relative(gpu.norms[i], cpu.norms[i]), 1e-4) << "gradient norm of step " << i + 1;
+        }
+        ASSERT_EQ(gpu.params.size(), cpu.params.size());
+        double worst = 0;
+        for (size_t i = 0; i < cpu.params.size(); ++i) {
+          worst = std::max(worst, std::fabs(static_cast<double>(gpu.params[i]) - cpu.params[i]));
+        }
+        EXPECT_LT(worst, 1e-4) << "largest parameter difference after " << kSteps << " steps";
+      });
+    }
+  }
+}
+
+// AdamW with clipping (a norm of 0.1, below the gradients', so every step clips) and a loss scale
+// the gradients are divided by: ZeRO-2 on two ranks. AdamW normalises each update, so parameters
+// whose gradient is near zero may step either way on either device; the losses and norms, which
+// those parameters barely move, must follow.
+TEST(CudaTrainTest, AdamwWithClippingAndALossScaleOnTwoRanksFollowsTheCpu) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  Settings s;
+  s.zero = 2;
+  s.optimizer = kernels::Optimizer::kAdamW;
+  s.clip = 0.1f;
+  s.lossScale = 1024.0f;
+  const Steps cpu = train(Device::kCpu, nullptr, s);
+  for (double norm : cpu.norms) ASSERT_GT(norm, s.clip) << "the reference's steps would not clip";
+  onDevice(2, s, [&](const Steps& gpu) {
+    for (size_t i = 0; i < cpu.losses.size(); ++i) {
+      EXPECT_LT(relative(gpu.losses[i], cpu.losses[i]), 1e-3) << "loss of step " << i + 1;
+      EXPECT_LT(relative(gpu.norms[i], cpu.norms[i]), 1e-3) << "gradient norm of step " << i + 1;
+    }
+  });
+}
+
+// What runs on the CPU only is refused by name on the device, before anything is sent.
+TEST(CudaTrainTest, WhatTheDeviceDoesNotTakeIsRefusedByName) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  const auto codes = ::chorus::testing::runProcesses(1, [&](int, const chorusUniqueId&) {
+    useDeviceOfRank(Device::kCuda, 0);
+    const ParamLayout layout(kConfig);
+    DataParallelSettings parallel;
+    parallel.device = Device::kCuda;
+    parallel.reduceBf16 = true;
+    try {
+      DataParallel dp(layout, nullptr, parallel, 1);
+      ADD_FAILURE() << "bf16 reductions were taken on the device";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("gradients reduced in bf16"), std::string::npos) << e.what();
+    }
+  });
+  EXPECT_EQ(codes[0], 0);
+}
+
+}  // namespace
+}  // namespace chorus::training
