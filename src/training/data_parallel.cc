@@ -123,7 +123,6 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
                           : settings.reduceBf16                              ? "gradients reduced in bf16"
                           : settings.localSteps                              ? "local steps (local SGD, DiLoCo)"
                           : settings.stepInBackward                          ? "the optimizer step during backward"
-                          : tiedUnit_ >= 0                                   ? "pipeline parallelism"
                           : expertParallel                                   ? "expert parallelism"
                           : !settings.compressor.empty() && settings.compressor != "none" ? "gradient compression"
                                                                                           : nullptr;

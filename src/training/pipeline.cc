@@ -244,6 +244,20 @@ double Pipeline::run(const std::vector<PipeAction>& actions, const Fill& fill, D
   const size_t rowsTokens = static_cast<size_t>(model_.batch()) * model_.seq();
   std::vector<int> tokens(rowsTokens), targets(rowsTokens);
   std::vector<float> input(model_.boundaryFloats()), doutput(model_.boundaryFloats());
+  // On a device the messages go through host memory: what arrives is copied to the device for the
+  // chunk, what leaves is copied from it (the model's boundary is in its backend's memory).
+  Backend& backend = model_.backend();
+  const bool staged = backend.device() != Device::kCpu;
+  Buffer<float> inputOn, doutputOn;
+  if (staged) {
+    inputOn = Buffer<float>(backend, input.size());
+    doutputOn = Buffer<float>(backend, doutput.size());
+  }
+  auto arrived = [&](std::vector<float>& host, Buffer<float>& on) -> const float* {
+    if (!staged) return host.data();
+    backend.fromHost(on.data(), host.data(), host.size() * sizeof(float));
+    return on.data();
+  };
   std::deque<Outgoing> outgoing;
   // Each chunk's free activation slots, and the slot of each micro-batch in flight.
   std::vector<std::vector<int>> freeSlots(model_.chunks());
@@ -279,7 +293,8 @@ double Pipeline::run(const std::vector<PipeAction>& actions, const Fill& fill, D
   };
   auto send = [&](Communicator& comm, std::span<const float> data, int peer) {
     Outgoing& o = outgoing.emplace_back();
-    o.data.assign(data.begin(), data.end());
+    o.data.resize(data.size());
+    backend.toHost(o.data.data(), data.data(), data.size() * sizeof(float));
     o.request = comm.isend(std::span<const float>(o.data), peer);
   };
 
@@ -291,9 +306,11 @@ double Pipeline::run(const std::vector<PipeAction>& actions, const Fill& fill, D
     const int prev = (stage_ + stages_ - 1) % stages_, next = (stage_ + 1) % stages_;
     if (a.forward) {
       if (firstStage || lastStage) fill(a.micro, tokens.data(), targets.data());
+      const float* in = input.data();
       if (!firstStage) {
         Request r = activations_.irecv(std::span<float>(input), prev);
         await(r, fmt::format("the activations of micro-batch {} from stage {}", a.micro, prev));
+        in = arrived(input, inputOn);
       }
       int slot = 0;
       if (dp != nullptr) {
@@ -303,16 +320,18 @@ double Pipeline::run(const std::vector<PipeAction>& actions, const Fill& fill, D
         free.pop_back();
         slotOfMicro[{a.chunk, a.micro}] = slot;
       }
-      loss += model_.forwardChunk(a.chunk, slot, tokens.data(), input.data(), targets.data(), access);
+      loss += model_.forwardChunk(a.chunk, slot, tokens.data(), in, targets.data(), access);
       if (!lastStage) send(activations_, model_.chunkOutput(a.chunk, slot), next);
     } else {
+      const float* dout = doutput.data();
       if (!lastStage) {
         Request r = gradients_.irecv(std::span<float>(doutput), next);
         await(r, fmt::format("the gradient of micro-batch {} from stage {}", a.micro, next));
+        dout = arrived(doutput, doutputOn);
       }
       const auto at = slotOfMicro.find({a.chunk, a.micro});
       dp->beginMicro(i == lastBackward);
-      model_.backwardChunk(a.chunk, at->second, doutput.data(), access, lossScale);
+      model_.backwardChunk(a.chunk, at->second, dout, access, lossScale);
       freeSlots[a.chunk].push_back(at->second);
       slotOfMicro.erase(at);
       if (!firstStage) send(gradients_, model_.inputGradient(), prev);

@@ -1,0 +1,82 @@
+# train_parity_cuda.sh: chorus-train on a CUDA device follows the CPU: the parity job (the tiny
+# model) for 10 steps on one GPU, its layouts on 2 ranks sharing that GPU (data parallelism, every
+# ZeRO stage, tensor parallelism with and without sequence parallelism, context parallelism, a
+# pipeline of 2 stages) and one rank with bf16 compute, each against the same job on one CPU rank.
+# The GPU sums in other orders than the CPU, so the runs agree to rounding, not to the bit: each
+# step's loss and gradient norm within 1e-3 relative of the CPU's (fp32; bf16: the loss within 2e-2),
+# and under SGD (where a parameter moves as far as its gradient says) the final parameters within
+# 1e-3. A reduction that summed where it should average, missed a rank or left a ZeRO gather undone
+# moves the gradient norm or the parameters by far more. Exits 77 (skipped) without a device.
+source "$(dirname "$0")/lib.sh"
+job="$source_dir/tests/data/jobs/parity.toml"
+# No fortunes on a GPU machine: the checkout's training sources are the text; no GEMM peak to measure.
+common=(--set run.steps=10 --set run.checkpoint_every=10 --set "data.corpus=\"$source_dir/src/training\""
+  --peak-tflops 1)
+run() { train_run "$job" "$1" "${common[@]}" "${@:2}"; }  # name, then options
+if ! "$build/chorus-train" "$job" --device cuda --out "$work/probe" --set data.dir="\"$work/data\"" \
+  "${common[@]}" --set run.steps=1 >"$work/probe.log" 2>&1; then
+  if grep -q "no usable CUDA device\|this build has no CUDA" "$work/probe.log"; then
+    echo "skipped: $(grep -o 'device "cuda": .*' "$work/probe.log" | head -n 1)"
+    exit 77
+  fi
+  cat "$work/probe.log"
+  fail "chorus-train --device cuda"
+fi
+cuda=(--device cuda)
+l4=(--set model.layers=4 --set batch.accumulate=4)
+sgd=(--set 'optimizer.name="sgd"' --set optimizer.momentum=0 --set optimizer.lr=0.2 --set optimizer.min_lr=0.02
+  --set optimizer.weight_decay=0 --set optimizer.clip=0)
+run cpu_one --ranks 1 --set batch.micro=8
+run cpu_one_l4 --ranks 1 --set batch.micro=2 "${l4[@]}"
+run cpu_sgd --ranks 1 --set batch.micro=8 "${sgd[@]}"
+run cpu_bf16 --ranks 1 --set batch.micro=8 --precision bf16
+run one --ranks 1 --set batch.micro=8 "${cuda[@]}"
+run dp2 --ranks 2 --set batch.micro=4 "${cuda[@]}"
+run zero1 --ranks 2 --zero 1 --set batch.micro=4 "${cuda[@]}"
+run zero2 --ranks 2 --zero 2 --set batch.micro=4 "${cuda[@]}"
+run zero3 --ranks 2 --zero 3 --set batch.micro=4 "${cuda[@]}"
+run tp2 --ranks 2 --tp 2 --set batch.micro=8 "${cuda[@]}"
+run tp2_sp --ranks 2 --tp 2 --set batch.micro=8 --set parallel.sequence_parallel=true "${cuda[@]}"
+run cp2 --ranks 2 --cp 2 --set batch.micro=2 "${l4[@]}" "${cuda[@]}"
+run pp2 --ranks 2 --pp 2 --set batch.micro=2 "${l4[@]}" "${cuda[@]}"
+run sgd_zero2 --ranks 2 --zero 2 --set batch.micro=4 "${sgd[@]}" "${cuda[@]}"
+run sgd_zero3 --ranks 2 --zero 3 --set batch.micro=4 "${sgd[@]}" "${cuda[@]}"
+run bf16 --ranks 1 --set batch.micro=8 --precision bf16 "${cuda[@]}"
+/usr/bin/env python3 - "$work" <<'PY'
+import csv, json, struct, sys
+work = sys.argv[1]
+def column(name, key):
+    return [float(r[key]) for r in csv.DictReader(open(f"{work}/{name}/metrics.csv"))]
+def parameters(name):  # the whole model's parameters in the final checkpoint (CHCK, header length, header)
+    data = open(f"{work}/{name}/checkpoint.bin", "rb").read()
+    length = struct.unpack("<I", data[4:8])[0]
+    count = json.loads(data[8:8 + length])["parameters"]
+    return struct.unpack_from(f"<{count}f", data, 8 + length)
+bad = []
+def matches(name, ref, loss_bound=1e-3, norm_bound=1e-3, param_bound=None):
+    worst = {}
+    for key in ["loss", "grad_norm"]:
+        got, want = column(name, key), column(ref, key)
+        if len(got) != 10 or len(want) != 10:
+            bad.append(f"{name}: {len(got)} steps")
+        worst[key] = max(abs(a - b) / abs(b) for a, b in zip(got, want))
+    text = f"{name:10s} against {ref:10s}: loss {worst['loss']:.2e}, gradient norm {worst['grad_norm']:.2e}"
+    ok = worst["loss"] <= loss_bound and worst["grad_norm"] <= norm_bound
+    if param_bound is not None:
+        params = max(abs(a - b) for a, b in zip(parameters(name), parameters(ref)))
+        text += f", final parameters within {params:.1e}"
+        ok = ok and params <= param_bound
+    print(text)
+    if not ok:
+        bad.append(name)
+for name in ["one", "dp2", "zero1", "zero2", "zero3", "tp2", "tp2_sp"]:
+    matches(name, "cpu_one")
+for name in ["cp2", "pp2"]:
+    matches(name, "cpu_one_l4")
+for name in ["sgd_zero2", "sgd_zero3"]:
+    matches(name, "cpu_sgd", param_bound=1e-3)
+matches("bf16", "cpu_bf16", loss_bound=2e-2, norm_bound=5e-2)
+if bad:
+    sys.exit("FAIL: " + "; ".join(bad))
+print("train_parity_cuda: every layout on the GPU follows the CPU")
+PY
