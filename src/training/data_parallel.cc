@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include "chorus/error.hpp"
@@ -120,7 +121,6 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
   }
   if (onDevice()) {
     const char* refused = settings.offload.optimizer != OffloadTarget::kNone ? "offloading the optimizer state"
-                          : settings.reduceBf16                              ? "gradients reduced in bf16"
                           : settings.localSteps                              ? "local steps (local SGD, DiLoCo)"
                           : settings.stepInBackward                          ? "the optimizer step during backward"
                           : expertParallel                                   ? "expert parallelism"
@@ -476,16 +476,35 @@ std::future<void> DataParallel::submitReduction(Bucket& b, float* g, float* out,
   CommWorker* worker = groupOf(b).worker.get();
   const size_t padded = b.padded, shard = b.shard;
   if (onDevice()) {  // enqueued after backward's kernels so far; `then` follows on the compute queue
-    b.afterReduction = std::move(then);
-    auto call = [g, out, padded, shard, count = countOverlap()](Communicator& c, chorusStream_t stream) {
-      count();
-      if (out == nullptr) {
-        c.allReduce(std::span<float>(g, padded), ReduceOp::kAvg, stream);
-      } else {
-        c.reduceScatter(std::span<const float>(g, padded), std::span<float>(out, shard), ReduceOp::kAvg, stream);
-      }
+    const bool scatter = out != nullptr;
+    const size_t at = scatter ? static_cast<size_t>(out - g) : 0;  // this rank's slice, within g
+    auto reduceIn = [padded, shard, at, scatter, count = countOverlap()](auto* data) {
+      return [=](Communicator& c, chorusStream_t stream) {
+        using T = std::remove_pointer_t<decltype(data)>;
+        count();
+        if (!scatter) {
+          c.allReduce(std::span<T>(data, padded), ReduceOp::kAvg, stream);
+        } else {
+          c.reduceScatter(std::span<const T>(data, padded), std::span<T>(data + at, shard), ReduceOp::kAvg, stream);
+        }
+      };
     };
-    return worker->submit(deviceTask(backend_->mark(Backend::Queue::kCompute), &b.reducedMark, std::move(call)));
+    if (!reduceBf16_) {
+      b.afterReduction = std::move(then);
+      return worker->submit(deviceTask(backend_->mark(Backend::Queue::kCompute), &b.reducedMark, reduceIn(g)));
+    }
+    // bf16: cast on the compute queue, reduced in 16 bits, the result widened into place there.
+    auto half = std::make_shared<Buffer<uint16_t>>(*backend_, padded);
+    trackTransient(static_cast<long>(padded * sizeof(uint16_t)));
+    backend_->toFloat16(kernels::Float16::kBf16, g, half->data(), padded);
+    auto* h = reinterpret_cast<BFloat16*>(half->data());
+    b.afterReduction = [this, half, g, at, padded, shard, scatter, then = std::move(then)]() mutable {
+      backend_->fromFloat16(kernels::Float16::kBf16, half->data() + at, g + at, scatter ? shard : padded);
+      trackTransient(-static_cast<long>(padded * sizeof(uint16_t)));
+      half.reset();
+      if (then) then();
+    };
+    return worker->submit(deviceTask(backend_->mark(Backend::Queue::kCompute), &b.reducedMark, reduceIn(h)));
   }
   if (!reduceBf16_) {
     return worker->submit(

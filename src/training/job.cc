@@ -422,7 +422,6 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
     // What runs on the CPU only so far, named by its key.
     const std::string refused = job.model.moe.enabled()  ? fmt::format("[model] experts = {}", job.model.moe.experts)
                                 : job.compress != "none" ? fmt::format("[compress] name = \"{}\"", job.compress)
-                                : job.reduce != "fp32"   ? fmt::format("[precision] reduce = \"{}\"", job.reduce)
                                 : sync.local()           ? fmt::format("[parallel] sync = \"{}\"", job.sync)
                                 : job.stepInBackward     ? std::string("[optimizer] in_backward = true")
                                 : offload.optimizer != OffloadTarget::kNone

@@ -1,7 +1,8 @@
 # train_parity_cuda.sh: chorus-train on a CUDA device follows the CPU: the parity job (the tiny
 # model) for 10 steps on one GPU, its layouts on 2 ranks sharing that GPU (data parallelism, every
 # ZeRO stage, tensor parallelism with and without sequence parallelism, context parallelism, a
-# pipeline of 2 stages) and one rank with bf16 compute, each against the same job on one CPU rank.
+# pipeline of 2 stages), one rank with bf16 compute and ZeRO-2 with gradients reduced in bf16, each
+# against the same job on the CPU (one rank; two for the bf16 reduction).
 # The GPU sums in other orders than the CPU, so the runs agree to rounding, not to the bit: each
 # step's loss and gradient norm within 1e-3 relative of the CPU's (fp32; bf16: the loss within 2e-2),
 # and under SGD (where a parameter moves as far as its gradient says) the final parameters within
@@ -30,6 +31,7 @@ run cpu_one --ranks 1 --set batch.micro=8
 run cpu_one_l4 --ranks 1 --set batch.micro=2 "${l4[@]}"
 run cpu_sgd --ranks 1 --set batch.micro=8 "${sgd[@]}"
 run cpu_bf16 --ranks 1 --set batch.micro=8 --precision bf16
+run cpu_reduce_bf16 --ranks 2 --zero 2 --set batch.micro=4 --set 'precision.reduce="bf16"'
 run one --ranks 1 --set batch.micro=8 "${cuda[@]}"
 run dp2 --ranks 2 --set batch.micro=4 "${cuda[@]}"
 run zero1 --ranks 2 --zero 1 --set batch.micro=4 "${cuda[@]}"
@@ -42,6 +44,7 @@ run pp2 --ranks 2 --pp 2 --set batch.micro=2 "${l4[@]}" "${cuda[@]}"
 run sgd_zero2 --ranks 2 --zero 2 --set batch.micro=4 "${sgd[@]}" "${cuda[@]}"
 run sgd_zero3 --ranks 2 --zero 3 --set batch.micro=4 "${sgd[@]}" "${cuda[@]}"
 run bf16 --ranks 1 --set batch.micro=8 --precision bf16 "${cuda[@]}"
+run reduce_bf16 --ranks 2 --zero 2 --set batch.micro=4 --set 'precision.reduce="bf16"' "${cuda[@]}"
 /usr/bin/env python3 - "$work" <<'PY'
 import csv, json, struct, sys
 work = sys.argv[1]
@@ -76,6 +79,8 @@ for name in ["cp2", "pp2"]:
 for name in ["sgd_zero2", "sgd_zero3"]:
     matches(name, "cpu_sgd", param_bound=1e-3)
 matches("bf16", "cpu_bf16", loss_bound=2e-2, norm_bound=5e-2)
+# Gradients reduced in bf16 (ZeRO-2, 2 ranks): rounded at the same points on both devices.
+matches("reduce_bf16", "cpu_reduce_bf16", loss_bound=1e-2, norm_bound=1e-2)
 if bad:
     sys.exit("FAIL: " + "; ".join(bad))
 print("train_parity_cuda: every layout on the GPU follows the CPU")

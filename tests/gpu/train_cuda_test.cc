@@ -169,12 +169,12 @@ TEST(CudaTrainTest, WhatTheDeviceDoesNotTakeIsRefusedByName) {
     const ParamLayout layout(kConfig);
     DataParallelSettings parallel;
     parallel.device = Device::kCuda;
-    parallel.reduceBf16 = true;
+    parallel.localSteps = true;
     try {
       DataParallel dp(layout, nullptr, parallel, 1);
-      ADD_FAILURE() << "bf16 reductions were taken on the device";
+      ADD_FAILURE() << "local steps were taken on the device";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("gradients reduced in bf16"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("local steps"), std::string::npos) << e.what();
     }
   });
   EXPECT_EQ(codes[0], 0);

@@ -332,13 +332,12 @@ TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
   // The device: cpu (the default) or cuda; what runs on the CPU only is refused on cuda by its key.
   EXPECT_EQ(loadJob(path).device, "cpu");
   EXPECT_EQ(loadJob(path, {"run.device=\"cuda\"", "parallel.zero=3", "precision.compute=\"bf16\""}).device, "cuda");
-  EXPECT_EQ(loadJob(path, {"run.device=\"cuda\"", "parallel.pp=2"}).pp, 2);
+  EXPECT_EQ(loadJob(path, {"run.device=\"cuda\"", "parallel.pp=2", "precision.reduce=\"bf16\""}).pp, 2);
   EXPECT_NE(message({"run.device=\"gpu\""}).find("[run] device \"gpu\": expected \"cpu\" or \"cuda\""),
             std::string::npos);
   for (const auto& [key, named] : std::vector<std::pair<std::string, std::string>>{
            {"model.experts=4", "[model] experts = 4"},
            {"compress.name=\"topk:0.01\"", "[compress] name = \"topk:0.01\""},
-           {"precision.reduce=\"bf16\"", "[precision] reduce = \"bf16\""},
            {"offload.optimizer=\"host\"", "[offload] optimizer = \"host\""}}) {
     EXPECT_NE(message({"run.device=\"cuda\"", key}).find("[run] device = \"cuda\" with " + named), std::string::npos)
         << key << ": " << message({"run.device=\"cuda\"", key});
