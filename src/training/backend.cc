@@ -10,6 +10,7 @@
 
 #include "chorus/error.hpp"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/moe.h"
 
 namespace chorus::training {
 
@@ -202,6 +203,24 @@ class CpuBackend final : public Backend {
   void crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale,
                             int v0) override {
     kn::crossEntropyBackward(dlogits, probs, targets, n, v, scale, v0);
+  }
+
+  void moeDispatch(float* buffer, const float* x, const int* row, int n, int k, int C) override {
+    kn::moeDispatch(buffer, x, row, n, k, C);
+  }
+  void moeDispatchBackward(float* dx, const float* dbuffer, const int* row, int n, int k, int C) override {
+    kn::moeDispatchBackward(dx, dbuffer, row, n, k, C);
+  }
+  void moeCombine(float* out, const float* y, const int* row, const float* gate, int n, int k, int C) override {
+    kn::moeCombine(out, y, row, gate, n, k, C);
+  }
+  void moeCombineBackward(float* dy, float* dgate, const float* dout, const float* y, const int* row, const float* gate,
+                          int n, int k, int C) override {
+    kn::moeCombineBackward(dy, dgate, dout, y, row, gate, n, k, C);
+  }
+  void swigluForward(float* out, const float* inp, int n, int h) override { kn::swigluForward(out, inp, n, h); }
+  void swigluBackward(float* dinp, const float* inp, const float* dout, int n, int h) override {
+    kn::swigluBackward(dinp, inp, dout, n, h);
   }
 
   // These keep no scratch: data parallelism's step thread calls them beside the training thread.

@@ -121,6 +121,15 @@ class Backend {
   virtual void crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale,
                                     int v0) = 0;
 
+  // ---- an MoE layer's rows (kernels/cpu/moe.h's; row and gate in this backend's memory) ----
+  virtual void moeDispatch(float* buffer, const float* x, const int* row, int n, int k, int C) = 0;
+  virtual void moeDispatchBackward(float* dx, const float* dbuffer, const int* row, int n, int k, int C) = 0;
+  virtual void moeCombine(float* out, const float* y, const int* row, const float* gate, int n, int k, int C) = 0;
+  virtual void moeCombineBackward(float* dy, float* dgate, const float* dout, const float* y, const int* row,
+                                  const float* gate, int n, int k, int C) = 0;
+  virtual void swigluForward(float* out, const float* inp, int n, int h) = 0;
+  virtual void swigluBackward(float* dinp, const float* inp, const float* dout, int n, int h) = 0;
+
   // ---- the training state's kernels (kernels/cpu/nn.h's) ----
   virtual void adamwStep(float* param, const float* grad, float* m, float* v, size_t n, long step,
                          const kernels::OptimizerSettings& s) = 0;
@@ -164,7 +173,10 @@ class Buffer {
  public:
   Buffer() = default;
   Buffer(Backend& backend, size_t count)
-      : backend_(&backend), data_(static_cast<T*>(backend.allocate(count * sizeof(T)))), size_(count) {}
+      : backend_(&backend),
+        data_(static_cast<T*>(backend.allocate(count * sizeof(T)))),
+        size_(count),
+        capacity_(count) {}
   Buffer(Buffer&& other) noexcept { *this = std::move(other); }
   Buffer& operator=(Buffer&& other) noexcept {
     if (this != &other) {
@@ -172,14 +184,26 @@ class Buffer {
       backend_ = other.backend_;
       data_ = other.data_;
       size_ = other.size_;
+      capacity_ = other.capacity_;
       other.data_ = nullptr;
-      other.size_ = 0;
+      other.size_ = other.capacity_ = 0;
     }
     return *this;
   }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   ~Buffer() { reset(); }
+
+  // Holds count elements from now on, in backend's memory: the memory it has is kept when it has
+  // room (its elements as they were), else replaced by count zeroed elements. For buffers whose
+  // length changes from use to use (an MoE layer's rows), without an allocation each time.
+  void ensure(Backend& backend, size_t count) {
+    if (count > capacity_ || backend_ != &backend) {
+      *this = Buffer(backend, count);
+      return;
+    }
+    size_ = count;
+  }
 
   T* data() { return data_; }
   const T* data() const { return data_; }
@@ -194,11 +218,11 @@ class Buffer {
   void reset() {
     if (data_ != nullptr) backend_->release(data_);
     data_ = nullptr;
-    size_ = 0;
+    size_ = capacity_ = 0;
   }
   Backend* backend_ = nullptr;
   T* data_ = nullptr;
-  size_t size_ = 0;
+  size_t size_ = 0, capacity_ = 0;
 };
 
 }  // namespace chorus::training

@@ -9,6 +9,7 @@
 
 #include "chorus/error.hpp"
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/moe.h"
 #include "kernels/cuda/nn.h"
 #include "kernels/cuda/reduce.h"
 #include "src/training/backend.h"
@@ -214,6 +215,26 @@ class CudaBackend final : public Backend {
   void crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale,
                             int v0) override {
     check(kc::crossEntropyBackward(dlogits, probs, targets, n, v, scale, v0, nullptr), "crossEntropyBackward");
+  }
+
+  void moeDispatch(float* buffer, const float* x, const int* row, int n, int k, int C) override {
+    check(kc::moeDispatch(buffer, x, row, n, k, C, nullptr), "moeDispatch");
+  }
+  void moeDispatchBackward(float* dx, const float* dbuffer, const int* row, int n, int k, int C) override {
+    check(kc::moeDispatchBackward(dx, dbuffer, row, n, k, C, nullptr), "moeDispatchBackward");
+  }
+  void moeCombine(float* out, const float* y, const int* row, const float* gate, int n, int k, int C) override {
+    check(kc::moeCombine(out, y, row, gate, n, k, C, nullptr), "moeCombine");
+  }
+  void moeCombineBackward(float* dy, float* dgate, const float* dout, const float* y, const int* row, const float* gate,
+                          int n, int k, int C) override {
+    check(kc::moeCombineBackward(dy, dgate, dout, y, row, gate, n, k, C, nullptr), "moeCombineBackward");
+  }
+  void swigluForward(float* out, const float* inp, int n, int h) override {
+    check(kc::swigluForward(out, inp, n, h, nullptr), "swigluForward");
+  }
+  void swigluBackward(float* dinp, const float* inp, const float* dout, int n, int h) override {
+    check(kc::swigluBackward(dinp, inp, dout, n, h, nullptr), "swigluBackward");
   }
 
   void adamwStep(float* param, const float* grad, float* m, float* v, size_t n, long step,

@@ -123,7 +123,6 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
     const char* refused = settings.offload.optimizer != OffloadTarget::kNone ? "offloading the optimizer state"
                           : settings.localSteps                              ? "local steps (local SGD, DiLoCo)"
                           : settings.stepInBackward                          ? "the optimizer step during backward"
-                          : expertParallel                                   ? "expert parallelism"
                           : !settings.compressor.empty() && settings.compressor != "none" ? "gradient compression"
                                                                                           : nullptr;
     if (refused != nullptr) {

@@ -98,9 +98,9 @@ struct DataParallelSettings {
   // or the calling thread's current CUDA device (the model's gradients and parameters are then
   // device pointers; every collective is enqueued on the backend's communication stream, ordered
   // against the model's kernels by marks, see Backend::Queue). On a device: ZeRO 0-3 with fp32
-  // or bf16 reductions (cast and widened on the device), AdamW or SGD, clipping, the loss scale and
-  // a pipeline's tied embedding (tiedSum then gets device memory); the rest above (compression,
-  // local steps, offload, the step during backward, expert parallelism) is refused by name.
+  // or bf16 reductions (cast and widened on the device), AdamW or SGD, clipping, the loss scale, a
+  // pipeline's tied embedding (tiedSum then gets device memory) and the experts' own group; the
+  // rest above (compression, local steps, offload, the step during backward) is refused by name.
   Device device = Device::kCpu;
 };
 

@@ -392,10 +392,6 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::ve
     throw Error(chorusInvalidArgument,
                 fmt::format("GPT: sequence length {} is not in [1, context = {}]", seq, config.context));
   }
-  if (config.moe.enabled() && device != Device::kCpu) {
-    throw Error(chorusInvalidUsage,
-                fmt::format("GPT: MoE blocks on device \"{}\": they run on the CPU only so far", deviceName(device)));
-  }
   positions_ = contextPositions(seq, cp.size(), cp.rank());
   make(positionsOn_, positions_.size());
   backend_->fromHost(positionsOn_.data(), positions_.data(), positions_.size() * sizeof(int));
@@ -449,7 +445,7 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::ve
   }
   if (config_.moe.enabled()) {
     moe_ = std::make_unique<MoeMlp>(config_.moe, config_.width, ep_, sequenceParallel_ ? tp_.comm : nullptr,
-                                    sixteen() ? std::optional(format_) : std::nullopt);
+                                    sixteen() ? std::optional(format_) : std::nullopt, backend_.get());
     if (sequenceParallel_) make(moeGrad_, moe_->paramFloats());
   }
   if (recompute_ == Recompute::kFull) {

@@ -263,7 +263,7 @@ class Gpt {
   // compute: mixed precision (see Compute). device: where the activations live and the kernels run
   // (the calling thread's current CUDA device for kCuda); the parameters and gradients the
   // UnitAccess gives, the tokens' copies, chunk inputs and outputs are in that device's memory.
-  // MoE blocks run on the CPU only so far (refused on kCuda, by name).
+  // MoE blocks route on the host (the router's logits come over, the choices go back; moe.h).
   Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp = {}, std::vector<LayerSpan> spans = {},
       Recompute recompute = Recompute::kNone, ContextParallel cp = {}, ExpertParallel ep = {},
       Compute compute = Compute::kFp32, Device device = Device::kCpu);

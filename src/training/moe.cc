@@ -1,6 +1,6 @@
-// moe.cc: the mixture-of-experts MLP of moe.h: routing and the gated sum through kernels/cpu/moe.h,
-// the experts' products through matmul.h, the rows between ranks by the public API's
-// all-to-all(v).
+// moe.cc: the mixture-of-experts MLP of moe.h: the routing on the host through kernels/cpu/moe.h,
+// the rows, the gated sum and the experts' products through the backend (backend.h), the rows
+// between ranks by the public API's all-to-all(v).
 #include "src/training/moe.h"
 
 #include <fmt/format.h>
@@ -82,18 +82,22 @@ size_t MoeActivations::floats() const {
     ints += c.row.size() + c.counts.size() + c.recvCounts.size();
     sizes += c.sendRows.size() + c.recvRows.size() + 2;
   }
-  return probs.size() + lse.size() + gate.size() + expertIn.size() + fc.size() + act.size() + combined.size() + ints +
-         sizes * sizeof(size_t) / sizeof(float);
+  ints += chunkRows.size();
+  return probs.size() + lse.size() + gate.size() + gates.size() + expertIn.size() + fc.size() + act.size() +
+         combined.size() + ints + sizes * sizeof(size_t) / sizeof(float);
 }
 
 MoeMlp::MoeMlp(const MoeConfig& config, int width, ExpertParallel ep, Communicator* tokenGroup,
-               std::optional<kernels::Float16> sixteen)
+               std::optional<kernels::Float16> sixteen, Backend* backend)
     : config_(config),
       C_(width),
       hidden_(config.hiddenFor(width)),
       ep_(ep),
       tokenGroup_(tokenGroup),
-      sixteen_(sixteen) {
+      sixteen_(sixteen),
+      ownBackend_(backend == nullptr ? makeBackend(Device::kCpu) : nullptr),
+      backend_(backend == nullptr ? *ownBackend_ : *backend),
+      staged_(backend_.device() != Device::kCpu && ep.size() > 1) {
   config_.validate(width, ep.size());
   if (!config_.enabled()) throw Error(chorusInvalidArgument, "MoE: a layer needs experts > 0");
   localExperts_ = config_.experts / ep_.size();
@@ -115,9 +119,13 @@ MoeMlp::ExpertTensors MoeMlp::expertTensors(int localExpert) const {
 }
 
 size_t MoeMlp::scratchFloats() const {
-  size_t floats = logits_.size() + dlogits_.size() + dgate_.size() + dExpertIn_.size() + dfc_.size() + dact_.size() +
-                  grouped_.size();
+  size_t floats = logits_.size() + dlogits_.size() + dgate_.size() + logitsOn_.size() + dlogitsOn_.size() +
+                  dgateOn_.size() + dExpertIn_.size() + dfc_.size() + dact_.size() + grouped_.size() +
+                  (inp16_.size() + weight16_.size()) / 2;
   for (const auto* buffers : {&sent_, &received_, &returned_}) {
+    for (const auto& b : *buffers) floats += b.size();
+  }
+  for (const auto* buffers : {&hostOut_, &hostIn_}) {
     for (const auto& b : *buffers) floats += b.size();
   }
   return floats;
@@ -194,21 +202,30 @@ void MoeMlp::planChunks(MoeActivations& a) {
   }
 }
 
-std::future<void> MoeMlp::startExchange(std::span<const float> in, std::span<float> out, const MoeChunk& chunk,
+std::future<void> MoeMlp::startExchange(const Buffer<float>& in, float* out, size_t c, const MoeChunk& chunk,
                                         bool toExperts) {
   const std::vector<size_t>& sendRows = toExperts ? chunk.sendRows : chunk.recvRows;
   const std::vector<size_t>& recvRows = toExperts ? chunk.recvRows : chunk.sendRows;
-  auto move = [this, in, out, sendCounts = std::vector<size_t>(sendRows.size()),
+  const size_t outCount = sum(recvRows) * C_;
+  // On a device the rows leave from the chunk's host buffer and arrive in its other one; finish()
+  // copies them on to `out`.
+  std::span<const float> from(in.data(), in.size());
+  std::span<float> to(out, outCount);
+  if (staged_) {
+    hostOut_[c].resize(in.size());
+    hostIn_[c].resize(outCount);
+    backend_.toHost(hostOut_[c].data(), in.data(), in.size() * sizeof(float));
+    from = hostOut_[c];
+    to = hostIn_[c];
+    arriveAt_[c] = out;
+  }
+  auto move = [this, from, to, sendCounts = std::vector<size_t>(sendRows.size()),
                recvCounts = std::vector<size_t>(recvRows.size()), &sendRows, &recvRows](Communicator* comm) mutable {
-    if (comm == nullptr) {
-      std::copy(in.begin(), in.end(), out.begin());
-      return;
-    }
     for (size_t r = 0; r < sendRows.size(); ++r) {
       sendCounts[r] = sendRows[r] * C_;
       recvCounts[r] = recvRows[r] * C_;
     }
-    comm->allToAllv<float>(in, sendCounts, out, recvCounts);
+    comm->allToAllv<float>(from, sendCounts, to, recvCounts);
   };
   if (ep_.worker != nullptr) {
     return ep_.worker->submit([move](Communicator& comm) mutable -> std::optional<Request> {
@@ -216,18 +233,23 @@ std::future<void> MoeMlp::startExchange(std::span<const float> in, std::span<flo
       return std::nullopt;
     });
   }
-  // On the calling thread, the whole exchange is waiting.
+  // On the calling thread (one rank: the rows only copied where they go), the whole exchange is waiting.
   std::promise<void> done;
   const auto t0 = Clock::now();
-  move(ep_.comm);
+  if (ep_.comm == nullptr) {
+    backend_.copy(out, in.data(), in.size() * sizeof(float));
+  } else {
+    move(ep_.comm);
+  }
   profile_.wait += since(t0);
   done.set_value();
   return done.get_future();
 }
 
-void MoeMlp::finish(std::future<void>& exchange) {
+void MoeMlp::finish(std::future<void>& exchange, size_t c) {
   const auto t0 = Clock::now();
   exchange.get();
+  if (staged_) backend_.fromHost(arriveAt_[c], hostIn_[c].data(), hostIn_[c].size() * sizeof(float));
   profile_.wait += since(t0);
 }
 
@@ -236,16 +258,21 @@ void MoeMlp::sizeChunkBuffers(const MoeActivations& a) {
   sent_.resize(K);
   received_.resize(K);
   returned_.resize(K);
+  if (staged_) {
+    hostOut_.resize(K);
+    hostIn_.resize(K);
+    arriveAt_.assign(K, nullptr);
+  }
   for (size_t c = 0; c < K; ++c) {
-    sent_[c].resize(a.chunks[c].sent() * C_);
-    received_[c].resize(a.chunks[c].received() * C_);
-    returned_[c].resize(a.chunks[c].received() * C_);
+    sent_[c].ensure(backend_, a.chunks[c].sent() * C_);
+    received_[c].ensure(backend_, a.chunks[c].received() * C_);
+    returned_[c].ensure(backend_, a.chunks[c].received() * C_);
   }
 }
 
 void MoeMlp::arrive(std::vector<std::future<void>>& exchanges, size_t c, double& phase) {
   const auto t0 = Clock::now();
-  finish(exchanges[c]);
+  finish(exchanges[c], c);
   phase += since(t0);
   if (c + 1 < exchanges.size() && exchanges[c + 1].wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
     ++profile_.overlapped;
@@ -275,7 +302,7 @@ void MoeMlp::regroup(const float* in, float* out, const MoeChunk& chunk, bool to
     const size_t from = toExpertMajor ? sourceMajor[i] : expertMajor[i];
     const size_t to = toExpertMajor ? expertMajor[i] : sourceMajor[i];
     if (chunk.recvCounts[i] == 0) continue;  // (the buffers may be empty: no pointer to copy through)
-    std::memcpy(out + to * C_, in + from * C_, sizeof(float) * C_ * chunk.recvCounts[i]);
+    backend_.copy(out + to * C_, in + from * C_, sizeof(float) * C_ * chunk.recvCounts[i]);
   }
 }
 
@@ -285,22 +312,31 @@ int MoeMlp::rowsOf(const MoeChunk& chunk, int localExpert) const {
   return rows;
 }
 
+void MoeMlp::castOperands(const float* inp, size_t inCount, const float* weight, size_t weightCount) {
+  inp16_.ensure(backend_, inCount);
+  weight16_.ensure(backend_, weightCount);
+  backend_.toFloat16(*sixteen_, inp, inp16_.data(), inCount);
+  backend_.toFloat16(*sixteen_, weight, weight16_.data(), weightCount);
+}
+
 void MoeMlp::expertLinearForward(float* out, const float* inp, const float* weight, const float* bias, int n, int c,
-                                 int oc) const {
-  if (sixteen_) {
-    kn::matmulForwardAs(*sixteen_, out, inp, weight, bias, n, c, oc);
-  } else {
-    kn::matmulForward(out, inp, weight, bias, n, c, oc);
+                                 int oc) {
+  if (!sixteen_) {
+    backend_.matmulForward(out, inp, weight, bias, n, c, oc);
+    return;
   }
+  castOperands(inp, static_cast<size_t>(n) * c, weight, static_cast<size_t>(oc) * c);
+  backend_.matmulForward16(*sixteen_, out, inp16_.data(), weight16_.data(), bias, n, c, oc);
 }
 
 void MoeMlp::expertLinearBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                  const float* weight, int n, int c, int oc) const {
-  if (sixteen_) {
-    kn::matmulBackwardAs(*sixteen_, dinp, dweight, dbias, dout, inp, weight, n, c, oc);
-  } else {
-    kn::matmulBackward(dinp, dweight, dbias, dout, inp, weight, n, c, oc);
+                                  const float* weight, int n, int c, int oc) {
+  if (!sixteen_) {
+    backend_.matmulBackward(dinp, dweight, dbias, dout, inp, weight, n, c, oc);
+    return;
   }
+  castOperands(inp, static_cast<size_t>(n) * c, weight, static_cast<size_t>(oc) * c);
+  backend_.matmulBackward16(*sixteen_, dinp, dweight, dbias, dout, inp16_.data(), weight16_.data(), n, c, oc);
 }
 
 template <typename Fn>
@@ -320,9 +356,9 @@ void MoeMlp::expertsForward(float* y, const float* experts, MoeActivations& a, c
     float* act = a.act.data() + first * H;
     expertLinearForward(fc, a.expertIn.data() + first * C, experts + t.fcWeight, experts + t.fcBias, count, C, F);
     if (config_.swiglu) {
-      kn::swigluForward(act, fc, count, H);
+      backend_.swigluForward(act, fc, count, H);
     } else {
-      kn::geluForward(act, fc, static_cast<size_t>(count) * H);
+      backend_.geluForward(act, fc, static_cast<size_t>(count) * H);
     }
     expertLinearForward(y + (first - chunk.expertAt) * C, act, experts + t.projWeight, experts + t.projBias, count, H,
                         C);
@@ -334,15 +370,17 @@ void MoeMlp::expertsBackward(float* dx, float* dExperts, const float* dy, const 
   const int C = C_, F = fcRows(), H = hidden_;
   forEachExpert(chunk, [&](const ExpertTensors& t, size_t first, int count) {
     const size_t local = first - chunk.expertAt;
-    dact_.assign(static_cast<size_t>(count) * H, 0.0f);
-    dfc_.assign(static_cast<size_t>(count) * F, 0.0f);
+    dact_.ensure(backend_, static_cast<size_t>(count) * H);
+    dfc_.ensure(backend_, static_cast<size_t>(count) * F);
+    backend_.zero(dact_.data(), dact_.size() * sizeof(float));
+    backend_.zero(dfc_.data(), dfc_.size() * sizeof(float));
     const float* fc = a.fc.data() + first * F;
     expertLinearBackward(dact_.data(), dExperts + t.projWeight, dExperts + t.projBias, dy + local * C,
                          a.act.data() + first * H, experts + t.projWeight, count, H, C);
     if (config_.swiglu) {
-      kn::swigluBackward(dfc_.data(), fc, dact_.data(), count, H);
+      backend_.swigluBackward(dfc_.data(), fc, dact_.data(), count, H);
     } else {
-      kn::geluBackward(dfc_.data(), fc, dact_.data(), static_cast<size_t>(count) * H);
+      backend_.geluBackward(dfc_.data(), fc, dact_.data(), static_cast<size_t>(count) * H);
     }
     expertLinearBackward(dx + local * C, dExperts + t.fcWeight, dExperts + t.fcBias, dfc_.data(),
                          a.expertIn.data() + first * C, experts + t.fcWeight, count, C, F);
@@ -353,8 +391,11 @@ void MoeMlp::forward(float* out, const float* x, int n, const float* router, con
   const int E = config_.experts, k = config_.topK, C = C_;
   auto t0 = Clock::now();
   a.tokens = n;
-  logits_.resize(static_cast<size_t>(n) * E);
-  kn::matmulForward(logits_.data(), x, router, nullptr, n, C, E);
+  // The router's product where x is, its logits to the host for the routing.
+  logitsOn_.ensure(backend_, static_cast<size_t>(n) * E);
+  backend_.matmulForward(logitsOn_.data(), x, router, nullptr, n, C, E);
+  logits_.resize(logitsOn_.size());
+  backend_.toHost(logits_.data(), logitsOn_.data(), logits_.size() * sizeof(float));
   a.probs.resize(static_cast<size_t>(n) * E);
   a.lse.resize(n);
   kn::routerSoftmax(a.probs.data(), a.lse.data(), logits_.data(), n, E);
@@ -385,18 +426,27 @@ void MoeMlp::forward(float* out, const float* x, int n, const float* router, con
   t0 = Clock::now();
   planChunks(a);
   const size_t K = a.chunks.size();
+  // What the kernels read of the routing: each chunk's rows (token order) and the gates.
+  std::vector<int> rows;
+  rows.reserve(static_cast<size_t>(n) * k);
+  for (const MoeChunk& ch : a.chunks) rows.insert(rows.end(), ch.row.begin(), ch.row.end());
+  a.chunkRows.ensure(backend_, rows.size());
+  backend_.fromHost(a.chunkRows.data(), rows.data(), rows.size() * sizeof(int));
+  a.gates.ensure(backend_, a.gate.size());
+  backend_.fromHost(a.gates.data(), a.gate.data(), a.gate.size() * sizeof(float));
   sizeChunkBuffers(a);
   Exchanges dispatched(K), combined(K);
   for (size_t c = 0; c < K; ++c) {
     const MoeChunk& ch = a.chunks[c];
-    kn::moeDispatch(sent_[c].data(), x + static_cast<size_t>(ch.first) * C, ch.row.data(), ch.tokens, k, C);
-    dispatched.futures[c] = startExchange(sent_[c], received_[c], ch, true);
+    backend_.moeDispatch(sent_[c].data(), x + static_cast<size_t>(ch.first) * C,
+                         a.chunkRows.data() + static_cast<size_t>(ch.first) * k, ch.tokens, k, C);
+    dispatched.futures[c] = startExchange(sent_[c], received_[c].data(), c, ch, true);
   }
   const size_t localRows = a.chunks.back().expertAt + a.chunks.back().received();
-  a.expertIn.resize(localRows * C);
-  a.fc.resize(localRows * fcRows());
-  a.act.resize(localRows * hidden_);
-  a.combined.resize((a.chunks.back().sentAt + a.chunks.back().sent()) * C);
+  a.expertIn.ensure(backend_, localRows * C);
+  a.fc.ensure(backend_, localRows * fcRows());
+  a.act.ensure(backend_, localRows * hidden_);
+  a.combined.ensure(backend_, (a.chunks.back().sentAt + a.chunks.back().sent()) * C);
   profile_.dispatch += since(t0);
 
   // The experts, chunk by chunk as its rows arrive, each on its rows from every rank; the outputs
@@ -406,13 +456,12 @@ void MoeMlp::forward(float* out, const float* x, int n, const float* router, con
     arrive(dispatched.futures, c, profile_.dispatch);
     t0 = Clock::now();
     regroup(received_[c].data(), a.expertIn.data() + ch.expertAt * C, ch, true);
-    grouped_.resize(ch.received() * C);
+    grouped_.ensure(backend_, ch.received() * C);
     expertsForward(grouped_.data(), experts, a, ch);
     regroup(grouped_.data(), returned_[c].data(), ch, false);
     profile_.experts += since(t0);
     t0 = Clock::now();
-    combined.futures[c] =
-        startExchange(returned_[c], std::span<float>(a.combined).subspan(ch.sentAt * C, ch.sent() * C), ch, false);
+    combined.futures[c] = startExchange(returned_[c], a.combined.data() + ch.sentAt * C, c, ch, false);
     profile_.combine += since(t0);
   }
 
@@ -420,9 +469,10 @@ void MoeMlp::forward(float* out, const float* x, int n, const float* router, con
   t0 = Clock::now();
   for (size_t c = 0; c < K; ++c) {
     const MoeChunk& ch = a.chunks[c];
-    finish(combined.futures[c]);
-    kn::moeCombine(out + static_cast<size_t>(ch.first) * C, a.combined.data() + ch.sentAt * C, ch.row.data(),
-                   a.gate.data() + static_cast<size_t>(ch.first) * k, ch.tokens, k, C);
+    finish(combined.futures[c], c);
+    const size_t at = static_cast<size_t>(ch.first) * k;
+    backend_.moeCombine(out + static_cast<size_t>(ch.first) * C, a.combined.data() + ch.sentAt * C,
+                        a.chunkRows.data() + at, a.gates.data() + at, ch.tokens, k, C);
   }
   profile_.combine += since(t0);
 }
@@ -433,15 +483,16 @@ void MoeMlp::backward(float* dx, float* dRouter, float* dExperts, const float* d
   const size_t K = a.chunks.size();
   // The gradient of the combine, chunk by chunk, each sent to the experts at once.
   auto t0 = Clock::now();
-  dgate_.resize(static_cast<size_t>(n) * k);
+  dgateOn_.ensure(backend_, static_cast<size_t>(n) * k);
   sizeChunkBuffers(a);
   Exchanges toExperts(K), back(K);
   for (size_t c = 0; c < K; ++c) {
     const MoeChunk& ch = a.chunks[c];
-    kn::moeCombineBackward(sent_[c].data(), dgate_.data() + static_cast<size_t>(ch.first) * k,
-                           dout + static_cast<size_t>(ch.first) * C, a.combined.data() + ch.sentAt * C, ch.row.data(),
-                           a.gate.data() + static_cast<size_t>(ch.first) * k, ch.tokens, k, C);
-    toExperts.futures[c] = startExchange(sent_[c], received_[c], ch, true);
+    const size_t at = static_cast<size_t>(ch.first) * k;
+    backend_.moeCombineBackward(sent_[c].data(), dgateOn_.data() + at, dout + static_cast<size_t>(ch.first) * C,
+                                a.combined.data() + ch.sentAt * C, a.chunkRows.data() + at, a.gates.data() + at,
+                                ch.tokens, k, C);
+    toExperts.futures[c] = startExchange(sent_[c], received_[c].data(), c, ch, true);
   }
   profile_.combine += since(t0);
 
@@ -450,31 +501,39 @@ void MoeMlp::backward(float* dx, float* dRouter, float* dExperts, const float* d
     const MoeChunk& ch = a.chunks[c];
     arrive(toExperts.futures, c, profile_.combine);
     t0 = Clock::now();
-    grouped_.resize(ch.received() * C);
+    grouped_.ensure(backend_, ch.received() * C);
     regroup(received_[c].data(), grouped_.data(), ch, true);
-    dExpertIn_.assign(ch.received() * C, 0.0f);
+    dExpertIn_.ensure(backend_, ch.received() * C);
+    backend_.zero(dExpertIn_.data(), dExpertIn_.size() * sizeof(float));
     expertsBackward(dExpertIn_.data(), dExperts, grouped_.data(), experts, a, ch);
     regroup(dExpertIn_.data(), returned_[c].data(), ch, false);
     profile_.experts += since(t0);
     // (sent_[c] held the combine's gradient, which has left: it takes the inputs' gradient now.)
     t0 = Clock::now();
-    back.futures[c] = startExchange(returned_[c], sent_[c], ch, false);
+    back.futures[c] = startExchange(returned_[c], sent_[c].data(), c, ch, false);
     profile_.dispatch += since(t0);
   }
   t0 = Clock::now();
   for (size_t c = 0; c < K; ++c) {
     const MoeChunk& ch = a.chunks[c];
-    finish(back.futures[c]);
-    kn::moeDispatchBackward(dx + static_cast<size_t>(ch.first) * C, sent_[c].data(), ch.row.data(), ch.tokens, k, C);
+    finish(back.futures[c], c);
+    backend_.moeDispatchBackward(dx + static_cast<size_t>(ch.first) * C, sent_[c].data(),
+                                 a.chunkRows.data() + static_cast<size_t>(ch.first) * k, ch.tokens, k, C);
   }
   profile_.dispatch += since(t0);
 
+  // The router's gradient: the gates' gradient to the host, through the routing there, its
+  // logits' gradient back for the product.
   t0 = Clock::now();
+  dgate_.resize(dgateOn_.size());
+  backend_.toHost(dgate_.data(), dgateOn_.data(), dgate_.size() * sizeof(float));
   dlogits_.resize(static_cast<size_t>(n) * E);
   kn::routerBackward(dlogits_.data(), dgate_.data(), a.probs.data(), a.lse.data(), a.expert.data(), a.gate.data(),
                      a.row.data(), a.assigned.data(), n, a.total, E, k, config_.normalizeGates(),
                      config_.auxCoef * lossScale, config_.zCoef * lossScale);
-  kn::matmulBackward(dx, dRouter, nullptr, dlogits_.data(), x, router, n, C, E);
+  dlogitsOn_.ensure(backend_, dlogits_.size());
+  backend_.fromHost(dlogitsOn_.data(), dlogits_.data(), dlogits_.size() * sizeof(float));
+  backend_.matmulBackward(dx, dRouter, nullptr, dlogitsOn_.data(), x, router, n, C, E);
   profile_.route += since(t0);
 }
 

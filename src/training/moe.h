@@ -21,12 +21,14 @@
 
 #include <chorus/chorus.hpp>
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/half.h"
+#include "src/training/backend.h"
 #include "src/training/comm_worker.h"
 
 namespace chorus::training {
@@ -73,17 +75,21 @@ struct MoeChunk {
   size_t received() const;
 };
 
-// What one micro-batch through the layer keeps for backward (one per micro-batch in flight).
+// What one micro-batch through the layer keeps for backward (one per micro-batch in flight). The
+// routing is decided on the host (its vectors); the rows and what the kernels read of the routing
+// are in the layer's backend's memory (the Buffers).
 struct MoeActivations {
   int tokens = 0;
   std::vector<float> probs, lse, gate;             // (n, E), (n), (n, k)
   std::vector<int> expert, row, assigned, counts;  // (n, k), (n, k), (E: over the token group), (E)
   int total = 0;                                   // the token group's tokens
   std::vector<MoeChunk> chunks;                    // the exchanges' pieces, in token order
-  std::vector<float> expertIn, fc, act;  // this rank's experts' rows (chunk by chunk): input, first layer, activation
-  std::vector<float> combined;           // (rows sent, C): the experts' outputs back home
-  float aux = 0, z = 0;                  // the losses (means over total), without coefficients
-  int dropped = 0;                       // choices over capacity
+  Buffer<int> chunkRows;                           // (n, k): each chunk's row, chunk after chunk (token order)
+  Buffer<float> gates;                             // (n, k): gate, where the kernels read it
+  Buffer<float> expertIn, fc, act;  // this rank's experts' rows (chunk by chunk): input, first layer, activation
+  Buffer<float> combined;           // (rows sent, C): the experts' outputs back home
+  float aux = 0, z = 0;             // the losses (means over total), without coefficients
+  int dropped = 0;                  // choices over capacity
   size_t floats() const;
 };
 
@@ -111,8 +117,12 @@ class MoeMlp {
   // this rank's tokens alone.
   // sixteen: the experts' products in that 16-bit format (mixed precision; their activations stay
   // fp32, the router is fp32); none: fp32.
+  // backend: where the layer computes and its inputs, outputs, parameters and rows live (the
+  // model's); null: host memory (a CPU backend of its own). The routing (the router's softmax, the
+  // top-k, the losses) runs on the host: the logits come over (n x E floats), the choices go back.
+  // With ep > 1 on a device the rows travel through host memory.
   MoeMlp(const MoeConfig& config, int width, ExpertParallel ep = {}, Communicator* tokenGroup = nullptr,
-         std::optional<kernels::Float16> sixteen = std::nullopt);
+         std::optional<kernels::Float16> sixteen = std::nullopt, Backend* backend = nullptr);
   const MoeConfig& config() const { return config_; }
   int localExperts() const { return localExperts_; }
   int firstExpert() const { return ep_.rank() * localExperts_; }
@@ -145,12 +155,12 @@ class MoeMlp {
   // Cuts the routed micro-batch into chunks (each chunk's rows in expert order, each expert's in
   // the whole batch's priority order) and swaps the chunks' counts with the ep ranks.
   void planChunks(MoeActivations& a);
-  // Starts moving one chunk's rows to their experts' ranks or back: `out` gets, for each rank in
-  // order, the rows `in` holds for it. Both must stay as they are until the future is ready.
-  std::future<void> startExchange(std::span<const float> in, std::span<float> out, const MoeChunk& chunk,
-                                  bool toExperts);
-  // Waits for an exchange, counting the wait.
-  void finish(std::future<void>& exchange);
+  // Starts moving chunk c's rows to their experts' ranks or back: `out` gets, for each rank in
+  // order, the rows `in` holds for it (both in the backend's memory; on a device through the
+  // chunk's host buffers). Both must stay as they are until finish().
+  std::future<void> startExchange(const Buffer<float>& in, float* out, size_t c, const MoeChunk& chunk, bool toExperts);
+  // Waits for an exchange, counting the wait; on a device, copies what arrived to its `out`.
+  void finish(std::future<void>& exchange, size_t c);
   // The per-chunk buffers of a's chunks, sized.
   void sizeChunkBuffers(const MoeActivations& a);
   // Waits for chunk c's rows (its exchange, the time added to phase) before its experts run;
@@ -167,11 +177,12 @@ class MoeMlp {
   // The experts' forward and backward on one chunk's rows (expert-major, from expertIn's
   // chunk.expertAt on): y = the outputs; backward: dx = the inputs' gradient from dy.
   void expertsForward(float* y, const float* experts, MoeActivations& a, const MoeChunk& chunk);
-  // An expert's linear layer in its compute precision (sixteen_).
-  void expertLinearForward(float* out, const float* inp, const float* weight, const float* bias, int n, int c,
-                           int oc) const;
+  // An expert's linear layer in its compute precision (sixteen_: the operands cast first).
+  void expertLinearForward(float* out, const float* inp, const float* weight, const float* bias, int n, int c, int oc);
   void expertLinearBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                            const float* weight, int n, int c, int oc) const;
+                            const float* weight, int n, int c, int oc);
+  // The operands of a 16-bit product, cast into inp16_ and weight16_.
+  void castOperands(const float* inp, size_t inCount, const float* weight, size_t weightCount);
   void expertsBackward(float* dx, float* dExperts, const float* dy, const float* experts, const MoeActivations& a,
                        const MoeChunk& chunk);
 
@@ -180,9 +191,20 @@ class MoeMlp {
   ExpertParallel ep_;
   Communicator* tokenGroup_;
   std::optional<kernels::Float16> sixteen_;
-  std::vector<float> logits_, dlogits_, dgate_, dExpertIn_, dfc_, dact_, grouped_;
-  // Per chunk: the rows leaving this rank, arriving, and going back (alive while in flight).
-  std::vector<std::vector<float>> sent_, received_, returned_;
+  std::unique_ptr<Backend> ownBackend_;  // without a backend given: host memory
+  Backend& backend_;
+  bool staged_;  // on a device with ep > 1: the exchanges go through host memory
+  // The routing's host side: logits, the gates' and logits' gradients.
+  std::vector<float> logits_, dlogits_, dgate_;
+  // In the backend's memory: the same, and the experts' work.
+  Buffer<float> logitsOn_, dlogitsOn_, dgateOn_, dExpertIn_, dfc_, dact_, grouped_;
+  Buffer<uint16_t> inp16_, weight16_;
+  // Per chunk: the rows leaving this rank, arriving, and going back (alive while in flight), and
+  // on a device with ep > 1 their host copies for the exchange (what leaves, what arrives, and
+  // where it goes once it has).
+  std::vector<Buffer<float>> sent_, received_, returned_;
+  std::vector<std::vector<float>> hostOut_, hostIn_;
+  std::vector<float*> arriveAt_;
   MoeProfile profile_;
 };
 

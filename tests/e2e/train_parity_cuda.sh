@@ -1,8 +1,9 @@
 # train_parity_cuda.sh: chorus-train on a CUDA device follows the CPU: the parity job (the tiny
 # model) for 10 steps on one GPU, its layouts on 2 ranks sharing that GPU (data parallelism, every
 # ZeRO stage, tensor parallelism with and without sequence parallelism, context parallelism, a
-# pipeline of 2 stages), one rank with bf16 compute and ZeRO-2 with gradients reduced in bf16, each
-# against the same job on the CPU (one rank; two for the bf16 reduction).
+# pipeline of 2 stages), one rank with bf16 compute, ZeRO-2 with gradients reduced in bf16 and MoE
+# blocks (alone and with 2 expert-parallel ranks), each against the same job on the CPU (one rank;
+# the same layout for the bf16 reduction and expert parallelism).
 # The GPU sums in other orders than the CPU, so the runs agree to rounding, not to the bit: each
 # step's loss and gradient norm within 1e-3 relative of the CPU's (fp32; bf16: the loss within 2e-2),
 # and under SGD (where a parameter moves as far as its gradient says) the final parameters within
@@ -32,6 +33,9 @@ run cpu_one_l4 --ranks 1 --set batch.micro=2 "${l4[@]}"
 run cpu_sgd --ranks 1 --set batch.micro=8 "${sgd[@]}"
 run cpu_bf16 --ranks 1 --set batch.micro=8 --precision bf16
 run cpu_reduce_bf16 --ranks 2 --zero 2 --set batch.micro=4 --set 'precision.reduce="bf16"'
+moe=(--set model.experts=4)
+run cpu_moe --ranks 1 --set batch.micro=8 "${moe[@]}"
+run cpu_moe_ep2 --ranks 2 --ep 2 --set batch.micro=4 "${moe[@]}"
 run one --ranks 1 --set batch.micro=8 "${cuda[@]}"
 run dp2 --ranks 2 --set batch.micro=4 "${cuda[@]}"
 run zero1 --ranks 2 --zero 1 --set batch.micro=4 "${cuda[@]}"
@@ -45,6 +49,8 @@ run sgd_zero2 --ranks 2 --zero 2 --set batch.micro=4 "${sgd[@]}" "${cuda[@]}"
 run sgd_zero3 --ranks 2 --zero 3 --set batch.micro=4 "${sgd[@]}" "${cuda[@]}"
 run bf16 --ranks 1 --set batch.micro=8 --precision bf16 "${cuda[@]}"
 run reduce_bf16 --ranks 2 --zero 2 --set batch.micro=4 --set 'precision.reduce="bf16"' "${cuda[@]}"
+run moe --ranks 1 --set batch.micro=8 "${moe[@]}" "${cuda[@]}"
+run moe_ep2 --ranks 2 --ep 2 --set batch.micro=4 "${moe[@]}" "${cuda[@]}"
 /usr/bin/env python3 - "$work" <<'PY'
 import csv, json, struct, sys
 work = sys.argv[1]
@@ -81,6 +87,11 @@ for name in ["sgd_zero2", "sgd_zero3"]:
 matches("bf16", "cpu_bf16", loss_bound=2e-2, norm_bound=5e-2)
 # Gradients reduced in bf16 (ZeRO-2, 2 ranks): rounded at the same points on both devices.
 matches("reduce_bf16", "cpu_reduce_bf16", loss_bound=1e-2, norm_bound=1e-2)
+# MoE blocks (4 experts, top-2), alone and with expert parallelism over the 2 ranks: the routing
+# is decided on the host from the device's logits; a near tie could send a token elsewhere, hence
+# a looser bound.
+matches("moe", "cpu_moe", loss_bound=5e-3, norm_bound=5e-3)
+matches("moe_ep2", "cpu_moe_ep2", loss_bound=5e-3, norm_bound=5e-3)
 if bad:
     sys.exit("FAIL: " + "; ".join(bad))
 print("train_parity_cuda: every layout on the GPU follows the CPU")

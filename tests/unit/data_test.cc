@@ -333,10 +333,10 @@ TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
   EXPECT_EQ(loadJob(path).device, "cpu");
   EXPECT_EQ(loadJob(path, {"run.device=\"cuda\"", "parallel.zero=3", "precision.compute=\"bf16\""}).device, "cuda");
   EXPECT_EQ(loadJob(path, {"run.device=\"cuda\"", "parallel.pp=2", "precision.reduce=\"bf16\""}).pp, 2);
+  EXPECT_EQ(loadJob(path, {"run.device=\"cuda\"", "model.experts=4", "parallel.ep=2"}).ep, 2);
   EXPECT_NE(message({"run.device=\"gpu\""}).find("[run] device \"gpu\": expected \"cpu\" or \"cuda\""),
             std::string::npos);
   for (const auto& [key, named] : std::vector<std::pair<std::string, std::string>>{
-           {"model.experts=4", "[model] experts = 4"},
            {"compress.name=\"topk:0.01\"", "[compress] name = \"topk:0.01\""},
            {"offload.optimizer=\"host\"", "[offload] optimizer = \"host\""}}) {
     EXPECT_NE(message({"run.device=\"cuda\"", key}).find("[run] device = \"cuda\" with " + named), std::string::npos)
