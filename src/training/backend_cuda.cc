@@ -5,7 +5,10 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <map>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "chorus/error.hpp"
 #include "kernels/cuda/matmul.h"
@@ -43,6 +46,7 @@ class CudaBackend final : public Backend {
     name_ = prop.name;
   }
   ~CudaBackend() override {
+    dropKept();
     for (Scratch& s : scratch_) cudaFree(s.data);
     if (comm_ != nullptr) cudaStreamDestroy(comm_);
   }
@@ -50,18 +54,40 @@ class CudaBackend final : public Backend {
   std::string describe() const override { return fmt::format("cuda:{} ({})", device_, name_); }
   size_t scratchBytes() const override { return scratch_[0].bytes + scratch_[1].bytes; }
 
+  // Released blocks are kept for the next allocation of the same size (cudaFree waits for the whole
+  // device, which would stall the communication stream's work behind every freed buffer: ZeRO's
+  // per-micro-batch gradients and gathers). A block is released only once the work that uses it
+  // is ordered before the compute queue's next (data parallelism waits for the collectives' marks
+  // first), and a reused block is zeroed on that queue. Without room, the kept blocks go first.
   void* allocate(size_t bytes) override {
     if (bytes == 0) return nullptr;
-    void* p = nullptr;
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    void* p = takeKept(bytes);
+    if (p == nullptr && cudaMalloc(&p, bytes) != cudaSuccess) {
       cudaGetLastError();
-      throw Error(chorusUnhandledCudaError,
-                  fmt::format("cuda backend: no room for {} bytes on device {} ({})", bytes, device_, name_));
+      dropKept();
+      if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        throw Error(chorusUnhandledCudaError,
+                    fmt::format("cuda backend: no room for {} bytes on device {} ({})", bytes, device_, name_));
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(blocksMutex_);
+      sizes_[p] = bytes;
     }
     zero(p, bytes);
     return p;
   }
-  void release(void* p) noexcept override { cudaFree(p); }
+  void release(void* p) noexcept override {
+    std::lock_guard<std::mutex> lock(blocksMutex_);
+    const auto it = sizes_.find(p);
+    if (it == sizes_.end()) {
+      cudaFree(p);
+      return;
+    }
+    kept_.emplace(it->second, p);
+    sizes_.erase(it);
+  }
   void zero(void* p, size_t bytes) override {
     if (bytes > 0) check(cudaMemsetAsync(p, 0, bytes, nullptr), "cudaMemsetAsync");
   }
@@ -270,6 +296,19 @@ class CudaBackend final : public Backend {
   void bindThread() override { check(cudaSetDevice(device_), "cudaSetDevice"); }
 
  private:
+  void* takeKept(size_t bytes) {
+    std::lock_guard<std::mutex> lock(blocksMutex_);
+    const auto it = kept_.find(bytes);
+    if (it == kept_.end()) return nullptr;
+    void* p = it->second;
+    kept_.erase(it);
+    return p;
+  }
+  void dropKept() {
+    std::lock_guard<std::mutex> lock(blocksMutex_);
+    for (const auto& [bytes, p] : kept_) cudaFree(p);
+    kept_.clear();
+  }
   // The communication stream, made at first use; it does not wait for the legacy default stream
   // (nor it for this one) but where a mark says.
   cudaStream_t commStream() {
@@ -326,6 +365,9 @@ class CudaBackend final : public Backend {
   std::string name_;
   Scratch scratch_[2];
   cudaStream_t comm_ = nullptr;
+  std::mutex blocksMutex_;
+  std::unordered_map<void*, size_t> sizes_;  // the blocks in use, by address
+  std::multimap<size_t, void*> kept_;        // released blocks, by size
 };
 
 }  // namespace

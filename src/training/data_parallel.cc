@@ -120,9 +120,9 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
                             stage_, offloadTargetName(settings.offload.optimizer)));
   }
   if (onDevice()) {
-    const char* refused = settings.offload.optimizer != OffloadTarget::kNone ? "offloading the optimizer state"
-                          : settings.localSteps                              ? "local steps (local SGD, DiLoCo)"
-                          : settings.stepInBackward                          ? "the optimizer step during backward"
+    const char* refused = paramsInFile              ? "ZeRO-3's parameters offloaded to a file"
+                          : settings.localSteps     ? "local steps (local SGD, DiLoCo)"
+                          : settings.stepInBackward ? "the optimizer step during backward"
                           : !settings.compressor.empty() && settings.compressor != "none" ? "gradient compression"
                                                                                           : nullptr;
     if (refused != nullptr) {
@@ -131,6 +131,8 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
                               backend_->describe(), refused));
     }
   }
+  // The optimizer state offloaded from a device: the step runs on the host beside it.
+  if (onDevice() && settings.offload.optimizer != OffloadTarget::kNone) hostStepper_ = makeBackend(Device::kCpu);
   params_ = Buffer<float>(*backend_, paramsInFile ? 0 : stage_ == 3 ? shardTotal_ : fullTotal_);
   grads_ = Buffer<float>(*backend_, stage_ >= 2 ? shardTotal_ : fullTotal_);
   optimizer_ = settings.optimizer;
@@ -674,22 +676,39 @@ double DataParallel::gradientSquares(const Bucket& b) {
 }
 
 void DataParallel::stepBucket(const Bucket& b, const kernels::OptimizerSettings& optimizer, long updates) {
+  // The step computes where the optimizer state is: on the device with it, or on the host when it
+  // is offloaded there (the bucket's own parameters and gradients come over, the parameters go back).
+  Backend& stepper = hostStepper_ ? *hostStepper_ : *backend_;
+  const Own own = ownOf(b);
+  float* params = params_.data() + own.p;
+  const float* grads = grads_.data() + own.g;
+  if (hostStepper_) {
+    const size_t count = own.hi - own.lo;
+    stagedParams_.resize(count);
+    stagedGrads_.resize(count);
+    backend_->toHost(stagedParams_.data(), params, count * sizeof(float));
+    backend_->toHost(stagedGrads_.data(), grads, count * sizeof(float));
+    params = stagedParams_.data();
+    grads = stagedGrads_.data();
+  }
   eachTensorPart(b, [&](const ParamTensor& t, const Own& o, size_t d, size_t n) {
     auto s = optimizer;
     if (!t.decay) s.weightDecay = 0.0f;
     for (size_t done = 0; done < n;) {
       const StateStore::Run run = state_->at(o.mv + d + done);
       const size_t k = std::min(n - done, run.count);
-      float* param = stateParams_ >= 0 ? run.array[stateParams_] : params_.data() + o.p + d + done;
-      const float* grad = grads_.data() + o.g + d + done;
+      float* param = stateParams_ >= 0 ? run.array[stateParams_] : params + d + done;
+      const float* grad = grads + d + done;
       if (optimizer_ == kernels::Optimizer::kSgd) {
-        backend_->sgdStep(param, grad, run.array[stateM_], k, updates, s);
+        stepper.sgdStep(param, grad, run.array[stateM_], k, updates, s);
       } else {
-        backend_->adamwStep(param, grad, run.array[stateM_], run.array[stateV_], k, updates, s);
+        stepper.adamwStep(param, grad, run.array[stateM_], run.array[stateV_], k, updates, s);
       }
       done += k;
     }
   });
+  if (hostStepper_)
+    backend_->fromHost(params_.data() + own.p, stagedParams_.data(), stagedParams_.size() * sizeof(float));
 }
 
 void DataParallel::armStep(const kernels::OptimizerSettings& optimizer, long stepNumber, long skipped) {

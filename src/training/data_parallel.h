@@ -99,8 +99,11 @@ struct DataParallelSettings {
   // device pointers; every collective is enqueued on the backend's communication stream, ordered
   // against the model's kernels by marks, see Backend::Queue). On a device: ZeRO 0-3 with fp32
   // or bf16 reductions (cast and widened on the device), AdamW or SGD, clipping, the loss scale, a
-  // pipeline's tied embedding (tiedSum then gets device memory) and the experts' own group; the
-  // rest above (compression, local steps, offload, the step during backward) is refused by name.
+  // pipeline's tied embedding (tiedSum then gets device memory), the experts' own group, and the
+  // optimizer state offloaded to host memory or a file (the step then runs on the host: each
+  // bucket's own parameters and gradients come over, the parameters go back); the rest above
+  // (compression, local steps, ZeRO-3's parameters in a file, the step during backward) is refused
+  // by name.
   Device device = Device::kCpu;
 };
 
@@ -291,6 +294,10 @@ class DataParallel : public UnitAccess {
   // offloaded to a file (params_ is then empty). The arrays' indices in state_ (-1: not there):
   Buffer<float> params_, grads_;
   std::unique_ptr<StateStore> state_;
+  // On a device with the optimizer state offloaded to the host: the backend the step runs on there,
+  // and a bucket's own parameters and gradients while it steps.
+  std::unique_ptr<Backend> hostStepper_;
+  std::vector<float> stagedParams_, stagedGrads_;
   int stateParams_ = -1, stateM_ = 0, stateV_ = -1;
   bool reduceBf16_ = false;
   bool localSteps_ = false;

@@ -79,7 +79,7 @@ struct Job {
   double peakTflops = 0;       // the machine's declared GEMM peak for MFU (0: calibrated or measured, peak.h)
   // Where the model trains (Device: "cpu" or "cuda"); with cuda, rank r on GPU r % (the GPUs
   // visible), so several ranks may share one. Compression, local steps, the step during backward
-  // and offload run on the CPU only so far (refused by name).
+  // and ZeRO-3's parameters offloaded to a file run on the CPU only so far (refused by name).
   std::string device = "cpu";
 
   int dp() const { return ranks / (tp * pp * cp); }

@@ -1,9 +1,10 @@
 # train_parity_cuda.sh: chorus-train on a CUDA device follows the CPU: the parity job (the tiny
 # model) for 10 steps on one GPU, its layouts on 2 ranks sharing that GPU (data parallelism, every
 # ZeRO stage, tensor parallelism with and without sequence parallelism, context parallelism, a
-# pipeline of 2 stages), one rank with bf16 compute, ZeRO-2 with gradients reduced in bf16 and MoE
-# blocks (alone and with 2 expert-parallel ranks), each against the same job on the CPU (one rank;
-# the same layout for the bf16 reduction and expert parallelism).
+# pipeline of 2 stages, the optimizer state offloaded to host memory and to a file), one rank with
+# bf16 compute, ZeRO-2 with gradients reduced in bf16 and MoE blocks (alone and with 2
+# expert-parallel ranks), each against the same job on the CPU (one rank; the same layout for the
+# bf16 reduction and expert parallelism).
 # The GPU sums in other orders than the CPU, so the runs agree to rounding, not to the bit: each
 # step's loss and gradient norm within 1e-3 relative of the CPU's (fp32; bf16: the loss within 2e-2),
 # and under SGD (where a parameter moves as far as its gradient says) the final parameters within
@@ -51,6 +52,10 @@ run bf16 --ranks 1 --set batch.micro=8 --precision bf16 "${cuda[@]}"
 run reduce_bf16 --ranks 2 --zero 2 --set batch.micro=4 --set 'precision.reduce="bf16"' "${cuda[@]}"
 run moe --ranks 1 --set batch.micro=8 "${moe[@]}" "${cuda[@]}"
 run moe_ep2 --ranks 2 --ep 2 --set batch.micro=4 "${moe[@]}" "${cuda[@]}"
+# The optimizer state offloaded from the device: to host memory (ZeRO-1) and to a file streamed
+# through a small window (ZeRO-2); the step runs on the host.
+run zero1_offload --ranks 2 --zero 1 --set batch.micro=4 --offload host "${cuda[@]}"
+run zero2_offload_file --ranks 2 --zero 2 --set batch.micro=4 --offload file --set offload.window_mb=0.05 "${cuda[@]}"
 /usr/bin/env python3 - "$work" <<'PY'
 import csv, json, struct, sys
 work = sys.argv[1]
@@ -78,7 +83,7 @@ def matches(name, ref, loss_bound=1e-3, norm_bound=1e-3, param_bound=None):
     print(text)
     if not ok:
         bad.append(name)
-for name in ["one", "dp2", "zero1", "zero2", "zero3", "tp2", "tp2_sp"]:
+for name in ["one", "dp2", "zero1", "zero2", "zero3", "tp2", "tp2_sp", "zero1_offload", "zero2_offload_file"]:
     matches(name, "cpu_one")
 for name in ["cp2", "pp2"]:
     matches(name, "cpu_one_l4")

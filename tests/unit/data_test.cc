@@ -336,12 +336,20 @@ TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
   EXPECT_EQ(loadJob(path, {"run.device=\"cuda\"", "model.experts=4", "parallel.ep=2"}).ep, 2);
   EXPECT_NE(message({"run.device=\"gpu\""}).find("[run] device \"gpu\": expected \"cpu\" or \"cuda\""),
             std::string::npos);
-  for (const auto& [key, named] : std::vector<std::pair<std::string, std::string>>{
-           {"compress.name=\"topk:0.01\"", "[compress] name = \"topk:0.01\""},
-           {"offload.optimizer=\"host\"", "[offload] optimizer = \"host\""}}) {
-    EXPECT_NE(message({"run.device=\"cuda\"", key}).find("[run] device = \"cuda\" with " + named), std::string::npos)
-        << key << ": " << message({"run.device=\"cuda\"", key});
-    EXPECT_EQ(message({key}).find("[run] device"), std::string::npos) << key << " is taken on the CPU";
+  EXPECT_EQ(loadJob(path, {"run.device=\"cuda\"", "offload.optimizer=\"host\""}).offload().optimizer,
+            OffloadTarget::kHost);
+  using Keys = std::vector<std::string>;
+  for (const auto& [keys, named] : std::vector<std::pair<Keys, std::string>>{
+           {{"compress.name=\"topk:0.01\""}, "[compress] name = \"topk:0.01\""},
+           {{"parallel.sync=\"local:4\""}, "[parallel] sync = \"local:4\""},
+           {{"optimizer.in_backward=true", "optimizer.clip=0"}, "[optimizer] in_backward = true"},
+           {{"parallel.zero=3", "offload.optimizer=\"file\"", "offload.params=\"file\""},
+            "[offload] params = \"file\""}}) {
+    Keys onDevice = keys;
+    onDevice.push_back("run.device=\"cuda\"");
+    EXPECT_NE(message(onDevice).find("[run] device = \"cuda\" with " + named), std::string::npos)
+        << keys[0] << ": " << message(onDevice);
+    EXPECT_EQ(message(keys).find("[run] device"), std::string::npos) << keys[0] << " is taken on the CPU";
   }
   EXPECT_NE(message({"batch.seq=64"}).find("exceeds [model] context = 32"), std::string::npos);
   EXPECT_NE(message({"batch.micro=\"four\""}).find("[batch] micro must be an integer"), std::string::npos);
