@@ -121,7 +121,6 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
   }
   if (onDevice()) {
     const char* refused = paramsInFile              ? "ZeRO-3's parameters offloaded to a file"
-                          : settings.localSteps     ? "local steps (local SGD, DiLoCo)"
                           : settings.stepInBackward ? "the optimizer step during backward"
                           : !settings.compressor.empty() && settings.compressor != "none" ? "gradient compression"
                                                                                           : nullptr;
@@ -561,16 +560,17 @@ void DataParallel::waitReductions() {
 
 void DataParallel::anchorParameters() {
   if (!localSteps_) throw Error(chorusInvalidUsage, "data parallel: an anchor without local steps");
-  anchor_.assign(params_.begin(), params_.end());  // local steps are host-only
-  outerMomentum_.assign(params_.size(), 0.0f);
-  delta_.assign(params_.size(), 0.0f);
+  anchor_ = Buffer<float>(*backend_, params_.size());
+  backend_->copy(anchor_.data(), params_.data(), params_.size() * sizeof(float));
+  outerMomentum_ = Buffer<float>(*backend_, params_.size());
+  delta_ = Buffer<float>(*backend_, params_.size());
 }
 
 void DataParallel::outerMomentum(std::vector<float>& flat) const {
   flat.assign(layout_.total(), 0.0f);
   if (outerMomentum_.size() != params_.size()) throw Error(chorusInvalidUsage, "data parallel: no outer momentum");
   for (const auto& b : buckets_) {
-    std::memcpy(flat.data() + b.lo, outerMomentum_.data() + b.fullOffset, b.count * sizeof(float));
+    backend_->toHost(flat.data() + b.lo, outerMomentum_.data() + b.fullOffset, b.count * sizeof(float));
   }
 }
 
@@ -581,7 +581,7 @@ void DataParallel::loadOuterMomentum(const std::vector<float>& flat) {
                                                 flat.size(), layout_.total()));
   }
   for (const auto& b : buckets_) {
-    std::memcpy(outerMomentum_.data() + b.fullOffset, flat.data() + b.lo, b.count * sizeof(float));
+    backend_->fromHost(outerMomentum_.data() + b.fullOffset, flat.data() + b.lo, b.count * sizeof(float));
   }
 }
 
@@ -591,9 +591,12 @@ void DataParallel::syncParameters(const kernels::OptimizerSettings* outer, long 
     throw Error(chorusInvalidUsage, "data parallel: an outer step before anchorParameters()");
   }
   if (outer != nullptr) {
-    // The outer gradient: how far this rank moved from the anchor (padding stays 0).
-    for (size_t i = 0; i < params_.size(); ++i) delta_[i] = anchor_[i] - params_.data()[i];
+    // The outer gradient: how far this rank moved from the anchor, anchor + (-params) (padding stays 0).
+    backend_->copy(delta_.data(), params_.data(), params_.size() * sizeof(float));
+    backend_->scale(delta_.data(), delta_.size(), -1.0f);
+    backend_->residualForward(delta_.data(), anchor_.data(), delta_.data(), delta_.size());
   }
+  const Backend::Mark ready = onDevice() ? backend_->mark(Backend::Queue::kCompute) : nullptr;
   float* x = outer != nullptr ? delta_.data() : params_.data();
   std::vector<std::future<void>> averages;
   for (auto& b : buckets_) {
@@ -609,20 +612,32 @@ void DataParallel::syncParameters(const kernels::OptimizerSettings* outer, long 
       }));
       continue;
     }
+    if (onDevice()) {
+      averages.push_back(
+          worker->submit(deviceTask(ready, &b.reducedMark, [at, padded](Communicator& c, chorusStream_t stream) {
+            c.allReduce(std::span<float>(at, padded), ReduceOp::kAvg, stream);
+          })));
+      continue;
+    }
     averages.push_back(worker->submit([at, padded](Communicator& c) -> std::optional<Request> {
       return c.iallReduce(std::span<float>(at, padded), ReduceOp::kAvg);
     }));
   }
   for (auto& f : averages) f.get();
+  for (auto& b : buckets_) {
+    if (!b.reducedMark) continue;
+    backend_->wait(Backend::Queue::kCompute, b.reducedMark);
+    b.reducedMark.reset();
+  }
   if (outer == nullptr) return;
   kernels::OptimizerSettings s = *outer;
   s.weightDecay = 0.0f;
   if (s.kind == kernels::Optimizer::kSgd) {
-    kernels::sgdStep(anchor_.data(), delta_.data(), outerMomentum_.data(), anchor_.size(), outerStep, s);
+    backend_->sgdStep(anchor_.data(), delta_.data(), outerMomentum_.data(), anchor_.size(), outerStep, s);
   } else {
     throw Error(chorusInvalidArgument, "data parallel: DiLoCo's outer optimizer is SGD (with Nesterov momentum)");
   }
-  std::copy(anchor_.begin(), anchor_.end(), params_.begin());
+  backend_->copy(params_.data(), anchor_.data(), anchor_.size() * sizeof(float));
 }
 
 double DataParallel::average(double value) { return averageOver(groups_[kDense], value); }

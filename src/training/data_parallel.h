@@ -99,11 +99,11 @@ struct DataParallelSettings {
   // device pointers; every collective is enqueued on the backend's communication stream, ordered
   // against the model's kernels by marks, see Backend::Queue). On a device: ZeRO 0-3 with fp32
   // or bf16 reductions (cast and widened on the device), AdamW or SGD, clipping, the loss scale, a
-  // pipeline's tied embedding (tiedSum then gets device memory), the experts' own group, and the
-  // optimizer state offloaded to host memory or a file (the step then runs on the host: each
-  // bucket's own parameters and gradients come over, the parameters go back); the rest above
-  // (compression, local steps, ZeRO-3's parameters in a file, the step during backward) is refused
-  // by name.
+  // pipeline's tied embedding (tiedSum then gets device memory), the experts' own group, local
+  // steps (the anchor and DiLoCo's outer state on the device too), and the optimizer state
+  // offloaded to host memory or a file (the step then runs on the host: each bucket's own
+  // parameters and gradients come over, the parameters go back); the rest above (compression,
+  // ZeRO-3's parameters in a file, the step during backward) is refused by name.
   Device device = Device::kCpu;
 };
 
@@ -301,7 +301,7 @@ class DataParallel : public UnitAccess {
   int stateParams_ = -1, stateM_ = 0, stateV_ = -1;
   bool reduceBf16_ = false;
   bool localSteps_ = false;
-  std::vector<float> anchor_, delta_, outerMomentum_;  // DiLoCo: see syncParameters
+  Buffer<float> anchor_, delta_, outerMomentum_;  // DiLoCo: see syncParameters
   kernels::Optimizer optimizer_ = kernels::Optimizer::kAdamW;
   bool lastMicro_ = true, eval_ = false;
   // ZeRO-3 access order within a micro-batch (its first forwardLength_ in forward) and where we are in it.

@@ -421,7 +421,6 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   if (job.device != "cpu") {
     // What runs on the CPU only so far, named by its key.
     const std::string refused = job.compress != "none" ? fmt::format("[compress] name = \"{}\"", job.compress)
-                                : sync.local()         ? fmt::format("[parallel] sync = \"{}\"", job.sync)
                                 : job.stepInBackward   ? std::string("[optimizer] in_backward = true")
                                 : offload.params != OffloadTarget::kNone
                                     ? fmt::format("[offload] params = \"{}\"", job.offloadParams)

@@ -169,12 +169,12 @@ TEST(CudaTrainTest, WhatTheDeviceDoesNotTakeIsRefusedByName) {
     const ParamLayout layout(kConfig);
     DataParallelSettings parallel;
     parallel.device = Device::kCuda;
-    parallel.localSteps = true;
+    parallel.stepInBackward = true;
     try {
       DataParallel dp(layout, nullptr, parallel, 1);
-      ADD_FAILURE() << "local steps were taken on the device";
+      ADD_FAILURE() << "the step during backward was taken on the device";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("local steps"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("the optimizer step during backward"), std::string::npos) << e.what();
     }
   });
   EXPECT_EQ(codes[0], 0);

@@ -338,10 +338,10 @@ TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
             std::string::npos);
   EXPECT_EQ(loadJob(path, {"run.device=\"cuda\"", "offload.optimizer=\"host\""}).offload().optimizer,
             OffloadTarget::kHost);
+  EXPECT_EQ(loadJob(path, {"run.device=\"cuda\"", "parallel.sync=\"diloco:4\""}).sync, "diloco:4");
   using Keys = std::vector<std::string>;
   for (const auto& [keys, named] : std::vector<std::pair<Keys, std::string>>{
            {{"compress.name=\"topk:0.01\""}, "[compress] name = \"topk:0.01\""},
-           {{"parallel.sync=\"local:4\""}, "[parallel] sync = \"local:4\""},
            {{"optimizer.in_backward=true", "optimizer.clip=0"}, "[optimizer] in_backward = true"},
            {{"parallel.zero=3", "offload.optimizer=\"file\"", "offload.params=\"file\""},
             "[offload] params = \"file\""}}) {
