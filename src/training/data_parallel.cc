@@ -122,8 +122,7 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
   if (onDevice()) {
     const char* refused = paramsInFile              ? "ZeRO-3's parameters offloaded to a file"
                           : settings.stepInBackward ? "the optimizer step during backward"
-                          : !settings.compressor.empty() && settings.compressor != "none" ? "gradient compression"
-                                                                                          : nullptr;
+                                                    : nullptr;
     if (refused != nullptr) {
       throw Error(chorusInvalidArgument,
                   fmt::format("data parallel on {}: {} is not supported on a device yet (it runs on the CPU)",
@@ -437,13 +436,14 @@ void DataParallel::reduceBucket(Bucket& b) {
     if (compressing()) {
       Compressor* compressor = &compressors_[index];
       const size_t count = b.count;
+      float* data = onDevice() ? stageOnHost(b, g, count, ready) : g;
       b.reduction = worker->submit(
-          [g, count, compressor, tally = countOverlap()](Communicator& c) -> std::optional<Request> {
+          [data, count, compressor, tally = countOverlap()](Communicator& c) -> std::optional<Request> {
             tally();
-            compressor->allReduce(std::span<float>(g, count), c, ReduceOp::kAvg);  // blocking, on this thread
+            compressor->allReduce(std::span<float>(data, count), c, ReduceOp::kAvg);  // blocking, on this thread
             return std::nullopt;
           },
-          ready);
+          onDevice() ? std::function<void()>() : ready);
       return;
     }
     // ZeRO-0 averages the bucket in place; ZeRO-1 puts this rank's slice of the average in place.
@@ -543,6 +543,19 @@ std::future<void> DataParallel::submitReduction(Bucket& b, float* g, float* out,
       std::move(widen));
 }
 
+float* DataParallel::stageOnHost(Bucket& b, float* at, size_t count, std::function<void()> then) {
+  b.staged.resize(count);
+  trackTransient(static_cast<long>(count * sizeof(float)));
+  backend_->toHost(b.staged.data(), at, count * sizeof(float));
+  b.afterReduction = [this, &b, at, count, then = std::move(then)] {
+    backend_->fromHost(at, b.staged.data(), count * sizeof(float));
+    trackTransient(-static_cast<long>(count * sizeof(float)));
+    std::vector<float>().swap(b.staged);
+    if (then) then();
+  };
+  return b.staged.data();
+}
+
 void DataParallel::finishReduction(Bucket& b) {
   if (!b.reduction.valid()) return;
   b.reduction.get();
@@ -606,8 +619,9 @@ void DataParallel::syncParameters(const kernels::OptimizerSettings* outer, long 
     const size_t padded = b.padded, count = b.count;
     if (outer != nullptr && compressing()) {  // DiLoCo's delta through the bucket's compressor
       Compressor* compressor = &compressors_[static_cast<size_t>(&b - buckets_.data())];
-      averages.push_back(worker->submit([at, count, compressor](Communicator& c) -> std::optional<Request> {
-        compressor->allReduce(std::span<float>(at, count), c, ReduceOp::kAvg);  // blocking, on this thread
+      float* data = onDevice() ? stageOnHost(b, at, count, nullptr) : at;
+      averages.push_back(worker->submit([data, count, compressor](Communicator& c) -> std::optional<Request> {
+        compressor->allReduce(std::span<float>(data, count), c, ReduceOp::kAvg);  // blocking, on this thread
         return std::nullopt;
       }));
       continue;
@@ -625,9 +639,8 @@ void DataParallel::syncParameters(const kernels::OptimizerSettings* outer, long 
   }
   for (auto& f : averages) f.get();
   for (auto& b : buckets_) {
-    if (!b.reducedMark) continue;
-    backend_->wait(Backend::Queue::kCompute, b.reducedMark);
-    b.reducedMark.reset();
+    if (b.reducedMark) backend_->wait(Backend::Queue::kCompute, std::exchange(b.reducedMark, nullptr));
+    if (b.afterReduction) std::exchange(b.afterReduction, nullptr)();  // a compressed delta back on the device
   }
   if (outer == nullptr) return;
   kernels::OptimizerSettings s = *outer;

@@ -102,8 +102,9 @@ struct DataParallelSettings {
   // pipeline's tied embedding (tiedSum then gets device memory), the experts' own group, local
   // steps (the anchor and DiLoCo's outer state on the device too), and the optimizer state
   // offloaded to host memory or a file (the step then runs on the host: each bucket's own
-  // parameters and gradients come over, the parameters go back); the rest above (compression,
-  // ZeRO-3's parameters in a file, the step during backward) is refused by name.
+  // parameters and gradients come over, the parameters go back), and compression (each bucket
+  // through the host, where the compressors work); the rest above (ZeRO-3's parameters in a file,
+  // the step during backward) is refused by name.
   Device device = Device::kCpu;
 };
 
@@ -223,6 +224,7 @@ class DataParallel : public UnitAccess {
     Buffer<float> gathered;           // ZeRO-3: the bucket's whole parameters while in use
     std::vector<float> gatherSource;  // ZeRO-3 with parameters in a file: this rank's shard, read for the gather
     std::vector<uint16_t> half;       // reduceBf16: the gradient in bf16 while it is reduced (worker only)
+    std::vector<float> staged;        // on a device: what a compressor reduces, on the host meanwhile
     std::future<void> reduction, gather;
     // On a device: where the communication queue's reduction and gather end, and what follows the
     // reduction on the compute queue (ZeRO-2/3's accumulation; on the CPU the worker runs it).
@@ -256,6 +258,9 @@ class DataParallel : public UnitAccess {
   // Waits for b's reduction (and, on a device, makes the compute queue wait for it, then runs what
   // was to follow it there).
   void finishReduction(Bucket& b);
+  // On a device, for a compressor (which reduces host memory): count floats at `at` copied to the
+  // host for b's reduction, and copied back (then `then`) by what follows it. Returns the host copy.
+  float* stageOnHost(Bucket& b, float* at, size_t count, std::function<void()> then);
   // The communication task of a collective on device buffers: waits for the compute queue's
   // `ready`, enqueues call(c, stream) on the communication queue and keeps its mark in *done.
   CommWorker::Task deviceTask(Backend::Mark ready, Backend::Mark* done,

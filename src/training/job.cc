@@ -420,8 +420,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   }
   if (job.device != "cpu") {
     // What runs on the CPU only so far, named by its key.
-    const std::string refused = job.compress != "none" ? fmt::format("[compress] name = \"{}\"", job.compress)
-                                : job.stepInBackward   ? std::string("[optimizer] in_backward = true")
+    const std::string refused = job.stepInBackward ? std::string("[optimizer] in_backward = true")
                                 : offload.params != OffloadTarget::kNone
                                     ? fmt::format("[offload] params = \"{}\"", job.offloadParams)
                                     : std::string();

@@ -78,8 +78,8 @@ struct Job {
   bool flushDenormals = true;  // subnormal floats flushed to zero on the ranks (kernels::setFlushDenormals)
   double peakTflops = 0;       // the machine's declared GEMM peak for MFU (0: calibrated or measured, peak.h)
   // Where the model trains (Device: "cpu" or "cuda"); with cuda, rank r on GPU r % (the GPUs
-  // visible), so several ranks may share one. Compression, the step during backward and ZeRO-3's
-  // parameters offloaded to a file run on the CPU only so far (refused by name).
+  // visible), so several ranks may share one. The step during backward and ZeRO-3's parameters
+  // offloaded to a file run on the CPU only so far (refused by name).
   std::string device = "cpu";
 
   int dp() const { return ranks / (tp * pp * cp); }

@@ -3,8 +3,8 @@
 # ZeRO stage, tensor parallelism with and without sequence parallelism, context parallelism, a
 # pipeline of 2 stages, the optimizer state offloaded to host memory and to a file), one rank with
 # bf16 compute, ZeRO-2 with gradients reduced in bf16, MoE blocks (alone and with 2 expert-parallel
-# ranks) and DiLoCo on 2 ranks, each against the same job on the CPU (one rank; the same layout for
-# the bf16 reduction, expert parallelism and DiLoCo).
+# ranks), DiLoCo and PowerSGD on 2 ranks, each against the same job on the CPU (one rank; the same
+# layout for the bf16 reduction, expert parallelism, DiLoCo and PowerSGD).
 # The GPU sums in other orders than the CPU, so the runs agree to rounding, not to the bit: each
 # step's loss and gradient norm within 1e-3 relative of the CPU's (fp32; bf16: the loss within 2e-2),
 # and under SGD (where a parameter moves as far as its gradient says) the final parameters within
@@ -37,6 +37,7 @@ run cpu_reduce_bf16 --ranks 2 --zero 2 --set batch.micro=4 --set 'precision.redu
 moe=(--set model.experts=4)
 diloco=(--set 'parallel.sync="diloco:5"')
 run cpu_diloco --ranks 2 --set batch.micro=4 "${diloco[@]}"
+run cpu_powersgd --ranks 2 --set batch.micro=4 --compress powersgd:4
 run cpu_moe --ranks 1 --set batch.micro=8 "${moe[@]}"
 run cpu_moe_ep2 --ranks 2 --ep 2 --set batch.micro=4 "${moe[@]}"
 run one --ranks 1 --set batch.micro=8 "${cuda[@]}"
@@ -57,6 +58,7 @@ run moe_ep2 --ranks 2 --ep 2 --set batch.micro=4 "${moe[@]}" "${cuda[@]}"
 # The optimizer state offloaded from the device: to host memory (ZeRO-1) and to a file streamed
 # through a small window (ZeRO-2); the step runs on the host.
 run diloco --ranks 2 --set batch.micro=4 "${diloco[@]}" "${cuda[@]}"
+run powersgd --ranks 2 --set batch.micro=4 --compress powersgd:4 "${cuda[@]}"
 run zero1_offload --ranks 2 --zero 1 --set batch.micro=4 --offload host "${cuda[@]}"
 run zero2_offload_file --ranks 2 --zero 2 --set batch.micro=4 --offload file --set offload.window_mb=0.05 "${cuda[@]}"
 /usr/bin/env python3 - "$work" <<'PY'
@@ -102,6 +104,9 @@ matches("moe", "cpu_moe", loss_bound=5e-3, norm_bound=5e-3)
 matches("moe_ep2", "cpu_moe_ep2", loss_bound=5e-3, norm_bound=5e-3)
 # DiLoCo (2 ranks, 5 inner steps, then the outer Nesterov step on the averaged delta, twice).
 matches("diloco", "cpu_diloco")
+# Gradients compressed by rank-4 PowerSGD (the compressors work on the host: each bucket comes over
+# and goes back).
+matches("powersgd", "cpu_powersgd", loss_bound=5e-3, norm_bound=5e-3)
 if bad:
     sys.exit("FAIL: " + "; ".join(bad))
 print("train_parity_cuda: every layout on the GPU follows the CPU")

@@ -339,9 +339,9 @@ TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
   EXPECT_EQ(loadJob(path, {"run.device=\"cuda\"", "offload.optimizer=\"host\""}).offload().optimizer,
             OffloadTarget::kHost);
   EXPECT_EQ(loadJob(path, {"run.device=\"cuda\"", "parallel.sync=\"diloco:4\""}).sync, "diloco:4");
+  EXPECT_EQ(loadJob(path, {"run.device=\"cuda\"", "compress.name=\"powersgd:4\""}).compress, "powersgd:4");
   using Keys = std::vector<std::string>;
   for (const auto& [keys, named] : std::vector<std::pair<Keys, std::string>>{
-           {{"compress.name=\"topk:0.01\""}, "[compress] name = \"topk:0.01\""},
            {{"optimizer.in_backward=true", "optimizer.clip=0"}, "[optimizer] in_backward = true"},
            {{"parallel.zero=3", "offload.optimizer=\"file\"", "offload.params=\"file\""},
             "[offload] params = \"file\""}}) {
