@@ -139,19 +139,24 @@ class Backend {
   virtual double sumOfSquares(const float* x, size_t n) = 0;
   virtual void scale(float* x, size_t n, float factor) = 0;
 
-  // ---- two queues of work: the kernels (kCompute) and the collectives on this backend's memory
+  // ---- queues of work: the kernels (kCompute) and the collectives on this backend's memory
   // (kComm), so that communication overlaps computation where the device allows ----
   // On the CPU nothing is queued (a call has finished when it returns): streams are null, marks
   // empty and waits do nothing. On CUDA kCompute is the legacy default stream (where every kernel
-  // above runs) and kComm a stream of its own that does not wait for it implicitly.
+  // above runs) and kComm has lanes, each a stream of its own that does not wait for the compute
+  // stream implicitly (nor it for them): one lane per communicator that enqueues there, so the
+  // collectives of two communicators never share a stream (ranks may enqueue those in different
+  // orders, and one stream would then order them against each other: a deadlock).
   enum class Queue { kCompute, kComm };
+  static constexpr int kCommLanes = 4;
   // A point in a queue: the work enqueued on it before mark() was called.
   using Mark = std::shared_ptr<void>;
-  // The queue's stream, for chorus's collectives on device buffers (a cudaStream_t; null on the CPU).
-  virtual void* stream(Queue /*queue*/) { return nullptr; }
-  virtual Mark mark(Queue /*queue*/) { return {}; }
-  // Work enqueued on `queue` after this call waits for the mark (an empty mark: for nothing).
-  virtual void wait(Queue /*queue*/, const Mark& /*mark*/) {}
+  // The queue's stream (lane < kCommLanes; kCompute has one), for chorus's collectives on device
+  // buffers (a cudaStream_t; null on the CPU). These three may be called from any thread.
+  virtual void* stream(Queue /*queue*/, int /*lane*/ = 0) { return nullptr; }
+  virtual Mark mark(Queue /*queue*/, int /*lane*/ = 0) { return {}; }
+  // Work enqueued on the queue after this call waits for the mark (an empty mark: for nothing).
+  virtual void wait(Queue /*queue*/, const Mark& /*mark*/, int /*lane*/ = 0) {}
   // Makes the calling thread use this backend's device (a thread that enqueues collectives on its
   // memory, such as a communication thread, calls it first).
   virtual void bindThread() {}

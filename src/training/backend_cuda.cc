@@ -48,7 +48,9 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     dropKept();
     for (Scratch& s : scratch_) cudaFree(s.data);
-    if (comm_ != nullptr) cudaStreamDestroy(comm_);
+    for (cudaStream_t s : comm_) {
+      if (s != nullptr) cudaStreamDestroy(s);
+    }
   }
   Device device() const override { return Device::kCuda; }
   std::string describe() const override { return fmt::format("cuda:{} ({})", device_, name_); }
@@ -280,17 +282,17 @@ class CudaBackend final : public Backend {
   }
   void scale(float* x, size_t n, float factor) override { check(kc::scale(x, n, factor, nullptr), "scale"); }
 
-  void* stream(Queue queue) override { return queue == Queue::kCompute ? nullptr : commStream(); }
-  Mark mark(Queue queue) override {
+  void* stream(Queue queue, int lane) override { return queue == Queue::kCompute ? nullptr : commStream(lane); }
+  Mark mark(Queue queue, int lane) override {
     cudaEvent_t event = nullptr;
     check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     Mark mark(event, [](void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); });
-    check(cudaEventRecord(event, static_cast<cudaStream_t>(stream(queue))), "cudaEventRecord");
+    check(cudaEventRecord(event, static_cast<cudaStream_t>(stream(queue, lane))), "cudaEventRecord");
     return mark;
   }
-  void wait(Queue queue, const Mark& mark) override {
+  void wait(Queue queue, const Mark& mark, int lane) override {
     if (mark == nullptr) return;
-    check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream(queue)), static_cast<cudaEvent_t>(mark.get()), 0),
+    check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream(queue, lane)), static_cast<cudaEvent_t>(mark.get()), 0),
           "cudaStreamWaitEvent");
   }
   void bindThread() override { check(cudaSetDevice(device_), "cudaSetDevice"); }
@@ -309,11 +311,17 @@ class CudaBackend final : public Backend {
     for (const auto& [bytes, p] : kept_) cudaFree(p);
     kept_.clear();
   }
-  // The communication stream, made at first use; it does not wait for the legacy default stream
-  // (nor it for this one) but where a mark says.
-  cudaStream_t commStream() {
-    if (comm_ == nullptr) check(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking), "cudaStreamCreate");
-    return comm_;
+  // A communication lane's stream, made at first use; it does not wait for the legacy default
+  // stream (nor it for this one) but where a mark says.
+  cudaStream_t commStream(int lane) {
+    if (lane < 0 || lane >= kCommLanes) {
+      throw Error(chorusInvalidUsage,
+                  fmt::format("cuda backend: communication lane {} (0 to {})", lane, kCommLanes - 1));
+    }
+    std::lock_guard<std::mutex> lock(commMutex_);
+    cudaStream_t& s = comm_[lane];
+    if (s == nullptr) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    return s;
   }
   // Device memory kept between calls, grown as asked: slot 0 for the kernels' own scratch, slot 1
   // for the mean's sums and result.
@@ -364,7 +372,8 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   std::string name_;
   Scratch scratch_[2];
-  cudaStream_t comm_ = nullptr;
+  std::mutex commMutex_;
+  cudaStream_t comm_[kCommLanes] = {};
   std::mutex blocksMutex_;
   std::unordered_map<void*, size_t> sizes_;  // the blocks in use, by address
   std::multimap<size_t, void*> kept_;        // released blocks, by size

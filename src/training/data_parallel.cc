@@ -294,14 +294,16 @@ int DataParallel::nextInOrder() const {
   return orderAt_ < end ? order_[orderAt_] : -1;
 }
 
-CommWorker::Task DataParallel::deviceTask(Backend::Mark ready, Backend::Mark* done,
+CommWorker::Task DataParallel::deviceTask(const Bucket& b, Backend::Mark ready, Backend::Mark* done,
                                           std::function<void(Communicator&, chorusStream_t)> call) {
-  return [this, ready = std::move(ready), done, call = std::move(call)](Communicator& c) -> std::optional<Request> {
-    backend_->wait(Backend::Queue::kComm, ready);
-    call(c, static_cast<chorusStream_t>(backend_->stream(Backend::Queue::kComm)));
-    *done = backend_->mark(Backend::Queue::kComm);
-    return std::nullopt;
-  };
+  const int lane = b.group;  // each group's communicator its own stream
+  return
+      [this, lane, ready = std::move(ready), done, call = std::move(call)](Communicator& c) -> std::optional<Request> {
+        backend_->wait(Backend::Queue::kComm, ready, lane);
+        call(c, static_cast<chorusStream_t>(backend_->stream(Backend::Queue::kComm, lane)));
+        *done = backend_->mark(Backend::Queue::kComm, lane);
+        return std::nullopt;
+      };
 }
 
 void DataParallel::startGather(Bucket& b) {
@@ -321,7 +323,7 @@ void DataParallel::startGather(Bucket& b) {
   float* out = b.gathered.data();
   if (onDevice()) {  // after the step that wrote the shard, on the communication queue
     const float* shard = params_.data() + from;
-    b.gather = worker->submit(deviceTask(backend_->mark(Backend::Queue::kCompute), &b.gatheredMark,
+    b.gather = worker->submit(deviceTask(b, backend_->mark(Backend::Queue::kCompute), &b.gatheredMark,
                                          [shard, out, count](Communicator& c, chorusStream_t stream) {
                                            c.allGather(std::span<const float>(shard, count),
                                                        std::span<float>(out, count * c.size()), stream);
@@ -491,7 +493,7 @@ std::future<void> DataParallel::submitReduction(Bucket& b, float* g, float* out,
     };
     if (!reduceBf16_) {
       b.afterReduction = std::move(then);
-      return worker->submit(deviceTask(backend_->mark(Backend::Queue::kCompute), &b.reducedMark, reduceIn(g)));
+      return worker->submit(deviceTask(b, backend_->mark(Backend::Queue::kCompute), &b.reducedMark, reduceIn(g)));
     }
     // bf16: cast on the compute queue, reduced in 16 bits, the result widened into place there.
     auto half = std::make_shared<Buffer<uint16_t>>(*backend_, padded);
@@ -504,7 +506,7 @@ std::future<void> DataParallel::submitReduction(Bucket& b, float* g, float* out,
       half.reset();
       if (then) then();
     };
-    return worker->submit(deviceTask(backend_->mark(Backend::Queue::kCompute), &b.reducedMark, reduceIn(h)));
+    return worker->submit(deviceTask(b, backend_->mark(Backend::Queue::kCompute), &b.reducedMark, reduceIn(h)));
   }
   if (!reduceBf16_) {
     return worker->submit(
@@ -628,7 +630,7 @@ void DataParallel::syncParameters(const kernels::OptimizerSettings* outer, long 
     }
     if (onDevice()) {
       averages.push_back(
-          worker->submit(deviceTask(ready, &b.reducedMark, [at, padded](Communicator& c, chorusStream_t stream) {
+          worker->submit(deviceTask(b, ready, &b.reducedMark, [at, padded](Communicator& c, chorusStream_t stream) {
             c.allReduce(std::span<float>(at, padded), ReduceOp::kAvg, stream);
           })));
       continue;
@@ -872,7 +874,7 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
       const size_t shard = b.shard, padded = b.padded;
       if (onDevice()) {
         gathers.push_back(worker->submit(
-            deviceTask(stepped, &b.gatheredMark, [whole, shard, padded](Communicator& c, chorusStream_t stream) {
+            deviceTask(b, stepped, &b.gatheredMark, [whole, shard, padded](Communicator& c, chorusStream_t stream) {
               c.allGather(std::span<const float>(whole + c.rank() * shard, shard), std::span<float>(whole, padded),
                           stream);
             })));

@@ -261,9 +261,10 @@ class DataParallel : public UnitAccess {
   // On a device, for a compressor (which reduces host memory): count floats at `at` copied to the
   // host for b's reduction, and copied back (then `then`) by what follows it. Returns the host copy.
   float* stageOnHost(Bucket& b, float* at, size_t count, std::function<void()> then);
-  // The communication task of a collective on device buffers: waits for the compute queue's
-  // `ready`, enqueues call(c, stream) on the communication queue and keeps its mark in *done.
-  CommWorker::Task deviceTask(Backend::Mark ready, Backend::Mark* done,
+  // The communication task of a collective on b's device buffers: waits for the compute queue's
+  // `ready`, enqueues call(c, stream) on the communication lane of b's group and keeps its mark in
+  // *done.
+  CommWorker::Task deviceTask(const Bucket& b, Backend::Mark ready, Backend::Mark* done,
                               std::function<void(Communicator&, chorusStream_t)> call);
   bool onDevice() const { return backend_->device() != Device::kCpu; }
   // fn(tensor, own, d, n) for each tensor's part of this rank's elements of b: n elements from
