@@ -29,17 +29,22 @@ cuda=(--device cuda)
 l4=(--set model.layers=4 --set batch.accumulate=4)
 sgd=(--set 'optimizer.name="sgd"' --set optimizer.momentum=0 --set optimizer.lr=0.2 --set optimizer.min_lr=0.02
   --set optimizer.weight_decay=0 --set optimizer.clip=0)
-run cpu_one --ranks 1 --set batch.micro=8
-run cpu_one_l4 --ranks 1 --set batch.micro=2 "${l4[@]}"
-run cpu_sgd --ranks 1 --set batch.micro=8 "${sgd[@]}"
-run cpu_bf16 --ranks 1 --set batch.micro=8 --precision bf16
-run cpu_reduce_bf16 --ranks 2 --zero 2 --set batch.micro=4 --set 'precision.reduce="bf16"'
 moe=(--set model.experts=4)
 diloco=(--set 'parallel.sync="diloco:5"')
-run cpu_diloco --ranks 2 --set batch.micro=4 "${diloco[@]}"
-run cpu_powersgd --ranks 2 --set batch.micro=4 --compress powersgd:4
-run cpu_moe --ranks 1 --set batch.micro=8 "${moe[@]}"
-run cpu_moe_ep2 --ranks 2 --ep 2 --set batch.micro=4 "${moe[@]}"
+# The CPU references run beside the GPU runs (the GPU machines have cores to spare).
+cpu_refs() {
+  run cpu_one --ranks 1 --set batch.micro=8
+  run cpu_one_l4 --ranks 1 --set batch.micro=2 "${l4[@]}"
+  run cpu_sgd --ranks 1 --set batch.micro=8 "${sgd[@]}"
+  run cpu_bf16 --ranks 1 --set batch.micro=8 --precision bf16
+  run cpu_reduce_bf16 --ranks 2 --zero 2 --set batch.micro=4 --set 'precision.reduce="bf16"'
+  run cpu_diloco --ranks 2 --set batch.micro=4 "${diloco[@]}"
+  run cpu_powersgd --ranks 2 --set batch.micro=4 --compress powersgd:4
+  run cpu_moe --ranks 1 --set batch.micro=8 "${moe[@]}"
+  run cpu_moe_ep2 --ranks 2 --ep 2 --set batch.micro=4 "${moe[@]}"
+}
+cpu_refs >"$work/cpu_refs.log" 2>&1 &
+refs=$!
 run one --ranks 1 --set batch.micro=8 "${cuda[@]}"
 run dp2 --ranks 2 --set batch.micro=4 "${cuda[@]}"
 run zero1 --ranks 2 --zero 1 --set batch.micro=4 "${cuda[@]}"
@@ -61,6 +66,7 @@ run diloco --ranks 2 --set batch.micro=4 "${diloco[@]}" "${cuda[@]}"
 run powersgd --ranks 2 --set batch.micro=4 --compress powersgd:4 "${cuda[@]}"
 run zero1_offload --ranks 2 --zero 1 --set batch.micro=4 --offload host "${cuda[@]}"
 run zero2_offload_file --ranks 2 --zero 2 --set batch.micro=4 --offload file --set offload.window_mb=0.05 "${cuda[@]}"
+wait "$refs" || { cat "$work/cpu_refs.log"; fail "the CPU references"; }
 /usr/bin/env python3 - "$work" <<'PY'
 import csv, json, struct, sys
 work = sys.argv[1]
