@@ -124,6 +124,7 @@ class CpuBackend final : public Backend {
     kn::fromFloat16(format, in, out, count);
   }
 
+  bool attentionBackwardReadsOutput() const override { return false; }  // the probabilities suffice
   // Kept: the probabilities, in fp32 or the 16-bit format.
   size_t attentionKeptBytes(bool sixteen, int B, int T, int /*C*/, int NH) const override {
     return static_cast<size_t>(B) * NH * T * T * (sixteen ? sizeof(uint16_t) : sizeof(float));

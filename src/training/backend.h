@@ -81,8 +81,11 @@ class Backend {
   // Causal attention of qkv(B, T, 3C) into out(B, T, C). What forward keeps for backward is the
   // backend's own (the CPU: the probabilities, B x heads x T x T, in the compute's type; CUDA: the
   // log-sum-exp of each row, B x heads x T floats): attentionKeptBytes of it. sixteen: qkv in the
-  // format (uint16_t), else fp32. Backward adds into dqkv and reads the forward's out.
+  // format (uint16_t), else fp32. Backward adds into dqkv and reads the forward's out (see
+  // attentionBackwardReadsOutput).
   virtual size_t attentionKeptBytes(bool sixteen, int B, int T, int C, int NH) const = 0;
+  // Whether attentionBackward reads the forward's out (else it may be given null).
+  virtual bool attentionBackwardReadsOutput() const = 0;
   virtual void attentionForward(bool sixteen, kernels::Float16 format, float* out, void* kept, const void* qkv, int B,
                                 int T, int C, int NH) = 0;
   virtual void attentionBackward(bool sixteen, kernels::Float16 format, float* dqkv, const float* dout,

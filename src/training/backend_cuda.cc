@@ -169,6 +169,7 @@ class CudaBackend final : public Backend {
     check(kc::cast(out, chorusFloat32, in, typeOf(format), count, nullptr), "cast from 16 bits");
   }
 
+  bool attentionBackwardReadsOutput() const override { return true; }  // for each row's delta
   // Kept: each row's log-sum-exp (the fused kernels rebuild the probabilities from it).
   size_t attentionKeptBytes(bool /*sixteen*/, int B, int T, int /*C*/, int NH) const override {
     return static_cast<size_t>(B) * NH * T * sizeof(float);

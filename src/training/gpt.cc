@@ -990,7 +990,8 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
     if (cp_.size() > 1) {
       ringAttention(L, Pass::kBackward);
     } else {
-      attentionBackward(L, widened(L.atty, L.attyh));
+      // (a 16-bit kept output is widened only for a backend that reads it)
+      attentionBackward(L, backend_->attentionBackwardReadsOutput() ? widened(L.atty, L.attyh) : nullptr);
     }
     zero(dln_);
     linearBackward(dln_.data(), g.qkvw, g.qkvb, dqkv_.data(), gathered(keptOperand(L.ln1, L.ln1h)), w.qkvw, wh.qkvw, N,
