@@ -348,11 +348,12 @@ void DataParallel::startGather(Bucket& b) {
 
 void DataParallel::waitGather(Bucket& b) {
   startGather(b);
+  finishGather(b);
+}
+
+void DataParallel::finishGather(Bucket& b) {
   if (b.gather.valid()) b.gather.get();
-  if (b.gatheredMark) {
-    backend_->wait(Backend::Queue::kCompute, b.gatheredMark);
-    b.gatheredMark.reset();
-  }
+  if (b.gatheredMark) backend_->wait(Backend::Queue::kCompute, std::exchange(b.gatheredMark, nullptr));
   if (!b.gatherSource.empty()) {
     trackTransient(-static_cast<long>(b.gatherSource.size() * sizeof(float)));
     std::vector<float>().swap(b.gatherSource);
@@ -477,9 +478,28 @@ void DataParallel::reduceBucket(Bucket& b) {
 std::future<void> DataParallel::submitReduction(Bucket& b, float* g, float* out, std::function<void()> then) {
   CommWorker* worker = groupOf(b).worker.get();
   const size_t padded = b.padded, shard = b.shard;
+  const bool scatter = out != nullptr;
+  const size_t at = scatter ? static_cast<size_t>(out - g) : 0;  // this rank's slice, within g
+  // In fp32 on g, or (reduceBf16) in bf16 on the bucket's 16-bit copy: cast from g first, the
+  // result widened into place after; the copy lives only meanwhile. On the CPU the cast and the
+  // widening run on the worker (backward has moved on; the CPU backend's casts keep no scratch), on
+  // a device on the compute queue, in order with the kernels; `then` follows the widening.
+  Bucket* bucket = &b;
+  auto cast = [this, bucket, g, padded] {
+    bucket->half = Buffer<uint16_t>(*backend_, padded);
+    trackTransient(static_cast<long>(padded * sizeof(uint16_t)));
+    backend_->toFloat16(kernels::Float16::kBf16, g, bucket->half.data(), padded);
+    return reinterpret_cast<BFloat16*>(bucket->half.data());
+  };
+  if (reduceBf16_) {
+    then = [this, bucket, g, at, padded, shard, scatter, then = std::move(then)] {
+      backend_->fromFloat16(kernels::Float16::kBf16, bucket->half.data() + at, g + at, scatter ? shard : padded);
+      trackTransient(-static_cast<long>(padded * sizeof(uint16_t)));
+      bucket->half = {};
+      if (then) then();
+    };
+  }
   if (onDevice()) {  // enqueued after backward's kernels so far; `then` follows on the compute queue
-    const bool scatter = out != nullptr;
-    const size_t at = scatter ? static_cast<size_t>(out - g) : 0;  // this rank's slice, within g
     auto reduceIn = [padded, shard, at, scatter, count = countOverlap()](auto* data) {
       return [=](Communicator& c, chorusStream_t stream) {
         using T = std::remove_pointer_t<decltype(data)>;
@@ -491,58 +511,24 @@ std::future<void> DataParallel::submitReduction(Bucket& b, float* g, float* out,
         }
       };
     };
-    if (!reduceBf16_) {
-      b.afterReduction = std::move(then);
-      return worker->submit(deviceTask(b, backend_->mark(Backend::Queue::kCompute), &b.reducedMark, reduceIn(g)));
+    b.afterReduction = std::move(then);
+    if (reduceBf16_) {
+      BFloat16* h = cast();
+      return worker->submit(deviceTask(b, backend_->mark(Backend::Queue::kCompute), &b.reducedMark, reduceIn(h)));
     }
-    // bf16: cast on the compute queue, reduced in 16 bits, the result widened into place there.
-    auto half = std::make_shared<Buffer<uint16_t>>(*backend_, padded);
-    trackTransient(static_cast<long>(padded * sizeof(uint16_t)));
-    backend_->toFloat16(kernels::Float16::kBf16, g, half->data(), padded);
-    auto* h = reinterpret_cast<BFloat16*>(half->data());
-    b.afterReduction = [this, half, g, at, padded, shard, scatter, then = std::move(then)]() mutable {
-      backend_->fromFloat16(kernels::Float16::kBf16, half->data() + at, g + at, scatter ? shard : padded);
-      trackTransient(-static_cast<long>(padded * sizeof(uint16_t)));
-      half.reset();
-      if (then) then();
-    };
-    return worker->submit(deviceTask(b, backend_->mark(Backend::Queue::kCompute), &b.reducedMark, reduceIn(h)));
+    return worker->submit(deviceTask(b, backend_->mark(Backend::Queue::kCompute), &b.reducedMark, reduceIn(g)));
   }
-  if (!reduceBf16_) {
-    return worker->submit(
-        [g, out, padded, shard, count = countOverlap()](Communicator& c) -> std::optional<Request> {
-          count();
-          if (out == nullptr) return c.iallReduce(std::span<float>(g, padded), ReduceOp::kAvg);
-          return c.ireduceScatter(std::span<const float>(g, padded), std::span<float>(out, shard), ReduceOp::kAvg);
-        },
-        std::move(then));
-  }
-  // bf16: cast on the worker (backward is done with g), reduced in 16 bits, the result widened
-  // into place; the 16-bit copy lives only meanwhile.
-  Bucket* bucket = &b;
-  const size_t at = out == nullptr ? 0 : static_cast<size_t>(out - g);  // this rank's slice
-  auto widen = [this, bucket, g, out, at, padded, shard, then = std::move(then)] {
-    if (out == nullptr) {
-      kernels::bfloat16ToFloat(bucket->half.data(), g, padded);
-    } else {
-      kernels::bfloat16ToFloat(bucket->half.data() + at, out, shard);
-    }
-    trackTransient(-static_cast<long>(bucket->half.size() * sizeof(uint16_t)));
-    std::vector<uint16_t>().swap(bucket->half);
-    if (then) then();
+  auto reduceIn = [padded, shard, at, scatter](auto* data, Communicator& c) {
+    using T = std::remove_pointer_t<decltype(data)>;
+    if (!scatter) return c.iallReduce(std::span<T>(data, padded), ReduceOp::kAvg);
+    return c.ireduceScatter(std::span<const T>(data, padded), std::span<T>(data + at, shard), ReduceOp::kAvg);
   };
   return worker->submit(
-      [this, bucket, g, out, at, padded, shard, count = countOverlap()](Communicator& c) -> std::optional<Request> {
+      [this, g, cast, reduceIn, count = countOverlap()](Communicator& c) -> std::optional<Request> {
         count();
-        bucket->half.resize(padded);
-        trackTransient(static_cast<long>(padded * sizeof(uint16_t)));
-        kernels::floatToBfloat16(g, bucket->half.data(), padded);
-        auto* h = reinterpret_cast<BFloat16*>(bucket->half.data());
-        if (out == nullptr) return c.iallReduce(std::span<BFloat16>(h, padded), ReduceOp::kAvg);
-        return c.ireduceScatter(std::span<const BFloat16>(h, padded), std::span<BFloat16>(h + at, shard),
-                                ReduceOp::kAvg);
+        return reduceBf16_ ? reduceIn(cast(), c) : reduceIn(g, c);
       },
-      std::move(widen));
+      std::move(then));
 }
 
 float* DataParallel::stageOnHost(Bucket& b, float* at, size_t count, std::function<void()> then) {
@@ -561,10 +547,7 @@ float* DataParallel::stageOnHost(Bucket& b, float* at, size_t count, std::functi
 void DataParallel::finishReduction(Bucket& b) {
   if (!b.reduction.valid()) return;
   b.reduction.get();
-  if (b.reducedMark) {
-    backend_->wait(Backend::Queue::kCompute, b.reducedMark);
-    b.reducedMark.reset();
-  }
+  if (b.reducedMark) backend_->wait(Backend::Queue::kCompute, std::exchange(b.reducedMark, nullptr));
   if (b.afterReduction) std::exchange(b.afterReduction, nullptr)();
 }
 
@@ -613,7 +596,6 @@ void DataParallel::syncParameters(const kernels::OptimizerSettings* outer, long 
   }
   const Backend::Mark ready = onDevice() ? backend_->mark(Backend::Queue::kCompute) : nullptr;
   float* x = outer != nullptr ? delta_.data() : params_.data();
-  std::vector<std::future<void>> averages;
   for (auto& b : buckets_) {
     CommWorker* worker = groupOf(b).worker.get();
     if (!worker) continue;
@@ -622,28 +604,24 @@ void DataParallel::syncParameters(const kernels::OptimizerSettings* outer, long 
     if (outer != nullptr && compressing()) {  // DiLoCo's delta through the bucket's compressor
       Compressor* compressor = &compressors_[static_cast<size_t>(&b - buckets_.data())];
       float* data = onDevice() ? stageOnHost(b, at, count, nullptr) : at;
-      averages.push_back(worker->submit([data, count, compressor](Communicator& c) -> std::optional<Request> {
+      b.reduction = worker->submit([data, count, compressor](Communicator& c) -> std::optional<Request> {
         compressor->allReduce(std::span<float>(data, count), c, ReduceOp::kAvg);  // blocking, on this thread
         return std::nullopt;
-      }));
+      });
       continue;
     }
     if (onDevice()) {
-      averages.push_back(
+      b.reduction =
           worker->submit(deviceTask(b, ready, &b.reducedMark, [at, padded](Communicator& c, chorusStream_t stream) {
             c.allReduce(std::span<float>(at, padded), ReduceOp::kAvg, stream);
-          })));
+          }));
       continue;
     }
-    averages.push_back(worker->submit([at, padded](Communicator& c) -> std::optional<Request> {
+    b.reduction = worker->submit([at, padded](Communicator& c) -> std::optional<Request> {
       return c.iallReduce(std::span<float>(at, padded), ReduceOp::kAvg);
-    }));
+    });
   }
-  for (auto& f : averages) f.get();
-  for (auto& b : buckets_) {
-    if (b.reducedMark) backend_->wait(Backend::Queue::kCompute, std::exchange(b.reducedMark, nullptr));
-    if (b.afterReduction) std::exchange(b.afterReduction, nullptr)();  // a compressed delta back on the device
-  }
+  waitReductions();  // (a compressed delta copied back onto the device there)
   if (outer == nullptr) return;
   kernels::OptimizerSettings s = *outer;
   s.weightDecay = 0.0f;
@@ -865,7 +843,6 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
 
   // ZeRO-1/2: every rank's updated slice to everyone.
   if (stage_ == 1 || stage_ == 2) {
-    std::vector<std::future<void>> gathers;
     const Backend::Mark stepped = onDevice() ? backend_->mark(Backend::Queue::kCompute) : nullptr;
     for (auto& b : buckets_) {
       CommWorker* worker = groupOf(b).worker.get();
@@ -873,23 +850,18 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
       float* whole = params_.data() + b.fullOffset;
       const size_t shard = b.shard, padded = b.padded;
       if (onDevice()) {
-        gathers.push_back(worker->submit(
+        b.gather = worker->submit(
             deviceTask(b, stepped, &b.gatheredMark, [whole, shard, padded](Communicator& c, chorusStream_t stream) {
               c.allGather(std::span<const float>(whole + c.rank() * shard, shard), std::span<float>(whole, padded),
                           stream);
-            })));
+            }));
         continue;
       }
-      gathers.push_back(worker->submit([whole, shard, padded](Communicator& c) -> std::optional<Request> {
+      b.gather = worker->submit([whole, shard, padded](Communicator& c) -> std::optional<Request> {
         return c.iallGather(std::span<const float>(whole + c.rank() * shard, shard), std::span<float>(whole, padded));
-      }));
+      });
     }
-    for (auto& f : gathers) f.get();
-    for (auto& b : buckets_) {
-      if (!b.gatheredMark) continue;
-      backend_->wait(Backend::Queue::kCompute, b.gatheredMark);
-      b.gatheredMark.reset();
-    }
+    for (auto& b : buckets_) finishGather(b);
   }
   backend_->zero(grads_.data(), grads_.size() * sizeof(float));
   nextStep_ = stepNumber + 1;

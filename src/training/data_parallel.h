@@ -223,7 +223,7 @@ class DataParallel : public UnitAccess {
     Buffer<float> transientGrad;      // ZeRO-2/3: the bucket's whole gradient during backward
     Buffer<float> gathered;           // ZeRO-3: the bucket's whole parameters while in use
     std::vector<float> gatherSource;  // ZeRO-3 with parameters in a file: this rank's shard, read for the gather
-    std::vector<uint16_t> half;       // reduceBf16: the gradient in bf16 while it is reduced (worker only)
+    Buffer<uint16_t> half;            // reduceBf16: the gradient in bf16 while it is reduced
     std::vector<float> staged;        // on a device: what a compressor reduces, on the host meanwhile
     std::future<void> reduction, gather;
     // On a device: where the communication queue's reduction and gather end, and what follows the
@@ -242,7 +242,10 @@ class DataParallel : public UnitAccess {
   // `then` runs on the worker once the result is in place.
   std::future<void> submitReduction(Bucket& b, float* g, float* out, std::function<void()> then);
   void startGather(Bucket& b);
+  // Starts b's gather if need be and finishes it; finishes one started (waits for it, and on a
+  // device makes the compute queue wait for it).
   void waitGather(Bucket& b);
+  void finishGather(Bucket& b);
   void waitReductions();
   // For a reduction task: counts it, and as overlapped if it begins before the current
   // micro-batch's backward has ended.
