@@ -19,7 +19,8 @@ CHORUS_HD inline float halfToFloat(uint16_t h) {
     const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
     return bitsFloat(sign | floatBits(magnitude));
   }
-  if (exponent == 31) return bitsFloat(sign | 0x7f800000u | (mantissa << 13));
+  // Infinity, or NaN made quiet with its payload kept, as the x86 and CUDA conversions do.
+  if (exponent == 31) return bitsFloat(sign | 0x7f800000u | (mantissa << 13) | (mantissa != 0 ? 0x400000u : 0u));
   return bitsFloat(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 
@@ -27,8 +28,8 @@ CHORUS_HD inline uint16_t floatToHalf(float f) {
   const uint32_t x = floatBits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t magnitude = x & 0x7fffffffu;
-  if (magnitude >= 0x7f800000u) {  // inf or NaN (NaN stays quiet NaN)
-    return static_cast<uint16_t>(sign | 0x7c00u | (magnitude > 0x7f800000u ? 0x200u : 0u));
+  if (magnitude >= 0x7f800000u) {  // inf, or NaN made quiet with the payload's top bits (as F16C)
+    return static_cast<uint16_t>(sign | 0x7c00u | (magnitude > 0x7f800000u ? 0x200u | ((magnitude >> 13) & 0x3ffu) : 0u));
   }
   if (magnitude >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to inf
   if (magnitude < 0x38800000u) {

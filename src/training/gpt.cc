@@ -1067,7 +1067,35 @@ void Gpt::ringAttention(Layer& L, Pass pass) {
     backend_->copyRows(ringKv_[0].data(), 2 * Ct * sizeof(float), L.qkv.data() + Ct, 3 * Ct * sizeof(float),
                        2 * Ct * sizeof(float), N);
   }
-  auto as16 = [](Buffer<uint16_t>& v) { return std::span<BFloat16>(reinterpret_cast<BFloat16*>(v.data()), v.size()); };
+  // One ring transfer, this rank's block to the next while the previous rank's arrives: straight
+  // between the buffers on the CPU; on a device through host copies (non-blocking calls take host
+  // memory), the sent block copied off before it leaves and the received one copied on by land()
+  // once it has arrived. One transfer is in flight at a time, so the two host copies serve all.
+  const bool staged = backend_->device() != Device::kCpu;
+  std::vector<float> outHost, inHost;
+  void* landing = nullptr;
+  size_t landingBytes = 0;
+  auto start = [&]<typename T>(const T* from, T* to, size_t n, Request& send, Request& recv) {
+    static_assert(sizeof(T) <= sizeof(float));
+    if (!staged) {
+      send = cp_.comm->isend(std::span<const T>(from, n), next);
+      recv = cp_.comm->irecv(std::span<T>(to, n), prev);
+      return;
+    }
+    const size_t bytes = n * sizeof(T), floats = (bytes + sizeof(float) - 1) / sizeof(float);
+    outHost.resize(floats);
+    inHost.resize(floats);
+    backend_->toHost(outHost.data(), from, bytes);
+    send = cp_.comm->isend(std::span<const T>(reinterpret_cast<const T*>(outHost.data()), n), next);
+    recv = cp_.comm->irecv(std::span<T>(reinterpret_cast<T*>(inHost.data()), n), prev);
+    landing = to;
+    landingBytes = bytes;
+  };
+  auto land = [&] {
+    if (landing != nullptr) backend_->fromHost(landing, inHost.data(), landingBytes);
+    landing = nullptr;
+  };
+  auto as16 = [](Buffer<uint16_t>& v) { return reinterpret_cast<BFloat16*>(v.data()); };
   for (int s = 0; s < cp; ++s) {
     const int owner = (r - s + cp) % cp;
     const float* kv = half ? nullptr : ringKv_[s % 2].data();
@@ -1076,11 +1104,11 @@ void Gpt::ringAttention(Layer& L, Pass pass) {
     Request send, recv;
     if (s + 1 < cp) {
       if (half) {
-        send = cp_.comm->isend(std::span<const BFloat16>(as16(ringKv16_[s % 2])), next);
-        recv = cp_.comm->irecv(as16(ringKv16_[(s + 1) % 2]), prev);
+        start(static_cast<const BFloat16*>(as16(ringKv16_[s % 2])), as16(ringKv16_[(s + 1) % 2]),
+              ringKv16_[s % 2].size(), send, recv);
       } else {
-        send = cp_.comm->isend(std::span<const float>(ringKv_[s % 2]), next);
-        recv = cp_.comm->irecv(std::span<float>(ringKv_[(s + 1) % 2]), prev);
+        start(static_cast<const float*>(ringKv_[s % 2].data()), ringKv_[(s + 1) % 2].data(), ringKv_[s % 2].size(),
+              send, recv);
       }
     }
     for (int qh = 0; qh < 2; ++qh) {
@@ -1124,14 +1152,16 @@ void Gpt::ringAttention(Layer& L, Pass pass) {
     if (s + 1 < cp) {
       finish(recv, "receiving keys and values", s, next, prev);
       finish(send, "sending keys and values", s, next, prev);
+      land();
     }
     if (!forward) {
       // The block's key and value gradients go on with it; after the last step, home to their
       // owner (r + 1's block is the one held last), and this rank's own come back from r - 1.
-      Request dsend = cp_.comm->isend(std::span<const float>(dkv), next);
-      Request drecv = cp_.comm->irecv(std::span<float>(ringDkv_[(s + 1) % 2]), prev);
+      Request dsend, drecv;
+      start(static_cast<const float*>(dkv.data()), ringDkv_[(s + 1) % 2].data(), dkv.size(), dsend, drecv);
       finish(drecv, "receiving key and value gradients", s, next, prev);
       finish(dsend, "sending key and value gradients", s, next, prev);
+      land();
     }
   }
   if (forward) {
