@@ -29,7 +29,8 @@ CHORUS_HD inline uint16_t floatToHalf(float f) {
   const uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t magnitude = x & 0x7fffffffu;
   if (magnitude >= 0x7f800000u) {  // inf, or NaN made quiet with the payload's top bits (as F16C)
-    return static_cast<uint16_t>(sign | 0x7c00u | (magnitude > 0x7f800000u ? 0x200u | ((magnitude >> 13) & 0x3ffu) : 0u));
+    return static_cast<uint16_t>(sign | 0x7c00u |
+                                 (magnitude > 0x7f800000u ? 0x200u | ((magnitude >> 13) & 0x3ffu) : 0u));
   }
   if (magnitude >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to inf
   if (magnitude < 0x38800000u) {

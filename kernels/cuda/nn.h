@@ -43,8 +43,9 @@ int layernormBackward(float* dinp, float* dweight, float* dbias, const float* do
 // dk, dv), and its statistics batchStatStride floats after (rowMax, rowSum, lse, delta; heads
 // statStride apart within a sequence, as on the CPU). The head size C / NH must be at most
 // kMaxAttentionHeadSize (cudaErrorInvalidValue otherwise). Element: float, or uint16_t for 16-bit
-// compute (blk.format says bf16 or fp16; the products are computed in fp32 from the 16-bit
-// values, with no rounding of the probabilities).
+// compute (blk.format says bf16 or fp16). 16-bit heads whose size is a multiple of 16 take the
+// tensor cores and round as the CPU's 16-bit attention does (the probabilities for P V; dO and dS
+// in backward; fp32 sums); other 16-bit heads are computed in fp32 from the 16-bit values.
 constexpr int kMaxAttentionHeadSize = 128;
 struct AttentionBatch {
   int batch = 1;
@@ -98,8 +99,7 @@ int residualForward(float* out, const float* a, const float* b, size_t n, void* 
 int residualBackward(float* da, float* db, const float* dout, size_t n, void* stream);
 // dst row i (width floats, rows dstStride apart) += src row i (srcStride apart; 0: one row added to
 // every row, a bias), one addition per element as kernels::residualForward row by row.
-int addRows(float* dst, size_t dstStride, const float* src, size_t srcStride, size_t width, size_t rows,
-            void* stream);
+int addRows(float* dst, size_t dstStride, const float* src, size_t srcStride, size_t width, size_t rows, void* stream);
 // out row i (width floats) += table row index[i] (index a device array).
 int addIndexedRows(float* out, const float* table, const int* index, size_t width, size_t rows, void* stream);
 

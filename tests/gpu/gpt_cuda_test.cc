@@ -1,10 +1,10 @@
 // gpt_cuda_test.cc: the GPT model on a CUDA device against the same model on the CPU: one forward
 // and backward of a small model from the same parameters and tokens, every parameter's gradient
 // compared, in fp32 (within 1e-4 of the CPU's, relative to the largest gradient: the GPU sums in
-// another order and keeps attention's log-sum-exp instead of its probabilities) and bf16 (the CPU
-// rounds attention's probabilities to bf16, the GPU's fused attention does not: within the bounds
-// below), with each recompute mode; and a model with MoE blocks. Skipped (with the reason) without a
-// device.
+// another order and keeps attention's log-sum-exp instead of its probabilities) and bf16 (both
+// round attention's probabilities, dO and dS to bf16, but from values computed in other orders, so
+// a rounding may go the other way: within the bounds below), with each recompute mode; and a model
+// with MoE blocks. Skipped (with the reason) without a device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 

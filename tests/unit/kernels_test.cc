@@ -90,10 +90,20 @@ TEST(HalfTest, BulkConversionsEqualTheElementConversions) {
     }
   }
   // The special values first, so the vectors (not the scalar tail) convert them.
-  const std::vector<float> specials = {
-      1e30f, -1e30f, 65520.0f, 65519.0f, std::numeric_limits<float>::infinity(), 1e-30f, -0.0f,
-      std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min(), bitsFloat(0x7f800001u),
-      bitsFloat(0xffa5a5a5u), bitsFloat(0x7fc00000u), bitsFloat(0x7fbfe000u), bitsFloat(0xff812345u)};
+  const std::vector<float> specials = {1e30f,
+                                       -1e30f,
+                                       65520.0f,
+                                       65519.0f,
+                                       std::numeric_limits<float>::infinity(),
+                                       1e-30f,
+                                       -0.0f,
+                                       std::numeric_limits<float>::quiet_NaN(),
+                                       std::numeric_limits<float>::denorm_min(),
+                                       bitsFloat(0x7f800001u),
+                                       bitsFloat(0xffa5a5a5u),
+                                       bitsFloat(0x7fc00000u),
+                                       bitsFloat(0x7fbfe000u),
+                                       bitsFloat(0xff812345u)};
   floats.insert(floats.begin(), specials.begin(), specials.end());
   std::vector<uint16_t> narrow(floats.size());
   for (bool bf16 : {false, true}) {
