@@ -16,8 +16,9 @@ namespace {
 
 // Blocks whose partial sums sumOfSquares and meanOf add in order.
 constexpr int kSumBlocks = 512;
-// Rows per block of columnSums / layernormBackward's partial sums, at least.
-constexpr int kFoldRows = 64;
+// Rows per block of columnSums / layernormBackward's partial sums, at least: few enough that GPT-2's
+// 8192 rows make 512 blocks (with 64, 128 blocks left most of an H200 idle: 13% of its bandwidth).
+constexpr int kFoldRows = 16;
 constexpr int kMaxFoldBlocks = 512;
 
 int foldBlocks(int n) { return std::clamp((n + kFoldRows - 1) / kFoldRows, 1, kMaxFoldBlocks); }
@@ -271,15 +272,35 @@ __global__ void crossEntropyLossKernel(float* probs, float* losses, const float*
   if (threadIdx.x == 0) losses[row] = loss;
 }
 
-// The three passes in one block per row, the row's statistics kept in registers.
+// The row's maximum and its sum of exp(x - max) from one read of x: each thread keeps a running
+// maximum and a sum rescaled when its maximum grows; the block then combines them.
+__device__ float2 rowMaxAndSum(const float* x, int v) {
+  float m = -INFINITY, s = 0.0f;
+  for (int j = threadIdx.x; j < v; j += blockDim.x) {
+    const float xj = x[j];
+    if (xj > m) {
+      s = s * expf(m - xj) + 1.0f;  // exp(-inf) = 0 the first time
+      m = xj;
+    } else if (m != -INFINITY) {
+      s += expf(xj - m);
+    }
+  }
+  const float maxv = blockReduce(m, Max{});
+  const float sum = blockReduce(m == -INFINITY ? 0.0f : s * expf(m - maxv), Add{});
+  return make_float2(maxv, sum);
+}
+
+// The fused forward, one block per row: x read twice (the statistics, then the probabilities)
+// and the probabilities written once; each probability is exp(x - max) / sum, rounded as the
+// separate passes round it.
 __global__ void crossEntropyForwardKernel(float* probs, float* losses, const float* logits, const int* targets, int v) {
   const size_t row = blockIdx.x;
   const float* x = logits + row * v;
   float* p = probs + row * v;
-  const float m = rowMaxOf(x, v);
-  const float sum = rowExp(p, x, m, v);
-  const float loss = rowLoss(p, sum, m, x[targets[row]], v);
-  if (threadIdx.x == 0) losses[row] = loss;
+  const float2 stats = rowMaxAndSum(x, v);
+  const float inv = 1.0f / stats.y;
+  for (int j = threadIdx.x; j < v; j += blockDim.x) p[j] = expf(x[j] - stats.x) * inv;
+  if (threadIdx.x == 0) losses[row] = logf(stats.y) + stats.x - x[targets[row]];
 }
 
 __global__ void crossEntropyBackwardKernel(float* dlogits, const float* probs, const int* targets, int v, float scale,
