@@ -1,7 +1,7 @@
 // chorus_train.cc: chorus-train, the training job runner.
 //
 //   chorus-train JOB.toml [--ranks N] [--tp T] [--pp P] [--cp C] [--ep E] [--zero S] [--steps N] [--out DIR] [--resume]
-//   [--device cpu|cuda] [--peak-tflops X] [--set sec.key=value]...
+//   [--device cpu|cuda] [--profile] [--peak-tflops X] [--set sec.key=value]...
 //   chorus-train --calibrate
 //
 // Started by hand, it prepares the job's data, finds this machine's GEMM peak (for MFU: peak.h), starts
@@ -176,7 +176,29 @@ void writeMetrics(const Job& job, const TrainResult& r, size_t parameters, const
     if (s.valLoss >= 0) j["val_losses"].push_back({s.step, s.valLoss});
   }
   for (const auto& s : r.steps) j["losses"].push_back({s.step, s.loss});
+  if (job.profile) {
+    // Rank 0's device time by call, per profiled step.
+    const double steps = std::max<double>(1.0, static_cast<double>(r.profiledSteps));
+    j["profile"] = {{"steps", r.profiledSteps}, {"calls", nlohmann::json::array()}};
+    for (const auto& c : r.callTimes) {
+      j["profile"]["calls"].push_back(
+          {{"name", c.name}, {"ms_per_step", 1e3 * c.seconds / steps}, {"calls_per_step", c.calls / steps}});
+    }
+  }
   std::ofstream(job.out + "/metrics.json") << j.dump(1) << "\n";
+}
+
+// [run] profile: where rank 0's device time went per step, the largest calls first.
+void printProfile(const TrainResult& r) {
+  const double steps = std::max<double>(1.0, static_cast<double>(r.profiledSteps));
+  double total = 0.0;
+  for (const auto& c : r.callTimes) total += c.seconds;
+  std::printf("chorus-train: rank 0's device time per step over %ld profiled steps: %.2f ms\n", r.profiledSteps,
+              1e3 * total / steps);
+  for (const auto& c : r.callTimes) {
+    std::printf("  %-32s %9.3f ms %5.1f%%  (%.1f calls)\n", c.name.c_str(), 1e3 * c.seconds / steps,
+                total > 0 ? 100.0 * c.seconds / total : 0.0, c.calls / steps);
+  }
 }
 
 int worker(const Job& job) {
@@ -198,6 +220,7 @@ int worker(const Job& job) {
     GptConfig config = job.model;
     config.vocab = vocab;
     writeMetrics(job, result, ParamLayout(config).total(), tok.kind(), vocab);
+    if (job.profile) printProfile(result);
     if (!result.moePhases.empty()) {
       chorus::training::MoeProfile mean;
       for (const auto& t : result.moePhases) mean.add(t);
@@ -289,7 +312,7 @@ int main(int argc, char** argv) {
   int ranks = 0, zero = -1, tp = 0, pp = 0, cp = 0, ep = 0;
   long steps = 0;
   std::string out, compress, precision, offload, device;
-  bool resume = false, calibrate = false;
+  bool resume = false, calibrate = false, profile = false;
   double peakTflops = 0;
   app.add_option("job", jobPath, "the job file (TOML)");
   app.add_option("--ranks", ranks, "ranks in all (overrides [parallel] ranks)");
@@ -311,6 +334,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", device,
                  "where the model trains: cpu or cuda (rank r on GPU r % GPUs) (overrides [run] device)");
   app.add_flag("--resume", resume, "continue from the output directory's checkpoint");
+  app.add_flag("--profile", profile,
+               "time the device's calls from the second step on and print where its time went (sets [run] profile)");
   app.add_option("--peak-tflops", peakTflops, "this machine's GEMM peak for MFU (overrides [run] peak_tflops)");
   app.add_flag("--calibrate", calibrate,
                "measure this machine's GEMM peaks (fp32, bf16, fp16; run it with nothing else on the cores) and keep "
@@ -347,6 +372,7 @@ int main(int argc, char** argv) {
   if (steps > 0) sets.push_back(fmt::format("run.steps={}", steps));
   if (!out.empty()) sets.push_back(fmt::format("run.out={}", nlohmann::json(out).dump()));
   if (resume) sets.push_back("run.resume=true");
+  if (profile) sets.push_back("run.profile=true");
   if (!device.empty()) sets.push_back(fmt::format("run.device={}", nlohmann::json(device).dump()));
   if (!precision.empty()) sets.push_back(fmt::format("precision.compute={}", nlohmann::json(precision).dump()));
   if (!offload.empty()) sets.push_back(fmt::format("offload.optimizer={}", nlohmann::json(offload).dump()));

@@ -275,6 +275,13 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
+void Backend::profile(bool on) {
+  if (on) {
+    throw Error(chorusInvalidUsage,
+                fmt::format("profiling calls on {}: only a device backend has a queue to time", describe()));
+  }
+}
+
 std::unique_ptr<Backend> makeBackend(Device device) {
   if (device == Device::kCpu) return std::make_unique<CpuBackend>();
 #if CHORUS_HAVE_CUDA_BACKEND

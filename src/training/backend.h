@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/nn.h"
@@ -163,6 +164,21 @@ class Backend {
   // Makes the calling thread use this backend's device (a thread that enqueues collectives on its
   // memory, such as a communication thread, calls it first).
   virtual void bindThread() {}
+
+  // ---- where a device's time goes, call by call ----
+  // While profiling is on, the device's backends (all of this process's, on one timeline) time
+  // each call on the compute queue from the end of the call before it to its own end: a call's
+  // kernels, plus any gap in which the device waited (for the host, or for a communication mark it
+  // was told to wait for: those waits are calls of their own). callTimes() returns the totals
+  // since the first profile(true), by call name, largest first. The CPU backend has no queue to
+  // time (its calls are the host's own time): profile(true) there throws.
+  struct CallTime {
+    std::string name;
+    double seconds = 0.0;
+    long calls = 0;
+  };
+  virtual void profile(bool on);
+  virtual std::vector<CallTime> callTimes() { return {}; }
 };
 
 // A backend for the device; kCuda uses the calling thread's current CUDA device. Throws

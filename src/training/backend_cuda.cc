@@ -5,10 +5,13 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "chorus/error.hpp"
 #include "kernels/cuda/matmul.h"
@@ -36,6 +39,73 @@ void check(int code, const char* what) {
 void check(cudaError_t code, const char* what) { check(static_cast<int>(code), what); }
 
 chorusDataType_t typeOf(kn::Float16 format) { return format == kn::Float16::kBf16 ? chorusBfloat16 : chorusFloat16; }
+
+// The device's calls on the compute queue, timed while profiling is on (Backend::profile): an
+// event recorded after each call, the time between two consecutive events the later call's. One
+// per process: every CUDA backend's calls go on the one legacy default stream.
+class Timeline {
+ public:
+  static Timeline& get() {
+    static Timeline timeline;
+    return timeline;
+  }
+  void enable(bool on) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (on == on_.load()) return;
+    on_ = on;
+    if (on) push(nullptr);  // a start: the next call's time counts from here
+  }
+  // After a call on the compute queue.
+  void after(const char* what) {
+    if (!on_.load(std::memory_order_relaxed)) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!on_.load()) return;
+    push(what);
+    if (points_.size() >= kFoldEvery) fold();
+  }
+  std::vector<Backend::CallTime> totals() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fold();
+    std::vector<Backend::CallTime> out;
+    for (const auto& [name, t] : totals_) out.push_back(t);
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
+    return out;
+  }
+
+ private:
+  static constexpr size_t kFoldEvery = 4096;  // points kept before they are added up
+  struct Point {
+    const char* what;  // null: a start (profiling began or resumed; no call ends there)
+    cudaEvent_t event;
+  };
+  void push(const char* what) {
+    cudaEvent_t event = nullptr;
+    check(cudaEventCreate(&event), "cudaEventCreate");
+    check(cudaEventRecord(event, nullptr), "cudaEventRecord");
+    points_.push_back({what, event});
+  }
+  // Waits for the last point, adds up the times between points and keeps the last one as the
+  // start of what comes next.
+  void fold() {
+    if (points_.size() < 2) return;
+    check(cudaEventSynchronize(points_.back().event), "cudaEventSynchronize");
+    for (size_t i = 1; i < points_.size(); ++i) {
+      if (points_[i].what == nullptr) continue;
+      float ms = 0.0f;
+      check(cudaEventElapsedTime(&ms, points_[i - 1].event, points_[i].event), "cudaEventElapsedTime");
+      Backend::CallTime& t = totals_[points_[i].what];
+      t.name = points_[i].what;
+      t.seconds += ms / 1e3;
+      ++t.calls;
+    }
+    for (size_t i = 0; i + 1 < points_.size(); ++i) cudaEventDestroy(points_[i].event);
+    points_.erase(points_.begin(), points_.end() - 1);
+  }
+  std::mutex mutex_;
+  std::atomic<bool> on_{false};
+  std::vector<Point> points_;
+  std::map<std::string, Backend::CallTime> totals_;
+};
 
 class CudaBackend final : public Backend {
  public:
@@ -91,82 +161,81 @@ class CudaBackend final : public Backend {
     sizes_.erase(it);
   }
   void zero(void* p, size_t bytes) override {
-    if (bytes > 0) check(cudaMemsetAsync(p, 0, bytes, nullptr), "cudaMemsetAsync");
+    if (bytes > 0) done(cudaMemsetAsync(p, 0, bytes, nullptr), "cudaMemsetAsync");
   }
-  void fill(float* p, size_t count, float value) override { check(kc::fill(p, count, value, nullptr), "fill"); }
+  void fill(float* p, size_t count, float value) override { done(kc::fill(p, count, value, nullptr), "fill"); }
   void copy(void* dst, const void* src, size_t bytes) override {
-    if (bytes > 0) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr), "cudaMemcpyAsync");
+    if (bytes > 0) done(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr), "cudaMemcpyAsync");
   }
   void copyRows(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) override {
     if (width * rows == 0) return;
-    check(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, nullptr),
-          "cudaMemcpy2DAsync");
+    done(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, nullptr),
+         "cudaMemcpy2DAsync");
   }
   void toHost(void* host, const void* src, size_t bytes) override {
-    if (bytes > 0) check(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to the host");
+    if (bytes > 0) done(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to the host");
   }
   void fromHost(void* dst, const void* host, size_t bytes) override {
-    if (bytes > 0) check(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy from the host");
+    if (bytes > 0) done(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy from the host");
   }
 
   void embeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C, int v0,
                         int vcount, const int* positions) override {
-    check(kc::embeddingForward(out, tokens, wte, wpe, B, T, C, v0, vcount, positions, nullptr), "embeddingForward");
+    done(kc::embeddingForward(out, tokens, wte, wpe, B, T, C, v0, vcount, positions, nullptr), "embeddingForward");
   }
   void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v0,
                          int vcount, const int* positions) override {
-    check(kc::embeddingBackward(dwte, dwpe, dout, tokens, B, T, C, v0, vcount, positions, nullptr),
-          "embeddingBackward");
+    done(kc::embeddingBackward(dwte, dwpe, dout, tokens, B, T, C, v0, vcount, positions, nullptr), "embeddingBackward");
   }
   void layernormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                         int n, int c) override {
-    check(kc::layernormForward(out, mean, rstd, inp, weight, bias, n, c, nullptr), "layernormForward");
+    done(kc::layernormForward(out, mean, rstd, inp, weight, bias, n, c, nullptr), "layernormForward");
   }
   void layernormBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                          const float* weight, const float* mean, const float* rstd, int n, int c) override {
     float* partial = scratch<float>(0, kc::layernormBackwardScratchFloats(n, c));
-    check(kc::layernormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c, partial, nullptr),
-          "layernormBackward");
+    done(kc::layernormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c, partial, nullptr),
+         "layernormBackward");
   }
   void geluForward(float* out, const float* inp, size_t n) override {
-    check(kc::geluForward(out, inp, n, nullptr), "geluForward");
+    done(kc::geluForward(out, inp, n, nullptr), "geluForward");
   }
   void geluBackward(float* dinp, const float* inp, const float* dout, size_t n) override {
-    check(kc::geluBackward(dinp, inp, dout, n, nullptr), "geluBackward");
+    done(kc::geluBackward(dinp, inp, dout, n, nullptr), "geluBackward");
   }
   void residualForward(float* out, const float* a, const float* b, size_t n) override {
-    check(kc::residualForward(out, a, b, n, nullptr), "residualForward");
+    done(kc::residualForward(out, a, b, n, nullptr), "residualForward");
   }
   void addRows(float* dst, size_t dstStride, const float* src, size_t srcStride, size_t width, size_t rows) override {
-    check(kc::addRows(dst, dstStride, src, srcStride, width, rows, nullptr), "addRows");
+    done(kc::addRows(dst, dstStride, src, srcStride, width, rows, nullptr), "addRows");
   }
   void addIndexedRows(float* out, const float* table, const int* index, size_t width, size_t rows) override {
-    check(kc::addIndexedRows(out, table, index, width, rows, nullptr), "addIndexedRows");
+    done(kc::addIndexedRows(out, table, index, width, rows, nullptr), "addIndexedRows");
   }
   void matmulForward(float* out, const float* inp, const float* weight, const float* bias, int n, int c,
                      int oc) override {
-    check(kc::matmulForward(out, inp, weight, bias, n, c, oc, nullptr), "matmulForward");
+    done(kc::matmulForward(out, inp, weight, bias, n, c, oc, nullptr), "matmulForward");
   }
   void matmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                       const float* weight, int n, int c, int oc) override {
     void* partial = scratch<char>(0, kc::matmulBackwardScratchBytes(n, oc));
-    check(kc::matmulBackward(dinp, dweight, dbias, dout, inp, weight, n, c, oc, partial, nullptr), "matmulBackward");
+    done(kc::matmulBackward(dinp, dweight, dbias, dout, inp, weight, n, c, oc, partial, nullptr), "matmulBackward");
   }
   void matmulForward16(kn::Float16 format, float* out, const uint16_t* inp, const uint16_t* weight, const float* bias,
                        int n, int c, int oc) override {
-    check(kc::matmulForward16(format, out, inp, weight, bias, n, c, oc, nullptr), "matmulForward16");
+    done(kc::matmulForward16(format, out, inp, weight, bias, n, c, oc, nullptr), "matmulForward16");
   }
   void matmulBackward16(kn::Float16 format, float* dinp, float* dweight, float* dbias, const float* dout,
                         const uint16_t* inp, const uint16_t* weight, int n, int c, int oc) override {
     void* partial = scratch<char>(0, kc::matmulBackward16ScratchBytes(n, oc));
-    check(kc::matmulBackward16(format, dinp, dweight, dbias, dout, inp, weight, n, c, oc, partial, nullptr),
-          "matmulBackward16");
+    done(kc::matmulBackward16(format, dinp, dweight, dbias, dout, inp, weight, n, c, oc, partial, nullptr),
+         "matmulBackward16");
   }
   void toFloat16(kn::Float16 format, const float* in, uint16_t* out, size_t count) override {
-    check(kc::cast(out, typeOf(format), in, chorusFloat32, count, nullptr), "cast to 16 bits");
+    done(kc::cast(out, typeOf(format), in, chorusFloat32, count, nullptr), "cast to 16 bits");
   }
   void fromFloat16(kn::Float16 format, const uint16_t* in, float* out, size_t count) override {
-    check(kc::cast(out, chorusFloat32, in, typeOf(format), count, nullptr), "cast from 16 bits");
+    done(kc::cast(out, chorusFloat32, in, typeOf(format), count, nullptr), "cast from 16 bits");
   }
 
   bool attentionBackwardReadsOutput() const override { return true; }  // for each row's delta
@@ -204,13 +273,13 @@ class CudaBackend final : public Backend {
   }
   void attentionBlockFinish(float* out, int outStride, float* lse, const float* rowMax, const float* rowSum,
                             int statStride, int Tq, int C, int NH, const Batch& bat) override {
-    check(kc::attentionBlockFinish(out, outStride, lse, rowMax, rowSum, statStride, Tq, C, NH, batchOf(bat), nullptr),
-          "attentionBlockFinish");
+    done(kc::attentionBlockFinish(out, outStride, lse, rowMax, rowSum, statStride, Tq, C, NH, batchOf(bat), nullptr),
+         "attentionBlockFinish");
   }
   void attentionBlockDelta(float* delta, int statStride, const float* dout, const float* out, int stride, int Tq, int C,
                            int NH, const Batch& bat) override {
-    check(kc::attentionBlockDelta(delta, statStride, dout, out, stride, Tq, C, NH, batchOf(bat), nullptr),
-          "attentionBlockDelta");
+    done(kc::attentionBlockDelta(delta, statStride, dout, out, stride, Tq, C, NH, batchOf(bat), nullptr),
+         "attentionBlockDelta");
   }
   void attentionBlockBackward(const kn::AttentionBlock& blk, const Batch& bat, const float* dout, int doutStride,
                               const float* lse, const float* delta, int statStride, float* dq, int dqStride, float* dk,
@@ -225,63 +294,63 @@ class CudaBackend final : public Backend {
 
   float crossEntropyForward(float* probs, float* losses, const float* logits, const int* targets, int n,
                             int v) override {
-    check(kc::crossEntropyForward(probs, losses, logits, targets, n, v, nullptr), "crossEntropyForward");
+    done(kc::crossEntropyForward(probs, losses, logits, targets, n, v, nullptr), "crossEntropyForward");
     return meanOf(losses, n);
   }
   void crossEntropyShardMax(float* rowMax, const float* logits, int n, int v) override {
-    check(kc::crossEntropyShardMax(rowMax, logits, n, v, nullptr), "crossEntropyShardMax");
+    done(kc::crossEntropyShardMax(rowMax, logits, n, v, nullptr), "crossEntropyShardMax");
   }
   void crossEntropyShardExp(float* probs, float* sums, float* targetLogits, const float* logits, const float* rowMax,
                             const int* targets, int n, int v, int v0) override {
-    check(kc::crossEntropyShardExp(probs, sums, targetLogits, logits, rowMax, targets, n, v, v0, nullptr),
-          "crossEntropyShardExp");
+    done(kc::crossEntropyShardExp(probs, sums, targetLogits, logits, rowMax, targets, n, v, v0, nullptr),
+         "crossEntropyShardExp");
   }
   float crossEntropyShardLoss(float* probs, float* losses, const float* sums, const float* rowMax,
                               const float* targetLogits, int n, int v) override {
-    check(kc::crossEntropyShardLoss(probs, losses, sums, rowMax, targetLogits, n, v, nullptr), "crossEntropyShardLoss");
+    done(kc::crossEntropyShardLoss(probs, losses, sums, rowMax, targetLogits, n, v, nullptr), "crossEntropyShardLoss");
     return meanOf(losses, n);
   }
   void crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale,
                             int v0) override {
-    check(kc::crossEntropyBackward(dlogits, probs, targets, n, v, scale, v0, nullptr), "crossEntropyBackward");
+    done(kc::crossEntropyBackward(dlogits, probs, targets, n, v, scale, v0, nullptr), "crossEntropyBackward");
   }
 
   void moeDispatch(float* buffer, const float* x, const int* row, int n, int k, int C) override {
-    check(kc::moeDispatch(buffer, x, row, n, k, C, nullptr), "moeDispatch");
+    done(kc::moeDispatch(buffer, x, row, n, k, C, nullptr), "moeDispatch");
   }
   void moeDispatchBackward(float* dx, const float* dbuffer, const int* row, int n, int k, int C) override {
-    check(kc::moeDispatchBackward(dx, dbuffer, row, n, k, C, nullptr), "moeDispatchBackward");
+    done(kc::moeDispatchBackward(dx, dbuffer, row, n, k, C, nullptr), "moeDispatchBackward");
   }
   void moeCombine(float* out, const float* y, const int* row, const float* gate, int n, int k, int C) override {
-    check(kc::moeCombine(out, y, row, gate, n, k, C, nullptr), "moeCombine");
+    done(kc::moeCombine(out, y, row, gate, n, k, C, nullptr), "moeCombine");
   }
   void moeCombineBackward(float* dy, float* dgate, const float* dout, const float* y, const int* row, const float* gate,
                           int n, int k, int C) override {
-    check(kc::moeCombineBackward(dy, dgate, dout, y, row, gate, n, k, C, nullptr), "moeCombineBackward");
+    done(kc::moeCombineBackward(dy, dgate, dout, y, row, gate, n, k, C, nullptr), "moeCombineBackward");
   }
   void swigluForward(float* out, const float* inp, int n, int h) override {
-    check(kc::swigluForward(out, inp, n, h, nullptr), "swigluForward");
+    done(kc::swigluForward(out, inp, n, h, nullptr), "swigluForward");
   }
   void swigluBackward(float* dinp, const float* inp, const float* dout, int n, int h) override {
-    check(kc::swigluBackward(dinp, inp, dout, n, h, nullptr), "swigluBackward");
+    done(kc::swigluBackward(dinp, inp, dout, n, h, nullptr), "swigluBackward");
   }
 
   void adamwStep(float* param, const float* grad, float* m, float* v, size_t n, long step,
                  const kn::OptimizerSettings& s) override {
-    check(kc::adamwStep(param, grad, m, v, n, step, s, nullptr), "adamwStep");
+    done(kc::adamwStep(param, grad, m, v, n, step, s, nullptr), "adamwStep");
   }
   void sgdStep(float* param, const float* grad, float* m, size_t n, long step,
                const kn::OptimizerSettings& s) override {
-    check(kc::sgdStep(param, grad, m, n, step, s, nullptr), "sgdStep");
+    done(kc::sgdStep(param, grad, m, n, step, s, nullptr), "sgdStep");
   }
   double sumOfSquares(const float* x, size_t n) override {
     auto* sums = scratch<double>(1, kc::sumScratchDoubles() + 1);
-    check(kc::sumOfSquares(sums + kc::sumScratchDoubles(), x, n, sums, nullptr), "sumOfSquares");
+    done(kc::sumOfSquares(sums + kc::sumScratchDoubles(), x, n, sums, nullptr), "sumOfSquares");
     double host = 0.0;
     toHost(&host, sums + kc::sumScratchDoubles(), sizeof(host));
     return host;
   }
-  void scale(float* x, size_t n, float factor) override { check(kc::scale(x, n, factor, nullptr), "scale"); }
+  void scale(float* x, size_t n, float factor) override { done(kc::scale(x, n, factor, nullptr), "scale"); }
 
   void* stream(Queue queue, int lane) override { return queue == Queue::kCompute ? nullptr : commStream(lane); }
   Mark mark(Queue queue, int lane) override {
@@ -295,10 +364,19 @@ class CudaBackend final : public Backend {
     if (mark == nullptr) return;
     check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream(queue, lane)), static_cast<cudaEvent_t>(mark.get()), 0),
           "cudaStreamWaitEvent");
+    if (queue == Queue::kCompute) Timeline::get().after("wait for communication");
   }
   void bindThread() override { check(cudaSetDevice(device_), "cudaSetDevice"); }
+  void profile(bool on) override { Timeline::get().enable(on); }
+  std::vector<CallTime> callTimes() override { return Timeline::get().totals(); }
 
  private:
+  // A call on the compute queue: checked, and timed while profiling.
+  static void done(int code, const char* what) {
+    check(code, what);
+    Timeline::get().after(what);
+  }
+  static void done(cudaError_t code, const char* what) { done(static_cast<int>(code), what); }
   void* takeKept(size_t bytes) {
     std::lock_guard<std::mutex> lock(blocksMutex_);
     const auto it = kept_.find(bytes);
@@ -347,7 +425,7 @@ class CudaBackend final : public Backend {
   float meanOf(const float* losses, int n) {
     auto* sums = scratch<double>(1, kc::sumScratchDoubles() + 1);
     auto* mean = reinterpret_cast<float*>(sums + kc::sumScratchDoubles());
-    check(kc::meanOf(mean, losses, n, sums, nullptr), "meanOf");
+    done(kc::meanOf(mean, losses, n, sums, nullptr), "meanOf");
     float host = 0.0f;
     toHost(&host, mean, sizeof(host));
     return host;
@@ -356,16 +434,16 @@ class CudaBackend final : public Backend {
   template <typename Element>
   void blockForward(const kn::AttentionBlockOf<Element>& blk, const Batch& bat, float* out, int outStride,
                     float* rowMax, float* rowSum, int statStride) {
-    check(kc::attentionBlockForward(blk, batchOf(bat), out, outStride, rowMax, rowSum, statStride, nullptr),
-          "attentionBlockForward");
+    done(kc::attentionBlockForward(blk, batchOf(bat), out, outStride, rowMax, rowSum, statStride, nullptr),
+         "attentionBlockForward");
   }
   template <typename Element>
   void blockBackward(const kn::AttentionBlockOf<Element>& blk, const Batch& bat, const float* dout, int doutStride,
                      const float* lse, const float* delta, int statStride, float* dq, int dqStride, float* dk,
                      float* dv, int dkvStride) {
-    check(kc::attentionBlockBackward(blk, batchOf(bat), dout, doutStride, lse, delta, statStride, dq, dqStride, dk, dv,
-                                     dkvStride, nullptr),
-          "attentionBlockBackward");
+    done(kc::attentionBlockBackward(blk, batchOf(bat), dout, doutStride, lse, delta, statStride, dq, dqStride, dk, dv,
+                                    dkvStride, nullptr),
+         "attentionBlockBackward");
   }
   static kc::AttentionBatch batchOf(const Batch& bat) {
     return kc::AttentionBatch{bat.batch, bat.qRows, bat.kvRows, bat.statsApart};

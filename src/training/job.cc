@@ -218,6 +218,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("run", "blas_coretype", job.blasCoretype);
   get("run", "peak_tflops", job.peakTflops);
   get("run", "device", job.device);
+  get("run", "profile", job.profile);
   get("run", "flush_denormals", job.flushDenormals);
   if (job.dataDir.empty()) job.dataDir = job.out + "/data";
   if (job.offloadPath.empty()) job.offloadPath = job.out + "/offload";
@@ -417,6 +418,9 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
     parseDevice(job.device);
   } catch (const Error& e) {
     throw fail(fmt::format("[run] {}", e.what()));
+  }
+  if (job.profile && job.device == "cpu") {
+    throw fail("[run] profile = true times a device's calls: it needs device = \"cuda\" (on the CPU, use perf)");
   }
   if (job.device != "cpu") {
     // What runs on the CPU only so far, named by its key.

@@ -81,6 +81,9 @@ struct Job {
   // visible), so several ranks may share one. The step during backward and ZeRO-3's parameters
   // offloaded to a file run on the CPU only so far (refused by name).
   std::string device = "cpu";
+  // Time the device's calls (Backend::profile) from the second step on, outside evaluation; the
+  // totals per call go to the banner's end and metrics.json. A device only (refused on the CPU).
+  bool profile = false;
 
   int dp() const { return ranks / (tp * pp * cp); }
   // The [offload] settings, parsed (checked by loadJob).

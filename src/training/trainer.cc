@@ -509,11 +509,15 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
     r.tokensPerSecond = static_cast<double>(job.globalBatch()) * job.seq / r.seconds;
     r.mfu = peak.gflops > 0 ? flopsPerStep / r.seconds / (peak.gflops * 1e9) : 0.0;
     if ((job.evalEvery > 0 && step % job.evalEvery == 0) || step == job.steps) {
+      if (job.profile) model.backend().profile(false);  // evaluation is no step's
       r.valLoss = evaluate();
+      if (job.profile && step > start) model.backend().profile(true);
       model.takeMoeTotals();  // validation's routing is not the step's
       model.takeMoeProfile();
     }
     result.steps.push_back(r);
+    // Profiling from the second step on: the first makes the buffers, plans and handles.
+    if (job.profile && step == start) model.backend().profile(true);
     if (leader) {
       csv << fmt::format("{},{:.7f},{},{:.6g},{:.8g},{:.6f},{:.1f},{:.5f},{},{},{},{},{},{}\n", r.step, r.loss,
                          r.valLoss >= 0 ? fmt::format("{:.7f}", r.valLoss) : "", r.lr, r.gradNorm, r.seconds,
@@ -642,6 +646,11 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
   result.largestBucketBytes = dp.largestBucketBytes();
   result.compressionRatios = dp.compressionRatios();
   result.compressionPayloadBytes = dp.compressionPayloadBytes();
+  if (job.profile) {
+    model.backend().profile(false);
+    result.callTimes = model.backend().callTimes();
+    result.profiledSteps = static_cast<long>(result.steps.size()) - 1;
+  }
   return result;
 }
 

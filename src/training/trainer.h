@@ -60,6 +60,9 @@ struct TrainResult {
   long resumedFrom = 0;                   // the checkpoint's step, 0 when started fresh
   std::vector<double> compressionRatios;  // per bucket, by formula (empty without compression)
   uint64_t compressionPayloadBytes = 0;   // payload a compressed step sends from a rank, by formula
+  // [run] profile: this rank's device time by call over the profiled steps (largest first).
+  std::vector<Backend::CallTime> callTimes;
+  long profiledSteps = 0;
 };
 
 // Bytes in the largest unit (B, KiB, ... TiB) that keeps the number at least 1: "7.2 MiB".

@@ -340,6 +340,11 @@ TEST(JobTest, ReadsOverridesAndNamesWhatIsWrong) {
             OffloadTarget::kHost);
   EXPECT_EQ(loadJob(path, {"run.device=\"cuda\"", "parallel.sync=\"diloco:4\""}).sync, "diloco:4");
   EXPECT_EQ(loadJob(path, {"run.device=\"cuda\"", "compress.name=\"powersgd:4\""}).compress, "powersgd:4");
+  // Profiling times a device's calls: taken with cuda, refused on the CPU by name.
+  EXPECT_TRUE(loadJob(path, {"run.device=\"cuda\"", "run.profile=true"}).profile);
+  EXPECT_FALSE(loadJob(path).profile);
+  EXPECT_NE(message({"run.profile=true"}).find("[run] profile = true times a device's calls: it needs device"),
+            std::string::npos);
   using Keys = std::vector<std::string>;
   for (const auto& [keys, named] : std::vector<std::pair<Keys, std::string>>{
            {{"optimizer.in_backward=true", "optimizer.clip=0"}, "[optimizer] in_backward = true"},
