@@ -29,8 +29,7 @@
 #define __align__(bytes) alignas(bytes)
 
 using std::max;
-using std::min;
-inline float fmaxf(float a, float b) { return std::fmax(a, b); }
+using std::min;  // as CUDA's device min and max; expf, logf and fmaxf are the C library's
 
 struct EmulatedDim {
   unsigned x = 1, y = 1, z = 1;
