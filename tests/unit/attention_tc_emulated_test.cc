@@ -10,25 +10,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include "kernels/cpu/nn.h"
 #include "kernels/cuda/attention_tc.cuh"
+#include "tests/support/gradient_check.h"
 
 namespace chorus::kernels {
 namespace {
 
 namespace att = cuda::attention;
 namespace emu = ::chorus::testing::emulation;
-
-std::vector<float> randomVector(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(n);
-  for (float& v : x) v = normal(gen);
-  return x;
-}
 
 // The largest difference, relative to the reference's largest magnitude.
 double relativeError(const std::vector<float>& got, const std::vector<float>& want) {
@@ -154,8 +146,8 @@ void reference(const std::vector<float>& widened, const std::vector<float>& dout
 }
 
 void check(int batch, int seq, int Tq, int C, int NH, const std::vector<int>& keyRows) {
-  const auto values = randomVector(static_cast<size_t>(batch) * seq * 3 * C, 40 + seq);
-  auto dout = randomVector(static_cast<size_t>(batch) * seq * C, 41 + seq);
+  const auto values = ::chorus::testing::randomFloats(static_cast<size_t>(batch) * seq * 3 * C, 40 + seq);
+  auto dout = ::chorus::testing::randomFloats(static_cast<size_t>(batch) * seq * C, 41 + seq);
   for (int b = 0; b < batch; ++b) {  // only the last Tq rows of each sequence are queries
     std::fill(dout.begin() + static_cast<size_t>(b) * seq * C,
               dout.begin() + (static_cast<size_t>(b) * seq + seq - Tq) * C, 0.0f);
