@@ -165,11 +165,16 @@ void PrintTo(const TransportRanks& param, std::ostream* os) {
   *os << param.transport << " x " << param.nranks << " ranks";
 }
 
+// Every transport at 1 to 5 ranks; 8 ranks on shm only: the schedules at 8 ranks are the
+// transports' alike (shm_8 runs them), and tcp_8 and ucx_8, 40-60 s each on CI's two cores, only
+// repeated them over another wire (the stress test runs tcp at 3, 5 and 7 ranks; e2e_netns_hosts
+// runs tcp and ucx between hosts).
 std::vector<TransportRanks> transportRankMatrix() {
   std::vector<TransportRanks> all;
   for (const char* transport : {"shm", "tcp", "ucx"}) {
-    for (int n : {1, 2, 3, 4, 5, 8}) all.push_back({transport, n});
+    for (int n : {1, 2, 3, 4, 5}) all.push_back({transport, n});
   }
+  all.push_back({"shm", 8});
   return all;
 }
 

@@ -1,6 +1,6 @@
 // simulator_test.cc: every algorithm of every collective, run for all ranks in one process by the
 // simulator (zero buffering, so no schedule can pass here and deadlock on real transports), for
-// rank counts 1..33, 64, 127, 128, 1000 and 1024, with every rank's result compared with the
+// rank counts 1..33, 64, 127, 128 and 1024, with every rank's result compared with the
 // closed form.
 #include "src/collectives/simulator.h"
 
@@ -243,10 +243,12 @@ TEST_P(SimulatorTest, EveryAlgorithmOfEveryCollectiveMatchesClosedForm) {
   }
 }
 
+// Every count to 33, then a few larger (127 the odd one; 1024 the large one: 1000 beside it took
+// another minute of CI for what 127 and 1024 cover).
 std::vector<int> rankCounts() {
   std::vector<int> all;
   for (int n = 1; n <= 33; ++n) all.push_back(n);
-  for (int n : {64, 127, 128, 1000, 1024}) all.push_back(n);
+  for (int n : {64, 127, 128, 1024}) all.push_back(n);
   return all;
 }
 
