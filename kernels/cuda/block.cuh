@@ -1,11 +1,14 @@
 // block.cuh: what the transformer's CUDA kernels share: sums and maxima over a warp and over a
-// block, and the host side's grid size, stream cast and launch check.
+// block, element-wise maps 16 bytes at a time, and the host side's grid size, stream cast and
+// launch check.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <initializer_list>
 
 namespace chorus::kernels::cuda {
 
@@ -21,6 +24,48 @@ inline unsigned blocksFor(size_t n, int threads = kThreads) {
 inline cudaStream_t asStream(void* stream) { return static_cast<cudaStream_t>(stream); }
 // 0, or the error of the last launch (cudaGetLastError, which also clears it).
 inline int launched() { return static_cast<int>(cudaGetLastError()); }
+
+// ---- element-wise kernels, 16 bytes at a time ----
+// One float per load leaves too few bytes in flight to fill a large GPU's memory (an H200 ran the
+// scalar forms at 51-58% of its peak), so the element-wise kernels go a float4 at a time over the
+// first `quads` groups of four, where every pointer is 16-byte aligned (cudaMalloc's are; a view
+// into a buffer may not be), then a float at a time over the rest.
+
+// The groups of four a launch may take whole: n / 4 where every pointer is aligned, else 0.
+inline size_t quadsFor(size_t n, std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers) {
+    if (reinterpret_cast<uintptr_t>(p) % sizeof(float4) != 0) return 0;
+  }
+  return n / 4;
+}
+
+__device__ __forceinline__ size_t gridThread() { return blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; }
+__device__ __forceinline__ size_t gridStride() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
+
+__device__ __forceinline__ float4 quadAt(const float* p, size_t q) { return reinterpret_cast<const float4*>(p)[q]; }
+__device__ __forceinline__ void storeQuad(float* p, size_t q, float4 x) { reinterpret_cast<float4*>(p)[q] = x; }
+
+// f applied lane by lane to quads of its arguments.
+template <typename F, typename... Q>
+__device__ __forceinline__ float4 lanes(const F& f, Q... q) {
+  return make_float4(f(q.x...), f(q.y...), f(q.z...), f(q.w...));
+}
+
+// out[i] = f(in[i]...) for i < n; out may be one of the inputs.
+template <typename F, typename... In>
+__global__ void mapKernel(float* out, size_t n, size_t quads, F f, In... in) {
+  for (size_t q = gridThread(); q < quads; q += gridStride()) storeQuad(out, q, lanes(f, quadAt(in, q)...));
+  for (size_t i = quads * 4 + gridThread(); i < n; i += gridStride()) out[i] = f(in[i]...);
+}
+
+// Launches mapKernel over n elements on stream; returns 0 or the launch's error.
+template <typename F, typename... In>
+int mapElements(float* out, size_t n, void* stream, F f, In... in) {
+  if (n == 0) return 0;
+  const size_t quads = quadsFor(n, {out, in...});
+  mapKernel<<<blocksFor(quads > 0 ? quads : n), kThreads, 0, asStream(stream)>>>(out, n, quads, f, in...);
+  return launched();
+}
 
 __device__ __forceinline__ float warpSum(float x) {
   for (int offset = kWarp / 2; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);

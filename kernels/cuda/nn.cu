@@ -15,7 +15,7 @@ namespace chorus::kernels::cuda {
 namespace {
 
 // Blocks whose partial sums sumOfSquares and meanOf add in order.
-constexpr int kSumBlocks = 512;
+constexpr int kSumBlocks = 1024;  // 256 threads each: about every thread an H200's SMs hold at once
 // Rows per block of columnSums / layernormBackward's partial sums, at least: few enough that GPT-2's
 // 8192 rows make 512 blocks (with 64, 128 blocks left most of an H200 idle: 13% of its bandwidth).
 constexpr int kFoldRows = 16;
@@ -26,7 +26,7 @@ int foldBlocks(int n) { return std::clamp((n + kFoldRows - 1) / kFoldRows, 1, kM
 // ---- embeddings ----
 
 __global__ void embeddingForwardKernel(float* out, const int* tokens, const float* wte, const float* wpe, int T, int C,
-                                       int v0, int vcount, const int* positions) {
+                                       int v0, int vcount, const int* positions, bool byQuads) {
   const size_t row = blockIdx.x;  // b T + t
   const int t = static_cast<int>(row % T);
   const int token = tokens[row] - v0;
@@ -34,7 +34,14 @@ __global__ void embeddingForwardKernel(float* out, const int* tokens, const floa
   const float* te = wte + static_cast<size_t>(mine ? token : 0) * C;
   const float* pe = wpe ? wpe + static_cast<size_t>(positions ? positions[t] : t) * C : nullptr;
   float* o = out + row * C;
-  for (int i = threadIdx.x; i < C; i += blockDim.x) {
+  // 16 bytes at a time where the rows allow (C a multiple of 4 and the tables aligned).
+  const int quads = byQuads ? C / 4 : 0;
+  for (int q = threadIdx.x; q < quads; q += blockDim.x) {
+    float4 x = mine ? quadAt(te, q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (pe) x = lanes(Add{}, x, quadAt(pe, q));
+    storeQuad(o, q, x);
+  }
+  for (int i = quads * 4 + threadIdx.x; i < C; i += blockDim.x) {
     float x = mine ? te[i] : 0.0f;
     if (pe) x += pe[i];
     o[i] = x;
@@ -153,34 +160,36 @@ __global__ void columnPartialsKernel(float* partial, const float* src, int n, in
 constexpr float kGeluBeta = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluKappa = 0.044715f;
 
-__global__ void geluForwardKernel(float* out, const float* inp, size_t n) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + tanhf(kGeluBeta * (x + kGeluKappa * x * x * x)));
+struct GeluForward {
+  __device__ float operator()(float x) const {
+    return 0.5f * x * (1.0f + tanhf(kGeluBeta * (x + kGeluKappa * x * x * x)));
   }
-}
-
-__global__ void geluBackwardKernel(float* dinp, const float* inp, const float* dout, size_t n) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float x = inp[i];
+};
+// dinp + dout * GELU'(x): the backward adds into dinp.
+struct GeluBackward {
+  __device__ float operator()(float dinp, float x, float dout) const {
     const float th = tanhf(kGeluBeta * (x + kGeluKappa * x * x * x));
     const float dinner = kGeluBeta * (1.0f + 3.0f * kGeluKappa * x * x);
-    dinp[i] += dout[i] * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * dinner);
+    return dinp + dout * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * dinner);
   }
-}
+};
+struct Scale {
+  float factor;
+  __device__ float operator()(float x) const { return x * factor; }
+};
+struct Fill {
+  float value;
+  __device__ float operator()() const { return value; }
+};
 
-__global__ void residualForwardKernel(float* out, const float* a, const float* b, size_t n) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    out[i] = a[i] + b[i];
+// da += dout and db += dout, reading dout once.
+__global__ void residualBackwardKernel(float* da, float* db, const float* dout, size_t n, size_t quads) {
+  for (size_t q = gridThread(); q < quads; q += gridStride()) {
+    const float4 d = quadAt(dout, q);
+    storeQuad(da, q, lanes(Add{}, quadAt(da, q), d));
+    storeQuad(db, q, lanes(Add{}, quadAt(db, q), d));
   }
-}
-
-__global__ void residualBackwardKernel(float* da, float* db, const float* dout, size_t n) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+  for (size_t i = quads * 4 + gridThread(); i < n; i += gridStride()) {
     da[i] += dout[i];
     db[i] += dout[i];
   }
@@ -202,20 +211,6 @@ __global__ void addIndexedRowsKernel(float* out, const float* table, const int* 
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const size_t r = i / width, c = i % width;
     out[i] += table[static_cast<size_t>(index[r]) * width + c];
-  }
-}
-
-__global__ void scaleKernel(float* x, size_t n, float factor) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    x[i] *= factor;
-  }
-}
-
-__global__ void fillKernel(float* x, size_t n, float value) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    x[i] = value;
   }
 }
 
@@ -317,41 +312,81 @@ __global__ void crossEntropyBackwardKernel(float* dlogits, const float* probs, c
 
 // ---- optimizers (the step's scalars computed on the host, in double, as the CPU does) ----
 
-__global__ void adamwKernel(float* param, const float* grad, float* m, float* v, size_t n, float decay, float b1,
-                            float b2, float stepSize, float bc2Sqrt, float eps) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float g = grad[i];
-    const float p = param[i] * decay;
-    const float mi = m[i] * b1 + g * (1.0f - b1);
-    const float vi = v[i] * b2 + g * g * (1.0f - b2);
+struct AdamW {
+  float decay, b1, b2, stepSize, bc2Sqrt, eps;
+  // One element: p, m and v updated from g.
+  __device__ void operator()(float& p, float g, float& m, float& v) const {
+    const float decayed = p * decay;
+    m = m * b1 + g * (1.0f - b1);
+    v = v * b2 + g * g * (1.0f - b2);
+    p = decayed - stepSize * (m / (sqrtf(v) / bc2Sqrt + eps));
+  }
+};
+
+__global__ void adamwKernel(float* param, const float* grad, float* m, float* v, size_t n, size_t quads, AdamW step) {
+  for (size_t q = gridThread(); q < quads; q += gridStride()) {
+    float4 p = quadAt(param, q), mq = quadAt(m, q), vq = quadAt(v, q);
+    const float4 g = quadAt(grad, q);
+    step(p.x, g.x, mq.x, vq.x);
+    step(p.y, g.y, mq.y, vq.y);
+    step(p.z, g.z, mq.z, vq.z);
+    step(p.w, g.w, mq.w, vq.w);
+    storeQuad(param, q, p);
+    storeQuad(m, q, mq);
+    storeQuad(v, q, vq);
+  }
+  for (size_t i = quads * 4 + gridThread(); i < n; i += gridStride()) {
+    float p = param[i], mi = m[i], vi = v[i];
+    step(p, grad[i], mi, vi);
+    param[i] = p;
     m[i] = mi;
     v[i] = vi;
-    param[i] = p - stepSize * (mi / (sqrtf(vi) / bc2Sqrt + eps));
   }
 }
 
-__global__ void sgdKernel(float* param, const float* grad, float* m, size_t n, bool first, float momentum, float decay,
-                          float lr, bool nesterov) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float g = grad[i] + decay * param[i];
-    const float mi = first ? g : m[i] * momentum + g;
+struct Sgd {
+  bool first, nesterov;
+  float momentum, decay, lr;
+  __device__ void operator()(float& p, float grad, float& m) const {
+    const float g = grad + decay * p;
+    m = first ? g : m * momentum + g;
+    p -= lr * (nesterov ? g + momentum * m : m);
+  }
+};
+
+__global__ void sgdKernel(float* param, const float* grad, float* m, size_t n, size_t quads, Sgd step) {
+  for (size_t q = gridThread(); q < quads; q += gridStride()) {
+    float4 p = quadAt(param, q), mq = quadAt(m, q);
+    const float4 g = quadAt(grad, q);
+    step(p.x, g.x, mq.x);
+    step(p.y, g.y, mq.y);
+    step(p.z, g.z, mq.z);
+    step(p.w, g.w, mq.w);
+    storeQuad(param, q, p);
+    storeQuad(m, q, mq);
+  }
+  for (size_t i = quads * 4 + gridThread(); i < n; i += gridStride()) {
+    float p = param[i], mi = m[i];
+    step(p, grad[i], mi);
+    param[i] = p;
     m[i] = mi;
-    param[i] -= lr * (nesterov ? g + momentum * mi : mi);
   }
 }
 
 // ---- sums in double, folded in block order ----
 
 template <bool kSquares>
-__global__ void partialSumsKernel(double* partial, const float* x, size_t n) {
+__global__ void partialSumsKernel(double* partial, const float* x, size_t n, size_t quads) {
+  auto term = [](float f) {
+    const double value = f;
+    return kSquares ? value * value : value;
+  };
   double sum = 0.0;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const double value = x[i];
-    sum += kSquares ? value * value : value;
+  for (size_t q = gridThread(); q < quads; q += gridStride()) {
+    const float4 v = quadAt(x, q);
+    sum += term(v.x) + term(v.y) + term(v.z) + term(v.w);
   }
+  for (size_t i = quads * 4 + gridThread(); i < n; i += gridStride()) sum += term(x[i]);
   sum = blockReduce(sum, Add{});
   if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
@@ -369,7 +404,9 @@ __global__ void foldSumsKernel(double* total, float* mean, const double* partial
 int embeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C, int v0,
                      int vcount, const int* positions, void* stream) {
   if (B * T == 0) return 0;
-  embeddingForwardKernel<<<B * T, kThreads, 0, asStream(stream)>>>(out, tokens, wte, wpe, T, C, v0, vcount, positions);
+  const bool byQuads = C % 4 == 0 && quadsFor(4, {out, wte, wpe}) > 0;
+  embeddingForwardKernel<<<B * T, kThreads, 0, asStream(stream)>>>(out, tokens, wte, wpe, T, C, v0, vcount, positions,
+                                                                   byQuads);
   return launched();
 }
 
@@ -423,26 +460,21 @@ int columnSums(float* dst, const float* src, int n, int c, float* scratch, void*
 }
 
 int geluForward(float* out, const float* inp, size_t n, void* stream) {
-  if (n == 0) return 0;
-  geluForwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(out, inp, n);
-  return launched();
+  return mapElements(out, n, stream, GeluForward{}, inp);
 }
 
 int geluBackward(float* dinp, const float* inp, const float* dout, size_t n, void* stream) {
-  if (n == 0) return 0;
-  geluBackwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dinp, inp, dout, n);
-  return launched();
+  return mapElements(dinp, n, stream, GeluBackward{}, static_cast<const float*>(dinp), inp, dout);
 }
 
 int residualForward(float* out, const float* a, const float* b, size_t n, void* stream) {
-  if (n == 0) return 0;
-  residualForwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(out, a, b, n);
-  return launched();
+  return mapElements(out, n, stream, Add{}, a, b);
 }
 
 int residualBackward(float* da, float* db, const float* dout, size_t n, void* stream) {
   if (n == 0) return 0;
-  residualBackwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(da, db, dout, n);
+  const size_t quads = quadsFor(n, {da, db, dout});
+  residualBackwardKernel<<<blocksFor(quads > 0 ? quads : n), kThreads, 0, asStream(stream)>>>(da, db, dout, n, quads);
   return launched();
 }
 
@@ -500,45 +532,42 @@ int adamwStep(float* param, const float* grad, float* m, float* v, size_t n, lon
   const double bc1 = 1.0 - std::pow(static_cast<double>(s.beta1), static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(s.beta2), static_cast<double>(step));
   const float decay = static_cast<float>(1.0 - static_cast<double>(s.lr) * s.weightDecay);
-  adamwKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(param, grad, m, v, n, decay, s.beta1, s.beta2,
-                                                               static_cast<float>(s.lr / bc1),
-                                                               static_cast<float>(std::sqrt(bc2)), s.eps);
+  const AdamW update{decay, s.beta1, s.beta2, static_cast<float>(s.lr / bc1), static_cast<float>(std::sqrt(bc2)),
+                     s.eps};
+  const size_t quads = quadsFor(n, {param, grad, m, v});
+  adamwKernel<<<blocksFor(quads > 0 ? quads : n), kThreads, 0, asStream(stream)>>>(param, grad, m, v, n, quads, update);
   return launched();
 }
 
 int sgdStep(float* param, const float* grad, float* m, size_t n, long step, const OptimizerSettings& s, void* stream) {
   if (n == 0) return 0;
-  sgdKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(param, grad, m, n, step <= 1, s.momentum, s.weightDecay,
-                                                             s.lr, s.nesterov);
+  const Sgd update{step <= 1, s.nesterov, s.momentum, s.weightDecay, s.lr};
+  const size_t quads = quadsFor(n, {param, grad, m});
+  sgdKernel<<<blocksFor(quads > 0 ? quads : n), kThreads, 0, asStream(stream)>>>(param, grad, m, n, quads, update);
   return launched();
 }
 
 size_t sumScratchDoubles() { return kSumBlocks; }
 
 int sumOfSquares(double* result, const float* x, size_t n, double* scratch, void* stream) {
-  partialSumsKernel<true><<<kSumBlocks, kThreads, 0, asStream(stream)>>>(scratch, x, n);
+  partialSumsKernel<true><<<kSumBlocks, kThreads, 0, asStream(stream)>>>(scratch, x, n, quadsFor(n, {x}));
   if (const int error = launched()) return error;
   foldSumsKernel<<<1, 1, 0, asStream(stream)>>>(result, nullptr, scratch, kSumBlocks, 0);
   return launched();
 }
 
 int meanOf(float* result, const float* x, int n, double* scratch, void* stream) {
-  partialSumsKernel<false><<<kSumBlocks, kThreads, 0, asStream(stream)>>>(scratch, x, static_cast<size_t>(n));
+  const size_t count = static_cast<size_t>(n);
+  partialSumsKernel<false><<<kSumBlocks, kThreads, 0, asStream(stream)>>>(scratch, x, count, quadsFor(count, {x}));
   if (const int error = launched()) return error;
   foldSumsKernel<<<1, 1, 0, asStream(stream)>>>(nullptr, result, scratch, kSumBlocks, n);
   return launched();
 }
 
 int scale(float* x, size_t n, float factor, void* stream) {
-  if (n == 0) return 0;
-  scaleKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(x, n, factor);
-  return launched();
+  return mapElements(x, n, stream, Scale{factor}, static_cast<const float*>(x));
 }
 
-int fill(float* x, size_t n, float value, void* stream) {
-  if (n == 0) return 0;
-  fillKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(x, n, value);
-  return launched();
-}
+int fill(float* x, size_t n, float value, void* stream) { return mapElements(x, n, stream, Fill{value}); }
 
 }  // namespace chorus::kernels::cuda

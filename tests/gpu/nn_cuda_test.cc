@@ -70,28 +70,32 @@ void sync() { ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess); }
 
 TEST(CudaNnTest, EmbeddingsForwardAndBackward) {
   CHORUS_REQUIRE_CUDA_DEVICE();
-  const int B = 3, T = 17, C = 40, V = 53, v0 = 11, vcount = 30, context = 64;
+  const int B = 3, T = 17, V = 53, v0 = 11, vcount = 30, context = 64;
   const std::vector<int> tokens = randomTokens(static_cast<size_t>(B) * T, V, 1);
   std::vector<int> positions(T);
   for (int t = 0; t < T; ++t) positions[t] = 3 * t + 1;  // context parallelism's kind of positions
-  const auto wte = randomVector(static_cast<size_t>(vcount) * C, 2);
-  const auto wpe = randomVector(static_cast<size_t>(context) * C, 3);
-  const auto dout = randomVector(static_cast<size_t>(B) * T * C, 4);
-  for (const bool withPositions : {false, true}) {
-    const int* pos = withPositions ? positions.data() : nullptr;
-    std::vector<float> out(dout.size()), dwte = randomVector(wte.size(), 5), dwpe = randomVector(wpe.size(), 6);
-    DeviceBuffer<int> dTokens(tokens), dPositions(positions);
-    DeviceBuffer<float> dWte(wte), dWpe(wpe), dOut(out.size()), dDout(dout), dDwte(dwte), dDwpe(dwpe);
-    embeddingForward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, v0, vcount, pos);
-    embeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C, v0, vcount, pos);
-    const int* dPos = withPositions ? dPositions.data : nullptr;
-    CUDA_OK(cuda::embeddingForward(dOut.data, dTokens.data, dWte.data, dWpe.data, B, T, C, v0, vcount, dPos, nullptr));
-    CUDA_OK(
-        cuda::embeddingBackward(dDwte.data, dDwpe.data, dDout.data, dTokens.data, B, T, C, v0, vcount, dPos, nullptr));
-    sync();
-    EXPECT_EQ(dOut.read(), out) << "forward is one addition per element, as on the CPU";
-    EXPECT_EQ(dDwpe.read(), dwpe) << "the positions' gradient is added in batch order, as on the CPU";
-    expectNear(dDwte.read(), dwte, 1e-6, "token embedding gradient");
+  // Rows of 40 go 16 bytes at a time on the GPU, rows of 42 a float at a time.
+  for (const int C : {40, 42}) {
+    const auto wte = randomVector(static_cast<size_t>(vcount) * C, 2);
+    const auto wpe = randomVector(static_cast<size_t>(context) * C, 3);
+    const auto dout = randomVector(static_cast<size_t>(B) * T * C, 4);
+    for (const bool withPositions : {false, true}) {
+      const int* pos = withPositions ? positions.data() : nullptr;
+      std::vector<float> out(dout.size()), dwte = randomVector(wte.size(), 5), dwpe = randomVector(wpe.size(), 6);
+      DeviceBuffer<int> dTokens(tokens), dPositions(positions);
+      DeviceBuffer<float> dWte(wte), dWpe(wpe), dOut(out.size()), dDout(dout), dDwte(dwte), dDwpe(dwpe);
+      embeddingForward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, v0, vcount, pos);
+      embeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C, v0, vcount, pos);
+      const int* dPos = withPositions ? dPositions.data : nullptr;
+      CUDA_OK(
+          cuda::embeddingForward(dOut.data, dTokens.data, dWte.data, dWpe.data, B, T, C, v0, vcount, dPos, nullptr));
+      CUDA_OK(cuda::embeddingBackward(dDwte.data, dDwpe.data, dDout.data, dTokens.data, B, T, C, v0, vcount, dPos,
+                                      nullptr));
+      sync();
+      EXPECT_EQ(dOut.read(), out) << "forward is one addition per element, as on the CPU";
+      EXPECT_EQ(dDwpe.read(), dwpe) << "the positions' gradient is added in batch order, as on the CPU";
+      expectNear(dDwte.read(), dwte, 1e-6, "token embedding gradient");
+    }
   }
 }
 
@@ -145,6 +149,14 @@ TEST(CudaNnTest, GeluResidualRowsScaleFillAndColumnSums) {
   EXPECT_EQ(dSum.read(), sum);
   EXPECT_EQ(dDa.read(), da);
   EXPECT_EQ(dDb.read(), db);
+  // Views off a 16-byte boundary take the float-at-a-time path.
+  residualForward(sum.data() + 1, x.data() + 1, y.data() + 2, n - 2);
+  geluForward(gelu.data() + 3, x.data() + 1, n - 3);
+  CUDA_OK(cuda::residualForward(dSum.data + 1, dX.data + 1, dY.data + 2, n - 2, nullptr));
+  CUDA_OK(cuda::geluForward(dGelu.data + 3, dX.data + 1, n - 3, nullptr));
+  sync();
+  EXPECT_EQ(dSum.read(), sum);
+  expectNear(dGelu.read(), gelu, 1e-5, "gelu off a 16-byte boundary");
 
   // Rows added with strides (a bias: source stride 0), and rows of a table by index.
   const size_t rows = 50, width = 33, stride = 40;
