@@ -1,6 +1,8 @@
 // device_memory.cc: collbench's device buffers (device_memory.h).
 #include "bench/device_memory.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 
@@ -54,6 +56,14 @@ DeviceMemory::~DeviceMemory() {
 
 std::string DeviceMemory::describe() const {
   return "device " + std::to_string(impl_->device) + " (" + impl_->name + ")";
+}
+
+std::string DeviceMemory::identity() const {
+  char host[64] = {};
+  gethostname(host, sizeof(host) - 1);
+  char busId[32] = {};
+  impl_->check(cudaDeviceGetPCIBusId(busId, sizeof(busId), impl_->device), "cudaDeviceGetPCIBusId");
+  return std::string(host) + "/" + busId;
 }
 
 chorusStream_t DeviceMemory::stream() const { return reinterpret_cast<chorusStream_t>(impl_->stream); }
@@ -120,6 +130,7 @@ DeviceMemory::DeviceMemory(int rank) {
 }
 DeviceMemory::~DeviceMemory() = default;
 std::string DeviceMemory::describe() const { return {}; }
+std::string DeviceMemory::identity() const { return {}; }
 chorusStream_t DeviceMemory::stream() const { return nullptr; }
 char* DeviceMemory::reserve(int, size_t) { return nullptr; }
 void DeviceMemory::upload(char*, const char*, size_t) {}

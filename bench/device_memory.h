@@ -23,6 +23,9 @@ class DeviceMemory {
 
   // "device 0 (NVIDIA H100 80GB HBM3)", for the rank lines.
   std::string describe() const;
+  // What names the GPU itself among the ranks: the host's name and the device's PCI bus id, so
+  // ranks that share a GPU (several per device) have the same one.
+  std::string identity() const;
   chorusStream_t stream() const;
   // Device memory of at least bytes for buffer `slot` (0 or 1), kept and grown across rows.
   char* reserve(int slot, size_t bytes);

@@ -421,13 +421,29 @@ Result Bench::resultOf(Op op, chorusDataType_t type, size_t count, double second
 
 CopyRates Bench::measureCopyGBps() {
   if (device_) {
-    // Device memory: cudaMemcpyAsync device to device, timed by events, 256 MiB per rank (beyond
-    // the L2 cache of the GPUs we know, 50-60 MiB); the fastest of 5 blocks.
+    // Device memory: cudaMemcpyAsync device to device, timed by events, 256 MiB (beyond the L2
+    // cache of the GPUs we know, 50-60 MiB); the fastest of 5 blocks; summed over the GPUs, which
+    // copy at once. One rank per GPU copies: ranks sharing a GPU without MPS take turns on it, so
+    // each would time the whole GPU's rate while the others wait, and a sum over them counted the
+    // one GPU once per rank (2 ranks on an H200 gave twice its rate, 4 ranks four times).
     constexpr size_t kDeviceBytes = size_t{256} << 20;
+    constexpr size_t kIdentity = 128;
+    std::vector<char> identities(kIdentity * static_cast<size_t>(nranks_));
+    std::vector<char> own(kIdentity, '\0');
+    const std::string identity = device_->identity();
+    std::copy_n(identity.begin(), std::min(identity.size(), kIdentity - 1), own.begin());
+    call("allgather of GPU identities",
+         chorusAllGather(own.data(), identities.data(), kIdentity, chorusUint8, comm_, nullptr));
+    bool first = true;  // the lowest rank on this GPU
+    for (int r = 0; r < rank_ && first; ++r) {
+      first = !std::equal(own.begin(), own.end(), identities.begin() + static_cast<ptrdiff_t>(r * kIdentity));
+    }
     CopyRates result;
+    int one = first ? 1 : 0;
+    call("allreduce of GPU counts", chorusAllReduce(&one, &result.devices, 1, chorusInt32, chorusSum, comm_, nullptr));
     for (int b = 0; b < 5; ++b) {
       call("barrier", chorusBarrier(comm_, nullptr));
-      double mine = device_->copyBytesPerSecond(kDeviceBytes, 3) / 1e9, sum = 0;
+      double mine = first ? device_->copyBytesPerSecond(kDeviceBytes, 3) / 1e9 : 0, sum = 0;
       call("allreduce of copy rates", chorusAllReduce(&mine, &sum, 1, chorusFloat64, chorusSum, comm_, nullptr));
       result.memcpyGBps = std::max(result.memcpyGBps, sum);
     }
@@ -654,6 +670,7 @@ int Bench::run() {
       doc["copy_GBps"] = sweep.copy.GBps;
       doc["copy_memcpy_GBps"] = sweep.copy.memcpyGBps;
       doc["copy_streaming_GBps"] = sweep.copy.streamingGBps;
+      if (device_) doc["copy_devices"] = sweep.copy.devices;
     }
     if (!peers_.empty()) {
       std::vector<std::string> peerNames;
@@ -737,9 +754,10 @@ int Bench::runOp(const std::string& name, Sweep& sweep) {
     copyGBps = copyRates.GBps;
     if (print) {
       std::printf(
-          "#  Bound: copy bandwidth %.2f GB/s (%d ranks each copying 256 MiB device to device at once, summed, fastest "
-          "of 5); %%bound = out-of-place algbw * copies / copy bandwidth, copies = %g for %s (docs/collbench.md)\n",
-          copyGBps, nranks_, boundCopies(opInfo->op, nranks_), opInfo->name);
+          "#  Bound: copy bandwidth %.2f GB/s (%d GPU(s) each copying 256 MiB device to device at once, one rank on "
+          "each, summed, fastest of 5); %%bound = out-of-place algbw * copies / copy bandwidth, copies = %g for %s "
+          "(docs/collbench.md)\n",
+          copyGBps, copyRates.devices, boundCopies(opInfo->op, nranks_), opInfo->name);
     }
   } else if (o_.bound) {
     copyRates = measureCopyGBps();

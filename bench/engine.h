@@ -98,11 +98,13 @@ void printRow(size_t bytes, size_t count, chorusDataType_t type, const char* red
 double busFactor(Op op, int nranks);
 
 // The copy bandwidth of all ranks at once (GB/s, summed over the ranks): memcpy's, the streaming
-// copy's, and the faster, which is --bound's C.
+// copy's, and the faster, which is --bound's C. On device memory, summed over the GPUs (devices:
+// how many), one rank timing each.
 struct CopyRates {
   double GBps = 0;
   double memcpyGBps = 0;
   double streamingGBps = 0;
+  int devices = 0;
 };
 
 // A buffer from the heap or from chorusMemAlloc (--mem chorus), kept across rows: assign grows it

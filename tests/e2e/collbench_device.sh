@@ -30,11 +30,16 @@ for ranks in 2 4; do
 done
 unset CHORUS_DEVICE_TRANSPORT
 run_clean "$collbench" -g 2 --mem device --op allreduce -b 64M -e 64M -n 5 -w 1 --bound --json "$work/device.json"
-/usr/bin/python3 - "$work/device.json" <<'PY'
+# The bound counts each GPU once: 2 ranks on one GPU (rank % devices) copy on one.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+/usr/bin/python3 - "$work/device.json" "${gpus:-0}" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
+gpus = int(sys.argv[2])
 assert doc["mem"] == "device", doc["mem"]
 assert doc["copy_GBps"] > 0, doc
+if gpus > 0:
+    assert doc["copy_devices"] == min(2, gpus), f"copy bound over {doc['copy_devices']} GPUs, expected {min(2, gpus)}"
 assert doc["rows"][0]["out_of_place"]["wrong"] == 0
 PY
 for op in allreduce broadcast reduce sendrecv; do
