@@ -46,6 +46,7 @@ enum class Knob {
   kDeviceDirectBytes,         // CHORUS_DEVICE_DIRECT_BYTES: each of the direct path's two publishing buffers
   kDeviceDirectInPlaceBytes,  // CHORUS_DEVICE_DIRECT_INPLACE_BYTES: direct all-reduces this large read in place
   kDeviceStagedPost,          // CHORUS_DEVICE_STAGED_POST: host | value: how staged calls reach the proxy and back
+  kDeviceDirectReducers,      // CHORUS_DEVICE_DIRECT_REDUCERS: all | one: who reduces an in-place direct all-reduce
   kCount
 };
 

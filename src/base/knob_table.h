@@ -133,6 +133,11 @@ inline constexpr KnobSpec kKnobs[] = {
      "kernel; on an H100 the faster for calls of up to 256 KiB, from 24% slower to 39% faster for larger ones; "
      "where the driver lacks stream memory operations the default falls back to host). Calls being captured in a "
      "graph always use host"},
+    {"CHORUS_DEVICE_DIRECT_REDUCERS", "all",
+     "who reduces a direct device all-reduce read in place: all (each rank its block of every input into that "
+     "block of every output; two waits across processes per call) or one (rank 0 the whole call into every output, "
+     "in one kernel; one wait per rank: rank 0 for the others' inputs, they for its kernel). Without MPS the ranks "
+     "take turns on the GPU and each wait on another process costs a turn. Rank 0's setting holds for all"},
 
     // Launchers (chorusCommInitFromEnv; the CHORUS_ spellings win over the plain ones).
     {"CHORUS_RANK", "", "this process's rank (also RANK, as torchrun sets it)", "launcher"},

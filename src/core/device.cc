@@ -100,15 +100,16 @@ size_t directBlocks(const DeviceCall& call, int nranks) {
   return std::max<size_t>(1, in / call.count);
 }
 
-// What the direct path's setup exchanges: the publishing buffer's handle, the events', and the
-// rank's CHORUS_DEVICE_DIRECT_INPLACE_BYTES (the ranks take the least, so all choose alike).
+// What the direct path's setup exchanges: the publishing buffer's handle, the events', the
+// rank's CHORUS_DEVICE_DIRECT_INPLACE_BYTES (the ranks take the least, so all choose alike) and
+// CHORUS_DEVICE_DIRECT_REDUCERS (the ranks take rank 0's).
 struct DirectInfo {
   cudaIpcMemHandle_t buffer;
   cudaIpcEventHandle_t ready[2];
   cudaIpcEventHandle_t read[2];
   uint64_t inPlaceBytes;
   int32_t ok;
-  int32_t pad;
+  int32_t oneReducer;
 };
 
 // What an in-place direct call exchanges: where the rank's input and output lie, or ok = 0 when
@@ -263,6 +264,8 @@ struct DeviceEngine::Impl {
   // In place: direct all-reduces of directInPlaceBytes or more (0: none) read and write the peers'
   // buffers where they lie instead of a published copy, mapped by CUDA IPC (the transport's).
   size_t directInPlaceBytes = 0;
+  // Who reduces an in-place call: every rank its block (false), or rank 0 all of it (true).
+  bool directOneReducer = false;
   cudaipc::Mappings mappings;
 
   // Staging: two slots, each an input and an output area (area slot * 2 + which), pinned. A
@@ -474,6 +477,12 @@ bool DeviceEngine::Impl::setUpDirect(bool oneGpu) {
            cudaIpcGetEventHandle(&info.read[q], readDone[q]) == cudaSuccess;
     }
     info.inPlaceBytes = static_cast<uint64_t>(std::max<int64_t>(knobInt(Knob::kDeviceDirectInPlaceBytes), 0));
+    const std::string reducers = knobString(Knob::kDeviceDirectReducers);
+    if (reducers != "all" && reducers != "one") {
+      fail(chorusInvalidArgument, "rank {}: {}={}: expected all or one", rank, knobName(Knob::kDeviceDirectReducers),
+           reducers);
+    }
+    info.oneReducer = reducers == "one" ? 1 : 0;
     info.ok = ok ? 1 : 0;
     cudaGetLastError();
   }
@@ -487,6 +496,7 @@ bool DeviceEngine::Impl::setUpDirect(bool oneGpu) {
     mappings.reset(rank, nranks);
     directInPlaceBytes = static_cast<size_t>(all[0].inPlaceBytes);
     for (const auto& i : all) directInPlaceBytes = std::min(directInPlaceBytes, static_cast<size_t>(i.inPlaceBytes));
+    directOneReducer = all[0].oneReducer != 0;
     for (int q = 0; q < 2; ++q) {
       peerReady[q].assign(nranks, nullptr);
       peerRead[q].assign(nranks, nullptr);
@@ -684,8 +694,9 @@ bool DeviceEngine::Impl::inPlaceServes(const DeviceCall& call) const {
          call.count * kernels::typeSize(call.type) >= directInPlaceBytes && call.count >= static_cast<size_t>(nranks);
 }
 
-// An all-reduce that reads and writes the ranks' buffers where they lie (no published copy):
-// block b of the count is rank b's to reduce. On this rank's stream, with q = the call's event pair:
+// An all-reduce that reads and writes the ranks' buffers where they lie (no published copy).
+// With every rank reducing (directOneReducer false), block b of the count is rank b's. On this
+// rank's stream, with q = the call's event pair:
 //   1. record ready[q]: the input is final, and the output free to write, once the stream gets here;
 //   2. host: every rank says where its input and output lie (an all-gather, which also orders
 //      every rank's record before any wait); if one cannot share them, all publish instead;
@@ -697,6 +708,13 @@ bool DeviceEngine::Impl::inPlaceServes(const DeviceCall& call) const {
 // bound of an all-reduce on one GPU), with two waits across processes per call. In place (output ==
 // input), a thread reads element i of every input before it writes element i of any output, and
 // ranks touch disjoint blocks, so no block is written before every rank has read it.
+//
+// With one reducer, rank 0 does step 3 for the whole count and every rank's output, and then
+// waits for nothing: its kernel was the last to read its input and the only one to write the
+// outputs. The others skip step 3 and in step 4 wait for rank 0's read[q] alone. The same bytes
+// move, in one kernel of one process, and each rank waits on another process once per call, not
+// twice: without MPS, where the ranks take turns on the GPU, a wait on another process costs a
+// turn.
 bool DeviceEngine::Impl::enqueueInPlace(const DeviceCall& call, cudaStream_t stream) {
   const size_t size = kernels::typeSize(call.type);
   const size_t n = static_cast<size_t>(nranks);
@@ -709,30 +727,38 @@ bool DeviceEngine::Impl::enqueueInPlace(const DeviceCall& call, cudaStream_t str
   for (const InPlaceInfo& info : all) {
     if (info.ok == 0) return false;
   }
-  // Block r of every input and output: blocks start on 16-byte boundaries of the buffers, so the
-  // reduction's vector loads apply.
-  const collectives::Slice block = collectives::alignedSlice(call.count, nranks, rank, size, 16);
-  const size_t first = block.begin;
-  const size_t length = block.end - block.begin;
-  std::vector<const void*> inputs(n);
-  std::vector<void*> outputs(n);
-  for (int p = 0; p < nranks; ++p) {
-    // A peer's allocation mapped before and since freed was last read here before step 4 of the
-    // call that read it, which the peer's stream waited for before it could free it.
-    const char* in = p == rank ? static_cast<const char*>(call.input) : mappings.map(p, all[p].input);
-    char* out = p == rank ? static_cast<char*>(call.output) : mappings.map(p, all[p].output);
-    inputs[p] = in + first * size;
-    outputs[p] = out + first * size;
+  const bool reduces = !directOneReducer || rank == 0;
+  if (reduces) {
+    // This rank's block of every input and output (the whole count for the one reducer): blocks
+    // start on 16-byte boundaries of the buffers, so the reduction's vector loads apply.
+    const collectives::Slice block = directOneReducer ? collectives::Slice{0, call.count}
+                                                      : collectives::alignedSlice(call.count, nranks, rank, size, 16);
+    const size_t first = block.begin;
+    const size_t length = block.end - block.begin;
+    std::vector<const void*> inputs(n);
+    std::vector<void*> outputs(n);
+    for (int p = 0; p < nranks; ++p) {
+      // A peer's allocation mapped before and since freed was last read here before step 4 of the
+      // call that read it, which the peer's stream waited for before it could free it.
+      const char* in = p == rank ? static_cast<const char*>(call.input) : mappings.map(p, all[p].input);
+      char* out = p == rank ? static_cast<char*>(call.output) : mappings.map(p, all[p].output);
+      inputs[p] = in + first * size;
+      outputs[p] = out + first * size;
+    }
+    waitForPeers(peerReady[q], stream, "cudaStreamWaitEvent (direct ready)");
+    if (length > 0) {
+      const int error = kernels::cuda::reduceMany(outputs.data(), nranks, inputs.data(), nranks, length, call.type,
+                                                  call.op, nranks, reinterpret_cast<void*>(stream));
+      if (error != 0) check(static_cast<cudaError_t>(error), rank, "launching the direct reduction");
+    }
+    check(cudaEventRecord(readDone[q], stream), rank, "cudaEventRecord (direct read)");
   }
-  waitForPeers(peerReady[q], stream, "cudaStreamWaitEvent (direct ready)");
-  if (length > 0) {
-    const int error = kernels::cuda::reduceMany(outputs.data(), nranks, inputs.data(), nranks, length, call.type,
-                                                call.op, nranks, reinterpret_cast<void*>(stream));
-    if (error != 0) check(static_cast<cudaError_t>(error), rank, "launching the direct reduction");
-  }
-  check(cudaEventRecord(readDone[q], stream), rank, "cudaEventRecord (direct read)");
   hostBarrier();
-  waitForPeers(peerRead[q], stream, "cudaStreamWaitEvent (direct read)");
+  if (!directOneReducer) {
+    waitForPeers(peerRead[q], stream, "cudaStreamWaitEvent (direct read)");
+  } else if (rank != 0) {
+    check(cudaStreamWaitEvent(stream, peerRead[q][0], 0), rank, "cudaStreamWaitEvent (direct read)");
+  }
   return true;
 }
 

@@ -28,6 +28,13 @@ for ranks in 2 4; do
     run_clean "$collbench" -g "$ranks" --mem device --op barrier -n 5 -w 1
   done
 done
+# The direct all-reduce read in place at every size, by every rank and by rank 0 alone.
+for reducers in all one; do
+  for ranks in 2 4; do
+    CHORUS_DEVICE_TRANSPORT=direct CHORUS_DEVICE_DIRECT_INPLACE_BYTES=1 CHORUS_DEVICE_DIRECT_REDUCERS=$reducers \
+      run_clean "$collbench" -g "$ranks" --mem device --op allreduce -d all -o all -b 1K -e 8M -f 1024 -n 2 -w 1
+  done
+done
 unset CHORUS_DEVICE_TRANSPORT
 run_clean "$collbench" -g 2 --mem device --op allreduce -b 64M -e 64M -n 5 -w 1 --bound --json "$work/device.json"
 # The bound counts each GPU once: 2 ranks on one GPU (rank % devices) copy on one.

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,9 +29,9 @@ namespace {
 struct Path {
   const char* transport;  // CHORUS_DEVICE_TRANSPORT
   int nranks;
-  // A variant of the path: a knob set for it, and the word its name takes.
-  const char* knob = nullptr;
-  const char* value = nullptr;
+  // A variant of the path: the knobs set for it ("NAME=VALUE", several separated by spaces), and
+  // the word its name takes.
+  const char* knobs = nullptr;
   const char* variant = nullptr;
   // Algorithms forced for the communicator (chorusCommSetAlgorithms), or null.
   const char* algorithms = nullptr;
@@ -40,10 +41,23 @@ std::string nameOf(const Path& p) {
          std::to_string(p.nranks);
 }
 // The variants, each set either way whatever the defaults: the direct path's all-reduce published
-// (0) or read in place (1: every all-reduce), and staged calls posted by host functions or by
-// stream memory operations.
-constexpr const char* kInPlace = "CHORUS_DEVICE_DIRECT_INPLACE_BYTES";
-constexpr const char* kStagedPost = "CHORUS_DEVICE_STAGED_POST";
+// or read in place (every all-reduce), by every rank or by rank 0 alone, and staged calls posted
+// by host functions or by stream memory operations.
+constexpr const char* kPublished = "CHORUS_DEVICE_DIRECT_INPLACE_BYTES=0";
+constexpr const char* kInPlace = "CHORUS_DEVICE_DIRECT_INPLACE_BYTES=1 CHORUS_DEVICE_DIRECT_REDUCERS=all";
+constexpr const char* kOneReducer = "CHORUS_DEVICE_DIRECT_INPLACE_BYTES=1 CHORUS_DEVICE_DIRECT_REDUCERS=one";
+constexpr const char* kPostByHost = "CHORUS_DEVICE_STAGED_POST=host";
+constexpr const char* kPostByValue = "CHORUS_DEVICE_STAGED_POST=value";
+
+// Sets each NAME=VALUE of knobs (separated by spaces) in this process's environment.
+void setKnobs(const char* knobs) {
+  std::istringstream words(knobs != nullptr ? knobs : "");
+  for (std::string word; words >> word;) {
+    const size_t equals = word.find('=');
+    ASSERT_NE(equals, std::string::npos) << word;
+    setenv(word.substr(0, equals).c_str(), word.substr(equals + 1).c_str(), 1);
+  }
+}
 // Every device algorithm forced for some collective where all three are set up (auto, ranks on
 // one GPU): each runs what the engine would otherwise give another.
 constexpr const char* kForced = "allreduce:staged,allgather:ipc,reducescatter:ipc,broadcast:staged,alltoall:staged";
@@ -62,7 +76,7 @@ class DeviceCollectivesTest : public ::testing::TestWithParam<Path> {
     const Path path = GetParam();
     runRanks(options(), [&](int rank, chorusComm_t comm) {
       setenv("CHORUS_DEVICE_TRANSPORT", path.transport, 1);
-      if (path.knob != nullptr) setenv(path.knob, path.value, 1);
+      setKnobs(path.knobs);
       if (path.algorithms != nullptr) {
         ASSERT_EQ(chorusCommSetAlgorithms(comm, path.algorithms), chorusSuccess) << chorusGetLastError(comm);
       }
@@ -403,16 +417,15 @@ TEST_P(DeviceCollectivesTest, HostBuffersWithAStreamAreRefusedByName) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, DeviceCollectivesTest,
-                         ::testing::Values(Path{"direct", 2, kInPlace, "0"}, Path{"direct", 4, kInPlace, "0"},
-                                           Path{"direct", 2, kInPlace, "1", "inplace"},
-                                           Path{"direct", 4, kInPlace, "1", "inplace"}, Path{"ipc", 2}, Path{"ipc", 4},
-                                           Path{"staged", 2, kStagedPost, "host"},
-                                           Path{"staged", 4, kStagedPost, "host"},
-                                           Path{"staged", 2, kStagedPost, "value", "value"},
-                                           Path{"staged", 4, kStagedPost, "value", "value"},
-                                           Path{"auto", 2, nullptr, nullptr, "forced", kForced}),
-                         [](const ::testing::TestParamInfo<Path>& info) { return nameOf(info.param); });
+INSTANTIATE_TEST_SUITE_P(
+    Paths, DeviceCollectivesTest,
+    ::testing::Values(Path{"direct", 2, kPublished}, Path{"direct", 4, kPublished},
+                      Path{"direct", 2, kInPlace, "inplace"}, Path{"direct", 4, kInPlace, "inplace"},
+                      Path{"direct", 2, kOneReducer, "onereducer"}, Path{"direct", 4, kOneReducer, "onereducer"},
+                      Path{"ipc", 2}, Path{"ipc", 4}, Path{"staged", 2, kPostByHost}, Path{"staged", 4, kPostByHost},
+                      Path{"staged", 2, kPostByValue, "value"}, Path{"staged", 4, kPostByValue, "value"},
+                      Path{"auto", 2, nullptr, "forced", kForced}),
+    [](const ::testing::TestParamInfo<Path>& info) { return nameOf(info.param); });
 
 // One thread drives every rank (one communicator each, all on GPU 0) through one group of device
 // calls: an all-reduce and a ring of sends and receives per rank. Each communicator's first device
