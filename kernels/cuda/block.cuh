@@ -39,6 +39,12 @@ inline size_t quadsFor(size_t n, std::initializer_list<const void*> pointers) {
   return n / 4;
 }
 
+// Whether rows of C floats starting in these buffers go a float4 at a time: C a multiple of 4 and
+// every buffer aligned.
+inline bool rowsByQuads(int C, std::initializer_list<const void*> buffers) {
+  return C % 4 == 0 && quadsFor(4, buffers) > 0;
+}
+
 __device__ __forceinline__ size_t gridThread() { return blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; }
 __device__ __forceinline__ size_t gridStride() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
 

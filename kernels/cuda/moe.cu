@@ -159,20 +159,39 @@ __global__ void routerBackwardKernel(float* dlogits, const float* dgate, const f
 }
 
 // ---- dispatch and combine ----
+// Rows go 16 bytes at a time where they allow (byQuads: C a multiple of 4 and every buffer
+// aligned), then a float at a time; each element's sums keep the reference's order.
 
-__global__ void dispatchKernel(float* buffer, const float* x, const int* row, int k, int C) {
+// acc + gate * y, the product rounded before the sum, as the reference rounds it.
+struct GatedAdd {
+  float gate;
+  __device__ float operator()(float acc, float y) const { return __fadd_rn(acc, __fmul_rn(gate, y)); }
+};
+
+__global__ void dispatchKernel(float* buffer, const float* x, const int* row, int k, int C, bool byQuads) {
   const int c = blockIdx.x;
   if (row[c] < 0) return;
   const float* src = x + static_cast<size_t>(c / k) * C;
   float* dst = buffer + static_cast<size_t>(row[c]) * C;
-  for (int ch = threadIdx.x; ch < C; ch += blockDim.x) dst[ch] = src[ch];
+  const int quads = byQuads ? C / 4 : 0;
+  for (int q = threadIdx.x; q < quads; q += blockDim.x) storeQuad(dst, q, quadAt(src, q));
+  for (int ch = quads * 4 + threadIdx.x; ch < C; ch += blockDim.x) dst[ch] = src[ch];
 }
 
 // A block per token: its choices' rows added in choice order.
-__global__ void dispatchBackwardKernel(float* dx, const float* dbuffer, const int* row, int k, int C) {
+__global__ void dispatchBackwardKernel(float* dx, const float* dbuffer, const int* row, int k, int C, bool byQuads) {
   const int i = blockIdx.x;
   float* dst = dx + static_cast<size_t>(i) * C;
-  for (int ch = threadIdx.x; ch < C; ch += blockDim.x) {
+  const int quads = byQuads ? C / 4 : 0;
+  for (int q = threadIdx.x; q < quads; q += blockDim.x) {
+    float4 acc = quadAt(dst, q);
+    for (int j = 0; j < k; ++j) {
+      const int r = row[i * k + j];
+      if (r >= 0) acc = lanes(Add{}, acc, quadAt(dbuffer + static_cast<size_t>(r) * C, q));
+    }
+    storeQuad(dst, q, acc);
+  }
+  for (int ch = quads * 4 + threadIdx.x; ch < C; ch += blockDim.x) {
     float acc = dst[ch];
     for (int j = 0; j < k; ++j) {
       const int r = row[i * k + j];
@@ -183,14 +202,24 @@ __global__ void dispatchBackwardKernel(float* dx, const float* dbuffer, const in
 }
 
 // A block per token: out = the gated rows in choice order, each product rounded before its sum.
-__global__ void combineKernel(float* out, const float* y, const int* row, const float* gate, int k, int C) {
+__global__ void combineKernel(float* out, const float* y, const int* row, const float* gate, int k, int C,
+                              bool byQuads) {
   const int i = blockIdx.x;
   float* dst = out + static_cast<size_t>(i) * C;
-  for (int ch = threadIdx.x; ch < C; ch += blockDim.x) {
+  const int quads = byQuads ? C / 4 : 0;
+  for (int q = threadIdx.x; q < quads; q += blockDim.x) {
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int j = 0; j < k; ++j) {
+      const int r = row[i * k + j];
+      if (r >= 0) acc = lanes(GatedAdd{gate[i * k + j]}, acc, quadAt(y + static_cast<size_t>(r) * C, q));
+    }
+    storeQuad(dst, q, acc);
+  }
+  for (int ch = quads * 4 + threadIdx.x; ch < C; ch += blockDim.x) {
     float acc = 0.0f;
     for (int j = 0; j < k; ++j) {
       const int r = row[i * k + j];
-      if (r >= 0) acc = __fadd_rn(acc, __fmul_rn(gate[i * k + j], y[static_cast<size_t>(r) * C + ch]));
+      if (r >= 0) acc = GatedAdd{gate[i * k + j]}(acc, y[static_cast<size_t>(r) * C + ch]);
     }
     dst[ch] = acc;
   }
@@ -198,7 +227,7 @@ __global__ void combineKernel(float* out, const float* y, const int* row, const 
 
 // A block per choice: dy's row, and the gate's gradient (a dot product in double).
 __global__ void combineBackwardKernel(float* dy, float* dgate, const float* dout, const float* y, const int* row,
-                                      const float* gate, int k, int C) {
+                                      const float* gate, int k, int C, bool byQuads) {
   const int c = blockIdx.x;
   const int r = row[c];
   if (r < 0) {
@@ -208,10 +237,18 @@ __global__ void combineBackwardKernel(float* dy, float* dgate, const float* dout
   const float* g = dout + static_cast<size_t>(c / k) * C;
   const float* src = y + static_cast<size_t>(r) * C;
   float* dst = dy + static_cast<size_t>(r) * C;
+  const float scale = gate[c];
+  auto product = [](float a, float b) { return static_cast<double>(a) * b; };
   double dot = 0.0;
-  for (int ch = threadIdx.x; ch < C; ch += blockDim.x) {
-    dst[ch] = gate[c] * g[ch];
-    dot += static_cast<double>(g[ch]) * src[ch];
+  const int quads = byQuads ? C / 4 : 0;
+  for (int q = threadIdx.x; q < quads; q += blockDim.x) {
+    const float4 gq = quadAt(g, q), sq = quadAt(src, q);
+    storeQuad(dst, q, make_float4(scale * gq.x, scale * gq.y, scale * gq.z, scale * gq.w));
+    dot += product(gq.x, sq.x) + product(gq.y, sq.y) + product(gq.z, sq.z) + product(gq.w, sq.w);
+  }
+  for (int ch = quads * 4 + threadIdx.x; ch < C; ch += blockDim.x) {
+    dst[ch] = scale * g[ch];
+    dot += product(g[ch], src[ch]);
   }
   dot = blockReduce(dot, Add{});
   if (threadIdx.x == 0) dgate[c] = static_cast<float>(dot);
@@ -285,26 +322,27 @@ int routerBackward(float* dlogits, const float* dgate, const float* probs, const
 
 int moeDispatch(float* buffer, const float* x, const int* row, int n, int k, int C, void* stream) {
   if (n * k == 0) return 0;
-  dispatchKernel<<<n * k, kThreads, 0, asStream(stream)>>>(buffer, x, row, k, C);
+  dispatchKernel<<<n * k, kThreads, 0, asStream(stream)>>>(buffer, x, row, k, C, rowsByQuads(C, {buffer, x}));
   return launched();
 }
 
 int moeDispatchBackward(float* dx, const float* dbuffer, const int* row, int n, int k, int C, void* stream) {
   if (n == 0) return 0;
-  dispatchBackwardKernel<<<n, kThreads, 0, asStream(stream)>>>(dx, dbuffer, row, k, C);
+  dispatchBackwardKernel<<<n, kThreads, 0, asStream(stream)>>>(dx, dbuffer, row, k, C, rowsByQuads(C, {dx, dbuffer}));
   return launched();
 }
 
 int moeCombine(float* out, const float* y, const int* row, const float* gate, int n, int k, int C, void* stream) {
   if (n == 0) return 0;
-  combineKernel<<<n, kThreads, 0, asStream(stream)>>>(out, y, row, gate, k, C);
+  combineKernel<<<n, kThreads, 0, asStream(stream)>>>(out, y, row, gate, k, C, rowsByQuads(C, {out, y}));
   return launched();
 }
 
 int moeCombineBackward(float* dy, float* dgate, const float* dout, const float* y, const int* row, const float* gate,
                        int n, int k, int C, void* stream) {
   if (n * k == 0) return 0;
-  combineBackwardKernel<<<n * k, kThreads, 0, asStream(stream)>>>(dy, dgate, dout, y, row, gate, k, C);
+  combineBackwardKernel<<<n * k, kThreads, 0, asStream(stream)>>>(dy, dgate, dout, y, row, gate, k, C,
+                                                                  rowsByQuads(C, {dy, dout, y}));
   return launched();
 }
 

@@ -404,7 +404,7 @@ __global__ void foldSumsKernel(double* total, float* mean, const double* partial
 int embeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C, int v0,
                      int vcount, const int* positions, void* stream) {
   if (B * T == 0) return 0;
-  const bool byQuads = C % 4 == 0 && quadsFor(4, {out, wte, wpe}) > 0;
+  const bool byQuads = rowsByQuads(C, {out, wte, wpe});
   embeddingForwardKernel<<<B * T, kThreads, 0, asStream(stream)>>>(out, tokens, wte, wpe, T, C, v0, vcount, positions,
                                                                    byQuads);
   return launched();
