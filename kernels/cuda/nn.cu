@@ -73,20 +73,36 @@ __global__ void embeddingPositionBackwardKernel(float* dwpe, const float* dout, 
 // ---- layernorm ----
 
 // One warp per row.
+// Rows go 16 bytes at a time where they allow (byQuads: c a multiple of 4 and every buffer
+// aligned), else a float at a time.
 __global__ void layernormForwardKernel(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                                       const float* bias, int n, int c) {
+                                       const float* bias, int n, int c, bool byQuads) {
   const int lane = threadIdx.x % kWarp;
   const int row = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   if (row >= n) return;
   const float* x = inp + static_cast<size_t>(row) * c;
+  const int quads = byQuads ? c / 4 : 0;
   float sum = 0.0f;
-  for (int i = lane; i < c; i += kWarp) sum += x[i];
+  for (int q = lane; q < quads; q += kWarp) {
+    const float4 v = quadAt(x, q);
+    sum += v.x + v.y + v.z + v.w;
+  }
+  for (int i = quads * 4 + lane; i < c; i += kWarp) sum += x[i];
   const float m = warpSum(sum) / c;
+  auto square = [m](float v) { return (v - m) * (v - m); };
   float var = 0.0f;
-  for (int i = lane; i < c; i += kWarp) var += (x[i] - m) * (x[i] - m);
+  for (int q = lane; q < quads; q += kWarp) {
+    const float4 v = quadAt(x, q);
+    var += square(v.x) + square(v.y) + square(v.z) + square(v.w);
+  }
+  for (int i = quads * 4 + lane; i < c; i += kWarp) var += square(x[i]);
   const float r = 1.0f / sqrtf(warpSum(var) / c + kLayernormEps);
   float* o = out + static_cast<size_t>(row) * c;
-  for (int i = lane; i < c; i += kWarp) o[i] = (x[i] - m) * r * weight[i] + bias[i];
+  auto normalize = [m, r](float v, float w, float b) { return (v - m) * r * w + b; };
+  for (int q = lane; q < quads; q += kWarp) {
+    storeQuad(o, q, lanes(normalize, quadAt(x, q), quadAt(weight, q), quadAt(bias, q)));
+  }
+  for (int i = quads * 4 + lane; i < c; i += kWarp) o[i] = normalize(x[i], weight[i], bias[i]);
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = r;
@@ -99,27 +115,40 @@ __global__ void layernormForwardKernel(float* out, float* mean, float* rstd, con
 // `blocks` rows of c each).
 __global__ void layernormBackwardKernel(float* dinp, float* partial, const float* dout, const float* inp,
                                         const float* weight, const float* mean, const float* rstd, int n, int c,
-                                        int rowsPerBlock) {
+                                        int rowsPerBlock, bool byQuads) {
   const int begin = blockIdx.x * rowsPerBlock;
   const int end = min(n, begin + rowsPerBlock);
   const int lane = threadIdx.x % kWarp, warps = blockDim.x / kWarp;
+  const int quads = byQuads ? c / 4 : 0;
   for (int row = begin + threadIdx.x / kWarp; row < end; row += warps) {
     const float* x = inp + static_cast<size_t>(row) * c;
     const float* d = dout + static_cast<size_t>(row) * c;
     const float m = mean[row], r = rstd[row];
     float gSum = 0.0f, gxSum = 0.0f;
-    for (int i = lane; i < c; i += kWarp) {
-      const float xhat = (x[i] - m) * r;
-      const float g = d[i] * weight[i];
+    auto add = [&](float xi, float di, float wi) {
+      const float xhat = (xi - m) * r;
+      const float g = di * wi;
       gSum += g;
       gxSum += g * xhat;
+    };
+    for (int q = lane; q < quads; q += kWarp) {
+      const float4 xq = quadAt(x, q), dq = quadAt(d, q), wq = quadAt(weight, q);
+      add(xq.x, dq.x, wq.x);
+      add(xq.y, dq.y, wq.y);
+      add(xq.z, dq.z, wq.z);
+      add(xq.w, dq.w, wq.w);
     }
+    for (int i = quads * 4 + lane; i < c; i += kWarp) add(x[i], d[i], weight[i]);
     const float gMean = warpSum(gSum) / c, gxMean = warpSum(gxSum) / c;
     float* dx = dinp + static_cast<size_t>(row) * c;
-    for (int i = lane; i < c; i += kWarp) {
-      const float xhat = (x[i] - m) * r;
-      dx[i] += (d[i] * weight[i] - gMean - xhat * gxMean) * r;
+    auto grad = [m, r, gMean, gxMean](float dxi, float xi, float di, float wi) {
+      const float xhat = (xi - m) * r;
+      return dxi + (di * wi - gMean - xhat * gxMean) * r;
+    };
+    for (int q = lane; q < quads; q += kWarp) {
+      storeQuad(dx, q, lanes(grad, quadAt(dx, q), quadAt(x, q), quadAt(d, q), quadAt(weight, q)));
     }
+    for (int i = quads * 4 + lane; i < c; i += kWarp) dx[i] = grad(dx[i], x[i], d[i], weight[i]);
   }
   float* weights = partial + static_cast<size_t>(blockIdx.x) * c;
   float* biases = partial + static_cast<size_t>(gridDim.x + blockIdx.x) * c;
@@ -423,8 +452,8 @@ int layernormForward(float* out, float* mean, float* rstd, const float* inp, con
                      int n, int c, void* stream) {
   if (n == 0) return 0;
   const int rowsPerBlock = kThreads / kWarp;
-  layernormForwardKernel<<<(n + rowsPerBlock - 1) / rowsPerBlock, kThreads, 0, asStream(stream)>>>(out, mean, rstd, inp,
-                                                                                                   weight, bias, n, c);
+  layernormForwardKernel<<<(n + rowsPerBlock - 1) / rowsPerBlock, kThreads, 0, asStream(stream)>>>(
+      out, mean, rstd, inp, weight, bias, n, c, rowsByQuads(c, {out, inp, weight, bias}));
   return launched();
 }
 
@@ -437,8 +466,8 @@ int layernormBackward(float* dinp, float* dweight, float* dbias, const float* do
   if (n == 0) return 0;
   const int blocks = foldBlocks(n);
   const int rowsPerBlock = (n + blocks - 1) / blocks;
-  layernormBackwardKernel<<<blocks, kThreads, 0, asStream(stream)>>>(dinp, scratch, dout, inp, weight, mean, rstd, n, c,
-                                                                     rowsPerBlock);
+  layernormBackwardKernel<<<blocks, kThreads, 0, asStream(stream)>>>(
+      dinp, scratch, dout, inp, weight, mean, rstd, n, c, rowsPerBlock, rowsByQuads(c, {dinp, dout, inp, weight}));
   if (const int error = launched()) return error;
   const unsigned columnBlocks = (c + kThreads - 1) / kThreads;
   foldColumnsKernel<<<columnBlocks, kThreads, 0, asStream(stream)>>>(dweight, scratch, blocks, c);
