@@ -72,9 +72,8 @@ __global__ void embeddingPositionBackwardKernel(float* dwpe, const float* dout, 
 
 // ---- layernorm ----
 
-// One warp per row.
-// Rows go 16 bytes at a time where they allow (byQuads: c a multiple of 4 and every buffer
-// aligned), else a float at a time.
+// One warp per row, 16 bytes at a time where the rows allow (byQuads: c a multiple of 4 and every
+// buffer aligned), else a float at a time.
 __global__ void layernormForwardKernel(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                                        const float* bias, int n, int c, bool byQuads) {
   const int lane = threadIdx.x % kWarp;
