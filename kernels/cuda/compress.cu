@@ -10,14 +10,12 @@
 
 #include "kernels/cpu/half.h"
 #include "kernels/cuda/compress.h"
+#include "kernels/cuda/grid.cuh"
 
 namespace chorus::kernels::cuda {
 namespace {
 
 constexpr unsigned kThreads = 256;
-
-__device__ size_t threadIndex() { return blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; }
-__device__ size_t gridThreads() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
 
 unsigned gridFor(size_t items) {
   const size_t blocks = (items + kThreads - 1) / kThreads;

@@ -212,12 +212,12 @@ struct Fill {
 
 // da += dout and db += dout, reading dout once.
 __global__ void residualBackwardKernel(float* da, float* db, const float* dout, size_t n, size_t quads) {
-  for (size_t q = gridThread(); q < quads; q += gridStride()) {
+  for (size_t q = threadIndex(); q < quads; q += gridThreads()) {
     const float4 d = quadAt(dout, q);
     storeQuad(da, q, lanes(Add{}, quadAt(da, q), d));
     storeQuad(db, q, lanes(Add{}, quadAt(db, q), d));
   }
-  for (size_t i = quads * 4 + gridThread(); i < n; i += gridStride()) {
+  for (size_t i = quads * 4 + threadIndex(); i < n; i += gridThreads()) {
     da[i] += dout[i];
     db[i] += dout[i];
   }
@@ -352,7 +352,7 @@ struct AdamW {
 };
 
 __global__ void adamwKernel(float* param, const float* grad, float* m, float* v, size_t n, size_t quads, AdamW step) {
-  for (size_t q = gridThread(); q < quads; q += gridStride()) {
+  for (size_t q = threadIndex(); q < quads; q += gridThreads()) {
     float4 p = quadAt(param, q), mq = quadAt(m, q), vq = quadAt(v, q);
     const float4 g = quadAt(grad, q);
     step(p.x, g.x, mq.x, vq.x);
@@ -363,7 +363,7 @@ __global__ void adamwKernel(float* param, const float* grad, float* m, float* v,
     storeQuad(m, q, mq);
     storeQuad(v, q, vq);
   }
-  for (size_t i = quads * 4 + gridThread(); i < n; i += gridStride()) {
+  for (size_t i = quads * 4 + threadIndex(); i < n; i += gridThreads()) {
     float p = param[i], mi = m[i], vi = v[i];
     step(p, grad[i], mi, vi);
     param[i] = p;
@@ -383,7 +383,7 @@ struct Sgd {
 };
 
 __global__ void sgdKernel(float* param, const float* grad, float* m, size_t n, size_t quads, Sgd step) {
-  for (size_t q = gridThread(); q < quads; q += gridStride()) {
+  for (size_t q = threadIndex(); q < quads; q += gridThreads()) {
     float4 p = quadAt(param, q), mq = quadAt(m, q);
     const float4 g = quadAt(grad, q);
     step(p.x, g.x, mq.x);
@@ -393,7 +393,7 @@ __global__ void sgdKernel(float* param, const float* grad, float* m, size_t n, s
     storeQuad(param, q, p);
     storeQuad(m, q, mq);
   }
-  for (size_t i = quads * 4 + gridThread(); i < n; i += gridStride()) {
+  for (size_t i = quads * 4 + threadIndex(); i < n; i += gridThreads()) {
     float p = param[i], mi = m[i];
     step(p, grad[i], mi);
     param[i] = p;
@@ -410,11 +410,11 @@ __global__ void partialSumsKernel(double* partial, const float* x, size_t n, siz
     return kSquares ? value * value : value;
   };
   double sum = 0.0;
-  for (size_t q = gridThread(); q < quads; q += gridStride()) {
+  for (size_t q = threadIndex(); q < quads; q += gridThreads()) {
     const float4 v = quadAt(x, q);
     sum += term(v.x) + term(v.y) + term(v.z) + term(v.w);
   }
-  for (size_t i = quads * 4 + gridThread(); i < n; i += gridStride()) sum += term(x[i]);
+  for (size_t i = quads * 4 + threadIndex(); i < n; i += gridThreads()) sum += term(x[i]);
   sum = blockReduce(sum, Add{});
   if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }

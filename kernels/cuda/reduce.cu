@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/half.h"
+#include "kernels/cuda/grid.cuh"
 #include "kernels/cuda/load.cuh"
 #include "kernels/cuda/reduce.h"
 #include "kernels/reduce_ops.h"
@@ -85,13 +86,6 @@ int withType(chorusDataType_t type, F&& f) {
       return static_cast<int>(cudaErrorInvalidValue);
   }
 }
-
-constexpr size_t kVectorBytes = 16;
-
-bool vectorAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kVectorBytes == 0; }
-
-__device__ size_t threadIndex() { return blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; }
-__device__ size_t gridThreads() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
 
 // vectors (count / elements per 16 bytes, or 0 when a pointer is not 16-byte aligned) go as
 // 16-byte loads and stores; the elements after them one at a time.
