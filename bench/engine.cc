@@ -425,7 +425,7 @@ CopyRates Bench::measureCopyGBps() {
     // cache of the GPUs we know, 50-60 MiB); the fastest of 5 blocks; summed over the GPUs, which
     // copy at once. One rank per GPU copies: ranks sharing a GPU without MPS take turns on it, so
     // each would time the whole GPU's rate while the others wait, and a sum over them counted the
-    // one GPU once per rank (2 ranks on an H200 gave twice its rate, 4 ranks four times).
+    // one GPU once per rank (by the H200 runs' printed shares: twice its rate at 2 ranks, four times at 4).
     constexpr size_t kDeviceBytes = size_t{256} << 20;
     constexpr size_t kIdentity = 128;
     std::vector<char> identities(kIdentity * static_cast<size_t>(nranks_));
