@@ -1,7 +1,7 @@
 // chorus_train.cc: chorus-train, the training job runner.
 //
 //   chorus-train JOB.toml [--ranks N] [--tp T] [--pp P] [--cp C] [--ep E] [--zero S] [--steps N] [--out DIR] [--resume]
-//   [--device cpu|cuda] [--profile] [--peak-tflops X] [--set sec.key=value]...
+//   [--device cpu|cuda] [--profile] [--peak-tflops X] [--no-plot] [--set sec.key=value]...
 //   chorus-train --calibrate
 //
 // Started by hand, it prepares the job's data, finds this machine's GEMM peak (for MFU: peak.h), starts
@@ -273,6 +273,10 @@ int launch(const Job& job, const std::vector<std::string>& args) {
     std::fprintf(stderr, "chorus-train: the ranks failed (status %d)\n", code);
     return code;
   }
+  if (!job.plot) {
+    std::printf("chorus-train: metrics in %s/metrics.csv and metrics.json\n", job.out.c_str());
+    return 0;
+  }
   const std::string png = job.out + "/loss.png";
   const std::string plotter = findTool("plot", "chorus-plot");
   const std::string plot = fmt::format("/usr/bin/python3 {} train {}/metrics.csv -o {}", plotter, job.out, png);
@@ -312,7 +316,7 @@ int main(int argc, char** argv) {
   int ranks = 0, zero = -1, tp = 0, pp = 0, cp = 0, ep = 0;
   long steps = 0;
   std::string out, compress, precision, offload, device;
-  bool resume = false, calibrate = false, profile = false;
+  bool resume = false, calibrate = false, profile = false, noPlot = false;
   double peakTflops = 0;
   app.add_option("job", jobPath, "the job file (TOML)");
   app.add_option("--ranks", ranks, "ranks in all (overrides [parallel] ranks)");
@@ -337,6 +341,7 @@ int main(int argc, char** argv) {
   app.add_flag("--profile", profile,
                "time the device's calls from the second step on and print where its time went (sets [run] profile)");
   app.add_option("--peak-tflops", peakTflops, "this machine's GEMM peak for MFU (overrides [run] peak_tflops)");
+  app.add_flag("--no-plot", noPlot, "do not draw OUT/loss.png at the end (sets [run] plot = false)");
   app.add_flag("--calibrate", calibrate,
                "measure this machine's GEMM peaks (fp32, bf16, fp16; run it with nothing else on the cores) and keep "
                "them for MFU "
@@ -373,6 +378,7 @@ int main(int argc, char** argv) {
   if (!out.empty()) sets.push_back(fmt::format("run.out={}", nlohmann::json(out).dump()));
   if (resume) sets.push_back("run.resume=true");
   if (profile) sets.push_back("run.profile=true");
+  if (noPlot) sets.push_back("run.plot=false");
   if (!device.empty()) sets.push_back(fmt::format("run.device={}", nlohmann::json(device).dump()));
   if (!precision.empty()) sets.push_back(fmt::format("precision.compute={}", nlohmann::json(precision).dump()));
   if (!offload.empty()) sets.push_back(fmt::format("offload.optimizer={}", nlohmann::json(offload).dump()));

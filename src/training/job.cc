@@ -219,6 +219,7 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   get("run", "peak_tflops", job.peakTflops);
   get("run", "device", job.device);
   get("run", "profile", job.profile);
+  get("run", "plot", job.plot);
   get("run", "flush_denormals", job.flushDenormals);
   if (job.dataDir.empty()) job.dataDir = job.out + "/data";
   if (job.offloadPath.empty()) job.offloadPath = job.out + "/offload";

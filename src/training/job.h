@@ -84,6 +84,9 @@ struct Job {
   // Time the device's calls (Backend::profile) from the second step on, outside evaluation; the
   // totals per call go to the banner's end and metrics.json. A device only (refused on the CPU).
   bool profile = false;
+  // Draw OUT/loss.png from metrics.csv at the end (tools/plot, matplotlib); false skips it (a sweep of
+  // many short runs, or a machine without matplotlib).
+  bool plot = true;
 
   int dp() const { return ranks / (tp * pp * cp); }
   // The [offload] settings, parsed (checked by loadJob).

@@ -16,12 +16,17 @@ run_clean() {
   grep -q "Out of bounds values : 0 OK" "$out" || fail "no '0 OK' footer: $*"
 }
 
+# chorus-train as the end-to-end scripts run it: with a declared GEMM peak and no loss curve, each
+# of which costs a run about half a second of both cores (a measured SGEMM, matplotlib); the
+# scripts check neither (train_peak.sh and install.sh check them, calling chorus-train themselves).
+chorus_train() { "$build/chorus-train" "$@" --peak-tflops 1 --no-plot; }
+
 # Trains the job file $1 as run $2 (output in $work/$2, log in $work/$2.log; the prepared data shared
 # in $work/data) with chorus-train options $3...; prints the last two lines, or the log and fails.
 train_run() {
   local job=$1 name=$2
   shift 2
-  "$build/chorus-train" "$job" --out "$work/$name" --set data.dir="\"$work/data\"" "$@" >"$work/$name.log" 2>&1 ||
+  chorus_train "$job" --out "$work/$name" --set data.dir="\"$work/data\"" "$@" >"$work/$name.log" 2>&1 ||
     { cat "$work/$name.log"; fail "chorus-train $*"; }
   tail -n 2 "$work/$name.log"
 }

@@ -9,12 +9,11 @@
 # Resumed on 2 ranks ZeRO-3 with the optimizer state and parameters offloaded to a file, the losses
 # must be those of the same resumption in memory, bit for bit.
 source "$(dirname "$0")/lib.sh"
-train="$build/chorus-train"
 job="$source_dir/tests/data/jobs/parity.toml"
 common=(--set data.dir="\"$work/data\"" --set run.checkpoint_every=5 --ranks 4 --set batch.micro=2)
-"$train" "$job" --out "$work/whole" "${common[@]}" >"$work/whole.log" 2>&1 || { cat "$work/whole.log"; fail "whole run"; }
+chorus_train "$job" --out "$work/whole" "${common[@]}" >"$work/whole.log" 2>&1 || { cat "$work/whole.log"; fail "whole run"; }
 
-if CHORUS_TRAIN_CRASH_IN_SAVE=15 "$train" "$job" --out "$work/cut" "${common[@]}" >"$work/cut.log" 2>&1; then
+if CHORUS_TRAIN_CRASH_IN_SAVE=15 chorus_train "$job" --out "$work/cut" "${common[@]}" >"$work/cut.log" 2>&1; then
   cat "$work/cut.log"
   fail "the run meant to die while saving step 15 exited 0"
 fi
@@ -22,16 +21,16 @@ grep -q "rank 0 .*exited with status 137" "$work/cut.log" || { cat "$work/cut.lo
 [ -f "$work/cut/checkpoint.bin.tmp" ] || fail "no half-written checkpoint.bin.tmp beside the checkpoint"
 cp -r "$work/cut" "$work/cut2"
 
-"$train" "$job" --out "$work/cut" "${common[@]}" --resume >"$work/resume.log" 2>&1 || { cat "$work/resume.log"; fail "resume"; }
+chorus_train "$job" --out "$work/cut" "${common[@]}" --resume >"$work/resume.log" 2>&1 || { cat "$work/resume.log"; fail "resume"; }
 grep -q "resumed from .* at step 10" "$work/resume.log" || { cat "$work/resume.log"; fail "did not resume at step 10"; }
-"$train" "$job" --out "$work/cut2" --set data.dir="\"$work/data\"" --ranks 2 --zero 3 --set batch.micro=4 --resume \
+chorus_train "$job" --out "$work/cut2" --set data.dir="\"$work/data\"" --ranks 2 --zero 3 --set batch.micro=4 --resume \
   >"$work/reshard.log" 2>&1 || { cat "$work/reshard.log"; fail "resume on 2 ranks, ZeRO-3"; }
 
 resume_as() {  # name, copy of the cut run to resume, then options
   local name=$1 from=$2
   shift 2
   cp -r "$work/$from" "$work/$name"
-  "$train" "$job" --out "$work/$name" --set data.dir="\"$work/data\"" --resume "$@" >"$work/$name.log" 2>&1 ||
+  chorus_train "$job" --out "$work/$name" --set data.dir="\"$work/data\"" --resume "$@" >"$work/$name.log" 2>&1 ||
     { cat "$work/$name.log"; fail "resume as $name"; }
   grep -q "resumed from .* at step 10" "$work/$name.log" || { cat "$work/$name.log"; fail "$name did not resume at step 10"; }
 }
@@ -42,7 +41,7 @@ resume_as offload cut2 --ranks 2 --zero 3 --set batch.micro=4 --offload file --s
   --set offload.window_mb=0.05
 # Written by tp2 x dp2, resumed as dp4.
 tp_layout=(--ranks 4 --tp 2 --set batch.micro=4 --set run.checkpoint_every=5 --set data.dir="\"$work/data\"")
-if CHORUS_TRAIN_CRASH_IN_SAVE=15 "$train" "$job" --out "$work/tpcut" "${tp_layout[@]}" >"$work/tpcut.log" 2>&1; then
+if CHORUS_TRAIN_CRASH_IN_SAVE=15 chorus_train "$job" --out "$work/tpcut" "${tp_layout[@]}" >"$work/tpcut.log" 2>&1; then
   fail "the tp2 x dp2 run meant to die while saving step 15 exited 0"
 fi
 resume_as from_tp tpcut --ranks 4 --set batch.micro=2
@@ -52,14 +51,14 @@ resume_as pp2 cut2 --ranks 4 --pp 2 --zero 1 --set batch.micro=2 --set batch.acc
 resume_as tp_to_pp tpcut --ranks 4 --pp 2 --set batch.micro=2 --set batch.accumulate=2
 pp_layout=(--ranks 4 --tp 2 --pp 2 --set batch.micro=4 --set batch.accumulate=2 --set run.checkpoint_every=5
   --set data.dir="\"$work/data\"")
-if CHORUS_TRAIN_CRASH_IN_SAVE=15 "$train" "$job" --out "$work/ppcut" "${pp_layout[@]}" >"$work/ppcut.log" 2>&1; then
+if CHORUS_TRAIN_CRASH_IN_SAVE=15 chorus_train "$job" --out "$work/ppcut" "${pp_layout[@]}" >"$work/ppcut.log" 2>&1; then
   fail "the pp2 x tp2 run meant to die while saving step 15 exited 0"
 fi
 resume_as from_pp ppcut --ranks 4 --set batch.micro=2
 # Context parallel: the dp4 checkpoint resumed as cp2 x dp2, and one written by tp2 x cp2 as dp4.
 resume_as cp2 cut2 --ranks 4 --cp 2 --zero 1 --set batch.micro=4
 cp_layout=(--ranks 4 --tp 2 --cp 2 --set batch.micro=8 --set run.checkpoint_every=5 --set data.dir="\"$work/data\"")
-if CHORUS_TRAIN_CRASH_IN_SAVE=15 "$train" "$job" --out "$work/cpcut" "${cp_layout[@]}" >"$work/cpcut.log" 2>&1; then
+if CHORUS_TRAIN_CRASH_IN_SAVE=15 chorus_train "$job" --out "$work/cpcut" "${cp_layout[@]}" >"$work/cpcut.log" 2>&1; then
   fail "the tp2 x cp2 run meant to die while saving step 15 exited 0"
 fi
 resume_as from_cp cpcut --ranks 4 --set batch.micro=2

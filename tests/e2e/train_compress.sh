@@ -10,11 +10,10 @@
 #    papers), rank-4 PowerSGD ends within 2% of fp32, and top-k at 0.1% ends within 2% of fp32 with
 #    its error feedback and at least 5% higher without (sign's pair is not run: see the end).
 source "$(dirname "$0")/lib.sh"
-train="$build/chorus-train"
 run() {  # name, steps, then chorus-train options
   local name=$1 steps=$2
   shift 2
-  "$train" "$source_dir/jobs/tiny.toml" --out "$work/$name" --steps $steps --set data.dir="\"$work/data\"" \
+  chorus_train "$source_dir/jobs/tiny.toml" --out "$work/$name" --steps $steps --set data.dir="\"$work/data\"" \
     --set run.eval_every=0 --set run.checkpoint_every=0 --set run.log_every=100 --set compress.warmup_steps=30 \
     "$@" >"$work/$name.log" 2>&1 || { cat "$work/$name.log"; fail "chorus-train $*"; }
   tail -n 2 "$work/$name.log"

@@ -14,7 +14,6 @@
 # chunks (their exchanges overlapping the experts), the losses stay those of one rank, and
 # metrics.json's profile of the MoE layers says how many chunks overlapped.
 source "$(dirname "$0")/lib.sh"
-train="$build/chorus-train"
 job="$source_dir/tests/data/jobs/parity.toml"
 moe=(--set model.experts=4 --set model.top_k=2 --set model.expert_hidden=96 --set model.swiglu=true
   --set model.aux_loss=0.01 --set model.z_loss=0.001 --set batch.micro=2)
@@ -44,7 +43,7 @@ run pp2_ep2 --ranks 4 --pp 2 --ep 2 --zero 1 --set batch.accumulate=2
 run cp2_ep2 --ranks 4 --cp 2 --ep 2 --set model.aux_loss=0 --set batch.accumulate=2
 # A checkpoint of ep 2, cut at step 15 (the step-10 one stands), resumed under three layouts.
 ep2_ckpt=(--ranks 2 --ep 2 --set batch.accumulate=2 --set run.checkpoint_every=5)
-if CHORUS_TRAIN_CRASH_IN_SAVE=15 "$train" "$job" --out "$work/epcut" --set data.dir="\"$work/data\"" "${moe[@]}" \
+if CHORUS_TRAIN_CRASH_IN_SAVE=15 chorus_train "$job" --out "$work/epcut" --set data.dir="\"$work/data\"" "${moe[@]}" \
   "${ep2_ckpt[@]}" >"$work/epcut.log" 2>&1; then
   fail "the ep 2 run meant to die while saving step 15 exited 0"
 fi
@@ -56,7 +55,7 @@ for resumed in "resume_ep2 --ranks 2 --ep 2 --set batch.accumulate=2" "resume_ep
   grep -q "resumed from .* at step 10" "$work/${args[0]}.log" || fail "${args[0]} did not resume at step 10"
 done
 # ep must divide the data-parallel ranks and the experts.
-if "$train" "$job" --out "$work/bad" --set data.dir="\"$work/data\"" "${moe[@]}" --ranks 4 --ep 3 >"$work/bad.log" 2>&1; then
+if chorus_train "$job" --out "$work/bad" --set data.dir="\"$work/data\"" "${moe[@]}" --ranks 4 --ep 3 >"$work/bad.log" 2>&1; then
   fail "ep 3 of 4 ranks was accepted"
 fi
 grep -q "ep = 3 does not divide the 4 data-parallel ranks" "$work/bad.log" || { cat "$work/bad.log"; fail "no clear ep error"; }

@@ -35,7 +35,7 @@ run wide_file "${wide[@]}" --offload file --set offload.window_mb=2
 refused() {  # the reason expected, then options
   local reason=$1
   shift
-  if "$build/chorus-train" "$job" --out "$work/refused" --set data.dir="\"$work/data\"" --ranks 2 --offload file \
+  if chorus_train "$job" --out "$work/refused" --set data.dir="\"$work/data\"" --ranks 2 --offload file \
     "$@" >"$work/refused.log" 2>&1; then
     fail "offload with $* was accepted"
   fi

@@ -15,7 +15,6 @@
 # The planner (chorus-plan) must predict every layout's bytes per rank: the state within the
 # runtime's padding (2%), the activations within 0.1%.
 source "$(dirname "$0")/lib.sh"
-train="$build/chorus-train"
 job="$source_dir/tests/data/jobs/parity.toml"
 run() { train_run "$job" "$1" --set run.checkpoint_every=20 "${@:2}"; }  # name, then options
 run one --ranks 1 --set batch.micro=8

@@ -2,7 +2,8 @@
 # this machine's fp32 peak in the calibration file; a run then takes it (the banner and
 # metrics.json say "calibrated" and carry its value); a declared peak (--peak-tflops) comes
 # before it, and one far below the machine's makes MFU print over 100% with the reason; without
-# either, the peak is measured at start and the banner says so.
+# either, the peak is measured at start and the banner says so. A run draws its loss curve
+# (OUT/loss.png) at the end unless told not to (--no-plot, [run] plot = false).
 source "$(dirname "$0")/lib.sh"
 train="$build/chorus-train"
 job="$source_dir/tests/data/jobs/parity.toml"
@@ -17,13 +18,17 @@ run() {  # name, then chorus-train options
   grep "GEMM peak" "$work/$name.log"
 }
 run calibrated
-run declared --peak-tflops 0.0001
+run declared --peak-tflops 0.0001 --no-plot
 CHORUS_CALIBRATION="$work/none.json" run measured
 grep -q "GEMM peak for MFU: .*, calibrated ($CHORUS_CALIBRATION" "$work/calibrated.log" || fail "no calibrated peak"
 grep -q "GEMM peak for MFU: 0.1 GFLOP/s, declared" "$work/declared.log" || fail "no declared peak"
 grep -q "MFU [0-9.]*% (over 100%: the declared peak is below this machine's)" "$work/declared.log" ||
   fail "an MFU over 100% without its reason"
 grep -q "GEMM peak for MFU: .*, measured now" "$work/measured.log" || fail "no measured peak"
+[ -s "$work/calibrated/loss.png" ] || fail "no loss curve from a run with the plot left on"
+[ ! -e "$work/declared/loss.png" ] || fail "--no-plot drew the loss curve"
+grep -q "^chorus-train: metrics in $work/declared/metrics.csv and metrics.json$" "$work/declared.log" ||
+  fail "--no-plot: no line naming the metrics"
 # The BLAS kernels: the launcher measures its peak with the ones the ranks run. Where OpenBLAS took
 # this CPU for a pre-AVX2 one (it does with a CPU model it does not know), they are the kernels
 # the CPU's AVX2 or AVX-512 allow; OPENBLAS_CORETYPE or [run] blas_coretype, where given, is kept.
@@ -71,4 +76,4 @@ assert d["mean_mfu"] > 1, d["mean_mfu"]
 print(f"calibrated {gflops:.1f} GFLOP/s for {machine}; the run took it; a declared 0.1 GFLOP/s gave MFU "
       f"{100 * d['mean_mfu']:.0f}%")
 PY
-echo "train_peak: declared, calibrated and measured peaks each said and used"
+echo "train_peak: declared, calibrated and measured peaks each said and used; the loss curve drawn or left out"

@@ -11,7 +11,6 @@
 # and skips as the uninterrupted run (the loss scale is in the checkpoint). The planner must predict
 # the bf16 runs' bytes per rank as it does fp32's (activations within 0.1%).
 source "$(dirname "$0")/lib.sh"
-train="$build/chorus-train"
 job="$source_dir/tests/data/jobs/parity.toml"
 run() { train_run "$job" "$1" --set run.checkpoint_every=20 "${@:2}"; }  # name, then options
 l4=(--set model.layers=4 --set batch.micro=2 --set batch.accumulate=4)
@@ -36,12 +35,12 @@ run b_moe_ep2 --ranks 2 --ep 2 "${moe[@]}" --set batch.accumulate=2 --precision 
 # stays), then resumed.
 overflow=(--ranks 1 "${l4[@]}" --precision fp16 --set precision.loss_scale=16777216 --set precision.growth_interval=4)
 run h_overflow "${overflow[@]}"
-if CHORUS_TRAIN_CRASH_IN_SAVE=15 "$train" "$job" --out "$work/h_cut" --set data.dir="\"$work/data\"" \
+if CHORUS_TRAIN_CRASH_IN_SAVE=15 chorus_train "$job" --out "$work/h_cut" --set data.dir="\"$work/data\"" \
   --set run.checkpoint_every=5 "${overflow[@]}" >"$work/h_cut.log" 2>&1; then
   cat "$work/h_cut.log"
   fail "the fp16 run meant to die while saving step 15 exited 0"
 fi
-"$train" "$job" --out "$work/h_cut" --set data.dir="\"$work/data\"" --set run.checkpoint_every=5 "${overflow[@]}" \
+chorus_train "$job" --out "$work/h_cut" --set data.dir="\"$work/data\"" --set run.checkpoint_every=5 "${overflow[@]}" \
   --resume >"$work/h_resume.log" 2>&1 || { cat "$work/h_resume.log"; fail "fp16 resume"; }
 grep -q "resumed from .* at step 10" "$work/h_resume.log" || { cat "$work/h_resume.log"; fail "no resume at step 10"; }
 grep -q "scale .* | skipped" "$work/h_overflow.log" || { cat "$work/h_overflow.log"; fail "no scale on the progress line"; }

@@ -26,16 +26,16 @@ run diloco5_bf16 --set 'parallel.sync="diloco:5"' --compress bf16
 ckpt=(--set run.checkpoint_every=10 --set data.dir="\"$work/data\"")
 for mode in local diloco; do
   run "${mode}_whole" --set "parallel.sync=\"$mode:5\"" --set run.checkpoint_every=10
-  if CHORUS_TRAIN_CRASH_IN_SAVE=20 "$build/chorus-train" "$job" --out "$work/${mode}_cut" "${ckpt[@]}" --ranks 4 \
+  if CHORUS_TRAIN_CRASH_IN_SAVE=20 chorus_train "$job" --out "$work/${mode}_cut" "${ckpt[@]}" --ranks 4 \
     --set batch.micro=2 --set "parallel.sync=\"$mode:5\"" >"$work/${mode}_cut.log" 2>&1; then
     fail "the $mode:5 run meant to die while saving step 20 exited 0"
   fi
-  "$build/chorus-train" "$job" --out "$work/${mode}_cut" "${ckpt[@]}" --ranks 4 --set batch.micro=2 \
+  chorus_train "$job" --out "$work/${mode}_cut" "${ckpt[@]}" --ranks 4 --set batch.micro=2 \
     --set "parallel.sync=\"$mode:5\"" --resume \
     >"$work/${mode}_resume.log" 2>&1 || { cat "$work/${mode}_resume.log"; fail "$mode:5 resume"; }
   grep -q "resumed from .* at step 10" "$work/${mode}_resume.log" || fail "$mode:5 did not resume at step 10"
 done
-if "$build/chorus-train" "$job" --out "$work/local_cut" "${ckpt[@]}" --ranks 2 --set batch.micro=4 \
+if chorus_train "$job" --out "$work/local_cut" "${ckpt[@]}" --ranks 2 --set batch.micro=4 \
   --set 'parallel.sync="local:5"' --resume >"$work/reranked.log" 2>&1; then
   fail "a local:5 checkpoint of 4 ranks resumed on 2"
 fi
@@ -44,7 +44,7 @@ grep -q "each of 4 data-parallel ranks' own optimizer state" "$work/reranked.log
 tail -n 2 "$work/reranked.log" | head -n 1
 for refused in "--zero 1" "--set run.checkpoint_every=3"; do
   # shellcheck disable=SC2086
-  if "$build/chorus-train" "$job" --out "$work/refused" --set data.dir="\"$work/data\"" --ranks 4 \
+  if chorus_train "$job" --out "$work/refused" --set data.dir="\"$work/data\"" --ranks 4 \
     --set batch.micro=2 --set 'parallel.sync="local:5"' $refused >"$work/refused.log" 2>&1; then
     fail "local:5 with $refused was accepted"
   fi
