@@ -10,16 +10,13 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <mma.h>
-
-#include "kernels/cuda/block.cuh"
-// A kernel's dynamic shared memory, as `name`.
-#define CHORUS_DYNAMIC_SHARED(name) extern __shared__ __align__(128) unsigned char name[]
 #endif
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/block.cuh"
 #include "kernels/cuda/nn.h"
 
 namespace chorus::kernels::cuda::attention {

@@ -1,9 +1,15 @@
 // block.cuh: what the transformer's CUDA kernels share: sums and maxima over a warp and over a
-// block, element-wise maps 16 bytes at a time, and the host side's grid size, stream cast and
-// launch check.
+// block, element-wise maps 16 bytes at a time, dynamic shared memory, and the host side's grid
+// size, stream cast and launch check. Host code of tests may compile it under
+// tests/support/cuda_emulation.h.
 #pragma once
 
+#ifndef CHORUS_CUDA_EMULATION
 #include <cuda_runtime.h>
+
+// A kernel's dynamic shared memory (the launch's sharedBytes, 128-byte aligned), as `name`.
+#define CHORUS_DYNAMIC_SHARED(name) extern __shared__ __align__(128) unsigned char name[]
+#endif
 
 #include <algorithm>
 #include <cstddef>
@@ -67,7 +73,7 @@ template <typename F, typename... In>
 int mapElements(float* out, size_t n, void* stream, F f, In... in) {
   if (n == 0) return 0;
   const size_t quads = quadsFor(n, {out, in...});
-  mapKernel<<<blocksFor(quads > 0 ? quads : n), kThreads, 0, asStream(stream)>>>(out, n, quads, f, in...);
+  CHORUS_LAUNCH(mapKernel, blocksFor(quads > 0 ? quads : n), kThreads, 0, asStream(stream), out, n, quads, f, in...);
   return launched();
 }
 

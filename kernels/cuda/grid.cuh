@@ -1,8 +1,16 @@
 // grid.cuh: what every grid-stride CUDA kernel of kernels/cuda/ shares: this thread's index in the
-// grid and the grid's size, and the 16-byte alignment that lets a kernel load 16 bytes at a time.
+// grid and the grid's size, the 16-byte alignment that lets a kernel load 16 bytes at a time, and
+// the launch line, which tests/support/cuda_emulation.h turns into a run on host threads.
 #pragma once
 
+#ifndef CHORUS_CUDA_EMULATION
 #include <cuda_runtime.h>
+
+// CHORUS_LAUNCH(kernel, grid, threads, sharedBytes, stream, arguments...): kernel<<<grid, threads,
+// sharedBytes, stream>>>(arguments...), written so that the emulation can run the same line.
+#define CHORUS_LAUNCH(kernel, grid, threads, sharedBytes, stream, ...) \
+  kernel<<<grid, threads, sharedBytes, stream>>>(__VA_ARGS__)
+#endif
 
 #include <cstddef>
 #include <cstdint>

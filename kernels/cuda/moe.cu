@@ -4,7 +4,9 @@
 // one) by a block-wide prefix count, dropping those past the capacity, then the experts' offsets
 // added to the rows. Dispatch and combine go a block per choice or per token, a token's choices in
 // order; products that the reference rounds separately are rounded separately here too.
+#ifndef CHORUS_CUDA_EMULATION
 #include <cuda_runtime.h>
+#endif
 
 #include <cmath>
 
@@ -87,7 +89,7 @@ __global__ void placeKernel(int* row, int* assigned, int* counts, const int* exp
     __syncthreads();
     int place = before + inWarp;
     int chunk = 0;
-    for (int w = 0; w < blockDim.x / kWarp; ++w) {
+    for (int w = 0; w < kPlaceThreads / kWarp; ++w) {
       if (w < warp) place += warpCounts[w];
       chunk += warpCounts[w];
     }
@@ -104,7 +106,8 @@ __global__ void placeKernel(int* row, int* assigned, int* counts, const int* exp
 // expert order); the first thread counts the choices dropped.
 __global__ void offsetRowsKernel(int* row, int* dropped, const int* expert, const int* assigned, const int* counts,
                                  int total, int E) {
-  extern __shared__ int offsets[];  // E + 1
+  CHORUS_DYNAMIC_SHARED(bytes);
+  int* offsets = reinterpret_cast<int*>(bytes);  // E + 1
   if (threadIdx.x == 0) {
     offsets[0] = 0;
     for (int e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
@@ -132,7 +135,8 @@ __global__ void columnSumsKernel(float* sums, const float* probs, int n, int E) 
 __global__ void routerBackwardKernel(float* dlogits, const float* dgate, const float* probs, const float* lse,
                                      const int* expert, const float* gate, const int* row, const int* assigned,
                                      int total, int E, int k, bool normalize, double auxPerToken, float zScale) {
-  extern __shared__ float dp[];  // E
+  CHORUS_DYNAMIC_SHARED(bytes);
+  float* dp = reinterpret_cast<float*>(bytes);  // E
   const int i = blockIdx.x;
   const float* p = probs + static_cast<size_t>(i) * E;
   for (int e = threadIdx.x; e < E; e += blockDim.x) dp[e] = static_cast<float>(auxPerToken * assigned[e]);
@@ -283,8 +287,8 @@ __global__ void swigluBackwardKernel(float* dinp, const float* inp, const float*
 int routerSoftmax(float* probs, float* lse, const float* logits, int n, int E, void* stream) {
   if (n == 0) return 0;
   constexpr int kRowsPerBlock = kThreads / kWarp;
-  routerSoftmaxKernel<<<(n + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, asStream(stream)>>>(probs, lse, logits, n,
-                                                                                                  E);
+  CHORUS_LAUNCH(routerSoftmaxKernel, (n + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, asStream(stream), probs, lse,
+                logits, n, E);
   return launched();
 }
 
@@ -293,19 +297,19 @@ int routeTopK(int* expert, float* gate, int* row, int* assigned, int* counts, in
   if (k < 1 || k > kMaxChoices || k > E || E > kMaxExperts) return static_cast<int>(cudaErrorInvalidValue);
   const cudaStream_t s = asStream(stream);
   if (n > 0) {
-    topKKernel<<<(n + kThreads - 1) / kThreads, kThreads, 0, s>>>(expert, gate, probs, n, E, k, normalize);
+    CHORUS_LAUNCH(topKKernel, (n + kThreads - 1) / kThreads, kThreads, 0, s, expert, gate, probs, n, E, k, normalize);
     if (const int error = launched()) return error;
   }
-  placeKernel<<<E, kPlaceThreads, 0, s>>>(row, assigned, counts, expert, n, k, capacity);
+  CHORUS_LAUNCH(placeKernel, E, kPlaceThreads, 0, s, row, assigned, counts, expert, n, k, capacity);
   if (const int error = launched()) return error;
   const int total = n * k;
-  offsetRowsKernel<<<std::max(1, (total + kThreads - 1) / kThreads), kThreads, (E + 1) * sizeof(int), s>>>(
-      row, dropped, expert, assigned, counts, total, E);
+  CHORUS_LAUNCH(offsetRowsKernel, std::max(1, (total + kThreads - 1) / kThreads), kThreads, (E + 1) * sizeof(int), s,
+                row, dropped, expert, assigned, counts, total, E);
   return launched();
 }
 
 int routerColumnSums(float* sums, const float* probs, int n, int E, void* stream) {
-  columnSumsKernel<<<E, kThreads, 0, asStream(stream)>>>(sums, probs, n, E);
+  CHORUS_LAUNCH(columnSumsKernel, E, kThreads, 0, asStream(stream), sums, probs, n, E);
   return launched();
 }
 
@@ -315,46 +319,50 @@ int routerBackward(float* dlogits, const float* dgate, const float* probs, const
   if (n == 0) return 0;
   if (E > kMaxExperts) return static_cast<int>(cudaErrorInvalidValue);
   const double auxPerToken = static_cast<double>(auxScale) * E / (static_cast<double>(total) * total * k);
-  routerBackwardKernel<<<n, 128, E * sizeof(float), asStream(stream)>>>(
-      dlogits, dgate, probs, lse, expert, gate, row, assigned, total, E, k, normalize, auxPerToken, zScale);
+  CHORUS_LAUNCH(routerBackwardKernel, n, 128, E * sizeof(float), asStream(stream), dlogits, dgate, probs, lse, expert,
+                gate, row, assigned, total, E, k, normalize, auxPerToken, zScale);
   return launched();
 }
 
 int moeDispatch(float* buffer, const float* x, const int* row, int n, int k, int C, void* stream) {
   if (n * k == 0) return 0;
-  dispatchKernel<<<n * k, kThreads, 0, asStream(stream)>>>(buffer, x, row, k, C, rowsByQuads(C, {buffer, x}));
+  CHORUS_LAUNCH(dispatchKernel, n * k, kThreads, 0, asStream(stream), buffer, x, row, k, C,
+                rowsByQuads(C, {buffer, x}));
   return launched();
 }
 
 int moeDispatchBackward(float* dx, const float* dbuffer, const int* row, int n, int k, int C, void* stream) {
   if (n == 0) return 0;
-  dispatchBackwardKernel<<<n, kThreads, 0, asStream(stream)>>>(dx, dbuffer, row, k, C, rowsByQuads(C, {dx, dbuffer}));
+  CHORUS_LAUNCH(dispatchBackwardKernel, n, kThreads, 0, asStream(stream), dx, dbuffer, row, k, C,
+                rowsByQuads(C, {dx, dbuffer}));
   return launched();
 }
 
 int moeCombine(float* out, const float* y, const int* row, const float* gate, int n, int k, int C, void* stream) {
   if (n == 0) return 0;
-  combineKernel<<<n, kThreads, 0, asStream(stream)>>>(out, y, row, gate, k, C, rowsByQuads(C, {out, y}));
+  CHORUS_LAUNCH(combineKernel, n, kThreads, 0, asStream(stream), out, y, row, gate, k, C, rowsByQuads(C, {out, y}));
   return launched();
 }
 
 int moeCombineBackward(float* dy, float* dgate, const float* dout, const float* y, const int* row, const float* gate,
                        int n, int k, int C, void* stream) {
   if (n * k == 0) return 0;
-  combineBackwardKernel<<<n * k, kThreads, 0, asStream(stream)>>>(dy, dgate, dout, y, row, gate, k, C,
-                                                                  rowsByQuads(C, {dy, dout, y}));
+  CHORUS_LAUNCH(combineBackwardKernel, n * k, kThreads, 0, asStream(stream), dy, dgate, dout, y, row, gate, k, C,
+                rowsByQuads(C, {dy, dout, y}));
   return launched();
 }
 
 int swigluForward(float* out, const float* inp, int n, int h, void* stream) {
   if (n == 0 || h == 0) return 0;
-  swigluForwardKernel<<<blocksFor(static_cast<size_t>(n) * h), kThreads, 0, asStream(stream)>>>(out, inp, n, h);
+  CHORUS_LAUNCH(swigluForwardKernel, blocksFor(static_cast<size_t>(n) * h), kThreads, 0, asStream(stream), out, inp, n,
+                h);
   return launched();
 }
 
 int swigluBackward(float* dinp, const float* inp, const float* dout, int n, int h, void* stream) {
   if (n == 0 || h == 0) return 0;
-  swigluBackwardKernel<<<blocksFor(static_cast<size_t>(n) * h), kThreads, 0, asStream(stream)>>>(dinp, inp, dout, n, h);
+  CHORUS_LAUNCH(swigluBackwardKernel, blocksFor(static_cast<size_t>(n) * h), kThreads, 0, asStream(stream), dinp, inp,
+                dout, n, h);
   return launched();
 }
 

@@ -3,7 +3,9 @@
 // kernels/cpu/nn.cc formula for formula. Attention is in attention.cu, the products in matmul.cu.
 // Sums over rows that the CPU folds in order are folded here in a fixed order too (per block of
 // rows, then the blocks in order), so a run repeats bit for bit.
+#ifndef CHORUS_CUDA_EMULATION
 #include <cuda_runtime.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -433,17 +435,17 @@ int embeddingForward(float* out, const int* tokens, const float* wte, const floa
                      int vcount, const int* positions, void* stream) {
   if (B * T == 0) return 0;
   const bool byQuads = rowsByQuads(C, {out, wte, wpe});
-  embeddingForwardKernel<<<B * T, kThreads, 0, asStream(stream)>>>(out, tokens, wte, wpe, T, C, v0, vcount, positions,
-                                                                   byQuads);
+  CHORUS_LAUNCH(embeddingForwardKernel, B * T, kThreads, 0, asStream(stream), out, tokens, wte, wpe, T, C, v0, vcount,
+                positions, byQuads);
   return launched();
 }
 
 int embeddingBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v0,
                       int vcount, const int* positions, void* stream) {
   if (B * T == 0) return 0;
-  embeddingTokenBackwardKernel<<<B * T, kThreads, 0, asStream(stream)>>>(dwte, dout, tokens, C, v0, vcount);
+  CHORUS_LAUNCH(embeddingTokenBackwardKernel, B * T, kThreads, 0, asStream(stream), dwte, dout, tokens, C, v0, vcount);
   if (const int error = launched()) return error;
-  embeddingPositionBackwardKernel<<<T, kThreads, 0, asStream(stream)>>>(dwpe, dout, B, T, C, positions);
+  CHORUS_LAUNCH(embeddingPositionBackwardKernel, T, kThreads, 0, asStream(stream), dwpe, dout, B, T, C, positions);
   return launched();
 }
 
@@ -451,8 +453,8 @@ int layernormForward(float* out, float* mean, float* rstd, const float* inp, con
                      int n, int c, void* stream) {
   if (n == 0) return 0;
   const int rowsPerBlock = kThreads / kWarp;
-  layernormForwardKernel<<<(n + rowsPerBlock - 1) / rowsPerBlock, kThreads, 0, asStream(stream)>>>(
-      out, mean, rstd, inp, weight, bias, n, c, rowsByQuads(c, {out, inp, weight, bias}));
+  CHORUS_LAUNCH(layernormForwardKernel, (n + rowsPerBlock - 1) / rowsPerBlock, kThreads, 0, asStream(stream), out, mean,
+                rstd, inp, weight, bias, n, c, rowsByQuads(c, {out, inp, weight, bias}));
   return launched();
 }
 
@@ -465,14 +467,14 @@ int layernormBackward(float* dinp, float* dweight, float* dbias, const float* do
   if (n == 0) return 0;
   const int blocks = foldBlocks(n);
   const int rowsPerBlock = (n + blocks - 1) / blocks;
-  layernormBackwardKernel<<<blocks, kThreads, 0, asStream(stream)>>>(
-      dinp, scratch, dout, inp, weight, mean, rstd, n, c, rowsPerBlock, rowsByQuads(c, {dinp, dout, inp, weight}));
+  CHORUS_LAUNCH(layernormBackwardKernel, blocks, kThreads, 0, asStream(stream), dinp, scratch, dout, inp, weight, mean,
+                rstd, n, c, rowsPerBlock, rowsByQuads(c, {dinp, dout, inp, weight}));
   if (const int error = launched()) return error;
   const unsigned columnBlocks = (c + kThreads - 1) / kThreads;
-  foldColumnsKernel<<<columnBlocks, kThreads, 0, asStream(stream)>>>(dweight, scratch, blocks, c);
+  CHORUS_LAUNCH(foldColumnsKernel, columnBlocks, kThreads, 0, asStream(stream), dweight, scratch, blocks, c);
   if (const int error = launched()) return error;
-  foldColumnsKernel<<<columnBlocks, kThreads, 0, asStream(stream)>>>(dbias, scratch + static_cast<size_t>(blocks) * c,
-                                                                     blocks, c);
+  CHORUS_LAUNCH(foldColumnsKernel, columnBlocks, kThreads, 0, asStream(stream), dbias,
+                scratch + static_cast<size_t>(blocks) * c, blocks, c);
   return launched();
 }
 
@@ -481,9 +483,10 @@ int columnSums(float* dst, const float* src, int n, int c, float* scratch, void*
   const int blocks = foldBlocks(n);
   const int rowsPerBlock = (n + blocks - 1) / blocks;
   const unsigned columnBlocks = (c + kThreads - 1) / kThreads;
-  columnPartialsKernel<<<dim3(columnBlocks, blocks), kThreads, 0, asStream(stream)>>>(scratch, src, n, c, rowsPerBlock);
+  CHORUS_LAUNCH(columnPartialsKernel, dim3(columnBlocks, blocks), kThreads, 0, asStream(stream), scratch, src, n, c,
+                rowsPerBlock);
   if (const int error = launched()) return error;
-  foldColumnsKernel<<<columnBlocks, kThreads, 0, asStream(stream)>>>(dst, scratch, blocks, c);
+  CHORUS_LAUNCH(foldColumnsKernel, columnBlocks, kThreads, 0, asStream(stream), dst, scratch, blocks, c);
   return launched();
 }
 
@@ -502,55 +505,58 @@ int residualForward(float* out, const float* a, const float* b, size_t n, void* 
 int residualBackward(float* da, float* db, const float* dout, size_t n, void* stream) {
   if (n == 0) return 0;
   const size_t quads = quadsFor(n, {da, db, dout});
-  residualBackwardKernel<<<blocksFor(quads > 0 ? quads : n), kThreads, 0, asStream(stream)>>>(da, db, dout, n, quads);
+  CHORUS_LAUNCH(residualBackwardKernel, blocksFor(quads > 0 ? quads : n), kThreads, 0, asStream(stream), da, db, dout,
+                n, quads);
   return launched();
 }
 
 int addRows(float* dst, size_t dstStride, const float* src, size_t srcStride, size_t width, size_t rows, void* stream) {
   if (width * rows == 0) return 0;
-  addRowsKernel<<<blocksFor(width * rows), kThreads, 0, asStream(stream)>>>(dst, dstStride, src, srcStride, width,
-                                                                            rows);
+  CHORUS_LAUNCH(addRowsKernel, blocksFor(width * rows), kThreads, 0, asStream(stream), dst, dstStride, src, srcStride,
+                width, rows);
   return launched();
 }
 
 int addIndexedRows(float* out, const float* table, const int* index, size_t width, size_t rows, void* stream) {
   if (width * rows == 0) return 0;
-  addIndexedRowsKernel<<<blocksFor(width * rows), kThreads, 0, asStream(stream)>>>(out, table, index, width, rows);
+  CHORUS_LAUNCH(addIndexedRowsKernel, blocksFor(width * rows), kThreads, 0, asStream(stream), out, table, index, width,
+                rows);
   return launched();
 }
 
 int crossEntropyForward(float* probs, float* losses, const float* logits, const int* targets, int n, int v,
                         void* stream) {
   if (n == 0) return 0;
-  crossEntropyForwardKernel<<<n, kRowThreads, 0, asStream(stream)>>>(probs, losses, logits, targets, v);
+  CHORUS_LAUNCH(crossEntropyForwardKernel, n, kRowThreads, 0, asStream(stream), probs, losses, logits, targets, v);
   return launched();
 }
 
 int crossEntropyShardMax(float* rowMax, const float* logits, int n, int v, void* stream) {
   if (n == 0) return 0;
-  crossEntropyMaxKernel<<<n, kRowThreads, 0, asStream(stream)>>>(rowMax, logits, v);
+  CHORUS_LAUNCH(crossEntropyMaxKernel, n, kRowThreads, 0, asStream(stream), rowMax, logits, v);
   return launched();
 }
 
 int crossEntropyShardExp(float* probs, float* sums, float* targetLogits, const float* logits, const float* rowMax,
                          const int* targets, int n, int v, int v0, void* stream) {
   if (n == 0) return 0;
-  crossEntropyExpKernel<<<n, kRowThreads, 0, asStream(stream)>>>(probs, sums, targetLogits, logits, rowMax, targets, v,
-                                                                 v0);
+  CHORUS_LAUNCH(crossEntropyExpKernel, n, kRowThreads, 0, asStream(stream), probs, sums, targetLogits, logits, rowMax,
+                targets, v, v0);
   return launched();
 }
 
 int crossEntropyShardLoss(float* probs, float* losses, const float* sums, const float* rowMax,
                           const float* targetLogits, int n, int v, void* stream) {
   if (n == 0) return 0;
-  crossEntropyLossKernel<<<n, kRowThreads, 0, asStream(stream)>>>(probs, losses, sums, rowMax, targetLogits, v);
+  CHORUS_LAUNCH(crossEntropyLossKernel, n, kRowThreads, 0, asStream(stream), probs, losses, sums, rowMax, targetLogits,
+                v);
   return launched();
 }
 
 int crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale, int v0,
                          void* stream) {
   if (n == 0) return 0;
-  crossEntropyBackwardKernel<<<n, kRowThreads, 0, asStream(stream)>>>(dlogits, probs, targets, v, scale, v0);
+  CHORUS_LAUNCH(crossEntropyBackwardKernel, n, kRowThreads, 0, asStream(stream), dlogits, probs, targets, v, scale, v0);
   return launched();
 }
 
@@ -563,7 +569,8 @@ int adamwStep(float* param, const float* grad, float* m, float* v, size_t n, lon
   const AdamW update{decay, s.beta1, s.beta2, static_cast<float>(s.lr / bc1), static_cast<float>(std::sqrt(bc2)),
                      s.eps};
   const size_t quads = quadsFor(n, {param, grad, m, v});
-  adamwKernel<<<blocksFor(quads > 0 ? quads : n), kThreads, 0, asStream(stream)>>>(param, grad, m, v, n, quads, update);
+  CHORUS_LAUNCH(adamwKernel, blocksFor(quads > 0 ? quads : n), kThreads, 0, asStream(stream), param, grad, m, v, n,
+                quads, update);
   return launched();
 }
 
@@ -571,24 +578,26 @@ int sgdStep(float* param, const float* grad, float* m, size_t n, long step, cons
   if (n == 0) return 0;
   const Sgd update{step <= 1, s.nesterov, s.momentum, s.weightDecay, s.lr};
   const size_t quads = quadsFor(n, {param, grad, m});
-  sgdKernel<<<blocksFor(quads > 0 ? quads : n), kThreads, 0, asStream(stream)>>>(param, grad, m, n, quads, update);
+  CHORUS_LAUNCH(sgdKernel, blocksFor(quads > 0 ? quads : n), kThreads, 0, asStream(stream), param, grad, m, n, quads,
+                update);
   return launched();
 }
 
 size_t sumScratchDoubles() { return kSumBlocks; }
 
 int sumOfSquares(double* result, const float* x, size_t n, double* scratch, void* stream) {
-  partialSumsKernel<true><<<kSumBlocks, kThreads, 0, asStream(stream)>>>(scratch, x, n, quadsFor(n, {x}));
+  CHORUS_LAUNCH(partialSumsKernel<true>, kSumBlocks, kThreads, 0, asStream(stream), scratch, x, n, quadsFor(n, {x}));
   if (const int error = launched()) return error;
-  foldSumsKernel<<<1, 1, 0, asStream(stream)>>>(result, nullptr, scratch, kSumBlocks, 0);
+  CHORUS_LAUNCH(foldSumsKernel, 1, 1, 0, asStream(stream), result, nullptr, scratch, kSumBlocks, 0);
   return launched();
 }
 
 int meanOf(float* result, const float* x, int n, double* scratch, void* stream) {
   const size_t count = static_cast<size_t>(n);
-  partialSumsKernel<false><<<kSumBlocks, kThreads, 0, asStream(stream)>>>(scratch, x, count, quadsFor(count, {x}));
+  CHORUS_LAUNCH(partialSumsKernel<false>, kSumBlocks, kThreads, 0, asStream(stream), scratch, x, count,
+                quadsFor(count, {x}));
   if (const int error = launched()) return error;
-  foldSumsKernel<<<1, 1, 0, asStream(stream)>>>(nullptr, result, scratch, kSumBlocks, n);
+  CHORUS_LAUNCH(foldSumsKernel, 1, 1, 0, asStream(stream), nullptr, result, scratch, kSumBlocks, n);
   return launched();
 }
 

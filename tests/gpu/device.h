@@ -3,7 +3,9 @@
 // fork ranks afterwards (device_collectives_test) need CUDA untouched in the parent.
 #pragma once
 
+#ifndef CHORUS_CUDA_EMULATION
 #include <cuda_runtime.h>
+#endif
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,8 +16,13 @@
 
 namespace chorus::testing {
 
-// True if a CUDA device can be used; otherwise *why says what the runtime reported.
+// True if a CUDA device can be used; otherwise *why says what the runtime reported. Under
+// tests/support/cuda_emulation.h the emulation is the device.
 inline bool haveCudaDevice(std::string* why) {
+#if CHORUS_CUDA_EMULATION
+  (void)why;
+  return true;
+#else
   int pipeFds[2];
   if (pipe(pipeFds) != 0) {
     *why = "pipe() failed";
@@ -40,6 +47,7 @@ inline bool haveCudaDevice(std::string* why) {
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
   *why = got > 0 ? std::string(buffer, static_cast<size_t>(got)) : "the probe process failed";
   return false;
+#endif
 }
 
 // A device copy of a host vector (or n zeroed elements), with 16 bytes of slack past its end;

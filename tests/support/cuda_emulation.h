@@ -1,22 +1,31 @@
-// cuda_emulation.h: the small part of CUDA that kernels/cuda/attention_tc.cuh's kernels are
-// written against, emulated on the host, so that the same kernel source runs (slowly) where there
-// is no GPU: every CUDA thread of a block is a std::thread, __syncthreads and __syncwarp are
-// barriers, a warp's shuffles go through an exchange between two warp barriers, and a WMMA fragment
-// holds its whole 16 x 16 tile in every lane (loads and products computed by each lane, stores
-// written by lane 0 between warp barriers, as the hardware's warp-wide operations order them).
-// What it does not model: the hardware's order of the sums inside one product, memory ordering
-// beyond the barriers, and launch limits (shared memory size, registers). Include it before the
-// kernels' header.
+// cuda_emulation.h: the small part of CUDA that kernels/cuda/'s kernels are written against
+// (attention_tc.cuh's tensor-core attention; nn.cu's and moe.cu's layers and their launchers),
+// emulated on the host, so that the same kernel source runs (slowly) where there is no GPU: every
+// CUDA thread of a block is a std::thread, __syncthreads and __syncwarp are barriers, a warp's
+// shuffles and ballots go through an exchange between two warp barriers, static shared memory is
+// one copy for the whole launch (the blocks run one after another), device memory is host memory
+// (cudaMalloc, cudaMemcpy), and a WMMA fragment holds its whole 16 x 16 tile in every lane (loads
+// and products computed by each lane, stores written by lane 0 between warp barriers, as the
+// hardware's warp-wide operations order them). What it does not model: the hardware's order of
+// the sums inside one product, memory ordering beyond the barriers, blocks running at once,
+// streams (every launch runs to its end before it returns), and launch limits (shared memory
+// size, registers). Include it before the kernels' source.
 #pragma once
 
 #define CHORUS_CUDA_EMULATION 1
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <barrier>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/half.h"
@@ -27,15 +36,59 @@
 #define __forceinline__ inline
 #define __launch_bounds__(threads)
 #define __align__(bytes) alignas(bytes)
+#define __shared__ static  // one copy for the launch: its blocks run one after another
 
 using std::max;
 using std::min;  // as CUDA's device min and max; expf, logf and fmaxf are the C library's
 
 struct EmulatedDim {
-  unsigned x = 1, y = 1, z = 1;
+  constexpr EmulatedDim(unsigned x = 1, unsigned y = 1, unsigned z = 1) : x(x), y(y), z(z) {}
+  unsigned x, y, z;
 };
+using dim3 = EmulatedDim;
 inline thread_local EmulatedDim threadIdx, blockIdx;
 inline EmulatedDim blockDim, gridDim;
+
+struct float2 {
+  float x, y;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+
+// The runtime: device memory is host memory, launches finish before they return, nothing fails.
+using cudaError_t = int;
+constexpr cudaError_t cudaSuccess = 0;
+constexpr cudaError_t cudaErrorInvalidValue = 1;
+using cudaStream_t = void*;
+enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
+template <typename T>
+cudaError_t cudaMalloc(T** p, size_t bytes) {
+  *p = static_cast<T*>(std::aligned_alloc(256, (bytes + 255) / 256 * 256));  // cudaMalloc's alignment
+  return *p != nullptr ? cudaSuccess : 2;                                    // 2: cudaErrorMemoryAllocation
+}
+inline cudaError_t cudaFree(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpy(void* to, const void* from, size_t bytes, cudaMemcpyKind) {
+  std::memcpy(to, from, bytes);
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+
+// Rounded products and sums, never fused (the host compiles for no FMA unless told to).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+
+inline float atomicAdd(float* p, float value) { return std::atomic_ref<float>(*p).fetch_add(value); }
 
 namespace chorus::testing::emulation {
 
@@ -48,7 +101,7 @@ struct Launch {
   }
   std::barrier<> block;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
-  std::vector<float> exchange;
+  std::vector<std::array<unsigned char, 16>> exchange;  // one value per thread, of up to 16 bytes
   std::vector<unsigned char> shared;
 };
 inline thread_local Launch* current = nullptr;
@@ -87,21 +140,42 @@ void launch(Kernel kernel, EmulatedDim grid, int threads, size_t sharedBytes, Ar
 
 }  // namespace chorus::testing::emulation
 
+// kernels/cuda/grid.cuh's launch line, run here: the kernel (a template deduces its arguments from
+// the call, as in a CUDA launch) over the grid, on host threads; the stream is only evaluated.
+#define CHORUS_LAUNCH(kernel, grid, threads, sharedBytes, stream, ...) \
+  (static_cast<void>(stream),                                          \
+   ::chorus::testing::emulation::launch([](auto... a) { kernel(a...); }, grid, threads, sharedBytes, __VA_ARGS__))
+
 #define CHORUS_DYNAMIC_SHARED(name) unsigned char* name = ::chorus::testing::emulation::sharedBytes()
 
 inline void __syncthreads() { chorus::testing::emulation::current->block.arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) {
   chorus::testing::emulation::current->warps[threadIdx.x / 32]->arrive_and_wait();
 }
-inline float __shfl_xor_sync(unsigned, float x, int laneMask) {
+template <typename T>
+T __shfl_xor_sync(unsigned, T x, int laneMask) {
+  static_assert(sizeof(T) <= 16 && std::is_trivially_copyable_v<T>);
   auto& exchange = chorus::testing::emulation::current->exchange;
-  exchange[threadIdx.x] = x;
+  std::memcpy(exchange[threadIdx.x].data(), &x, sizeof(T));
   __syncwarp();
   const unsigned lane = threadIdx.x % 32;
-  const float other = exchange[threadIdx.x - lane + (lane ^ static_cast<unsigned>(laneMask))];
+  T other;
+  std::memcpy(&other, exchange[threadIdx.x - lane + (lane ^ static_cast<unsigned>(laneMask))].data(), sizeof(T));
   __syncwarp();
   return other;
 }
+
+inline unsigned __ballot_sync(unsigned, int predicate) {
+  auto& exchange = chorus::testing::emulation::current->exchange;
+  exchange[threadIdx.x][0] = predicate != 0;
+  __syncwarp();
+  const unsigned first = threadIdx.x - threadIdx.x % 32;
+  unsigned ballot = 0;
+  for (unsigned lane = 0; lane < 32; ++lane) ballot |= static_cast<unsigned>(exchange[first + lane][0]) << lane;
+  __syncwarp();
+  return ballot;
+}
+inline int __popc(unsigned x) { return std::popcount(x); }
 
 // The 16-bit types, converted as the hardware's round-to-nearest-even conversions (half.h's).
 struct __nv_bfloat16 {
@@ -112,19 +186,6 @@ struct __half {
 };
 inline __nv_bfloat16 __float2bfloat16_rn(float x) { return {chorus::kernels::floatToBfloat16(x)}; }
 inline __half __float2half_rn(float x) { return {chorus::kernels::floatToHalf(x)}; }
-
-// block.cuh's warp and block pieces.
-namespace chorus::kernels::cuda {
-constexpr int kWarp = 32;
-inline float warpSum(float x) {
-  for (int offset = kWarp / 2; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
-}
-inline float warpMax(float x) {
-  for (int offset = kWarp / 2; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  return x;
-}
-}  // namespace chorus::kernels::cuda
 
 namespace nvcuda::wmma {
 struct matrix_a {};
