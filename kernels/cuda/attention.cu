@@ -11,9 +11,11 @@
 // rows of the other side's tile in shared memory for the dot products (lane = key for scores), and
 // the head's columns are spread over the lanes (lane, lane + 32, ...: kLanes of them) for the
 // weighted sums, the weights passed between lanes by shuffles.
+#ifndef CHORUS_CUDA_EMULATION
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#endif
 
 #include <cmath>
 #include <cstdint>
@@ -360,7 +362,7 @@ int launchTc(Kernel kernel, dim3 grid, size_t bytes, void* stream, Args... args)
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes))) {
     return static_cast<int>(error);
   }
-  kernel<<<grid, kTcWarps * kWarp, bytes, asStream(stream)>>>(args...);
+  CHORUS_LAUNCH(kernel, grid, kTcWarps * kWarp, bytes, asStream(stream), args...);
   return launched();
 }
 
@@ -386,13 +388,16 @@ int backwardTc(const Pair<uint16_t>& p, int batch, int NH, const float* dout, in
 
 // Lanes of the head's columns each lane holds (head size up to 32 lanes), 0 above the largest.
 int lanesFor(int hs) { return hs > kMaxAttentionHeadSize ? 0 : (hs + kWarp - 1) / kWarp; }
+// Whether the kernels take heads of C / NH columns: every entry point asks before it launches
+// anything, so a refused call has touched no memory.
+bool headTaken(int C, int NH) { return NH > 0 && lanesFor(C / NH) > 0; }
 
 template <typename Element, int kLanes>
 int launchForward(const Pair<Element>& p, int batch, int NH, float* out, int outStride, float* rowMax, float* rowSum,
                   void* stream) {
   constexpr int kRows = kWarps * kForwardRows;
-  forwardKernel<Element, kLanes><<<dim3((p.Tq + kRows - 1) / kRows, NH, batch), kWarps * kWarp, 0, asStream(stream)>>>(
-      p, out, outStride, rowMax, rowSum);
+  CHORUS_LAUNCH((forwardKernel<Element, kLanes>), dim3((p.Tq + kRows - 1) / kRows, NH, batch), kWarps * kWarp, 0,
+                asStream(stream), p, out, outStride, rowMax, rowSum);
   return launched();
 }
 
@@ -400,13 +405,11 @@ template <typename Element, int kLanes>
 int launchBackward(const Pair<Element>& p, int batch, int NH, const float* dout, int doutStride, const float* lse,
                    const float* delta, float* dq, int dqStride, float* dk, float* dv, int dkvStride, void* stream) {
   constexpr int kRows = kWarps * kBackwardRows;
-  backwardQueryKernel<Element, kLanes>
-      <<<dim3((p.Tq + kRows - 1) / kRows, NH, batch), kWarps * kWarp, 0, asStream(stream)>>>(p, dout, doutStride, lse,
-                                                                                             delta, dq, dqStride);
+  CHORUS_LAUNCH((backwardQueryKernel<Element, kLanes>), dim3((p.Tq + kRows - 1) / kRows, NH, batch), kWarps * kWarp, 0,
+                asStream(stream), p, dout, doutStride, lse, delta, dq, dqStride);
   if (const int error = launched()) return error;
-  backwardKeyKernel<Element, kLanes>
-      <<<dim3((p.Tk + kRows - 1) / kRows, NH, batch), kWarps * kWarp, 0, asStream(stream)>>>(p, dout, doutStride, lse,
-                                                                                             delta, dk, dv, dkvStride);
+  CHORUS_LAUNCH((backwardKeyKernel<Element, kLanes>), dim3((p.Tk + kRows - 1) / kRows, NH, batch), kWarps * kWarp, 0,
+                asStream(stream), p, dout, doutStride, lse, delta, dk, dv, dkvStride);
   return launched();
 }
 
@@ -481,6 +484,7 @@ AttentionBatch wholeBatch(int B, int T, int NH) {
 template <typename Element>
 int wholeForward(Float16 format, float* out, float* lse, float* rowSum, const Element* qkv, int B, int T, int C, int NH,
                  void* stream) {
+  if (!headTaken(C, NH)) return static_cast<int>(cudaErrorInvalidValue);
   const AttentionBatch bat = wholeBatch(B, T, NH);
   if (const int error = attentionBlockStart(out, C, lse, rowSum, T, T, C, NH, bat, stream)) return error;
   if (const int error = blockForward(wholeBlock(qkv, T, C, NH, format), bat, out, C, lse, rowSum, T, stream)) {
@@ -492,6 +496,7 @@ int wholeForward(Float16 format, float* out, float* lse, float* rowSum, const El
 template <typename Element>
 int wholeBackward(Float16 format, float* dqkv, float* delta, const float* dout, const float* out, const Element* qkv,
                   const float* lse, int B, int T, int C, int NH, void* stream) {
+  if (!headTaken(C, NH)) return static_cast<int>(cudaErrorInvalidValue);
   const AttentionBatch bat = wholeBatch(B, T, NH);
   if (const int error = attentionBlockDelta(delta, T, dout, out, C, T, C, NH, bat, stream)) return error;
   return blockBackward(wholeBlock(qkv, T, C, NH, format), bat, dout, C, lse, delta, T, dqkv, 3 * C, dqkv + C,
@@ -512,26 +517,29 @@ int attentionBlockForward(const AttentionBlock16& blk, const AttentionBatch& bat
 
 int attentionBlockStart(float* out, int outStride, float* rowMax, float* rowSum, int statStride, int Tq, int C, int NH,
                         const AttentionBatch& bat, void* stream) {
+  if (!headTaken(C, NH)) return static_cast<int>(cudaErrorInvalidValue);
   if (Tq == 0 || bat.batch == 0) return 0;
-  startKernel<<<dim3(Tq, bat.batch), 128, 0, asStream(stream)>>>(out, outStride, rowMax, rowSum, statStride, Tq, C, NH,
-                                                                 bat.qRows, bat.batchStatStride);
+  CHORUS_LAUNCH(startKernel, dim3(Tq, bat.batch), 128, 0, asStream(stream), out, outStride, rowMax, rowSum, statStride,
+                Tq, C, NH, bat.qRows, bat.batchStatStride);
   return launched();
 }
 
 int attentionBlockFinish(float* out, int outStride, float* lse, const float* rowMax, const float* rowSum,
                          int statStride, int Tq, int C, int NH, const AttentionBatch& bat, void* stream) {
+  if (!headTaken(C, NH)) return static_cast<int>(cudaErrorInvalidValue);
   if (Tq == 0 || bat.batch == 0) return 0;
-  finishKernel<<<dim3(Tq, bat.batch), 128, 0, asStream(stream)>>>(out, outStride, lse, rowMax, rowSum, statStride, Tq,
-                                                                  C, NH, bat.qRows, bat.batchStatStride);
+  CHORUS_LAUNCH(finishKernel, dim3(Tq, bat.batch), 128, 0, asStream(stream), out, outStride, lse, rowMax, rowSum,
+                statStride, Tq, C, NH, bat.qRows, bat.batchStatStride);
   return launched();
 }
 
 int attentionBlockDelta(float* delta, int statStride, const float* dout, const float* out, int stride, int Tq, int C,
                         int NH, const AttentionBatch& bat, void* stream) {
+  if (!headTaken(C, NH)) return static_cast<int>(cudaErrorInvalidValue);
   if (Tq == 0 || bat.batch == 0) return 0;
   constexpr int kPerBlock = 8;  // warps
-  deltaKernel<<<dim3((Tq * NH + kPerBlock - 1) / kPerBlock, bat.batch), kPerBlock * kWarp, 0, asStream(stream)>>>(
-      delta, statStride, dout, out, stride, Tq, C, NH, bat.qRows, bat.batchStatStride);
+  CHORUS_LAUNCH(deltaKernel, dim3((Tq * NH + kPerBlock - 1) / kPerBlock, bat.batch), kPerBlock * kWarp, 0,
+                asStream(stream), delta, statStride, dout, out, stride, Tq, C, NH, bat.qRows, bat.batchStatStride);
   return launched();
 }
 

@@ -42,10 +42,11 @@ int layernormBackward(float* dinp, float* dweight, float* dbias, const float* do
 // q, out, dout and dq, each with its own row stride), its first key row kvRows rows after (k, v,
 // dk, dv), and its statistics batchStatStride floats after (rowMax, rowSum, lse, delta; heads
 // statStride apart within a sequence, as on the CPU). The head size C / NH must be at most
-// kMaxAttentionHeadSize (cudaErrorInvalidValue otherwise). Element: float, or uint16_t for 16-bit
-// compute (blk.format says bf16 or fp16). 16-bit heads whose size is a multiple of 16 take the
-// tensor cores and round as the CPU's 16-bit attention does (the probabilities for P V; dO and dS
-// in backward; fp32 sums); other 16-bit heads are computed in fp32 from the 16-bit values.
+// kMaxAttentionHeadSize (cudaErrorInvalidValue otherwise, before anything is launched). Element:
+// float, or uint16_t for 16-bit compute (blk.format says bf16 or fp16). 16-bit heads whose size is
+// a multiple of 16 take the tensor cores and round as the CPU's 16-bit attention does (the
+// probabilities for P V; dO and dS in backward; fp32 sums); other 16-bit heads are computed in
+// fp32 from the 16-bit values.
 constexpr int kMaxAttentionHeadSize = 128;
 struct AttentionBatch {
   int batch = 1;

@@ -5,8 +5,8 @@
 // experts' choices, rows and gates, dispatch and combine), 16-bit products against the reference's
 // own 16-bit products, TF32 within its 10-bit mantissas. Skipped (with the reason) without a device.
 // tests/unit/nn_emulated_test.cc compiles this file again under tests/support/cuda_emulation.h,
-// with nn.cu's and moe.cu's source: its tests of them (all but the products and the scalar
-// attention) then run on the host.
+// with nn.cu's, attention.cu's and moe.cu's source: its tests of them (all but the products) then
+// run on the host.
 #ifndef CHORUS_CUDA_EMULATION
 #include <cuda_runtime.h>
 #endif
@@ -325,8 +325,7 @@ TEST(CudaNnTest, OptimizersAndGradientNorm) {
   EXPECT_NEAR(result.read()[0], cpu, 1e-12 * cpu);
 }
 
-// The products (cuBLAS) and the scalar attention kernels (attention.cu), which the emulation does
-// not compile (attention_tc_emulated_test runs the tensor-core ones).
+// The products: cuBLAS, which the emulation does not have.
 #if !CHORUS_CUDA_EMULATION
 TEST(CudaNnTest, MatrixProductsFp32Bf16Fp16AndTf32) {
   CHORUS_REQUIRE_CUDA_DEVICE();
@@ -384,6 +383,8 @@ TEST(CudaNnTest, MatrixProductsFp32Bf16Fp16AndTf32) {
 
 // The whole causal attention against the CPU's (which keeps the probabilities), for head sizes
 // that fill one to four column lanes and a length that is no multiple of the tiles.
+#endif  // !CHORUS_CUDA_EMULATION
+
 TEST(CudaNnTest, AttentionForwardAndBackward) {
   CHORUS_REQUIRE_CUDA_DEVICE();
   struct Shape {
@@ -523,8 +524,6 @@ TEST(CudaNnTest, AttentionBlocksOfRingAttention) {
 
 // The router: softmax, the top-k choice (with ties, with and without gate normalisation, with and
 // without a capacity that drops choices), the load-balancing sums and backward.
-#endif  // !CHORUS_CUDA_EMULATION
-
 TEST(CudaNnTest, RouterChoosesAsTheReference) {
   CHORUS_REQUIRE_CUDA_DEVICE();
   const int n = 300, E = 8, k = 2;

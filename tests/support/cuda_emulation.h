@@ -1,5 +1,5 @@
 // cuda_emulation.h: the small part of CUDA that kernels/cuda/'s kernels are written against
-// (attention_tc.cuh's tensor-core attention; nn.cu's and moe.cu's layers and their launchers),
+// (attention.cu's attention, tensor-core and scalar; nn.cu's and moe.cu's layers; their launchers),
 // emulated on the host, so that the same kernel source runs (slowly) where there is no GPU: every
 // CUDA thread of a block is a std::thread, __syncthreads and __syncwarp are barriers, a warp's
 // shuffles and ballots go through an exchange between two warp barriers, static shared memory is
@@ -82,6 +82,11 @@ inline cudaError_t cudaMemcpy(void* to, const void* from, size_t bytes, cudaMemc
   return cudaSuccess;
 }
 inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
+template <typename Kernel>
+cudaError_t cudaFuncSetAttribute(Kernel, cudaFuncAttribute, int) {
+  return cudaSuccess;  // launch limits are not modelled
+}
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 
 // Rounded products and sums, never fused (the host compiles for no FMA unless told to).
@@ -144,7 +149,7 @@ void launch(Kernel kernel, EmulatedDim grid, int threads, size_t sharedBytes, Ar
 // the call, as in a CUDA launch) over the grid, on host threads; the stream is only evaluated.
 #define CHORUS_LAUNCH(kernel, grid, threads, sharedBytes, stream, ...) \
   (static_cast<void>(stream),                                          \
-   ::chorus::testing::emulation::launch([](auto... a) { kernel(a...); }, grid, threads, sharedBytes, __VA_ARGS__))
+   ::chorus::testing::emulation::launch([=](auto... a) { kernel(a...); }, grid, threads, sharedBytes, __VA_ARGS__))
 
 #define CHORUS_DYNAMIC_SHARED(name) unsigned char* name = ::chorus::testing::emulation::sharedBytes()
 
@@ -152,19 +157,29 @@ inline void __syncthreads() { chorus::testing::emulation::current->block.arrive_
 inline void __syncwarp(unsigned = 0xffffffffu) {
   chorus::testing::emulation::current->warps[threadIdx.x / 32]->arrive_and_wait();
 }
+namespace chorus::testing::emulation {
+// Lane `lane` of this thread's warp's x, once every lane of the warp has put its own x in the
+// exchange (a warp barrier before the read, and one after it before the exchange is reused).
 template <typename T>
-T __shfl_xor_sync(unsigned, T x, int laneMask) {
+T fromLane(T x, unsigned lane) {
   static_assert(sizeof(T) <= 16 && std::is_trivially_copyable_v<T>);
-  auto& exchange = chorus::testing::emulation::current->exchange;
-  std::memcpy(exchange[threadIdx.x].data(), &x, sizeof(T));
+  std::memcpy(current->exchange[threadIdx.x].data(), &x, sizeof(T));
   __syncwarp();
-  const unsigned lane = threadIdx.x % 32;
   T other;
-  std::memcpy(&other, exchange[threadIdx.x - lane + (lane ^ static_cast<unsigned>(laneMask))].data(), sizeof(T));
+  std::memcpy(&other, current->exchange[threadIdx.x - threadIdx.x % 32 + lane % 32].data(), sizeof(T));
   __syncwarp();
   return other;
 }
+}  // namespace chorus::testing::emulation
 
+template <typename T>
+T __shfl_xor_sync(unsigned, T x, int laneMask) {
+  return chorus::testing::emulation::fromLane(x, (threadIdx.x % 32) ^ static_cast<unsigned>(laneMask));
+}
+template <typename T>
+T __shfl_sync(unsigned, T x, int srcLane) {
+  return chorus::testing::emulation::fromLane(x, static_cast<unsigned>(srcLane));
+}
 inline unsigned __ballot_sync(unsigned, int predicate) {
   auto& exchange = chorus::testing::emulation::current->exchange;
   exchange[threadIdx.x][0] = predicate != 0;
@@ -186,6 +201,10 @@ struct __half {
 };
 inline __nv_bfloat16 __float2bfloat16_rn(float x) { return {chorus::kernels::floatToBfloat16(x)}; }
 inline __half __float2half_rn(float x) { return {chorus::kernels::floatToHalf(x)}; }
+inline __nv_bfloat16 __ushort_as_bfloat16(uint16_t bits) { return {bits}; }
+inline __half __ushort_as_half(uint16_t bits) { return {bits}; }
+inline float __bfloat162float(__nv_bfloat16 x) { return chorus::kernels::bfloat16ToFloat(x.bits); }
+inline float __half2float(__half x) { return chorus::kernels::halfToFloat(x.bits); }
 
 namespace nvcuda::wmma {
 struct matrix_a {};
