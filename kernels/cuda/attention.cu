@@ -313,8 +313,9 @@ __global__ void backwardKeyKernel(Pair<Element> p, const float* dout, int doutSt
 
 // ---- the small passes ----
 
-__global__ void startKernel(float* out, int outStride, float* rowMax, float* rowSum, int statStride, int Tq, int C,
-                            int NH, size_t qRows, size_t batchStat) {
+// A block per query row (the grid's x) of each sequence (y).
+__global__ void startKernel(float* out, int outStride, float* rowMax, float* rowSum, int statStride, int C, int NH,
+                            size_t qRows, size_t batchStat) {
   const int b = blockIdx.y, i = blockIdx.x;
   for (int c = threadIdx.x; c < C; c += blockDim.x) out[rowAt(b, qRows, i, outStride) + c] = 0.0f;
   for (int h = threadIdx.x; h < NH; h += blockDim.x) {
@@ -324,8 +325,9 @@ __global__ void startKernel(float* out, int outStride, float* rowMax, float* row
   }
 }
 
+// A block per query row (the grid's x) of each sequence (y).
 __global__ void finishKernel(float* out, int outStride, float* lse, const float* rowMax, const float* rowSum,
-                             int statStride, int Tq, int C, int NH, size_t qRows, size_t batchStat) {
+                             int statStride, int C, int NH, size_t qRows, size_t batchStat) {
   const int b = blockIdx.y, i = blockIdx.x, hs = C / NH;
   __syncthreads();
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
@@ -520,7 +522,7 @@ int attentionBlockStart(float* out, int outStride, float* rowMax, float* rowSum,
   if (!headTaken(C, NH)) return static_cast<int>(cudaErrorInvalidValue);
   if (Tq == 0 || bat.batch == 0) return 0;
   CHORUS_LAUNCH(startKernel, dim3(Tq, bat.batch), 128, 0, asStream(stream), out, outStride, rowMax, rowSum, statStride,
-                Tq, C, NH, bat.qRows, bat.batchStatStride);
+                C, NH, bat.qRows, bat.batchStatStride);
   return launched();
 }
 
@@ -529,7 +531,7 @@ int attentionBlockFinish(float* out, int outStride, float* lse, const float* row
   if (!headTaken(C, NH)) return static_cast<int>(cudaErrorInvalidValue);
   if (Tq == 0 || bat.batch == 0) return 0;
   CHORUS_LAUNCH(finishKernel, dim3(Tq, bat.batch), 128, 0, asStream(stream), out, outStride, lse, rowMax, rowSum,
-                statStride, Tq, C, NH, bat.qRows, bat.batchStatStride);
+                statStride, C, NH, bat.qRows, bat.batchStatStride);
   return launched();
 }
 
