@@ -448,7 +448,25 @@ TEST(CudaNnTest, AttentionForwardAndBackward) {
       }
     }
   }
-  // A head larger than the kernels take is refused, not run.
+  // A head larger than the kernels take is refused, not run: buffers large enough for the call keep
+  // what they held (a first pass once zeroed out's row, then refused); and a buffer far too small
+  // for the call is not written past its end.
+  {
+    const int B = 1, T = 3, C = 2 * 129, NH = 2;
+    const std::vector<float> held(static_cast<size_t>(B) * T * 3 * C, 7.0f);
+    DeviceBuffer<float> out(held), lse(held), sum(held), qkv(held), dqkv(held), delta(held), dout(held);
+    EXPECT_EQ(cuda::attentionForward(out.data, lse.data, sum.data, qkv.data, B, T, C, NH, nullptr),
+              static_cast<int>(cudaErrorInvalidValue));
+    EXPECT_EQ(
+        cuda::attentionBackward(dqkv.data, delta.data, dout.data, out.data, qkv.data, lse.data, B, T, C, NH, nullptr),
+        static_cast<int>(cudaErrorInvalidValue));
+    sync();
+    EXPECT_EQ(out.read(), held) << "a refused forward wrote out";
+    EXPECT_EQ(lse.read(), held) << "a refused forward wrote the log-sum-exp";
+    EXPECT_EQ(sum.read(), held) << "a refused forward wrote the row sums";
+    EXPECT_EQ(dqkv.read(), held) << "a refused backward wrote dqkv";
+    EXPECT_EQ(delta.read(), held) << "a refused backward wrote delta";
+  }
   DeviceBuffer<float> small(16);
   EXPECT_EQ(cuda::attentionForward(small.data, small.data, small.data, small.data, 1, 1, 2 * 129, 2, nullptr),
             static_cast<int>(cudaErrorInvalidValue));
