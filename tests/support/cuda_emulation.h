@@ -89,7 +89,8 @@ cudaError_t cudaFuncSetAttribute(Kernel, cudaFuncAttribute, int) {
 }
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 
-// Rounded products and sums, never fused (the host compiles for no FMA unless told to).
+// Rounded products and sums; kept apart only where the including test compiles with
+// -ffp-contract=off (nn_emulated_test does), else a host with FMA may fuse them once inlined.
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 
@@ -180,6 +181,7 @@ template <typename T>
 T __shfl_sync(unsigned, T x, int srcLane) {
   return chorus::testing::emulation::fromLane(x, static_cast<unsigned>(srcLane));
 }
+// Bit l set where lane l of this thread's warp passed a true predicate.
 inline unsigned __ballot_sync(unsigned, int predicate) {
   auto& exchange = chorus::testing::emulation::current->exchange;
   exchange[threadIdx.x][0] = predicate != 0;
