@@ -585,19 +585,28 @@ int sgdStep(float* param, const float* grad, float* m, size_t n, long step, cons
 
 size_t sumScratchDoubles() { return kSumBlocks; }
 
+// The blocks a sum over n floats takes: one per thread's worth of quads (or floats), at most
+// kSumBlocks, so that a small tensor's sum does not launch (and fold) a thousand blocks of zeros.
+unsigned sumBlocks(size_t n, size_t quads) {
+  return static_cast<unsigned>(std::min<size_t>(kSumBlocks, blocksFor(quads > 0 ? quads : n)));
+}
+
 int sumOfSquares(double* result, const float* x, size_t n, double* scratch, void* stream) {
-  CHORUS_LAUNCH(partialSumsKernel<true>, kSumBlocks, kThreads, 0, asStream(stream), scratch, x, n, quadsFor(n, {x}));
+  const size_t quads = quadsFor(n, {x});
+  const unsigned blocks = sumBlocks(n, quads);
+  CHORUS_LAUNCH(partialSumsKernel<true>, blocks, kThreads, 0, asStream(stream), scratch, x, n, quads);
   if (const int error = launched()) return error;
-  CHORUS_LAUNCH(foldSumsKernel, 1, 1, 0, asStream(stream), result, nullptr, scratch, kSumBlocks, 0);
+  CHORUS_LAUNCH(foldSumsKernel, 1, 1, 0, asStream(stream), result, nullptr, scratch, static_cast<int>(blocks), 0);
   return launched();
 }
 
 int meanOf(float* result, const float* x, int n, double* scratch, void* stream) {
   const size_t count = static_cast<size_t>(n);
-  CHORUS_LAUNCH(partialSumsKernel<false>, kSumBlocks, kThreads, 0, asStream(stream), scratch, x, count,
-                quadsFor(count, {x}));
+  const size_t quads = quadsFor(count, {x});
+  const unsigned blocks = sumBlocks(count, quads);
+  CHORUS_LAUNCH(partialSumsKernel<false>, blocks, kThreads, 0, asStream(stream), scratch, x, count, quads);
   if (const int error = launched()) return error;
-  CHORUS_LAUNCH(foldSumsKernel, 1, 1, 0, asStream(stream), nullptr, result, scratch, kSumBlocks, n);
+  CHORUS_LAUNCH(foldSumsKernel, 1, 1, 0, asStream(stream), nullptr, result, scratch, static_cast<int>(blocks), n);
   return launched();
 }
 
