@@ -247,20 +247,20 @@ class CudaBackend final : public Backend {
                         int NH) override {
     float* rowSum = scratch<float>(0, static_cast<size_t>(B) * NH * T);
     auto* lse = static_cast<float*>(kept);
-    check(sixteen ? kc::attentionForward16(format, out, lse, rowSum, static_cast<const uint16_t*>(qkv), B, T, C, NH,
-                                           nullptr)
-                  : kc::attentionForward(out, lse, rowSum, static_cast<const float*>(qkv), B, T, C, NH, nullptr),
-          "attentionForward");
+    done(sixteen
+             ? kc::attentionForward16(format, out, lse, rowSum, static_cast<const uint16_t*>(qkv), B, T, C, NH, nullptr)
+             : kc::attentionForward(out, lse, rowSum, static_cast<const float*>(qkv), B, T, C, NH, nullptr),
+         "attentionForward");
   }
   void attentionBackward(bool sixteen, kn::Float16 format, float* dqkv, const float* dout, const float* out,
                          const void* qkv, const void* kept, int B, int T, int C, int NH) override {
     float* delta = scratch<float>(0, static_cast<size_t>(B) * NH * T);
     const auto* lse = static_cast<const float*>(kept);
-    check(sixteen ? kc::attentionBackward16(format, dqkv, delta, dout, out, static_cast<const uint16_t*>(qkv), lse, B,
-                                            T, C, NH, nullptr)
-                  : kc::attentionBackward(dqkv, delta, dout, out, static_cast<const float*>(qkv), lse, B, T, C, NH,
-                                          nullptr),
-          "attentionBackward");
+    done(sixteen
+             ? kc::attentionBackward16(format, dqkv, delta, dout, out, static_cast<const uint16_t*>(qkv), lse, B, T, C,
+                                       NH, nullptr)
+             : kc::attentionBackward(dqkv, delta, dout, out, static_cast<const float*>(qkv), lse, B, T, C, NH, nullptr),
+         "attentionBackward");
   }
 
   void attentionBlockForward(const kn::AttentionBlock& blk, const Batch& bat, float* out, int outStride, float* rowMax,
