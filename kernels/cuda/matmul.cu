@@ -65,7 +65,8 @@ __global__ void broadcastRowsKernel(float* out, const float* bias, int n, int oc
 int startWithBias(float* out, const float* bias, int n, int oc, void* stream, float* beta) {
   *beta = 0.0f;
   if (bias == nullptr || n == 0) return 0;
-  broadcastRowsKernel<<<blocksFor(static_cast<size_t>(n) * oc), kThreads, 0, asStream(stream)>>>(out, bias, n, oc);
+  CHORUS_LAUNCH(broadcastRowsKernel, blocksFor(static_cast<size_t>(n) * oc), kThreads, 0, asStream(stream), out, bias,
+                n, oc);
   *beta = 1.0f;
   return launched();
 }

@@ -191,8 +191,8 @@ int launchReduceMany(const Destinations& dsts, const Sources& srcs, size_t count
   for (int d = 0; d < dsts.count; ++d) aligned = aligned && vectorAligned(dsts.at[d]);
   for (int s = 0; s < srcs.count; ++s) aligned = aligned && vectorAligned(srcs.at[s]);
   const size_t vectors = aligned ? count / kLanes : 0;
-  reduceManyKernel<T, Conv, Op>
-      <<<gridFor(vectors > 0 ? vectors : count), 256, 0, stream>>>(dsts, srcs, count, vectors, divisor);
+  CHORUS_LAUNCH((reduceManyKernel<T, Conv, Op>), gridFor(vectors > 0 ? vectors : count), 256, 0, stream, dsts, srcs,
+                count, vectors, divisor);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -209,8 +209,8 @@ template <typename T, typename Conv, typename Op>
 int launchReduce(void* dst, const void* a, const void* b, size_t count, cudaStream_t stream) {
   constexpr size_t kLanes = kVectorBytes / sizeof(T);
   const size_t vectors = vectorAligned(dst) && vectorAligned(a) && vectorAligned(b) ? count / kLanes : 0;
-  reduceKernel<T, Conv, Op><<<gridFor(vectors > 0 ? vectors : count), 256, 0, stream>>>(
-      static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count, vectors);
+  CHORUS_LAUNCH((reduceKernel<T, Conv, Op>), gridFor(vectors > 0 ? vectors : count), 256, 0, stream,
+                static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count, vectors);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -224,7 +224,7 @@ int reduceTyped(void* dst, const void* a, const void* b, size_t count, chorusDat
 
 template <typename T, typename Conv>
 int launchDivide(void* buf, size_t count, int divisor, cudaStream_t stream) {
-  divideKernel<T, Conv><<<gridFor(count), 256, 0, stream>>>(static_cast<T*>(buf), count, divisor);
+  CHORUS_LAUNCH((divideKernel<T, Conv>), gridFor(count), 256, 0, stream, static_cast<T*>(buf), count, divisor);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -261,7 +261,8 @@ __global__ void castKernel(To* dst, const From* src, size_t count) {
 
 template <typename To, typename From>
 int launchCast(void* dst, const void* src, size_t count, cudaStream_t stream) {
-  castKernel<To, From><<<gridFor(count), 256, 0, stream>>>(static_cast<To*>(dst), static_cast<const From*>(src), count);
+  CHORUS_LAUNCH((castKernel<To, From>), gridFor(count), 256, 0, stream, static_cast<To*>(dst),
+                static_cast<const From*>(src), count);
   return static_cast<int>(cudaGetLastError());
 }
 

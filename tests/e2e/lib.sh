@@ -19,7 +19,10 @@ run_clean() {
 # chorus-train as the end-to-end scripts run it: with a declared GEMM peak and no loss curve, each
 # of which costs a run about half a second of both cores (a measured SGEMM, matplotlib); the
 # scripts check neither (train_peak.sh and install.sh check them, calling chorus-train themselves).
-chorus_train() { "$build/chorus-train" "$@" --peak-tflops 1 --no-plot; }
+# $CHORUS_TRAIN, where set, is the binary run instead of the build's chorus-train (the emulated
+# device's: tests/CMakeLists.txt's chorus-train-emulated).
+chorus_train_binary=${CHORUS_TRAIN:-$build/chorus-train}
+chorus_train() { "$chorus_train_binary" "$@" --peak-tflops 1 --no-plot; }
 
 # Trains the job file $1 as run $2 (output in $work/$2, log in $work/$2.log; the prepared data shared
 # in $work/data) with chorus-train options $3...; prints the last two lines, or the log and fails.

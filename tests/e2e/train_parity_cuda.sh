@@ -10,13 +10,15 @@
 # and under SGD (where a parameter moves as far as its gradient says) the final parameters within
 # 1e-3. A reduction that summed where it should average, missed a rank or left a ZeRO gather undone
 # moves the gradient norm or the parameters by far more. Exits 77 (skipped) without a device.
+# With CHORUS_TRAIN naming tests/chorus-train-emulated (e2e_train_parity_emulated) the device is
+# CUDA emulated on the host: the same layouts' device path, their collectives host ones.
 source "$(dirname "$0")/lib.sh"
 job="$source_dir/tests/data/jobs/parity.toml"
-# No fortunes on a GPU machine: the checkout's training sources are the text; no GEMM peak to measure.
-common=(--set run.steps=10 --set run.checkpoint_every=10 --set "data.corpus=\"$source_dir/src/training\""
-  --peak-tflops 1)
+# No fortunes on a GPU machine: the checkout's training sources are the text (chorus_train declares
+# the GEMM peak: none is measured).
+common=(--set run.steps=10 --set run.checkpoint_every=10 --set "data.corpus=\"$source_dir/src/training\"")
 run() { train_run "$job" "$1" "${common[@]}" "${@:2}"; }  # name, then options
-if ! "$build/chorus-train" "$job" --device cuda --out "$work/probe" --set data.dir="\"$work/data\"" \
+if ! chorus_train "$job" --device cuda --out "$work/probe" --set data.dir="\"$work/data\"" \
   "${common[@]}" --set run.steps=1 >"$work/probe.log" 2>&1; then
   if grep -q "no usable CUDA device\|this build has no CUDA" "$work/probe.log"; then
     echo "skipped: $(grep -o 'device "cuda": .*' "$work/probe.log" | head -n 1)"

@@ -3,9 +3,7 @@
 // fork ranks afterwards (device_collectives_test) need CUDA untouched in the parent.
 #pragma once
 
-#ifndef CHORUS_CUDA_EMULATION
 #include <cuda_runtime.h>
-#endif
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>

@@ -4,12 +4,9 @@
 // what involves no sum in another order bit for bit (the embedding, the positions' gradient, the
 // experts' choices, rows and gates, dispatch and combine), 16-bit products against the reference's
 // own 16-bit products, TF32 within its 10-bit mantissas. Skipped (with the reason) without a device.
-// tests/unit/nn_emulated_test.cc compiles this file again under tests/support/cuda_emulation.h,
-// with nn.cu's, attention.cu's and moe.cu's source: its tests of them (all but the products) then
-// run on the host.
-#ifndef CHORUS_CUDA_EMULATION
+// tests/unit/nn_emulated_test.cc compiles this file again against tests/support/cuda_emulation.h
+// (its folder emulated_cuda/ standing in for CUDA's headers), where its tests run on the host.
 #include <cuda_runtime.h>
-#endif
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,11 +20,9 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/moe.h"
 #include "kernels/cpu/nn.h"
+#include "kernels/cuda/matmul.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/nn.h"
-#if !CHORUS_CUDA_EMULATION
-#include "kernels/cuda/matmul.h"
-#endif
 #include "tests/gpu/device.h"
 
 namespace chorus::kernels {
@@ -70,11 +65,7 @@ void expectNear(const std::vector<float>& gpu, const std::vector<float>& cpu, do
                        << " (gpu " << gpu[first] << ", cpu " << cpu[first] << "), worst " << worst;
 }
 
-#if CHORUS_CUDA_EMULATION
-std::string errorName(int code) { return "error " + std::to_string(code); }  // launches do not fail there
-#else
 using cuda::errorName;
-#endif
 void expectOk(int code, const char* call) { ASSERT_EQ(code, 0) << call << ": " << errorName(code); }
 #define CUDA_OK(call) expectOk((call), #call)
 
@@ -325,8 +316,7 @@ TEST(CudaNnTest, OptimizersAndGradientNorm) {
   EXPECT_NEAR(result.read()[0], cpu, 1e-12 * cpu);
 }
 
-// The products: cuBLAS, which the emulation does not have.
-#if !CHORUS_CUDA_EMULATION
+// The products, through cuBLAS.
 TEST(CudaNnTest, MatrixProductsFp32Bf16Fp16AndTf32) {
   CHORUS_REQUIRE_CUDA_DEVICE();
   const int n = 75, c = 96, oc = 130;
@@ -383,8 +373,6 @@ TEST(CudaNnTest, MatrixProductsFp32Bf16Fp16AndTf32) {
 
 // The whole causal attention against the CPU's (which keeps the probabilities), for head sizes
 // that fill one to four column lanes and a length that is no multiple of the tiles.
-#endif  // !CHORUS_CUDA_EMULATION
-
 TEST(CudaNnTest, AttentionForwardAndBackward) {
   CHORUS_REQUIRE_CUDA_DEVICE();
   struct Shape {

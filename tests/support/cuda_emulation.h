@@ -1,32 +1,47 @@
-// cuda_emulation.h: the small part of CUDA that kernels/cuda/'s kernels are written against
-// (attention.cu's attention, tensor-core and scalar; nn.cu's and moe.cu's layers; their launchers),
-// emulated on the host, so that the same kernel source runs (slowly) where there is no GPU: every
-// CUDA thread of a block is a std::thread, __syncthreads and __syncwarp are barriers, a warp's
-// shuffles and ballots go through an exchange between two warp barriers, static shared memory is
-// one copy for the whole launch (the blocks run one after another), device memory is host memory
-// (cudaMalloc, cudaMemcpy), and a WMMA fragment holds its whole 16 x 16 tile in every lane (loads
-// and products computed by each lane, stores written by lane 0 between warp barriers, as the
-// hardware's warp-wide operations order them). What it does not model: the hardware's order of
-// the sums inside one product, memory ordering beyond the barriers, blocks running at once,
-// streams (every launch runs to its end before it returns), and launch limits (shared memory
-// size, registers). Include it before the kernels' source.
+// cuda_emulation.h: the part of CUDA that the training layer's CUDA source is written against
+// (kernels/cuda's attention, tensor-core and scalar, nn.cu's and moe.cu's layers, reduce.cu's
+// reductions and casts, their launchers; the runtime calls of src/training/backend_cuda.cc),
+// emulated on the host, so that the same source runs where there is no GPU. Every CUDA thread of
+// a block is a fiber of the launching thread (a stack of its own; switching costs no system call
+// on x86-64), run until it waits at __syncthreads or __syncwarp, the scheduler taking the fibers
+// in turn; a warp's shuffles and ballots go through an exchange behind a warp barrier; static
+// shared memory is one copy for the whole launch (the blocks run one after another); device
+// memory is host memory that the emulation keeps a list of, so a kernel handed a host pointer
+// fails as on a GPU; a WMMA fragment holds its whole 16 x 16 tile in every lane (loads and
+// products computed by each lane, stores written by lane 0 between warp barriers, as the
+// hardware's warp-wide operations order them). A barrier some thread never reaches (divergent
+// code) aborts, saying so. What it does not model: the hardware's order of the sums inside one
+// product, memory ordering beyond the barriers, blocks running at once, streams (every call runs
+// to its end before it returns; every stream is the null stream), and launch limits (shared
+// memory size, registers). Include it before the kernels' source, or put emulated_cuda/ (which
+// stands in for CUDA's headers and cuBLAS's) first on the include path.
 #pragma once
 
 #define CHORUS_CUDA_EMULATION 1
 
+#include <ucontext.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <barrier>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <map>
 #include <memory>
-#include <thread>
+#include <mutex>
 #include <type_traits>
 #include <vector>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define CHORUS_EMULATION_ASAN 1
+#endif
 
 #include "kernels/cpu/half.h"
 
@@ -47,7 +62,7 @@ struct EmulatedDim {
 };
 using dim3 = EmulatedDim;
 inline thread_local EmulatedDim threadIdx, blockIdx;
-inline EmulatedDim blockDim, gridDim;
+inline thread_local EmulatedDim blockDim, gridDim;
 
 struct float2 {
   float x, y;
@@ -55,39 +70,215 @@ struct float2 {
 struct alignas(16) float4 {
   float x, y, z, w;
 };
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
 inline float2 make_float2(float x, float y) { return {x, y}; }
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
-// The runtime: device memory is host memory, launches finish before they return, nothing fails.
-using cudaError_t = int;
-constexpr cudaError_t cudaSuccess = 0;
-constexpr cudaError_t cudaErrorInvalidValue = 1;
+// The runtime. Device memory is host memory, but the emulation keeps a list of it: a launch whose
+// pointer argument lies outside every device allocation, or a copy or memset whose kind does not
+// match its pointers, fails as on a GPU (the launch skipped, cudaGetLastError returning the error,
+// a line on stderr naming the kernel or call and the pointer). Pointers inside a struct argument
+// are not checked. One device, 0. Every stream is the null stream and every call runs to its end
+// before it returns, so streams and events order nothing; an event holds the host time at its
+// record.
+enum cudaError : int {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorIllegalAddress = 700,
+};
+using cudaError_t = cudaError;
 using cudaStream_t = void*;
+struct EmulatedEvent {
+  std::chrono::steady_clock::time_point at{};
+};
+using cudaEvent_t = EmulatedEvent*;
+constexpr unsigned cudaStreamNonBlocking = 1, cudaEventDisableTiming = 2;
 enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
+struct cudaDeviceProp {
+  char name[256];
+};
+struct cudaFuncAttributes {
+  int maxThreadsPerBlock;
+};
+
+namespace chorus::testing::emulation {
+
+// The device allocations (start -> bytes) and the last error, for every thread of the process.
+struct Device {
+  std::mutex mutex;
+  std::map<uintptr_t, size_t> blocks;
+  std::atomic<cudaError_t> lastError{cudaSuccess};
+};
+inline Device& device() {
+  static Device d;
+  return d;
+}
+// Whether p lies in a device allocation (one past its end included: an empty range's start).
+inline bool onDevice(const void* p) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  Device& d = device();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  auto it = d.blocks.upper_bound(at);
+  if (it == d.blocks.begin()) return false;
+  --it;
+  return at <= it->first + it->second;
+}
+// Records the error (kept until cudaGetLastError) and says on stderr what failed.
+inline cudaError_t fail(cudaError_t error, const char* what, const void* p) {
+  std::fprintf(stderr, "cuda emulation: %s: %p is not %s memory\n", what, p,
+               error == cudaErrorIllegalAddress ? "device" : "the right kind of");
+  device().lastError = error;
+  return error;
+}
+// A copy's or memset's pointer: device memory where `device` says, else not.
+inline bool kindMatches(const void* p, bool device) { return onDevice(p) == device; }
+inline cudaError_t copyKind(void* to, const void* from, cudaMemcpyKind kind, const char* what) {
+  const bool toDevice = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool fromDevice = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if (!kindMatches(to, toDevice)) return fail(cudaErrorInvalidValue, what, to);
+  if (!kindMatches(from, fromDevice)) return fail(cudaErrorInvalidValue, what, from);
+  return cudaSuccess;
+}
+inline thread_local int currentDevice = 0;
+
+}  // namespace chorus::testing::emulation
+
 template <typename T>
 cudaError_t cudaMalloc(T** p, size_t bytes) {
-  *p = static_cast<T*>(std::aligned_alloc(256, (bytes + 255) / 256 * 256));  // cudaMalloc's alignment
-  return *p != nullptr ? cudaSuccess : 2;                                    // 2: cudaErrorMemoryAllocation
+  void* block = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);  // cudaMalloc's alignment
+  *p = static_cast<T*>(block);
+  if (block == nullptr) return cudaErrorMemoryAllocation;
+  auto& d = chorus::testing::emulation::device();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  d.blocks[reinterpret_cast<uintptr_t>(block)] = bytes;
+  return cudaSuccess;
 }
 inline cudaError_t cudaFree(void* p) {
+  if (p == nullptr) return cudaSuccess;
+  auto& d = chorus::testing::emulation::device();
+  {
+    std::lock_guard<std::mutex> lock(d.mutex);
+    if (d.blocks.erase(reinterpret_cast<uintptr_t>(p)) == 0) {
+      return chorus::testing::emulation::fail(cudaErrorInvalidValue, "cudaFree", p);
+    }
+  }
   std::free(p);
   return cudaSuccess;
 }
-inline cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
+  if (bytes == 0) return cudaSuccess;
+  if (!chorus::testing::emulation::onDevice(p)) {
+    return chorus::testing::emulation::fail(cudaErrorInvalidValue, "cudaMemset", p);
+  }
   std::memset(p, value, bytes);
   return cudaSuccess;
 }
-inline cudaError_t cudaMemcpy(void* to, const void* from, size_t bytes, cudaMemcpyKind) {
-  std::memcpy(to, from, bytes);
+inline cudaError_t cudaMemset(void* p, int value, size_t bytes) { return cudaMemsetAsync(p, value, bytes); }
+inline cudaError_t cudaMemcpyAsync(void* to, const void* from, size_t bytes, cudaMemcpyKind kind,
+                                   cudaStream_t = nullptr) {
+  if (bytes == 0) return cudaSuccess;
+  if (const cudaError_t error = chorus::testing::emulation::copyKind(to, from, kind, "cudaMemcpy")) return error;
+  std::memmove(to, from, bytes);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpy(void* to, const void* from, size_t bytes, cudaMemcpyKind kind) {
+  return cudaMemcpyAsync(to, from, bytes, kind);
+}
+inline cudaError_t cudaMemcpy2DAsync(void* to, size_t toPitch, const void* from, size_t fromPitch, size_t width,
+                                     size_t rows, cudaMemcpyKind kind, cudaStream_t = nullptr) {
+  if (width == 0 || rows == 0) return cudaSuccess;
+  if (width > toPitch || width > fromPitch) return cudaErrorInvalidValue;
+  if (const cudaError_t error = chorus::testing::emulation::copyKind(to, from, kind, "cudaMemcpy2D")) return error;
+  for (size_t r = 0; r < rows; ++r) {
+    std::memmove(static_cast<char*>(to) + r * toPitch, static_cast<const char*>(from) + r * fromPitch, width);
+  }
   return cudaSuccess;
 }
 inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = chorus::testing::emulation::currentDevice;
+  return cudaSuccess;
+}
+inline cudaError_t cudaSetDevice(int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  chorus::testing::emulation::currentDevice = device;
+  return cudaSuccess;
+}
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  *prop = {};
+  std::snprintf(prop->name, sizeof(prop->name), "CUDA emulated on the host");
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
+  *stream = nullptr;  // the null stream: every call has finished when it returns
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
+inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
+  *event = new EmulatedEvent;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
+inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t = nullptr) {
+  if (event == nullptr) return cudaErrorInvalidValue;
+  event->at = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  return event != nullptr ? cudaSuccess : cudaErrorInvalidValue;
+}
+inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (start == nullptr || end == nullptr) return cudaErrorInvalidValue;
+  *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned = 0) {
+  return event != nullptr ? cudaSuccess : cudaErrorInvalidValue;
+}
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 template <typename Kernel>
 cudaError_t cudaFuncSetAttribute(Kernel, cudaFuncAttribute, int) {
   return cudaSuccess;  // launch limits are not modelled
 }
-inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+template <typename Kernel>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, Kernel) {
+  attributes->maxThreadsPerBlock = 1024;
+  return cudaSuccess;
+}
+// The last error (a launch's or a call's), cleared.
+inline cudaError_t cudaGetLastError() { return chorus::testing::emulation::device().lastError.exchange(cudaSuccess); }
+inline const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorIllegalAddress:
+      return "cudaErrorIllegalAddress";
+    default:
+      return "cudaErrorUnknown";
+  }
+}
+inline const char* cudaGetErrorString(cudaError_t error) { return cudaGetErrorName(error); }
 
 // Rounded products and sums; kept apart only where the including test compiles with
 // -ffp-contract=off (nn_emulated_test does), else a host with FMA may fuse them once inlined.
@@ -98,17 +289,85 @@ inline float atomicAdd(float* p, float value) { return std::atomic_ref<float>(*p
 
 namespace chorus::testing::emulation {
 
-// One launch's threads: the block barrier, one barrier per warp, the shuffles' exchange and the
-// dynamic shared memory (reused block after block).
+constexpr size_t kFiberStackBytes = 256 << 10;
+
+// Where a fiber's (or the scheduler's) registers were left. On x86-64 a switch saves the
+// callee-saved registers on the stack it leaves and keeps that stack's pointer (no system call, as
+// swapcontext makes to save the signal mask); elsewhere it is a ucontext_t.
+#if defined(__x86_64__)
+struct Context {
+  void* stack = nullptr;
+};
+// Saves the callee-saved registers on this stack and its pointer in *from, then takes to's.
+[[gnu::naked]] static void swapStacks(void** /*from*/, void* /*to*/) {
+  asm volatile(
+      "pushq %rbp\n pushq %rbx\n pushq %r12\n pushq %r13\n pushq %r14\n pushq %r15\n"
+      "movq %rsp, (%rdi)\n movq %rsi, %rsp\n"
+      "popq %r15\n popq %r14\n popq %r13\n popq %r12\n popq %rbx\n popq %rbp\n ret\n");
+}
+inline void swapContext(Context* from, const Context* to) { swapStacks(&from->stack, to->stack); }
+// A context that starts entry() on the stack of `bytes` at base (entry never returns).
+inline void makeContext(Context* c, void (*entry)(), char* base, size_t bytes) {
+  auto top = (reinterpret_cast<uintptr_t>(base) + bytes) & ~uintptr_t{15};
+  auto* slot = reinterpret_cast<uintptr_t*>(top);
+  *--slot = 0;                                   // entry's return address: none
+  *--slot = reinterpret_cast<uintptr_t>(entry);  // where the first switch's ret goes
+  for (int r = 0; r < 6; ++r) *--slot = 0;       // the six registers it pops
+  c->stack = slot;
+}
+#else
+struct Context {
+  ucontext_t context;
+};
+inline void swapContext(Context* from, const Context* to) { swapcontext(&from->context, &to->context); }
+inline void makeContext(Context* c, void (*entry)(), char* base, size_t bytes) {
+  getcontext(&c->context);
+  c->context.uc_stack.ss_sp = base;
+  c->context.uc_stack.ss_size = bytes;
+  c->context.uc_link = nullptr;
+  makecontext(&c->context, entry, 0);
+}
+#endif
+
+// A barrier of `expected` fibers: each that arrives waits (yields to the scheduler) until the last
+// arrives and releases them.
+struct FiberBarrier {
+  int expected = 0, arrived = 0;
+  std::vector<int> waiting;
+};
+// A CUDA thread: its context and stack, its indices, and whether it waits at a barrier or has
+// finished.
+struct Fiber {
+  Context context;
+  char* stack = nullptr;
+  EmulatedDim thread, block;
+  bool waiting = false, done = false;
+};
+
+// One launch's threads (those ready to run, in the order they became ready), their block barrier
+// and warp barriers, the shuffles' exchange, the dynamic shared memory (reused block after block),
+// and the kernel with its arguments.
 struct Launch {
-  explicit Launch(int threads, size_t sharedBytes)
-      : block(threads), exchange(threads), shared(sharedBytes + 128, 0xcd) {
-    for (int w = 0; w < threads / 32; ++w) warps.push_back(std::make_unique<std::barrier<>>(32));
+  Launch(int threads, size_t sharedBytes, EmulatedDim grid)
+      : fibers(threads), exchange(threads), turn(threads), shared(sharedBytes + 128, 0xcd), grid(grid) {
+    block.expected = threads;
+    for (int w = 0; w * 32 < threads; ++w) warps.push_back(FiberBarrier{std::min(32, threads - w * 32), 0, {}});
   }
-  std::barrier<> block;
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
-  std::vector<std::array<unsigned char, 16>> exchange;  // one value per thread, of up to 16 bytes
+  std::vector<Fiber> fibers;
+  std::deque<int> ready;
+  FiberBarrier block;
+  std::vector<FiberBarrier> warps;
+  // Two values per thread, of up to 16 bytes each, used in turn (turn[thread]: the next one).
+  std::vector<std::array<std::array<unsigned char, 16>, 2>> exchange;
+  std::vector<unsigned char> turn;
   std::vector<unsigned char> shared;
+  EmulatedDim grid;
+  void (*body)(void*) = nullptr;  // runs the kernel on this thread's indices
+  void* bodyArgument = nullptr;
+  Context scheduler;                     // the launching thread's own context, back in once no fiber is ready
+  int running = -1;                      // the fiber running now
+  const void* schedulerStack = nullptr;  // for AddressSanitizer's stack switches
+  size_t schedulerStackBytes = 0;
 };
 inline thread_local Launch* current = nullptr;
 
@@ -118,57 +377,180 @@ inline unsigned char* sharedBytes() {
   return current->shared.data() + ((128 - at % 128) % 128);
 }
 
+// A switch of contexts, told to AddressSanitizer (which otherwise takes the other stack for an
+// overflow). stack: the one switched to; leaving: the context left will not run again.
+inline void switchContext(Context* from, const Context* to, const void* stack, size_t bytes, bool leaving) {
+#if CHORUS_EMULATION_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(leaving ? nullptr : &fake, stack, bytes);
+#else
+  (void)stack, (void)bytes, (void)leaving;
+#endif
+  swapContext(from, to);
+#if CHORUS_EMULATION_ASAN
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+}
+
+// Leaves `from` (the running fiber, or the launching thread) for the next ready fiber, its indices
+// made the current ones, or, where none is ready, for the launching thread.
+inline void switchToNext(Launch& l, Context* from, bool leaving) {
+  if (l.ready.empty()) {
+    switchContext(from, &l.scheduler, l.schedulerStack, l.schedulerStackBytes, leaving);
+    return;
+  }
+  const int next = l.ready.front();
+  l.ready.pop_front();
+  Fiber& f = l.fibers[next];
+  l.running = next;
+  threadIdx = f.thread;
+  blockIdx = f.block;
+  switchContext(from, &f.context, f.stack, kFiberStackBytes, leaving);
+}
+
+// The running fiber waits at b until every fiber it expects has arrived; the last to arrive makes
+// the others ready and goes on.
+inline void arrive(FiberBarrier& b) {
+  Launch& l = *current;
+  if (++b.arrived == b.expected) {
+    b.arrived = 0;
+    for (const int f : b.waiting) {
+      l.fibers[f].waiting = false;
+      l.ready.push_back(f);
+    }
+    b.waiting.clear();
+    return;
+  }
+  Fiber& me = l.fibers[l.running];
+  me.waiting = true;
+  b.waiting.push_back(l.running);
+  switchToNext(l, &me.context, false);
+}
+
+// A fiber's life: the kernel on its thread index for every block of the grid in order, a block
+// barrier after each (the block done before the next reuses shared memory).
+inline void fiberMain() {
+  Launch& l = *current;
+#if CHORUS_EMULATION_ASAN
+  // The first fiber starts from the launching thread: its stack is the one to come back to.
+  if (l.schedulerStack == nullptr) {
+    __sanitizer_finish_switch_fiber(nullptr, &l.schedulerStack, &l.schedulerStackBytes);
+  } else {
+    __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
+  }
+#endif
+  const int me = l.running;
+  for (unsigned z = 0; z < l.grid.z; ++z) {
+    for (unsigned y = 0; y < l.grid.y; ++y) {
+      for (unsigned x = 0; x < l.grid.x; ++x) {
+        l.fibers[me].block = blockIdx = {x, y, z};
+        l.body(l.bodyArgument);
+        arrive(l.block);
+      }
+    }
+  }
+  l.fibers[me].done = true;
+  switchToNext(l, &l.fibers[me].context, true);
+}
+
+// Runs the launch's fibers, each until it waits or ends, switching from one to the next ready
+// one, until all have ended; aborts, saying so, where all that are left wait (a barrier some
+// thread of the block or warp never reaches: divergent code, undefined on a GPU).
+inline void runFibers(Launch& l) {
+  thread_local std::vector<std::unique_ptr<char[]>> stacks;  // kept from launch to launch
+  const int threads = static_cast<int>(l.fibers.size());
+  while (static_cast<int>(stacks.size()) < threads) stacks.emplace_back(new char[kFiberStackBytes]);
+  for (int t = 0; t < threads; ++t) {
+    Fiber& f = l.fibers[t];
+    f.thread = {static_cast<unsigned>(t), 0, 0};
+    f.stack = stacks[t].get();
+#if CHORUS_EMULATION_ASAN
+    // The last launch's frames left poisoned where its fibers stopped (they never return).
+    ASAN_UNPOISON_MEMORY_REGION(f.stack, kFiberStackBytes);
+#endif
+    makeContext(&f.context, fiberMain, f.stack, kFiberStackBytes);
+    l.ready.push_back(t);
+  }
+  switchToNext(l, &l.scheduler, false);
+  for (const Fiber& f : l.fibers) {
+    if (!f.done) {
+      std::fprintf(stderr,
+                   "cuda emulation: every thread left waits at a barrier that another thread of its block or "
+                   "warp will not reach (__syncthreads or __syncwarp in divergent code)\n");
+      std::abort();
+    }
+  }
+}
+
 // kernel(args...) over the grid, `threads` threads per block with `sharedBytes` of dynamic shared
-// memory: the threads are made once and go through the blocks in order, a block barrier between.
+// memory, every thread a fiber of the calling thread, made once and going through the blocks in
+// order.
 template <typename Kernel, typename... Args>
 void launch(Kernel kernel, EmulatedDim grid, int threads, size_t sharedBytes, Args... args) {
-  Launch state(threads, sharedBytes);
+  auto run = [&] { kernel(args...); };
+  Launch state(threads, sharedBytes, grid);
+  state.body = [](void* f) { (*static_cast<decltype(run)*>(f))(); };
+  state.bodyArgument = &run;
+  Launch* const outer = current;
+  current = &state;
   blockDim = {static_cast<unsigned>(threads), 1, 1};
   gridDim = grid;
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      current = &state;
-      threadIdx = {static_cast<unsigned>(t), 0, 0};
-      for (unsigned z = 0; z < grid.z; ++z) {
-        for (unsigned y = 0; y < grid.y; ++y) {
-          for (unsigned x = 0; x < grid.x; ++x) {
-            blockIdx = {x, y, z};
-            kernel(args...);
-            state.block.arrive_and_wait();  // the block done before the next reuses shared memory
-          }
-        }
-      }
-    });
-  }
-  for (auto& thread : pool) thread.join();
+  runFibers(state);
+  current = outer;
 }
 
 }  // namespace chorus::testing::emulation
 
+namespace chorus::testing::emulation {
+// launch(), once every pointer argument is null or device memory; else, as a GPU would fail the
+// kernel's first access to it, nothing runs and the launch's error is cudaErrorIllegalAddress.
+template <typename Kernel, typename... Args>
+void checkedLaunch(const char* name, Kernel kernel, EmulatedDim grid, int threads, size_t sharedBytes, Args... args) {
+  int index = 0;
+  bool ok = true;
+  auto check = [&](const auto& a) {
+    if constexpr (std::is_pointer_v<std::decay_t<decltype(a)>>) {
+      if (ok && a != nullptr && !onDevice(a)) {
+        std::fprintf(stderr, "cuda emulation: launch of %s: argument %d (%p) is not device memory\n", name, index,
+                     static_cast<const void*>(a));
+        device().lastError = cudaErrorIllegalAddress;
+        ok = false;
+      }
+    }
+    ++index;
+  };
+  (check(args), ...);
+  if (ok) launch(kernel, grid, threads, sharedBytes, args...);
+}
+}  // namespace chorus::testing::emulation
+
 // kernels/cuda/grid.cuh's launch line, run here: the kernel (a template deduces its arguments from
-// the call, as in a CUDA launch) over the grid, on host threads; the stream is only evaluated.
-#define CHORUS_LAUNCH(kernel, grid, threads, sharedBytes, stream, ...) \
-  (static_cast<void>(stream),                                          \
-   ::chorus::testing::emulation::launch([=](auto... a) { kernel(a...); }, grid, threads, sharedBytes, __VA_ARGS__))
+// the call, as in a CUDA launch) over the grid, on host threads, its pointer arguments checked;
+// the stream is only evaluated.
+#define CHORUS_LAUNCH(kernel, grid, threads, sharedBytes, stream, ...)     \
+  (static_cast<void>(stream), ::chorus::testing::emulation::checkedLaunch( \
+                                  #kernel, [=](auto... a) { kernel(a...); }, grid, threads, sharedBytes, __VA_ARGS__))
 
 #define CHORUS_DYNAMIC_SHARED(name) unsigned char* name = ::chorus::testing::emulation::sharedBytes()
 
-inline void __syncthreads() { chorus::testing::emulation::current->block.arrive_and_wait(); }
+inline void __syncthreads() { chorus::testing::emulation::arrive(chorus::testing::emulation::current->block); }
 inline void __syncwarp(unsigned = 0xffffffffu) {
-  chorus::testing::emulation::current->warps[threadIdx.x / 32]->arrive_and_wait();
+  chorus::testing::emulation::arrive(chorus::testing::emulation::current->warps[threadIdx.x / 32]);
 }
 namespace chorus::testing::emulation {
-// Lane `lane` of this thread's warp's x, once every lane of the warp has put its own x in the
-// exchange (a warp barrier before the read, and one after it before the exchange is reused).
+// Lane `lane` of this thread's warp's x: each lane puts its x in its slot of this turn, and after
+// a warp barrier reads the other's. Two slots used in turn need one barrier per exchange: a lane
+// writes a slot again only two exchanges later, past the barrier of the one between, which every
+// lane reaches only once it has read this one.
 template <typename T>
 T fromLane(T x, unsigned lane) {
   static_assert(sizeof(T) <= 16 && std::is_trivially_copyable_v<T>);
-  std::memcpy(current->exchange[threadIdx.x].data(), &x, sizeof(T));
+  const int slot = current->turn[threadIdx.x];
+  current->turn[threadIdx.x] ^= 1;
+  std::memcpy(current->exchange[threadIdx.x][slot].data(), &x, sizeof(T));
   __syncwarp();
   T other;
-  std::memcpy(&other, current->exchange[threadIdx.x - threadIdx.x % 32 + lane % 32].data(), sizeof(T));
-  __syncwarp();
+  std::memcpy(&other, current->exchange[threadIdx.x - threadIdx.x % 32 + lane % 32][slot].data(), sizeof(T));
   return other;
 }
 }  // namespace chorus::testing::emulation
@@ -183,16 +565,21 @@ T __shfl_sync(unsigned, T x, int srcLane) {
 }
 // Bit l set where lane l of this thread's warp passed a true predicate.
 inline unsigned __ballot_sync(unsigned, int predicate) {
-  auto& exchange = chorus::testing::emulation::current->exchange;
-  exchange[threadIdx.x][0] = predicate != 0;
+  auto& l = *chorus::testing::emulation::current;
+  const int slot = l.turn[threadIdx.x];
+  l.turn[threadIdx.x] ^= 1;
+  l.exchange[threadIdx.x][slot][0] = predicate != 0;
   __syncwarp();
   const unsigned first = threadIdx.x - threadIdx.x % 32;
   unsigned ballot = 0;
-  for (unsigned lane = 0; lane < 32; ++lane) ballot |= static_cast<unsigned>(exchange[first + lane][0]) << lane;
-  __syncwarp();
+  for (unsigned lane = 0; lane < 32; ++lane) ballot |= static_cast<unsigned>(l.exchange[first + lane][slot][0]) << lane;
   return ballot;
 }
 inline int __popc(unsigned x) { return std::popcount(x); }
+template <typename T>
+T __ldg(const T* p) {
+  return *p;
+}
 
 // The 16-bit types, converted as the hardware's round-to-nearest-even conversions (half.h's).
 struct __nv_bfloat16 {
@@ -205,6 +592,8 @@ inline __nv_bfloat16 __float2bfloat16_rn(float x) { return {chorus::kernels::flo
 inline __half __float2half_rn(float x) { return {chorus::kernels::floatToHalf(x)}; }
 inline __nv_bfloat16 __ushort_as_bfloat16(uint16_t bits) { return {bits}; }
 inline __half __ushort_as_half(uint16_t bits) { return {bits}; }
+inline uint16_t __bfloat16_as_ushort(__nv_bfloat16 x) { return x.bits; }
+inline uint16_t __half_as_ushort(__half x) { return x.bits; }
 inline float __bfloat162float(__nv_bfloat16 x) { return chorus::kernels::bfloat16ToFloat(x.bits); }
 inline float __half2float(__half x) { return chorus::kernels::halfToFloat(x.bits); }
 
