@@ -228,35 +228,62 @@ int launchDivide(void* buf, size_t count, int divisor, cudaStream_t stream) {
   return static_cast<int>(cudaGetLastError());
 }
 
-// The float types a cast reads and writes, loaded to and stored from float (double stays double
-// when both sides are double).
+// The float types a cast reads and writes, loaded to and stored from W: float, or double where
+// either side is double. A float's round trip through double would quiet a signaling NaN, which
+// the reference keeps bit for bit (whether the compiler removed that round trip decided it
+// before: the emulation's unoptimized build did not).
 template <typename T>
 struct FloatIo;
 template <>
 struct FloatIo<float> {
-  __device__ static double load(float v) { return v; }
-  __device__ static float store(double v) { return static_cast<float>(v); }
+  template <typename W>
+  __device__ static W load(float v) {
+    return v;
+  }
+  template <typename W>
+  __device__ static float store(W v) {
+    return static_cast<float>(v);
+  }
 };
 template <>
 struct FloatIo<double> {
-  __device__ static double load(double v) { return v; }
-  __device__ static double store(double v) { return v; }
+  template <typename W>
+  __device__ static W load(double v) {
+    return v;
+  }
+  template <typename W>
+  __device__ static double store(W v) {
+    return v;
+  }
 };
 template <>
 struct FloatIo<__half> {
-  __device__ static double load(__half v) { return Half::load(v); }
-  __device__ static __half store(double v) { return Half::store(static_cast<float>(v)); }
+  template <typename W>
+  __device__ static W load(__half v) {
+    return Half::load(v);
+  }
+  template <typename W>
+  __device__ static __half store(W v) {
+    return Half::store(static_cast<float>(v));
+  }
 };
 template <>
 struct FloatIo<__nv_bfloat16> {
-  __device__ static double load(__nv_bfloat16 v) { return Bfloat::load(v); }
-  __device__ static __nv_bfloat16 store(double v) { return Bfloat::store(static_cast<float>(v)); }
+  template <typename W>
+  __device__ static W load(__nv_bfloat16 v) {
+    return Bfloat::load(v);
+  }
+  template <typename W>
+  __device__ static __nv_bfloat16 store(W v) {
+    return Bfloat::store(static_cast<float>(v));
+  }
 };
 
 template <typename To, typename From>
 __global__ void castKernel(To* dst, const From* src, size_t count) {
+  using W = std::conditional_t<std::is_same_v<To, double> || std::is_same_v<From, double>, double, float>;
   for (size_t i = threadIndex(); i < count; i += gridThreads())
-    dst[i] = FloatIo<To>::store(FloatIo<From>::load(src[i]));
+    dst[i] = FloatIo<To>::template store<W>(FloatIo<From>::template load<W>(src[i]));
 }
 
 template <typename To, typename From>
