@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -405,25 +406,42 @@ inline void switchToNext(Launch& l, Context* from, bool leaving) {
   l.running = next;
   threadIdx = f.thread;
   blockIdx = f.block;
+  if (&f.context == from) return;  // the fiber that yields is the next to run: it goes on
   switchContext(from, &f.context, f.stack, kFiberStackBytes, leaving);
 }
 
-// The running fiber waits at b until every fiber it expects has arrived; the last to arrive makes
-// the others ready and goes on.
+// The order in which the threads of a block or warp run from one barrier to the next: first to
+// last, or last to first where CHORUS_EMULATION_ORDER=reverse. Code that reads what another thread
+// writes without a barrier between (a race on a GPU) reads it in one of the two orders only, so a
+// test that passes both ways does not depend on such a read.
+inline bool reversed() {
+  static const bool reverse = [] {
+    const char* order = std::getenv("CHORUS_EMULATION_ORDER");
+    return order != nullptr && std::strcmp(order, "reverse") == 0;
+  }();
+  return reverse;
+}
+
+// The running fiber waits at b until every fiber it expects has arrived. The last to arrive makes
+// them all ready, itself included, in thread order (the emulation's order), and yields.
 inline void arrive(FiberBarrier& b) {
   Launch& l = *current;
+  Fiber& me = l.fibers[l.running];
+  me.waiting = true;
+  b.waiting.push_back(l.running);
   if (++b.arrived == b.expected) {
     b.arrived = 0;
+    if (reversed()) {
+      std::sort(b.waiting.begin(), b.waiting.end(), std::greater<int>());
+    } else {
+      std::sort(b.waiting.begin(), b.waiting.end());
+    }
     for (const int f : b.waiting) {
       l.fibers[f].waiting = false;
       l.ready.push_back(f);
     }
     b.waiting.clear();
-    return;
   }
-  Fiber& me = l.fibers[l.running];
-  me.waiting = true;
-  b.waiting.push_back(l.running);
   switchToNext(l, &me.context, false);
 }
 
@@ -471,6 +489,7 @@ inline void runFibers(Launch& l) {
     makeContext(&f.context, fiberMain, f.stack, kFiberStackBytes);
     l.ready.push_back(t);
   }
+  if (reversed()) std::reverse(l.ready.begin(), l.ready.end());  // the emulation's order
   switchToNext(l, &l.scheduler, false);
   for (const Fiber& f : l.fibers) {
     if (!f.done) {
