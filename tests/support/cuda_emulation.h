@@ -330,8 +330,8 @@ inline void makeContext(Context* c, void (*entry)(), char* base, size_t bytes) {
 }
 #endif
 
-// A barrier of `expected` fibers: each that arrives waits (yields to the scheduler) until the last
-// arrives and releases them.
+// A barrier of `expected` fibers: each that arrives waits (yields to the next ready fiber) until
+// the last arrives and makes them ready.
 struct FiberBarrier {
   int expected = 0, arrived = 0;
   std::vector<int> waiting;
