@@ -56,6 +56,10 @@ struct Typed {
   using Storage = T;
   using Conv = C;
 };
+using Fp32 = Typed<float, Native<float>>;
+using Fp64 = Typed<double, Native<double>>;
+using Fp16 = Typed<__half, Half>;
+using Bf16 = Typed<__nv_bfloat16, Bfloat>;
 
 // f(Typed<T, Conv>{}) for the storage type and conversions of `type`; cudaErrorInvalidValue for a
 // type that is none of chorus's.
@@ -75,13 +79,13 @@ int withType(chorusDataType_t type, F&& f) {
     case chorusUint64:
       return f(Typed<uint64_t, Native<uint64_t>>{});
     case chorusFloat32:
-      return f(Typed<float, Native<float>>{});
+      return f(Fp32{});
     case chorusFloat64:
-      return f(Typed<double, Native<double>>{});
+      return f(Fp64{});
     case chorusFloat16:
-      return f(Typed<__half, Half>{});
+      return f(Fp16{});
     case chorusBfloat16:
-      return f(Typed<__nv_bfloat16, Bfloat>{});
+      return f(Bf16{});
     default:
       return static_cast<int>(cudaErrorInvalidValue);
   }
@@ -228,68 +232,23 @@ int launchDivide(void* buf, size_t count, int divisor, cudaStream_t stream) {
   return static_cast<int>(cudaGetLastError());
 }
 
-// The float types a cast reads and writes, loaded to and stored from W: float, or double where
-// either side is double. A float's round trip through double would quiet a signaling NaN, which
-// the reference keeps bit for bit (whether the compiler removed that round trip decided it
-// before: the emulation's unoptimized build did not).
-template <typename T>
-struct FloatIo;
-template <>
-struct FloatIo<float> {
-  template <typename W>
-  __device__ static W load(float v) {
-    return v;
-  }
-  template <typename W>
-  __device__ static float store(W v) {
-    return static_cast<float>(v);
-  }
-};
-template <>
-struct FloatIo<double> {
-  template <typename W>
-  __device__ static W load(double v) {
-    return v;
-  }
-  template <typename W>
-  __device__ static double store(W v) {
-    return v;
-  }
-};
-template <>
-struct FloatIo<__half> {
-  template <typename W>
-  __device__ static W load(__half v) {
-    return Half::load(v);
-  }
-  template <typename W>
-  __device__ static __half store(W v) {
-    return Half::store(static_cast<float>(v));
-  }
-};
-template <>
-struct FloatIo<__nv_bfloat16> {
-  template <typename W>
-  __device__ static W load(__nv_bfloat16 v) {
-    return Bfloat::load(v);
-  }
-  template <typename W>
-  __device__ static __nv_bfloat16 store(W v) {
-    return Bfloat::store(static_cast<float>(v));
-  }
-};
-
+// A cast: From's elements (a Typed tag: storage and conversions, the reductions' own) loaded,
+// then stored as To's, by way of W: float, or double where either side is double. A float's round
+// trip through double would quiet a signaling NaN, which the reference keeps bit for bit.
 template <typename To, typename From>
-__global__ void castKernel(To* dst, const From* src, size_t count) {
-  using W = std::conditional_t<std::is_same_v<To, double> || std::is_same_v<From, double>, double, float>;
+__global__ void castKernel(typename To::Storage* dst, const typename From::Storage* src, size_t count) {
+  constexpr bool kDouble =
+      std::is_same_v<typename To::Storage, double> || std::is_same_v<typename From::Storage, double>;
+  using W = std::conditional_t<kDouble, double, float>;
+  using ToCompute = typename To::Conv::Compute;
   for (size_t i = threadIndex(); i < count; i += gridThreads())
-    dst[i] = FloatIo<To>::template store<W>(FloatIo<From>::template load<W>(src[i]));
+    dst[i] = To::Conv::store(static_cast<ToCompute>(static_cast<W>(From::Conv::load(src[i]))));
 }
 
 template <typename To, typename From>
 int launchCast(void* dst, const void* src, size_t count, cudaStream_t stream) {
-  CHORUS_LAUNCH((castKernel<To, From>), gridFor(count), 256, 0, stream, static_cast<To*>(dst),
-                static_cast<const From*>(src), count);
+  CHORUS_LAUNCH((castKernel<To, From>), gridFor(count), 256, 0, stream, static_cast<typename To::Storage*>(dst),
+                static_cast<const typename From::Storage*>(src), count);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -297,13 +256,13 @@ template <typename From>
 int castFrom(void* dst, chorusDataType_t dstType, const void* src, size_t count, cudaStream_t s) {
   switch (dstType) {
     case chorusFloat32:
-      return launchCast<float, From>(dst, src, count, s);
+      return launchCast<Fp32, From>(dst, src, count, s);
     case chorusFloat64:
-      return launchCast<double, From>(dst, src, count, s);
+      return launchCast<Fp64, From>(dst, src, count, s);
     case chorusFloat16:
-      return launchCast<__half, From>(dst, src, count, s);
+      return launchCast<Fp16, From>(dst, src, count, s);
     case chorusBfloat16:
-      return launchCast<__nv_bfloat16, From>(dst, src, count, s);
+      return launchCast<Bf16, From>(dst, src, count, s);
     default:
       return static_cast<int>(cudaErrorInvalidValue);
   }
@@ -316,13 +275,13 @@ int cast(void* dst, chorusDataType_t dstType, const void* src, chorusDataType_t 
   const auto s = static_cast<cudaStream_t>(stream);
   switch (srcType) {
     case chorusFloat32:
-      return castFrom<float>(dst, dstType, src, count, s);
+      return castFrom<Fp32>(dst, dstType, src, count, s);
     case chorusFloat64:
-      return castFrom<double>(dst, dstType, src, count, s);
+      return castFrom<Fp64>(dst, dstType, src, count, s);
     case chorusFloat16:
-      return castFrom<__half>(dst, dstType, src, count, s);
+      return castFrom<Fp16>(dst, dstType, src, count, s);
     case chorusBfloat16:
-      return castFrom<__nv_bfloat16>(dst, dstType, src, count, s);
+      return castFrom<Bf16>(dst, dstType, src, count, s);
     default:
       return static_cast<int>(cudaErrorInvalidValue);
   }
