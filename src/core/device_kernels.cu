@@ -81,7 +81,7 @@ int preload() {
 }
 
 int launchWait(uint64_t* waits, const volatile uint64_t* done, Control* control, uint64_t timeoutNs, void* stream) {
-  waitKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(waits, done, control, timeoutNs);
+  CHORUS_LAUNCH(waitKernel, 1, 1, 0, static_cast<cudaStream_t>(stream), waits, done, control, timeoutNs);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -17,6 +17,9 @@ std::atomic<unsigned long long> objectsSeen{~0ull};  // the loader's dlpi_adds a
 }  // namespace
 
 PointerAttributeFn loadedDriver() {
+#if defined(CHORUS_CUDA_EMULATION)
+  return &cuPointerGetAttribute;  // tests/support/cuda_emulation.h's: the emulation is the driver
+#else
   if (PointerAttributeFn fn = driverPointerAttribute.load(std::memory_order_acquire)) return fn;
   // dlopen with RTLD_NOLOAD costs about 17 us when the library is absent; the loader's count of
   // objects added costs a lock, so the library is looked for only when that count moved.
@@ -34,6 +37,7 @@ PointerAttributeFn loadedDriver() {
   dlclose(driver);  // the program's own handle keeps it loaded
   if (fn != nullptr) driverPointerAttribute.store(fn, std::memory_order_release);
   return fn;
+#endif
 }
 
 void Mappings::reset(int rank, int nranks) {

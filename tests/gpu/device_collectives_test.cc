@@ -382,8 +382,8 @@ TEST_P(DeviceCollectivesTest, CapturedInAGraphAndReplayed) {
       // Once outside capture: the staged path sizes its pinned memory then.
       ASSERT_EQ(chorusAllReduce(in.p, out.p, count, chorusFloat32, chorusSum, comm, stream), chorusSuccess);
       CUDA_OK(cudaStreamSynchronize(stream));
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
       CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       ASSERT_EQ(chorusAllReduce(in.p, out.p, count, chorusFloat32, chorusSum, comm, stream), chorusSuccess)
           << chorusGetLastError(comm);

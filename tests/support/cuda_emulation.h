@@ -1,20 +1,21 @@
-// cuda_emulation.h: the part of CUDA that the training layer's CUDA source is written against
-// (kernels/cuda's attention, tensor-core and scalar, nn.cu's and moe.cu's layers, reduce.cu's
-// reductions and casts, their launchers; the runtime calls of src/training/backend_cuda.cc),
-// emulated on the host, so that the same source runs where there is no GPU. Every CUDA thread of
-// a block is a fiber of the launching thread (a stack of its own; switching costs no system call
-// on x86-64), run until it waits at __syncthreads or __syncwarp, the scheduler taking the fibers
-// in turn; a warp's shuffles and ballots go through an exchange behind a warp barrier; static
-// shared memory is one copy for the whole launch (the blocks run one after another); device
-// memory is host memory that the emulation keeps a list of, so a kernel handed a host pointer
-// fails as on a GPU; a WMMA fragment holds its whole 16 x 16 tile in every lane (loads and
-// products computed by each lane, stores written by lane 0 between warp barriers, as the
-// hardware's warp-wide operations order them). A barrier some thread never reaches (divergent
-// code) aborts, saying so. What it does not model: the hardware's order of the sums inside one
-// product, memory ordering beyond the barriers, blocks running at once, streams (every call runs
-// to its end before it returns; every stream is the null stream), and launch limits (shared
-// memory size, registers). Include it before the kernels' source, or put emulated_cuda/ (which
-// stands in for CUDA's headers and cuBLAS's) first on the include path.
+// cuda_emulation.h: the part of CUDA that chorus's CUDA source is written against (kernels/cuda's
+// attention, tensor-core and scalar, nn.cu's and moe.cu's layers, reduce.cu's reductions and
+// casts, their launchers; the device engine's kernels, src/core/device_kernels.cu and
+// device_ring.cuh; the runtime calls of src/core/device.cc, src/transport/cuda_ipc.cc and
+// src/training/backend_cuda.cc), emulated on the host, so that the same source runs where there
+// is no GPU. Every CUDA thread of a block is a fiber of the thread that runs the launch (a stack of
+// its own; switching costs no system call on x86-64), run until it waits at __syncthreads or
+// __syncwarp, the scheduler taking the fibers in turn; a warp's shuffles and ballots go through an
+// exchange behind a warp barrier; static shared memory is one copy for the whole launch (the
+// blocks run one after another, and the process's kernels one at a time); a WMMA fragment holds
+// its whole 16 x 16 tile in every lane (loads and products computed by each lane, stores written
+// by lane 0 between warp barriers, as the hardware's warp-wide operations order them). A barrier
+// some thread never reaches (divergent code) aborts, saying so. The runtime (memory, streams as
+// host threads, events, CUDA IPC between processes, graphs) is cuda_emulation_runtime.h's, which
+// says what it models. What neither models: the hardware's order of the sums inside one product,
+// memory ordering beyond the barriers, blocks running at once, and launch limits (shared memory
+// size, registers). Include it before the kernels' source, or put emulated_cuda/ (which stands in
+// for CUDA's headers and cuBLAS's) first on the include path.
 #pragma once
 
 #define CHORUS_CUDA_EMULATION 1
@@ -77,209 +78,7 @@ struct alignas(16) uint4 {
 inline float2 make_float2(float x, float y) { return {x, y}; }
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
-// The runtime. Device memory is host memory, but the emulation keeps a list of it: a launch whose
-// pointer argument lies outside every device allocation, or a copy or memset whose kind does not
-// match its pointers, fails as on a GPU (the launch skipped, cudaGetLastError returning the error,
-// a line on stderr naming the kernel or call and the pointer). Pointers inside a struct argument
-// are not checked. One device, 0. Every stream is the null stream and every call runs to its end
-// before it returns, so streams and events order nothing; an event holds the host time at its
-// record.
-enum cudaError : int {
-  cudaSuccess = 0,
-  cudaErrorInvalidValue = 1,
-  cudaErrorMemoryAllocation = 2,
-  cudaErrorInvalidDevice = 101,
-  cudaErrorIllegalAddress = 700,
-};
-using cudaError_t = cudaError;
-using cudaStream_t = void*;
-struct EmulatedEvent {
-  std::chrono::steady_clock::time_point at{};
-};
-using cudaEvent_t = EmulatedEvent*;
-constexpr unsigned cudaStreamNonBlocking = 1, cudaEventDisableTiming = 2;
-enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
-struct cudaDeviceProp {
-  char name[256];
-};
-struct cudaFuncAttributes {
-  int maxThreadsPerBlock;
-};
-
-namespace chorus::testing::emulation {
-
-// The device allocations (start -> bytes) and the last error, for every thread of the process.
-struct Device {
-  std::mutex mutex;
-  std::map<uintptr_t, size_t> blocks;
-  std::atomic<cudaError_t> lastError{cudaSuccess};
-};
-inline Device& device() {
-  static Device d;
-  return d;
-}
-// Whether p lies in a device allocation (one past its end included: an empty range's start).
-inline bool onDevice(const void* p) {
-  const auto at = reinterpret_cast<uintptr_t>(p);
-  Device& d = device();
-  std::lock_guard<std::mutex> lock(d.mutex);
-  auto it = d.blocks.upper_bound(at);
-  if (it == d.blocks.begin()) return false;
-  --it;
-  return at <= it->first + it->second;
-}
-// Records the error (kept until cudaGetLastError) and says on stderr what failed.
-inline cudaError_t fail(cudaError_t error, const char* what, const void* p) {
-  std::fprintf(stderr, "cuda emulation: %s: %p is not %s memory\n", what, p,
-               error == cudaErrorIllegalAddress ? "device" : "the right kind of");
-  device().lastError = error;
-  return error;
-}
-// A copy's or memset's pointer: device memory where `device` says, else not.
-inline bool kindMatches(const void* p, bool device) { return onDevice(p) == device; }
-inline cudaError_t copyKind(void* to, const void* from, cudaMemcpyKind kind, const char* what) {
-  const bool toDevice = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
-  const bool fromDevice = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-  if (!kindMatches(to, toDevice)) return fail(cudaErrorInvalidValue, what, to);
-  if (!kindMatches(from, fromDevice)) return fail(cudaErrorInvalidValue, what, from);
-  return cudaSuccess;
-}
-inline thread_local int currentDevice = 0;
-
-}  // namespace chorus::testing::emulation
-
-template <typename T>
-cudaError_t cudaMalloc(T** p, size_t bytes) {
-  void* block = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);  // cudaMalloc's alignment
-  *p = static_cast<T*>(block);
-  if (block == nullptr) return cudaErrorMemoryAllocation;
-  auto& d = chorus::testing::emulation::device();
-  std::lock_guard<std::mutex> lock(d.mutex);
-  d.blocks[reinterpret_cast<uintptr_t>(block)] = bytes;
-  return cudaSuccess;
-}
-inline cudaError_t cudaFree(void* p) {
-  if (p == nullptr) return cudaSuccess;
-  auto& d = chorus::testing::emulation::device();
-  {
-    std::lock_guard<std::mutex> lock(d.mutex);
-    if (d.blocks.erase(reinterpret_cast<uintptr_t>(p)) == 0) {
-      return chorus::testing::emulation::fail(cudaErrorInvalidValue, "cudaFree", p);
-    }
-  }
-  std::free(p);
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
-  if (bytes == 0) return cudaSuccess;
-  if (!chorus::testing::emulation::onDevice(p)) {
-    return chorus::testing::emulation::fail(cudaErrorInvalidValue, "cudaMemset", p);
-  }
-  std::memset(p, value, bytes);
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemset(void* p, int value, size_t bytes) { return cudaMemsetAsync(p, value, bytes); }
-inline cudaError_t cudaMemcpyAsync(void* to, const void* from, size_t bytes, cudaMemcpyKind kind,
-                                   cudaStream_t = nullptr) {
-  if (bytes == 0) return cudaSuccess;
-  if (const cudaError_t error = chorus::testing::emulation::copyKind(to, from, kind, "cudaMemcpy")) return error;
-  std::memmove(to, from, bytes);
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemcpy(void* to, const void* from, size_t bytes, cudaMemcpyKind kind) {
-  return cudaMemcpyAsync(to, from, bytes, kind);
-}
-inline cudaError_t cudaMemcpy2DAsync(void* to, size_t toPitch, const void* from, size_t fromPitch, size_t width,
-                                     size_t rows, cudaMemcpyKind kind, cudaStream_t = nullptr) {
-  if (width == 0 || rows == 0) return cudaSuccess;
-  if (width > toPitch || width > fromPitch) return cudaErrorInvalidValue;
-  if (const cudaError_t error = chorus::testing::emulation::copyKind(to, from, kind, "cudaMemcpy2D")) return error;
-  for (size_t r = 0; r < rows; ++r) {
-    std::memmove(static_cast<char*>(to) + r * toPitch, static_cast<const char*>(from) + r * fromPitch, width);
-  }
-  return cudaSuccess;
-}
-inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
-inline cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
-  return cudaSuccess;
-}
-inline cudaError_t cudaGetDevice(int* device) {
-  *device = chorus::testing::emulation::currentDevice;
-  return cudaSuccess;
-}
-inline cudaError_t cudaSetDevice(int device) {
-  if (device != 0) return cudaErrorInvalidDevice;
-  chorus::testing::emulation::currentDevice = device;
-  return cudaSuccess;
-}
-inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  if (device != 0) return cudaErrorInvalidDevice;
-  *prop = {};
-  std::snprintf(prop->name, sizeof(prop->name), "CUDA emulated on the host");
-  return cudaSuccess;
-}
-inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
-  *stream = nullptr;  // the null stream: every call has finished when it returns
-  return cudaSuccess;
-}
-inline cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
-inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
-  *event = new EmulatedEvent;
-  return cudaSuccess;
-}
-inline cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
-inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
-  delete event;
-  return cudaSuccess;
-}
-inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t = nullptr) {
-  if (event == nullptr) return cudaErrorInvalidValue;
-  event->at = std::chrono::steady_clock::now();
-  return cudaSuccess;
-}
-inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  return event != nullptr ? cudaSuccess : cudaErrorInvalidValue;
-}
-inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-  if (start == nullptr || end == nullptr) return cudaErrorInvalidValue;
-  *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
-  return cudaSuccess;
-}
-inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned = 0) {
-  return event != nullptr ? cudaSuccess : cudaErrorInvalidValue;
-}
-enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
-template <typename Kernel>
-cudaError_t cudaFuncSetAttribute(Kernel, cudaFuncAttribute, int) {
-  return cudaSuccess;  // launch limits are not modelled
-}
-template <typename Kernel>
-cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, Kernel) {
-  attributes->maxThreadsPerBlock = 1024;
-  return cudaSuccess;
-}
-// The last error (a launch's or a call's), cleared.
-inline cudaError_t cudaGetLastError() { return chorus::testing::emulation::device().lastError.exchange(cudaSuccess); }
-inline const char* cudaGetErrorName(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "cudaSuccess";
-    case cudaErrorInvalidValue:
-      return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation:
-      return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidDevice:
-      return "cudaErrorInvalidDevice";
-    case cudaErrorIllegalAddress:
-      return "cudaErrorIllegalAddress";
-    default:
-      return "cudaErrorUnknown";
-  }
-}
-inline const char* cudaGetErrorString(cudaError_t error) { return cudaGetErrorName(error); }
+#include "tests/support/cuda_emulation_runtime.h"
 
 // Rounded products and sums; kept apart only where the including test compiles with
 // -ffp-contract=off (nn_emulated_test does), else a host with FMA may fuse them once inlined.
@@ -521,17 +320,19 @@ void launch(Kernel kernel, EmulatedDim grid, int threads, size_t sharedBytes, Ar
 }  // namespace chorus::testing::emulation
 
 namespace chorus::testing::emulation {
-// launch(), once every pointer argument is null or device memory; else, as a GPU would fail the
-// kernel's first access to it, nothing runs and the launch's error is cudaErrorIllegalAddress.
+// launch() in stream order, once every pointer argument is null, device memory or pinned host
+// memory; else, as a GPU would fail the kernel's first access to it, nothing runs and the launch's
+// error is cudaErrorIllegalAddress. The process's kernels run one at a time.
 template <typename Kernel, typename... Args>
-void checkedLaunch(const char* name, Kernel kernel, EmulatedDim grid, int threads, size_t sharedBytes, Args... args) {
+void checkedLaunch(const char* name, cudaStream_t stream, Kernel kernel, EmulatedDim grid, int threads,
+                   size_t sharedBytes, Args... args) {
   int index = 0;
   bool ok = true;
   auto check = [&](const auto& a) {
     if constexpr (std::is_pointer_v<std::decay_t<decltype(a)>>) {
-      if (ok && a != nullptr && !onDevice(a)) {
-        std::fprintf(stderr, "cuda emulation: launch of %s: argument %d (%p) is not device memory\n", name, index,
-                     static_cast<const void*>(a));
+      const auto* p = const_cast<const void*>(static_cast<const volatile void*>(a));
+      if (ok && p != nullptr && !deviceReachable(p)) {
+        std::fprintf(stderr, "cuda emulation: launch of %s: argument %d (%p) is not device memory\n", name, index, p);
         device().lastError = cudaErrorIllegalAddress;
         ok = false;
       }
@@ -539,16 +340,21 @@ void checkedLaunch(const char* name, Kernel kernel, EmulatedDim grid, int thread
     ++index;
   };
   (check(args), ...);
-  if (ok) launch(kernel, grid, threads, sharedBytes, args...);
+  if (!ok) return;
+  enqueue(stream, [=] {
+    std::lock_guard<std::recursive_mutex> lock(device().kernels);
+    launch(kernel, grid, threads, sharedBytes, args...);
+  });
 }
 }  // namespace chorus::testing::emulation
 
 // kernels/cuda/grid.cuh's launch line, run here: the kernel (a template deduces its arguments from
-// the call, as in a CUDA launch) over the grid, on host threads, its pointer arguments checked;
-// the stream is only evaluated.
-#define CHORUS_LAUNCH(kernel, grid, threads, sharedBytes, stream, ...)     \
-  (static_cast<void>(stream), ::chorus::testing::emulation::checkedLaunch( \
-                                  #kernel, [=](auto... a) { kernel(a...); }, grid, threads, sharedBytes, __VA_ARGS__))
+// the call, as in a CUDA launch) over the grid, on host threads, in the stream's order, its pointer
+// arguments checked at the launch.
+#define CHORUS_LAUNCH(kernel, grid, threads, sharedBytes, stream, ...)                                          \
+  ::chorus::testing::emulation::checkedLaunch(                                                                  \
+      #kernel, static_cast<cudaStream_t>(stream), [=](auto... a) { kernel(a...); }, grid, threads, sharedBytes, \
+      __VA_ARGS__)
 
 #define CHORUS_DYNAMIC_SHARED(name) unsigned char* name = ::chorus::testing::emulation::sharedBytes()
 
