@@ -13,7 +13,13 @@ namespace chorus::ipc {
 // Control words are read every kControlPoll spins: they live in host memory, a bus read away.
 constexpr unsigned kControlPoll = 64;
 
+// Under tests/support/cuda_emulation.h the memory operations are device_ring.h's host ones (the
+// inboxes shared between processes by the emulation's CUDA IPC) in place of the PTX below.
+#if defined(CHORUS_CUDA_EMULATION)
+struct DeviceSync : HostPrimitives {
+#else
 struct DeviceSync {
+#endif
   static constexpr unsigned kPollEvery = kControlPoll;
   __device__ static int thread() { return static_cast<int>(threadIdx.x); }
   __device__ static int threads() { return static_cast<int>(blockDim.x); }
@@ -26,35 +32,7 @@ struct DeviceSync {
     __syncthreads();
     return result;
   }
-#if defined(CHORUS_CUDA_EMULATION)
-  // Under tests/support/cuda_emulation.h: host atomics in place of the PTX below (the words are
-  // shared with other processes' emulated kernels through the emulation's CUDA IPC).
-  static void acquire() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-  static void release() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-  static uint64_t loadWord(uint64_t* p) { return std::atomic_ref<uint64_t>(*p).load(std::memory_order_acquire); }
-  static void storeWord(uint64_t* p, uint64_t v) { std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release); }
-  static LlLine loadLine(const LlLine* p) {
-    auto* halves = reinterpret_cast<uint64_t*>(const_cast<LlLine*>(p));
-    const uint64_t first = std::atomic_ref<uint64_t>(halves[0]).load(std::memory_order_relaxed);
-    const uint64_t second = std::atomic_ref<uint64_t>(halves[1]).load(std::memory_order_relaxed);
-    LlLine v;
-    std::memcpy(&v.data0, &first, 8);
-    std::memcpy(&v.data1, &second, 8);
-    return v;
-  }
-  static void storeLine(LlLine* p, LlLine v) {
-    uint64_t first, second;
-    std::memcpy(&first, &v.data0, 8);
-    std::memcpy(&second, &v.data1, 8);
-    auto* halves = reinterpret_cast<uint64_t*>(p);
-    std::atomic_ref<uint64_t>(halves[0]).store(first, std::memory_order_relaxed);
-    std::atomic_ref<uint64_t>(halves[1]).store(second, std::memory_order_relaxed);
-  }
-  template <typename T>
-  static T loadData(const T* p) {
-    return *static_cast<const volatile T*>(p);
-  }
-#else
+#if !defined(CHORUS_CUDA_EMULATION)  // the device's own; the emulation's are HostPrimitives'
   __device__ static void acquire() { __threadfence_system(); }
   __device__ static void release() { __threadfence_system(); }
   // Flag words another process's kernel writes and reads (mapped with CUDA IPC): an acquire load
@@ -99,23 +77,8 @@ struct DeviceSync {
       return v;
     }
   }
-#endif
   __device__ static uint32_t loadStatus(Control* c) { return *reinterpret_cast<volatile uint32_t*>(&c->status); }
   __device__ static uint32_t loadAbort(Control* c) { return *reinterpret_cast<volatile uint32_t*>(&c->abort); }
-#if defined(CHORUS_CUDA_EMULATION)
-  static void fail(Control* c, uint32_t why, uint32_t channel, uint32_t what, uint64_t message) {
-    uint32_t ok = kStatusOk;
-    if (std::atomic_ref<uint32_t>(c->status).compare_exchange_strong(ok, why)) {
-      c->channel = channel;
-      c->what = what;
-      c->message = message;
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-    }
-  }
-  static uint64_t nowNs() { return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()); }
-  static void pause() { sched_yield(); }
-};
-#else
   __device__ static void fail(Control* c, uint32_t why, uint32_t channel, uint32_t what, uint64_t message) {
     // System scope: the host reads this word, and writes it too when the proxy fails.
     if (atomicCAS_system(&c->status, kStatusOk, why) == kStatusOk) {
@@ -131,8 +94,8 @@ struct DeviceSync {
     return t;
   }
   __device__ static void pause() { __nanosleep(32); }
-};
 #endif
+};
 
 // The ring kernel of one element type E and protocol: one block per channel, the op chosen inside.
 template <class E, bool Ll>

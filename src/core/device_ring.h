@@ -19,8 +19,11 @@
 // then skips the rest and returns (nothing hangs).
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <thread>
 
 #include "chorus/chorus.h"
 #include "kernels/cpu/half.h"
@@ -118,6 +121,54 @@ using kernels::OpMax;
 using kernels::OpMin;
 using kernels::OpProd;
 using kernels::OpSum;
+
+// ---- the ring's memory operations on the host ----
+
+// What S (below) does with memory and time, done by host code: the flag words as acquire / release
+// atomics, each 8-byte half of an LL line in one atomic access, Control by atomics. ipc_ring_test's
+// threads use them, and so does the kernel under the CUDA emulation (tests/support/
+// cuda_emulation.h), its inboxes shared between processes there. Not in CUDA units (the device
+// has its own, device_ring.cuh's, and nvcc's C++ may predate std::atomic_ref).
+#if !defined(__CUDACC__)
+struct HostPrimitives {
+  static void acquire() { std::atomic_thread_fence(std::memory_order_acquire); }
+  static void release() { std::atomic_thread_fence(std::memory_order_release); }
+  static uint64_t loadWord(uint64_t* p) { return std::atomic_ref<uint64_t>(*p).load(std::memory_order_acquire); }
+  static void storeWord(uint64_t* p, uint64_t v) { std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release); }
+  static LlLine loadLine(const LlLine* p) {
+    auto* words = reinterpret_cast<uint64_t*>(const_cast<LlLine*>(p));
+    const uint64_t low = std::atomic_ref<uint64_t>(words[0]).load(std::memory_order_relaxed);
+    const uint64_t high = std::atomic_ref<uint64_t>(words[1]).load(std::memory_order_relaxed);
+    return LlLine{static_cast<uint32_t>(low), static_cast<uint32_t>(low >> 32), static_cast<uint32_t>(high),
+                  static_cast<uint32_t>(high >> 32)};
+  }
+  static void storeLine(LlLine* p, LlLine v) {
+    auto* words = reinterpret_cast<uint64_t*>(p);
+    std::atomic_ref<uint64_t>(words[0]).store(v.data0 | uint64_t{v.flag0} << 32, std::memory_order_relaxed);
+    std::atomic_ref<uint64_t>(words[1]).store(v.data1 | uint64_t{v.flag1} << 32, std::memory_order_relaxed);
+  }
+  template <typename T>
+  static T loadData(const T* p) {
+    return *p;
+  }
+  static uint32_t loadStatus(Control* c) { return std::atomic_ref<uint32_t>(c->status).load(); }
+  static uint32_t loadAbort(Control* c) { return std::atomic_ref<uint32_t>(c->abort).load(); }
+  static void fail(Control* c, uint32_t why, uint32_t channel, uint32_t what, uint64_t message) {
+    uint32_t expected = kStatusOk;
+    if (std::atomic_ref<uint32_t>(c->status).compare_exchange_strong(expected, why)) {
+      c->channel = channel;
+      c->what = what;
+      c->message = message;
+    }
+  }
+  static uint64_t nowNs() {
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count());
+  }
+  static void pause() { std::this_thread::yield(); }
+};
+#endif
 
 // ---- one channel of one collective ----
 
