@@ -247,16 +247,28 @@ struct EventCounts {
   std::atomic<int64_t> atNs{0};
 };
 
-// Polls until done() holds: spins a little, then naps (the other side may be another process).
+// Polls until done() holds: spins a little, then naps (the other side may be another process). As
+// on a GPU the wait has no end of its own; past 30 s it says once on stderr what it waits for, so a
+// test that hangs names the stuck wait.
 template <typename F>
-void waitUntil(F&& done) {
+void waitUntil(F&& done, const char* what) {
+  const auto start = std::chrono::steady_clock::now();
+  bool told = false;
   for (unsigned spin = 0; !done(); ++spin) {
     if (spin < 64) {
       sched_yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    if (!told && std::chrono::steady_clock::now() - start > std::chrono::seconds(30)) {
+      std::fprintf(stderr, "cuda emulation: pid %d: %s, still waiting after 30 s\n", static_cast<int>(getpid()), what);
+      told = true;
     }
   }
+}
+// Waits until the event's record `target` has been reached.
+inline void waitForRecord(const EventCounts& counts, uint64_t target, const char* what) {
+  waitUntil([&] { return counts.reached.load() >= target; }, what);
 }
 
 // A stream's captured calls, in order.
@@ -508,8 +520,7 @@ inline cudaError_t cudaMemcpyAsync(void* to, const void* from, size_t bytes, cud
   return cudaMemcpy2DAsync(to, bytes, from, bytes, bytes, 1, kind, stream);
 }
 inline cudaError_t cudaMemcpy(void* to, const void* from, size_t bytes, cudaMemcpyKind kind) {
-  const cudaError_t error = cudaMemcpyAsync(to, from, bytes, kind, nullptr);
-  return error;
+  return cudaMemcpyAsync(to, from, bytes, kind, nullptr);
 }
 inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream = nullptr) {
   if (bytes == 0) return cudaSuccess;
@@ -653,7 +664,7 @@ inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (event == nullptr) return cudaErrorInvalidResourceHandle;
   const auto& counts = event->counts;
   const uint64_t target = counts->recorded.load();
-  chorus::testing::emulation::waitUntil([&] { return counts->reached.load() >= target; });
+  chorus::testing::emulation::waitForRecord(*counts, target, "cudaEventSynchronize");
   return cudaSuccess;
 }
 inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
@@ -671,12 +682,12 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, u
   if (s != nullptr && s->capture != nullptr) {
     s->capture->calls.push_back([counts] {
       const uint64_t target = counts->recorded.load();
-      waitUntil([&] { return counts->reached.load() >= target; });
+      waitForRecord(*counts, target, "cudaStreamWaitEvent (captured)");
     });
     return cudaSuccess;
   }
   const uint64_t target = counts->recorded.load();
-  enqueue(stream, [counts, target] { waitUntil([&] { return counts->reached.load() >= target; }); });
+  enqueue(stream, [counts, target] { waitForRecord(*counts, target, "cudaStreamWaitEvent"); });
   return cudaSuccess;
 }
 
@@ -819,9 +830,11 @@ inline CUresult streamWaitValue(CUstream stream, CUdeviceptr address, cuuint32_t
   auto* word = reinterpret_cast<uint32_t*>(address);
   if (!deviceReachable(word)) return CUDA_ERROR_INVALID_VALUE;
   enqueue(stream, [word, value] {
-    waitUntil([&] {
-      return static_cast<int32_t>(std::atomic_ref<uint32_t>(*word).load(std::memory_order_acquire) - value) >= 0;
-    });
+    waitUntil(
+        [&] {
+          return static_cast<int32_t>(std::atomic_ref<uint32_t>(*word).load(std::memory_order_acquire) - value) >= 0;
+        },
+        "cuStreamWaitValue32");
   });
   return CUDA_SUCCESS;
 }
