@@ -18,6 +18,7 @@
 #include <chrono>
 #include <deque>
 #include <list>
+#include <set>
 #include <thread>
 
 #include "src/base/error.h"
@@ -237,6 +238,19 @@ class UcxTransport final : public Transport {
       if (context_ != nullptr) ucp_cleanup(context_);
       return;
     }
+    if (stuckOnAnExitedPeer()) {
+      // A transfer with a peer on this host that has exited (kill -9 mid-message) can stay queued
+      // on UCX's shared-memory endpoint, and UCX asserts (aborts the process) when it destroys an
+      // endpoint with work queued. The worker and its endpoints are left to the process's exit.
+      logAt(LogLevel::kInfo,
+            "ucx: rank {}: a transfer with a peer that has exited is still queued; this communicator's UCX worker "
+            "is left as it is until the process exits",
+            rank_);
+      for (Peer& p : peers_.all()) {
+        if (p.pidfd >= 0) ::close(p.pidfd);
+      }
+      return;
+    }
     // Close endpoints gracefully (pending sends flushed) for a short while, then by force.
     std::vector<void*> closing;
     for (Peer& p : peers_.all()) {
@@ -260,6 +274,25 @@ class UcxTransport final : public Transport {
     for (Peer& p : peers_.all()) {
       if (p.pidfd >= 0) ::close(p.pidfd);
     }
+  }
+
+  // Whether a transfer with an exited peer on this host is still UCX's after a short while of
+  // progress (what UCX can still finish or fail, it does meanwhile).
+  bool stuckOnAnExitedPeer() {
+    std::set<int> exited;
+    for (const Peer& p : peers_.all()) {
+      if (p.sameHost && p.pid > 0 && processExited(p.pidfd, p.pid)) exited.insert(p.rank);
+    }
+    if (exited.empty()) return false;
+    auto stuck = [&] {
+      for (const Operation& op : operations_) {
+        if (exited.count(op.peer) != 0) return true;
+      }
+      return false;
+    };
+    const auto giveUp = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    while (stuck() && std::chrono::steady_clock::now() < giveUp) ucp_worker_progress(worker_);
+    return stuck();
   }
 
   static void onEndpointError(void* arg, ucp_ep_h, ucs_status_t status) { static_cast<Peer*>(arg)->broken = status; }
