@@ -918,7 +918,7 @@ void DeviceEngine::Impl::waitForProxy(cudaStream_t stream) {
       fail(chorusUnhandledCudaError, "rank {}: device path: cuStreamWaitValue32 failed ({})", rank, int(error));
     return;
   }
-  const int error = ipc::launchWait(waits, doneDevice, controlDevice, timeoutNs, stream);
+  const int error = ipc::launchWait(waits, doneDevice, controlDevice, stream);
   if (error != 0) check(static_cast<cudaError_t>(error), rank, "launching the wait kernel");
 }
 
@@ -1134,7 +1134,7 @@ void DeviceEngine::Impl::proxyLoop() {
         proxyComm->run(std::move(ops));
       } catch (const Error& e) {
         std::lock_guard<std::mutex> lock(mutex);
-        proxyFailure = e.what();
+        proxyFailure = fmt::format("rank {}: a device call staged through the host failed: {}", rank, e.what());
         proxyResult = e.code();
         // The waiting kernels see a failure and let their streams go on.
         std::atomic_ref<uint32_t>(control->status).store(ipc::kStatusAborted);
@@ -1201,9 +1201,15 @@ DeviceEngine::~DeviceEngine() {
   cudaGetLastError();
 }
 
-// A new call may be enqueued: no earlier one failed, and the current device is the engine's.
+// A new call may be enqueued: the communicator is neither aborted nor failed, no earlier device call
+// failed, and the current device is the engine's.
 void DeviceEngine::admit(const char* name) const {
   const Impl& m = *impl_;
+  if (m.comm.aborted()) fail(chorusAborted, "rank {}: {}: the communicator was aborted", m.rank, name);
+  if (!m.comm.brokenReason().empty()) {
+    fail(chorusInvalidUsage, "rank {}: {}: the communicator failed earlier and cannot be used: {}", m.rank, name,
+         m.comm.brokenReason());
+  }
   std::string failure;
   if (asyncError(&failure) != chorusSuccess) {
     fail(chorusInvalidUsage, "rank {}: {}: an earlier device call failed: {}", m.rank, name, failure);
@@ -1227,10 +1233,16 @@ void DeviceEngine::enqueue(const DeviceCall& call, chorusStream_t stream, const 
   // call, else the table's first that does (staged serves every call).
   const collectives::Algorithm forced = m.comm.forcedAlgorithm(call.collective);
   collectives::Algorithm ran = collectives::Algorithm::kDefault;
-  if (collectives::runsOnDevice(forced, call.collective) && ranOn(m, forced, call, s)) ran = forced;
-  for (collectives::Algorithm a : collectives::deviceAlgorithmsFor(call.collective)) {
-    if (ran != collectives::Algorithm::kDefault) break;
-    if (a != forced && ranOn(m, a, call, s)) ran = a;
+  try {
+    if (collectives::runsOnDevice(forced, call.collective) && ranOn(m, forced, call, s)) ran = forced;
+    for (collectives::Algorithm a : collectives::deviceAlgorithmsFor(call.collective)) {
+      if (ran != collectives::Algorithm::kDefault) break;
+      if (a != forced && ranOn(m, a, call, s)) ran = a;
+    }
+  } catch (const Error& e) {
+    // The direct path meets its peers on the host while it enqueues: say which call that was.
+    fail(e.code(), "rank {}: {} of {} {} on device buffers: {}", m.rank, name, call.count, chorusTypeName(call.type),
+         e.what());
   }
   if (ran == collectives::Algorithm::kDefault) {
     fail(chorusInternalError, "rank {}: {}: no device algorithm took the call", m.rank, name);

@@ -8,9 +8,12 @@
 namespace chorus::ipc {
 namespace {
 
-__global__ void waitKernel(uint64_t* waits, const volatile uint64_t* done, Control* control, uint64_t timeoutNs) {
+// No deadline of its own: the proxy's host call is bounded by the communicator's timeout, and the
+// proxy answers every call it is given, by the done count or, where the call failed, by
+// control's status. Counting from the launch instead would also cut a large staged call that is
+// still moving.
+__global__ void waitKernel(uint64_t* waits, const volatile uint64_t* done, Control* control) {
   const uint64_t target = ++*waits;
-  const uint64_t deadline = DeviceSync::nowNs() + timeoutNs;
   for (unsigned spin = 0; *done < target; ++spin) {
     if (spin % kControlPoll != 0) {
       DeviceSync::pause();
@@ -19,10 +22,6 @@ __global__ void waitKernel(uint64_t* waits, const volatile uint64_t* done, Contr
     if (DeviceSync::loadStatus(control) != kStatusOk) return;
     if (DeviceSync::loadAbort(control) != 0) {
       DeviceSync::fail(control, kStatusAborted, 0, kWaitData, target - 1);
-      return;
-    }
-    if (DeviceSync::nowNs() > deadline) {
-      DeviceSync::fail(control, kStatusTimeout, 0, kWaitData, target - 1);
       return;
     }
     DeviceSync::pause();
@@ -80,8 +79,8 @@ int preload() {
   return 0;
 }
 
-int launchWait(uint64_t* waits, const volatile uint64_t* done, Control* control, uint64_t timeoutNs, void* stream) {
-  CHORUS_LAUNCH(waitKernel, 1, 1, 0, static_cast<cudaStream_t>(stream), waits, done, control, timeoutNs);
+int launchWait(uint64_t* waits, const volatile uint64_t* done, Control* control, void* stream) {
+  CHORUS_LAUNCH(waitKernel, 1, 1, 0, static_cast<cudaStream_t>(stream), waits, done, control);
   return static_cast<int>(cudaGetLastError());
 }
 

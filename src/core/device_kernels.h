@@ -18,8 +18,8 @@ int launchRing(const RingArgs& args, chorusDataType_t type, chorusRedOp_t op, bo
 int preload();
 
 // Enqueues a one-thread kernel that counts itself in *waits (device memory) and spins until
-// *done (host memory mapped to the device) reaches that count, or control reports a failure, or
-// the abort word is raised, or timeoutNs passes (recorded in control as kStatusTimeout).
-int launchWait(uint64_t* waits, const volatile uint64_t* done, Control* control, uint64_t timeoutNs, void* stream);
+// *done (host memory mapped to the device) reaches that count, or control reports a failure (the
+// proxy's call failed, or timed out on the host), or the abort word is raised.
+int launchWait(uint64_t* waits, const volatile uint64_t* done, Control* control, void* stream);
 
 }  // namespace chorus::ipc

@@ -8,9 +8,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -63,6 +66,16 @@ void setKnobs(const char* knobs) {
 constexpr const char* kForced = "allreduce:staged,allgather:ipc,reducescatter:ipc,broadcast:staged,alltoall:staged";
 void PrintTo(const Path& p, std::ostream* os) { *os << nameOf(p); }
 
+// AllReduceEveryTypeAndOp's count past several ring rounds and staging chunks. The emulated
+// device runs kernels on one host thread: there a third of it, with staging chunks of 1 MiB
+// instead of 4 (so every type of at least 2 bytes still goes in several), costs a third.
+#if CHORUS_CUDA_EMULATION
+constexpr size_t kLargeCount = 1'000'001;
+constexpr const char* kEmulatedStageBytes = "1048576";
+#else
+constexpr size_t kLargeCount = 3'000'001;
+#endif
+
 class DeviceCollectivesTest : public ::testing::TestWithParam<Path> {
  protected:
   RanksOptions options() const {
@@ -76,6 +89,9 @@ class DeviceCollectivesTest : public ::testing::TestWithParam<Path> {
     const Path path = GetParam();
     runRanks(options(), [&](int rank, chorusComm_t comm) {
       setenv("CHORUS_DEVICE_TRANSPORT", path.transport, 1);
+#if CHORUS_CUDA_EMULATION
+      setenv("CHORUS_DEVICE_STAGE_BYTES", kEmulatedStageBytes, 1);
+#endif
       setKnobs(path.knobs);
       if (path.algorithms != nullptr) {
         ASSERT_EQ(chorusCommSetAlgorithms(comm, path.algorithms), chorusSuccess) << chorusGetLastError(comm);
@@ -119,7 +135,7 @@ TEST_P(DeviceCollectivesTest, AllReduceEveryTypeAndOp) {
       for (int o = 0; o < chorusNumOps; ++o) {
         const auto op = static_cast<chorusRedOp_t>(o);
         // LL, bulk, and bulk over several rounds and staging chunks.
-        for (const size_t count : {size_t{1}, size_t{4099}, size_t{3'000'001}}) {
+        for (const size_t count : {size_t{1}, size_t{4099}, kLargeCount}) {
           const size_t bytes = count * kernels::typeSize(type);
           std::vector<char> host(bytes);
           for (size_t i = 0; i < count; ++i)
@@ -426,6 +442,200 @@ INSTANTIATE_TEST_SUITE_P(
                       Path{"staged", 2, kPostByValue, "value"}, Path{"staged", 4, kPostByValue, "value"},
                       Path{"auto", 2, nullptr, "forced", kForced}),
     [](const ::testing::TestParamInfo<Path>& info) { return nameOf(info.param); });
+
+// ---- failures: a peer that never calls, an abort, a peer that dies ----
+//
+// Two ranks set their device path up with a first all-reduce; then rank 0 makes a call its peer
+// never joins. Rank 0's call must end (an error from the call, or its stream going on with the
+// failure in chorusCommGetAsyncError), say which rank it waited for, and leave the communicator
+// refusing device calls by name. Nothing here may hang: the parent's deadline kills a rank that
+// does.
+
+// Rank 0's timeout where it is to time out: short, but past what setting the path up may take
+// one rank more than the other on a GPU (loading kernels, the first CUDA IPC mappings).
+#if CHORUS_CUDA_EMULATION
+constexpr int kShortTimeoutMs = 1000;
+#else
+constexpr int kShortTimeoutMs = 3000;
+#endif
+
+// What the ranks tell each other (the test's memory, shared with the ranks it forks).
+struct FailureShared {
+  std::atomic<int> rank0Done{0};
+  std::atomic<int64_t> abortNs{0};
+  std::atomic<int64_t> releasedNs{0};
+};
+
+class DeviceFailureTest : public ::testing::TestWithParam<Path> {
+ protected:
+  // Runs body(rank, comm, stream) on two ranks on GPU 0 with the path set, once a first all-reduce
+  // has set it up; rank r's timeout is timeoutMs[r]. Rank 1 runs rank1(comm) instead. rank0
+  // returns whether the communicator is still there to destroy (an abort frees it).
+  void run(const std::array<int, 2>& timeoutMs, const std::function<bool(chorusComm_t, cudaStream_t)>& rank0,
+           const std::function<void(chorusComm_t)>& rank1) {
+    const Path path = GetParam();
+    const auto codes = runProcesses(
+        2,
+        [&](int rank, const chorusUniqueId& id) {
+          setenv("CHORUS_DEVICE_TRANSPORT", path.transport, 1);
+          setKnobs(path.knobs);
+          chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
+          config.timeoutMs = timeoutMs[rank];
+          chorusComm_t comm = nullptr;
+          ASSERT_EQ(chorusCommInitRankConfig(&comm, 2, id, rank, &config), chorusSuccess)
+              << chorusGetLastError(nullptr);
+          CUDA_OK(cudaSetDevice(0));
+          cudaStream_t stream;
+          CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+          {
+            Device first(1024 * 4);
+            CUDA_OK(cudaMemset(first.p, 0, 1024 * 4));
+            ASSERT_EQ(chorusAllReduce(first.p, first.p, 1024, chorusFloat32, chorusSum, comm, stream), chorusSuccess)
+                << chorusGetLastError(comm);
+            CUDA_OK(cudaStreamSynchronize(stream));
+          }
+          const bool live = rank == 0 ? rank0(comm, stream) : (rank1(comm), true);
+          CUDA_OK(cudaStreamDestroy(stream));
+          if (live) chorusCommDestroy(comm);
+        },
+        120);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(codes[r], 0) << "rank " << r << (codes[r] == 124 ? ": killed at the deadline (hang)" : "");
+    }
+  }
+
+  // Rank 0's call that rank 1 never joins: its result, and once its stream is done, the
+  // communicator's asynchronous error (the call's own where it failed at once; not asked where
+  // async is null). Returns the failure's message.
+  static std::string callAlone(chorusComm_t comm, cudaStream_t stream, chorusResult_t* called,
+                               chorusResult_t* async) {
+    constexpr size_t kCount = 70001;
+    Device buffer(kCount * 4);
+    *called = chorusAllReduce(buffer.p, buffer.p, kCount, chorusFloat32, chorusSum, comm, stream);
+    std::string message = *called != chorusSuccess ? chorusGetLastError(comm) : "";
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    if (async == nullptr) return message;
+    *async = chorusInternalError;
+    EXPECT_EQ(chorusCommGetAsyncError(comm, async), chorusSuccess);
+    if (*async != chorusSuccess && *called == chorusSuccess) message = chorusGetLastError(comm);
+    std::printf("rank 0's failure: %s\n", message.c_str());
+    return message;
+  }
+
+  // A device call after the failure is refused, saying why.
+  static void refusedAfter(chorusComm_t comm, cudaStream_t stream, const char* why) {
+    Device buffer(64 * 4);
+    EXPECT_NE(chorusAllReduce(buffer.p, buffer.p, 64, chorusFloat32, chorusSum, comm, stream), chorusSuccess);
+    const std::string message = chorusGetLastError(comm);
+    EXPECT_NE(message.find(why), std::string::npos) << message;
+    EXPECT_EQ(cudaStreamQuery(stream), cudaSuccess) << "a refused call leaves its stream untouched";
+  }
+
+  // Rank 1: waits (bounded) until rank 0 has checked what it checks.
+  static void awaitRank0(const FailureShared& shared) {
+    for (int i = 0; i < 60000 && shared.rank0Done.load() == 0; ++i) usleep(1000);
+  }
+};
+
+// Rank 0 times out (kShortTimeoutMs; rank 1 would wait 10 min) and names rank 1 as the one it
+// waited for.
+TEST_P(DeviceFailureTest, APeerThatNeverCallsTimesOutNamingIt) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  SharedWithRanks<FailureShared> shared;
+  run(
+      {kShortTimeoutMs, 600000},
+      [&](chorusComm_t comm, cudaStream_t stream) {
+        chorusResult_t called, async;
+        const std::string message = callAlone(comm, stream, &called, &async);
+        EXPECT_EQ(called == chorusSuccess ? async : called, chorusTimeout) << message;
+        EXPECT_NE(async, chorusSuccess) << "the failure is the communicator's";
+        EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
+        // Where the path waits on the host, the host's timeout tells (it knows who has not arrived).
+        if (std::string(GetParam().transport) != "ipc") {
+          EXPECT_NE(message.find("rank 1 has not arrived"), std::string::npos) << message;
+        }
+        refusedAfter(comm, stream, "failed");
+        shared->rank0Done = 1;
+        return true;
+      },
+      [&](chorusComm_t) { awaitRank0(*shared); });
+}
+
+// A host call fails (rank 1 never joins; rank 0 times out): the communicator is broken,
+// and a device call after it is refused at once, saying so, whatever its path would have done.
+TEST_P(DeviceFailureTest, AFailedCommunicatorRefusesDeviceCallsByName) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  SharedWithRanks<FailureShared> shared;
+  run(
+      {kShortTimeoutMs, 600000},
+      [&](chorusComm_t comm, cudaStream_t stream) {
+        std::vector<float> host(1000, 1.0f);
+        EXPECT_EQ(chorusAllReduce(host.data(), host.data(), host.size(), chorusFloat32, chorusSum, comm, nullptr),
+                  chorusTimeout)
+            << chorusGetLastError(comm);
+        refusedAfter(comm, stream, "failed earlier");
+        shared->rank0Done = 1;
+        return true;
+      },
+      [&](chorusComm_t) { awaitRank0(*shared); });
+}
+
+// Rank 0's call waits for a peer that never comes (10-minute timeouts); another thread aborts the
+// communicator (which frees it): the call fails with chorusAborted where it waited on the host
+// (direct), and its stream goes on, long before the timeout, on every path.
+TEST_P(DeviceFailureTest, AbortReleasesACallThatWaitsForAPeer) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  SharedWithRanks<FailureShared> shared;
+  run(
+      {600000, 600000},
+      [&](chorusComm_t comm, cudaStream_t stream) {
+        std::thread aborter([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          shared->abortNs = monotonicNs();
+          EXPECT_EQ(chorusCommAbort(comm), chorusSuccess) << chorusGetLastError(nullptr);
+        });
+        chorusResult_t called;
+        const std::string message = callAlone(comm, stream, &called, nullptr);
+        shared->releasedNs = monotonicNs();
+        aborter.join();
+        if (std::string(GetParam().transport) == "direct") {
+          EXPECT_EQ(called, chorusAborted) << message;
+        } else {
+          EXPECT_EQ(called, chorusSuccess) << message;  // enqueued; its stream waited for the peer
+        }
+        refusedAfter(comm, stream, "aborted");
+        shared->rank0Done = 1;
+        return false;
+      },
+      [&](chorusComm_t) { awaitRank0(*shared); });
+  ASSERT_GT(shared->abortNs.load(), 0);
+  // Far inside the 600 s timeout: only the abort can have ended the call.
+  EXPECT_LT(static_cast<double>(shared->releasedNs.load() - shared->abortNs.load()) * 1e-9, 30.0);
+}
+
+// Rank 1 dies once the path is set up. Where the path's wait goes through the host (direct and
+// staged), rank 0 hears of the death long before its 10-minute timeout; the ipc ring's kernel
+// waits on device memory alone and times out (kShortTimeoutMs here). Either way rank 0 names rank 1.
+TEST_P(DeviceFailureTest, APeerThatDiesIsNamed) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  const bool kernelWaits = std::string(GetParam().transport) == "ipc";
+  run(
+      {kernelWaits ? kShortTimeoutMs : 600000, 600000},
+      [&](chorusComm_t comm, cudaStream_t stream) {
+        chorusResult_t called, async;
+        const std::string message = callAlone(comm, stream, &called, &async);
+        EXPECT_EQ(called == chorusSuccess ? async : called, kernelWaits ? chorusTimeout : chorusRemoteError) << message;
+        EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
+        refusedAfter(comm, stream, "failed");
+        return true;
+      },
+      [&](chorusComm_t) { _exit(0); });
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, DeviceFailureTest,
+                         ::testing::Values(Path{"direct", 2, kPublished}, Path{"ipc", 2},
+                                           Path{"staged", 2, kPostByHost}, Path{"staged", 2, kPostByValue, "value"}),
+                         [](const ::testing::TestParamInfo<Path>& info) { return nameOf(info.param); });
 
 // One thread drives every rank (one communicator each, all on GPU 0) through one group of device
 // calls: an all-reduce and a ring of sends and receives per rank. Each communicator's first device
