@@ -592,11 +592,15 @@ auto Communicator::breakingOnError(Call&& call) {
   }
 }
 
-std::shared_ptr<Completion> Communicator::start(std::vector<PreparedOp> ops) {
+void Communicator::checkUsable() const {
   if (aborted()) fail(chorusAborted, "rank {}: the communicator was aborted", rank_);
   if (!broken_.empty()) {
     fail(chorusInvalidUsage, "rank {}: the communicator failed earlier and cannot be used: {}", rank_, broken_);
   }
+}
+
+std::shared_ptr<Completion> Communicator::start(std::vector<PreparedOp> ops) {
+  checkUsable();
   for (PreparedOp& op : ops) {
     if (op.fallback != nullptr) mapPeers(op);
   }

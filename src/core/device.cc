@@ -1205,11 +1205,7 @@ DeviceEngine::~DeviceEngine() {
 // failed, and the current device is the engine's.
 void DeviceEngine::admit(const char* name) const {
   const Impl& m = *impl_;
-  if (m.comm.aborted()) fail(chorusAborted, "rank {}: {}: the communicator was aborted", m.rank, name);
-  if (!m.comm.brokenReason().empty()) {
-    fail(chorusInvalidUsage, "rank {}: {}: the communicator failed earlier and cannot be used: {}", m.rank, name,
-         m.comm.brokenReason());
-  }
+  m.comm.checkUsable();  // the host's refusal, before anything is enqueued
   std::string failure;
   if (asyncError(&failure) != chorusSuccess) {
     fail(chorusInvalidUsage, "rank {}: {}: an earlier device call failed: {}", m.rank, name, failure);

@@ -246,11 +246,16 @@ class UcxTransport final : public Transport {
             "ucx: rank {}: a transfer with a peer that has exited is still queued; this communicator's UCX worker "
             "is left as it is until the process exits",
             rank_);
-      for (Peer& p : peers_.all()) {
-        if (p.pidfd >= 0) ::close(p.pidfd);
-      }
-      return;
+    } else {
+      closeWorker();
     }
+    for (Peer& p : peers_.all()) {
+      if (p.pidfd >= 0) ::close(p.pidfd);
+    }
+  }
+
+  // Closes the endpoints and destroys the worker and context.
+  void closeWorker() {
     // Close endpoints gracefully (pending sends flushed) for a short while, then by force.
     std::vector<void*> closing;
     for (Peer& p : peers_.all()) {
@@ -271,9 +276,6 @@ class UcxTransport final : public Transport {
     }
     ucp_worker_destroy(worker_);
     ucp_cleanup(context_);
-    for (Peer& p : peers_.all()) {
-      if (p.pidfd >= 0) ::close(p.pidfd);
-    }
   }
 
   // Whether a transfer with an exited peer on this host is still UCX's after a short while of

@@ -603,7 +603,7 @@ TEST_P(DeviceFailureTest, AbortReleasesACallThatWaitsForAPeer) {
         } else {
           EXPECT_EQ(called, chorusSuccess) << message;  // enqueued; its stream waited for the peer
         }
-        refusedAfter(comm, stream, "aborted");
+        refusedAfter(comm, stream, "aborted");  // the handle the abort freed: refused as not live
         shared->rank0Done = 1;
         return false;
       },
