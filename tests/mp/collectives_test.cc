@@ -161,6 +161,14 @@ TEST(ShmReadTest, ReductionsConsumeEveryPieceOnceAtItsPlace) {
   unsetenv("CHORUS_SHM_SLOT_BYTES");
 }
 
+// The ranks ShmForwardTest runs on: under AddressSanitizer (the sanitized run, where it took three
+// minutes) 4 ranks are left to the release run; 3 already have a prev that is not the next.
+#ifdef __SANITIZE_ADDRESS__
+constexpr int kForwardRanks[] = {2, 3};
+#else
+constexpr int kForwardRanks[] = {2, 3, 4};
+#endif
+
 TEST(ShmForwardTest, RingReductionsAreRightWhetherTheForwardFusesOrNot) {
   // The rings' receive-reduce-send: each reduced piece goes into the outgoing slot in the same
   // pass where the forward is first in its queue and a slot is free, else it is copied from the
@@ -187,7 +195,7 @@ TEST(ShmForwardTest, RingReductionsAreRightWhetherTheForwardFusesOrNot) {
       unsetenv("CHORUS_CHUNK_BYTES");
     }
     for (bool shared : {false, true}) {
-      for (int n : {2, 3, 4}) {
+      for (int n : kForwardRanks) {
         // Seconds each alone: a rank still running at 4 minutes is hung and is shown, then killed.
         RanksOptions options = onShm(n);
         options.deadlineSeconds = 240;
