@@ -221,17 +221,17 @@ class Communicator {
   // in and out hold size() blocks of in.size() / size() elements: block j of in goes to rank j,
   // block r of out comes from rank r.
   template <typename T>
-  void allToAll(std::span<const T> in, std::span<T> out) {
+  void allToAll(std::span<const T> in, std::span<T> out, chorusStream_t stream = nullptr) {
     requireSize(out.size(), in.size(), "allToAll: out");
     const size_t ranks = static_cast<size_t>(size());
     requireSize(in.size(), in.size() / ranks * ranks, "allToAll: in (a whole number of blocks per rank)");
-    detail::check(chorusAllToAll(in.data(), out.data(), in.size() / ranks, dataTypeOf<T>(), comm_, nullptr), comm_);
+    detail::check(chorusAllToAll(in.data(), out.data(), in.size() / ranks, dataTypeOf<T>(), comm_, stream), comm_);
   }
   // sendCounts[j] elements of in go to rank j, block after block in rank order; recvCounts[r]
   // come from rank r into out likewise (each pair's counts agree). The counts have size() entries.
   template <typename T>
   void allToAllv(std::span<const T> in, std::span<const size_t> sendCounts, std::span<T> out,
-                 std::span<const size_t> recvCounts) {
+                 std::span<const size_t> recvCounts, chorusStream_t stream = nullptr) {
     const size_t ranks = static_cast<size_t>(size());
     requireSize(sendCounts.size(), ranks, "allToAllv: sendCounts");
     requireSize(recvCounts.size(), ranks, "allToAllv: recvCounts");
@@ -243,15 +243,16 @@ class Communicator {
     requireSize(in.size(), sendDispls.back() + sendCounts.back(), "allToAllv: in (the sum of sendCounts)");
     requireSize(out.size(), recvDispls.back() + recvCounts.back(), "allToAllv: out (the sum of recvCounts)");
     detail::check(chorusAllToAllv(in.data(), sendCounts.data(), sendDispls.data(), out.data(), recvCounts.data(),
-                                  recvDispls.data(), dataTypeOf<T>(), comm_, nullptr),
+                                  recvDispls.data(), dataTypeOf<T>(), comm_, stream),
                   comm_);
   }
   // out on root = op over ranks of in; out is ignored elsewhere (may be empty there).
   template <typename T>
-  void reduce(std::span<const T> in, std::span<T> out, int root, ReduceOp op = ReduceOp::kSum) {
+  void reduce(std::span<const T> in, std::span<T> out, int root, ReduceOp op = ReduceOp::kSum,
+              chorusStream_t stream = nullptr) {
     if (rank() == root) requireSize(out.size(), in.size(), "reduce: out");
     detail::check(
-        chorusReduce(in.data(), out.data(), in.size(), dataTypeOf<T>(), detail::toC(op), root, comm_, nullptr), comm_);
+        chorusReduce(in.data(), out.data(), in.size(), dataTypeOf<T>(), detail::toC(op), root, comm_, stream), comm_);
   }
   template <typename T>
   void send(std::span<const T> data, int peer, chorusStream_t stream = nullptr) {
@@ -261,7 +262,7 @@ class Communicator {
   void recv(std::span<T> data, int peer, chorusStream_t stream = nullptr) {
     detail::check(chorusRecv(data.data(), data.size(), dataTypeOf<T>(), peer, comm_, stream), comm_);
   }
-  void barrier() { detail::check(chorusBarrier(comm_, nullptr), comm_); }
+  void barrier(chorusStream_t stream = nullptr) { detail::check(chorusBarrier(comm_, stream), comm_); }
 
   // Non-blocking forms: start the operation and return its Request (buffers in use until done).
   template <typename T>

@@ -153,6 +153,10 @@ class Backend {
   // orders, and one stream would then order them against each other: a deadlock).
   enum class Queue { kCompute, kComm };
   static constexpr int kCommLanes = 4;
+  // Who enqueues on which lane: data parallelism's two groups (all data-parallel ranks; the
+  // experts' expert-data-parallel ranks), the MoE layers' expert-parallel exchanges, and the
+  // context-parallel ring's transfers.
+  enum Lane : int { kDenseLane = 0, kExpertDataLane = 1, kExpertParallelLane = 2, kContextParallelLane = 3 };
   // A point in a queue: the work enqueued on it before mark() was called.
   using Mark = std::shared_ptr<void>;
   // The queue's stream (lane < kCommLanes; kCompute has one), for chorus's collectives on device

@@ -296,7 +296,7 @@ int DataParallel::nextInOrder() const {
 
 CommWorker::Task DataParallel::deviceTask(const Bucket& b, Backend::Mark ready, Backend::Mark* done,
                                           std::function<void(Communicator&, chorusStream_t)> call) {
-  const int lane = b.group;  // each group's communicator its own stream
+  const int lane = b.group == kDense ? Backend::kDenseLane : Backend::kExpertDataLane;
   return
       [this, lane, ready = std::move(ready), done, call = std::move(call)](Communicator& c) -> std::optional<Request> {
         backend_->wait(Backend::Queue::kComm, ready, lane);

@@ -1026,7 +1026,7 @@ namespace {
 int chunkOf(int r, int h, int cp) { return h == 0 ? r : 2 * cp - 1 - r; }
 
 // Waits for a ring transfer; a failed or timed-out one names the step and the peers.
-void finish(Request& r, const char* what, int step, int peerTo, int peerFrom) {
+void finish(Request& r, const std::string& what, int step, int peerTo, int peerFrom) {
   try {
     r.wait();
   } catch (const Error& e) {
@@ -1067,33 +1067,36 @@ void Gpt::ringAttention(Layer& L, Pass pass) {
     backend_->copyRows(ringKv_[0].data(), 2 * Ct * sizeof(float), L.qkv.data() + Ct, 3 * Ct * sizeof(float),
                        2 * Ct * sizeof(float), N);
   }
-  // One ring transfer, this rank's block to the next while the previous rank's arrives: straight
-  // between the buffers on the CPU; on a device through host copies (non-blocking calls take host
-  // memory), the sent block copied off before it leaves and the received one copied on by land()
-  // once it has arrived. One transfer is in flight at a time, so the two host copies serve all.
-  const bool staged = backend_->device() != Device::kCpu;
-  std::vector<float> outHost, inHost;
-  void* landing = nullptr;
-  size_t landingBytes = 0;
+  // One ring transfer, this rank's block to the next while the previous rank's arrives. On the
+  // CPU non-blocking calls straight between the buffers, which finish() waits for; on a device a
+  // group of a device send and receive on the context-parallel lane, after the compute queue's
+  // work so far (which wrote the block that leaves and last read the buffer it arrives in), and
+  // land() has the compute queue wait for it before anything reads what arrived.
+  const bool onDevice = backend_->device() != Device::kCpu;
+  constexpr int kLane = Backend::kContextParallelLane;
+  Backend::Mark arrived;
   auto start = [&]<typename T>(const T* from, T* to, size_t n, Request& send, Request& recv) {
-    static_assert(sizeof(T) <= sizeof(float));
-    if (!staged) {
+    if (!onDevice) {
       send = cp_.comm->isend(std::span<const T>(from, n), next);
       recv = cp_.comm->irecv(std::span<T>(to, n), prev);
       return;
     }
-    const size_t bytes = n * sizeof(T), floats = (bytes + sizeof(float) - 1) / sizeof(float);
-    outHost.resize(floats);
-    inHost.resize(floats);
-    backend_->toHost(outHost.data(), from, bytes);
-    send = cp_.comm->isend(std::span<const T>(reinterpret_cast<const T*>(outHost.data()), n), next);
-    recv = cp_.comm->irecv(std::span<T>(reinterpret_cast<T*>(inHost.data()), n), prev);
-    landing = to;
-    landingBytes = bytes;
+    backend_->wait(Backend::Queue::kComm, backend_->mark(Backend::Queue::kCompute), kLane);
+    const auto stream = static_cast<chorusStream_t>(backend_->stream(Backend::Queue::kComm, kLane));
+    chorus::group([&] {
+      cp_.comm->send(std::span<const T>(from, n), next, stream);
+      cp_.comm->recv(std::span<T>(to, n), prev, stream);
+    });
+    arrived = backend_->mark(Backend::Queue::kComm, kLane);
   };
-  auto land = [&] {
-    if (landing != nullptr) backend_->fromHost(landing, inHost.data(), landingBytes);
-    landing = nullptr;
+  // Waits for a transfer (on a device: the compute queue waits), naming the step where it failed.
+  auto complete = [&](Request& send, Request& recv, const char* what, int step) {
+    if (!onDevice) {
+      finish(recv, std::string("receiving ") + what, step, next, prev);
+      finish(send, std::string("sending ") + what, step, next, prev);
+      return;
+    }
+    backend_->wait(Backend::Queue::kCompute, std::exchange(arrived, nullptr));
   };
   auto as16 = [](Buffer<uint16_t>& v) { return reinterpret_cast<BFloat16*>(v.data()); };
   for (int s = 0; s < cp; ++s) {
@@ -1146,22 +1149,16 @@ void Gpt::ringAttention(Layer& L, Pass pass) {
         } else {
           attend(L.qkv.data(), kv);
         }
-        if (s + 1 < cp) recv.test();  // progress the transfer between blocks of work
+        if (s + 1 < cp && !onDevice) recv.test();  // progress the transfer between blocks of work
       }
     }
-    if (s + 1 < cp) {
-      finish(recv, "receiving keys and values", s, next, prev);
-      finish(send, "sending keys and values", s, next, prev);
-      land();
-    }
+    if (s + 1 < cp) complete(send, recv, "keys and values", s);
     if (!forward) {
       // The block's key and value gradients go on with it; after the last step, home to their
       // owner (r + 1's block is the one held last), and this rank's own come back from r - 1.
       Request dsend, drecv;
       start(static_cast<const float*>(dkv.data()), ringDkv_[(s + 1) % 2].data(), dkv.size(), dsend, drecv);
-      finish(drecv, "receiving key and value gradients", s, next, prev);
-      finish(dsend, "sending key and value gradients", s, next, prev);
-      land();
+      complete(dsend, drecv, "key and value gradients", s);
     }
   }
   if (forward) {

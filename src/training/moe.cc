@@ -97,10 +97,12 @@ MoeMlp::MoeMlp(const MoeConfig& config, int width, ExpertParallel ep, Communicat
       sixteen_(sixteen),
       ownBackend_(backend == nullptr ? makeBackend(Device::kCpu) : nullptr),
       backend_(backend == nullptr ? *ownBackend_ : *backend),
-      staged_(backend_.device() != Device::kCpu && ep.size() > 1) {
+      onDevice_(backend_.device() != Device::kCpu && ep.size() > 1) {
   config_.validate(width, ep.size());
   if (!config_.enabled()) throw Error(chorusInvalidArgument, "MoE: a layer needs experts > 0");
   localExperts_ = config_.experts / ep_.size();
+  // The communication thread enqueues on this backend's device.
+  if (onDevice_ && ep_.worker != nullptr) ep_.worker->run([this](Communicator&) { backend_.bindThread(); });
 }
 
 size_t MoeMlp::expertFloats() const {
@@ -123,9 +125,6 @@ size_t MoeMlp::scratchFloats() const {
                   dgateOn_.size() + dExpertIn_.size() + dfc_.size() + dact_.size() + grouped_.size() +
                   (inp16_.size() + weight16_.size()) / 2;
   for (const auto* buffers : {&sent_, &received_, &returned_}) {
-    for (const auto& b : *buffers) floats += b.size();
-  }
-  for (const auto* buffers : {&hostOut_, &hostIn_}) {
     for (const auto& b : *buffers) floats += b.size();
   }
   return floats;
@@ -206,40 +205,42 @@ std::future<void> MoeMlp::startExchange(const Buffer<float>& in, float* out, siz
                                         bool toExperts) {
   const std::vector<size_t>& sendRows = toExperts ? chunk.sendRows : chunk.recvRows;
   const std::vector<size_t>& recvRows = toExperts ? chunk.recvRows : chunk.sendRows;
-  const size_t outCount = sum(recvRows) * C_;
-  // On a device the rows leave from the chunk's host buffer and arrive in its other one; finish()
-  // copies them on to `out`.
-  std::span<const float> from(in.data(), in.size());
-  std::span<float> to(out, outCount);
-  if (staged_) {
-    hostOut_[c].resize(in.size());
-    hostIn_[c].resize(outCount);
-    backend_.toHost(hostOut_[c].data(), in.data(), in.size() * sizeof(float));
-    from = hostOut_[c];
-    to = hostIn_[c];
-    arriveAt_[c] = out;
-  }
-  auto move = [this, from, to, sendCounts = std::vector<size_t>(sendRows.size()),
-               recvCounts = std::vector<size_t>(recvRows.size()), &sendRows, &recvRows](Communicator* comm) mutable {
+  const std::span<const float> from(in.data(), in.size());
+  const std::span<float> to(out, sum(recvRows) * C_);
+  // On a device the exchange is a device all-to-allv on the expert-parallel lane, after the work
+  // the compute queue has so far (which wrote `in` and last read `out`); finish() has the compute
+  // queue wait for it.
+  const Backend::Mark ready = onDevice_ ? backend_.mark(Backend::Queue::kCompute) : Backend::Mark{};
+  auto move = [this, from, to, ready, c, &sendRows, &recvRows](Communicator& comm) {
+    std::vector<size_t> sendCounts(sendRows.size()), recvCounts(recvRows.size());
     for (size_t r = 0; r < sendRows.size(); ++r) {
       sendCounts[r] = sendRows[r] * C_;
       recvCounts[r] = recvRows[r] * C_;
     }
-    comm->allToAllv<float>(from, sendCounts, to, recvCounts);
+    if (!onDevice_) {
+      comm.allToAllv<float>(from, sendCounts, to, recvCounts);
+      return;
+    }
+    constexpr int kLane = Backend::kExpertParallelLane;
+    backend_.wait(Backend::Queue::kComm, ready, kLane);
+    comm.allToAllv<float>(from, sendCounts, to, recvCounts,
+                          static_cast<chorusStream_t>(backend_.stream(Backend::Queue::kComm, kLane)));
+    arrived_[c] = backend_.mark(Backend::Queue::kComm, kLane);
   };
   if (ep_.worker != nullptr) {
-    return ep_.worker->submit([move](Communicator& comm) mutable -> std::optional<Request> {
-      move(&comm);
+    return ep_.worker->submit([move](Communicator& comm) -> std::optional<Request> {
+      move(comm);
       return std::nullopt;
     });
   }
-  // On the calling thread (one rank: the rows only copied where they go), the whole exchange is waiting.
+  // On the calling thread (one rank: the rows only copied where they go), the whole exchange is
+  // waiting (on a device: its enqueueing).
   std::promise<void> done;
   const auto t0 = Clock::now();
   if (ep_.comm == nullptr) {
     backend_.copy(out, in.data(), in.size() * sizeof(float));
   } else {
-    move(ep_.comm);
+    move(*ep_.comm);
   }
   profile_.wait += since(t0);
   done.set_value();
@@ -249,7 +250,7 @@ std::future<void> MoeMlp::startExchange(const Buffer<float>& in, float* out, siz
 void MoeMlp::finish(std::future<void>& exchange, size_t c) {
   const auto t0 = Clock::now();
   exchange.get();
-  if (staged_) backend_.fromHost(arriveAt_[c], hostIn_[c].data(), hostIn_[c].size() * sizeof(float));
+  if (onDevice_) backend_.wait(Backend::Queue::kCompute, std::exchange(arrived_[c], nullptr));
   profile_.wait += since(t0);
 }
 
@@ -258,11 +259,7 @@ void MoeMlp::sizeChunkBuffers(const MoeActivations& a) {
   sent_.resize(K);
   received_.resize(K);
   returned_.resize(K);
-  if (staged_) {
-    hostOut_.resize(K);
-    hostIn_.resize(K);
-    arriveAt_.assign(K, nullptr);
-  }
+  if (onDevice_) arrived_.resize(K);
   for (size_t c = 0; c < K; ++c) {
     sent_[c].ensure(backend_, a.chunks[c].sent() * C_);
     received_[c].ensure(backend_, a.chunks[c].received() * C_);

@@ -16,7 +16,10 @@
 // in that many pieces, on the ep group's communication thread: while the experts compute one
 // chunk's rows, the next chunk's rows are in flight, and the finished chunk's outputs travel back
 // (backward likewise). Each expert then runs once per chunk on that chunk's rows, so the results
-// equal the unchunked layer's up to the order of the weight gradients' sums.
+// equal the unchunked layer's up to the order of the weight gradients' sums. On a device each
+// exchange is a device all-to-allv enqueued on the expert-parallel communication lane (by that
+// thread, or by the training thread with one chunk), after the compute queue's work that wrote its
+// rows; the compute queue waits for it only where the rows are read.
 #pragma once
 
 #include <chorus/chorus.hpp>
@@ -156,10 +159,10 @@ class MoeMlp {
   // the whole batch's priority order) and swaps the chunks' counts with the ep ranks.
   void planChunks(MoeActivations& a);
   // Starts moving chunk c's rows to their experts' ranks or back: `out` gets, for each rank in
-  // order, the rows `in` holds for it (both in the backend's memory; on a device through the
-  // chunk's host buffers). Both must stay as they are until finish().
+  // order, the rows `in` holds for it (both in the backend's memory; on a device by a device
+  // all-to-allv on the expert-parallel lane). Both must stay as they are until finish().
   std::future<void> startExchange(const Buffer<float>& in, float* out, size_t c, const MoeChunk& chunk, bool toExperts);
-  // Waits for an exchange, counting the wait; on a device, copies what arrived to its `out`.
+  // Waits for an exchange, counting the wait; on a device, the compute queue then waits for it.
   void finish(std::future<void>& exchange, size_t c);
   // The per-chunk buffers of a's chunks, sized.
   void sizeChunkBuffers(const MoeActivations& a);
@@ -193,18 +196,16 @@ class MoeMlp {
   std::optional<kernels::Float16> sixteen_;
   std::unique_ptr<Backend> ownBackend_;  // without a backend given: host memory
   Backend& backend_;
-  bool staged_;  // on a device with ep > 1: the exchanges go through host memory
+  bool onDevice_;  // on a device with ep > 1: the exchanges are device calls
   // The routing's host side: logits, the gates' and logits' gradients.
   std::vector<float> logits_, dlogits_, dgate_;
   // In the backend's memory: the same, and the experts' work.
   Buffer<float> logitsOn_, dlogitsOn_, dgateOn_, dExpertIn_, dfc_, dact_, grouped_;
   Buffer<uint16_t> inp16_, weight16_;
   // Per chunk: the rows leaving this rank, arriving, and going back (alive while in flight), and
-  // on a device with ep > 1 their host copies for the exchange (what leaves, what arrives, and
-  // where it goes once it has).
+  // on a device with ep > 1 where its exchange in flight ends on the expert-parallel lane.
   std::vector<Buffer<float>> sent_, received_, returned_;
-  std::vector<std::vector<float>> hostOut_, hostIn_;
-  std::vector<float*> arriveAt_;
+  std::vector<Backend::Mark> arrived_;
   MoeProfile profile_;
 };
 

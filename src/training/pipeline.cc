@@ -245,7 +245,9 @@ double Pipeline::run(const std::vector<PipeAction>& actions, const Fill& fill, D
   std::vector<int> tokens(rowsTokens), targets(rowsTokens);
   std::vector<float> input(model_.boundaryFloats()), doutput(model_.boundaryFloats());
   // On a device the messages go through host memory: what arrives is copied to the device for the
-  // chunk, what leaves is copied from it (the model's boundary is in its backend's memory).
+  // chunk, what leaves is copied from it (the model's boundary is in its backend's memory). Device
+  // sends would not do: one holds its stream until the peer receives, and the interleaved
+  // schedule's stages form a ring in which each rank may send before it receives.
   Backend& backend = model_.backend();
   const bool staged = backend.device() != Device::kCpu;
   Buffer<float> inputOn, doutputOn;

@@ -3,7 +3,7 @@
 # ZeRO stage, tensor parallelism with and without sequence parallelism, context parallelism, a
 # pipeline of 2 stages, the optimizer state offloaded to host memory and to a file), one rank with
 # bf16 compute, ZeRO-2 with gradients reduced in bf16, MoE blocks (alone and with 2 expert-parallel
-# ranks), DiLoCo and PowerSGD on 2 ranks, each against the same job on the CPU (one rank; the same
+# ranks, exchanging in one chunk and in two), DiLoCo and PowerSGD on 2 ranks, each against the same job on the CPU (one rank; the same
 # layout for the bf16 reduction, expert parallelism, DiLoCo and PowerSGD).
 # The GPU sums in other orders than the CPU, so the runs agree to rounding, not to the bit: each
 # step's loss and gradient norm within 1e-3 relative of the CPU's (fp32; bf16: the loss within 2e-2),
@@ -11,7 +11,8 @@
 # 1e-3. A reduction that summed where it should average, missed a rank or left a ZeRO gather undone
 # moves the gradient norm or the parameters by far more. Exits 77 (skipped) without a device.
 # With CHORUS_TRAIN naming tests/chorus-train-emulated (e2e_train_parity_emulated) the device is
-# CUDA emulated on the host: the same layouts' device path, their collectives host ones.
+# CUDA emulated on the host: the same layouts' device path, their device collectives through chorus's
+# device engine on the emulated CUDA runtime.
 source "$(dirname "$0")/lib.sh"
 job="$source_dir/tests/data/jobs/parity.toml"
 # No fortunes on a GPU machine: the checkout's training sources are the text (chorus_train declares
@@ -66,6 +67,8 @@ run bf16 --ranks 1 --set batch.micro=8 --precision bf16 "${cuda[@]}"
 run reduce_bf16 --ranks 2 --zero 2 --set batch.micro=4 --set 'precision.reduce="bf16"' "${cuda[@]}"
 run moe --ranks 1 --set batch.micro=8 "${moe[@]}" "${cuda[@]}"
 run moe_ep2 --ranks 2 --ep 2 --set batch.micro=4 "${moe[@]}" "${cuda[@]}"
+# The exchanges in 2 chunks, enqueued by the ep group's communication thread.
+run moe_ep2_chunks --ranks 2 --ep 2 --set batch.micro=4 "${moe[@]}" --set model.dispatch_chunks=2 "${cuda[@]}"
 # The optimizer state offloaded from the device: to host memory (ZeRO-1) and to a file streamed
 # through a small window (ZeRO-2); the step runs on the host.
 run diloco --ranks 2 --set batch.micro=4 "${diloco[@]}" "${cuda[@]}"
@@ -114,6 +117,7 @@ matches("reduce_bf16", "cpu_reduce_bf16", loss_bound=1e-2, norm_bound=1e-2)
 # a looser bound.
 matches("moe", "cpu_moe", loss_bound=5e-3, norm_bound=5e-3)
 matches("moe_ep2", "cpu_moe_ep2", loss_bound=5e-3, norm_bound=5e-3)
+matches("moe_ep2_chunks", "cpu_moe_ep2", loss_bound=5e-3, norm_bound=5e-3)
 # DiLoCo (2 ranks, 5 inner steps, then the outer Nesterov step on the averaged delta: twice in 10
 # steps, once in 6).
 matches("diloco", "cpu_diloco")

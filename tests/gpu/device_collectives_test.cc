@@ -225,6 +225,40 @@ TEST_P(DeviceCollectivesTest, EveryOtherCollective) {
                                     }),
                 0u)
           << "all-to-all count " << count;
+      // All-to-allv with uneven counts, some zero: rank src sends sent(src, dst) elements to dst,
+      // packed in rank order; element j of that block is src's input at its offset there + j.
+      auto sent = [&](int src, int dst) -> size_t {
+        return (src + 2 * dst) % 3 == 0 ? 0 : count / static_cast<size_t>(dst + 1) + static_cast<size_t>(src);
+      };
+      auto offsetOf = [&](int src, int dst) {
+        size_t at = 0;
+        for (int d = 0; d < dst; ++d) at += sent(src, d);
+        return at;
+      };
+      std::vector<size_t> sendCounts(n), sendDispls(n), recvCounts(n), recvDispls(n);
+      for (int p = 0; p < n; ++p) {
+        sendCounts[p] = sent(rank, p);
+        sendDispls[p] = offsetOf(rank, p);
+        recvCounts[p] = sent(p, rank);
+        recvDispls[p] = p == 0 ? 0 : recvDispls[p - 1] + recvCounts[p - 1];
+      }
+      const size_t sendTotal = offsetOf(rank, n), recvTotal = recvDispls[n - 1] + recvCounts[n - 1];
+      ASSERT_LE(std::max(sendTotal, recvTotal), n * count);
+      std::vector<char> v(std::max(sendTotal, size_t{1}) * 4);
+      for (size_t i = 0; i < sendTotal; ++i) pattern::store(v.data(), i, type, pattern::moveInput(rank, i));
+      big.put(v);
+      ASSERT_EQ(chorusAllToAllv(big.p, sendCounts.data(), sendDispls.data(), out.p, recvCounts.data(),
+                                recvDispls.data(), type, comm, stream),
+                chorusSuccess)
+          << chorusGetLastError(comm);
+      CUDA_OK(cudaStreamSynchronize(stream));
+      got = out.get();
+      for (int src = 0; src < n; ++src) {
+        EXPECT_EQ(pattern::countWrong(got.data() + recvDispls[src] * 4, recvCounts[src], type,
+                                      [&](size_t j) { return pattern::moveInput(src, offsetOf(src, rank) + j); }),
+                  0u)
+            << "all-to-allv count " << count << ", the " << recvCounts[src] << " elements from rank " << src;
+      }
       // A ring of sends and receives, outside groups: even ranks send first.
       const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
       for (int phase = 0; phase < 2; ++phase) {
