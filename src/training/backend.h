@@ -152,11 +152,21 @@ class Backend {
   // collectives of two communicators never share a stream (ranks may enqueue those in different
   // orders, and one stream would then order them against each other: a deadlock).
   enum class Queue { kCompute, kComm };
-  static constexpr int kCommLanes = 4;
+  static constexpr int kCommLanes = 8;
   // Who enqueues on which lane: data parallelism's two groups (all data-parallel ranks; the
-  // experts' expert-data-parallel ranks), the MoE layers' expert-parallel exchanges, and the
-  // context-parallel ring's transfers.
-  enum Lane : int { kDenseLane = 0, kExpertDataLane = 1, kExpertParallelLane = 2, kContextParallelLane = 3 };
+  // experts' expert-data-parallel ranks), the MoE layers' expert-parallel exchanges, the
+  // context-parallel ring's transfers, and a pipeline's four links (activations out to the next
+  // stage and in from the previous one; gradients out to the previous stage and in from the next).
+  enum Lane : int {
+    kDenseLane = 0,
+    kExpertDataLane = 1,
+    kExpertParallelLane = 2,
+    kContextParallelLane = 3,
+    kActivationsOutLane = 4,
+    kActivationsInLane = 5,
+    kGradientsOutLane = 6,
+    kGradientsInLane = 7,
+  };
   // A point in a queue: the work enqueued on it before mark() was called.
   using Mark = std::shared_ptr<void>;
   // The queue's stream (lane < kCommLanes; kCompute has one), for chorus's collectives on device
@@ -165,6 +175,8 @@ class Backend {
   virtual Mark mark(Queue /*queue*/, int /*lane*/ = 0) { return {}; }
   // Work enqueued on the queue after this call waits for the mark (an empty mark: for nothing).
   virtual void wait(Queue /*queue*/, const Mark& /*mark*/, int /*lane*/ = 0) {}
+  // Whether the device has run the work before the mark (without waiting; an empty mark: true).
+  virtual bool reached(const Mark& /*mark*/) { return true; }
   // Makes the calling thread use this backend's device (a thread that enqueues collectives on its
   // memory, such as a communication thread, calls it first).
   virtual void bindThread() {}

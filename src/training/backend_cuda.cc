@@ -366,6 +366,13 @@ class CudaBackend final : public Backend {
           "cudaStreamWaitEvent");
     if (queue == Queue::kCompute) Timeline::get().after("wait for communication");
   }
+  bool reached(const Mark& mark) override {
+    if (mark == nullptr) return true;
+    const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(mark.get()));
+    if (state == cudaErrorNotReady) return false;
+    check(state, "cudaEventQuery");
+    return true;
+  }
   void bindThread() override { check(cudaSetDevice(device_), "cudaSetDevice"); }
   void profile(bool on) override { Timeline::get().enable(on); }
   std::vector<CallTime> callTimes() override { return Timeline::get().totals(); }

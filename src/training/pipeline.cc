@@ -9,6 +9,8 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <memory>
+#include <span>
 #include <thread>
 #include <tuple>
 
@@ -200,28 +202,230 @@ std::vector<LayerSpan> stageSpans(const std::vector<LayerSpan>& parts, int stage
 
 // ---- the runner ----
 
+namespace {
+
+// Which of three splits makes the directed link whose sender is `position` links from the ring's
+// start (0 .. p - 1; p - 1 the link that wraps around): alternate links in two splits, so that a
+// stage is in each split once at most (as the sender of one link or the receiver of the one
+// before), and the wrap-around link of an odd ring in a third.
+int splitOfLink(int position, int p) { return position == p - 1 && p % 2 == 1 ? 2 : position % 2; }
+
+}  // namespace
+
 Pipeline::Pipeline(Gpt& model, Communicator& pp, Schedule schedule)
     : model_(model),
       activations_(pp),
       gradients_(pp.split(0, pp.rank())),
       schedule_(schedule),
       stages_(pp.size()),
-      stage_(pp.rank()) {}
+      stage_(pp.rank()) {
+  if (model_.backend().device() == Device::kCpu) return;
+  // Activations go from stage s to s + 1, gradients from s to s - 1 (mod p: an interleaved
+  // schedule's last virtual stage of a chunk feeds the first stage's next chunk). Each link's
+  // colour is its sender's stage.
+  const int p = stages_, r = stage_;
+  for (const int direction : {1, -1}) {
+    const int position = direction > 0 ? r : p - 1 - r;  // of the link this stage sends on
+    const int before = (position + p - 1) % p;            // of the link it receives on
+    const int sender = (r - direction + p) % p;           // that link's sender
+    Communicator& out = links_[direction > 0 ? kActivationsOut : kGradientsOut];
+    Communicator& in = links_[direction > 0 ? kActivationsIn : kGradientsIn];
+    for (int k = 0; k < 3; ++k) {
+      if (splitOfLink(position, p) == k) {
+        out = pp.split(r, 0);
+      } else if (splitOfLink(before, p) == k) {
+        in = pp.split(sender, 1);
+      } else {
+        (void)pp.split(CHORUS_SPLIT_NOCOLOR, 0);
+      }
+    }
+  }
+}
 
 Pipeline::~Pipeline() = default;
 
 namespace {
 
-// A message this rank has sent and whose send may still be in progress: its own copy of the data.
-struct Outgoing {
-  std::vector<float> data;
-  Request request;
-};
-
 int timeoutMs() {
   const char* env = std::getenv("CHORUS_TIMEOUT_MS");
   return env && std::atoi(env) > 0 ? std::atoi(env) : 300000;
 }
+
+}  // namespace
+
+// How the runner's messages travel. receive() gives the message's data for the chunk that reads
+// it, which consumed() says has been started; send() takes data the chunk just produced (it may
+// be written again once send returns); finish() ends the run's sends; idle() is the time spent
+// waiting for messages.
+class Pipeline::Messages {
+ public:
+  virtual ~Messages() = default;
+  virtual const float* receive(bool gradient, int micro) = 0;
+  virtual void consumed() = 0;
+  virtual void send(bool gradient, std::span<const float> data) = 0;
+  virtual void finish() = 0;
+  double idle() const { return idle_; }
+
+ protected:
+  double idle_ = 0.0;
+};
+
+namespace {
+
+// On the CPU: non-blocking host calls on the two communicators (activations, gradients). Each
+// send from a copy of its own, tested while the runner waits for a receive (each communicator
+// progresses only inside calls on it); a receive waited for by spinning briefly, then sleeping
+// between tests, so that ranks sharing cores leave them to the ones that compute.
+class HostMessages final : public Pipeline::Messages {
+ public:
+  HostMessages(Communicator& activations, Communicator& gradients, int stage, int stages, size_t floats)
+      : comms_{&activations, &gradients},
+        stage_(stage),
+        stages_(stages),
+        prev_((stage + stages - 1) % stages),
+        next_((stage + 1) % stages),
+        limitMs_(timeoutMs()),
+        input_(floats) {}
+  const float* receive(bool gradient, int micro) override {
+    const int from = gradient ? next_ : prev_;
+    Request r = comms_[gradient]->irecv(std::span<float>(input_), from);
+    await(r, fmt::format("the {} of micro-batch {} from stage {}", gradient ? "gradient" : "activations", micro, from));
+    return input_.data();
+  }
+  void consumed() override {}
+  void send(bool gradient, std::span<const float> data) override {
+    Outgoing& o = outgoing_.emplace_back();
+    o.data.assign(data.begin(), data.end());
+    o.request = comms_[gradient]->isend(std::span<const float>(o.data), gradient ? prev_ : next_);
+    reap();
+  }
+  void finish() override {
+    while (!outgoing_.empty()) {
+      Outgoing last = std::move(outgoing_.front());
+      outgoing_.pop_front();
+      if (!last.request.done()) await(last.request, "its sends to complete");
+    }
+  }
+
+ private:
+  // A message sent whose send may still be in progress: its own copy of the data.
+  struct Outgoing {
+    std::vector<float> data;
+    Request request;
+  };
+  void reap() {
+    for (auto it = outgoing_.begin(); it != outgoing_.end();) {
+      it = it->request.done() || it->request.test() ? outgoing_.erase(it) : std::next(it);
+    }
+  }
+  void await(Request& r, const std::string& what) {
+    const auto begin = Clock::now();
+    for (int round = 0; !r.test(); ++round) {
+      reap();
+      if (round > 64) std::this_thread::sleep_for(std::chrono::microseconds(round > 1024 ? 200 : 20));
+      if (Clock::now() - begin > std::chrono::milliseconds(limitMs_)) {
+        throw Error(chorusTimeout, fmt::format("pipeline stage {} of {}: nothing arrived for {} ms (CHORUS_TIMEOUT_MS) "
+                                               "while waiting for {}",
+                                               stage_, stages_, limitMs_, what));
+      }
+    }
+    idle_ += std::chrono::duration<double>(Clock::now() - begin).count();
+  }
+  Communicator* comms_[2];
+  int stage_, stages_, prev_, next_, limitMs_;
+  std::vector<float> input_;
+  std::deque<Outgoing> outgoing_;
+};
+
+// Device buffers of one message each, reused once the device has run past their last use.
+class MessageBuffers {
+ public:
+  MessageBuffers(Backend& backend, size_t floats) : backend_(backend), floats_(floats) {}
+  // A buffer free for a new message; `fresh`: just made (zeroed on the compute queue, which work
+  // on another queue must wait for before it writes the buffer).
+  int take(bool* fresh) {
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      Entry& e = entries_[i];
+      if (!e.taken && backend_.reached(e.lastUse)) {
+        e.taken = true;
+        e.lastUse.reset();
+        *fresh = false;
+        return static_cast<int>(i);
+      }
+    }
+    entries_.push_back(Entry{Buffer<float>(backend_, floats_), nullptr, true});
+    *fresh = true;
+    return static_cast<int>(entries_.size() - 1);
+  }
+  std::span<float> operator[](int i) { return {entries_[i].buffer.data(), floats_}; }
+  // Buffer i is free once the device has run past `lastUse`.
+  void release(int i, Backend::Mark lastUse) {
+    entries_[i].lastUse = std::move(lastUse);
+    entries_[i].taken = false;
+  }
+
+ private:
+  struct Entry {
+    Buffer<float> buffer;
+    Backend::Mark lastUse;
+    bool taken = false;
+  };
+  Backend& backend_;
+  size_t floats_;
+  std::deque<Entry> entries_;
+};
+
+// On a device: device sends and receives on the links (pipeline.h), each link on its own
+// communication lane. Nothing waits on the host: a receive goes into a buffer of its own and the
+// compute queue waits for it before the chunk that reads it; a send goes from a copy the compute
+// queue makes after the chunk that produced the data (so the chunk's slot, and the one input
+// gradient, may be written again at once). The compute queue waits for nothing but arrivals, as
+// the host runner waits for nothing but receives; finish() has it wait for the run's sends, so
+// the step's work includes them. (The device's waits show in the profile as waits for
+// communication; idle() stays 0.)
+class DeviceMessages final : public Pipeline::Messages {
+ public:
+  DeviceMessages(Backend& backend, Communicator* links, size_t floats)
+      : backend_(backend), links_(links), incoming_(backend, floats), outgoing_(backend, floats) {}
+  // links_: activations out, activations in, gradients out, gradients in (Pipeline::Link's order).
+  const float* receive(bool gradient, int /*micro*/) override {
+    const int link = gradient ? 3 : 1;
+    bool fresh = false;
+    received_ = incoming_.take(&fresh);
+    if (fresh) backend_.wait(Backend::Queue::kComm, backend_.mark(Backend::Queue::kCompute), kLanes[link]);
+    links_[link].recv(incoming_[received_], 0, stream(link));
+    backend_.wait(Backend::Queue::kCompute, backend_.mark(Backend::Queue::kComm, kLanes[link]));
+    return incoming_[received_].data();
+  }
+  void consumed() override {
+    if (received_ >= 0) incoming_.release(std::exchange(received_, -1), backend_.mark(Backend::Queue::kCompute));
+  }
+  void send(bool gradient, std::span<const float> data) override {
+    const int link = gradient ? 2 : 0;
+    bool fresh = false;
+    const int b = outgoing_.take(&fresh);
+    backend_.copy(outgoing_[b].data(), data.data(), data.size() * sizeof(float));
+    backend_.wait(Backend::Queue::kComm, backend_.mark(Backend::Queue::kCompute), kLanes[link]);
+    links_[link].send(std::span<const float>(outgoing_[b]), 1, stream(link));
+    lastSend_[link] = backend_.mark(Backend::Queue::kComm, kLanes[link]);
+    outgoing_.release(b, lastSend_[link]);
+  }
+  void finish() override {
+    for (Backend::Mark& m : lastSend_) backend_.wait(Backend::Queue::kCompute, std::exchange(m, nullptr));
+  }
+
+ private:
+  static constexpr int kLanes[4] = {Backend::kActivationsOutLane, Backend::kActivationsInLane,
+                                    Backend::kGradientsOutLane, Backend::kGradientsInLane};
+  chorusStream_t stream(int link) {
+    return static_cast<chorusStream_t>(backend_.stream(Backend::Queue::kComm, kLanes[link]));
+  }
+  Backend& backend_;
+  Communicator* links_;
+  MessageBuffers incoming_, outgoing_;
+  int received_ = -1;
+  Backend::Mark lastSend_[4];
+};
 
 }  // namespace
 
@@ -243,24 +447,13 @@ double Pipeline::run(const std::vector<PipeAction>& actions, const Fill& fill, D
   const int virtualStages = stages_ * model_.chunks();
   const size_t rowsTokens = static_cast<size_t>(model_.batch()) * model_.seq();
   std::vector<int> tokens(rowsTokens), targets(rowsTokens);
-  std::vector<float> input(model_.boundaryFloats()), doutput(model_.boundaryFloats());
-  // On a device the messages go through host memory: what arrives is copied to the device for the
-  // chunk, what leaves is copied from it (the model's boundary is in its backend's memory). Device
-  // sends would not do: one holds its stream until the peer receives, and the interleaved
-  // schedule's stages form a ring in which each rank may send before it receives.
   Backend& backend = model_.backend();
-  const bool staged = backend.device() != Device::kCpu;
-  Buffer<float> inputOn, doutputOn;
-  if (staged) {
-    inputOn = Buffer<float>(backend, input.size());
-    doutputOn = Buffer<float>(backend, doutput.size());
+  std::unique_ptr<Messages> messages;
+  if (backend.device() == Device::kCpu) {
+    messages = std::make_unique<HostMessages>(activations_, gradients_, stage_, stages_, model_.boundaryFloats());
+  } else {
+    messages = std::make_unique<DeviceMessages>(backend, links_, model_.boundaryFloats());
   }
-  auto arrived = [&](std::vector<float>& host, Buffer<float>& on) -> const float* {
-    if (!staged) return host.data();
-    backend.fromHost(on.data(), host.data(), host.size() * sizeof(float));
-    return on.data();
-  };
-  std::deque<Outgoing> outgoing;
   // Each chunk's free activation slots, and the slot of each micro-batch in flight.
   std::vector<std::vector<int>> freeSlots(model_.chunks());
   std::vector<int> slotsMade(model_.chunks(), 0);
@@ -269,51 +462,15 @@ double Pipeline::run(const std::vector<PipeAction>& actions, const Fill& fill, D
   for (size_t i = 0; i < actions.size(); ++i) {
     if (!actions[i].forward) lastBackward = i;
   }
-  double idle = 0.0;
-  const int limitMs = timeoutMs();
-
-  auto reapSends = [&] {
-    for (auto it = outgoing.begin(); it != outgoing.end();) {
-      it = it->request.done() || it->request.test() ? outgoing.erase(it) : std::next(it);
-    }
-  };
-  // Waits for r, keeping this rank's sends on both communicators moving (each progresses only
-  // inside calls on its own communicator): test in turn, briefly spinning, then sleeping between
-  // tests so that ranks sharing cores leave them to the ones that compute.
-  auto await = [&](Request& r, const std::string& what) {
-    const auto begin = Clock::now();
-    for (int round = 0; !r.test(); ++round) {
-      reapSends();
-      if (round > 64) std::this_thread::sleep_for(std::chrono::microseconds(round > 1024 ? 200 : 20));
-      if (Clock::now() - begin > std::chrono::milliseconds(limitMs)) {
-        throw Error(chorusTimeout, fmt::format("pipeline stage {} of {}: nothing arrived for {} ms (CHORUS_TIMEOUT_MS) "
-                                               "while waiting for {}",
-                                               stage_, stages_, limitMs, what));
-      }
-    }
-    idle += std::chrono::duration<double>(Clock::now() - begin).count();
-  };
-  auto send = [&](Communicator& comm, std::span<const float> data, int peer) {
-    Outgoing& o = outgoing.emplace_back();
-    o.data.resize(data.size());
-    backend.toHost(o.data.data(), data.data(), data.size() * sizeof(float));
-    o.request = comm.isend(std::span<const float>(o.data), peer);
-  };
 
   double loss = 0.0;
   for (size_t i = 0; i < actions.size(); ++i) {
     const PipeAction& a = actions[i];
     const int vs = a.chunk * stages_ + stage_;
     const bool firstStage = vs == 0, lastStage = vs == virtualStages - 1;
-    const int prev = (stage_ + stages_ - 1) % stages_, next = (stage_ + 1) % stages_;
     if (a.forward) {
       if (firstStage || lastStage) fill(a.micro, tokens.data(), targets.data());
-      const float* in = input.data();
-      if (!firstStage) {
-        Request r = activations_.irecv(std::span<float>(input), prev);
-        await(r, fmt::format("the activations of micro-batch {} from stage {}", a.micro, prev));
-        in = arrived(input, inputOn);
-      }
+      const float* in = firstStage ? nullptr : messages->receive(false, a.micro);
       int slot = 0;
       if (dp != nullptr) {
         auto& free = freeSlots[a.chunk];
@@ -323,31 +480,23 @@ double Pipeline::run(const std::vector<PipeAction>& actions, const Fill& fill, D
         slotOfMicro[{a.chunk, a.micro}] = slot;
       }
       loss += model_.forwardChunk(a.chunk, slot, tokens.data(), in, targets.data(), access);
-      if (!lastStage) send(activations_, model_.chunkOutput(a.chunk, slot), next);
+      messages->consumed();
+      if (!lastStage) messages->send(false, model_.chunkOutput(a.chunk, slot));
     } else {
-      const float* dout = doutput.data();
-      if (!lastStage) {
-        Request r = gradients_.irecv(std::span<float>(doutput), next);
-        await(r, fmt::format("the gradient of micro-batch {} from stage {}", a.micro, next));
-        dout = arrived(doutput, doutputOn);
-      }
+      const float* dout = lastStage ? nullptr : messages->receive(true, a.micro);
       const auto at = slotOfMicro.find({a.chunk, a.micro});
       dp->beginMicro(i == lastBackward);
       model_.backwardChunk(a.chunk, at->second, dout, access, lossScale);
+      messages->consumed();
       freeSlots[a.chunk].push_back(at->second);
       slotOfMicro.erase(at);
-      if (!firstStage) send(gradients_, model_.inputGradient(), prev);
+      if (!firstStage) messages->send(true, model_.inputGradient());
     }
-    reapSends();
   }
-  while (!outgoing.empty()) {
-    Outgoing last = std::move(outgoing.front());
-    outgoing.pop_front();
-    if (!last.request.done()) await(last.request, "its sends to complete");
-  }
+  messages->finish();
   if (dp != nullptr) {
     times_.seconds += std::chrono::duration<double>(Clock::now() - start).count();
-    times_.idleSeconds += idle;
+    times_.idleSeconds += messages->idle();
     ++times_.steps;
   }
   return loss;

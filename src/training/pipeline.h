@@ -76,7 +76,8 @@ class Pipeline {
  public:
   // Collective over the pp group `pp` (its rank is the stage): makes a second communicator over
   // the same ranks, so that activations and gradients travel on separate ones. The model holds
-  // this stage's chunks (Gpt spans = stageSpans(...)).
+  // this stage's chunks (Gpt spans = stageSpans(...)). On a device it also makes the links
+  // (below).
   Pipeline(Gpt& model, Communicator& pp, Schedule schedule);
   ~Pipeline();
   int stages() const { return stages_; }
@@ -92,12 +93,24 @@ class Pipeline {
   double evaluate(int micros, const Fill& fill, UnitAccess& access);
   const PipelineTimes& times() const { return times_; }
 
+  // How the runner's messages travel: host calls on the CPU, device calls on a device (pipeline.cc).
+  class Messages;
+
  private:
   double run(const std::vector<PipeAction>& actions, const Fill& fill, DataParallel* dp, UnitAccess& access,
              float lossScale);
   Gpt& model_;
   Communicator& activations_;
   Communicator gradients_;
+  // On a device the messages are device sends and receives, and a device send holds its stream
+  // until the peer receives; on one stream for both, a stage that sends before it receives (the
+  // interleaved schedule's ring of stages) could wait on a peer that waits on it. So each
+  // directed link (this stage to the next for activations, and from the previous one; to the
+  // previous for gradients, and from the next) is a two-rank communicator of its own (sender rank
+  // 0, receiver 1) on a communication lane of its own: each lane only sends or only receives, in
+  // the order the schedule gives, as the host's non-blocking sends do. Empty on the CPU.
+  enum Link { kActivationsOut, kActivationsIn, kGradientsOut, kGradientsIn };
+  Communicator links_[4];
   Schedule schedule_;
   int stages_, stage_;
   PipelineTimes times_;

@@ -1,7 +1,8 @@
 # train_parity_cuda.sh: chorus-train on a CUDA device follows the CPU: the parity job (the tiny
 # model) for 10 steps on one GPU, its layouts on 2 ranks sharing that GPU (data parallelism, every
 # ZeRO stage, tensor parallelism with and without sequence parallelism, context parallelism, a
-# pipeline of 2 stages, the optimizer state offloaded to host memory and to a file), one rank with
+# pipeline of 2 stages, 1F1B and interleaved, the optimizer state offloaded to host memory and to
+# a file) and a pipeline of 3 stages on 3, one rank with
 # bf16 compute, ZeRO-2 with gradients reduced in bf16, MoE blocks (alone and with 2 expert-parallel
 # ranks, exchanging in one chunk and in two), DiLoCo and PowerSGD on 2 ranks, each against the same job on the CPU (one rank; the same
 # layout for the bf16 reduction, expert parallelism, DiLoCo and PowerSGD).
@@ -61,6 +62,10 @@ run tp2 --ranks 2 --tp 2 --set batch.micro=8 "${cuda[@]}"
 run tp2_sp --ranks 2 --tp 2 --set batch.micro=8 --set parallel.sequence_parallel=true "${cuda[@]}"
 run cp2 --ranks 2 --cp 2 --set batch.micro=2 "${l4[@]}" "${cuda[@]}"
 run pp2 --ranks 2 --pp 2 --set batch.micro=2 "${l4[@]}" "${cuda[@]}"
+# The interleaved schedule (its stages a ring: each sends before it receives) and a ring of 3.
+run pp2_interleaved --ranks 2 --pp 2 --set batch.micro=2 "${l4[@]}" --set parallel.vpp=2 \
+  --set 'parallel.schedule="interleaved"' "${cuda[@]}"
+run pp3 --ranks 3 --pp 3 --set batch.micro=2 "${l4[@]}" "${cuda[@]}"
 run sgd_zero2 --ranks 2 --zero 2 --set batch.micro=4 "${sgd[@]}" "${cuda[@]}"
 run sgd_zero3 --ranks 2 --zero 3 --set batch.micro=4 "${sgd[@]}" "${cuda[@]}"
 run bf16 --ranks 1 --set batch.micro=8 --precision bf16 "${cuda[@]}"
@@ -105,7 +110,7 @@ def matches(name, ref, loss_bound=1e-3, norm_bound=1e-3, param_bound=None):
         bad.append(name)
 for name in ["one", "dp2", "zero1", "zero2", "zero3", "tp2", "tp2_sp", "zero1_offload", "zero2_offload_file"]:
     matches(name, "cpu_one")
-for name in ["cp2", "pp2"]:
+for name in ["cp2", "pp2", "pp2_interleaved", "pp3"]:
     matches(name, "cpu_one_l4")
 for name in ["sgd_zero2", "sgd_zero3"]:
     matches(name, "cpu_sgd", param_bound=1e-3)
