@@ -489,7 +489,8 @@ CHORUS_API chorusResult_t chorusWaitAll(int count, chorusRequest_t* requests);
 
 /* What this rank has sent on comm's links since the communicator was made: bytes as the
  * transports put them on the wire (payload plus their headers and framing; a message to oneself
- * crosses no link and counts nothing) and messages. The difference across a call is what that call
+ * crosses no link and counts nothing) and messages, device calls staged through host memory
+ * included (device-to-device paths cross no host link and count nothing). The difference across a call is what that call
  * sent. Not collective. Errors: chorusInvalidArgument (NULL traffic), chorusInvalidUsage. */
 typedef struct {
   uint64_t bytesSent;
@@ -530,8 +531,11 @@ CHORUS_API chorusResult_t chorusCompressorDestroy(chorusCompressor_t compressor)
  * compressor: every rank gets the same bits. count must be the compressor's total and datatype
  * chorusFloat32; in place: sendbuff == recvbuff. Blocking and collective, as chorusAllReduce (a
  * compressed all-reduce runs several collectives with local compute between them); no group and
- * no non-blocking form: to overlap it with compute, call it from another thread. Errors: those of
- * chorusAllReduce, and chorusInvalidArgument for a count or size that is not the compressor's. */
+ * no non-blocking form: to overlap it with compute, call it from another thread. Device buffers
+ * take a stream, as the other collectives: the call is enqueued and staged through host memory
+ * (the compressor runs on the host, on the communicator's proxy thread), and the compressor must
+ * not be used otherwise until the stream has run it. Errors: those of chorusAllReduce, and
+ * chorusInvalidArgument for a count or size that is not the compressor's. */
 CHORUS_API chorusResult_t chorusCompressedAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                                     chorusDataType_t datatype, chorusRedOp_t op,
                                                     chorusCompressor_t compressor, chorusComm_t comm,

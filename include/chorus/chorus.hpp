@@ -410,18 +410,20 @@ class Compressor {
   ~Compressor() { reset(); }
   explicit operator bool() const { return compressor_ != nullptr; }
 
-  // inOut = the sum (kSum) or mean (kAvg) over ranks, compressed (chorusCompressedAllReduce).
-  void allReduce(std::span<float> inOut, const Communicator& comm, ReduceOp op = ReduceOp::kAvg) {
-    allReduce(std::span<const float>(inOut), inOut, comm, op);
+  // inOut = the sum (kSum) or mean (kAvg) over ranks, compressed (chorusCompressedAllReduce): on
+  // host buffers (stream null: returns once complete) or device buffers with a stream (enqueued).
+  void allReduce(std::span<float> inOut, const Communicator& comm, ReduceOp op = ReduceOp::kAvg,
+                 chorusStream_t stream = nullptr) {
+    allReduce(std::span<const float>(inOut), inOut, comm, op, stream);
   }
   void allReduce(std::span<const float> in, std::span<float> out, const Communicator& comm,
-                 ReduceOp op = ReduceOp::kAvg) {
+                 ReduceOp op = ReduceOp::kAvg, chorusStream_t stream = nullptr) {
     if (out.size() != in.size()) {
       throw Error(chorusInvalidArgument, "Compressor::allReduce: out has " + std::to_string(out.size()) +
                                              " elements, in " + std::to_string(in.size()));
     }
     detail::check(chorusCompressedAllReduce(in.data(), out.data(), in.size(), chorusFloat32, detail::toC(op),
-                                            compressor_, comm.handle(), nullptr),
+                                            compressor_, comm.handle(), stream),
                   comm.handle());
   }
   chorusCompressorInfo_t info() const {

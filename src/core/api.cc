@@ -143,13 +143,6 @@ void checkBuffer(const void* buffer, size_t count, const char* name, const char*
   }
 }
 
-void checkStream(chorusStream_t stream, const char* call, int rank) {
-  if (stream != nullptr) {
-    fail(chorusInvalidArgument,
-         "rank {}: {}: a non-NULL stream was given, but this call takes host buffers (pass NULL)", rank, call);
-  }
-}
-
 void checkRank(int value, int nranks, const char* what, const char* call, int rank) {
   if (value < 0 || value >= nranks) {
     fail(chorusInvalidArgument, "rank {}: {}: {} {} is out of range [0, {})", rank, call, what, value, nranks);
@@ -605,7 +598,6 @@ chorusResult_t chorusCompressedAllReduce(const void* sendbuff, void* recvbuff, s
     checkCount(count, 1, datatype, call, c.rank());
     checkBuffer(sendbuff, count, "sendbuff", call, c.rank());
     checkBuffer(recvbuff, count, "recvbuff", call, c.rank());
-    checkStream(stream, call, c.rank());
     if (count != state->state->count()) {
       fail(chorusInvalidArgument, "rank {}: {}: count {} but the compressor ({}) was made for {} elements", c.rank(),
            call, count, state->state->spec().text(), state->state->count());
@@ -617,6 +609,22 @@ chorusResult_t chorusCompressedAllReduce(const void* sendbuff, void* recvbuff, s
     if (group.depth > 0 || nonBlockingTarget != nullptr) {
       fail(chorusInvalidUsage, "rank {}: {}: not allowed inside a group", c.rank(), call);
     }
+#if defined(CHORUS_HAVE_DEVICE)
+    if (stream == nullptr) stream = chorus::streamForNull(sendbuff, recvbuff);
+    if (stream != nullptr) {  // device buffers: staged through the engine's proxy (device.h)
+      chorus::DeviceCall device{Collective::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0};
+      device.compressor = state->state.get();
+      chorus::checkDeviceCall(device, c.rank(), c.nranks(), call);  // before the engine exists
+      c.device().enqueueCompressed(device, stream, call);
+      return;
+    }
+#else
+    if (stream != nullptr) {
+      fail(chorusInvalidArgument,
+           "rank {}: {}: a non-NULL stream was given, but this build of chorus has no CUDA (host buffers take NULL)",
+           c.rank(), call);
+    }
+#endif
     c.compressedAllReduce(*state->state, static_cast<const float*>(sendbuff), static_cast<float*>(recvbuff), count,
                           op == chorusAvg);
   });

@@ -731,6 +731,23 @@ DeviceEngine& Communicator::device() {
 #endif
 }
 
+Traffic Communicator::traffic() const {
+  Traffic total;
+  for (const auto& t : transports_) {
+    const Traffic sent = t->sent();
+    total.bytes += sent.bytes;
+    total.messages += sent.messages;
+  }
+#if defined(CHORUS_HAVE_DEVICE)
+  if (device_ != nullptr) {
+    const Traffic staged = device_->traffic();
+    total.bytes += staged.bytes;
+    total.messages += staged.messages;
+  }
+#endif
+  return total;
+}
+
 chorusResult_t Communicator::asyncError() {
   if (broken_.empty()) {
     try {

@@ -129,7 +129,8 @@ class Communicator {
 
   // Peers this rank holds connections to, over all its transports (not counting itself).
   int connections() const;
-  // What this rank has sent on all its transports (chorusCommGetTraffic).
+  // What this rank has sent on all its transports (chorusCommGetTraffic), its device path's
+  // staged calls included.
   Traffic traffic() const;
   // Runs a compressed all-reduce of `state`'s buffer (blocking; compressed.cc): its exchanges are
   // this communicator's collectives. Throws chorusInvalidArgument for a count that is not the

@@ -70,15 +70,6 @@ class CommunicatorExchange final : public collectives::Exchange {
 
 }  // namespace
 
-Traffic Communicator::traffic() const {
-  Traffic total;
-  for (const auto& t : transports_) {
-    total.bytes += t->sent().bytes;
-    total.messages += t->sent().messages;
-  }
-  return total;
-}
-
 void Communicator::compressedAllReduce(collectives::CompressedAllReduce& state, const float* input, float* output,
                                        size_t count, bool average) {
   CommunicatorExchange exchange(*this);

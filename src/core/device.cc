@@ -869,7 +869,8 @@ const StagedCall* DeviceEngine::Impl::stagedCall(const DeviceCall& call, const v
   for (const auto& s : stagedCalls) {
     if (s.call.collective == want.call.collective && s.call.input == input && s.call.output == output &&
         s.call.count == call.count && s.call.type == call.type && s.call.op == call.op &&
-        s.call.rootOrPeer == call.rootOrPeer && s.vectorData == want.vectorData) {
+        s.call.rootOrPeer == call.rootOrPeer && s.call.compressor == call.compressor &&
+        s.vectorData == want.vectorData) {
       return &s;
     }
   }
@@ -1014,7 +1015,7 @@ bool DeviceEngine::Impl::enqueueStaged(const DeviceCall& call, cudaStream_t stre
     return staging.area(static_cast<size_t>(slot) * 2 + static_cast<size_t>(which));
   };
   auto wait = [&] { waitForProxy(stream); };
-  if (call.collective == Collective::kAllReduce && call.count * size > stageBytes) {
+  if (call.collective == Collective::kAllReduce && call.compressor == nullptr && call.count * size > stageBytes) {
     // In chunks through two slots: chunk c's copy in overlaps the proxy's work on chunk c - 1.
     staging.ensure(stageBytes);
     const size_t per = stageBytes / size;
@@ -1126,12 +1127,17 @@ void DeviceEngine::Impl::proxyLoop() {
     }
     if (!failed) {
       try {
-        std::vector<PreparedOp> ops;
-        for (const DeviceCall& c : staged->group.empty() ? std::vector<DeviceCall>{staged->call} : staged->group) {
-          ops.push_back(
-              proxyComm->prepare(c.collective, c.input, c.output, c.count, c.type, c.op, c.rootOrPeer, c.vector));
+        if (const DeviceCall& c = staged->call; staged->group.empty() && c.compressor != nullptr) {
+          proxyComm->compressedAllReduce(*c.compressor, static_cast<const float*>(c.input),
+                                         static_cast<float*>(c.output), c.count, c.op == chorusAvg);
+        } else {
+          std::vector<PreparedOp> ops;
+          for (const DeviceCall& d : staged->group.empty() ? std::vector<DeviceCall>{c} : staged->group) {
+            ops.push_back(
+                proxyComm->prepare(d.collective, d.input, d.output, d.count, d.type, d.op, d.rootOrPeer, d.vector));
+          }
+          proxyComm->run(std::move(ops));
         }
-        proxyComm->run(std::move(ops));
       } catch (const Error& e) {
         std::lock_guard<std::mutex> lock(mutex);
         proxyFailure = fmt::format("rank {}: a device call staged through the host failed: {}", rank, e.what());
@@ -1258,6 +1264,16 @@ void DeviceEngine::enqueueGroup(const std::vector<DeviceCall>& calls, chorusStre
   m.finish(s);
 }
 
+void DeviceEngine::enqueueCompressed(const DeviceCall& call, chorusStream_t stream, const char* name) {
+  Impl& m = *impl_;
+  admit(name);
+  checkDeviceCall(call, m.rank, m.nranks, name);
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  m.order(s);
+  m.enqueueStaged(call, s);
+  m.finish(s);
+}
+
 chorusResult_t DeviceEngine::asyncError(std::string* message) const {
   const Impl& m = *impl_;
   {
@@ -1287,6 +1303,8 @@ void DeviceEngine::abort() {
   std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(impl_->doneValueWord)).store(impl_->valuePosted.load());
   if (impl_->proxyComm != nullptr) impl_->proxyComm->abort();
 }
+
+Traffic DeviceEngine::traffic() const { return impl_->proxyComm != nullptr ? impl_->proxyComm->traffic() : Traffic{}; }
 
 const char* DeviceEngine::path() const { return impl_->direct ? "direct" : impl_->ipc ? "ipc" : "staged"; }
 

@@ -12,8 +12,8 @@
 //  - ipc: every rank on one host, each inbox mapped by its ring neighbours with CUDA IPC: one
 //    kernel launch per call (src/core/device_ring.h), for all-reduce, all-gather,
 //    reduce-scatter, broadcast and reduce;
-//  - staged: anything else (ranks on several hosts, the other collectives, send and receive, and
-//    a group's sends and receives, made together):
+//  - staged: anything else (ranks on several hosts, the other collectives, send and receive, a
+//    group's sends and receives, made together, and compressed all-reduces):
 //    the stream copies the input to pinned host memory, a host function hands the call to the
 //    engine's proxy thread, which runs it with the host transports on its own communicator, and
 //    a one-thread kernel holds the stream until the proxy is done; then the stream copies the
@@ -37,9 +37,14 @@
 namespace chorus {
 
 class Communicator;
+struct Traffic;
+namespace collectives {
+class CompressedAllReduce;
+}
 
 // One call on device buffers, its arguments already checked as for host buffers. count is as the
-// C call's; rootOrPeer is the root or the peer; vector holds all-to-allv's counts.
+// C call's; rootOrPeer is the root or the peer; vector holds all-to-allv's counts; compressor,
+// where set, makes an all-reduce (float32, sum or average) a compressed one.
 struct DeviceCall {
   collectives::Collective collective;
   const void* input;
@@ -49,6 +54,7 @@ struct DeviceCall {
   chorusRedOp_t op;
   int rootOrPeer;
   const size_t* const* vector = nullptr;
+  collectives::CompressedAllReduce* compressor = nullptr;
 };
 
 class DeviceEngine {
@@ -67,6 +73,11 @@ class DeviceEngine {
   // step: every send's input goes to pinned memory, the proxy makes them all as one group with
   // the host transports, and every receive's output comes back. Throws as enqueue.
   void enqueueGroup(const std::vector<DeviceCall>& calls, chorusStream_t stream, const char* name);
+  // Enqueues a compressed all-reduce (call.compressor set) on stream, staged: the input goes to
+  // pinned memory, the proxy runs the compressor with the host transports (the compressor's
+  // state is the proxy's until the stream has run the call), and the result comes back. Throws
+  // as enqueue.
+  void enqueueCompressed(const DeviceCall& call, chorusStream_t stream, const char* name);
   // chorusSuccess, or the first failure of an enqueued call (timeout, abort, a peer's failure),
   // with its message.
   chorusResult_t asyncError(std::string* message) const;
@@ -74,6 +85,9 @@ class DeviceEngine {
   void abort();
   // "direct", "ipc" or "staged", for logs and tests.
   const char* path() const;
+  // What the staged calls' proxy has sent on its transports (the direct and ipc paths move bytes
+  // within the GPUs' memory, on no link).
+  Traffic traffic() const;
 
   struct Impl;  // device.cc
 

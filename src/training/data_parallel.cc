@@ -439,14 +439,22 @@ void DataParallel::reduceBucket(Bucket& b) {
     if (compressing()) {
       Compressor* compressor = &compressors_[index];
       const size_t count = b.count;
-      float* data = onDevice() ? stageOnHost(b, g, count, ready) : g;
+      if (onDevice()) {  // staged through the host by chorus (the compressors work there)
+        b.reduction = worker->submit(deviceTask(
+            b, backend_->mark(Backend::Queue::kCompute), &b.reducedMark,
+            [g, count, compressor, tally = countOverlap()](Communicator& c, chorusStream_t stream) {
+              tally();
+              compressor->allReduce(std::span<float>(g, count), c, ReduceOp::kAvg, stream);
+            }));
+        return;
+      }
       b.reduction = worker->submit(
-          [data, count, compressor, tally = countOverlap()](Communicator& c) -> std::optional<Request> {
+          [g, count, compressor, tally = countOverlap()](Communicator& c) -> std::optional<Request> {
             tally();
-            compressor->allReduce(std::span<float>(data, count), c, ReduceOp::kAvg);  // blocking, on this thread
+            compressor->allReduce(std::span<float>(g, count), c, ReduceOp::kAvg);  // blocking, on this thread
             return std::nullopt;
           },
-          onDevice() ? std::function<void()>() : ready);
+          ready);
       return;
     }
     // ZeRO-0 averages the bucket in place; ZeRO-1 puts this rank's slice of the average in place.
@@ -531,19 +539,6 @@ std::future<void> DataParallel::submitReduction(Bucket& b, float* g, float* out,
       std::move(then));
 }
 
-float* DataParallel::stageOnHost(Bucket& b, float* at, size_t count, std::function<void()> then) {
-  b.staged.resize(count);
-  trackTransient(static_cast<long>(count * sizeof(float)));
-  backend_->toHost(b.staged.data(), at, count * sizeof(float));
-  b.afterReduction = [this, &b, at, count, then = std::move(then)] {
-    backend_->fromHost(at, b.staged.data(), count * sizeof(float));
-    trackTransient(-static_cast<long>(count * sizeof(float)));
-    std::vector<float>().swap(b.staged);
-    if (then) then();
-  };
-  return b.staged.data();
-}
-
 void DataParallel::finishReduction(Bucket& b) {
   if (!b.reduction.valid()) return;
   b.reduction.get();
@@ -603,9 +598,15 @@ void DataParallel::syncParameters(const kernels::OptimizerSettings* outer, long 
     const size_t padded = b.padded, count = b.count;
     if (outer != nullptr && compressing()) {  // DiLoCo's delta through the bucket's compressor
       Compressor* compressor = &compressors_[static_cast<size_t>(&b - buckets_.data())];
-      float* data = onDevice() ? stageOnHost(b, at, count, nullptr) : at;
-      b.reduction = worker->submit([data, count, compressor](Communicator& c) -> std::optional<Request> {
-        compressor->allReduce(std::span<float>(data, count), c, ReduceOp::kAvg);  // blocking, on this thread
+      if (onDevice()) {
+        b.reduction =
+            worker->submit(deviceTask(b, ready, &b.reducedMark, [at, count, compressor](Communicator& c, chorusStream_t stream) {
+              compressor->allReduce(std::span<float>(at, count), c, ReduceOp::kAvg, stream);
+            }));
+        continue;
+      }
+      b.reduction = worker->submit([at, count, compressor](Communicator& c) -> std::optional<Request> {
+        compressor->allReduce(std::span<float>(at, count), c, ReduceOp::kAvg);  // blocking, on this thread
         return std::nullopt;
       });
       continue;
@@ -621,7 +622,7 @@ void DataParallel::syncParameters(const kernels::OptimizerSettings* outer, long 
       return c.iallReduce(std::span<float>(at, padded), ReduceOp::kAvg);
     });
   }
-  waitReductions();  // (a compressed delta copied back onto the device there)
+  waitReductions();
   if (outer == nullptr) return;
   kernels::OptimizerSettings s = *outer;
   s.weightDecay = 0.0f;

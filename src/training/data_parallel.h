@@ -224,7 +224,6 @@ class DataParallel : public UnitAccess {
     Buffer<float> gathered;           // ZeRO-3: the bucket's whole parameters while in use
     std::vector<float> gatherSource;  // ZeRO-3 with parameters in a file: this rank's shard, read for the gather
     Buffer<uint16_t> half;            // reduceBf16: the gradient in bf16 while it is reduced
-    std::vector<float> staged;        // on a device: what a compressor reduces, on the host meanwhile
     std::future<void> reduction, gather;
     // On a device: where the communication queue's reduction and gather end, and what follows the
     // reduction on the compute queue (ZeRO-2/3's accumulation; on the CPU the worker runs it).
@@ -261,9 +260,6 @@ class DataParallel : public UnitAccess {
   // Waits for b's reduction (and, on a device, makes the compute queue wait for it, then runs what
   // was to follow it there).
   void finishReduction(Bucket& b);
-  // On a device, for a compressor (which reduces host memory): count floats at `at` copied to the
-  // host for b's reduction, and copied back (then `then`) by what follows it. Returns the host copy.
-  float* stageOnHost(Bucket& b, float* at, size_t count, std::function<void()> then);
   // The communication task of a collective on b's device buffers: waits for the compute queue's
   // `ready`, enqueues call(c, stream) on the communication lane of b's group and keeps its mark in
   // *done.

@@ -375,7 +375,7 @@ class ShmTransport final : public Transport {
     Peer& p = linked(peer);
     p.sends.push_back({tag, static_cast<char*>(const_cast<void*>(data)), bytes, 0, request});
     ++pending_;
-    ++sent_.messages;
+    countSent(0, 1);
     if (p.link == Link::kUp) pushSends(p);
   }
 
@@ -663,7 +663,7 @@ class ShmTransport final : public Transport {
       }
       moved = true;
       if (byAddress) {
-        sent_.bytes += sizeof(SlotHeader) + op.bytes;  // the peer reads the bytes from here
+        countSent(sizeof(SlotHeader) + op.bytes);  // the peer reads the bytes from here
         header->sequence.store(++p.head, std::memory_order_release);
         p.beingRead.emplace_back(++p.readsPublished, op.request);  // done when the peer has read it
         p.sends.pop_front();
@@ -687,7 +687,7 @@ class ShmTransport final : public Transport {
   void publish(Peer& p, size_t piece) {
     PendingOp& op = p.sends.front();
     op.done += piece;
-    sent_.bytes += sizeof(SlotHeader) + piece;
+    countSent(sizeof(SlotHeader) + piece);
     slot(p.outSlots, p.head)->sequence.store(p.head + 1, std::memory_order_release);
     ++p.head;
     if (op.done == op.bytes) {

@@ -119,7 +119,7 @@ class TcpTransport final : public Transport {
     const Clock::time_point leaves = delay_.count() > 0 ? Clock::now() + delay_ : Clock::time_point{};
     p.sends.push_back({tag, static_cast<char*>(const_cast<void*>(data)), bytes, 0, request, leaves});
     ++pending_;
-    ++sent_.messages;
+    countSent(0, 1);
     if (p.socket.valid()) pushSends(p);
   }
 
@@ -374,7 +374,7 @@ class TcpTransport final : public Transport {
         connectionLost(p, "sending", errno);
       }
       op.done += static_cast<size_t>(n);
-      sent_.bytes += static_cast<uint64_t>(n);
+      countSent(static_cast<uint64_t>(n));
       rate_.spend(static_cast<size_t>(n));
       moved = moved || n > 0;
       if (op.done < sizeof(header) + op.bytes) {

@@ -8,6 +8,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <functional>
@@ -78,8 +79,11 @@ class Transport {
   virtual ~Transport() = default;
   virtual const char* name() const = 0;
   // Everything this transport has sent since it was created, counted where it leaves: a byte is
-  // counted once it is handed to the link (socket, shared FIFO, UCX), headers included.
-  const Traffic& sent() const { return sent_; }
+  // counted once it is handed to the link (socket, shared FIFO, UCX), headers included. May be
+  // read from any thread (a device path's proxy sends while the communicator's owner reads).
+  Traffic sent() const {
+    return {sentBytes_.load(std::memory_order_relaxed), sentMessages_.load(std::memory_order_relaxed)};
+  }
 
   // Posts a send of bytes from data to peer. data must stay unchanged until request->done.
   // Messages to one peer leave in post order. A message may have 0 bytes.
@@ -147,7 +151,14 @@ class Transport {
   virtual void cancelAll() = 0;
 
  protected:
-  Traffic sent_;
+  // Counts what leaves: bytes handed to the link, messages posted.
+  void countSent(uint64_t bytes, uint64_t messages = 0) {
+    sentBytes_.fetch_add(bytes, std::memory_order_relaxed);
+    sentMessages_.fetch_add(messages, std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<uint64_t> sentBytes_{0}, sentMessages_{0};
 };
 
 // A peer process on this host: a pidfd for it (-1 where the kernel has none), readable once the

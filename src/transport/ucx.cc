@@ -110,8 +110,7 @@ class UcxTransport final : public Transport {
     Peer& p = linked(peer);
     const uint64_t wireTag = ucpTag(rank_, p.sendSequence++, tag);
     // UCX's own framing is not visible here; its tag is the header chorus asks for.
-    sent_.bytes += bytes + sizeof(wireTag);
-    ++sent_.messages;
+    countSent(bytes + sizeof(wireTag), 1);
     ++p.unfinished;
     ++pending_;
     Operation* op = track(peer, request);

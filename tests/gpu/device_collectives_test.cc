@@ -8,7 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -464,6 +466,70 @@ TEST_P(DeviceCollectivesTest, HostBuffersWithAStreamAreRefusedByName) {
     EXPECT_NE(std::string(chorusGetLastError(comm)).find("sendbuff"), std::string::npos) << chorusGetLastError(comm);
     EXPECT_NE(std::string(chorusGetLastError(comm)).find("not device memory"), std::string::npos);
     EXPECT_EQ(host[0], 1.0f);
+  });
+}
+
+// A compressed all-reduce of device buffers gives what the same compressor gives on host buffers,
+// call after call (the error feedback and PowerSGD's warm start carried by the device
+// compressor's own state): two compressors of one spec, one fed device buffers on the stream,
+// the other the same values on the host. The host calls' internal sums may take other algorithms
+// (other orders), hence a bound of a few roundings instead of the bits.
+TEST_P(DeviceCollectivesTest, CompressedAllReduceFollowsTheHostOne) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  run([&](int rank, chorusComm_t comm, cudaStream_t stream) {
+    const std::array<size_t, 2> counts = {6000, 3001};
+    const std::array<size_t, 2> rows = {60, 1};
+    const size_t total = counts[0] + counts[1];
+    for (const char* spec : {"topk:0.05", "powersgd:2", "bf16", "qsgd:15"}) {
+      chorusCompressor_t onDevice = nullptr, onHost = nullptr;
+      ASSERT_EQ(chorusCompressorCreate(comm, spec, 2, counts.data(), rows.data(), &onDevice), chorusSuccess)
+          << chorusGetLastError(comm);
+      ASSERT_EQ(chorusCompressorCreate(comm, spec, 2, counts.data(), rows.data(), &onHost), chorusSuccess);
+      Device buffer(total * 4);
+      for (int call = 0; call < 3; ++call) {
+        std::vector<float> mine(total), host(total), got(total);
+        for (size_t i = 0; i < total; ++i) {
+          mine[i] = std::sin(0.001f * static_cast<float>(i * (rank + 2) + 7 * call)) * static_cast<float>(1 + i % 5);
+        }
+        upload(buffer.p, mine.data(), total * 4);
+        chorusTraffic_t before{}, after{};
+        ASSERT_EQ(chorusCommGetTraffic(comm, &before), chorusSuccess);
+        ASSERT_EQ(chorusCompressedAllReduce(buffer.p, buffer.p, total, chorusFloat32, chorusAvg, onDevice, comm, stream),
+                  chorusSuccess)
+            << spec << ": " << chorusGetLastError(comm);
+        CUDA_OK(cudaStreamSynchronize(stream));
+        ASSERT_EQ(chorusCommGetTraffic(comm, &after), chorusSuccess);
+        // What the staged call sent counts as the communicator's (the first call also sets the
+        // device path up, whose messages count too).
+        chorusCompressorInfo_t sent{};
+        ASSERT_EQ(chorusCompressorGetInfo(onDevice, &sent), chorusSuccess);
+        if (call > 0) {
+          EXPECT_GE(after.bytesSent - before.bytesSent, sent.payloadBytes) << spec << ", call " << call;
+        }
+        ASSERT_EQ(chorusCompressedAllReduce(mine.data(), host.data(), total, chorusFloat32, chorusAvg, onHost, comm,
+                                            nullptr),
+                  chorusSuccess)
+            << spec << ": " << chorusGetLastError(comm);
+        CUDA_OK(cudaStreamSynchronize(stream));
+        CUDA_OK(cudaMemcpy(got.data(), buffer.p, total * 4, cudaMemcpyDeviceToHost));
+        float scale = 0.0f;
+        for (float v : host) scale = std::max(scale, std::fabs(v));
+        size_t wrong = 0, first = 0;
+        for (size_t i = total; i-- > 0;) {
+          if (std::fabs(got[i] - host[i]) > 1e-5f * scale) {
+            ++wrong;
+            first = i;
+          }
+        }
+        EXPECT_EQ(wrong, 0u) << spec << ", call " << call << ": element " << first << " " << got[first]
+                             << " on the device, " << host[first] << " on the host";
+      }
+      chorusCompressorInfo_t info{};
+      ASSERT_EQ(chorusCompressorGetInfo(onDevice, &info), chorusSuccess);
+      EXPECT_EQ(info.calls, 3u) << spec;
+      chorusCompressorDestroy(onDevice);
+      chorusCompressorDestroy(onHost);
+    }
   });
 }
 
