@@ -2,16 +2,21 @@
 // the fp32 all-reduce of the same buffer, with what the transports sent per rank per call
 // (chorusCommGetTraffic: payload, indices, scales and headers), the compression ratio in those
 // bytes, the effective busbw (the fp32 buffer's bytes over the compressed call's time, with
-// nccl-tests' all-reduce factor) and the error of one call against the fp32 mean.
+// nccl-tests' all-reduce factor) and the error of one call against the fp32 mean. With --mem
+// device both calls take device buffers on the rank's stream (the compressed one staged by chorus
+// through the host, where the compressors work); the inputs and the checked result go through the
+// host copies.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "bench/device_memory.h"
 #include "bench/options.h"
 #include "chorus/chorus.h"
 
@@ -35,6 +40,7 @@ class Sweep {
   Sweep(const Options& o, chorusComm_t comm) : o_(o), comm_(comm) {
     chorusCommUserRank(comm, &rank_);
     chorusCommCount(comm, &nranks_);
+    if (o.mem == "device") device_ = std::make_unique<DeviceMemory>(rank_);
   }
 
   int run() {
@@ -55,9 +61,9 @@ class Sweep {
     if (print) {
       std::printf(
           "# collbench (chorus) compressed all-reduce  nranks: %d  transport: %s  tcp rate: %s  tcp delay: %s  "
-          "iters: %d  warmup: %d\n",
+          "iters: %d  warmup: %d  memory: %s\n",
           nranks_, transport ? transport : "auto", rate ? rate : "unlimited", delay ? delay : "none", o_.iters,
-          o_.warmup);
+          o_.warmup, device_ ? device_->describe().c_str() : "host");
       std::printf(
           "#  wire B = bytes the transports sent per rank per call (headers included); ratio = fp32's wire B "
           "over the compressor's;\n#  busbw = the fp32 buffer's bytes over the call's time x 2(n-1)/n; "
@@ -83,9 +89,13 @@ class Sweep {
         check(chorusCompressorCreate(comm_, spec.c_str(), 1, &count, &rows, &compressor), "chorusCompressorCreate");
         // One call on fresh state for the error and the agreement of the ranks, then the timed calls.
         std::vector<float> out(count);
-        check(
-            chorusCompressedAllReduce(input_.data(), out.data(), count, chorusFloat32, op, compressor, comm_, nullptr),
-            "chorusCompressedAllReduce");
+        once(count, op, compressor);
+        if (device_) {
+          device_->synchronize();
+          device_->download(reinterpret_cast<char*>(out.data()), out_, count * sizeof(float));
+        } else {
+          out = output_;
+        }
         double diff = 0, norm = 0;
         for (size_t i = 0; i < count; ++i) {
           diff += (double(out[i]) - reference[i]) * (double(out[i]) - reference[i]);
@@ -157,32 +167,45 @@ class Sweep {
     std::exit(2);
   }
 
-  // Gradient-like input: normal values, different on every rank.
+  // Gradient-like input: normal values, different on every rank (on a device, uploaded there).
   void fill(size_t count) {
     std::mt19937 engine(1234u + static_cast<unsigned>(rank_));
     std::normal_distribution<float> normal;
     input_.resize(count);
     for (float& v : input_) v = normal(engine);
     output_.resize(count);
+    if (device_) {
+      in_ = device_->reserve(0, count * sizeof(float));
+      out_ = device_->reserve(1, count * sizeof(float));
+      device_->upload(in_, reinterpret_cast<const char*>(input_.data()), count * sizeof(float));
+    }
   }
 
-  // Warm-up calls, then the timed ones; the time and the bytes sent, averaged over the ranks.
+  // One all-reduce of the input into the output, compressed by compressor (null: fp32); on a
+  // device enqueued on the rank's stream.
+  void once(size_t count, chorusRedOp_t op, chorusCompressor_t compressor) {
+    const void* in = device_ ? static_cast<const void*>(in_) : input_.data();
+    void* out = device_ ? static_cast<void*>(out_) : output_.data();
+    chorusStream_t stream = device_ ? device_->stream() : nullptr;
+    if (compressor == nullptr) {
+      check(chorusAllReduce(in, out, count, chorusFloat32, op, comm_, stream), "all-reduce");
+    } else {
+      check(chorusCompressedAllReduce(in, out, count, chorusFloat32, op, compressor, comm_, stream),
+            "chorusCompressedAllReduce");
+    }
+  }
+
+  // Warm-up calls, then the timed ones (on a device, until the stream has run them); the time and
+  // the bytes sent, averaged over the ranks.
   Timed time(size_t count, chorusRedOp_t op, chorusCompressor_t compressor) {
-    auto once = [&] {
-      if (compressor == nullptr) {
-        check(chorusAllReduce(input_.data(), output_.data(), count, chorusFloat32, op, comm_, nullptr), "all-reduce");
-      } else {
-        check(chorusCompressedAllReduce(input_.data(), output_.data(), count, chorusFloat32, op, compressor, comm_,
-                                        nullptr),
-              "chorusCompressedAllReduce");
-      }
-    };
-    for (int i = 0; i < o_.warmup; ++i) once();
+    for (int i = 0; i < o_.warmup; ++i) once(count, op, compressor);
+    if (device_) device_->synchronize();
     check(chorusBarrier(comm_, nullptr), "barrier");
     chorusTraffic_t before{}, after{};
     check(chorusCommGetTraffic(comm_, &before), "chorusCommGetTraffic");
     const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < o_.iters; ++i) once();
+    for (int i = 0; i < o_.iters; ++i) once(count, op, compressor);
+    if (device_) device_->synchronize();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     check(chorusCommGetTraffic(comm_, &after), "chorusCommGetTraffic");
     double mine[2] = {seconds / o_.iters * 1e6, double(after.bytesSent - before.bytesSent) / o_.iters};
@@ -208,6 +231,9 @@ class Sweep {
   int nranks_ = 1;
   std::vector<float> input_;
   std::vector<float> output_;
+  std::unique_ptr<DeviceMemory> device_;  // --mem device: the buffers below, the stream
+  char* in_ = nullptr;
+  char* out_ = nullptr;
 };
 
 }  // namespace

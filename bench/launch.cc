@@ -158,7 +158,7 @@ bool startPeers(const Options& o, chorusComm_t comm, std::vector<std::unique_ptr
   chorusCommUserRank(comm, &rank);
   chorusCommCount(comm, &nranks);
   bool known = true;
-  for (const std::string& name : comparedPeers(o, &known)) {
+  for ([[maybe_unused]] const std::string& name : comparedPeers(o, &known)) {  // (a build without peers)
     std::unique_ptr<Peer> peer;
 #ifdef CHORUS_COLLBENCH_GLOO
     if (name == "gloo") peer = startGloo(o, comm, rank, nranks);
@@ -207,7 +207,8 @@ int execUnderMpiexec(const Options& o, int argc, char** argv) {
 
 }  // namespace
 
-int runRanks(const Options& o, int* argc, char*** argv, const std::function<int(chorusComm_t)>& perRank) {
+int runRanks(const Options& o, [[maybe_unused]] int* argc, [[maybe_unused]] char*** argv,
+             const std::function<int(chorusComm_t)>& perRank) {
   bool peersKnown = true;
   const std::vector<std::string> peerNames = comparedPeers(o, &peersKnown);
   if (!peersKnown) return 2;

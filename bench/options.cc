@@ -172,11 +172,8 @@ int parseOptions(int argc, const char* const* argv, Options* o) {
   }
   if (o->maxBytes < o->minBytes) o->maxBytes = o->minBytes;
   if (o->mem == "device" && !o->simulate) {
-    // Peers, the calibration and the compressed all-reduce take host buffers.
-    const char* refused = !o->compare.empty()     ? "--compare"
-                          : !o->calibrate.empty() ? "--calibrate"
-                          : !o->compress.empty()  ? "--compress"
-                                                  : nullptr;
+    // Peers and the calibration take host buffers.
+    const char* refused = !o->compare.empty() ? "--compare" : !o->calibrate.empty() ? "--calibrate" : nullptr;
     if (refused != nullptr) {
       std::fprintf(stderr, "collbench: %s takes host buffers; it cannot be used with --mem device\n", refused);
       return 2;

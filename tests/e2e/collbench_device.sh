@@ -3,7 +3,14 @@
 # GPUs (rank % devices), over the three device paths (direct, ipc, staged), sizes from the LL protocol's
 # to the bulk one's, each checked (#wrong 0), and a spoiled value still caught. Without a usable
 # device collbench must refuse by saying so; then the test is skipped (exit 77).
+# CHORUS_COLLBENCH names another collbench (tests/collbench-emulated: e2e_collbench_device_emulated,
+# the device CUDA emulated on the host), CHORUS_DEVICE_TOP the largest size of the sweeps (default
+# 8M) and CHORUS_DEVICE_BOUND the size of the bound's row (default 64M): the emulated device copies
+# at host speed and runs kernels on one thread.
 source "$(dirname "$0")/lib.sh"
+collbench=${CHORUS_COLLBENCH:-$collbench}
+largest=${CHORUS_DEVICE_TOP:-8M}
+bound=${CHORUS_DEVICE_BOUND:-64M}
 if "$collbench" -g 2 --mem device --compare gloo >"$work/out.txt" 2>&1; then fail "--compare accepted with --mem device"; fi
 grep -q "cannot be used with --mem device" "$work/out.txt" || { cat "$work/out.txt"; fail "no message naming --mem device"; }
 if ! "$collbench" -g 1 --mem device -b 8 -e 8 -n 1 -w 0 >"$work/probe.txt" 2>&1; then
@@ -18,25 +25,32 @@ for ranks in 2 4; do
     # The ipc ring's kernels wait on each other across processes: on one GPU without MPS every
     # step waits for a time slice (milliseconds), so that path goes to 256 KiB here (its bulk
     # protocol starts below that).
-    top=8M
-    [ "$transport" = ipc ] && top=256K
+    top=$largest
+    [ "$transport" = ipc ] && [ "$largest" = 8M ] && top=256K
     for op in allreduce allgather reducescatter broadcast reduce alltoall gather scatter sendrecv; do
       run_clean "$collbench" -g "$ranks" --mem device --op "$op" -b 4 -e "$top" -f 16 -n 3 -w 1
     done
     run_clean "$collbench" -g "$ranks" --mem device --op allreduce -d all -o all -b 1K -e "$top" -f 1024 -n 2 -w 1
     run_clean "$collbench" -g "$ranks" --mem device --op allreduce -b 4K -e "$top" -f 1024 -n 20 -w 2 -z 0
     run_clean "$collbench" -g "$ranks" --mem device --op barrier -n 5 -w 1
+    # Compressed all-reduces of device buffers (staged through the host by chorus): every rank
+    # gets the same bits.
+    "$collbench" -g "$ranks" --mem device --op allreduce -o avg --compress topk:0.05 --compress bf16 \
+      --compress powersgd:2 -b 16K -e 64K -f 4 -n 2 -w 1 >"$work/out.txt" 2>&1 ||
+      { cat "$work/out.txt"; fail "--compress on device buffers ($transport, $ranks ranks)"; }
+    cat "$work/out.txt"
+    grep -q "Ranks that disagreed : 0 OK" "$work/out.txt" || fail "--compress: ranks disagreed ($transport, $ranks ranks)"
   done
 done
 # The direct all-reduce read in place at every size, by every rank and by rank 0 alone.
 for reducers in all one; do
   for ranks in 2 4; do
     CHORUS_DEVICE_TRANSPORT=direct CHORUS_DEVICE_DIRECT_INPLACE_BYTES=1 CHORUS_DEVICE_DIRECT_REDUCERS=$reducers \
-      run_clean "$collbench" -g "$ranks" --mem device --op allreduce -d all -o all -b 1K -e 8M -f 1024 -n 2 -w 1
+      run_clean "$collbench" -g "$ranks" --mem device --op allreduce -d all -o all -b 1K -e "$largest" -f 1024 -n 2 -w 1
   done
 done
 unset CHORUS_DEVICE_TRANSPORT
-run_clean "$collbench" -g 2 --mem device --op allreduce -b 64M -e 64M -n 5 -w 1 --bound --json "$work/device.json"
+run_clean "$collbench" -g 2 --mem device --op allreduce -b "$bound" -e "$bound" -n 5 -w 1 --bound --json "$work/device.json"
 # The bound counts each GPU once: as many as the rank lines name (host and device), so 2 ranks
 # sharing one GPU copy on one.
 /usr/bin/python3 - "$work/device.json" "$work/out.txt" <<'PY'
