@@ -615,7 +615,7 @@ chorusResult_t chorusCompressedAllReduce(const void* sendbuff, void* recvbuff, s
       chorus::DeviceCall device{Collective::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0};
       device.compressor = state->state.get();
       chorus::checkDeviceCall(device, c.rank(), c.nranks(), call);  // before the engine exists
-      c.device().enqueueCompressed(device, stream, call);
+      c.device().enqueue(device, stream, call);
       return;
     }
 #else

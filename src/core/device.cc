@@ -554,9 +554,10 @@ void DeviceEngine::Impl::closeDirect() {
 }
 
 // The direct path serves where it was set up, out of graph capture (its order across processes is
-// set when each call is enqueued, which a replay would not repeat).
-bool DeviceEngine::Impl::directServes(const DeviceCall&, cudaStream_t stream) const {
-  if (!direct) return false;
+// set when each call is enqueued, which a replay would not repeat), and not compressed all-reduces
+// (their compressors work on the host: staging serves them).
+bool DeviceEngine::Impl::directServes(const DeviceCall& call, cudaStream_t stream) const {
+  if (!direct || call.compressor != nullptr) return false;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   check(cudaStreamIsCapturing(stream, &capturing), rank, "cudaStreamIsCapturing");
   return capturing == cudaStreamCaptureStatusNone;
@@ -827,7 +828,7 @@ void DeviceEngine::Impl::finish(cudaStream_t stream) {
 // reductions of a deterministic communicator: it reduces on the way, in an order that depends on
 // where each block starts (the direct path and the staged one's host schedules fold in rank order).
 bool DeviceEngine::Impl::ringServes(const DeviceCall& call, cudaStream_t) const {
-  return ipc && ringKind(call.collective) >= 0 &&
+  return ipc && call.compressor == nullptr && ringKind(call.collective) >= 0 &&
          !(collectives::traitsOf(call.collective).reduces && comm.settings().deterministic);
 }
 
@@ -1261,16 +1262,6 @@ void DeviceEngine::enqueueGroup(const std::vector<DeviceCall>& calls, chorusStre
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   m.order(s);
   m.enqueueStagedGroup(calls, s);
-  m.finish(s);
-}
-
-void DeviceEngine::enqueueCompressed(const DeviceCall& call, chorusStream_t stream, const char* name) {
-  Impl& m = *impl_;
-  admit(name);
-  checkDeviceCall(call, m.rank, m.nranks, name);
-  const auto s = reinterpret_cast<cudaStream_t>(stream);
-  m.order(s);
-  m.enqueueStaged(call, s);
   m.finish(s);
 }
 

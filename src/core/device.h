@@ -66,18 +66,15 @@ class DeviceEngine {
   DeviceEngine(const DeviceEngine&) = delete;
   DeviceEngine& operator=(const DeviceEngine&) = delete;
 
-  // Enqueues the call on stream (a cudaStream_t) and returns. Throws as checkDeviceCall, and
+  // Enqueues the call on stream (a cudaStream_t) and returns; a compressed all-reduce
+  // (call.compressor set) is staged, its compressor run by the proxy with the host transports
+  // (and the proxy's until the stream has run the call). Throws as checkDeviceCall, and
   // chorusInvalidUsage when an earlier call failed or the current device is not the engine's.
   void enqueue(const DeviceCall& call, chorusStream_t stream, const char* name);
   // Enqueues a group's device sends and receives (kSend / kRecv calls) on stream, as one staged
   // step: every send's input goes to pinned memory, the proxy makes them all as one group with
   // the host transports, and every receive's output comes back. Throws as enqueue.
   void enqueueGroup(const std::vector<DeviceCall>& calls, chorusStream_t stream, const char* name);
-  // Enqueues a compressed all-reduce (call.compressor set) on stream, staged: the input goes to
-  // pinned memory, the proxy runs the compressor with the host transports (the compressor's
-  // state is the proxy's until the stream has run the call), and the result comes back. Throws
-  // as enqueue.
-  void enqueueCompressed(const DeviceCall& call, chorusStream_t stream, const char* name);
   // chorusSuccess, or the first failure of an enqueued call (timeout, abort, a peer's failure),
   // with its message.
   chorusResult_t asyncError(std::string* message) const;
