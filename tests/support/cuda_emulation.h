@@ -13,8 +13,9 @@
 // some thread never reaches (divergent code) aborts, saying so. The runtime (memory, streams as
 // host threads, events, CUDA IPC between processes, graphs) is cuda_emulation_runtime.h's, which
 // says what it models. What neither models: the hardware's order of the sums inside one product,
-// memory ordering beyond the barriers, blocks running at once, and launch limits (shared memory
-// size, registers). Include it before the kernels' source, or put emulated_cuda/ (which stands in
+// memory ordering beyond the barriers, blocks running at once, and a kernel's own launch limits
+// (registers, __launch_bounds__, static shared memory; refusedLaunch says which limits it keeps).
+// Include it before the kernels' source, or put emulated_cuda/ (which stands in
 // for CUDA's headers and cuBLAS's) first on the include path.
 #pragma once
 
@@ -320,12 +321,39 @@ void launch(Kernel kernel, EmulatedDim grid, int threads, size_t sharedBytes, Ar
 }  // namespace chorus::testing::emulation
 
 namespace chorus::testing::emulation {
-// launch() in stream order, once every pointer argument is null, device memory or pinned host
-// memory; else, as a GPU would fail the kernel's first access to it, nothing runs and the launch's
-// error is cudaErrorIllegalAddress. The process's kernels run one at a time.
+// Why a GPU refuses a launch of this shape (cudaErrorInvalidConfiguration, nothing run), or empty:
+// a grid or a block of no threads, a block of more than 1024, a grid beyond 2^31 - 1 by 65535 by
+// 65535 blocks, dynamic shared memory above 48 KiB but for what cudaFuncSetAttribute allowed (the
+// runtime's raisedSharedBytes). Not modelled: a kernel's own limits (its registers, its
+// __launch_bounds__) and its static shared memory.
+inline std::string refusedLaunch(EmulatedDim grid, int threads, size_t sharedBytes) {
+  char why[160] = "";
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) {
+    std::snprintf(why, sizeof why, "a grid of %u x %u x %u blocks", grid.x, grid.y, grid.z);
+  } else if (grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
+    std::snprintf(why, sizeof why, "a grid of %u x %u x %u blocks (at most 2147483647 x 65535 x 65535)", grid.x,
+                  grid.y, grid.z);
+  } else if (threads <= 0 || threads > 1024) {
+    std::snprintf(why, sizeof why, "%d threads per block (1 to 1024)", threads);
+  } else if (sharedBytes > std::max(kDefaultSharedBytes, raisedSharedBytes)) {
+    std::snprintf(why, sizeof why, "%zu bytes of dynamic shared memory, above the kernel's limit of %zu", sharedBytes,
+                  std::max(kDefaultSharedBytes, raisedSharedBytes));
+  }
+  return why;
+}
+
+// launch() in stream order, once the GPU would take its shape (refusedLaunch) and every pointer
+// argument is null, device memory or pinned host memory; else, as a GPU would fail the kernel's
+// first access to it, nothing runs and the launch's error is cudaErrorIllegalAddress. The
+// process's kernels run one at a time.
 template <typename Kernel, typename... Args>
 void checkedLaunch(const char* name, cudaStream_t stream, Kernel kernel, EmulatedDim grid, int threads,
                    size_t sharedBytes, Args... args) {
+  if (const std::string refused = refusedLaunch(grid, threads, sharedBytes); !refused.empty()) {
+    std::fprintf(stderr, "cuda emulation: launch of %s: %s\n", name, refused.c_str());
+    device().lastError = cudaErrorInvalidConfiguration;
+    return;
+  }
   int index = 0;
   bool ok = true;
   auto check = [&](const auto& a) {

@@ -23,7 +23,7 @@
 // streams' order. A capture (cudaStreamBeginCapture) keeps the stream's calls instead of running them; a graph launch
 // runs them again in the captured order (one chain: a graph of several branches runs as one). An event counts its
 // records: a wait waits for the last record made before it. What it does not model: memory ordering (every access is a
-// host access), peer devices, the per-thread default stream, graph nodes edited after capture, and limits of any kind.
+// host access), peer devices, the per-thread default stream, graph nodes edited after capture, and limits other than a launch's (cuda_emulation.h).
 #pragma once
 
 #include <fcntl.h>
@@ -55,6 +55,7 @@ enum cudaError : int {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorNotReady = 600,
@@ -852,11 +853,27 @@ inline cudaError_t cudaGetDriverEntryPointByVersion(const char* name, void** fn,
   return cudaSuccess;
 }
 
-// ---- kernels' attributes (launch limits are not modelled) ----
+// ---- kernels' attributes ----
+// A kernel's dynamic shared memory may go above 48 KiB once cudaFuncSetAttribute raised its limit,
+// to at most an H100's or H200's 227 KiB. The emulation keeps the limit the calling thread set
+// last, whichever kernel it was for (a launch does not say which function it runs: see
+// checkedLaunch in cuda_emulation.h).
 
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
+namespace chorus::testing::emulation {
+constexpr size_t kDefaultSharedBytes = 48 * 1024, kMostSharedBytes = 227 * 1024;
+inline thread_local size_t raisedSharedBytes = 0;
+}  // namespace chorus::testing::emulation
 template <typename Kernel>
-cudaError_t cudaFuncSetAttribute(Kernel, cudaFuncAttribute, int) {
+cudaError_t cudaFuncSetAttribute(Kernel, cudaFuncAttribute, int value) {
+  namespace e = chorus::testing::emulation;
+  if (value < 0 || static_cast<size_t>(value) > e::kMostSharedBytes) {
+    char what[160];
+    std::snprintf(what, sizeof what, "cudaFuncSetAttribute: %d bytes of dynamic shared memory (at most %zu)", value,
+                  e::kMostSharedBytes);
+    return e::failWith(cudaErrorInvalidValue, what);
+  }
+  e::raisedSharedBytes = static_cast<size_t>(value);
   return cudaSuccess;
 }
 template <typename Kernel>
@@ -878,6 +895,8 @@ inline const char* cudaGetErrorName(cudaError_t error) {
       return "cudaErrorInvalidValue";
     case cudaErrorMemoryAllocation:
       return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
     case cudaErrorInvalidDevice:
       return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle:

@@ -3,7 +3,8 @@
 // fp32 attention of the same 16-bit values widened, within the bounds tests/gpu/nn_cuda_test.cc
 // holds the GPU to (4u of the largest magnitude; u the format's unit roundoff). The whole causal
 // attention (one diagonal block) and ring attention's blocks (several sequences in one call, a block
-// of earlier keys and then the diagonal). The emulation checks the kernels' indexing, masking,
+// of earlier keys and then the diagonal); and that each kernel's shared memory fits a GPU at every
+// head size the kernels take. The emulation checks the kernels' indexing, masking,
 // tiling and rounding; the GPU test checks them on the hardware.
 #include "tests/support/cuda_emulation.h"
 // The emulation first: the kernels' header is written against it.
@@ -186,6 +187,20 @@ TEST(TensorCoreAttentionEmulated, WholeAttentionFollowsTheCpu) {
 // Ring attention's blocks: two sequences of two chunks in one call, the second chunk's queries
 // against the first chunk's keys (no mask) and then their own (the diagonal).
 TEST(TensorCoreAttentionEmulated, RingBlocksFollowTheCpu) { check(2, 42, 21, 64, 2, {0, 21}); }
+
+// Every head size the tensor-core kernels take (multiples of 16 up to kMaxAttentionHeadSize): each
+// kernel's shared memory within what cudaFuncSetAttribute may raise a kernel's to.
+TEST(TensorCoreAttentionEmulated, SharedMemoryFitsAGpuAtEveryHeadSize) {
+  int taken = 0;
+  for (int hs = 1; hs <= cuda::kMaxAttentionHeadSize; ++hs) {
+    if (!att::tensorCoresTake(hs)) continue;
+    ++taken;
+    EXPECT_LE(att::TcForwardMemory::carve(nullptr, hs).bytes, emu::kMostSharedBytes) << "forward, head size " << hs;
+    EXPECT_LE(att::TcQueryMemory::carve(nullptr, hs).bytes, emu::kMostSharedBytes) << "dq, head size " << hs;
+    EXPECT_LE(att::TcKeyMemory::carve(nullptr, hs).bytes, emu::kMostSharedBytes) << "dk dv, head size " << hs;
+  }
+  EXPECT_EQ(taken, cuda::kMaxAttentionHeadSize / 16);
+}
 
 }  // namespace
 }  // namespace chorus::kernels

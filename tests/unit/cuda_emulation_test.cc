@@ -1,0 +1,107 @@
+// cuda_emulation_test.cc: tests/support/cuda_emulation.h refuses the launches a GPU refuses, so
+// that a launcher sizing its grid, its blocks or its shared memory past a GPU's limits fails here
+// as it would on the hardware (cudaErrorInvalidConfiguration from cudaGetLastError, the kernel not
+// run): a grid or block of no threads, blocks of more than 1024 threads, grids past 2^31 - 1 by
+// 65535 by 65535, dynamic shared memory past 48 KiB unless cudaFuncSetAttribute raised the limit,
+// and never past 227 KiB (an H100's or H200's most; attention_tc_emulated_test checks that the
+// tensor-core attention kernels' fits). And a 16-byte load from an address that is not 16-byte
+// aligned ends the process, as it ends a GPU's kernel with cudaErrorMisalignedAddress: the
+// emulated kernels are built with UndefinedBehaviorSanitizer's alignment check (tests/CMakeLists.txt).
+#include "tests/support/cuda_emulation.h"
+// The emulation first: the kernels' headers are written against it.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "kernels/cuda/grid.cuh"
+
+namespace {
+
+// Counts the threads that ran.
+__global__ void countThreads(int* ran) {
+  if (threadIdx.x == 0) *ran += static_cast<int>(blockDim.x);
+}
+
+// The error of launching countThreads in this shape, and how many threads ran.
+struct Outcome {
+  cudaError_t error;
+  int ran;
+};
+Outcome launch(dim3 grid, int threads, size_t sharedBytes) {
+  int* ran = nullptr;
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&ran), sizeof(int)), cudaSuccess);
+  EXPECT_EQ(cudaMemset(ran, 0, sizeof(int)), cudaSuccess);
+  CHORUS_LAUNCH(countThreads, grid, threads, sharedBytes, nullptr, ran);
+  Outcome o{cudaGetLastError(), -1};
+  EXPECT_EQ(cudaMemcpy(&o.ran, ran, sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaFree(ran), cudaSuccess);
+  return o;
+}
+
+constexpr size_t kKiB = 1024;
+
+TEST(CudaEmulationTest, RefusesTheShapesAGpuRefuses) {
+  EXPECT_EQ(launch(dim3(3), 64, 0).ran, 3 * 64);
+  EXPECT_EQ(launch(dim3(3), 64, 0).error, cudaSuccess);
+  EXPECT_EQ(launch(dim3(1, 65535, 1), 1, 0).error, cudaSuccess);
+  EXPECT_EQ(launch(dim3(1), 1024, 48 * kKiB).error, cudaSuccess);
+  const struct {
+    dim3 grid;
+    int threads;
+    size_t shared;
+    const char* what;
+  } refused[] = {
+      {dim3(0), 64, 0, "no blocks (a launch over no elements)"},
+      {dim3(4, 0, 1), 64, 0, "no blocks in y"},
+      {dim3(1, 1, 0), 64, 0, "no blocks in z"},
+      {dim3(1), 0, 0, "no threads"},
+      {dim3(1), 1025, 0, "1025 threads"},
+      {dim3(1, 65536, 1), 64, 0, "65536 blocks in y"},
+      {dim3(1, 1, 65536), 64, 0, "65536 blocks in z"},
+      {dim3(0x80000000u), 64, 0, "2^31 blocks in x"},
+      {dim3(1), 64, 48 * kKiB + 1, "shared memory past 48 KiB, not raised"},
+  };
+  for (const auto& r : refused) {
+    const Outcome o = launch(r.grid, r.threads, r.shared);
+    EXPECT_EQ(o.error, cudaErrorInvalidConfiguration) << r.what;
+    EXPECT_EQ(o.ran, 0) << r.what;
+  }
+  // The error was the launch's, and cudaGetLastError cleared it.
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+TEST(CudaEmulationTest, SharedMemoryPast48KiBOnceRaisedUpTo227KiB) {
+  ASSERT_EQ(cudaFuncSetAttribute(countThreads, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * kKiB), cudaSuccess);
+  EXPECT_EQ(launch(dim3(2), 32, 100 * kKiB).ran, 64);
+  EXPECT_EQ(launch(dim3(2), 32, 100 * kKiB + 1).error, cudaErrorInvalidConfiguration);
+  EXPECT_EQ(cudaFuncSetAttribute(countThreads, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * kKiB + 1),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  ASSERT_EQ(cudaFuncSetAttribute(countThreads, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * kKiB), cudaSuccess);
+  EXPECT_EQ(launch(dim3(1), 32, 227 * kKiB).ran, 32);
+  ASSERT_EQ(cudaFuncSetAttribute(countThreads, cudaFuncAttributeMaxDynamicSharedMemorySize, 0), cudaSuccess);
+  EXPECT_EQ(launch(dim3(1), 32, 48 * kKiB + 1).error, cudaErrorInvalidConfiguration);
+}
+
+// Loads 16 bytes from p into out.
+__global__ void loadQuad(float4* out, const float* p) { *out = *reinterpret_cast<const float4*>(p); }
+
+TEST(CudaEmulationTest, AMisalignedVectorLoadEndsTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the emulation's stream threads are running
+  float* p = nullptr;
+  float4* out = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), 8 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&out), sizeof(float4)), cudaSuccess);
+  CHORUS_LAUNCH(loadQuad, 1, 1, 0, nullptr, out, p + 4);  // aligned: runs
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_DEATH(
+      {
+        CHORUS_LAUNCH(loadQuad, 1, 1, 0, nullptr, out, p + 1);
+        cudaDeviceSynchronize();
+      },
+      "misaligned address");
+  cudaFree(out);
+  cudaFree(p);
+}
+
+}  // namespace
