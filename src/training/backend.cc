@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -280,6 +281,16 @@ void Backend::profile(bool on) {
     throw Error(chorusInvalidUsage,
                 fmt::format("profiling calls on {}: only a device backend has a queue to time", describe()));
   }
+}
+
+Backend::Mark Backend::timedMark(Queue /*queue*/, int /*lane*/) {
+  return std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
+}
+
+double Backend::secondsBetween(const Mark& from, const Mark& to) {
+  using Point = std::chrono::steady_clock::time_point;
+  return std::chrono::duration<double>(*static_cast<const Point*>(to.get()) - *static_cast<const Point*>(from.get()))
+      .count();
 }
 
 std::unique_ptr<Backend> makeBackend(Device device) {

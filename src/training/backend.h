@@ -177,6 +177,12 @@ class Backend {
   virtual void wait(Queue /*queue*/, const Mark& /*mark*/, int /*lane*/ = 0) {}
   // Whether the device has run the work before the mark (without waiting; an empty mark: true).
   virtual bool reached(const Mark& /*mark*/) { return true; }
+  // A mark that also keeps when the device got to it, for secondsBetween (on the CPU, where the
+  // work before a call has finished when it is made: the moment of the call).
+  virtual Mark timedMark(Queue queue, int lane = 0);
+  // Seconds from timed mark `from` to timed mark `to` on the device's clock, once the device has
+  // reached `to` (waiting for it).
+  virtual double secondsBetween(const Mark& from, const Mark& to);
   // Makes the calling thread use this backend's device (a thread that enqueues collectives on its
   // memory, such as a communication thread, calls it first).
   virtual void bindThread() {}

@@ -366,6 +366,20 @@ class CudaBackend final : public Backend {
           "cudaStreamWaitEvent");
     if (queue == Queue::kCompute) Timeline::get().after("wait for communication");
   }
+  Mark timedMark(Queue queue, int lane) override {
+    cudaEvent_t event = nullptr;
+    check(cudaEventCreate(&event), "cudaEventCreate");
+    Mark mark(event, [](void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); });
+    check(cudaEventRecord(event, static_cast<cudaStream_t>(stream(queue, lane))), "cudaEventRecord");
+    return mark;
+  }
+  double secondsBetween(const Mark& from, const Mark& to) override {
+    check(cudaEventSynchronize(static_cast<cudaEvent_t>(to.get())), "cudaEventSynchronize");
+    float ms = 0.0f;
+    check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(from.get()), static_cast<cudaEvent_t>(to.get())),
+          "cudaEventElapsedTime");
+    return ms / 1e3;
+  }
   bool reached(const Mark& mark) override {
     if (mark == nullptr) return true;
     const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(mark.get()));

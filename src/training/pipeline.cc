@@ -226,8 +226,8 @@ Pipeline::Pipeline(Gpt& model, Communicator& pp, Schedule schedule)
   const int p = stages_, r = stage_;
   for (const int direction : {1, -1}) {
     const int position = direction > 0 ? r : p - 1 - r;  // of the link this stage sends on
-    const int before = (position + p - 1) % p;            // of the link it receives on
-    const int sender = (r - direction + p) % p;           // that link's sender
+    const int before = (position + p - 1) % p;           // of the link it receives on
+    const int sender = (r - direction + p) % p;          // that link's sender
     Communicator& out = links_[direction > 0 ? kActivationsOut : kGradientsOut];
     Communicator& in = links_[direction > 0 ? kActivationsIn : kGradientsIn];
     for (int k = 0; k < 3; ++k) {
@@ -255,8 +255,8 @@ int timeoutMs() {
 
 // How the runner's messages travel. receive() gives the message's data for the chunk that reads
 // it, which consumed() says has been started; send() takes data the chunk just produced (it may
-// be written again once send returns); finish() ends the run's sends; idle() is the time spent
-// waiting for messages.
+// be written again once send returns); finish() ends the run's sends. What the compute queue
+// waits for in receive() and finish() is the stage's idle time (the runner times it).
 class Pipeline::Messages {
  public:
   virtual ~Messages() = default;
@@ -264,10 +264,6 @@ class Pipeline::Messages {
   virtual void consumed() = 0;
   virtual void send(bool gradient, std::span<const float> data) = 0;
   virtual void finish() = 0;
-  double idle() const { return idle_; }
-
- protected:
-  double idle_ = 0.0;
 };
 
 namespace {
@@ -329,7 +325,6 @@ class HostMessages final : public Pipeline::Messages {
                                                stage_, stages_, limitMs_, what));
       }
     }
-    idle_ += std::chrono::duration<double>(Clock::now() - begin).count();
   }
   Communicator* comms_[2];
   int stage_, stages_, prev_, next_, limitMs_;
@@ -381,8 +376,7 @@ class MessageBuffers {
 // queue makes after the chunk that produced the data (so the chunk's slot, and the one input
 // gradient, may be written again at once). The compute queue waits for nothing but arrivals, as
 // the host runner waits for nothing but receives; finish() has it wait for the run's sends, so
-// the step's work includes them. (The device's waits show in the profile as waits for
-// communication; idle() stays 0.)
+// the step's work includes them.
 class DeviceMessages final : public Pipeline::Messages {
  public:
   DeviceMessages(Backend& backend, Communicator* links, size_t floats)
@@ -443,11 +437,21 @@ double Pipeline::evaluate(int micros, const Fill& fill, UnitAccess& access) {
 
 double Pipeline::run(const std::vector<PipeAction>& actions, const Fill& fill, DataParallel* dp, UnitAccess& access,
                      float lossScale) {
-  const auto start = Clock::now();
+  Backend& backend = model_.backend();
+  const bool timed = dp != nullptr;  // training steps' time; validation's is no step's
+  foldTimes(false);
+  const Backend::Mark began = timed ? backend.timedMark(Backend::Queue::kCompute) : nullptr;
+  // The compute queue's wait for what `wait` waits for: from the work before it to the end of the wait.
+  auto idleWhile = [&](auto wait) {
+    if (!timed) return wait();
+    Backend::Mark from = backend.timedMark(Backend::Queue::kCompute);
+    auto result = wait();
+    spans_.push_back({std::move(from), backend.timedMark(Backend::Queue::kCompute), true});
+    return result;
+  };
   const int virtualStages = stages_ * model_.chunks();
   const size_t rowsTokens = static_cast<size_t>(model_.batch()) * model_.seq();
   std::vector<int> tokens(rowsTokens), targets(rowsTokens);
-  Backend& backend = model_.backend();
   std::unique_ptr<Messages> messages;
   if (backend.device() == Device::kCpu) {
     messages = std::make_unique<HostMessages>(activations_, gradients_, stage_, stages_, model_.boundaryFloats());
@@ -470,7 +474,7 @@ double Pipeline::run(const std::vector<PipeAction>& actions, const Fill& fill, D
     const bool firstStage = vs == 0, lastStage = vs == virtualStages - 1;
     if (a.forward) {
       if (firstStage || lastStage) fill(a.micro, tokens.data(), targets.data());
-      const float* in = firstStage ? nullptr : messages->receive(false, a.micro);
+      const float* in = firstStage ? nullptr : idleWhile([&] { return messages->receive(false, a.micro); });
       int slot = 0;
       if (dp != nullptr) {
         auto& free = freeSlots[a.chunk];
@@ -483,7 +487,7 @@ double Pipeline::run(const std::vector<PipeAction>& actions, const Fill& fill, D
       messages->consumed();
       if (!lastStage) messages->send(false, model_.chunkOutput(a.chunk, slot));
     } else {
-      const float* dout = lastStage ? nullptr : messages->receive(true, a.micro);
+      const float* dout = lastStage ? nullptr : idleWhile([&] { return messages->receive(true, a.micro); });
       const auto at = slotOfMicro.find({a.chunk, a.micro});
       dp->beginMicro(i == lastBackward);
       model_.backwardChunk(a.chunk, at->second, dout, access, lossScale);
@@ -493,13 +497,29 @@ double Pipeline::run(const std::vector<PipeAction>& actions, const Fill& fill, D
       if (!firstStage) messages->send(true, model_.inputGradient());
     }
   }
-  messages->finish();
-  if (dp != nullptr) {
-    times_.seconds += std::chrono::duration<double>(Clock::now() - start).count();
-    times_.idleSeconds += messages->idle();
+  idleWhile([&] {
+    messages->finish();
+    return 0;
+  });
+  if (timed) {
+    spans_.push_back({began, backend.timedMark(Backend::Queue::kCompute), false});
     ++times_.steps;
   }
   return loss;
+}
+
+const PipelineTimes& Pipeline::times() {
+  foldTimes(true);
+  return times_;
+}
+
+void Pipeline::foldTimes(bool wait) {
+  Backend& backend = model_.backend();
+  while (!spans_.empty() && (wait || backend.reached(spans_.front().to))) {
+    const Span& s = spans_.front();
+    (s.idle ? times_.idleSeconds : times_.seconds) += backend.secondsBetween(s.from, s.to);
+    spans_.pop_front();
+  }
 }
 
 }  // namespace chorus::training

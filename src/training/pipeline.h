@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chorus/chorus.hpp>
+#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
@@ -65,7 +66,8 @@ std::vector<LayerSpan> balanceLayers(const std::vector<double>& blocks, double e
 // Pipeline rank `stage`'s spans of the cut: parts stage, stage + stages, ...
 std::vector<LayerSpan> stageSpans(const std::vector<LayerSpan>& parts, int stages, int stage);
 
-// Time of this rank's pipeline steps: wall time of the schedule and the part spent waiting for
+// Time of this rank's pipeline steps on its device's clock (the compute queue's, on a GPU): from
+// the start of each step's schedule to its end, and the part the compute queue spent waiting for
 // messages (activations, gradients, and its own sends' completion at the end).
 struct PipelineTimes {
   double seconds = 0.0, idleSeconds = 0.0;
@@ -91,7 +93,8 @@ class Pipeline {
   double train(int micros, const Fill& fill, DataParallel& dp, float lossScale);
   // Forward only (validation); the same return.
   double evaluate(int micros, const Fill& fill, UnitAccess& access);
-  const PipelineTimes& times() const { return times_; }
+  // The steps' times so far (waiting for the device to finish them).
+  const PipelineTimes& times();
 
   // How the runner's messages travel: host calls on the CPU, device calls on a device (pipeline.cc).
   class Messages;
@@ -114,6 +117,16 @@ class Pipeline {
   Schedule schedule_;
   int stages_, stage_;
   PipelineTimes times_;
+  // Spans of the steps not yet added to times_ (timed marks of the compute queue: a step's whole
+  // schedule, or one of its waits for messages), added once the device has run past them, so
+  // that timing a step never makes the host wait for the device.
+  struct Span {
+    Backend::Mark from, to;
+    bool idle;
+  };
+  std::deque<Span> spans_;
+  // Adds the spans the device has run past to times_ (wait: all of them, waiting for the device).
+  void foldTimes(bool wait);
 };
 
 }  // namespace chorus::training

@@ -134,6 +134,14 @@ matches("powersgd", "cpu_powersgd", loss_bound=5e-3, norm_bound=5e-3)
 # DiLoCo's delta through a bf16 compressor at the outer step (a compressed all-reduce of device
 # buffers, staged by chorus): the delta's rounding to bf16 may land either side on each device.
 matches("diloco_bf16", "cpu_diloco_bf16", loss_bound=5e-3, norm_bound=5e-3)
+# Each stage's compute queue waited for messages for part of its steps (the pipeline's bubble, at
+# least the first stage's forward for the second stage), measured on the device's clock.
+for name in ["pp2", "pp2_interleaved", "pp3"]:
+    pipe = json.load(open(f"{work}/{name}/metrics.json"))["pipeline"]
+    idle = pipe["idle_share_per_rank"]
+    print(f"{name}: idle share per rank {[round(x, 3) for x in idle]}, formula {pipe['formula_idle_share']:.3f}")
+    if not all(0 < x < 1 for x in idle):
+        bad.append(f"{name}: idle shares {idle}")
 if bad:
     sys.exit("FAIL: " + "; ".join(bad))
 print("train_parity_cuda: every layout on the GPU follows the CPU")

@@ -331,8 +331,8 @@ inline std::string refusedLaunch(EmulatedDim grid, int threads, size_t sharedByt
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) {
     std::snprintf(why, sizeof why, "a grid of %u x %u x %u blocks", grid.x, grid.y, grid.z);
   } else if (grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
-    std::snprintf(why, sizeof why, "a grid of %u x %u x %u blocks (at most 2147483647 x 65535 x 65535)", grid.x,
-                  grid.y, grid.z);
+    std::snprintf(why, sizeof why, "a grid of %u x %u x %u blocks (at most 2147483647 x 65535 x 65535)", grid.x, grid.y,
+                  grid.z);
   } else if (threads <= 0 || threads > 1024) {
     std::snprintf(why, sizeof why, "%d threads per block (1 to 1024)", threads);
   } else if (sharedBytes > std::max(kDefaultSharedBytes, raisedSharedBytes)) {

@@ -23,7 +23,8 @@
 // streams' order. A capture (cudaStreamBeginCapture) keeps the stream's calls instead of running them; a graph launch
 // runs them again in the captured order (one chain: a graph of several branches runs as one). An event counts its
 // records: a wait waits for the last record made before it. What it does not model: memory ordering (every access is a
-// host access), peer devices, the per-thread default stream, graph nodes edited after capture, and limits other than a launch's (cuda_emulation.h).
+// host access), peer devices, the per-thread default stream, graph nodes edited after capture, and limits but a
+// launch's (cuda_emulation.h).
 #pragma once
 
 #include <fcntl.h>
@@ -416,7 +417,8 @@ inline std::shared_ptr<EventCounts> mappedCounts(EventCounts* page) {
 // interprocess event.
 struct EmulatedEvent {
   std::shared_ptr<chorus::testing::emulation::EventCounts> counts;
-  int fd = -1;  // the shared page's memfd (an interprocess event made here)
+  int fd = -1;        // the shared page's memfd (an interprocess event made here)
+  bool timed = true;  // made without cudaEventDisableTiming
 };
 using cudaEvent_t = EmulatedEvent*;
 using cudaGraph_t = chorus::testing::emulation::Graph*;
@@ -615,6 +617,7 @@ inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) 
   using namespace chorus::testing::emulation;
   auto* e = new EmulatedEvent;
   e->counts = std::make_shared<EventCounts>();
+  e->timed = (flags & cudaEventDisableTiming) == 0;
   if ((flags & cudaEventInterprocess) != 0) {
     const EventCounts zero;
     e->fd = sharedCopy(&zero, pageBytes(), "chorus-emulated-event");
@@ -668,8 +671,19 @@ inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   chorus::testing::emulation::waitForRecord(*counts, target, "cudaEventSynchronize");
   return cudaSuccess;
 }
+// As CUDA's: refused for an event made with cudaEventDisableTiming or never recorded, not ready
+// until both have been reached.
 inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (start == nullptr || end == nullptr) return cudaErrorInvalidResourceHandle;
+  if (!start->timed || !end->timed) {
+    return chorus::testing::emulation::failWith(cudaErrorInvalidResourceHandle,
+                                                "cudaEventElapsedTime: an event made with cudaEventDisableTiming");
+  }
+  if (start->counts->recorded.load() == 0 || end->counts->recorded.load() == 0) {
+    return chorus::testing::emulation::failWith(cudaErrorInvalidResourceHandle,
+                                                "cudaEventElapsedTime: an event never recorded");
+  }
+  if (cudaEventQuery(start) != cudaSuccess || cudaEventQuery(end) != cudaSuccess) return cudaErrorNotReady;
   *ms = static_cast<float>(end->counts->atNs.load() - start->counts->atNs.load()) / 1e6f;
   return cudaSuccess;
 }

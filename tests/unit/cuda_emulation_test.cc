@@ -7,11 +7,14 @@
 // tensor-core attention kernels' fits). And a 16-byte load from an address that is not 16-byte
 // aligned ends the process, as it ends a GPU's kernel with cudaErrorMisalignedAddress: the
 // emulated kernels are built with UndefinedBehaviorSanitizer's alignment check (tests/CMakeLists.txt).
+// And cudaEventElapsedTime refuses what CUDA's refuses.
 #include "tests/support/cuda_emulation.h"
 // The emulation first: the kernels' headers are written against it.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
+#include <thread>
 
 #include "kernels/cuda/grid.cuh"
 
@@ -81,6 +84,46 @@ TEST(CudaEmulationTest, SharedMemoryPast48KiBOnceRaisedUpTo227KiB) {
   EXPECT_EQ(launch(dim3(1), 32, 227 * kKiB).ran, 32);
   ASSERT_EQ(cudaFuncSetAttribute(countThreads, cudaFuncAttributeMaxDynamicSharedMemorySize, 0), cudaSuccess);
   EXPECT_EQ(launch(dim3(1), 32, 48 * kKiB + 1).error, cudaErrorInvalidConfiguration);
+}
+
+// cudaEventElapsedTime as CUDA's: refused for an event made with cudaEventDisableTiming or never
+// recorded, not ready before both are reached, the time between the two once they are.
+TEST(CudaEmulationTest, ElapsedTimeOnlyBetweenTimedEventsBothReached) {
+  cudaEvent_t a = nullptr, b = nullptr, untimed = nullptr;
+  ASSERT_EQ(cudaEventCreate(&a), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&b), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming), cudaSuccess);
+  float ms = -1.0f;
+  EXPECT_EQ(cudaEventElapsedTime(&ms, a, b), cudaErrorInvalidResourceHandle);  // never recorded
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t gate = nullptr;  // recorded on a stream held until the test lets it go
+  ASSERT_EQ(cudaEventCreateWithFlags(&gate, cudaEventDisableTiming), cudaSuccess);
+  cudaStream_t held = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&held, cudaStreamNonBlocking), cudaSuccess);
+  std::atomic<bool> go{false};
+  ASSERT_EQ(cudaLaunchHostFunc(
+                held,
+                [](void* flag) {
+                  while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
+                },
+                &go),
+            cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(gate, held), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(a, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(s, gate, 0), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(b, s), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(untimed, s), cudaSuccess);
+  EXPECT_EQ(cudaEventElapsedTime(&ms, a, b), cudaErrorNotReady);
+  go = true;
+  ASSERT_EQ(cudaEventSynchronize(untimed), cudaSuccess);
+  EXPECT_EQ(cudaEventElapsedTime(&ms, a, b), cudaSuccess);
+  EXPECT_GE(ms, 0.0f);
+  EXPECT_EQ(cudaEventElapsedTime(&ms, a, untimed), cudaErrorInvalidResourceHandle);
+  cudaGetLastError();
+  for (cudaEvent_t e : {a, b, untimed, gate}) cudaEventDestroy(e);
+  cudaStreamDestroy(s);
+  cudaStreamDestroy(held);
 }
 
 // Loads 16 bytes from p into out.
