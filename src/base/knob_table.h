@@ -175,6 +175,10 @@ inline constexpr KnobSpec kKnobs[] = {
      "test hook: a pause before each data-parallel gradient bucket and each chunked MoE exchange is sent (a slow "
      "link, for the in-flight cap and overlap tests)",
      "training"},
+    {"CHORUS_TRAIN_BACKWARD_DELAY_MS", "0",
+     "test hook: a pause in backward after each unit's gradients are final, but the micro-batch's last (slow "
+     "compute, so that reductions and the step during backward run ahead of it; the offload test's overlap check)",
+     "training"},
     {"CHORUS_TRAIN_STRAGGLER_MS", "0",
      "emulated straggler: each training step, data-parallel rank (step mod dp ranks) pauses this long before its "
      "first micro-batch (to compare every-step data parallelism with local SGD and DiLoCo)",

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -39,6 +40,7 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
       stage_(settings.zeroStage),
       inflightBuckets_(settings.inflightBuckets),
       modelParallelSum_(settings.modelParallelSum) {
+  if (const char* delay = std::getenv("CHORUS_TRAIN_BACKWARD_DELAY_MS")) backwardDelayMs_ = std::atoi(delay);
   if (stage_ < 0 || stage_ > 3) {
     throw Error(chorusInvalidArgument, fmt::format("data parallel: ZeRO stage {} is not 0, 1, 2 or 3", stage_));
   }
@@ -407,6 +409,8 @@ void DataParallel::gradientsDone(int unit) {
   Bucket& b = bucketOf(unit);
   if (--unitsLeftInMicro_ == 0) backwardsEnded_.fetch_add(1, std::memory_order_release);
   if (--b.unitsLeft == 0 && (stage_ >= 2 || lastMicro_) && unit != tiedUnit_) reduceBucket(b);
+  if (backwardDelayMs_ > 0 && unitsLeftInMicro_ > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(backwardDelayMs_));
 }
 
 std::function<void()> DataParallel::countOverlap() {
@@ -440,12 +444,12 @@ void DataParallel::reduceBucket(Bucket& b) {
       Compressor* compressor = &compressors_[index];
       const size_t count = b.count;
       if (onDevice()) {  // staged through the host by chorus (the compressors work there)
-        b.reduction = worker->submit(deviceTask(
-            b, backend_->mark(Backend::Queue::kCompute), &b.reducedMark,
-            [g, count, compressor, tally = countOverlap()](Communicator& c, chorusStream_t stream) {
-              tally();
-              compressor->allReduce(std::span<float>(g, count), c, ReduceOp::kAvg, stream);
-            }));
+        b.reduction = worker->submit(
+            deviceTask(b, backend_->mark(Backend::Queue::kCompute), &b.reducedMark,
+                       [g, count, compressor, tally = countOverlap()](Communicator& c, chorusStream_t stream) {
+                         tally();
+                         compressor->allReduce(std::span<float>(g, count), c, ReduceOp::kAvg, stream);
+                       }));
         return;
       }
       b.reduction = worker->submit(
@@ -599,8 +603,8 @@ void DataParallel::syncParameters(const kernels::OptimizerSettings* outer, long 
     if (outer != nullptr && compressing()) {  // DiLoCo's delta through the bucket's compressor
       Compressor* compressor = &compressors_[static_cast<size_t>(&b - buckets_.data())];
       if (onDevice()) {
-        b.reduction =
-            worker->submit(deviceTask(b, ready, &b.reducedMark, [at, count, compressor](Communicator& c, chorusStream_t stream) {
+        b.reduction = worker->submit(
+            deviceTask(b, ready, &b.reducedMark, [at, count, compressor](Communicator& c, chorusStream_t stream) {
               compressor->allReduce(std::span<float>(at, count), c, ReduceOp::kAvg, stream);
             }));
         continue;

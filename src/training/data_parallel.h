@@ -121,7 +121,9 @@ class DataParallel : public UnitAccess {
   // comm null: one rank, nothing communicated. Parameters are initialised from seed
   // (ParamLayout::initialize), each rank its own part. Test hook: environment variable
   // CHORUS_TRAIN_COMM_DELAY_MS=D makes the communication thread sleep D ms before each collective
-  // it starts (a slow link, so that reductions fall behind backward).
+  // it starts (a slow link, so that reductions fall behind backward); CHORUS_TRAIN_BACKWARD_DELAY_MS=D
+  // makes backward pause D ms after each unit's gradients are final (slow compute, so that the
+  // reductions and the step during backward run ahead of it).
   DataParallel(const ParamLayout& layout, Communicator* comm, const DataParallelSettings& settings, uint64_t seed);
   ~DataParallel() override;
 
@@ -320,6 +322,7 @@ class DataParallel : public UnitAccess {
   long microsBegun_ = 0;
   std::atomic<long> backwardsEnded_{0}, reductions_{0}, overlapped_{0};
   int unitsLeftInMicro_ = 0;
+  int backwardDelayMs_ = 0;              // the test hook's CHORUS_TRAIN_BACKWARD_DELAY_MS
   std::vector<Compressor> compressors_;  // per bucket, used on the communication thread
   long compressFrom_ = 1;
   long nextStep_ = 1;
