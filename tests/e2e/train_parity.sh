@@ -9,23 +9,29 @@
 # so plain SGD without clipping runs under dp and ZeRO 2 and 3 too, where the loss shows it as well.
 # ZeRO-1 with the optimizer state in a file, and SGD under ZeRO-3 with the parameters there too, join them. The runs' memory reports must
 # follow the ZeRO formulas (fp32: 16P, 8P + 8P/N, 4P + 12P/N, 16P/N bytes) within the padding.
-# Reductions must begin while backward is still running (counted per rank). Over a slow link
-# (CHORUS_TRAIN_COMM_DELAY_MS) ZeRO-2/3's whole-gradient buckets must stay within the in-flight cap:
-# at most inflight + 2 buckets' gradients at once, plus 3 gathered units for ZeRO-3.
+# Reductions must begin while backward is still running (counted per rank; backward slowed by
+# CHORUS_TRAIN_BACKWARD_DELAY_MS). Over a slow link (CHORUS_TRAIN_COMM_DELAY_MS) ZeRO-2/3's
+# whole-gradient buckets must stay within the in-flight cap: at most inflight + 2 buckets'
+# gradients at once, plus 3 gathered units for ZeRO-3.
 # The planner (chorus-plan) must predict every layout's bytes per rank: the state within the
 # runtime's padding (2%), the activations within 0.1%.
 source "$(dirname "$0")/lib.sh"
 job="$source_dir/tests/data/jobs/parity.toml"
 run() { train_run "$job" "$1" --set run.checkpoint_every=20 "${@:2}"; }  # name, then options
+# The runs whose reductions must begin during backward: backward pauses 2 ms after each unit
+# (CHORUS_TRAIN_BACKWARD_DELAY_MS), so that a busy machine's scheduler cannot let backward end
+# before the communication thread starts a bucket (4 ranks beside three busy loops: 0 to 7 of a
+# rank's 80 reductions began during backward without it).
+slowed() { CHORUS_TRAIN_BACKWARD_DELAY_MS=2 "$@"; }
 run one --ranks 1 --set batch.micro=8
 run one_accum --ranks 1 --set batch.micro=2 --set batch.accumulate=4
-run dp2 --ranks 2 --set batch.micro=4
-run dp4 --ranks 4 --set batch.micro=2
-run dp2_accum --ranks 2 --set batch.micro=2 --set batch.accumulate=2
-run zero1 --ranks 4 --zero 1 --set batch.micro=2
-run zero2 --ranks 4 --zero 2 --set batch.micro=2
-run zero3 --ranks 4 --zero 3 --set batch.micro=2
-run zero3_dp2_accum --ranks 2 --zero 3 --set batch.micro=2 --set batch.accumulate=2
+slowed run dp2 --ranks 2 --set batch.micro=4
+slowed run dp4 --ranks 4 --set batch.micro=2
+slowed run dp2_accum --ranks 2 --set batch.micro=2 --set batch.accumulate=2
+slowed run zero1 --ranks 4 --zero 1 --set batch.micro=2
+slowed run zero2 --ranks 4 --zero 2 --set batch.micro=2
+slowed run zero3 --ranks 4 --zero 3 --set batch.micro=2
+slowed run zero3_dp2_accum --ranks 2 --zero 3 --set batch.micro=2 --set batch.accumulate=2
 run tp2 --ranks 2 --tp 2 --set batch.micro=8
 run tp4 --ranks 4 --tp 4 --set batch.micro=8
 run dp2_tp2_zero1 --ranks 4 --tp 2 --zero 1 --set batch.micro=4
