@@ -28,12 +28,10 @@ grep -q "optimizer state and parameters offloaded to file .*threads" "$work/zero
 noclip=(--ranks 2 --set batch.micro=4 --set optimizer.clip=0)
 ib=(--set optimizer.in_backward=true)
 for zero in 0 1 2 3; do run "z${zero}" "${noclip[@]}" --zero $zero; done
-export CHORUS_TRAIN_BACKWARD_DELAY_MS=5
-run z0_ib "${noclip[@]}" --zero 0 "${ib[@]}"
-run z1_ib_file "${noclip[@]}" --zero 1 "${ib[@]}" "${file[@]}" --set 'offload.io="io_uring"'
-run z2_ib "${noclip[@]}" --zero 2 "${ib[@]}"
-run z3_ib_file "${noclip[@]}" --zero 3 "${ib[@]}" "${file[@]}" --set 'offload.io="threads"'
-unset CHORUS_TRAIN_BACKWARD_DELAY_MS
+CHORUS_TRAIN_BACKWARD_DELAY_MS=5 run z0_ib "${noclip[@]}" --zero 0 "${ib[@]}"
+CHORUS_TRAIN_BACKWARD_DELAY_MS=5 run z1_ib_file "${noclip[@]}" --zero 1 "${ib[@]}" "${file[@]}" --set 'offload.io="io_uring"'
+CHORUS_TRAIN_BACKWARD_DELAY_MS=5 run z2_ib "${noclip[@]}" --zero 2 "${ib[@]}"
+CHORUS_TRAIN_BACKWARD_DELAY_MS=5 run z3_ib_file "${noclip[@]}" --zero 3 "${ib[@]}" "${file[@]}" --set 'offload.io="threads"'
 wide=(--ranks 1 --set model.width=256 --set model.layers=4 --set batch.micro=2 --set run.steps=3)
 run wide "${wide[@]}"
 run wide_file "${wide[@]}" --offload file --set offload.window_mb=2

@@ -18,20 +18,19 @@
 source "$(dirname "$0")/lib.sh"
 job="$source_dir/tests/data/jobs/parity.toml"
 run() { train_run "$job" "$1" --set run.checkpoint_every=20 "${@:2}"; }  # name, then options
-# The runs whose reductions must begin during backward: backward pauses 2 ms after each unit
+# The runs whose reductions must begin during backward pause backward 2 ms after each unit
 # (CHORUS_TRAIN_BACKWARD_DELAY_MS), so that a busy machine's scheduler cannot let backward end
 # before the communication thread starts a bucket (4 ranks beside three busy loops: 0 to 7 of a
 # rank's 80 reductions began during backward without it).
-slowed() { CHORUS_TRAIN_BACKWARD_DELAY_MS=2 "$@"; }
 run one --ranks 1 --set batch.micro=8
 run one_accum --ranks 1 --set batch.micro=2 --set batch.accumulate=4
-slowed run dp2 --ranks 2 --set batch.micro=4
-slowed run dp4 --ranks 4 --set batch.micro=2
-slowed run dp2_accum --ranks 2 --set batch.micro=2 --set batch.accumulate=2
-slowed run zero1 --ranks 4 --zero 1 --set batch.micro=2
-slowed run zero2 --ranks 4 --zero 2 --set batch.micro=2
-slowed run zero3 --ranks 4 --zero 3 --set batch.micro=2
-slowed run zero3_dp2_accum --ranks 2 --zero 3 --set batch.micro=2 --set batch.accumulate=2
+CHORUS_TRAIN_BACKWARD_DELAY_MS=2 run dp2 --ranks 2 --set batch.micro=4
+CHORUS_TRAIN_BACKWARD_DELAY_MS=2 run dp4 --ranks 4 --set batch.micro=2
+CHORUS_TRAIN_BACKWARD_DELAY_MS=2 run dp2_accum --ranks 2 --set batch.micro=2 --set batch.accumulate=2
+CHORUS_TRAIN_BACKWARD_DELAY_MS=2 run zero1 --ranks 4 --zero 1 --set batch.micro=2
+CHORUS_TRAIN_BACKWARD_DELAY_MS=2 run zero2 --ranks 4 --zero 2 --set batch.micro=2
+CHORUS_TRAIN_BACKWARD_DELAY_MS=2 run zero3 --ranks 4 --zero 3 --set batch.micro=2
+CHORUS_TRAIN_BACKWARD_DELAY_MS=2 run zero3_dp2_accum --ranks 2 --zero 3 --set batch.micro=2 --set batch.accumulate=2
 run tp2 --ranks 2 --tp 2 --set batch.micro=8
 run tp4 --ranks 4 --tp 4 --set batch.micro=8
 run dp2_tp2_zero1 --ranks 4 --tp 2 --zero 1 --set batch.micro=4
@@ -79,6 +78,7 @@ import csv, json, struct, sys
 import numpy as np
 work, build = sys.argv[1], sys.argv[2]
 sys.path.insert(0, sys.argv[3])
+import pipeline_idle
 import planned_bytes
 def column(name, key):
     return [float(r[key]) for r in csv.DictReader(open(f"{work}/{name}/metrics.csv"))]
@@ -158,13 +158,7 @@ act_cp = per_rank("pp2_cp2", "activation_bytes")
 print(f"activation bytes pp2 {act_1f1b}, pp2 x cp2 {act_cp}")
 below("pp2 x cp2 activations against pp2's (ranks: stage 0's two cp ranks, then stage 1's)", act_cp,
       [a for a in act_1f1b for _ in range(2)])
-for name in ["pp2", "pp2_gpipe", "pp2_interleaved", "pp4"]:
-    pipe = json.load(open(f"{work}/{name}/metrics.json"))["pipeline"]
-    idle = pipe["idle_share_per_rank"]
-    print(f"{name}: {pipe['schedule']}, blocks {pipe['blocks_per_chunk']}, idle share per rank "
-          f"{[round(x, 3) for x in idle]}, formula {pipe['formula_idle_share']:.3f}")
-    if not all(0 < x < 1 for x in idle):
-        bad.append(f"{name}: idle shares {idle}")
+pipeline_idle.check(work, ["pp2", "pp2_gpipe", "pp2_interleaved", "pp4"], bad)
 # The planner (chorus-plan) predicts each rank's bytes: parameters, gradients and optimizer state
 # as ZeRO counts them (the runtime pads shards a little), activations to the byte.
 planned_bytes.check(work, build, ["dp4", "zero1", "zero2", "zero3", "tp2", "tp2_sp", "tp2_sp_full", "pp2",

@@ -83,9 +83,11 @@ run diloco_bf16 --ranks 2 --set batch.micro=4 "${diloco[@]}" --compress bf16 "${
 run zero1_offload --ranks 2 --zero 1 --set batch.micro=4 --offload host "${cuda[@]}"
 run zero2_offload_file --ranks 2 --zero 2 --set batch.micro=4 --offload file --set offload.window_mb=0.05 "${cuda[@]}"
 wait "$refs" || { cat "$work/cpu_refs.log"; fail "the CPU references"; }
-/usr/bin/env python3 - "$work" "$steps" <<'PY'
+/usr/bin/env python3 - "$work" "$steps" "$(dirname "$0")" <<'PY'
 import csv, json, struct, sys
 work, steps = sys.argv[1], int(sys.argv[2])
+sys.path.insert(0, sys.argv[3])
+import pipeline_idle
 def column(name, key):
     return [float(r[key]) for r in csv.DictReader(open(f"{work}/{name}/metrics.csv"))]
 def parameters(name):  # the whole model's parameters in the final checkpoint (CHCK, header length, header)
@@ -136,12 +138,7 @@ matches("powersgd", "cpu_powersgd", loss_bound=5e-3, norm_bound=5e-3)
 matches("diloco_bf16", "cpu_diloco_bf16", loss_bound=5e-3, norm_bound=5e-3)
 # Each stage's compute queue waited for messages for part of its steps (the pipeline's bubble, at
 # least the first stage's forward for the second stage), measured on the device's clock.
-for name in ["pp2", "pp2_interleaved", "pp3"]:
-    pipe = json.load(open(f"{work}/{name}/metrics.json"))["pipeline"]
-    idle = pipe["idle_share_per_rank"]
-    print(f"{name}: idle share per rank {[round(x, 3) for x in idle]}, formula {pipe['formula_idle_share']:.3f}")
-    if not all(0 < x < 1 for x in idle):
-        bad.append(f"{name}: idle shares {idle}")
+pipeline_idle.check(work, ["pp2", "pp2_interleaved", "pp3"], bad)
 if bad:
     sys.exit("FAIL: " + "; ".join(bad))
 print("train_parity_cuda: every layout on the GPU follows the CPU")
