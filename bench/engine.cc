@@ -14,12 +14,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <stdexcept>
 #include <string>
 #include <vector>
 

@@ -22,7 +22,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <stdexcept>
+#include <utility>
 
 #include "bench/peers.h"
 

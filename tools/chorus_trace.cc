@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 namespace {

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <string>
+#include <utility>
 
 #include "chorus/error.hpp"
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <string>
+#include <utility>
 
 namespace chorus {
 

@@ -3,6 +3,7 @@
 #include "src/collectives/algorithm.h"
 
 #include <algorithm>
+#include <exception>
 #include <stdexcept>
 
 #include "src/collectives/descriptor.h"

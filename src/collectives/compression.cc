@@ -8,6 +8,7 @@
 #include <limits>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 #if defined(CHORUS_HAVE_BLAS)
 #include "kernels/cpu/matmul.h"

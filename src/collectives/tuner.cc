@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 #include "src/collectives/algorithm.h"
 #include "src/collectives/descriptor.h"

@@ -4,12 +4,16 @@
 
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <unordered_set>
+#include <utility>
 
 #include "chorus/chorus.h"
 #include "kernels/cpu/reduce.h"

@@ -18,6 +18,7 @@
 #include <functional>
 #include <mutex>
 #include <numeric>
+#include <utility>
 
 #include "kernels/cpu/reduce.h"
 #include "src/base/config.h"

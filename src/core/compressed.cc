@@ -2,6 +2,7 @@
 // this communicator's collectives, and the traffic its transports have sent.
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "src/base/error.h"

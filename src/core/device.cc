@@ -17,6 +17,7 @@
 #include <thread>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/reduce.h"

@@ -11,6 +11,7 @@
 // and the next 63 direct calls take it without a swap, so heap buffers pay one swap per 64 calls.
 #include <algorithm>
 #include <memory>
+#include <utility>
 
 #include "kernels/cpu/reduce.h"
 #include "src/base/error.h"

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "kernels/cpu/copy.h"
 #include "kernels/cpu/reduce.h"

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "src/base/log.h"
 #include "src/collectives/traits.h"

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <functional>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "src/base/error.h"

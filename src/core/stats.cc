@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "src/collectives/traits.h"
 

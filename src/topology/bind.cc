@@ -8,10 +8,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <stdexcept>
+#include <system_error>
+#include <utility>
 
 namespace chorus::topology {
 namespace {

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -29,6 +30,8 @@
 #include <memory>
 #include <set>
 #include <stdexcept>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 #include "src/topology/bind.h"

@@ -17,6 +17,7 @@
 #include <map>
 #include <stdexcept>
 #include <unordered_map>
+#include <utility>
 
 namespace chorus::topology {
 namespace {

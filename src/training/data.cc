@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <system_error>
 #include <unordered_map>
 
 #include "chorus/error.hpp"

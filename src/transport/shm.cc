@@ -69,6 +69,7 @@
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/copy.h"

@@ -17,10 +17,12 @@
 #include <poll.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
 #include <unordered_map>
+#include <utility>
 
 #include "src/base/config.h"
 #include "src/base/error.h"

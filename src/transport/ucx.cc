@@ -20,6 +20,7 @@
 #include <list>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "src/base/error.h"
 #include "src/base/log.h"

@@ -5,6 +5,7 @@
 #include <chorus/chorus.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chorus/chorus.hpp>
 #include <chrono>
 #include <cmath>

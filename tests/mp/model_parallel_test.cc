@@ -4,6 +4,7 @@
 // expert parallelism against one rank holding every expert.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chorus/chorus.hpp>
 #include <cmath>
 #include <numeric>

@@ -5,7 +5,9 @@
 // targets.i32 ((steps + 1) batches), logits.f32, grads.f32, after.f32 (parameters after the steps).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>

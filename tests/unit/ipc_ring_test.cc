@@ -5,6 +5,7 @@
 // a GPU; tests/gpu runs the same code as a kernel on real ranks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>

@@ -4,7 +4,10 @@
 // (the gradient of L = sum(w * out) for random w), so neither side borrows from the other.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <random>

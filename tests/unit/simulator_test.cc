@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/reduce.h"

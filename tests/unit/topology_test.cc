@@ -10,11 +10,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "src/topology/bind.h"
 #include "src/topology/discover.h"
