@@ -5,10 +5,11 @@
 // nccl-tests' all-reduce factor) and the error of one call against the fp32 mean. With --mem
 // device both calls take device buffers on the rank's stream (the compressed one staged by chorus
 // through the host, where the compressors work); the inputs and the checked result go through the
-// host copies.
+// host copies; with --mem chorus the host buffers come from chorusMemAlloc.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "bench/device_memory.h"
+#include "bench/engine.h"
 #include "bench/options.h"
 #include "chorus/chorus.h"
 
@@ -37,7 +39,8 @@ size_t rowsOf(size_t count) {
 
 class Sweep {
  public:
-  Sweep(const Options& o, chorusComm_t comm) : o_(o), comm_(comm) {
+  Sweep(const Options& o, chorusComm_t comm)
+      : o_(o), comm_(comm), sendBuffer_(o.mem == "chorus"), recvBuffer_(o.mem == "chorus") {
     chorusCommUserRank(comm, &rank_);
     chorusCommCount(comm, &nranks_);
     if (o.mem == "device") device_ = std::make_unique<DeviceMemory>(rank_);
@@ -63,10 +66,13 @@ class Sweep {
           "# collbench (chorus) compressed all-reduce  nranks: %d  transport: %s  tcp rate: %s  tcp delay: %s  "
           "iters: %d  warmup: %d  memory: %s\n",
           nranks_, transport ? transport : "auto", rate ? rate : "unlimited", delay ? delay : "none", o_.iters,
-          o_.warmup, device_ ? device_->describe().c_str() : "host");
+          o_.warmup,
+          device_ ? device_->describe().c_str()
+                  : (o_.mem == "chorus" ? "host, chorusMemAlloc (--mem chorus)" : "host"));
       std::printf(
           "#  wire B = bytes the transports sent per rank per call (headers included); ratio = fp32's wire B "
-          "over the compressor's;\n#  busbw = the fp32 buffer's bytes over the call's time x 2(n-1)/n; "
+          "over the compressor's (- where the fp32 call moved its data without the transports: a direct path "
+          "reads the peers' buffers);\n#  busbw = the fp32 buffer's bytes over the call's time x 2(n-1)/n; "
           "rel_err = |one call - fp32 mean| / |fp32 mean|; #diff = ranks whose result bits differ\n");
       std::printf("# %10s %11s %-22s %10s %8s %8s %12s %8s %9s %5s %10s %8s %12s %8s\n", "size", "count", "compressor",
                   "time(us)", "algbw", "busbw", "wire B", "ratio", "rel_err", "#diff", "fp32(us)", "busbw", "wire B",
@@ -94,7 +100,7 @@ class Sweep {
           device_->synchronize();
           device_->download(reinterpret_cast<char*>(out.data()), out_, count * sizeof(float));
         } else {
-          out = output_;
+          std::memcpy(out.data(), recvBuffer_.data(), count * sizeof(float));
         }
         double diff = 0, norm = 0;
         for (size_t i = 0; i < count; ++i) {
@@ -111,11 +117,17 @@ class Sweep {
         const double factor = nranks_ > 1 ? 2.0 * (nranks_ - 1) / nranks_ : 0;
         const double algbw = packed.timeUs > 0 ? bytes / 1e3 / packed.timeUs : 0;
         const double plainAlgbw = plain.timeUs > 0 ? bytes / 1e3 / plain.timeUs : 0;
-        const double ratio = packed.wireBytes > 0 ? plain.wireBytes / packed.wireBytes : 0;
+        // A ratio of bytes on the wire says something only where fp32's call put its data there: any
+        // all-reduce over the transports sends each rank at least (n - 1)/n of the buffer, on
+        // average; a direct path (chorusMemAlloc buffers on shm, a GPU's ranks) sends almost none.
+        const bool measured = packed.wireBytes > 0 && plain.wireBytes >= double(bytes) * (nranks_ - 1) / nranks_;
+        const double ratio = measured ? plain.wireBytes / packed.wireBytes : 0;
         const double speedup = packed.timeUs > 0 ? plain.timeUs / packed.timeUs : 0;
         if (print) {
-          std::printf("  %10zu %11zu %-22s %10.1f %8.3f %8.3f %12.0f %8.2f %9.2e %5d %10.1f %8.3f %12.0f %8.2f\n",
-                      bytes, count, info.spec, packed.timeUs, algbw, algbw * factor, packed.wireBytes, ratio, relError,
+          char ratioText[32] = "-";
+          if (measured) std::snprintf(ratioText, sizeof ratioText, "%.2f", ratio);
+          std::printf("  %10zu %11zu %-22s %10.1f %8.3f %8.3f %12.0f %8s %9.2e %5d %10.1f %8.3f %12.0f %8.2f\n", bytes,
+                      count, info.spec, packed.timeUs, algbw, algbw * factor, packed.wireBytes, ratioText, relError,
                       differs, plain.timeUs, plainAlgbw * factor, plain.wireBytes, speedup);
         }
         table.push_back({{"size_bytes", bytes},
@@ -128,7 +140,7 @@ class Sweep {
                          {"busbw_GBps", algbw * factor},
                          {"wire_bytes_per_rank", packed.wireBytes},
                          {"payload_bytes_per_rank", info.payloadBytes},
-                         {"ratio", ratio},
+                         {"ratio", measured ? nlohmann::json(ratio) : nlohmann::json(nullptr)},
                          {"formula_ratio", info.ratio},
                          {"rel_error", relError},
                          {"ranks_differ", differs},
@@ -173,19 +185,22 @@ class Sweep {
     std::normal_distribution<float> normal;
     input_.resize(count);
     for (float& v : input_) v = normal(engine);
-    output_.resize(count);
     if (device_) {
       in_ = device_->reserve(0, count * sizeof(float));
       out_ = device_->reserve(1, count * sizeof(float));
       device_->upload(in_, reinterpret_cast<const char*>(input_.data()), count * sizeof(float));
+    } else {
+      sendBuffer_.assign(count * sizeof(float), 0);
+      std::memcpy(sendBuffer_.data(), input_.data(), count * sizeof(float));
+      recvBuffer_.assign(count * sizeof(float), 0);
     }
   }
 
   // One all-reduce of the input into the output, compressed by compressor (null: fp32); on a
   // device enqueued on the rank's stream.
   void once(size_t count, chorusRedOp_t op, chorusCompressor_t compressor) {
-    const void* in = device_ ? static_cast<const void*>(in_) : input_.data();
-    void* out = device_ ? static_cast<void*>(out_) : output_.data();
+    const void* in = device_ ? static_cast<const void*>(in_) : sendBuffer_.data();
+    void* out = device_ ? static_cast<void*>(out_) : recvBuffer_.data();
     chorusStream_t stream = device_ ? device_->stream() : nullptr;
     if (compressor == nullptr) {
       check(chorusAllReduce(in, out, count, chorusFloat32, op, comm_, stream), "all-reduce");
@@ -230,7 +245,7 @@ class Sweep {
   int rank_ = 0;
   int nranks_ = 1;
   std::vector<float> input_;
-  std::vector<float> output_;
+  HostBuffer sendBuffer_, recvBuffer_;    // on the host: the heap's, or chorusMemAlloc's (--mem chorus)
   std::unique_ptr<DeviceMemory> device_;  // --mem device: the buffers below, the stream
   char* in_ = nullptr;
   char* out_ = nullptr;
