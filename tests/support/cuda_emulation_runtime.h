@@ -19,7 +19,8 @@
 // the calling thread once every blocking stream has finished what it was given, and blocking
 // streams need not wait for it (it is done when the call returns). A copy from pageable (not
 // pinned) host memory takes its source at the call; one to pageable memory waits for its stream and
-// is done when it returns, as CUDA's are. Kernels of one process run one at a time (one multiprocessor), in their
+// is done when it returns, as CUDA's are; cudaFree and cudaFreeHost wait for every stream first, as
+// CUDA's do. Kernels of one process run one at a time (one multiprocessor), in their
 // streams' order. A capture (cudaStreamBeginCapture) keeps the stream's calls instead of running them; a graph launch
 // runs them again in the captured order (one chain: a graph of several branches runs as one). An event counts its
 // records: a wait waits for the last record made before it. What it does not model: memory ordering (every access is a
@@ -434,8 +435,12 @@ cudaError_t cudaMalloc(T** p, size_t bytes) {
   *p = static_cast<T*>(block);
   return block != nullptr ? cudaSuccess : cudaErrorMemoryAllocation;
 }
+// Freeing device or pinned memory waits for the whole device first (every stream's work), as a
+// GPU's cudaFree and cudaFreeHost do: a free made while a stream waits on the freeing thread
+// hangs here as it would there.
 inline cudaError_t cudaFree(void* p) {
   using chorus::testing::emulation::Memory;
+  if (p != nullptr) chorus::testing::emulation::drainStreams(false);
   return chorus::testing::emulation::release(p, Memory::kDevice, Memory::kDevice, "cudaFree");
 }
 inline cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned = 0) {
@@ -445,6 +450,7 @@ inline cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned = 0) {
 inline cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaHostAlloc(p, bytes); }
 inline cudaError_t cudaFreeHost(void* p) {
   using chorus::testing::emulation::Memory;
+  if (p != nullptr) chorus::testing::emulation::drainStreams(false);
   return chorus::testing::emulation::release(p, Memory::kPinned, Memory::kPinned, "cudaFreeHost");
 }
 inline cudaError_t cudaHostGetDevicePointer(void** device, void* host, unsigned) {

@@ -7,12 +7,14 @@
 // tensor-core attention kernels' fits). And a 16-byte load from an address that is not 16-byte
 // aligned ends the process, as it ends a GPU's kernel with cudaErrorMisalignedAddress: the
 // emulated kernels are built with UndefinedBehaviorSanitizer's alignment check (tests/CMakeLists.txt).
-// And cudaEventElapsedTime refuses what CUDA's refuses.
+// And cudaEventElapsedTime refuses what CUDA's refuses, and cudaFree and cudaFreeHost wait for
+// the whole device, as a GPU's do (a free made while a stream waits on the freeing thread hangs).
 #include "tests/support/cuda_emulation.h"
 // The emulation first: the kernels' headers are written against it.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -124,6 +126,49 @@ TEST(CudaEmulationTest, ElapsedTimeOnlyBetweenTimedEventsBothReached) {
   for (cudaEvent_t e : {a, b, untimed, gate}) cudaEventDestroy(e);
   cudaStreamDestroy(s);
   cudaStreamDestroy(held);
+}
+
+// What a held stream's host function saw of an allocation once let go.
+struct Held {
+  std::atomic<bool> go{false}, ran{false}, stillAllocated{false};
+  const void* p = nullptr;
+  bool device = true;
+};
+
+TEST(CudaEmulationTest, FreeWaitsForEveryStream) {
+  for (const bool device : {true, false}) {
+    SCOPED_TRACE(device ? "cudaFree" : "cudaFreeHost");
+    void* p = nullptr;
+    ASSERT_EQ(device ? cudaMalloc(&p, 256) : cudaHostAlloc(&p, 256), cudaSuccess);
+    cudaStream_t held = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&held, cudaStreamNonBlocking), cudaSuccess);
+    Held h;
+    h.p = p;
+    h.device = device;
+    ASSERT_EQ(cudaLaunchHostFunc(
+                  held,
+                  [](void* state) {
+                    auto* h = static_cast<Held*>(state);
+                    while (!h->go.load()) std::this_thread::yield();
+                    namespace em = chorus::testing::emulation;
+                    h->stillAllocated = h->device ? em::onDevice(h->p) : em::pinned(h->p);
+                    h->ran = true;
+                  },
+                  &h),
+              cudaSuccess);
+    // The stream is let go a while after the free is called: a free that did not wait for it
+    // would have returned by then, before the host function ran.
+    std::thread release([&h] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      h.go = true;
+    });
+    EXPECT_EQ(device ? cudaFree(p) : cudaFreeHost(p), cudaSuccess);
+    EXPECT_TRUE(h.ran.load()) << "the free returned while a stream had work left";
+    release.join();
+    cudaStreamSynchronize(held);
+    EXPECT_TRUE(h.stillAllocated.load()) << "the stream's work ran after its memory was freed";
+    cudaStreamDestroy(held);
+  }
 }
 
 // Loads 16 bytes from p into out.
