@@ -25,6 +25,8 @@ run() { train_run "$job" "$1" --set run.checkpoint_every=20 "${@:2}"; }  # name,
 run one --ranks 1 --set batch.micro=8
 run one_accum --ranks 1 --set batch.micro=2 --set batch.accumulate=4
 CHORUS_TRAIN_BACKWARD_DELAY_MS=2 run dp2 --ranks 2 --set batch.micro=4
+# The overlap count's control: one bucket of the whole model is ready only when backward has ended.
+CHORUS_TRAIN_BACKWARD_DELAY_MS=2 run dp2_one_bucket --ranks 2 --set batch.micro=4 --set parallel.bucket_mb=100
 CHORUS_TRAIN_BACKWARD_DELAY_MS=2 run dp4 --ranks 4 --set batch.micro=2
 CHORUS_TRAIN_BACKWARD_DELAY_MS=2 run dp2_accum --ranks 2 --set batch.micro=2 --set batch.accumulate=2
 CHORUS_TRAIN_BACKWARD_DELAY_MS=2 run zero1 --ranks 4 --zero 1 --set batch.micro=2
@@ -102,7 +104,7 @@ def matches(name, ref):  # each step's loss and gradient norm, and the final par
           f"{worst['grad_norm']:.2e}; final parameters within {params:.1e}")
     if worst["loss"] > 1e-5 or worst["grad_norm"] > 1e-5 or params > 1e-4:
         bad.append(name)
-for name in ["one_accum", "dp2", "dp4", "dp2_accum", "zero1", "zero2", "zero3", "zero3_dp2_accum", "tp2", "tp4",
+for name in ["one_accum", "dp2", "dp2_one_bucket", "dp4", "dp2_accum", "zero1", "zero2", "zero3", "zero3_dp2_accum", "tp2", "tp4",
              "dp2_tp2_zero1", "dp2_tp2_zero3_accum", "tp2_sp", "dp2_tp2_sp_zero2", "tp2_sp_full", "zero1_offload"]:
     matches(name, "one")
 for name in ["sgd_dp4", "sgd_zero2", "sgd_zero3", "sgd_zero3_offload"]:
@@ -171,6 +173,11 @@ for name in ["dp2", "dp4", "dp2_accum", "zero1", "zero2", "zero3", "zero3_dp2_ac
     print(f"{name}: {m['buckets']['count']} buckets; reductions begun during backward / all, per rank: {counts}")
     if sum(b for b, _ in counts) == 0 or any(n == 0 for _, n in counts):
         bad.append(f"{name}: no reduction overlapped backward ({counts})")
+m = json.load(open(f"{work}/dp2_one_bucket/metrics.json"))
+counts = [(c["begun_during_backward"], c["reductions"]) for c in m["reductions_per_rank"]]
+print(f"dp2_one_bucket: {m['buckets']['count']} bucket; reductions begun during backward / all, per rank: {counts}")
+if m["buckets"]["count"] != 1 or any(b != 0 or n != 20 for b, n in counts):
+    bad.append(f"dp2_one_bucket: one bucket's 20 reductions cannot begin during backward ({counts})")
 # The in-flight cap over a slow link.
 for name, stage in [("zero2_slow", 2), ("zero3_slow", 3)]:
     m = json.load(open(f"{work}/{name}/metrics.json"))
