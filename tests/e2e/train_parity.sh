@@ -167,16 +167,17 @@ planned_bytes.check(work, build, ["dp4", "zero1", "zero2", "zero3", "tp2", "tp2_
                                    "pp2_gpipe", "pp2_interleaved", "pp4", "tp2_pp2_sp", "dp2_tp2_pp2", "pp2_selective",
                                    "tp2_cp2_sp", "pp2_cp2", "tp2_pp2_cp2", "dp2_cp2"], bad)
 # Overlap: some bucket reductions of every layout began before their backward had finished.
-for name in ["dp2", "dp4", "dp2_accum", "zero1", "zero2", "zero3", "zero3_dp2_accum"]:
+def overlap(name):  # the buckets, and per rank (reductions begun during backward, all reductions)
     m = json.load(open(f"{work}/{name}/metrics.json"))
     counts = [(c["begun_during_backward"], c["reductions"]) for c in m["reductions_per_rank"]]
     print(f"{name}: {m['buckets']['count']} buckets; reductions begun during backward / all, per rank: {counts}")
+    return m["buckets"]["count"], counts
+for name in ["dp2", "dp4", "dp2_accum", "zero1", "zero2", "zero3", "zero3_dp2_accum"]:
+    _, counts = overlap(name)
     if sum(b for b, _ in counts) == 0 or any(n == 0 for _, n in counts):
         bad.append(f"{name}: no reduction overlapped backward ({counts})")
-m = json.load(open(f"{work}/dp2_one_bucket/metrics.json"))
-counts = [(c["begun_during_backward"], c["reductions"]) for c in m["reductions_per_rank"]]
-print(f"dp2_one_bucket: {m['buckets']['count']} bucket; reductions begun during backward / all, per rank: {counts}")
-if m["buckets"]["count"] != 1 or any(b != 0 or n != 20 for b, n in counts):
+buckets, counts = overlap("dp2_one_bucket")
+if buckets != 1 or any(b != 0 or n != 20 for b, n in counts):
     bad.append(f"dp2_one_bucket: one bucket's 20 reductions cannot begin during backward ({counts})")
 # The in-flight cap over a slow link.
 for name, stage in [("zero2_slow", 2), ("zero3_slow", 3)]:
