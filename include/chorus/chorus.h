@@ -13,7 +13,8 @@
  *    by asking the CUDA driver about the buffers once the program has loaded it). The call is
  *    enqueued on that stream, ordered with the caller's other work on it, and returns at once;
  *    it may be captured in a CUDA graph. The first such call on a communicator is collective
- *    (every rank sets up its device path in it). Failures surface through chorusCommGetAsyncError. Ranks on one host
+ *    (every rank sets up its device path in it). Failures surface through chorusCommGetAsyncError,
+ *    and every later call on the communicator, host or device, fails naming them. Ranks on one host
  * map each other's GPU memory (CUDA IPC) and the ring collectives run as one kernel; other cases go through pinned host
  * memory (CHORUS_DEVICE_TRANSPORT). A group's device calls are enqueued at chorusGroupEnd (a communicator's sends and
  * receives together, on one stream they must share), and non-blocking forms take host buffers only.

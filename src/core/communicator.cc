@@ -593,11 +593,23 @@ auto Communicator::breakingOnError(Call&& call) {
   }
 }
 
-void Communicator::checkUsable() const {
+void Communicator::checkUsable(const char* operation) const {
   if (aborted()) fail(chorusAborted, "rank {}: the communicator was aborted", rank_);
   if (!broken_.empty()) {
     fail(chorusInvalidUsage, "rank {}: the communicator failed earlier and cannot be used: {}", rank_, broken_);
   }
+#if defined(CHORUS_HAVE_DEVICE)
+  // A device call that failed after it was enqueued (its stream went on; nobody has asked for the
+  // asynchronous error yet): the peers' messages may be out of step, so no call, host or device,
+  // starts on the communicator.
+  if (const DeviceEngine* device = deviceLive_.load()) {
+    std::string failure;
+    if (device->asyncError(&failure) != chorusSuccess) {
+      fail(chorusInvalidUsage, "rank {}: {}{}an earlier device call failed: {}", rank_, operation ? operation : "",
+           operation ? ": " : "", failure);
+    }
+  }
+#endif
 }
 
 std::shared_ptr<Completion> Communicator::start(std::vector<PreparedOp> ops) {

@@ -114,9 +114,10 @@ class Communicator {
   bool aborted() const { return aborted_.load(); }
   // After a failed operation the message streams may be out of step: later calls fail at once.
   const std::string& brokenReason() const { return broken_; }
-  // Throws chorusAborted once aborted, chorusInvalidUsage once failed (naming the failure): what
-  // every new operation, host or device, checks first.
-  void checkUsable() const;
+  // Throws chorusAborted once aborted, chorusInvalidUsage once failed or once a device call failed
+  // after it was enqueued (naming the failure, and the operation where given): what every new
+  // operation, host or device, checks first.
+  void checkUsable(const char* operation = nullptr) const;
   // Progresses the operations in flight without blocking, then says whether the communicator has
   // failed: chorusSuccess, or the failure's result. The failure's message is brokenReason().
   chorusResult_t asyncError();

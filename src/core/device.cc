@@ -1213,11 +1213,7 @@ DeviceEngine::~DeviceEngine() {
 // failed, and the current device is the engine's.
 void DeviceEngine::admit(const char* name) const {
   const Impl& m = *impl_;
-  m.comm.checkUsable();  // the host's refusal, before anything is enqueued
-  std::string failure;
-  if (asyncError(&failure) != chorusSuccess) {
-    fail(chorusInvalidUsage, "rank {}: {}: an earlier device call failed: {}", m.rank, name, failure);
-  }
+  m.comm.checkUsable(name);  // before anything is enqueued: aborted, failed, or an earlier device call failed
   int current = -1;
   check(cudaGetDevice(&current), m.rank, "cudaGetDevice");
   if (current != m.device) {

@@ -121,6 +121,21 @@ Communicator* DeviceMesh::slotOf(const std::string& kind) {
   throw Error(chorusInvalidArgument, "device mesh: no group kind '" + kind + "' (" + kGroupKinds + ")");
 }
 
+void checkCommunicator(Communicator& comm, const std::string& name) {
+  if (!comm) return;
+  try {
+    comm.checkAsyncError();
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("{}: {}", name, e.what()));
+  }
+}
+
+void DeviceMesh::checkAsyncErrors() {
+  for (const char* kind : {"dp", "tp", "pp", "cp", "dpcp", "embedding", "ep", "edpcp"}) {
+    checkCommunicator(*slotOf(kind), fmt::format("the {} group", kind));
+  }
+}
+
 Communicator* DeviceMesh::group(const std::string& kind) {
   if (kind == "dpcp" && shape_.cp == 1) return group("dp");
   Communicator* slot = slotOf(kind);

@@ -36,6 +36,11 @@ int rankOf(const MeshCoords& coords, const MeshShape& shape);
 // d % ep, with every cp rank; expert gradients are averaged over them).
 std::vector<int> groupOf(int rank, const MeshShape& shape, const std::string& kind);
 
+// Throws chorus::Error, naming `name`, where the communicator has failed, a device call that
+// failed on its stream included (the stream went on, and the call's buffers hold what it left):
+// chorusCommGetAsyncError. For the moments no other thread uses it (a step's end).
+void checkCommunicator(Communicator& comm, const std::string& name);
+
 class DeviceMesh {
  public:
   // Collective over world. Throws chorus::Error (kInvalidArgument) when the shape's product is
@@ -51,6 +56,8 @@ class DeviceMesh {
   // "ep" and "edpcp" are communicators of their own (the model's thread uses the one, data
   // parallelism's the other), and null without expert parallelism (ep = 1).
   Communicator* group(const std::string& kind);
+  // checkCommunicator of every group's communicator, each named by its kind ("the dp group").
+  void checkAsyncErrors();
 
  private:
   Communicator* slotOf(const std::string& kind);  // throws for an unknown kind

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "chorus/error.hpp"
+#include "src/training/mesh.h"
 
 namespace chorus::training {
 
@@ -243,6 +244,15 @@ Pipeline::Pipeline(Gpt& model, Communicator& pp, Schedule schedule)
 }
 
 Pipeline::~Pipeline() = default;
+
+void Pipeline::checkAsyncErrors() {
+  checkCommunicator(gradients_, "the pipeline's gradients");
+  static constexpr const char* kLinks[] = {"activations to the next stage", "activations from the previous stage",
+                                           "gradients to the previous stage", "gradients from the next stage"};
+  for (int link = kActivationsOut; link <= kGradientsIn; ++link) {
+    checkCommunicator(links_[link], fmt::format("the pipeline's link for {}", kLinks[link]));
+  }
+}
 
 namespace {
 

@@ -95,6 +95,9 @@ class Pipeline {
   double evaluate(int micros, const Fill& fill, UnitAccess& access);
   // The steps' times so far (waiting for the device to finish them).
   const PipelineTimes& times();
+  // checkCommunicator (mesh.h) of the communicators the pipeline made: the gradients' and, on a
+  // device, the links.
+  void checkAsyncErrors();
 
   // How the runner's messages travel: host calls on the CPU, device calls on a device (pipeline.cc).
   class Messages;

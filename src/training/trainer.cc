@@ -444,6 +444,19 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
   const double flopsPerStep = model.flopsPerStep() * job.accumulate * ranks;
   const int crashAt =
       std::getenv("CHORUS_TRAIN_CRASH_IN_SAVE") ? std::atoi(std::getenv("CHORUS_TRAIN_CRASH_IN_SAVE")) : -1;
+  // Every communicator of the run, for a failure that no call has reported: a device call fails on
+  // its stream, which goes on with what the call left in its buffers. Checked at each step's end
+  // (the device past the step: its losses are on the host) and again before a checkpoint is
+  // written, so that no failed step is logged, saved or counted as done.
+  auto checkCommunicators = [&](long step) {
+    try {
+      if (world) checkCommunicator(*world, "the world");
+      if (mesh) mesh->checkAsyncErrors();
+      if (pipeline) pipeline->checkAsyncErrors();
+    } catch (const Error& e) {
+      throw Error(e.code(), fmt::format("train: step {}: {}", step, e.what()));
+    }
+  };
   uint64_t dpSent = dp.wireBytes();
   MoeProfile moeTime;  // the MoE layers' time over the training steps
   const char* stragglerText = std::getenv("CHORUS_TRAIN_STRAGGLER_MS");
@@ -518,6 +531,7 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
       model.takeMoeTotals();  // validation's routing is not the step's
       model.takeMoeProfile();
     }
+    checkCommunicators(step);
     result.steps.push_back(r);
     // Profiling from the second step on: the first makes the buffers, plans and handles.
     if (job.profile && step == start) model.backend().profile(true);
@@ -577,6 +591,7 @@ TrainResult train(const Job& job, Communicator* world, const GemmPeak& peak) {
           header["outer_momentum"] = sync.kind == SyncMode::kDiloco;
           header["outer_steps"] = outerSteps;
         }
+        checkCommunicators(step);  // the state gathered: every call of the step has finished
         saveCheckpoint(ckptPath, header, p, m, v, step == crashAt, more);
       }
     }

@@ -10,9 +10,9 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -494,8 +494,9 @@ TEST_P(DeviceCollectivesTest, CompressedAllReduceFollowsTheHostOne) {
         upload(buffer.p, mine.data(), total * 4);
         chorusTraffic_t before{}, after{};
         ASSERT_EQ(chorusCommGetTraffic(comm, &before), chorusSuccess);
-        ASSERT_EQ(chorusCompressedAllReduce(buffer.p, buffer.p, total, chorusFloat32, chorusAvg, onDevice, comm, stream),
-                  chorusSuccess)
+        ASSERT_EQ(
+            chorusCompressedAllReduce(buffer.p, buffer.p, total, chorusFloat32, chorusAvg, onDevice, comm, stream),
+            chorusSuccess)
             << spec << ": " << chorusGetLastError(comm);
         CUDA_OK(cudaStreamSynchronize(stream));
         ASSERT_EQ(chorusCommGetTraffic(comm, &after), chorusSuccess);
@@ -506,9 +507,9 @@ TEST_P(DeviceCollectivesTest, CompressedAllReduceFollowsTheHostOne) {
         if (call > 0) {
           EXPECT_GE(after.bytesSent - before.bytesSent, sent.payloadBytes) << spec << ", call " << call;
         }
-        ASSERT_EQ(chorusCompressedAllReduce(mine.data(), host.data(), total, chorusFloat32, chorusAvg, onHost, comm,
-                                            nullptr),
-                  chorusSuccess)
+        ASSERT_EQ(
+            chorusCompressedAllReduce(mine.data(), host.data(), total, chorusFloat32, chorusAvg, onHost, comm, nullptr),
+            chorusSuccess)
             << spec << ": " << chorusGetLastError(comm);
         CUDA_OK(cudaStreamSynchronize(stream));
         CUDA_OK(cudaMemcpy(got.data(), buffer.p, total * 4, cudaMemcpyDeviceToHost));
@@ -607,8 +608,7 @@ class DeviceFailureTest : public ::testing::TestWithParam<Path> {
   // Rank 0's call that rank 1 never joins: its result, and once its stream is done, the
   // communicator's asynchronous error (the call's own where it failed at once; not asked where
   // async is null). Returns the failure's message.
-  static std::string callAlone(chorusComm_t comm, cudaStream_t stream, chorusResult_t* called,
-                               chorusResult_t* async) {
+  static std::string callAlone(chorusComm_t comm, cudaStream_t stream, chorusResult_t* called, chorusResult_t* async) {
     constexpr size_t kCount = 70001;
     Device buffer(kCount * 4);
     *called = chorusAllReduce(buffer.p, buffer.p, kCount, chorusFloat32, chorusSum, comm, stream);
@@ -674,6 +674,37 @@ TEST_P(DeviceFailureTest, AFailedCommunicatorRefusesDeviceCallsByName) {
                   chorusTimeout)
             << chorusGetLastError(comm);
         refusedAfter(comm, stream, "failed earlier");
+        shared->rank0Done = 1;
+        return true;
+      },
+      [&](chorusComm_t) { awaitRank0(*shared); });
+}
+
+// Rank 0's device call fails after it was enqueued (rank 1 never joins: the ring's kernel or the
+// staged call's proxy gives up, and the stream goes on), and nobody asks for the asynchronous
+// error: a host call made next is refused at once, naming the device call's failure and the peer
+// it waited for, its buffer untouched. Without that it would start on a communicator whose peers'
+// messages are out of step (here: wait for rank 1 and time out). The direct path fails the call
+// itself, which breaks the communicator for the host call the same way.
+TEST_P(DeviceFailureTest, AHostCallAfterAFailedDeviceCallIsRefused) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  SharedWithRanks<FailureShared> shared;
+  run(
+      {kShortTimeoutMs, 600000},
+      [&](chorusComm_t comm, cudaStream_t stream) {
+        chorusResult_t called;
+        const std::string failure = callAlone(comm, stream, &called, nullptr);
+        std::vector<float> host(1000, 1.0f);
+        EXPECT_EQ(chorusAllReduce(host.data(), host.data(), host.size(), chorusFloat32, chorusSum, comm, nullptr),
+                  chorusInvalidUsage)
+            << chorusGetLastError(comm);
+        const std::string message = chorusGetLastError(comm);
+        std::printf("rank 0's host call: %s\n", message.c_str());
+        EXPECT_NE(message.find(called == chorusSuccess ? "an earlier device call failed" : "failed earlier"),
+                  std::string::npos)
+            << message << " (the device call: " << failure << ")";
+        EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
+        EXPECT_EQ(std::count(host.begin(), host.end(), 1.0f), 1000) << "the refused call wrote its buffer";
         shared->rank0Done = 1;
         return true;
       },

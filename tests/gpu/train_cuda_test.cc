@@ -8,17 +8,21 @@
 // loss scale is checked by its losses and gradient norms. Skipped (with the reason) without a
 // device. The test process itself never touches CUDA (the ranks are forked from it).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <exception>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "src/training/data_parallel.h"
 #include "src/training/gpt.h"
+#include "src/training/mesh.h"
 #include "tests/gpu/device.h"
 #include "tests/support/multiprocess.h"
 
@@ -178,6 +182,52 @@ TEST(CudaTrainTest, WhatTheDeviceDoesNotTakeIsRefusedByName) {
     }
   });
   EXPECT_EQ(codes[0], 0);
+}
+
+// A device call of one of the mesh's groups that failed on its stream, which nothing has reported
+// (rank 1 never joins rank 0's tp all-reduce; the staged path's proxy gives up after the timeout,
+// and the stream goes on) is found by the check a trainer makes at each step's end, which names
+// the group and the peer; before it the same check passes on every rank. dp 2 x tp 2: rank 0's tp
+// group is ranks 0 and 1, its dp group ranks 0 and 2 (which did not fail).
+TEST(CudaTrainTest, AMeshGroupWhoseDeviceCallFailedIsNamedAtTheStepEnd) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  ::chorus::testing::SharedWithRanks<std::atomic<int>> rank0Done;
+  const auto codes = ::chorus::testing::runProcesses(4, [&](int rank, const chorusUniqueId& id) {
+    setenv("CHORUS_DEVICE_TRANSPORT", "staged", 1);
+    setenv("CHORUS_TIMEOUT_MS", "1000", 1);
+    try {
+      useDeviceOfRank(Device::kCuda, 0);
+      Communicator world(UniqueId(id), 4, rank);
+      DeviceMesh mesh(world, MeshShape{2, 2, 1, 1});
+      cudaStream_t stream = nullptr;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+      ::chorus::testing::DeviceBuffer<float> buffer(std::vector<float>(1000, 1.0f));
+      const std::span<float> data(buffer.data, 1000);
+      const auto s = reinterpret_cast<chorusStream_t>(stream);
+      for (const char* kind : {"tp", "dp"}) mesh.group(kind)->allReduce(data, ReduceOp::kSum, s);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      mesh.checkAsyncErrors();  // nothing failed: no error
+      if (rank == 0) {
+        mesh.group("tp")->allReduce(data, ReduceOp::kSum, s);  // enqueued: rank 1 never comes
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        try {
+          mesh.checkAsyncErrors();
+          ADD_FAILURE() << "the failed tp all-reduce went unnoticed";
+        } catch (const Error& e) {
+          const std::string message = e.what();
+          EXPECT_NE(message.find("the tp group: "), std::string::npos) << message;
+          EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
+        }
+        *rank0Done = 1;
+      } else {
+        for (int i = 0; i < 60000 && rank0Done->load() == 0; ++i) usleep(1000);
+      }
+      ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << rank << ": " << e.what();
+    }
+  });
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
 }  // namespace
