@@ -605,8 +605,8 @@ void Communicator::checkUsable(const char* operation) const {
   if (const DeviceEngine* device = deviceLive_.load()) {
     std::string failure;
     if (device->asyncError(&failure) != chorusSuccess) {
-      fail(chorusInvalidUsage, "rank {}: {}{}an earlier device call failed: {}", rank_, operation ? operation : "",
-           operation ? ": " : "", failure);
+      const std::string call = operation != nullptr ? fmt::format("{}: ", operation) : "";
+      fail(chorusInvalidUsage, "rank {}: {}an earlier device call failed: {}", rank_, call, failure);
     }
   }
 #endif

@@ -2,8 +2,10 @@
 #include "src/training/mesh.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 
 #include "chorus/error.hpp"
 
@@ -28,7 +30,8 @@ int rankOf(const MeshCoords& c, const MeshShape& s) { return ((c.pp * s.dp + c.d
 
 namespace {
 
-constexpr const char* kGroupKinds = "dp, tp, pp, cp, dpcp, embedding, ep, edpcp";
+// Every group kind, in the order the constructor splits them (embedding's own split comes last).
+constexpr std::array<const char*, 8> kGroupKinds = {"dp", "tp", "pp", "cp", "dpcp", "embedding", "ep", "edpcp"};
 
 // For each kind: how many ranks its group has, and the rank of member i given this rank's coords.
 std::vector<int> members(const MeshCoords& at, const MeshShape& s, const std::string& kind) {
@@ -65,7 +68,8 @@ std::vector<int> members(const MeshCoords& at, const MeshShape& s, const std::st
       vary(s.pp > 1 ? 2 : 1, [&](MeshCoords& c, int i) { c.pp = i * (s.pp - 1); });
     }
   } else {
-    throw Error(chorusInvalidArgument, "device mesh: no group kind '" + kind + "' (" + kGroupKinds + ")");
+    throw Error(chorusInvalidArgument,
+                fmt::format("device mesh: no group kind '{}' ({})", kind, fmt::join(kGroupKinds, ", ")));
   }
   return ranks;
 }
@@ -91,12 +95,13 @@ DeviceMesh::DeviceMesh(Communicator& world, const MeshShape& shape) : shape_(sha
   coords_ = coordsOf(worldRank_, shape);
   // One split per kind, every rank taking part; the color is the group's lowest world rank, the
   // key the rank's place in the group.
-  for (const char* kind : {"dp", "tp", "pp", "cp", "dpcp", "ep", "edpcp"}) {
+  for (const char* kind : kGroupKinds) {
+    const std::string k = kind;
+    if (k == "embedding") continue;  // below: the middle stages take part in its split with no color
     const std::vector<int> ranks = groupOf(worldRank_, shape, kind);
     // Every rank has the same shape: all skip alike. Without cp, dp x cp is the dp group, whose
     // communicator serves. With cp it has its own even when dp = 1 (the same ranks as cp): data
     // parallelism's thread reduces over it while the model's thread runs ring attention over cp.
-    const std::string k = kind;
     if (ranks.size() < 2 || (k == "dpcp" && shape.cp == 1) || ((k == "ep" || k == "edpcp") && shape.ep == 1)) continue;
     const int place = static_cast<int>(std::find(ranks.begin(), ranks.end(), worldRank_) - ranks.begin());
     *slotOf(kind) = world.split(*std::min_element(ranks.begin(), ranks.end()), place);
@@ -118,7 +123,8 @@ Communicator* DeviceMesh::slotOf(const std::string& kind) {
   if (kind == "embedding") return &embedding_;
   if (kind == "ep") return &ep_;
   if (kind == "edpcp") return &edpcp_;
-  throw Error(chorusInvalidArgument, "device mesh: no group kind '" + kind + "' (" + kGroupKinds + ")");
+  throw Error(chorusInvalidArgument,
+              fmt::format("device mesh: no group kind '{}' ({})", kind, fmt::join(kGroupKinds, ", ")));
 }
 
 void checkCommunicator(Communicator& comm, const std::string& name) {
@@ -131,7 +137,7 @@ void checkCommunicator(Communicator& comm, const std::string& name) {
 }
 
 void DeviceMesh::checkAsyncErrors() {
-  for (const char* kind : {"dp", "tp", "pp", "cp", "dpcp", "embedding", "ep", "edpcp"}) {
+  for (const char* kind : kGroupKinds) {
     checkCommunicator(*slotOf(kind), fmt::format("the {} group", kind));
   }
 }
