@@ -91,6 +91,12 @@ inline float atomicAdd(float* p, float value) { return std::atomic_ref<float>(*p
 namespace chorus::testing::emulation {
 
 constexpr size_t kFiberStackBytes = 256 << 10;
+// Each fiber's stack starts this much lower than the last's, modulo kFiberStackSpread: the stacks
+// are separate allocations of the same size, so their tops (where every switch reads and writes)
+// would otherwise all sit at one address modulo the allocation's size. Measured on
+// chorus-train-emulated's parity job (107 million switches in 6 steps), on one AMD EPYC: ~13% less
+// time spread over 16 KiB; spread within one page (4 KiB) no gain.
+constexpr size_t kFiberStackStagger = 13 * 64, kFiberStackSpread = 16 << 10;
 
 // Where a fiber's (or the scheduler's) registers were left. On x86-64 a switch saves the
 // callee-saved registers on the stack it leaves and keeps that stack's pointer (no system call, as
@@ -231,9 +237,12 @@ inline void arrive(FiberBarrier& b) {
   b.waiting.push_back(l.running);
   if (++b.arrived == b.expected) {
     b.arrived = 0;
+    // The fibers arrive in the order the last barrier made them ready, so mostly already sorted.
     if (reversed()) {
-      std::sort(b.waiting.begin(), b.waiting.end(), std::greater<int>());
-    } else {
+      if (!std::is_sorted(b.waiting.begin(), b.waiting.end(), std::greater<int>())) {
+        std::sort(b.waiting.begin(), b.waiting.end(), std::greater<int>());
+      }
+    } else if (!std::is_sorted(b.waiting.begin(), b.waiting.end())) {
       std::sort(b.waiting.begin(), b.waiting.end());
     }
     for (const int f : b.waiting) {
@@ -286,7 +295,7 @@ inline void runFibers(Launch& l) {
     // The last launch's frames left poisoned where its fibers stopped (they never return).
     ASAN_UNPOISON_MEMORY_REGION(f.stack, kFiberStackBytes);
 #endif
-    makeContext(&f.context, fiberMain, f.stack, kFiberStackBytes);
+    makeContext(&f.context, fiberMain, f.stack, kFiberStackBytes - t * kFiberStackStagger % kFiberStackSpread);
     l.ready.push_back(t);
   }
   if (reversed()) std::reverse(l.ready.begin(), l.ready.end());  // the emulation's order
