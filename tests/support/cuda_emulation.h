@@ -295,7 +295,7 @@ inline void runFibers(Launch& l) {
     // The last launch's frames left poisoned where its fibers stopped (they never return).
     ASAN_UNPOISON_MEMORY_REGION(f.stack, kFiberStackBytes);
 #endif
-    makeContext(&f.context, fiberMain, f.stack, kFiberStackBytes - t * kFiberStackStagger % kFiberStackSpread);
+    makeContext(&f.context, fiberMain, f.stack, kFiberStackBytes - (t * kFiberStackStagger) % kFiberStackSpread);
     l.ready.push_back(t);
   }
   if (reversed()) std::reverse(l.ready.begin(), l.ready.end());  // the emulation's order

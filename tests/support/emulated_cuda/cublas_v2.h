@@ -115,31 +115,21 @@ inline cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t tran
     }
   }
   auto* out = static_cast<float*>(c);
-  const auto store = [&](int i, int j, double sum) {
-    float& cij = out[i + static_cast<size_t>(j) * ldc];
-    cij = static_cast<float>(be == 0.0 ? al * sum : al * sum + be * cij);
-  };
-  // Four columns of C at a time: four sums in flight (each still in order p = 0, 1, ...).
+  // Up to four columns of C at a time: their sums in flight together, each still in order p = 0, 1, ...
   constexpr int kColumns = 4;
-  int j = 0;
-  for (; j + kColumns <= n; j += kColumns) {
+  for (int j = 0; j < n; j += kColumns) {
+    const int columns = std::min(kColumns, n - j);
     const double* bj = colsB.data() + static_cast<size_t>(j) * k;
     for (int i = 0; i < m; ++i) {
       const double* ai = rowsA.data() + static_cast<size_t>(i) * k;
       double sum[kColumns] = {};
       for (int p = 0; p < k; ++p) {
-        for (int q = 0; q < kColumns; ++q) sum[q] += ai[p] * bj[static_cast<size_t>(q) * k + p];
+        for (int q = 0; q < columns; ++q) sum[q] += ai[p] * bj[static_cast<size_t>(q) * k + p];
       }
-      for (int q = 0; q < kColumns; ++q) store(i, j + q, sum[q]);
-    }
-  }
-  for (; j < n; ++j) {
-    const double* bj = colsB.data() + static_cast<size_t>(j) * k;
-    for (int i = 0; i < m; ++i) {
-      const double* ai = rowsA.data() + static_cast<size_t>(i) * k;
-      double sum = 0.0;
-      for (int p = 0; p < k; ++p) sum += ai[p] * bj[p];
-      store(i, j, sum);
+      for (int q = 0; q < columns; ++q) {
+        float& cij = out[i + static_cast<size_t>(j + q) * ldc];
+        cij = static_cast<float>(be == 0.0 ? al * sum[q] : al * sum[q] + be * cij);
+      }
     }
   }
   return CUBLAS_STATUS_SUCCESS;
