@@ -391,8 +391,14 @@ float* DataParallel::gradients(int unit) {
   Bucket& b = bucketOf(unit);
   const size_t within = layout_.unitOffset(unit) - b.lo;
   if (stage_ < 2) return grads_.data() + b.fullOffset + within;
+  if (b.reduction.valid()) {
+    // The previous micro-batch's reduction of this bucket: until it is finished the whole gradient
+    // is the reduction's (its slice added to the shard gradient, then freed). The tied embedding's
+    // bucket, reduced last, is the first the next backward asks for (the output layer's gradient).
+    finishReduction(b);
+    std::erase(pendingWholeGrads_, static_cast<int>(&b - buckets_.data()));
+  }
   if (b.transientGrad.empty()) {
-    finishReduction(b);  // the previous micro-batch's reduction of this bucket
     // Bound the whole gradients alive: wait for the oldest reductions beyond the cap.
     while (static_cast<int>(pendingWholeGrads_.size()) >= inflightBuckets_) {
       Bucket& oldest = buckets_[pendingWholeGrads_.front()];
