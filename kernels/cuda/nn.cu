@@ -50,14 +50,44 @@ __global__ void embeddingForwardKernel(float* out, const int* tokens, const floa
   }
 }
 
-__global__ void embeddingTokenBackwardKernel(float* dwte, const float* dout, const int* tokens, int C, int v0,
+// One block per row; only the block of a token's first row goes on (the rows of a token are one
+// sum, not one atomic addition each): it adds every row of its token into that token's gradient
+// row in row order, as the CPU's loop does, so the sum repeats bit for bit. The rows are found a
+// tile of blockDim.x tokens at a time (blockDim.x a multiple of 32, at most kThreads).
+__global__ void embeddingTokenBackwardKernel(float* dwte, const float* dout, const int* tokens, int rows, int C, int v0,
                                              int vcount) {
-  const size_t row = blockIdx.x;
-  const int token = tokens[row] - v0;
-  if (token < 0 || token >= vcount) return;
-  float* te = dwte + static_cast<size_t>(token) * C;
-  const float* d = dout + row * C;
-  for (int i = threadIdx.x; i < C; i += blockDim.x) atomicAdd(te + i, d[i]);
+  __shared__ int matched[kThreads];  // this tile's rows of the token, in order
+  __shared__ int warpMatches[kThreads / 32];
+  const int token = tokens[blockIdx.x];
+  if (token - v0 < 0 || token - v0 >= vcount) return;
+  float* te = dwte + static_cast<size_t>(token - v0) * C;
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int warps = static_cast<int>(blockDim.x) >> 5;
+  bool first = true;  // no tile with a row of the token seen yet
+  for (int base = 0; base < rows; base += static_cast<int>(blockDim.x)) {
+    const int r = base + static_cast<int>(threadIdx.x);
+    const bool match = r < rows && tokens[r] == token;
+    const unsigned mask = __ballot_sync(0xffffffffu, match);
+    if (lane == 0) warpMatches[warp] = __popc(mask);
+    __syncthreads();
+    int before = 0, count = 0;
+    for (int w = 0; w < warps; ++w) {
+      before += w < warp ? warpMatches[w] : 0;
+      count += warpMatches[w];
+    }
+    if (match) matched[before + __popc(mask & ((1u << lane) - 1u))] = r;
+    __syncthreads();
+    if (count > 0 && first) {
+      if (matched[0] != static_cast<int>(blockIdx.x)) return;  // an earlier row's block sums the token
+      first = false;
+    }
+    for (int i = static_cast<int>(threadIdx.x); i < C; i += static_cast<int>(blockDim.x)) {
+      float acc = te[i];
+      for (int k = 0; k < count; ++k) acc += dout[static_cast<size_t>(matched[k]) * C + i];
+      te[i] = acc;
+    }
+    __syncthreads();  // the tile's rows read before the next tile's overwrite them
+  }
 }
 
 // One block per position t: its rows of dout added in batch order, as the CPU's loop adds them.
@@ -443,7 +473,8 @@ int embeddingForward(float* out, const int* tokens, const float* wte, const floa
 int embeddingBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v0,
                       int vcount, const int* positions, void* stream) {
   if (B * T == 0) return 0;
-  CHORUS_LAUNCH(embeddingTokenBackwardKernel, B * T, kThreads, 0, asStream(stream), dwte, dout, tokens, C, v0, vcount);
+  CHORUS_LAUNCH(embeddingTokenBackwardKernel, B * T, kThreads, 0, asStream(stream), dwte, dout, tokens, B * T, C, v0,
+                vcount);
   if (const int error = launched()) return error;
   CHORUS_LAUNCH(embeddingPositionBackwardKernel, T, kThreads, 0, asStream(stream), dwpe, dout, B, T, C, positions);
   return launched();

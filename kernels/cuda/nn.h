@@ -4,8 +4,8 @@
 // types. Every function enqueues its kernels on `stream` (a cudaStream_t; null: the default
 // stream), does not wait for them, and returns 0 or the cudaError_t of the first launch that
 // failed. Pointers are device memory unless a comment says otherwise. Sums over rows (layernorm's
-// weight gradients, the gradient norm) are folded in a fixed order, so results repeat bit for bit;
-// the token embedding's gradient is the exception (see embeddingBackward).
+// weight gradients, the gradient norm, the token embedding's gradient) are folded in a fixed order,
+// so results repeat bit for bit.
 #pragma once
 
 #include <cstddef>
@@ -18,8 +18,8 @@
 namespace chorus::kernels::cuda {
 
 // As kernels::embeddingForward / embeddingBackward. tokens and positions are device arrays.
-// embeddingBackward adds into dwte with atomic additions: rows of tokens that repeat are summed in
-// whatever order the GPU runs them (dwpe's sums go in batch order).
+// embeddingBackward adds the rows of a token that repeats in row order (one block per token, no
+// atomic additions), dwpe's in batch order: both as the CPU adds them, to the bit.
 int embeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C, int v0,
                      int vcount, const int* positions, void* stream);
 int embeddingBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v0,

@@ -74,31 +74,38 @@ void sync() { ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess); }
 
 TEST(CudaNnTest, EmbeddingsForwardAndBackward) {
   CHORUS_REQUIRE_CUDA_DEVICE();
-  const int B = 3, T = 17, V = 53, v0 = 11, vcount = 30, context = 64;
-  const std::vector<int> tokens = randomTokens(static_cast<size_t>(B) * T, V, 1);
-  std::vector<int> positions(T);
-  for (int t = 0; t < T; ++t) positions[t] = 3 * t + 1;  // context parallelism's kind of positions
-  // Rows of 40 go 16 bytes at a time on the GPU, rows of 42 a float at a time.
-  for (const int C : {40, 42}) {
-    const auto wte = randomVector(static_cast<size_t>(vcount) * C, 2);
-    const auto wpe = randomVector(static_cast<size_t>(context) * C, 3);
-    const auto dout = randomVector(static_cast<size_t>(B) * T * C, 4);
-    for (const bool withPositions : {false, true}) {
-      const int* pos = withPositions ? positions.data() : nullptr;
-      std::vector<float> out(dout.size()), dwte = randomVector(wte.size(), 5), dwpe = randomVector(wpe.size(), 6);
-      DeviceBuffer<int> dTokens(tokens), dPositions(positions);
-      DeviceBuffer<float> dWte(wte), dWpe(wpe), dOut(out.size()), dDout(dout), dDwte(dwte), dDwpe(dwpe);
-      embeddingForward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, v0, vcount, pos);
-      embeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C, v0, vcount, pos);
-      const int* dPos = withPositions ? dPositions.data : nullptr;
-      CUDA_OK(
-          cuda::embeddingForward(dOut.data, dTokens.data, dWte.data, dWpe.data, B, T, C, v0, vcount, dPos, nullptr));
-      CUDA_OK(cuda::embeddingBackward(dDwte.data, dDwpe.data, dDout.data, dTokens.data, B, T, C, v0, vcount, dPos,
-                                      nullptr));
-      sync();
-      EXPECT_EQ(dOut.read(), out) << "forward is one addition per element, as on the CPU";
-      EXPECT_EQ(dDwpe.read(), dwpe) << "the positions' gradient is added in batch order, as on the CPU";
-      expectNear(dDwte.read(), dwte, 1e-6, "token embedding gradient");
+  const int V = 53, v0 = 11, vcount = 30;
+  // 51 rows: one tile of the token gradient's kernel; 600 rows of 53 tokens: each token's rows in
+  // three tiles.
+  for (const auto& [B, T] : std::vector<std::pair<int, int>>{{3, 17}, {2, 300}}) {
+    const std::vector<int> tokens = randomTokens(static_cast<size_t>(B) * T, V, 1);
+    std::vector<int> positions(T);
+    for (int t = 0; t < T; ++t) positions[t] = 3 * t + 1;  // context parallelism's kind of positions
+    const int context = 3 * T + 1;
+    // Rows of 40 go 16 bytes at a time on the GPU, rows of 42 a float at a time.
+    for (const int C : {40, 42}) {
+      const auto wte = randomVector(static_cast<size_t>(vcount) * C, 2);
+      const auto wpe = randomVector(static_cast<size_t>(context) * C, 3);
+      const auto dout = randomVector(static_cast<size_t>(B) * T * C, 4);
+      for (const bool withPositions : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << B << " x " << T << " rows of " << C << (withPositions ? ", positions" : ""));
+        const int* pos = withPositions ? positions.data() : nullptr;
+        std::vector<float> out(dout.size()), dwte = randomVector(wte.size(), 5), dwpe = randomVector(wpe.size(), 6);
+        DeviceBuffer<int> dTokens(tokens), dPositions(positions);
+        DeviceBuffer<float> dWte(wte), dWpe(wpe), dOut(out.size()), dDout(dout), dDwte(dwte), dDwpe(dwpe);
+        embeddingForward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, v0, vcount, pos);
+        embeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C, v0, vcount, pos);
+        const int* dPos = withPositions ? dPositions.data : nullptr;
+        CUDA_OK(
+            cuda::embeddingForward(dOut.data, dTokens.data, dWte.data, dWpe.data, B, T, C, v0, vcount, dPos, nullptr));
+        CUDA_OK(cuda::embeddingBackward(dDwte.data, dDwpe.data, dDout.data, dTokens.data, B, T, C, v0, vcount, dPos,
+                                        nullptr));
+        sync();
+        EXPECT_EQ(dOut.read(), out) << "forward is one addition per element, as on the CPU";
+        EXPECT_EQ(dDwpe.read(), dwpe) << "the positions' gradient is added in batch order, as on the CPU";
+        EXPECT_EQ(dDwte.read(), dwte) << "a token's rows are added in row order, as on the CPU";
+      }
     }
   }
 }
