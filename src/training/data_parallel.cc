@@ -121,15 +121,11 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
                             "optimizer state offloaded to the file too",
                             stage_, offloadTargetName(settings.offload.optimizer)));
   }
-  if (onDevice()) {
-    const char* refused = paramsInFile              ? "ZeRO-3's parameters offloaded to a file"
-                          : settings.stepInBackward ? "the optimizer step during backward"
-                                                    : nullptr;
-    if (refused != nullptr) {
-      throw Error(chorusInvalidArgument,
-                  fmt::format("data parallel on {}: {} is not supported on a device yet (it runs on the CPU)",
-                              backend_->describe(), refused));
-    }
+  if (onDevice() && paramsInFile) {
+    throw Error(chorusInvalidArgument,
+                fmt::format("data parallel on {}: ZeRO-3's parameters offloaded to a file are not supported on a "
+                            "device yet (they are on the CPU)",
+                            backend_->describe()));
   }
   // The optimizer state offloaded from a device: the step runs on the host beside it.
   if (onDevice() && settings.offload.optimizer != OffloadTarget::kNone) hostStepper_ = makeBackend(Device::kCpu);
@@ -415,6 +411,7 @@ void DataParallel::gradientsDone(int unit) {
   Bucket& b = bucketOf(unit);
   if (--unitsLeftInMicro_ == 0) backwardsEnded_.fetch_add(1, std::memory_order_release);
   if (--b.unitsLeft == 0 && (stage_ >= 2 || lastMicro_) && unit != tiedUnit_) reduceBucket(b);
+  if (armed_ && lastMicro_ && onDevice()) stepEnqueued();
   if (backwardDelayMs_ > 0 && unitsLeftInMicro_ > 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(backwardDelayMs_));
 }
@@ -432,7 +429,9 @@ void DataParallel::reduceBucket(Bucket& b) {
   CommWorker* worker = groupOf(b).worker.get();
   // stepInBackward: the step's last reduction of the bucket tells the step thread when it is done.
   const size_t index = static_cast<size_t>(&b - buckets_.data());
-  const bool tell = armed_.has_value() && lastMicro_;
+  // On a device the training thread enqueues the steps itself (stepEnqueued): the bucket is marked here.
+  const bool tell = armed_.has_value() && lastMicro_ && !onDevice();
+  if (armed_ && lastMicro_ && onDevice()) armed_->ready[index] = 1;
   auto ready = [this, index, tell] {
     if (tell) bucketReady(index);
   };
@@ -743,7 +742,8 @@ void DataParallel::armStep(const kernels::OptimizerSettings& optimizer, long ste
   armed_->step = stepNumber;
   armed_->updates = stepNumber - skipped;
   armed_->ready.assign(buckets_.size(), 0);
-  armed_->thread = std::thread([this] { stepInOrder(); });
+  armed_->micro = microsBegun_;
+  if (!onDevice()) armed_->thread = std::thread([this] { stepInOrder(); });
 }
 
 void DataParallel::bucketReady(size_t i) {
@@ -757,7 +757,6 @@ void DataParallel::bucketReady(size_t i) {
 // The step thread: buckets in their order (the order backward finishes them, and the order the
 // optimizer state is laid out in), each as soon as its gradient is final. ready 2: given up.
 void DataParallel::stepInOrder() {
-  const long micro = microsBegun_;
   try {
     for (size_t i = 0; i < buckets_.size(); ++i) {
       {
@@ -766,16 +765,33 @@ void DataParallel::stepInOrder() {
         if (armed_->ready[i] == 2) return;
       }
       const Bucket& b = buckets_[i];
-      bucketSteps_.fetch_add(1, std::memory_order_relaxed);
-      if (backwardsEnded_.load(std::memory_order_acquire) < micro) {
-        bucketStepsOverlapped_.fetch_add(1, std::memory_order_relaxed);
-      }
       armed_->squares[b.group] += gradientSquares(b);
-      stepBucket(b, armed_->optimizer, armed_->updates);
+      stepArmed(b);
     }
     state_->finish();
   } catch (...) {
     armed_->error = std::current_exception();
+  }
+}
+
+void DataParallel::stepArmed(const Bucket& b) {
+  bucketSteps_.fetch_add(1, std::memory_order_relaxed);
+  if (backwardsEnded_.load(std::memory_order_acquire) < armed_->micro) {
+    bucketStepsOverlapped_.fetch_add(1, std::memory_order_relaxed);
+  }
+  stepBucket(b, armed_->optimizer, armed_->updates);
+}
+
+// A bucket whose reduction the communication thread has not enqueued yet ends the pass: the
+// training thread does not wait here (the rest follow at the next bucket's end, or in step()).
+void DataParallel::stepEnqueued() {
+  ArmedStep& a = *armed_;
+  while (a.next < buckets_.size() && a.ready[a.next] != 0) {
+    Bucket& b = buckets_[a.next];
+    if (b.reduction.valid() && b.reduction.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
+    finishReduction(b);  // the reduction's mark waited for and what follows it enqueued, before the step's kernels
+    stepArmed(b);
+    ++a.next;
   }
 }
 
@@ -808,12 +824,22 @@ double DataParallel::step(const kernels::OptimizerSettings& optimizer, long step
                               "{}: a step taken during backward is neither clipped nor scaled",
                               stepNumber, optimizer.lr, clipNorm, gradScale, armed_->step, armed_->optimizer.lr));
     }
-    armed_->thread.join();
-    const std::exception_ptr error = armed_->error;
-    groupSquares[kDense] = armed_->squares[kDense];
-    groupSquares[kExperts] = armed_->squares[kExperts];
-    armed_.reset();
-    if (error) std::rethrow_exception(error);
+    if (onDevice()) {
+      // The buckets backward left: every reduction is enqueued and followed by now. The squares
+      // after every step (the steps leave the gradients as they were), so that no bucket's waited
+      // for during backward.
+      for (; armed_->next < buckets_.size(); ++armed_->next) stepArmed(buckets_[armed_->next]);
+      armed_.reset();
+      state_->finish();
+      for (const auto& b : buckets_) groupSquares[b.group] += gradientSquares(b);
+    } else {
+      armed_->thread.join();
+      const std::exception_ptr error = armed_->error;
+      groupSquares[kDense] = armed_->squares[kDense];
+      groupSquares[kExperts] = armed_->squares[kExperts];
+      armed_.reset();
+      if (error) std::rethrow_exception(error);
+    }
   } else {
     if (gradScale != 1.0f) {
       for (const auto& b : buckets_) {

@@ -88,11 +88,15 @@ struct DataParallelSettings {
   // The optimizer step during backward, bucket by bucket (PyTorch's optimizer in backward): once a
   // bucket's last reduction of the step is complete, a thread of the step takes that bucket's
   // optimizer step while backward computes the rest, visiting the buckets (and the offloaded
-  // state) in their order. armStep() sets it going each step. The step then cannot depend on the
-  // whole gradient: no clipping, no loss scale, and a non-finite gradient is applied, not skipped
-  // (the norm is still computed, from each bucket before its step). Not with pipeline parallelism
-  // (tiedSum), local steps, or ZeRO-3's parameters in a file (the gathers read the file during
-  // backward).
+  // state) in their order. On a device the training thread enqueues each bucket's step on the
+  // compute queue, after that bucket's reduction, when a unit's backward ends and finds that
+  // reduction enqueued (those left, in step()); nothing waits for the device meanwhile, except
+  // a step on the host (the optimizer state offloaded). armStep() sets it going each step. The
+  // step then cannot depend on the whole gradient: no clipping, no loss scale, and a non-finite
+  // gradient is applied, not skipped (the norm is still computed: on the CPU from each bucket
+  // before its step, on a device after the steps, which leave the gradients). Not with pipeline
+  // parallelism (tiedSum), local steps, or ZeRO-3's parameters in a file (the gathers read the
+  // file during backward).
   bool stepInBackward = false;
   // Where parameters, gradients and the optimizer state live and the step computes: host memory,
   // or the calling thread's current CUDA device (the model's gradients and parameters are then
@@ -103,8 +107,8 @@ struct DataParallelSettings {
   // steps (the anchor and DiLoCo's outer state on the device too), and the optimizer state
   // offloaded to host memory or a file (the step then runs on the host: each bucket's own
   // parameters and gradients come over, the parameters go back), and compression (each bucket
-  // through the host, where the compressors work); the rest above (ZeRO-3's parameters in a file,
-  // the step during backward) is refused by name.
+  // through the host, where the compressors work), and the step during backward; the rest above
+  // (ZeRO-3's parameters in a file) is refused by name.
   Device device = Device::kCpu;
 };
 
@@ -279,6 +283,11 @@ class DataParallel : public UnitAccess {
   // training thread); the step thread's loop.
   void bucketReady(size_t i);
   void stepInOrder();
+  // The armed step of bucket b (counted, with whether backward was still running).
+  void stepArmed(const Bucket& b);
+  // On a device, from the training thread: the armed step's next buckets, in order, whose
+  // reductions are enqueued; each step's kernels go on the compute queue after its reduction.
+  void stepEnqueued();
 
   const ParamLayout& layout_;
   // Where the state lives (declared before every buffer in it, so destroyed after them).
@@ -326,11 +335,14 @@ class DataParallel : public UnitAccess {
   std::vector<Compressor> compressors_;  // per bucket, used on the communication thread
   long compressFrom_ = 1;
   long nextStep_ = 1;
-  // stepInBackward: the armed step and its thread. ready_ and the thread's error under stepMutex_.
+  // stepInBackward: the armed step and its thread (on the CPU). ready and the thread's error under
+  // stepMutex_; on a device, no thread: ready and next are the training thread's.
   struct ArmedStep {
     kernels::OptimizerSettings optimizer;
     long step = 0, updates = 0;
+    long micro = 0;  // the micro-batch whose backward the bucket steps may overlap
     std::vector<char> ready;
+    size_t next = 0;  // on a device: the buckets stepped so far
     double squares[2] = {0.0, 0.0};
     std::exception_ptr error;
     std::thread thread;

@@ -425,13 +425,10 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   }
   if (job.device != "cpu") {
     // What runs on the CPU only so far, named by its key.
-    const std::string refused = job.stepInBackward ? std::string("[optimizer] in_backward = true")
-                                : offload.params != OffloadTarget::kNone
-                                    ? fmt::format("[offload] params = \"{}\"", job.offloadParams)
-                                    : std::string();
-    if (!refused.empty()) {
-      throw fail(fmt::format("[run] device = \"{}\" with {}: that runs on the CPU only so far (device = \"cpu\")",
-                             job.device, refused));
+    if (offload.params != OffloadTarget::kNone) {
+      throw fail(fmt::format(
+          "[run] device = \"{}\" with [offload] params = \"{}\": that runs on the CPU only so far (device = \"cpu\")",
+          job.device, job.offloadParams));
     }
   }
   if (!(job.optimizer.lr > 0)) throw fail("[optimizer] lr must be positive");

@@ -1,11 +1,12 @@
 # train_parity_cuda.sh: chorus-train on a CUDA device follows the CPU: the parity job (the tiny
 # model) for 10 steps on one GPU, its layouts on 2 ranks sharing that GPU (data parallelism, every
-# ZeRO stage, tensor parallelism with and without sequence parallelism, context parallelism, a
-# pipeline of 2 stages, 1F1B and interleaved, the optimizer state offloaded to host memory and to
-# a file) and a pipeline of 3 stages on 3, one rank with
-# bf16 compute, ZeRO-2 with gradients reduced in bf16, MoE blocks (alone and with 2 expert-parallel
-# ranks, exchanging in one chunk and in two), DiLoCo and PowerSGD on 2 ranks, each against the same job on the CPU (one rank; the same
-# layout for the bf16 reduction, expert parallelism, DiLoCo and PowerSGD).
+# ZeRO stage, ZeRO-2 and 3 accumulating over micro-batches too, tensor parallelism with and without
+# sequence parallelism, context parallelism, a pipeline of 2 stages, 1F1B and interleaved, the
+# optimizer state offloaded to host memory and to a file, the step during backward) and a pipeline
+# of 3 stages on 3, one rank with bf16 compute, ZeRO-2 with gradients reduced in bf16, MoE blocks
+# (alone and with 2 expert-parallel ranks, exchanging in one chunk and in two), DiLoCo and PowerSGD
+# on 2 ranks, each against the same job on the CPU (one rank; the same layout for the bf16
+# reduction, expert parallelism, DiLoCo and PowerSGD).
 # The GPU sums in other orders than the CPU, so the runs agree to rounding, not to the bit: each
 # step's loss and gradient norm within 1e-3 relative of the CPU's (fp32; bf16: the loss within 2e-2),
 # and under SGD (where a parameter moves as far as its gradient says) the final parameters within
@@ -59,6 +60,10 @@ run dp2 --ranks 2 --set batch.micro=4 "${cuda[@]}"
 run zero1 --ranks 2 --zero 1 --set batch.micro=4 "${cuda[@]}"
 run zero2 --ranks 2 --zero 2 --set batch.micro=4 "${cuda[@]}"
 run zero3 --ranks 2 --zero 3 --set batch.micro=4 "${cuda[@]}"
+# ZeRO-2/3 accumulating over 2 micro-batches: each one's whole gradient reduced before the next
+# one's backward writes into that bucket again.
+run zero2_accum --ranks 2 --zero 2 --set batch.micro=2 --set batch.accumulate=2 "${cuda[@]}"
+run zero3_accum --ranks 2 --zero 3 --set batch.micro=2 --set batch.accumulate=2 "${cuda[@]}"
 run tp2 --ranks 2 --tp 2 --set batch.micro=8 "${cuda[@]}"
 run tp2_sp --ranks 2 --tp 2 --set batch.micro=8 --set parallel.sequence_parallel=true "${cuda[@]}"
 run cp2 --ranks 2 --cp 2 --set batch.micro=2 "${l4[@]}" "${cuda[@]}"
@@ -69,6 +74,10 @@ run pp2_interleaved --ranks 2 --pp 2 --set batch.micro=2 "${l4[@]}" --set parall
 run pp3 --ranks 3 --pp 3 --set batch.micro=2 "${l4[@]}" "${cuda[@]}"
 run sgd_zero2 --ranks 2 --zero 2 --set batch.micro=4 "${sgd[@]}" "${cuda[@]}"
 run sgd_zero3 --ranks 2 --zero 3 --set batch.micro=4 "${sgd[@]}" "${cuda[@]}"
+# The step during backward (each bucket's behind its reduction, between backward's kernels), with
+# backward slowed after each unit (CHORUS_TRAIN_BACKWARD_DELAY_MS) so that some begin before it ends.
+CHORUS_TRAIN_BACKWARD_DELAY_MS=5 run sgd_zero2_ib --ranks 2 --zero 2 --set batch.micro=4 "${sgd[@]}" \
+  --set optimizer.in_backward=true "${cuda[@]}"
 run bf16 --ranks 1 --set batch.micro=8 --precision bf16 "${cuda[@]}"
 run reduce_bf16 --ranks 2 --zero 2 --set batch.micro=4 --set 'precision.reduce="bf16"' "${cuda[@]}"
 run moe --ranks 1 --set batch.micro=8 "${moe[@]}" "${cuda[@]}"
@@ -112,12 +121,24 @@ def matches(name, ref, loss_bound=1e-3, norm_bound=1e-3, param_bound=None):
     print(text)
     if not ok:
         bad.append(name)
-for name in ["one", "dp2", "zero1", "zero2", "zero3", "tp2", "tp2_sp", "zero1_offload", "zero2_offload_file"]:
+for name in ["one", "dp2", "zero1", "zero2", "zero3", "zero2_accum", "zero3_accum", "tp2", "tp2_sp", "zero1_offload", "zero2_offload_file"]:
     matches(name, "cpu_one")
 for name in ["cp2", "pp2", "pp2_interleaved", "pp3"]:
     matches(name, "cpu_one_l4")
-for name in ["sgd_zero2", "sgd_zero3"]:
+for name in ["sgd_zero2", "sgd_zero3", "sgd_zero2_ib"]:
     matches(name, "cpu_sgd", param_bound=1e-3)
+# The step during backward takes the step after backward's arithmetic on the device: the same
+# losses, norms and final parameters to the bit; every bucket of every step stepped so, some while
+# backward still ran.
+if any(column("sgd_zero2_ib", k) != column("sgd_zero2", k) for k in ["loss", "grad_norm"]) or \
+        parameters("sgd_zero2_ib") != parameters("sgd_zero2"):
+    bad.append("sgd_zero2_ib: not the bits of sgd_zero2")
+during = json.load(open(f"{work}/sgd_zero2_ib/metrics.json"))
+counts = [(c["steps_begun_during_backward"], c["bucket_steps"]) for c in during["reductions_per_rank"]]
+print(f"sgd_zero2_ib: {during['buckets']['count']} buckets x {steps} steps; bucket steps begun during backward / all, "
+      f"per rank: {counts}")
+if any(n != steps * during["buckets"]["count"] for _, n in counts) or sum(b for b, _ in counts) == 0:
+    bad.append(f"sgd_zero2_ib: bucket steps {counts}")
 matches("bf16", "cpu_bf16", loss_bound=2e-2, norm_bound=5e-2)
 # Gradients reduced in bf16 (ZeRO-2, 2 ranks): rounded at the same points on both devices.
 matches("reduce_bf16", "cpu_reduce_bf16", loss_bound=1e-2, norm_bound=1e-2)

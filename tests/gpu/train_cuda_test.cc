@@ -38,6 +38,9 @@ struct Settings {
   float clip = 0.0f;
   float lossScale = 1.0f;
   size_t bucketBytes = 64 << 10;  // several buckets
+  int micros = 1;                 // micro-batches a step accumulates
+  bool inBackward = false;        // the step during backward (armStep)
+  OffloadTarget offload = OffloadTarget::kNone;
 };
 
 // What a run leaves: each step's mean loss and gradient norm, and the parameters at the end (the
@@ -45,6 +48,7 @@ struct Settings {
 struct Steps {
   std::vector<double> losses, norms;
   std::vector<float> params;
+  OverlapCounts overlap;
 };
 
 // The global batch of a step: kGlobalBatch sequences of kSeq tokens and their targets.
@@ -62,13 +66,15 @@ void batchOf(int step, std::vector<int>& tokens, std::vector<int>& targets) {
 // kSteps steps on this rank's share of each global batch (comm null: one rank, all of it).
 Steps train(Device device, Communicator* comm, const Settings& s) {
   const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
-  const int B = kGlobalBatch / ranks;
+  const int B = kGlobalBatch / ranks / s.micros;
   Gpt model(kConfig, B, kSeq, {}, {}, Recompute::kNone, {}, {}, Compute::kFp32, device);
   DataParallelSettings parallel;
   parallel.zeroStage = s.zero;
   parallel.bucketBytes = s.bucketBytes;
   parallel.optimizer = s.optimizer;
   parallel.device = device;
+  parallel.stepInBackward = s.inBackward;
+  parallel.offload.optimizer = s.offload;
   DataParallel dp(model.layout(), comm, parallel, 3);
   kernels::OptimizerSettings optimizer;
   optimizer.kind = s.optimizer;
@@ -78,15 +84,20 @@ Steps train(Device device, Communicator* comm, const Settings& s) {
   std::vector<int> tokens, targets;
   for (int step = 1; step <= kSteps; ++step) {
     batchOf(step, tokens, targets);
-    const size_t mine = static_cast<size_t>(rank) * B * kSeq;
-    dp.beginMicro(true);
-    const float loss = model.forward(tokens.data() + mine, targets.data() + mine, dp);
-    model.backward(dp, s.lossScale);
+    double loss = 0.0;
+    for (int micro = 0; micro < s.micros; ++micro) {
+      const size_t mine = static_cast<size_t>(rank * s.micros + micro) * B * kSeq;
+      dp.beginMicro(micro == s.micros - 1);
+      if (s.inBackward && micro == s.micros - 1) dp.armStep(optimizer, step);
+      loss += model.forward(tokens.data() + mine, targets.data() + mine, dp) / s.micros;
+      model.backward(dp, s.lossScale / static_cast<float>(s.micros));
+    }
     run.norms.push_back(dp.step(optimizer, step, s.clip, s.lossScale));
     run.losses.push_back(dp.average(loss));
   }
   std::vector<float> m, v;
   dp.gatherState(run.params, m, v);
+  run.overlap = dp.overlap();
   return run;
 }
 
@@ -115,9 +126,12 @@ double relative(double got, double want) { return std::fabs(got - want) / std::m
 // them by a whole step (lr x gradient, ~1e-3 and up).
 TEST(CudaTrainTest, SgdStepsOnTheGpuFollowTheCpuForEveryZeroStageOnOneAndTwoRanks) {
   CHORUS_REQUIRE_CUDA_DEVICE();
-  for (int zero = 0; zero <= 3; ++zero) {
-    Settings s;
-    s.zero = zero;
+  // ZeRO-2/3 accumulating over 2 micro-batches too: each micro-batch's whole gradient reduced
+  // and freed before the next one's backward writes a new one (the reference accumulates on one rank).
+  std::vector<Settings> cases;
+  for (int zero = 0; zero <= 3; ++zero) cases.push_back({.zero = zero});
+  for (int zero = 2; zero <= 3; ++zero) cases.push_back({.zero = zero, .micros = 2});
+  for (const Settings& s : cases) {
     const Steps cpu = train(Device::kCpu, nullptr, s);
     // The steps move the parameters well past the bound below (else the comparison says nothing).
     std::vector<float> initial(cpu.params.size());
@@ -126,7 +140,8 @@ TEST(CudaTrainTest, SgdStepsOnTheGpuFollowTheCpuForEveryZeroStageOnOneAndTwoRank
     for (size_t i = 0; i < initial.size(); ++i) moved = std::max(moved, std::fabs(double(cpu.params[i]) - initial[i]));
     ASSERT_GT(moved, 1e-3) << "the reference's steps hardly moved the parameters";
     for (int ranks : {1, 2}) {
-      SCOPED_TRACE("ZeRO-" + std::to_string(zero) + ", " + std::to_string(ranks) + " rank(s) on the GPU");
+      SCOPED_TRACE("ZeRO-" + std::to_string(s.zero) + ", " + std::to_string(s.micros) + " micro-batch(es), " +
+                   std::to_string(ranks) + " rank(s) on the GPU");
       onDevice(ranks, s, [&](const Steps& gpu) {
         ASSERT_EQ(gpu.losses.size(), cpu.losses.size());
         for (size_t i = 0; i < cpu.losses.size(); ++i) {
@@ -165,6 +180,49 @@ TEST(CudaTrainTest, AdamwWithClippingAndALossScaleOnTwoRanksFollowsTheCpu) {
   });
 }
 
+// The optimizer step during backward on the device (each bucket's step enqueued behind its
+// reduction between backward's kernels) against the step after backward on the device: the same
+// kernels on the same gradients, so the same losses, norms and parameters to the bit. ZeRO 0-3
+// with AdamW on two ranks, ZeRO-2 accumulating two micro-batches (the step behind the last one's
+// reduce-scatter and accumulation), and ZeRO-1 with the optimizer state in host memory (each
+// bucket's step on the host). Every bucket of every step is stepped so, and none without it; with
+// backward slowed after each unit (CHORUS_TRAIN_BACKWARD_DELAY_MS, 5 ms: this small model's
+// backward could otherwise end before a reduction is enqueued, on a busy machine) some steps are
+// enqueued while backward still runs.
+TEST(CudaTrainTest, TheStepDuringBackwardOnTheDeviceIsTheStepAfterItToTheBit) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  std::vector<Settings> cases;
+  for (int zero = 0; zero <= 3; ++zero) cases.push_back({.zero = zero, .optimizer = kernels::Optimizer::kAdamW});
+  cases.push_back({.zero = 2, .optimizer = kernels::Optimizer::kAdamW, .micros = 2});
+  cases.push_back({.zero = 1, .optimizer = kernels::Optimizer::kAdamW, .offload = OffloadTarget::kHost});
+  for (const Settings& after : cases) {
+    SCOPED_TRACE("ZeRO-" + std::to_string(after.zero) + ", " + std::to_string(after.micros) + " micro-batch(es)" +
+                 (after.offload == OffloadTarget::kHost ? ", the state in host memory" : ""));
+    Settings during = after;
+    during.inBackward = true;
+    const auto codes = ::chorus::testing::runProcesses(2, [&](int rank, const chorusUniqueId& id) {
+      try {
+        useDeviceOfRank(Device::kCuda, 0);
+        Communicator comm(UniqueId(id), 2, rank);
+        const Steps want = train(Device::kCuda, &comm, after);
+        setenv("CHORUS_TRAIN_BACKWARD_DELAY_MS", "5", 1);
+        const Steps got = train(Device::kCuda, &comm, during);
+        EXPECT_EQ(got.losses, want.losses);
+        EXPECT_EQ(got.norms, want.norms);
+        EXPECT_TRUE(got.params == want.params) << "the parameters differ after " << kSteps << " steps";
+        EXPECT_EQ(want.overlap.steps, 0);
+        // One reduction per bucket and micro-batch without it; the step's bucket steps are one per bucket.
+        EXPECT_GT(got.overlap.steps, 0);
+        EXPECT_EQ(got.overlap.steps * after.micros, want.overlap.reductions);
+        EXPECT_GT(got.overlap.stepsOverlapped, 0) << "of " << got.overlap.steps << " bucket steps";
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << rank << ": " << e.what();
+      }
+    });
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r << " failed";
+  }
+}
+
 // What runs on the CPU only is refused by name on the device, before anything is sent.
 TEST(CudaTrainTest, WhatTheDeviceDoesNotTakeIsRefusedByName) {
   CHORUS_REQUIRE_CUDA_DEVICE();
@@ -173,12 +231,15 @@ TEST(CudaTrainTest, WhatTheDeviceDoesNotTakeIsRefusedByName) {
     const ParamLayout layout(kConfig);
     DataParallelSettings parallel;
     parallel.device = Device::kCuda;
-    parallel.stepInBackward = true;
+    parallel.zeroStage = 3;
+    parallel.offload.optimizer = OffloadTarget::kFile;
+    parallel.offload.params = OffloadTarget::kFile;
+    parallel.offloadFile = "refused.bin";
     try {
       DataParallel dp(layout, nullptr, parallel, 1);
-      ADD_FAILURE() << "the step during backward was taken on the device";
+      ADD_FAILURE() << "ZeRO-3's parameters in a file were taken on the device";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("the optimizer step during backward"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("ZeRO-3's parameters offloaded to a file"), std::string::npos) << e.what();
     }
   });
   EXPECT_EQ(codes[0], 0);
