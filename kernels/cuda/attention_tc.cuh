@@ -55,7 +55,7 @@ struct Pair {
 constexpr int kTcWarps = 4;
 constexpr int kTcRows = 16 * kTcWarps;
 constexpr int kTcOther = 32;
-static_assert(kTcOther == kWarp, "the forward's online softmax gives each lane one key of the tile");
+static_assert(kTcOther % 2 == 0, "the forward's online softmax gives each of a row's two lanes half the tile");
 
 // True when the tensor-core kernels take a head of hs columns.
 inline bool tensorCoresTake(int hs) { return hs % 16 == 0 && hs <= kMaxAttentionHeadSize; }
@@ -87,21 +87,47 @@ struct Carve {
 __host__ __device__ inline int halfPitch(int cols) { return cols + 8; }
 __host__ __device__ inline int floatPitch(int cols) { return cols + 4; }
 
-// rows x hs 16-bit elements of one head into tile (pitch halfPitch(hs)), zeros past `rows`.
+// rows x hs 16-bit elements of one head into tile (pitch halfPitch(hs)), zeros past `rows`: 16
+// bytes (8 elements) per load where the rows start 16-byte aligned (hs is a multiple of 16, so a
+// tile's rows do), else an element at a time.
 template <typename T>
 __device__ void loadTcTile(T* tile, const T* base, int b, size_t batchRows, int first, int count, int rows, int stride,
                            int hs) {
   const int pitch = halfPitch(hs);
+  if (reinterpret_cast<uintptr_t>(base) % 16 == 0 && stride % 8 == 0) {
+    const int chunks = hs / 8;
+    for (int at = threadIdx.x; at < count * chunks; at += blockDim.x) {
+      const int r = at / chunks, c = (at - r * chunks) * 8;
+      uint4 x{};  // +0 in both 16-bit formats
+      if (first + r < rows) x = *reinterpret_cast<const uint4*>(base + rowAt(b, batchRows, first + r, stride) + c);
+      *reinterpret_cast<uint4*>(tile + r * pitch + c) = x;
+    }
+    return;
+  }
   for (int at = threadIdx.x; at < count * hs; at += blockDim.x) {
     const int r = at / hs, c = at % hs;
     tile[r * pitch + c] = first + r < rows ? base[rowAt(b, batchRows, first + r, stride) + c] : roundTo<T>(0.0f);
   }
 }
-// The same from fp32 rows (dO), rounded to T.
+// The same from fp32 rows (dO), rounded to T: 4 floats per load where aligned.
 template <typename T>
 __device__ void loadTcTileRounded(T* tile, const float* base, int b, size_t batchRows, int first, int count, int rows,
                                   int stride, int hs) {
   const int pitch = halfPitch(hs);
+  if (reinterpret_cast<uintptr_t>(base) % 16 == 0 && stride % 4 == 0) {
+    const int chunks = hs / 4;
+    for (int at = threadIdx.x; at < count * chunks; at += blockDim.x) {
+      const int r = at / chunks, c = (at - r * chunks) * 4;
+      float4 x{0.0f, 0.0f, 0.0f, 0.0f};
+      if (first + r < rows) x = *reinterpret_cast<const float4*>(base + rowAt(b, batchRows, first + r, stride) + c);
+      T* to = tile + r * pitch + c;
+      to[0] = roundTo<T>(x.x);
+      to[1] = roundTo<T>(x.y);
+      to[2] = roundTo<T>(x.z);
+      to[3] = roundTo<T>(x.w);
+    }
+    return;
+  }
   for (int at = threadIdx.x; at < count * hs; at += blockDim.x) {
     const int r = at / hs, c = at % hs;
     tile[r * pitch + c] = roundTo<T>(first + r < rows ? base[rowAt(b, batchRows, first + r, stride) + c] : 0.0f);
@@ -151,7 +177,7 @@ __device__ void addProduct(float* sum, int ldSum, const T* a, int lda, const T* 
 // Shared memory of each kernel, by head size (the host sizes the launch with the same carve).
 struct TcForwardMemory {
   __nv_bfloat16 *q, *k, *v, *p;  // any 16-bit T: the pointers are cast
-  float *s, *o, *rowMax, *rowSum, *carry;
+  float *s, *o, *rowMax, *rowSum;
   size_t bytes;
   __host__ __device__ static TcForwardMemory carve(unsigned char* base, int hs) {
     TcForwardMemory m{};
@@ -164,7 +190,6 @@ struct TcForwardMemory {
     m.o = c.take<float>(base, static_cast<size_t>(kTcRows) * floatPitch(hs));
     m.rowMax = c.take<float>(base, kTcRows);
     m.rowSum = c.take<float>(base, kTcRows);
-    m.carry = c.take<float>(base, kTcRows);
     m.bytes = c.used;
     return m;
   }
@@ -207,27 +232,35 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
     __syncthreads();
     productWithTransposed(s, lds, qs + mine * ldh, ldh, ks, ldh, kTcOther / 16, hs);
     __syncwarp();
-    // The online softmax, a row at a time: lane j holds key first + j.
-    for (int r = 0; r < 16; ++r) {
-      const int row = mine + r, i = firstRow + row;
-      const float score = i >= p.Tq || p.masked(i, first + lane) ? -INFINITY : s[r * lds + lane] * p.scale;
-      const float before = m.rowMax[row];
-      const float newMax = fmaxf(before, warpMax(score));
-      float weight = 0.0f, carry = 1.0f;
-      if (newMax != -INFINITY) {
-        weight = score == -INFINITY ? 0.0f : expf(score - newMax);
-        carry = before == -INFINITY ? 0.0f : expf(before - newMax);
+    // The online softmax: a pair of lanes per row (r = lane / 2), each lane every other key of the
+    // tile (half, half + 2, ...), so a row's maximum and sum are a loop and one shuffle.
+    {
+      const int r = lane >> 1, half = lane & 1, row = mine + r, i = firstRow + row;
+      float score[kTcOther / 2];
+      float tileMax = -INFINITY;
+      for (int j = 0; j < kTcOther / 2; ++j) {
+        const int c = 2 * j + half;
+        score[j] = i >= p.Tq || p.masked(i, first + c) ? -INFINITY : s[r * lds + c] * p.scale;
+        tileMax = fmaxf(tileMax, score[j]);
       }
-      const float total = warpSum(weight);  // every lane has read rowMax before lane 0 writes it
-      pw[r * ldp + lane] = roundTo<T>(weight);
-      if (lane == 0) {
+      tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 1));
+      const float before = m.rowMax[row];
+      const float newMax = fmaxf(before, tileMax);
+      const float carry = newMax == -INFINITY ? 1.0f : before == -INFINITY ? 0.0f : expf(before - newMax);
+      float total = 0.0f;
+      for (int j = 0; j < kTcOther / 2; ++j) {
+        const float weight = newMax == -INFINITY || score[j] == -INFINITY ? 0.0f : expf(score[j] - newMax);
+        pw[r * ldp + 2 * j + half] = roundTo<T>(weight);
+        total += weight;
+      }
+      total += __shfl_xor_sync(0xffffffffu, total, 1);  // both lanes of the row have read rowMax by now
+      if (half == 0) {
         m.rowMax[row] = newMax;
         m.rowSum[row] = m.rowSum[row] * carry + total;
-        m.carry[row] = carry;
       }
+      // The row's output so far, rescaled to the new maximum (the pair's columns interleaved).
+      for (int col = half; col < hs; col += 2) o[r * ldo + col] *= carry;
     }
-    __syncwarp();
-    for (int at = lane; at < 16 * hs; at += kWarp) o[(at / hs) * ldo + at % hs] *= m.carry[mine + at / hs];
     __syncwarp();
     addProduct(o, ldo, pw, ldp, vs, ldh, hs, kTcOther);
   }

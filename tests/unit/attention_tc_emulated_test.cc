@@ -10,6 +10,7 @@
 // The emulation first: the kernels' header is written against it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -76,14 +77,14 @@ void backward(Float16 format, const att::Pair<uint16_t>& p, int batch, int NH, c
 struct Blocks {
   int batch, seq, Tq, C, NH;
   Float16 format;
-  const std::vector<uint16_t>& qkv;
+  const uint16_t* qkv;
 
   int hs() const { return C / NH; }
   att::Pair<uint16_t> pair(int keyRow, bool diagonal) const {
     const int stride = 3 * C, q0 = seq - Tq;
-    return att::Pair<uint16_t>{qkv.data() + static_cast<size_t>(q0) * stride,
-                               qkv.data() + static_cast<size_t>(keyRow) * stride + C,
-                               qkv.data() + static_cast<size_t>(keyRow) * stride + 2 * C,
+    return att::Pair<uint16_t>{qkv + static_cast<size_t>(q0) * stride,
+                               qkv + static_cast<size_t>(keyRow) * stride + C,
+                               qkv + static_cast<size_t>(keyRow) * stride + 2 * C,
                                stride,
                                stride,
                                Tq,
@@ -99,7 +100,7 @@ struct Blocks {
   }
   // out (batch x seq x C, only the query rows written) and dqkv (batch x seq x 3C) from the
   // blocks whose keys start at keyRows (the last of them the diagonal).
-  void run(const std::vector<int>& keyRows, const std::vector<float>& dout, std::vector<float>& out,
+  void run(const std::vector<int>& keyRows, const float* dout, std::vector<float>& out,
            std::vector<float>& dqkv) const {
     const size_t stats = static_cast<size_t>(batch) * NH * Tq;
     std::vector<float> rowMax(stats, -INFINITY), rowSum(stats, 0.0f), lse(stats), delta(stats);
@@ -128,8 +129,8 @@ struct Blocks {
     const int stride = 3 * C;
     for (size_t k = 0; k < keyRows.size(); ++k) {
       float* kv = dqkv.data() + static_cast<size_t>(keyRows[k]) * stride;
-      backward(format, pair(keyRows[k], k + 1 == keyRows.size()), batch, NH, dout.data() + static_cast<size_t>(q0) * C,
-               C, lse.data(), delta.data(), dqkv.data() + static_cast<size_t>(q0) * stride, stride, kv + C, kv + 2 * C,
+      backward(format, pair(keyRows[k], k + 1 == keyRows.size()), batch, NH, dout + static_cast<size_t>(q0) * C, C,
+               lse.data(), delta.data(), dqkv.data() + static_cast<size_t>(q0) * stride, stride, kv + C, kv + 2 * C,
                stride);
     }
   }
@@ -146,7 +147,9 @@ void reference(const std::vector<float>& widened, const std::vector<float>& dout
   attentionBackward(dqkv.data(), scratch.data(), dout.data(), widened.data(), probs.data(), batch, seq, C, NH);
 }
 
-void check(int batch, int seq, int Tq, int C, int NH, const std::vector<int>& keyRows) {
+// shift: q, k, v and dO start that many elements into their buffers (1: not 16-byte aligned, so
+// the kernels load their tiles an element at a time).
+void check(int batch, int seq, int Tq, int C, int NH, const std::vector<int>& keyRows, int shift = 0) {
   const auto values = ::chorus::testing::randomFloats(static_cast<size_t>(batch) * seq * 3 * C, 40 + seq);
   auto dout = ::chorus::testing::randomFloats(static_cast<size_t>(batch) * seq * C, 41 + seq);
   for (int b = 0; b < batch; ++b) {  // only the last Tq rows of each sequence are queries
@@ -155,14 +158,19 @@ void check(int batch, int seq, int Tq, int C, int NH, const std::vector<int>& ke
   }
   for (const Float16 format : {Float16::kBf16, Float16::kFp16}) {
     SCOPED_TRACE(::testing::Message() << float16Name(format) << ", batch " << batch << ", " << seq << " rows, " << Tq
-                                      << " queries, head size " << C / NH);
+                                      << " queries, head size " << C / NH << ", shifted by " << shift);
     std::vector<uint16_t> qkv(values.size());
     std::vector<float> widened(values.size());
     toFloat16(format, values.data(), qkv.data(), values.size());
     fromFloat16(format, qkv.data(), widened.data(), values.size());
     std::vector<float> wantOut, wantGrad, gotOut, gotGrad;
     reference(widened, dout, batch, seq, C, NH, wantOut, wantGrad);
-    Blocks{batch, seq, Tq, C, NH, format, qkv}.run(keyRows, dout, gotOut, gotGrad);
+    std::vector<uint16_t> qkvShifted(shift + qkv.size());
+    std::vector<float> doutShifted(shift + dout.size());
+    std::copy(qkv.begin(), qkv.end(), qkvShifted.begin() + shift);
+    std::copy(dout.begin(), dout.end(), doutShifted.begin() + shift);
+    Blocks{batch, seq, Tq, C, NH, format, qkvShifted.data() + shift}.run(keyRows, doutShifted.data() + shift, gotOut,
+                                                                         gotGrad);
     for (int b = 0; b < batch; ++b) {  // the rows that are no queries: out is not theirs
       std::fill(wantOut.begin() + static_cast<size_t>(b) * seq * C,
                 wantOut.begin() + (static_cast<size_t>(b) * seq + seq - Tq) * C, 0.0f);
@@ -187,6 +195,9 @@ TEST(TensorCoreAttentionEmulated, WholeAttentionFollowsTheCpu) {
 // Ring attention's blocks: two sequences of two chunks in one call, the second chunk's queries
 // against the first chunk's keys (no mask) and then their own (the diagonal).
 TEST(TensorCoreAttentionEmulated, RingBlocksFollowTheCpu) { check(2, 42, 21, 64, 2, {0, 21}); }
+
+// Rows that do not start 16-byte aligned: the tiles loaded an element at a time.
+TEST(TensorCoreAttentionEmulated, UnalignedRowsFollowTheCpu) { check(1, 45, 45, 64, 2, {0}, 1); }
 
 // Every head size the tensor-core kernels take (multiples of 16 up to kMaxAttentionHeadSize): each
 // kernel's shared memory within what cudaFuncSetAttribute may raise a kernel's to.
