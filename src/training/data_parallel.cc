@@ -121,12 +121,6 @@ DataParallel::DataParallel(const ParamLayout& layout, Communicator* comm, const 
                             "optimizer state offloaded to the file too",
                             stage_, offloadTargetName(settings.offload.optimizer)));
   }
-  if (onDevice() && paramsInFile) {
-    throw Error(chorusInvalidArgument,
-                fmt::format("data parallel on {}: ZeRO-3's parameters offloaded to a file are not supported on a "
-                            "device yet (they are on the CPU)",
-                            backend_->describe()));
-  }
   // The optimizer state offloaded from a device: the step runs on the host beside it.
   if (onDevice() && settings.offload.optimizer != OffloadTarget::kNone) hostStepper_ = makeBackend(Device::kCpu);
   params_ = Buffer<float>(*backend_, paramsInFile ? 0 : stage_ == 3 ? shardTotal_ : fullTotal_);
@@ -311,7 +305,12 @@ void DataParallel::startGather(Bucket& b) {
   CommWorker* worker = groupOf(b).worker.get();
   const size_t count = b.shard, from = b.shardOffset;
   if (!worker) {
-    if (stateParams_ >= 0) {
+    if (stateParams_ >= 0 && onDevice()) {
+      b.gatherSource.assign(count, 0.0f);
+      state_->read(stateParams_, from, count, b.gatherSource.data());
+      backend_->fromHost(b.gathered.data(), b.gatherSource.data(), count * sizeof(float));
+      std::vector<float>().swap(b.gatherSource);
+    } else if (stateParams_ >= 0) {
       state_->read(stateParams_, from, count, b.gathered.data());
     } else {
       backend_->copy(b.gathered.data(), params_.data() + from, count * sizeof(float));
@@ -321,6 +320,17 @@ void DataParallel::startGather(Bucket& b) {
   float* out = b.gathered.data();
   if (onDevice()) {  // after the step that wrote the shard, on the communication queue
     const float* shard = params_.data() + from;
+    if (stateParams_ >= 0) {
+      // The shard in a file: read here and copied up on the compute queue (the communication
+      // thread's collectives take device memory only), gathered from there.
+      b.gatherSource.assign(count, 0.0f);
+      state_->read(stateParams_, from, count, b.gatherSource.data());
+      b.gatherShard = Buffer<float>(*backend_, count);
+      trackTransient(static_cast<long>(count * sizeof(float)));
+      backend_->fromHost(b.gatherShard.data(), b.gatherSource.data(), count * sizeof(float));
+      std::vector<float>().swap(b.gatherSource);
+      shard = b.gatherShard.data();
+    }
     b.gather = worker->submit(deviceTask(b, backend_->mark(Backend::Queue::kCompute), &b.gatheredMark,
                                          [shard, out, count](Communicator& c, chorusStream_t stream) {
                                            c.allGather(std::span<const float>(shard, count),
@@ -352,6 +362,10 @@ void DataParallel::waitGather(Bucket& b) {
 void DataParallel::finishGather(Bucket& b) {
   if (b.gather.valid()) b.gather.get();
   if (b.gatheredMark) backend_->wait(Backend::Queue::kCompute, std::exchange(b.gatheredMark, nullptr));
+  if (!b.gatherShard.empty()) {  // released behind the gather (the compute queue waits for its mark)
+    trackTransient(-static_cast<long>(b.gatherShard.size() * sizeof(float)));
+    b.gatherShard = {};
+  }
   if (!b.gatherSource.empty()) {
     trackTransient(-static_cast<long>(b.gatherSource.size() * sizeof(float)));
     std::vector<float>().swap(b.gatherSource);
@@ -700,14 +714,18 @@ void DataParallel::stepBucket(const Bucket& b, const kernels::OptimizerSettings&
   const Own own = ownOf(b);
   float* params = params_.data() + own.p;
   const float* grads = grads_.data() + own.g;
+  // (ZeRO-3's parameters in a file are in the state's runs, on the host already.)
+  const bool paramsOver = hostStepper_ && stateParams_ < 0;
   if (hostStepper_) {
     const size_t count = own.hi - own.lo;
-    stagedParams_.resize(count);
     stagedGrads_.resize(count);
-    backend_->toHost(stagedParams_.data(), params, count * sizeof(float));
     backend_->toHost(stagedGrads_.data(), grads, count * sizeof(float));
-    params = stagedParams_.data();
     grads = stagedGrads_.data();
+  }
+  if (paramsOver) {
+    stagedParams_.resize(stagedGrads_.size());
+    backend_->toHost(stagedParams_.data(), params, stagedParams_.size() * sizeof(float));
+    params = stagedParams_.data();
   }
   eachTensorPart(b, [&](const ParamTensor& t, const Own& o, size_t d, size_t n) {
     auto s = optimizer;
@@ -725,7 +743,7 @@ void DataParallel::stepBucket(const Bucket& b, const kernels::OptimizerSettings&
       done += k;
     }
   });
-  if (hostStepper_)
+  if (paramsOver)
     backend_->fromHost(params_.data() + own.p, stagedParams_.data(), stagedParams_.size() * sizeof(float));
 }
 

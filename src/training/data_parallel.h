@@ -106,9 +106,9 @@ struct DataParallelSettings {
   // pipeline's tied embedding (tiedSum then gets device memory), the experts' own group, local
   // steps (the anchor and DiLoCo's outer state on the device too), and the optimizer state
   // offloaded to host memory or a file (the step then runs on the host: each bucket's own
-  // parameters and gradients come over, the parameters go back), and compression (each bucket
-  // through the host, where the compressors work), and the step during backward; the rest above
-  // (ZeRO-3's parameters in a file) is refused by name.
+  // parameters and gradients come over, the parameters go back; ZeRO-3's parameters in the file
+  // are read and copied up for each gather), compression (each bucket through the host, where the
+  // compressors work), and the step during backward: everything above.
   Device device = Device::kCpu;
 };
 
@@ -229,6 +229,7 @@ class DataParallel : public UnitAccess {
     Buffer<float> transientGrad;      // ZeRO-2/3: the bucket's whole gradient during backward
     Buffer<float> gathered;           // ZeRO-3: the bucket's whole parameters while in use
     std::vector<float> gatherSource;  // ZeRO-3 with parameters in a file: this rank's shard, read for the gather
+    Buffer<float> gatherShard;        // the same on a device: the shard copied up for the gather
     Buffer<uint16_t> half;            // reduceBf16: the gradient in bf16 while it is reduced
     std::future<void> reduction, gather;
     // On a device: where the communication queue's reduction and gather end, and what follows the

@@ -423,14 +423,6 @@ Job loadJob(const std::string& path, const std::vector<std::string>& overrides) 
   if (job.profile && job.device == "cpu") {
     throw fail("[run] profile = true times a device's calls: it needs device = \"cuda\" (on the CPU, use perf)");
   }
-  if (job.device != "cpu") {
-    // What runs on the CPU only so far, named by its key.
-    if (offload.params != OffloadTarget::kNone) {
-      throw fail(fmt::format(
-          "[run] device = \"{}\" with [offload] params = \"{}\": that runs on the CPU only so far (device = \"cpu\")",
-          job.device, job.offloadParams));
-    }
-  }
   if (!(job.optimizer.lr > 0)) throw fail("[optimizer] lr must be positive");
   if (optimizer == "adamw") {
     job.optimizer.kind = kernels::Optimizer::kAdamW;

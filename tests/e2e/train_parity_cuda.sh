@@ -2,11 +2,11 @@
 # model) for 10 steps on one GPU, its layouts on 2 ranks sharing that GPU (data parallelism, every
 # ZeRO stage, ZeRO-2 and 3 accumulating over micro-batches too, tensor parallelism with and without
 # sequence parallelism, context parallelism, a pipeline of 2 stages, 1F1B and interleaved, the
-# optimizer state offloaded to host memory and to a file, the step during backward) and a pipeline
-# of 3 stages on 3, one rank with bf16 compute, ZeRO-2 with gradients reduced in bf16, MoE blocks
-# (alone and with 2 expert-parallel ranks, exchanging in one chunk and in two), DiLoCo and PowerSGD
-# on 2 ranks, each against the same job on the CPU (one rank; the same layout for the bf16
-# reduction, expert parallelism, DiLoCo and PowerSGD).
+# optimizer state offloaded to host memory and to a file, ZeRO-3's parameters in the file too, the
+# step during backward) and a pipeline of 3 stages on 3, one rank with bf16 compute, ZeRO-2 with
+# gradients reduced in bf16, MoE blocks (alone and with 2 expert-parallel ranks, exchanging in one
+# chunk and in two), DiLoCo and PowerSGD on 2 ranks, each against the same job on the CPU (one
+# rank; the same layout for the bf16 reduction, expert parallelism, DiLoCo and PowerSGD).
 # The GPU sums in other orders than the CPU, so the runs agree to rounding, not to the bit: each
 # step's loss and gradient norm within 1e-3 relative of the CPU's (fp32; bf16: the loss within 2e-2),
 # and under SGD (where a parameter moves as far as its gradient says) the final parameters within
@@ -91,6 +91,9 @@ run powersgd --ranks 2 --set batch.micro=4 --compress powersgd:4 "${cuda[@]}"
 run diloco_bf16 --ranks 2 --set batch.micro=4 "${diloco[@]}" --compress bf16 "${cuda[@]}"
 run zero1_offload --ranks 2 --zero 1 --set batch.micro=4 --offload host "${cuda[@]}"
 run zero2_offload_file --ranks 2 --zero 2 --set batch.micro=4 --offload file --set offload.window_mb=0.05 "${cuda[@]}"
+# ZeRO-3 with its parameter shard in the file too: each gather reads the shard and copies it up.
+run sgd_zero3_params_file --ranks 2 --zero 3 --set batch.micro=4 "${sgd[@]}" --offload file \
+  --set offload.window_mb=0.05 --set 'offload.params="file"' "${cuda[@]}"
 wait "$refs" || { cat "$work/cpu_refs.log"; fail "the CPU references"; }
 /usr/bin/env python3 - "$work" "$steps" "$(dirname "$0")" <<'PY'
 import csv, json, struct, sys
@@ -125,7 +128,7 @@ for name in ["one", "dp2", "zero1", "zero2", "zero3", "zero2_accum", "zero3_accu
     matches(name, "cpu_one")
 for name in ["cp2", "pp2", "pp2_interleaved", "pp3"]:
     matches(name, "cpu_one_l4")
-for name in ["sgd_zero2", "sgd_zero3", "sgd_zero2_ib"]:
+for name in ["sgd_zero2", "sgd_zero3", "sgd_zero2_ib", "sgd_zero3_params_file"]:
     matches(name, "cpu_sgd", param_bound=1e-3)
 # The step during backward takes the step after backward's arithmetic on the device: the same
 # losses, norms and final parameters to the bit; every bucket of every step stepped so, some while
