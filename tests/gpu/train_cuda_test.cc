@@ -4,9 +4,11 @@
 // memory and the gradients reduced by chorus's device collectives on the backend's communication
 // stream. The reference is one CPU rank taking the whole global batch: two ranks that each take
 // half of it and average their gradients take the same steps. SGD with momentum keeps the
-// parameters' difference as small as the gradients' (bounded below); AdamW with clipping and a
-// loss scale is checked by its losses and gradient norms. Skipped (with the reason) without a
-// device. The test process itself never touches CUDA (the ranks are forked from it).
+// parameters' difference as small as the gradients' (bounded below; ZeRO-2/3 accumulating
+// micro-batches, and ZeRO-3 with its parameters in a file, too); AdamW with clipping and a loss
+// scale is checked by its losses and gradient norms; the optimizer step during backward by the
+// step after it, to the bit. Skipped (with the reason) without a device. The test process itself
+// never touches CUDA (the ranks are forked from it).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
