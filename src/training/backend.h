@@ -171,9 +171,14 @@ class Backend {
   // A point in a queue: the work enqueued on it before mark() was called.
   using Mark = std::shared_ptr<void>;
   // The queue's stream (lane < kCommLanes; kCompute has one), for chorus's collectives on device
-  // buffers (a cudaStream_t; null on the CPU). These three may be called from any thread.
+  // buffers (a cudaStream_t; null on the CPU). These four may be called from any thread.
   virtual void* stream(Queue /*queue*/, int /*lane*/ = 0) { return nullptr; }
   virtual Mark mark(Queue /*queue*/, int /*lane*/ = 0) { return {}; }
+  // bytes of host memory to dst on the queue's stream, after the work enqueued there before it;
+  // the host bytes may be reused once it returns (on the CPU: a copy, done).
+  virtual void fromHostOn(Queue /*queue*/, void* dst, const void* host, size_t bytes, int /*lane*/ = 0) {
+    fromHost(dst, host, bytes);
+  }
   // Work enqueued on the queue after this call waits for the mark (an empty mark: for nothing).
   virtual void wait(Queue /*queue*/, const Mark& /*mark*/, int /*lane*/ = 0) {}
   // Whether the device has run the work before the mark (without waiting; an empty mark: true).

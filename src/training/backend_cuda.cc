@@ -360,6 +360,13 @@ class CudaBackend final : public Backend {
     check(cudaEventRecord(event, static_cast<cudaStream_t>(stream(queue, lane))), "cudaEventRecord");
     return mark;
   }
+  void fromHostOn(Queue queue, void* dst, const void* host, size_t bytes, int lane) override {
+    // From pageable memory the call returns once the bytes are staged: host may be reused then.
+    if (bytes > 0) {
+      check(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream(queue, lane))),
+            "cudaMemcpyAsync from the host");
+    }
+  }
   void wait(Queue queue, const Mark& mark, int lane) override {
     if (mark == nullptr) return;
     check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream(queue, lane)), static_cast<cudaEvent_t>(mark.get()), 0),

@@ -286,9 +286,11 @@ int DataParallel::nextInOrder() const {
   return orderAt_ < end ? order_[orderAt_] : -1;
 }
 
+int DataParallel::laneOf(const Bucket& b) { return b.group == kDense ? Backend::kDenseLane : Backend::kExpertDataLane; }
+
 CommWorker::Task DataParallel::deviceTask(const Bucket& b, Backend::Mark ready, Backend::Mark* done,
                                           std::function<void(Communicator&, chorusStream_t)> call) {
-  const int lane = b.group == kDense ? Backend::kDenseLane : Backend::kExpertDataLane;
+  const int lane = laneOf(b);
   return
       [this, lane, ready = std::move(ready), done, call = std::move(call)](Communicator& c) -> std::optional<Request> {
         backend_->wait(Backend::Queue::kComm, ready, lane);
@@ -318,19 +320,26 @@ void DataParallel::startGather(Bucket& b) {
     return;
   }
   float* out = b.gathered.data();
+  if (onDevice() && stateParams_ >= 0) {
+    // The shard in a file: the communication thread reads it, copies it up on its own stream (the
+    // device collectives take device memory only) and gathers from there, while backward goes on.
+    b.gatherSource.assign(count, 0.0f);
+    b.gatherShard = Buffer<float>(*backend_, count);
+    trackTransient(static_cast<long>(2 * count * sizeof(float)));
+    float *host = b.gatherSource.data(), *shard = b.gatherShard.data();
+    const StateStore* store = state_.get();
+    b.gather = worker->submit(
+        deviceTask(b, backend_->mark(Backend::Queue::kCompute), &b.gatheredMark,
+                   [this, store, array = stateParams_, from, count, host, shard, out, lane = laneOf(b)](
+                       Communicator& c, chorusStream_t stream) {
+                     store->read(array, from, count, host);
+                     backend_->fromHostOn(Backend::Queue::kComm, shard, host, count * sizeof(float), lane);
+                     c.allGather(std::span<const float>(shard, count), std::span<float>(out, count * c.size()), stream);
+                   }));
+    return;
+  }
   if (onDevice()) {  // after the step that wrote the shard, on the communication queue
     const float* shard = params_.data() + from;
-    if (stateParams_ >= 0) {
-      // The shard in a file: read here and copied up on the compute queue (the communication
-      // thread's collectives take device memory only), gathered from there.
-      b.gatherSource.assign(count, 0.0f);
-      state_->read(stateParams_, from, count, b.gatherSource.data());
-      b.gatherShard = Buffer<float>(*backend_, count);
-      trackTransient(static_cast<long>(count * sizeof(float)));
-      backend_->fromHost(b.gatherShard.data(), b.gatherSource.data(), count * sizeof(float));
-      std::vector<float>().swap(b.gatherSource);
-      shard = b.gatherShard.data();
-    }
     b.gather = worker->submit(deviceTask(b, backend_->mark(Backend::Queue::kCompute), &b.gatheredMark,
                                          [shard, out, count](Communicator& c, chorusStream_t stream) {
                                            c.allGather(std::span<const float>(shard, count),

@@ -284,6 +284,8 @@ class DataParallel : public UnitAccess {
   // training thread); the step thread's loop.
   void bucketReady(size_t i);
   void stepInOrder();
+  // The communication lane of bucket b's collectives on a device.
+  static int laneOf(const Bucket& b);
   // The armed step of bucket b (counted, with whether backward was still running).
   void stepArmed(const Bucket& b);
   // On a device, from the training thread: the armed step's next buckets, in order, whose
