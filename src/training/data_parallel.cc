@@ -307,11 +307,10 @@ void DataParallel::startGather(Bucket& b) {
   CommWorker* worker = groupOf(b).worker.get();
   const size_t count = b.shard, from = b.shardOffset;
   if (!worker) {
-    if (stateParams_ >= 0 && onDevice()) {
-      b.gatherSource.assign(count, 0.0f);
-      state_->read(stateParams_, from, count, b.gatherSource.data());
-      backend_->fromHost(b.gathered.data(), b.gatherSource.data(), count * sizeof(float));
-      std::vector<float>().swap(b.gatherSource);
+    if (stateParams_ >= 0 && onDevice()) {  // read on the host, copied up
+      std::vector<float> shard(count);
+      state_->read(stateParams_, from, count, shard.data());
+      backend_->fromHost(b.gathered.data(), shard.data(), count * sizeof(float));
     } else if (stateParams_ >= 0) {
       state_->read(stateParams_, from, count, b.gathered.data());
     } else {
@@ -453,8 +452,9 @@ void DataParallel::reduceBucket(Bucket& b) {
   // stepInBackward: the step's last reduction of the bucket tells the step thread when it is done.
   const size_t index = static_cast<size_t>(&b - buckets_.data());
   // On a device the training thread enqueues the steps itself (stepEnqueued): the bucket is marked here.
-  const bool tell = armed_.has_value() && lastMicro_ && !onDevice();
-  if (armed_ && lastMicro_ && onDevice()) armed_->ready[index] = 1;
+  const bool armedNow = armed_.has_value() && lastMicro_;
+  const bool tell = armedNow && !onDevice();
+  if (armedNow && onDevice()) armed_->ready[index] = 1;
   auto ready = [this, index, tell] {
     if (tell) bucketReady(index);
   };
