@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #endif
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/block.cuh"
@@ -259,27 +260,68 @@ __global__ void combineBackwardKernel(float* dy, float* dgate, const float* dout
 }
 
 // ---- SwiGLU ----
+// Row i of inp holds a (its first h) then b (the next h). Block (x, y) takes columns [x threads,
+// (x + 1) threads) of rows y, y + gridDim.y, ..., 16 bytes at a time where the rows allow (byQuads:
+// h a multiple of 4 and every buffer aligned), else a float at a time: no division per element
+// (the grid-stride form divided a 64-bit index by h for each, at 41% of an H200's memory peak).
 
-__global__ void swigluForwardKernel(float* out, const float* inp, int n, int h) {
-  const size_t count = static_cast<size_t>(n) * h;
-  for (size_t at = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; at < count;
-       at += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const size_t i = at / h, c = at % h;
-    const float a = inp[i * 2 * h + c], b = inp[i * 2 * h + h + c];
-    out[at] = a / (1.0f + expf(-a)) * b;
+constexpr int kSwigluThreads = 128;  // a GPT-2 expert's 1536 columns: 3 blocks of quads a row
+constexpr int kMaxGridRows = 65535;  // gridDim.y's limit
+
+struct SwigluForward {
+  __device__ float operator()(float a, float b) const { return a / (1.0f + expf(-a)) * b; }
+};
+// The gradients added into da and db.
+struct SwigluGradA {
+  __device__ float operator()(float da, float a, float b, float dout) const {
+    const float s = 1.0f / (1.0f + expf(-a));
+    return da + dout * b * s * (1.0f + a * (1.0f - s));
+  }
+};
+struct SwigluGradB {
+  __device__ float operator()(float db, float a, float dout) const {
+    const float s = 1.0f / (1.0f + expf(-a));
+    return db + dout * (a * s);
+  }
+};
+
+__global__ void swigluForwardKernel(float* out, const float* inp, int n, int h, bool byQuads) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= (byQuads ? h / 4 : h)) return;
+  for (int i = blockIdx.y; i < n; i += gridDim.y) {
+    const float* a = inp + 2 * static_cast<size_t>(i) * h;
+    const float* b = a + h;
+    float* o = out + static_cast<size_t>(i) * h;
+    if (byQuads) {
+      storeQuad(o, c, lanes(SwigluForward{}, quadAt(a, c), quadAt(b, c)));
+    } else {
+      o[c] = SwigluForward{}(a[c], b[c]);
+    }
   }
 }
 
-__global__ void swigluBackwardKernel(float* dinp, const float* inp, const float* dout, int n, int h) {
-  const size_t count = static_cast<size_t>(n) * h;
-  for (size_t at = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; at < count;
-       at += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const size_t i = at / h, c = at % h;
-    const float a = inp[i * 2 * h + c], b = inp[i * 2 * h + h + c];
-    const float s = 1.0f / (1.0f + expf(-a));
-    dinp[i * 2 * h + c] += dout[at] * b * s * (1.0f + a * (1.0f - s));
-    dinp[i * 2 * h + h + c] += dout[at] * (a * s);
+__global__ void swigluBackwardKernel(float* dinp, const float* inp, const float* dout, int n, int h, bool byQuads) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= (byQuads ? h / 4 : h)) return;
+  for (int i = blockIdx.y; i < n; i += gridDim.y) {
+    const size_t row = 2 * static_cast<size_t>(i) * h;
+    const float *a = inp + row, *b = a + h, *d = dout + static_cast<size_t>(i) * h;
+    float *da = dinp + row, *db = da + h;
+    if (byQuads) {
+      const float4 aq = quadAt(a, c), bq = quadAt(b, c), dq = quadAt(d, c);
+      storeQuad(da, c, lanes(SwigluGradA{}, quadAt(da, c), aq, bq, dq));
+      storeQuad(db, c, lanes(SwigluGradB{}, quadAt(db, c), aq, dq));
+    } else {
+      da[c] = SwigluGradA{}(da[c], a[c], b[c], d[c]);
+      db[c] = SwigluGradB{}(db[c], a[c], d[c]);
+    }
   }
+}
+
+// The grid of either kernel: blocks across a row's columns (quads where byQuads), and down the rows.
+dim3 swigluGrid(int n, int h, bool byQuads) {
+  const int width = byQuads ? h / 4 : h;
+  return dim3((width + kSwigluThreads - 1) / kSwigluThreads, std::min(n, kMaxGridRows));
 }
 
 }  // namespace
@@ -354,15 +396,17 @@ int moeCombineBackward(float* dy, float* dgate, const float* dout, const float* 
 
 int swigluForward(float* out, const float* inp, int n, int h, void* stream) {
   if (n == 0 || h == 0) return 0;
-  CHORUS_LAUNCH(swigluForwardKernel, blocksFor(static_cast<size_t>(n) * h), kThreads, 0, asStream(stream), out, inp, n,
-                h);
+  const bool byQuads = rowsByQuads(h, {out, inp});
+  CHORUS_LAUNCH(swigluForwardKernel, swigluGrid(n, h, byQuads), kSwigluThreads, 0, asStream(stream), out, inp, n, h,
+                byQuads);
   return launched();
 }
 
 int swigluBackward(float* dinp, const float* inp, const float* dout, int n, int h, void* stream) {
   if (n == 0 || h == 0) return 0;
-  CHORUS_LAUNCH(swigluBackwardKernel, blocksFor(static_cast<size_t>(n) * h), kThreads, 0, asStream(stream), dinp, inp,
-                dout, n, h);
+  const bool byQuads = rowsByQuads(h, {dinp, inp, dout});
+  CHORUS_LAUNCH(swigluBackwardKernel, swigluGrid(n, h, byQuads), kSwigluThreads, 0, asStream(stream), dinp, inp, dout,
+                n, h, byQuads);
   return launched();
 }
 

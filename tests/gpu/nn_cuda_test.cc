@@ -112,7 +112,11 @@ TEST(CudaNnTest, EmbeddingsForwardAndBackward) {
 
 TEST(CudaNnTest, LayernormForwardAndBackward) {
   CHORUS_REQUIRE_CUDA_DEVICE();
-  for (const auto& [n, c] : std::vector<std::pair<int, int>>{{1, 7}, {37, 96}, {300, 768}}) {
+  // Rows of any width (7); in registers, a quad a lane (96), 6 of 6 (768), 5 or 6 of 6 (700), 7 or
+  // 8 of 8 (1000), 12 or 13 of 16 (1540: the forward's largest size; wider than the backward's 8);
+  // wider than either keeps there (2600).
+  for (const auto& [n, c] :
+       std::vector<std::pair<int, int>>{{1, 7}, {37, 96}, {300, 768}, {23, 700}, {45, 1000}, {19, 1540}, {5, 2600}}) {
     const size_t count = static_cast<size_t>(n) * c;
     auto inp = randomVector(count, 7, 2.0f);
     for (size_t i = 0; i < count; ++i) inp[i] += 0.5f;  // a mean to remove
@@ -217,9 +221,13 @@ TEST(CudaNnTest, GeluResidualRowsScaleFillAndColumnSums) {
 
 TEST(CudaNnTest, CrossEntropyWholeAndVocabParallel) {
   CHORUS_REQUIRE_CUDA_DEVICE();
+  // An odd width: rows start at every 16-byte alignment. Row 1 starts with masked logits (-inf),
+  // the first values some threads see.
   const int n = 37, V = 1001, split = 400;
-  const auto logits = randomVector(static_cast<size_t>(n) * V, 22, 4.0f);
-  const auto targets = randomTokens(n, V, 23);
+  auto logits = randomVector(static_cast<size_t>(n) * V, 22, 4.0f);
+  std::fill_n(logits.begin() + V, 8, -std::numeric_limits<float>::infinity());
+  auto targets = randomTokens(n, V, 23);
+  targets[1] = V / 2;  // a target not masked
   std::vector<float> probs(logits.size()), losses(n), dlogits(logits.size());
   crossEntropyForward(probs.data(), losses.data(), logits.data(), targets.data(), n, V);
   crossEntropyBackward(dlogits.data(), probs.data(), targets.data(), n, V, 1.0f / n);
@@ -231,6 +239,16 @@ TEST(CudaNnTest, CrossEntropyWholeAndVocabParallel) {
   expectNear(dProbs.read(), probs, 1e-5, "probabilities");
   expectNear(dLosses.read(), losses, 1e-5, "losses");
   expectNear(dD.read(), dlogits, 1e-5, "dlogits");
+  // Probabilities and gradients a float out of step with the logits' alignment (a float at a time).
+  DeviceBuffer<float> dProbsShifted(logits.size() + 1), dDShifted(logits.size() + 1);
+  CUDA_OK(cuda::crossEntropyForward(dProbsShifted.data + 1, dLosses.data, dLogits.data, dTargets.data, n, V, nullptr));
+  CUDA_OK(cuda::crossEntropyBackward(dDShifted.data + 1, dProbsShifted.data + 1, dTargets.data, n, V, 1.0f / n, 0,
+                                     nullptr));
+  sync();
+  auto shiftedProbs = dProbsShifted.read(), shiftedD = dDShifted.read();
+  expectNear({shiftedProbs.begin() + 1, shiftedProbs.end()}, probs, 1e-5, "probabilities out of step");
+  expectNear(dLosses.read(), losses, 1e-5, "losses, probabilities out of step");
+  expectNear({shiftedD.begin() + 1, shiftedD.end()}, dlogits, 1e-5, "dlogits out of step");
 
   // Two vocabulary shards [0, split) and [split, V): the per-row values combined on the host as the
   // ranks' all-reduces would, then each shard's loss pass; the losses are the whole ones.
@@ -595,7 +613,7 @@ TEST(CudaNnTest, RouterChoosesAsTheReference) {
 
 TEST(CudaNnTest, DispatchCombineAndSwiglu) {
   CHORUS_REQUIRE_CUDA_DEVICE();
-  const int n = 200, E = 4, k = 2, h = 150;
+  const int n = 200, E = 4, k = 2;
   const auto probs0 = randomVector(static_cast<size_t>(n) * E, 62);
   std::vector<float> probs(probs0.size()), lse(n);
   routerSoftmax(probs.data(), lse.data(), probs0.data(), n, E);
@@ -631,18 +649,21 @@ TEST(CudaNnTest, DispatchCombineAndSwiglu) {
     expectNear(dDgate.read(), dgate, 1e-6, "gates' gradient");
   }
 
-  const auto inp = randomVector(static_cast<size_t>(n) * 2 * h, 68, 2.0f),
-             dact = randomVector(static_cast<size_t>(n) * h, 69);
-  const auto dinp0 = randomVector(inp.size(), 70);
-  std::vector<float> act(static_cast<size_t>(n) * h), dinp = dinp0;
-  swigluForward(act.data(), inp.data(), n, h);
-  swigluBackward(dinp.data(), inp.data(), dact.data(), n, h);
-  DeviceBuffer<float> dInp(inp), dAct(act.size()), dDact(dact), dDinp(dinp0);
-  CUDA_OK(cuda::swigluForward(dAct.data, dInp.data, n, h, nullptr));
-  CUDA_OK(cuda::swigluBackward(dDinp.data, dInp.data, dDact.data, n, h, nullptr));
-  sync();
-  expectNear(dAct.read(), act, 1e-5, "swiglu");
-  expectNear(dDinp.read(), dinp, 1e-5, "swiglu backward");
+  // Rows of 152 go 16 bytes at a time on the GPU, rows of 150 a float at a time.
+  for (const int h : {152, 150}) {
+    const auto inp = randomVector(static_cast<size_t>(n) * 2 * h, 68, 2.0f),
+               dact = randomVector(static_cast<size_t>(n) * h, 69);
+    const auto dinp0 = randomVector(inp.size(), 70);
+    std::vector<float> act(static_cast<size_t>(n) * h), dinp = dinp0;
+    swigluForward(act.data(), inp.data(), n, h);
+    swigluBackward(dinp.data(), inp.data(), dact.data(), n, h);
+    DeviceBuffer<float> dInp(inp), dAct(act.size()), dDact(dact), dDinp(dinp0);
+    CUDA_OK(cuda::swigluForward(dAct.data, dInp.data, n, h, nullptr));
+    CUDA_OK(cuda::swigluBackward(dDinp.data, dInp.data, dDact.data, n, h, nullptr));
+    sync();
+    expectNear(dAct.read(), act, 1e-5, "swiglu, h " + std::to_string(h));
+    expectNear(dDinp.read(), dinp, 1e-5, "swiglu backward, h " + std::to_string(h));
+  }
 }
 
 }  // namespace
