@@ -457,17 +457,12 @@ __device__ __forceinline__ RowSplit splitRow(const float* x, const float* y, int
 }
 
 // scalar(j) for the row's single elements and quad(j) for its groups of four (j the first's
-// index: x + j aligned), this thread's share of them.
+// index: x + j aligned, so quadAt(x + j, 0) loads them), this thread's share of them.
 template <typename Scalar, typename Quad>
 __device__ __forceinline__ void forRow(RowSplit split, int v, Scalar scalar, Quad quad) {
   for (int j = threadIdx.x; j < split.head; j += blockDim.x) scalar(j);
   for (int q = threadIdx.x; q < split.quads; q += blockDim.x) quad(split.head + 4 * q);
   for (int j = split.head + 4 * split.quads + threadIdx.x; j < v; j += blockDim.x) scalar(j);
-}
-
-__device__ __forceinline__ float4 quadFrom(const float* x, int j) { return *reinterpret_cast<const float4*>(x + j); }
-__device__ __forceinline__ void storeQuadAt(float* x, int j, float4 value) {
-  *reinterpret_cast<float4*>(x + j) = value;
 }
 
 // The three passes over one row x(v), each over the whole block; every kernel below is made of them
@@ -478,7 +473,7 @@ __device__ float rowMaxOf(const float* x, int v) {
   forRow(
       splitRow(x, x, v), v, [&](int j) { m = fmaxf(m, x[j]); },
       [&](int j) {
-        const float4 q = quadFrom(x, j);
+        const float4 q = quadAt(x + j, 0);
         m = fmaxf(m, fmaxf(fmaxf(q.x, q.y), fmaxf(q.z, q.w)));
       });
   return blockReduce(m, Max{});
@@ -494,8 +489,8 @@ __device__ float rowExp(float* p, const float* x, float maxv, int v) {
         sum += p[j];
       },
       [&](int j) {
-        const float4 e = lanes(shifted, quadFrom(x, j));
-        storeQuadAt(p, j, e);
+        const float4 e = lanes(shifted, quadAt(x + j, 0));
+        storeQuad(p + j, 0, e);
         sum += e.x + e.y + e.z + e.w;
       });
   return blockReduce(sum, Add{});
@@ -507,7 +502,7 @@ __device__ float rowLoss(float* p, float sum, float maxv, float targetLogit, int
   auto scaled = [inv](float pj) { return pj * inv; };
   forRow(
       splitRow(p, p, v), v, [&](int j) { p[j] = scaled(p[j]); },
-      [&](int j) { storeQuadAt(p, j, lanes(scaled, quadFrom(p, j))); });
+      [&](int j) { storeQuad(p + j, 0, lanes(scaled, quadAt(p + j, 0))); });
   return logf(sum) + maxv - targetLogit;
 }
 
@@ -555,7 +550,7 @@ __device__ float2 rowMaxAndSum(const float* x, int v) {
   forRow(
       splitRow(x, x, v), v, [&](int j) { t.add(x[j], x[j]); },
       [&](int j) {
-        const float4 q = quadFrom(x, j);
+        const float4 q = quadAt(x + j, 0);
         t.add(fmaxf(fmaxf(q.x, q.y), fmaxf(q.z, q.w)), q.x, q.y, q.z, q.w);
       });
   const float maxv = blockReduce(t.m, Max{});
@@ -575,7 +570,7 @@ __global__ void crossEntropyForwardKernel(float* probs, float* losses, const flo
   auto probability = [maxv, inv](float xj) { return expf(xj - maxv) * inv; };
   forRow(
       splitRow(x, p, v), v, [&](int j) { p[j] = probability(x[j]); },
-      [&](int j) { storeQuadAt(p, j, lanes(probability, quadFrom(x, j))); });
+      [&](int j) { storeQuad(p + j, 0, lanes(probability, quadAt(x + j, 0))); });
   if (threadIdx.x == 0) losses[row] = logf(stats.y) + stats.x - x[targets[row]];
 }
 
@@ -592,9 +587,9 @@ __global__ void crossEntropyBackwardKernel(float* dlogits, const float* probs, c
   forRow(
       splitRow(p, d, v), v, [&](int j) { d[j] = gradient(p[j], j); },
       [&](int j) {
-        const float4 q = quadFrom(p, j);
-        storeQuadAt(d, j,
-                    make_float4(gradient(q.x, j), gradient(q.y, j + 1), gradient(q.z, j + 2), gradient(q.w, j + 3)));
+        const float4 q = quadAt(p + j, 0);
+        storeQuad(d + j, 0,
+                  make_float4(gradient(q.x, j), gradient(q.y, j + 1), gradient(q.z, j + 2), gradient(q.w, j + 3)));
       });
 }
 
