@@ -106,7 +106,7 @@ inline constexpr KnobSpec kKnobs[] = {
      "bf16, powersgd, topk, randomk, qsgd, sign; default: none)"},
     {"CHORUS_DEVICE_TRANSPORT", "auto",
      "how collectives on device buffers move data: direct (ranks sharing one GPU: each publishes its input in a "
-     "buffer the others map with CUDA IPC, the streams are ordered by IPC events, and each rank's own kernels read "
+     "buffer the others map with CUDA IPC, the streams are ordered by flags in shared host memory, and each rank's own kernels read "
      "what it needs; no kernel waits on another process), ipc (ring kernels that read and write the peers' GPU "
      "memory, mapped with CUDA IPC; every rank on one host), staged (through pinned host buffers and the host "
      "transports, any ranks), auto (direct where every rank shares one GPU, else ipc where every rank can, else "

@@ -4,12 +4,17 @@
 
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include <fcntl.h>
 #include <fmt/ranges.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -33,6 +38,7 @@
 #include "src/core/placement.h"
 #include "src/topology/search.h"
 #include "src/transport/cuda_ipc.h"
+#include "src/transport/transport.h"
 
 namespace chorus {
 
@@ -101,17 +107,46 @@ size_t directBlocks(const DeviceCall& call, int nranks) {
   return std::max<size_t>(1, in / call.count);
 }
 
-// What the direct path's setup exchanges: the publishing buffer's handle, the events', the
+// What the direct path's setup exchanges: the publishing buffer's handle, the flags page's name
+// (rank 0's), the process (its pid, and its pid namespace: pids compare only within one), the
 // rank's CHORUS_DEVICE_DIRECT_INPLACE_BYTES (the ranks take the least, so all choose alike) and
 // CHORUS_DEVICE_DIRECT_REDUCERS (the ranks take rank 0's).
 struct DirectInfo {
   cudaIpcMemHandle_t buffer;
-  cudaIpcEventHandle_t ready[2];
-  cudaIpcEventHandle_t read[2];
+  char flagsName[48];
+  uint64_t pidNamespace;
   uint64_t inPlaceBytes;
+  int32_t pid;
   int32_t ok;
   int32_t oneReducer;
+  int32_t pad;
 };
+
+// The direct path's flags: one page of host memory every rank maps (POSIX shared memory, made by
+// rank 0) and registers with CUDA, so that streams write and wait on its words (the driver's
+// stream memory operations) and the hosts read and write them too. Per rank and publishing buffer
+// q, the number of the last piece (calls and pieces are numbered 1, 2, ... alike on every rank;
+// piece s uses buffer s % 2) for which the rank's stream has published its input or marked it
+// final (kReady) and has read what it reads of the peers' (kRead); and per rank a word its
+// watcher sets when one of its device calls failed (kFailedWord). Numbers compare cyclically.
+enum DirectFlag { kReady = 0, kRead = 1 };
+constexpr int kMaxDirectRanks = kernels::cuda::kMaxReduceSources;
+constexpr size_t kFlagsBytes = 4096;
+constexpr size_t kFailedWord = 4 * kMaxDirectRanks;  // + rank
+size_t flagIndex(int flag, int q, int p) {
+  return (static_cast<size_t>(flag) * 2 + static_cast<size_t>(q)) * kMaxDirectRanks + static_cast<size_t>(p);
+}
+static_assert((kFailedWord + kMaxDirectRanks) * sizeof(uint32_t) <= kFlagsBytes);
+bool reached(uint32_t word, uint32_t value) { return static_cast<int32_t>(word - value) >= 0; }
+const char* flagDoing(int flag) { return flag == kReady ? "publish its input" : "read the published buffers"; }
+int64_t monotonicNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+uint64_t pidNamespace() {
+  struct stat info {};
+  return stat("/proc/self/ns/pid", &info) == 0 ? static_cast<uint64_t>(info.st_ino) : 0;
+}
 
 // What an in-place direct call exchanges: where the rank's input and output lie, or ok = 0 when
 // it cannot share them (memory from a pool, or from the virtual memory API): then every rank
@@ -249,18 +284,46 @@ struct DeviceEngine::Impl {
   cudaStream_t setupStream = nullptr;
 
   // The direct path (ranks sharing one GPU): each rank's two publishing buffers (device memory,
-  // mapped by every peer), and per buffer an event recorded when this rank has published into it
-  // (ready) and one when it has read the peers' (read), all shared with the peers by CUDA IPC.
-  // Call piece k uses buffer k % 2 on every rank.
+  // mapped by every peer), and the flags page (DirectFlag) that orders the ranks' streams.
+  // Piece s of the calls (numbered from 1) uses buffer s % 2 on every rank.
   bool direct = false;
   size_t directBytes = 0;  // per buffer
   char* directBuffer = nullptr;
   std::vector<char*> peerDirect;  // by rank (this rank's own too)
-  cudaEvent_t ready[2] = {};
-  cudaEvent_t readDone[2] = {};
-  std::vector<cudaEvent_t> peerReady[2];  // by rank; this rank's own entry unused
-  std::vector<cudaEvent_t> peerRead[2];
   uint64_t directPieces = 0;
+  uint32_t* flags = nullptr;    // the page, as this process maps it
+  CUdeviceptr flagsDevice = 0;  // the same, for the streams
+  bool flagsRegistered = false;
+  uint32_t lastPublished[2] = {};  // the last piece published into buffer q (0: none)
+  // The last flag this rank's stream writes, in stream order: a wait enqueued after it starts
+  // waiting once the host sees it written (its timeout counts from there).
+  int lastOwnFlag = -1;
+  int lastOwnQ = 0;
+  uint32_t lastOwnValue = 0;
+  // The peers' processes (pid 0 where it is not comparable: another pid namespace), each with a
+  // pidfd (-1 where the kernel has none), to hear of a death.
+  std::vector<pid_t> peerPid;
+  std::vector<int> peerPidfd;
+  // The watcher: a thread that sees every wait of this rank's streams on a peer's flag answered,
+  // and where the peer dies, its wait times out or the communicator is aborted, fails the call
+  // (the asynchronous error), sets this rank's failed word and writes the flags the stream waits
+  // for, so that it goes on (as the ring kernel and the proxy let theirs go). It also fails a call
+  // whose wait a failed peer's stream answered (that stream went on after its failure).
+  struct FlagWait {
+    int peer, flag, q;
+    uint32_t value;
+    int arrivalFlag, arrivalQ;  // this rank's own flag written before the wait (-1: none)
+    uint32_t arrivalValue;
+    int64_t arrivedNs;  // when the host saw the stream reach the wait (0: not yet)
+  };
+  std::thread watcher;
+  std::mutex watchMutex;
+  std::condition_variable watchWake;
+  std::deque<FlagWait> flagWaits;  // under watchMutex, as the four below
+  bool watchStopping = false;
+  bool watchFailed = false;
+  int64_t watchProgressNs = 0;     // when a wait was last answered
+  std::vector<FlagWait> released;  // after a failure: what is written until the stream is past it
 
   // In place: direct all-reduces of directInPlaceBytes or more (0: none) read and write the peers'
   // buffers where they lie instead of a published copy, mapped by CUDA IPC (the transport's).
@@ -321,7 +384,12 @@ struct DeviceEngine::Impl {
   bool enqueuePublished(const DeviceCall& call, cudaStream_t stream);
   void directPiece(const DeviceCall& call, size_t first, size_t m, cudaStream_t stream);
   void hostBarrier();
-  void waitForPeers(const std::vector<cudaEvent_t>& events, cudaStream_t stream, const char* what);
+  uint32_t* flagWord(int flag, int q, int p) const { return flags + flagIndex(flag, q, p); }
+  void signal(DirectFlag flag, int q, uint32_t value, cudaStream_t stream);
+  void awaitPeers(DirectFlag flag, int q, uint32_t value, cudaStream_t stream, int onlyPeer = -1);
+  void watchLoop();
+  void lookAtWaits(bool answeredOnly = false);
+  bool setUpFlags(const std::vector<DirectInfo>& all);
   bool inPlaceServes(const DeviceCall& call) const;
   bool enqueueInPlace(const DeviceCall& call, cudaStream_t stream);
   void layRing(const std::vector<IpcInfo>& all);
@@ -339,7 +407,9 @@ struct DeviceEngine::Impl {
   void waitForProxy(cudaStream_t stream);
   void proxyLoop();
   bool awaitPosted(uint32_t number);
+  bool loadStreamValues();
   void setUpValuePost();
+  void failAsync(chorusResult_t code, const std::string& message);
   bool capturing(cudaStream_t stream) const;
   static void CUDART_CB hostPost(void* data);
 };
@@ -375,6 +445,7 @@ void DeviceEngine::Impl::setUp() {
   doneValueWord = reinterpret_cast<volatile uint32_t*>(static_cast<char*>(pinned) + 576);
   postedDevice = reinterpret_cast<CUdeviceptr>(static_cast<char*>(devicePinned) + 512);
   doneValueDevice = reinterpret_cast<CUdeviceptr>(static_cast<char*>(devicePinned) + 576);
+  loadStreamValues();
   setUpValuePost();
   check(cudaMalloc(reinterpret_cast<void**>(&counters), sizeof(ipc::ChannelCounters) * ipc::kMaxChannels + 256), rank,
         "cudaMalloc (counters)");
@@ -403,7 +474,9 @@ void DeviceEngine::Impl::setUp() {
   if (mode == "direct" && !direct) {
     fail(chorusInvalidUsage, "rank {}: {}=direct, but {}", rank, knobName(Knob::kDeviceTransport),
          !oneGpu ? "the ranks do not all share one GPU"
-                 : "a rank could not share its buffers or events with the others (CUDA IPC)");
+         : writeValue == nullptr
+             ? "this CUDA driver has no stream memory operations (cuStreamWriteValue32 / cuStreamWaitValue32)"
+             : "a rank could not share its buffers (CUDA IPC) or map the flags page with the others");
   }
   // The proxy's own communicator: it runs calls while the caller's thread keeps using comm.
   CommSettings settings = comm.settings();
@@ -463,19 +536,29 @@ bool DeviceEngine::Impl::setUpIpc() {
   return oneGpu && all[rank].busId[0] != '\0';
 }
 
-// The direct path: every rank shares one GPU. Each makes its publishing buffers and events and
-// maps the others'; the ranks agree, direct only if every rank could.
+// The direct path: every rank shares one GPU, and the driver has stream memory operations. Each
+// rank makes its publishing buffers and maps the others'; rank 0 makes the flags page, which all
+// map; the ranks agree, direct only if every rank could.
 bool DeviceEngine::Impl::setUpDirect(bool oneGpu) {
+  static std::atomic<uint64_t> pages{0};  // this process's flags pages, for unique names
   int32_t mine = 0;
   DirectInfo info{};
-  if (oneGpu && nranks <= kernels::cuda::kMaxReduceSources) {
+  if (oneGpu && nranks <= kMaxDirectRanks && writeValue != nullptr) {
     bool ok = cudaMalloc(reinterpret_cast<void**>(&directBuffer), directBytes * 2) == cudaSuccess &&
               cudaIpcGetMemHandle(&info.buffer, directBuffer) == cudaSuccess;
-    for (int q = 0; q < 2 && ok; ++q) {
-      ok = cudaEventCreateWithFlags(&ready[q], cudaEventInterprocess | cudaEventDisableTiming) == cudaSuccess &&
-           cudaEventCreateWithFlags(&readDone[q], cudaEventInterprocess | cudaEventDisableTiming) == cudaSuccess &&
-           cudaIpcGetEventHandle(&info.ready[q], ready[q]) == cudaSuccess &&
-           cudaIpcGetEventHandle(&info.read[q], readDone[q]) == cudaSuccess;
+    if (ok && rank == 0) {
+      std::snprintf(info.flagsName, sizeof(info.flagsName), "/chorus-direct-%d-%llu-%llx", static_cast<int>(getpid()),
+                    static_cast<unsigned long long>(pages++),
+                    static_cast<unsigned long long>(monotonicNs() & 0xffffffffull));
+      const int fd = shm_open(info.flagsName, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+      ok = fd >= 0 && ftruncate(fd, kFlagsBytes) == 0;
+      if (fd >= 0) {
+        void* page = ok ? mmap(nullptr, kFlagsBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+        ::close(fd);
+        if (page != MAP_FAILED) flags = static_cast<uint32_t*>(page);
+      }
+      ok = ok && flags != nullptr;
+      if (!ok) info.flagsName[0] = '\0';
     }
     info.inPlaceBytes = static_cast<uint64_t>(std::max<int64_t>(knobInt(Knob::kDeviceDirectInPlaceBytes), 0));
     const std::string reducers = knobString(Knob::kDeviceDirectReducers);
@@ -484,6 +567,8 @@ bool DeviceEngine::Impl::setUpDirect(bool oneGpu) {
            reducers);
     }
     info.oneReducer = reducers == "one" ? 1 : 0;
+    info.pid = static_cast<int32_t>(getpid());
+    info.pidNamespace = pidNamespace();
     info.ok = ok ? 1 : 0;
     cudaGetLastError();
   }
@@ -498,11 +583,7 @@ bool DeviceEngine::Impl::setUpDirect(bool oneGpu) {
     directInPlaceBytes = static_cast<size_t>(all[0].inPlaceBytes);
     for (const auto& i : all) directInPlaceBytes = std::min(directInPlaceBytes, static_cast<size_t>(i.inPlaceBytes));
     directOneReducer = all[0].oneReducer != 0;
-    for (int q = 0; q < 2; ++q) {
-      peerReady[q].assign(nranks, nullptr);
-      peerRead[q].assign(nranks, nullptr);
-    }
-    mine = 1;
+    mine = setUpFlags(all) ? 1 : 0;
     for (int p = 0; p < nranks && mine != 0; ++p) {
       if (p == rank) {
         peerDirect[p] = directBuffer;
@@ -514,41 +595,83 @@ bool DeviceEngine::Impl::setUpDirect(bool oneGpu) {
         break;
       }
       peerDirect[p] = static_cast<char*>(mapped);
-      for (int q = 0; q < 2 && mine != 0; ++q) {
-        if (cudaIpcOpenEventHandle(&peerReady[q][p], all[p].ready[q]) != cudaSuccess ||
-            cudaIpcOpenEventHandle(&peerRead[q][p], all[p].read[q]) != cudaSuccess) {
-          mine = 0;
-        }
-      }
     }
     cudaGetLastError();
   }
   std::vector<int32_t> agreed(nranks);
   comm.run({comm.prepare(Collective::kAllGather, &mine, agreed.data(), 1, chorusInt32, chorusSum, 0)});
+  // Every rank has mapped the page, or given up: its name may go.
+  if (rank == 0 && info.flagsName[0] != '\0') shm_unlink(info.flagsName);
   const bool ok = std::all_of(agreed.begin(), agreed.end(), [](int32_t v) { return v != 0; });
-  if (!ok) closeDirect();
-  return ok;
+  if (!ok) {
+    closeDirect();
+    return false;
+  }
+  watcher = std::thread([this] { watchLoop(); });
+  return true;
+}
+
+// Maps rank 0's flags page (rank 0 made it), registers it with CUDA, checks that a stream can
+// write and wait on it, and opens a pidfd for each peer in this pid namespace.
+bool DeviceEngine::Impl::setUpFlags(const std::vector<DirectInfo>& all) {
+  if (rank != 0) {
+    const int fd = shm_open(all[0].flagsName, O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) return false;
+    void* page = mmap(nullptr, kFlagsBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (page == MAP_FAILED) return false;
+    flags = static_cast<uint32_t*>(page);
+  }
+  if (cudaHostRegister(flags, kFlagsBytes, cudaHostRegisterPortable | cudaHostRegisterMapped) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  flagsRegistered = true;
+  void* device = nullptr;
+  if (cudaHostGetDevicePointer(&device, flags, 0) != cudaSuccess) return false;
+  flagsDevice = reinterpret_cast<CUdeviceptr>(device);
+  // A stream writes and waits on this rank's failed word (0: it is 0 and stays so).
+  const CUdeviceptr probe = flagsDevice + (kFailedWord + rank) * sizeof(uint32_t);
+  const auto s = reinterpret_cast<CUstream>(setupStream);
+  if (writeValue(s, probe, 0, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS ||
+      waitValue(s, probe, 0, CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS ||
+      cudaStreamSynchronize(setupStream) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  peerPid.assign(nranks, 0);
+  peerPidfd.assign(nranks, -1);
+  for (int p = 0; p < nranks; ++p) {
+    if (p == rank || all[p].pidNamespace == 0 || all[p].pidNamespace != all[rank].pidNamespace) continue;
+    peerPid[p] = all[p].pid;
+    peerPidfd[p] = pidfdOpen(all[p].pid);
+  }
+  return true;
 }
 
 void DeviceEngine::Impl::closeDirect() {
+  if (watcher.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(watchMutex);
+      watchStopping = true;
+    }
+    watchWake.notify_all();
+    watcher.join();
+  }
   for (int p = 0; p < static_cast<int>(peerDirect.size()); ++p) {
     if (p != rank && peerDirect[p] != nullptr) cudaIpcCloseMemHandle(peerDirect[p]);
   }
   peerDirect.clear();
   mappings.reset(rank, 0);
-  for (int q = 0; q < 2; ++q) {
-    // Opened IPC events are destroyed as any event.
-    for (int p = 0; p < static_cast<int>(peerReady[q].size()); ++p) {
-      if (p == rank) continue;
-      if (peerReady[q][p] != nullptr) cudaEventDestroy(peerReady[q][p]);
-      if (peerRead[q][p] != nullptr) cudaEventDestroy(peerRead[q][p]);
-    }
-    peerReady[q].clear();
-    peerRead[q].clear();
-    if (ready[q] != nullptr) cudaEventDestroy(ready[q]);
-    if (readDone[q] != nullptr) cudaEventDestroy(readDone[q]);
-    ready[q] = readDone[q] = nullptr;
+  for (int fd : peerPidfd) {
+    if (fd >= 0) ::close(fd);
   }
+  peerPidfd.clear();
+  peerPid.clear();
+  if (flagsRegistered) cudaHostUnregister(flags);
+  flagsRegistered = false;
+  if (flags != nullptr) munmap(flags, kFlagsBytes);
+  flags = nullptr;
   if (directBuffer != nullptr) cudaFree(directBuffer);
   directBuffer = nullptr;
   cudaGetLastError();
@@ -583,29 +706,31 @@ bool DeviceEngine::Impl::enqueuePublished(const DeviceCall& call, cudaStream_t s
 }
 
 // One piece: elements [first, first + m) of the call (of every block, for the collectives whose
-// input is n blocks). On this rank's stream, with q = the piece's buffer:
-//   1. wait until every peer has read this rank's buffer q (their read event of the piece before last);
-//   2. publish: copy the input's piece into buffer q; record ready[q];
-//   3. host barrier: every rank has recorded its ready[q] (and its read of two pieces ago);
-//   4. wait for every peer's ready[q];
+// input is n blocks). On this rank's stream, with s = the piece's number and q = s % 2, its buffer:
+//   1. wait until every peer has read this rank's buffer q (its read flag at the piece that last
+//      published into q);
+//   2. publish: copy the input's piece into buffer q; set the ready flag of q to s;
+//   3. host barrier (a peer that died or never calls is heard of here, by the enqueueing thread);
+//   4. wait for every peer's ready flag of q to reach s;
 //   5. compute the output's piece from the published buffers (this rank's own too, so an in-place
 //      call reads every input before any output is written);
-//   6. record read[q].
-// Why the events are the right records: a peer waits on this rank's ready[q] in step 4 after the
-// barrier of this piece, which follows this rank's record; this rank records ready[q] again two
-// pieces later, after the next barrier, which the peer reaches only after its step 4. The same
-// holds for read[q] with steps 6 and 1. So no kernel waits on another process: the streams do.
+//   6. set the read flag of q to s.
+// A stream's write of a flag follows its copies and kernels before it (the stream memory
+// operation's fence), and the waits compare numbers, so no wait can be answered by an older
+// piece. No kernel waits on another process: the streams do.
 void DeviceEngine::Impl::directPiece(const DeviceCall& call, size_t first, size_t m, cudaStream_t stream) {
   const size_t size = kernels::typeSize(call.type);
   const size_t n = static_cast<size_t>(nranks);
   const size_t blocks = directBlocks(call, nranks);
-  const int q = static_cast<int>(directPieces++ % 2);
+  const auto s = static_cast<uint32_t>(++directPieces);
+  const int q = static_cast<int>(s % 2);
   const bool root = call.rootOrPeer == rank;
   const auto* in = static_cast<const char*>(call.input);
   auto* out = static_cast<char*>(call.output);
   char* mine = directBuffer + static_cast<size_t>(q) * directBytes;
   auto slot = [&](int p) { return peerDirect[p] + static_cast<size_t>(q) * directBytes; };
-  waitForPeers(peerRead[q], stream, "cudaStreamWaitEvent (direct read)");
+  if (lastPublished[q] != 0) awaitPeers(kRead, q, lastPublished[q], stream);
+  lastPublished[q] = s;
   // Publish: only what the peers read (the root's input of a broadcast or scatter).
   const bool publishes = !collectives::traitsOf(call.collective).inputAtRootOnly || root;
   if (publishes && m > 0) {
@@ -625,9 +750,9 @@ void DeviceEngine::Impl::directPiece(const DeviceCall& call, size_t first, size_
       }
     }
   }
-  check(cudaEventRecord(ready[q], stream), rank, "cudaEventRecord (direct ready)");
+  signal(kReady, q, s, stream);
   hostBarrier();
-  waitForPeers(peerReady[q], stream, "cudaStreamWaitEvent (direct ready)");
+  awaitPeers(kReady, q, s, stream);
   auto copy = [&](void* to, const void* from, size_t elements) {
     if (elements == 0 || to == from) return;
     check(cudaMemcpyAsync(to, from, elements * size, cudaMemcpyDeviceToDevice, stream), rank,
@@ -673,19 +798,155 @@ void DeviceEngine::Impl::directPiece(const DeviceCall& call, size_t first, size_
         break;
     }
   }
-  check(cudaEventRecord(readDone[q], stream), rank, "cudaEventRecord (direct read)");
+  signal(kRead, q, s, stream);
 }
 
-// The direct path's host barrier: every rank has enqueued its records up to here, so a wait that
-// follows names the record this call made (not an older one of the same event).
+// The direct path's host barrier: every rank has enqueued the call up to here (a peer that died
+// or never calls is heard of at once, or at the timeout).
 void DeviceEngine::Impl::hostBarrier() {
   comm.run({comm.prepare(Collective::kBarrier, nullptr, nullptr, 0, chorusUint8, chorusSum, 0)});
 }
 
-// stream waits for every peer's event (this rank's own entry is unused).
-void DeviceEngine::Impl::waitForPeers(const std::vector<cudaEvent_t>& events, cudaStream_t stream, const char* what) {
+// stream sets this rank's flag (flag, q) to value once its work before is done.
+void DeviceEngine::Impl::signal(DirectFlag flag, int q, uint32_t value, cudaStream_t stream) {
+  const CUresult error = writeValue(reinterpret_cast<CUstream>(stream), flagsDevice + flagIndex(flag, q, rank) * 4,
+                                    value, CU_STREAM_WRITE_VALUE_DEFAULT);
+  if (error != CUDA_SUCCESS) {
+    fail(chorusUnhandledCudaError, "rank {}: device path: cuStreamWriteValue32 (direct) failed ({})", rank,
+         static_cast<int>(error));
+  }
+  lastOwnFlag = flag;
+  lastOwnQ = q;
+  lastOwnValue = value;
+}
+
+// stream waits until every peer's flag (flag, q) (onlyPeer's alone, where given) reaches value;
+// the watcher sees each wait answered, or fails the call and lets the stream go.
+void DeviceEngine::Impl::awaitPeers(DirectFlag flag, int q, uint32_t value, cudaStream_t stream, int onlyPeer) {
+  std::vector<FlagWait> added;
   for (int p = 0; p < nranks; ++p) {
-    if (p != rank) check(cudaStreamWaitEvent(stream, events[p], 0), rank, what);
+    if (p == rank || (onlyPeer >= 0 && p != onlyPeer)) continue;
+    const CUresult error = waitValue(reinterpret_cast<CUstream>(stream), flagsDevice + flagIndex(flag, q, p) * 4, value,
+                                     CU_STREAM_WAIT_VALUE_GEQ);
+    if (error != CUDA_SUCCESS) {
+      fail(chorusUnhandledCudaError, "rank {}: device path: cuStreamWaitValue32 (direct) failed ({})", rank,
+           static_cast<int>(error));
+    }
+    added.push_back(FlagWait{p, flag, q, value, lastOwnFlag, lastOwnQ, lastOwnValue, 0});
+  }
+  bool idle;  // the watcher sleeps until told (it looks every millisecond while waits are left)
+  {
+    std::lock_guard<std::mutex> lock(watchMutex);
+    idle = flagWaits.empty();
+    flagWaits.insert(flagWaits.end(), added.begin(), added.end());
+  }
+  if (idle) watchWake.notify_one();
+}
+
+// Records the first failure of an enqueued call: chorusCommGetAsyncError reports it, and the
+// communicator refuses calls from then on.
+void DeviceEngine::Impl::failAsync(chorusResult_t code, const std::string& message) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (proxyResult != chorusSuccess) return;
+  proxyResult = code;
+  proxyFailure = message;
+}
+
+// One look at the waits of this rank's streams on the peers' flags (watchMutex held; answeredOnly:
+// only the first of what follows, for chorusCommGetAsyncError, which the watcher's loop need not
+// have looked for yet). A wait is
+// answered when its flag reaches its number; it then fails the call where the peer's failed word
+// is set (that peer's stream went on after a failure). A peer whose process exited, a wait that
+// has lasted past the timeout since the stream reached it, or an abort fails the call: this
+// rank's failed word is set (so the peers that take from its stream learn it), and the flags the
+// stream waits for are written to their numbers, again at every look until the stream is past its
+// last call (a live peer's stream may write an older number over one), so that it goes on.
+void DeviceEngine::Impl::lookAtWaits(bool answeredOnly) {
+  const int64_t now = monotonicNs();
+  auto word = [&](int flag, int q, int p) {
+    return std::atomic_ref<uint32_t>(*flagWord(flag, q, p)).load(std::memory_order_acquire);
+  };
+  auto peerFailed = [&](int p) {
+    return std::atomic_ref<uint32_t>(flags[kFailedWord + p]).load(std::memory_order_acquire) != 0;
+  };
+  std::vector<int8_t> exited(nranks, -1);  // asked once a look: -1 not yet, 0 alive, 1 exited
+  auto hasExited = [&](int p) {
+    if (exited[p] < 0) exited[p] = peerPid[p] > 0 && processExited(peerPidfd[p], peerPid[p]) ? 1 : 0;
+    return exited[p] == 1;
+  };
+  std::string failure;
+  chorusResult_t code = chorusSuccess;
+  for (auto it = flagWaits.begin(); it != flagWaits.end();) {
+    if (reached(word(it->flag, it->q, it->peer), it->value)) {
+      if (!watchFailed && code == chorusSuccess && peerFailed(it->peer)) {
+        code = chorusRemoteError;
+        failure = fmt::format(
+            "rank {}: a device call on the direct path took what rank {}'s stream wrote after its own device call "
+            "failed",
+            rank, it->peer);
+      }
+      it = flagWaits.erase(it);
+      watchProgressNs = now;
+      continue;
+    }
+    if (it->arrivedNs == 0 &&
+        (it->arrivalFlag < 0 || reached(word(it->arrivalFlag, it->arrivalQ, rank), it->arrivalValue))) {
+      it->arrivedNs = now;
+    }
+    if (!watchFailed && code == chorusSuccess && !answeredOnly) {
+      const int p = it->peer;
+      if (hasExited(p)) {
+        code = chorusRemoteError;
+        failure = fmt::format(
+            "rank {}: a device call on the direct path waited for rank {}, whose process exited before its stream "
+            "could {}",
+            rank, p, flagDoing(it->flag));
+      } else if (it->arrivedNs != 0 &&
+                 now - std::max(it->arrivedNs, watchProgressNs) > static_cast<int64_t>(timeoutNs)) {
+        code = chorusTimeout;
+        failure = fmt::format(
+            "rank {}: a device call on the direct path timed out after {} ms waiting for rank {}'s stream to {}", rank,
+            timeoutNs / 1000000, p, flagDoing(it->flag));
+      }
+    }
+    ++it;
+  }
+  if (!watchFailed && code == chorusSuccess && !answeredOnly && !flagWaits.empty() &&
+      std::atomic_ref<uint32_t>(control->abort).load() != 0) {
+    code = chorusAborted;
+    failure = fmt::format("rank {}: a device call was aborted", rank);
+  }
+  if (!watchFailed && code != chorusSuccess) {
+    watchFailed = true;
+    std::atomic_ref<uint32_t>(flags[kFailedWord + rank]).store(1, std::memory_order_release);
+    failAsync(code, failure);
+    logAt(LogLevel::kWarn, "{}", failure);
+  }
+  if (watchFailed) {
+    released.insert(released.end(), flagWaits.begin(), flagWaits.end());
+    flagWaits.clear();
+    for (const FlagWait& w : released) {
+      uint32_t& at = *flagWord(w.flag, w.q, w.peer);
+      if (!reached(std::atomic_ref<uint32_t>(at).load(std::memory_order_acquire), w.value)) {
+        std::atomic_ref<uint32_t>(at).store(w.value, std::memory_order_release);
+      }
+    }
+    // Past its last call (no call is enqueued after a failure), the stream waits for nothing.
+    if (!released.empty() && cudaEventQuery(lastDone) == cudaSuccess) released.clear();
+    cudaGetLastError();
+  }
+}
+
+// The watcher's loop: a look every millisecond while this rank's streams wait on peers' flags.
+void DeviceEngine::Impl::watchLoop() {
+  std::unique_lock<std::mutex> lock(watchMutex);
+  for (;;) {
+    if (flagWaits.empty() && released.empty()) {
+      watchWake.wait(lock, [&] { return watchStopping || !flagWaits.empty(); });
+    }
+    if (watchStopping) return;
+    lookAtWaits();
+    watchWake.wait_for(lock, std::chrono::milliseconds(1), [&] { return watchStopping; });
   }
 }
 
@@ -698,14 +959,16 @@ bool DeviceEngine::Impl::inPlaceServes(const DeviceCall& call) const {
 
 // An all-reduce that reads and writes the ranks' buffers where they lie (no published copy).
 // With every rank reducing (directOneReducer false), block b of the count is rank b's. On this
-// rank's stream, with q = the call's event pair:
-//   1. record ready[q]: the input is final, and the output free to write, once the stream gets here;
-//   2. host: every rank says where its input and output lie (an all-gather, which also orders
-//      every rank's record before any wait); if one cannot share them, all publish instead;
-//   3. wait for every peer's ready[q]; reduce block r (this rank's) of every input into block r of
-//      every output, in one kernel; record read[q];
-//   4. host barrier; wait for every peer's read[q]: every block of this rank's output is final,
-//      and no peer reads this rank's input any more, so what follows on its stream may touch them.
+// rank's stream, with s = the call's number and q = s % 2:
+//   1. set the ready flag of q to s: the input is final, and the output free to write, once the
+//      stream gets here;
+//   2. host: every rank says where its input and output lie (an all-gather); if one cannot share
+//      them, all publish instead;
+//   3. wait for every peer's ready flag of q to reach s; reduce block r (this rank's) of every
+//      input into block r of every output, in one kernel; set the read flag of q to s;
+//   4. host barrier; wait for every peer's read flag of q to reach s: every block of this rank's
+//      output is final, and no peer reads this rank's input any more, so what follows on its
+//      stream may touch them.
 // Every input byte is read once and every output byte written once over the ranks together (the
 // bound of an all-reduce on one GPU), with two waits across processes per call. In place (output ==
 // input), a thread reads element i of every input before it writes element i of any output, and
@@ -713,15 +976,13 @@ bool DeviceEngine::Impl::inPlaceServes(const DeviceCall& call) const {
 //
 // With one reducer, rank 0 does step 3 for the whole count and every rank's output, and then
 // waits for nothing: its kernel was the last to read its input and the only one to write the
-// outputs. The others skip step 3 and in step 4 wait for rank 0's read[q] alone. The same bytes
+// outputs. The others skip step 3 and in step 4 wait for rank 0's read flag alone. The same bytes
 // move, in one kernel of one process, and each rank waits on another process once per call, not
 // twice: without MPS, where the ranks take turns on the GPU, a wait on another process costs a
 // turn.
 bool DeviceEngine::Impl::enqueueInPlace(const DeviceCall& call, cudaStream_t stream) {
   const size_t size = kernels::typeSize(call.type);
   const size_t n = static_cast<size_t>(nranks);
-  const int q = static_cast<int>(directPieces++ % 2);
-  check(cudaEventRecord(ready[q], stream), rank, "cudaEventRecord (direct ready)");
   InPlaceInfo mine{};
   mine.ok = mappings.expose(call.input, &mine.input) && mappings.expose(call.output, &mine.output) ? 1 : 0;
   std::vector<InPlaceInfo> all(n);
@@ -729,6 +990,9 @@ bool DeviceEngine::Impl::enqueueInPlace(const DeviceCall& call, cudaStream_t str
   for (const InPlaceInfo& info : all) {
     if (info.ok == 0) return false;
   }
+  const auto s = static_cast<uint32_t>(++directPieces);
+  const int q = static_cast<int>(s % 2);
+  signal(kReady, q, s, stream);
   const bool reduces = !directOneReducer || rank == 0;
   if (reduces) {
     // This rank's block of every input and output (the whole count for the one reducer): blocks
@@ -747,19 +1011,19 @@ bool DeviceEngine::Impl::enqueueInPlace(const DeviceCall& call, cudaStream_t str
       inputs[p] = in + first * size;
       outputs[p] = out + first * size;
     }
-    waitForPeers(peerReady[q], stream, "cudaStreamWaitEvent (direct ready)");
+    awaitPeers(kReady, q, s, stream);
     if (length > 0) {
       const int error = kernels::cuda::reduceMany(outputs.data(), nranks, inputs.data(), nranks, length, call.type,
                                                   call.op, nranks, reinterpret_cast<void*>(stream));
       if (error != 0) check(static_cast<cudaError_t>(error), rank, "launching the direct reduction");
     }
-    check(cudaEventRecord(readDone[q], stream), rank, "cudaEventRecord (direct read)");
+    signal(kRead, q, s, stream);
   }
   hostBarrier();
   if (!directOneReducer) {
-    waitForPeers(peerRead[q], stream, "cudaStreamWaitEvent (direct read)");
+    awaitPeers(kRead, q, s, stream);
   } else if (rank != 0) {
-    check(cudaStreamWaitEvent(stream, peerRead[q][0], 0), rank, "cudaStreamWaitEvent (direct read)");
+    awaitPeers(kRead, q, s, stream, 0);
   }
   return true;
 }
@@ -948,9 +1212,29 @@ bool DeviceEngine::Impl::capturing(cudaStream_t stream) const {
   return status != cudaStreamCaptureStatusNone;
 }
 
+// The driver's stream memory operations (cuStreamWriteValue32, cuStreamWaitValue32), which the
+// direct path orders its streams with and staged calls may be posted by: false where this driver
+// lacks them.
+bool DeviceEngine::Impl::loadStreamValues() {
+  auto entry = [&](const char* name, StreamValueFn* fn) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess || p == nullptr) {
+      cudaGetLastError();
+      return false;
+    }
+    *fn = reinterpret_cast<StreamValueFn>(p);
+    return true;
+  };
+  if (entry("cuStreamWriteValue32", &writeValue) && entry("cuStreamWaitValue32", &waitValue)) return true;
+  writeValue = waitValue = nullptr;
+  return false;
+}
+
 // CHORUS_DEVICE_STAGED_POST: host (host functions and a wait kernel) or value (stream memory
-// operations, which need the driver's cuStreamWriteValue32 and cuStreamWaitValue32; the default,
-// measured faster for small calls on an H100, falls back to host where the driver lacks them).
+// operations; the default, measured faster for small calls on an H100, falls back to host where
+// the driver lacks them).
 void DeviceEngine::Impl::setUpValuePost() {
   const std::string mode = knobString(Knob::kDeviceStagedPost);
   if (mode != "host" && mode != "value") {
@@ -958,25 +1242,21 @@ void DeviceEngine::Impl::setUpValuePost() {
          mode);
   }
   if (mode != "value") return;
-  auto entry = [&](const char* name, StreamValueFn* fn) {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess || p == nullptr) {
-      cudaGetLastError();
-      // Asked for by name, its absence is an error; as the default, the host functions serve.
-      if (knobSet(Knob::kDeviceStagedPost)) {
-        fail(chorusInvalidUsage, "rank {}: {}=value, but this CUDA driver has no {}", rank,
-             knobName(Knob::kDeviceStagedPost), name);
-      }
-      logAt(LogLevel::kInfo, "rank {}: this CUDA driver has no {}: staged device calls are posted by host functions",
-            rank, name);
-      return false;
+  if (writeValue == nullptr) {
+    // Asked for by name, their absence is an error; as the default, the host functions serve.
+    if (knobSet(Knob::kDeviceStagedPost)) {
+      fail(chorusInvalidUsage,
+           "rank {}: {}=value, but this CUDA driver has no cuStreamWriteValue32 / "
+           "cuStreamWaitValue32",
+           rank, knobName(Knob::kDeviceStagedPost));
     }
-    *fn = reinterpret_cast<StreamValueFn>(p);
-    return true;
-  };
-  postByValue = entry("cuStreamWriteValue32", &writeValue) && entry("cuStreamWaitValue32", &waitValue);
+    logAt(LogLevel::kInfo,
+          "rank {}: this CUDA driver has no stream memory operations: staged device calls are posted by host "
+          "functions",
+          rank);
+    return;
+  }
+  postByValue = true;
 }
 
 // Waits until the stream has posted call `number` (cyclically at or past it). False when a call
@@ -1264,6 +1544,13 @@ void DeviceEngine::enqueueGroup(const std::vector<DeviceCall>& calls, chorusStre
 
 chorusResult_t DeviceEngine::asyncError(std::string* message) const {
   const Impl& m = *impl_;
+  if (m.direct) {
+    // A look now at the answered waits: what the caller's streams have run is seen (a wait
+    // answered by a failed peer's stream) whether or not the watcher has looked since.
+    Impl& w = *impl_;
+    std::lock_guard<std::mutex> lock(w.watchMutex);
+    w.lookAtWaits(true);
+  }
   {
     std::lock_guard<std::mutex> lock(const_cast<Impl&>(m).mutex);
     if (m.proxyResult != chorusSuccess) {
@@ -1287,6 +1574,7 @@ chorusResult_t DeviceEngine::asyncError(std::string* message) const {
 
 void DeviceEngine::abort() {
   std::atomic_ref<uint32_t>(impl_->control->abort).store(1);
+  impl_->watchWake.notify_all();  // the direct path's waits go on (the watcher fails their calls)
   // Streams waiting on calls posted by value go on (the proxy fails what it has not run).
   std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(impl_->doneValueWord)).store(impl_->valuePosted.load());
   if (impl_->proxyComm != nullptr) impl_->proxyComm->abort();

@@ -3,8 +3,9 @@
 // setup may talk to the peers), and from then on such calls are enqueued on the caller's stream
 // and return without waiting:
 //  - direct: every rank on one GPU (several ranks sharing a device). Each rank publishes its input
-//    in a device buffer every peer maps with CUDA IPC; the ranks' streams are ordered by CUDA IPC
-//    events (a host barrier per call orders the records before the waits), and each rank's own
+//    in a device buffer every peer maps with CUDA IPC; the ranks' streams are ordered by flags in
+//    a page of host memory every rank maps (stream memory operations write and wait on them; a
+//    watcher thread lets a stream go where its peer dies or times out), and each rank's own
 //    kernels and copies read what it needs from the published buffers: no kernel waits on another
 //    process, so ranks that take turns on the GPU (no MPS) pay no time slice per step. All-reduce,
 //    reduce, reduce-scatter, broadcast, all-gather, gather, all-to-all, scatter; not in graph

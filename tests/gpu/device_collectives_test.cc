@@ -563,6 +563,8 @@ constexpr int kShortTimeoutMs = 3000;
 // What the ranks tell each other (the test's memory, shared with the ranks it forks).
 struct FailureShared {
   std::atomic<int> rank0Done{0};
+  std::atomic<int> rank0Enqueued{0};
+  std::atomic<int> rank1Done{0};
   std::atomic<int64_t> abortNs{0};
   std::atomic<int64_t> releasedNs{0};
 };
@@ -634,6 +636,42 @@ class DeviceFailureTest : public ::testing::TestWithParam<Path> {
   // Rank 1: waits (bounded) until rank 0 has checked what it checks.
   static void awaitRank0(const FailureShared& shared) {
     for (int i = 0; i < 60000 && shared.rank0Done.load() == 0; ++i) usleep(1000);
+  }
+
+  // Rank 1 makes rank 0's call (callAlone's), but its stream never gets to it: a host function
+  // holds the stream until rank 0 is done. So rank 1 has met rank 0 on the host wherever the path
+  // does (the direct path's barrier), and rank 0's stream waits for what rank 1's never does.
+  // Returns once rank 0 has enqueued its call too (a peer that goes away before then is heard of
+  // by the enqueueing thread: APeerThatDiesIsNamed).
+  static void callWithStreamHeld(chorusComm_t comm, cudaStream_t stream, FailureShared* shared) {
+    constexpr size_t kCount = 70001;
+    static Device* buffer = new Device(kCount * 4);  // kept: rank 1 leaves by _exit
+    auto hold = [](void* data) {
+      const auto* s = static_cast<const FailureShared*>(data);
+      for (int i = 0; i < 120000 && s->rank0Done.load() == 0; ++i) usleep(1000);
+    };
+    ASSERT_EQ(cudaLaunchHostFunc(stream, hold, shared), cudaSuccess);
+    ASSERT_EQ(chorusAllReduce(buffer->p, buffer->p, kCount, chorusFloat32, chorusSum, comm, stream), chorusSuccess)
+        << chorusGetLastError(comm);
+    for (int i = 0; i < 60000 && shared->rank0Enqueued.load() == 0; ++i) usleep(1000);
+  }
+
+  // Rank 0's half: callAlone's call, enqueued (on every path it returns at once: rank 1 took part
+  // on the host), then its stream synchronized; the asynchronous error and its message.
+  static std::string callEnqueued(chorusComm_t comm, cudaStream_t stream, FailureShared* shared,
+                                  chorusResult_t* async) {
+    constexpr size_t kCount = 70001;
+    Device buffer(kCount * 4);
+    EXPECT_EQ(chorusAllReduce(buffer.p, buffer.p, kCount, chorusFloat32, chorusSum, comm, stream), chorusSuccess)
+        << chorusGetLastError(comm);
+    shared->rank0Enqueued = 1;
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    if (async == nullptr) return "";
+    *async = chorusInternalError;
+    EXPECT_EQ(chorusCommGetAsyncError(comm, async), chorusSuccess);
+    const std::string message = *async != chorusSuccess ? chorusGetLastError(comm) : "";
+    std::printf("rank 0's failure: %s\n", message.c_str());
+    return message;
   }
 };
 
@@ -763,9 +801,141 @@ TEST_P(DeviceFailureTest, APeerThatDiesIsNamed) {
       [&](chorusComm_t) { _exit(0); });
 }
 
+// Rank 1 enqueues the call, then dies before its stream gets to it. Rank 0's call was enqueued
+// (the paths that meet on the host met), so only its stream can wait: it must go on, with the
+// failure naming rank 1 in chorusCommGetAsyncError. The direct path's watcher sees rank 1's
+// process exit, the staged call's proxy hears of it on the host, the ring kernel times out.
+TEST_P(DeviceFailureTest, APeerThatDiesWithItsCallEnqueuedIsNamed) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  const bool kernelWaits = std::string(GetParam().transport) == "ipc";
+  SharedWithRanks<FailureShared> shared;
+  run(
+      {kernelWaits ? kShortTimeoutMs : 600000, 600000},
+      [&](chorusComm_t comm, cudaStream_t stream) {
+        chorusResult_t async;
+        const std::string message = callEnqueued(comm, stream, &*shared, &async);
+        EXPECT_EQ(async, kernelWaits ? chorusTimeout : chorusRemoteError) << message;
+        EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
+        refusedAfter(comm, stream, "failed");
+        shared->rank0Done = 1;
+        return true;
+      },
+      [&](chorusComm_t comm) {
+        cudaStream_t stream;
+        ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+        callWithStreamHeld(comm, stream, &*shared);
+        _exit(0);
+      });
+}
+
+// Rank 1 enqueues the call and lives, but its stream does not get to it within rank 0's timeout:
+// rank 0's stream goes on at the timeout, the failure naming rank 1.
+TEST_P(DeviceFailureTest, APeerWhoseStreamNeverGetsThereTimesOutNamingIt) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  SharedWithRanks<FailureShared> shared;
+  run(
+      {kShortTimeoutMs, 600000},
+      [&](chorusComm_t comm, cudaStream_t stream) {
+        chorusResult_t async;
+        const std::string message = callEnqueued(comm, stream, &*shared, &async);
+        EXPECT_EQ(async, chorusTimeout) << message;
+        EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
+        refusedAfter(comm, stream, "failed");
+        shared->rank0Done = 1;
+        return true;
+      },
+      [&](chorusComm_t comm) {
+        cudaStream_t stream;
+        ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+        callWithStreamHeld(comm, stream, &*shared);
+        awaitRank0(*shared);
+        _exit(0);  // its stream is still held: what it would do next is not this test's
+      });
+}
+
+// As AbortReleasesACallThatWaitsForAPeer, with rank 1's call enqueued (its stream held): rank 0's
+// call was enqueued, and the abort lets rank 0's waiting stream go, long before the timeout.
+TEST_P(DeviceFailureTest, AbortReleasesAStreamThatWaitsForAPeersStream) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  SharedWithRanks<FailureShared> shared;
+  run(
+      {600000, 600000},
+      [&](chorusComm_t comm, cudaStream_t stream) {
+        std::thread aborter([&] {
+          for (int i = 0; i < 60000 && shared->rank0Enqueued.load() == 0; ++i) usleep(1000);
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          shared->abortNs = monotonicNs();
+          EXPECT_EQ(chorusCommAbort(comm), chorusSuccess) << chorusGetLastError(nullptr);
+        });
+        callEnqueued(comm, stream, &*shared, nullptr);
+        shared->releasedNs = monotonicNs();
+        aborter.join();
+        refusedAfter(comm, stream, "aborted");
+        shared->rank0Done = 1;
+        return false;
+      },
+      [&](chorusComm_t comm) {
+        cudaStream_t stream;
+        ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+        callWithStreamHeld(comm, stream, &*shared);
+        awaitRank0(*shared);
+        _exit(0);
+      });
+  ASSERT_GT(shared->abortNs.load(), 0);
+  EXPECT_LT(static_cast<double>(shared->releasedNs.load() - shared->abortNs.load()) * 1e-9, 30.0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, DeviceFailureTest,
                          ::testing::Values(Path{"direct", 2, kPublished}, Path{"ipc", 2},
                                            Path{"staged", 2, kPostByHost}, Path{"staged", 2, kPostByValue, "value"}),
+                         [](const ::testing::TestParamInfo<Path>& info) { return nameOf(info.param); });
+
+// The direct path in place: a rank whose stream goes on after its call failed lets its peers'
+// waits on it be answered, but they fail their calls too: they took what it wrote after the
+// failure (here rank 0's reduction, which read rank 1's input before it was final). Rank 0 times
+// out waiting for rank 1's held stream; then rank 1's stream goes on, its wait for rank 0's
+// reduction answered, and its call fails naming rank 0: every rank reducing, and rank 0 alone
+// (where rank 1 waits for rank 0's stream only). (Published, rank 1 takes only what rank 0
+// published before its failure, which is right.)
+class DirectFailureTest : public DeviceFailureTest {};
+
+TEST_P(DirectFailureTest, APeerWhoseCallFailedFailsTheCallsThatWaitedOnIt) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  SharedWithRanks<FailureShared> shared;
+  run(
+      {kShortTimeoutMs, 600000},
+      [&](chorusComm_t comm, cudaStream_t stream) {
+        callEnqueued(comm, stream, &*shared, nullptr);
+        shared->rank0Done = 1;
+        // Rank 1's stream reads this rank's buffers: they stay until it is done. Nor is the
+        // failure asked for before (a communicator broken on the host tells its peers).
+        for (int i = 0; i < 60000 && shared->rank1Done.load() == 0; ++i) usleep(1000);
+        chorusResult_t async = chorusInternalError;
+        EXPECT_EQ(chorusCommGetAsyncError(comm, &async), chorusSuccess);
+        // Its own timeout, or rank 1's failure, which rank 1's communicator told it of first.
+        EXPECT_NE(async, chorusSuccess);
+        return true;
+      },
+      [&](chorusComm_t comm) {
+        cudaStream_t stream;
+        ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+        callWithStreamHeld(comm, stream, &*shared);
+        awaitRank0(*shared);  // the hold ends with it
+        EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        chorusResult_t async = chorusInternalError;
+        EXPECT_EQ(chorusCommGetAsyncError(comm, &async), chorusSuccess);
+        const std::string message = async != chorusSuccess ? chorusGetLastError(comm) : "";
+        std::printf("rank 1's failure: %s\n", message.c_str());
+        EXPECT_EQ(async, chorusRemoteError) << message;
+        EXPECT_NE(message.find("rank 0's stream wrote after its own device call failed"), std::string::npos) << message;
+        shared->rank1Done = 1;
+        EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+      });
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, DirectFailureTest,
+                         ::testing::Values(Path{"direct", 2, kInPlace, "inplace"},
+                                           Path{"direct", 2, kOneReducer, "onereducer"}),
                          [](const ::testing::TestParamInfo<Path>& info) { return nameOf(info.param); });
 
 // One thread drives every rank (one communicator each, all on GPU 0) through one group of device

@@ -2,7 +2,7 @@
 // the host, for tests/support/cuda_emulation.h (which includes it; include that one).
 //
 // Memory: device memory and pinned host memory are pages of host memory the emulation keeps a
-// list of. A launch whose pointer argument lies in neither, a copy or memset whose kind does not
+// list of (host memory of the program's registered with cudaHostRegister is listed as pinned). A launch whose pointer argument lies in neither, a copy or memset whose kind does not
 // match its pointers, a cudaFree of something never allocated: the call fails as on a GPU (the
 // launch skipped, cudaGetLastError returning the error, a line on stderr naming the call and the
 // pointer). Pointers inside a struct argument are not checked. The bytes past an allocation's end
@@ -75,6 +75,7 @@ constexpr unsigned cudaStreamDefault = 0, cudaStreamNonBlocking = 1;
 constexpr unsigned cudaEventDefault = 0, cudaEventBlockingSync = 1, cudaEventDisableTiming = 2,
                    cudaEventInterprocess = 4;
 constexpr unsigned cudaHostAllocDefault = 0, cudaHostAllocPortable = 1, cudaHostAllocMapped = 2;
+constexpr unsigned cudaHostRegisterDefault = 0, cudaHostRegisterPortable = 1, cudaHostRegisterMapped = 2;
 constexpr unsigned cudaIpcMemLazyEnablePeerAccess = 1;
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost,
@@ -128,9 +129,10 @@ constexpr unsigned CU_STREAM_WAIT_VALUE_GEQ = 0, CU_STREAM_WRITE_VALUE_DEFAULT =
 
 namespace chorus::testing::emulation {
 
-// What an allocation is: device memory, pinned host memory (cudaHostAlloc), or a peer's device
-// memory mapped by cudaIpcOpenMemHandle.
-enum class Memory { kDevice, kPinned, kOpened };
+// What an allocation is: device memory, pinned host memory (cudaHostAlloc), a peer's device
+// memory mapped by cudaIpcOpenMemHandle, or host memory of the program's registered with
+// cudaHostRegister (pinned, but not the emulation's to unmap).
+enum class Memory { kDevice, kPinned, kOpened, kRegistered };
 struct Allocation {
   size_t bytes;   // asked for
   size_t mapped;  // whole pages
@@ -172,11 +174,11 @@ inline bool findAllocation(const void* p, uintptr_t* start, Allocation* found) {
 // Device memory (this process's or a peer's, mapped).
 inline bool onDevice(const void* p) {
   Allocation a;
-  return findAllocation(p, nullptr, &a) && a.kind != Memory::kPinned;
+  return findAllocation(p, nullptr, &a) && a.kind != Memory::kPinned && a.kind != Memory::kRegistered;
 }
 inline bool pinned(const void* p) {
   Allocation a;
-  return findAllocation(p, nullptr, &a) && a.kind == Memory::kPinned;
+  return findAllocation(p, nullptr, &a) && (a.kind == Memory::kPinned || a.kind == Memory::kRegistered);
 }
 // What a kernel may touch: device memory and pinned host memory (mapped into the device).
 inline bool deviceReachable(const void* p) { return findAllocation(p, nullptr, nullptr); }
@@ -453,6 +455,31 @@ inline cudaError_t cudaFreeHost(void* p) {
   if (p != nullptr) chorus::testing::emulation::drainStreams(false);
   return chorus::testing::emulation::release(p, Memory::kPinned, Memory::kPinned, "cudaFreeHost");
 }
+// Lists the program's host memory as pinned (it stays the program's: cudaHostUnregister unlists it).
+inline cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned) {
+  using namespace chorus::testing::emulation;
+  if (p == nullptr || bytes == 0 || findAllocation(p, nullptr, nullptr)) {
+    return failWith(cudaErrorInvalidValue, "cudaHostRegister: a null, empty or already listed range");
+  }
+  Device& d = device();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  d.blocks[reinterpret_cast<uintptr_t>(p)] = Allocation{bytes, bytes, Memory::kRegistered, d.nextId++};
+  return cudaSuccess;
+}
+inline cudaError_t cudaHostUnregister(void* p) {
+  using namespace chorus::testing::emulation;
+  drainStreams(false);  // as cudaFreeHost: what the streams were given may still use it
+  Device& d = device();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  auto it = d.blocks.find(reinterpret_cast<uintptr_t>(p));
+  if (it == d.blocks.end() || it->second.kind != Memory::kRegistered) {
+    d.lastError = cudaErrorInvalidValue;
+    std::fprintf(stderr, "cuda emulation: cudaHostUnregister: %p was not registered\n", p);
+    return cudaErrorInvalidValue;
+  }
+  d.blocks.erase(it);
+  return cudaSuccess;
+}
 inline cudaError_t cudaHostGetDevicePointer(void** device, void* host, unsigned) {
   if (!chorus::testing::emulation::pinned(host)) return cudaErrorInvalidValue;
   *device = host;  // one address space, as with unified addressing
@@ -463,10 +490,11 @@ inline cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, c
   *attributes = {};
   Allocation a;
   if (!findAllocation(p, nullptr, &a)) return cudaSuccess;  // unregistered host memory
-  attributes->type = a.kind == Memory::kPinned ? cudaMemoryTypeHost : cudaMemoryTypeDevice;
+  const bool host = a.kind == Memory::kPinned || a.kind == Memory::kRegistered;
+  attributes->type = host ? cudaMemoryTypeHost : cudaMemoryTypeDevice;
   attributes->device = 0;
   attributes->devicePointer = const_cast<void*>(p);
-  attributes->hostPointer = a.kind == Memory::kPinned ? const_cast<void*>(p) : nullptr;
+  attributes->hostPointer = host ? const_cast<void*>(p) : nullptr;
   return cudaSuccess;
 }
 // The driver's attribute call, for what src/transport/cuda_ipc.cc asks.
@@ -477,7 +505,8 @@ inline CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute,
   if (!findAllocation(reinterpret_cast<const void*>(pointer), &start, &a)) return CUDA_ERROR_INVALID_VALUE;
   switch (attribute) {
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-      *static_cast<unsigned*>(data) = a.kind == Memory::kPinned ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+      *static_cast<unsigned*>(data) =
+          a.kind == Memory::kPinned || a.kind == Memory::kRegistered ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
       *static_cast<unsigned long long*>(data) = a.id;

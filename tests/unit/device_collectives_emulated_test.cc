@@ -12,4 +12,5 @@
 // The same tests under a name of their own (ctest lists the GPU test's too).
 #define DeviceCollectivesTest EmulatedDeviceCollectivesTest
 #define DeviceFailureTest EmulatedDeviceFailureTest
+#define DirectFailureTest EmulatedDirectFailureTest
 #include "tests/gpu/device_collectives_test.cc"
