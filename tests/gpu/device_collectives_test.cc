@@ -656,6 +656,41 @@ class DeviceFailureTest : public ::testing::TestWithParam<Path> {
     for (int i = 0; i < 60000 && shared->rank0Enqueued.load() == 0; ++i) usleep(1000);
   }
 
+  // A thread that aborts comm 300 ms after rank 0 has enqueued its call (after its start, where
+  // afterEnqueue is false), noting when.
+  static std::thread abortSoon(chorusComm_t comm, FailureShared* shared, bool afterEnqueue) {
+    return std::thread([comm, shared, afterEnqueue] {
+      for (int i = 0; i < 60000 && afterEnqueue && shared->rank0Enqueued.load() == 0; ++i) usleep(1000);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      shared->abortNs = monotonicNs();
+      EXPECT_EQ(chorusCommAbort(comm), chorusSuccess) << chorusGetLastError(nullptr);
+    });
+  }
+
+  // Rank 1 of the tests below: makes the call with its stream held, then (once rank 0 is done,
+  // where it outlives rank 0's check) leaves by _exit, its stream still held.
+  static std::function<void(chorusComm_t)> heldThenExit(FailureShared* shared, bool outlive) {
+    return [shared, outlive](chorusComm_t comm) {
+      cudaStream_t stream;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+      callWithStreamHeld(comm, stream, shared);
+      if (outlive) awaitRank0(*shared);
+      _exit(0);
+    };
+  }
+
+  // Rank 0 of the tests below where its call fails: enqueued, its stream gone on, the failure
+  // `expected` naming rank 1, and a device call after it refused.
+  static bool failsNamingRank1(chorusComm_t comm, cudaStream_t stream, FailureShared* shared, chorusResult_t expected) {
+    chorusResult_t async;
+    const std::string message = callEnqueued(comm, stream, shared, &async);
+    EXPECT_EQ(async, expected) << message;
+    EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
+    refusedAfter(comm, stream, "failed");
+    shared->rank0Done = 1;
+    return true;
+  }
+
   // Rank 0's half: callAlone's call, enqueued (on every path it returns at once: rank 1 took part
   // on the host), then its stream synchronized; the asynchronous error and its message.
   static std::string callEnqueued(chorusComm_t comm, cudaStream_t stream, FailureShared* shared,
@@ -758,11 +793,7 @@ TEST_P(DeviceFailureTest, AbortReleasesACallThatWaitsForAPeer) {
   run(
       {600000, 600000},
       [&](chorusComm_t comm, cudaStream_t stream) {
-        std::thread aborter([&] {
-          std::this_thread::sleep_for(std::chrono::milliseconds(300));
-          shared->abortNs = monotonicNs();
-          EXPECT_EQ(chorusCommAbort(comm), chorusSuccess) << chorusGetLastError(nullptr);
-        });
+        std::thread aborter = abortSoon(comm, &*shared, false);
         chorusResult_t called;
         const std::string message = callAlone(comm, stream, &called, nullptr);
         shared->releasedNs = monotonicNs();
@@ -812,20 +843,9 @@ TEST_P(DeviceFailureTest, APeerThatDiesWithItsCallEnqueuedIsNamed) {
   run(
       {kernelWaits ? kShortTimeoutMs : 600000, 600000},
       [&](chorusComm_t comm, cudaStream_t stream) {
-        chorusResult_t async;
-        const std::string message = callEnqueued(comm, stream, &*shared, &async);
-        EXPECT_EQ(async, kernelWaits ? chorusTimeout : chorusRemoteError) << message;
-        EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
-        refusedAfter(comm, stream, "failed");
-        shared->rank0Done = 1;
-        return true;
+        return failsNamingRank1(comm, stream, &*shared, kernelWaits ? chorusTimeout : chorusRemoteError);
       },
-      [&](chorusComm_t comm) {
-        cudaStream_t stream;
-        ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-        callWithStreamHeld(comm, stream, &*shared);
-        _exit(0);
-      });
+      heldThenExit(&*shared, false));
 }
 
 // Rank 1 enqueues the call and lives, but its stream does not get to it within rank 0's timeout:
@@ -835,22 +855,8 @@ TEST_P(DeviceFailureTest, APeerWhoseStreamNeverGetsThereTimesOutNamingIt) {
   SharedWithRanks<FailureShared> shared;
   run(
       {kShortTimeoutMs, 600000},
-      [&](chorusComm_t comm, cudaStream_t stream) {
-        chorusResult_t async;
-        const std::string message = callEnqueued(comm, stream, &*shared, &async);
-        EXPECT_EQ(async, chorusTimeout) << message;
-        EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
-        refusedAfter(comm, stream, "failed");
-        shared->rank0Done = 1;
-        return true;
-      },
-      [&](chorusComm_t comm) {
-        cudaStream_t stream;
-        ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-        callWithStreamHeld(comm, stream, &*shared);
-        awaitRank0(*shared);
-        _exit(0);  // its stream is still held: what it would do next is not this test's
-      });
+      [&](chorusComm_t comm, cudaStream_t stream) { return failsNamingRank1(comm, stream, &*shared, chorusTimeout); },
+      heldThenExit(&*shared, true));
 }
 
 // As AbortReleasesACallThatWaitsForAPeer, with rank 1's call enqueued (its stream held): rank 0's
@@ -861,12 +867,7 @@ TEST_P(DeviceFailureTest, AbortReleasesAStreamThatWaitsForAPeersStream) {
   run(
       {600000, 600000},
       [&](chorusComm_t comm, cudaStream_t stream) {
-        std::thread aborter([&] {
-          for (int i = 0; i < 60000 && shared->rank0Enqueued.load() == 0; ++i) usleep(1000);
-          std::this_thread::sleep_for(std::chrono::milliseconds(300));
-          shared->abortNs = monotonicNs();
-          EXPECT_EQ(chorusCommAbort(comm), chorusSuccess) << chorusGetLastError(nullptr);
-        });
+        std::thread aborter = abortSoon(comm, &*shared, true);
         callEnqueued(comm, stream, &*shared, nullptr);
         shared->releasedNs = monotonicNs();
         aborter.join();
@@ -874,13 +875,7 @@ TEST_P(DeviceFailureTest, AbortReleasesAStreamThatWaitsForAPeersStream) {
         shared->rank0Done = 1;
         return false;
       },
-      [&](chorusComm_t comm) {
-        cudaStream_t stream;
-        ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-        callWithStreamHeld(comm, stream, &*shared);
-        awaitRank0(*shared);
-        _exit(0);
-      });
+      heldThenExit(&*shared, true));
   ASSERT_GT(shared->abortNs.load(), 0);
   EXPECT_LT(static_cast<double>(shared->releasedNs.load() - shared->abortNs.load()) * 1e-9, 30.0);
 }
