@@ -36,7 +36,7 @@ constexpr size_t kParams = 124439808;      // GPT-2 124M with the tied head
 double peakBytesPerSecond = 0;
 bool anyFailed = false;  // a launch failed: exit 1
 
-// One device allocation of n elements of T, kept for the whole run, filled with a small value.
+// One device allocation of n elements of T, kept for the whole run, zeroed.
 template <typename T>
 T* deviceArray(size_t n, const char* what) {
   void* p = nullptr;
