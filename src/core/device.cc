@@ -34,6 +34,7 @@
 #include "src/collectives/traits.h"
 #include "src/core/communicator.h"
 #include "src/core/device_kernels.h"
+#include "src/core/executor.h"
 #include "src/core/growing_areas.h"
 #include "src/core/placement.h"
 #include "src/topology/search.h"
@@ -139,10 +140,6 @@ size_t flagIndex(int flag, int q, int p) {
 static_assert((kFailedWord + kMaxDirectRanks) * sizeof(uint32_t) <= kFlagsBytes);
 bool reached(uint32_t word, uint32_t value) { return static_cast<int32_t>(word - value) >= 0; }
 const char* flagDoing(int flag) { return flag == kReady ? "publish its input" : "read the published buffers"; }
-int64_t monotonicNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 uint64_t pidNamespace() {
   struct stat info {};
   return stat("/proc/self/ns/pid", &info) == 0 ? static_cast<uint64_t>(info.st_ino) : 0;
@@ -549,7 +546,7 @@ bool DeviceEngine::Impl::setUpDirect(bool oneGpu) {
     if (ok && rank == 0) {
       std::snprintf(info.flagsName, sizeof(info.flagsName), "/chorus-direct-%d-%llu-%llx", static_cast<int>(getpid()),
                     static_cast<unsigned long long>(pages++),
-                    static_cast<unsigned long long>(monotonicNs() & 0xffffffffull));
+                    static_cast<unsigned long long>(steadyNs() & 0xffffffffull));
       const int fd = shm_open(info.flagsName, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
       ok = fd >= 0 && ftruncate(fd, kFlagsBytes) == 0;
       if (fd >= 0) {
@@ -862,7 +859,7 @@ void DeviceEngine::Impl::failAsync(chorusResult_t code, const std::string& messa
 // stream waits for are written to their numbers, again at every look until the stream is past its
 // last call (a live peer's stream may write an older number over one), so that it goes on.
 void DeviceEngine::Impl::lookAtWaits(bool answeredOnly) {
-  const int64_t now = monotonicNs();
+  const int64_t now = steadyNs();
   auto word = [&](int flag, int q, int p) {
     return std::atomic_ref<uint32_t>(*flagWord(flag, q, p)).load(std::memory_order_acquire);
   };
