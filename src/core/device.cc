@@ -382,6 +382,8 @@ struct DeviceEngine::Impl {
   void directPiece(const DeviceCall& call, size_t first, size_t m, cudaStream_t stream);
   void hostBarrier();
   uint32_t* flagWord(int flag, int q, int p) const { return flags + flagIndex(flag, q, p); }
+  void streamWrite(cudaStream_t stream, CUdeviceptr address, uint32_t value, const char* path);
+  void streamWait(cudaStream_t stream, CUdeviceptr address, uint32_t value, const char* path);
   void signal(DirectFlag flag, int q, uint32_t value, cudaStream_t stream);
   void awaitPeers(DirectFlag flag, int q, uint32_t value, cudaStream_t stream, int onlyPeer = -1);
   void watchLoop();
@@ -804,14 +806,27 @@ void DeviceEngine::Impl::hostBarrier() {
   comm.run({comm.prepare(Collective::kBarrier, nullptr, nullptr, 0, chorusUint8, chorusSum, 0)});
 }
 
-// stream sets this rank's flag (flag, q) to value once its work before is done.
-void DeviceEngine::Impl::signal(DirectFlag flag, int q, uint32_t value, cudaStream_t stream) {
-  const CUresult error = writeValue(reinterpret_cast<CUstream>(stream), flagsDevice + flagIndex(flag, q, rank) * 4,
-                                    value, CU_STREAM_WRITE_VALUE_DEFAULT);
+// The stream memory operations as the paths use them: stream writes value to the word at address
+// once its work before is done (with a fence), or waits until the word is at or past value
+// (cyclically). `path` names the caller in the error.
+void DeviceEngine::Impl::streamWrite(cudaStream_t stream, CUdeviceptr address, uint32_t value, const char* path) {
+  const CUresult error = writeValue(reinterpret_cast<CUstream>(stream), address, value, CU_STREAM_WRITE_VALUE_DEFAULT);
   if (error != CUDA_SUCCESS) {
-    fail(chorusUnhandledCudaError, "rank {}: device path: cuStreamWriteValue32 (direct) failed ({})", rank,
+    fail(chorusUnhandledCudaError, "rank {}: device path: cuStreamWriteValue32 ({}) failed ({})", rank, path,
          static_cast<int>(error));
   }
+}
+void DeviceEngine::Impl::streamWait(cudaStream_t stream, CUdeviceptr address, uint32_t value, const char* path) {
+  const CUresult error = waitValue(reinterpret_cast<CUstream>(stream), address, value, CU_STREAM_WAIT_VALUE_GEQ);
+  if (error != CUDA_SUCCESS) {
+    fail(chorusUnhandledCudaError, "rank {}: device path: cuStreamWaitValue32 ({}) failed ({})", rank, path,
+         static_cast<int>(error));
+  }
+}
+
+// stream sets this rank's flag (flag, q) to value once its work before is done.
+void DeviceEngine::Impl::signal(DirectFlag flag, int q, uint32_t value, cudaStream_t stream) {
+  streamWrite(stream, flagsDevice + flagIndex(flag, q, rank) * 4, value, "direct");
   lastOwnFlag = flag;
   lastOwnQ = q;
   lastOwnValue = value;
@@ -823,12 +838,7 @@ void DeviceEngine::Impl::awaitPeers(DirectFlag flag, int q, uint32_t value, cuda
   std::vector<FlagWait> added;
   for (int p = 0; p < nranks; ++p) {
     if (p == rank || (onlyPeer >= 0 && p != onlyPeer)) continue;
-    const CUresult error = waitValue(reinterpret_cast<CUstream>(stream), flagsDevice + flagIndex(flag, q, p) * 4, value,
-                                     CU_STREAM_WAIT_VALUE_GEQ);
-    if (error != CUDA_SUCCESS) {
-      fail(chorusUnhandledCudaError, "rank {}: device path: cuStreamWaitValue32 (direct) failed ({})", rank,
-           static_cast<int>(error));
-    }
+    streamWait(stream, flagsDevice + flagIndex(flag, q, p) * 4, value, "direct");
     added.push_back(FlagWait{p, flag, q, value, lastOwnFlag, lastOwnQ, lastOwnValue, 0});
   }
   bool idle;  // the watcher sleeps until told (it looks every millisecond while waits are left)
@@ -1176,10 +1186,7 @@ void CUDART_CB DeviceEngine::Impl::hostPost(void* data) {
 // one-thread wait kernel, or a stream wait on the call's number).
 void DeviceEngine::Impl::waitForProxy(cudaStream_t stream) {
   if (byValue) {
-    const CUresult error =
-        waitValue(reinterpret_cast<CUstream>(stream), doneValueDevice, ++valueWaited, CU_STREAM_WAIT_VALUE_GEQ);
-    if (error != CUDA_SUCCESS)
-      fail(chorusUnhandledCudaError, "rank {}: device path: cuStreamWaitValue32 failed ({})", rank, int(error));
+    streamWait(stream, doneValueDevice, ++valueWaited, "staged");
     return;
   }
   const int error = ipc::launchWait(waits, doneDevice, controlDevice, stream);
@@ -1194,10 +1201,7 @@ void DeviceEngine::Impl::post(const StagedCall* staged, cudaStream_t stream) {
       valuePending.emplace_back(staged, number);
     }
     wake.notify_one();
-    const CUresult error =
-        writeValue(reinterpret_cast<CUstream>(stream), postedDevice, number, CU_STREAM_WRITE_VALUE_DEFAULT);
-    if (error != CUDA_SUCCESS)
-      fail(chorusUnhandledCudaError, "rank {}: device path: cuStreamWriteValue32 failed ({})", rank, int(error));
+    streamWrite(stream, postedDevice, number, "staged");
     return;
   }
   check(cudaLaunchHostFunc(stream, &Impl::hostPost, const_cast<StagedCall*>(staged)), rank, "cudaLaunchHostFunc");
