@@ -1,7 +1,9 @@
 // memory.cc: shareable host allocations (see memory.h).
 #include "src/base/memory.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -76,6 +78,75 @@ bool findShared(const void* data, size_t bytes, SharedRange* range) {
   if (address + bytes > base + allocation.bytes) return false;
   *range = {allocation.fd, allocation.serial, allocation.bytes, address - base};
   return true;
+}
+
+SharedSegment& SharedSegment::operator=(SharedSegment&& other) noexcept {
+  std::swap(base_, other.base_);
+  std::swap(bytes_, other.bytes_);
+  std::swap(name_, other.name_);
+  std::swap(owner_, other.owner_);
+  return *this;
+}
+
+SharedSegment::~SharedSegment() {
+  unlink();
+  if (base_ != nullptr) munmap(base_, bytes_);
+}
+
+SharedSegment SharedSegment::create(const std::string& name, size_t bytes) {
+  SharedSegment segment;
+  shm_unlink(name.c_str());  // a leftover of a crashed run with the same name: start clean
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) failErrno("shared memory: shm_open(" + name + ", create)");
+  const int error =
+      ftruncate(fd, static_cast<off_t>(bytes)) != 0 ? errno : posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (error != 0) {
+    ::close(fd);
+    shm_unlink(name.c_str());
+    fail(chorusSystemError, "shared memory: cannot reserve {} bytes for {}: {} (is /dev/shm large enough?)", bytes,
+         name, std::strerror(error));
+  }
+  segment.map(fd, bytes, name);
+  segment.name_ = name;
+  segment.owner_ = true;
+  return segment;
+}
+
+SharedSegment SharedSegment::open(const std::string& name, size_t bytes) {
+  SharedSegment segment;
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) failErrno("shared memory: shm_open(" + name + ")");
+  segment.map(fd, bytes, name);
+  return segment;
+}
+
+SharedSegment SharedSegment::tryOpen(const std::string& name, size_t bytes) {
+  SharedSegment segment;
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    if (errno == ENOENT) return segment;
+    failErrno("shared memory: shm_open(" + name + ")");
+  }
+  struct stat status {};
+  if (fstat(fd, &status) != 0 || static_cast<size_t>(status.st_size) < bytes) {
+    ::close(fd);
+    return segment;
+  }
+  segment.map(fd, bytes, name);
+  return segment;
+}
+
+void SharedSegment::unlink() {
+  if (owner_) shm_unlink(name_.c_str());
+  owner_ = false;
+}
+
+void SharedSegment::map(int fd, size_t bytes, const std::string& name) {
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (base == MAP_FAILED) failErrno("shared memory: mmap(" + name + ")");
+  base_ = base;
+  bytes_ = bytes;
 }
 
 }  // namespace chorus

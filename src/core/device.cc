@@ -4,9 +4,7 @@
 
 #include <cuda.h>
 #include <cuda_runtime.h>
-#include <fcntl.h>
 #include <fmt/ranges.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -30,6 +28,7 @@
 #include "src/base/config.h"
 #include "src/base/error.h"
 #include "src/base/log.h"
+#include "src/base/memory.h"
 #include "src/collectives/algorithm.h"
 #include "src/collectives/traits.h"
 #include "src/core/communicator.h"
@@ -288,7 +287,8 @@ struct DeviceEngine::Impl {
   char* directBuffer = nullptr;
   std::vector<char*> peerDirect;  // by rank (this rank's own too)
   uint64_t directPieces = 0;
-  uint32_t* flags = nullptr;    // the page, as this process maps it
+  SharedSegment flagsPage;
+  uint32_t* flags = nullptr;    // its words
   CUdeviceptr flagsDevice = 0;  // the same, for the streams
   bool flagsRegistered = false;
   uint32_t lastPublished[2] = {};  // the last piece published into buffer q (0: none)
@@ -549,15 +549,13 @@ bool DeviceEngine::Impl::setUpDirect(bool oneGpu) {
       std::snprintf(info.flagsName, sizeof(info.flagsName), "/chorus-direct-%d-%llu-%llx", static_cast<int>(getpid()),
                     static_cast<unsigned long long>(pages++),
                     static_cast<unsigned long long>(steadyNs() & 0xffffffffull));
-      const int fd = shm_open(info.flagsName, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-      ok = fd >= 0 && ftruncate(fd, kFlagsBytes) == 0;
-      if (fd >= 0) {
-        void* page = ok ? mmap(nullptr, kFlagsBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-        ::close(fd);
-        if (page != MAP_FAILED) flags = static_cast<uint32_t*>(page);
+      try {
+        flagsPage = SharedSegment::create(info.flagsName, kFlagsBytes);
+        flags = reinterpret_cast<uint32_t*>(flagsPage.base());
+      } catch (const Error& e) {  // the ranks still meet below, and agree on another path
+        logAt(LogLevel::kInfo, "rank 0: no direct device path: {}", e.what());
+        ok = false;
       }
-      ok = ok && flags != nullptr;
-      if (!ok) info.flagsName[0] = '\0';
     }
     info.inPlaceBytes = static_cast<uint64_t>(std::max<int64_t>(knobInt(Knob::kDeviceDirectInPlaceBytes), 0));
     const std::string reducers = knobString(Knob::kDeviceDirectReducers);
@@ -599,8 +597,7 @@ bool DeviceEngine::Impl::setUpDirect(bool oneGpu) {
   }
   std::vector<int32_t> agreed(nranks);
   comm.run({comm.prepare(Collective::kAllGather, &mine, agreed.data(), 1, chorusInt32, chorusSum, 0)});
-  // Every rank has mapped the page, or given up: its name may go.
-  if (rank == 0 && info.flagsName[0] != '\0') shm_unlink(info.flagsName);
+  flagsPage.unlink();  // every rank has mapped the page, or given up: its name may go (rank 0's)
   const bool ok = std::all_of(agreed.begin(), agreed.end(), [](int32_t v) { return v != 0; });
   if (!ok) {
     closeDirect();
@@ -614,12 +611,13 @@ bool DeviceEngine::Impl::setUpDirect(bool oneGpu) {
 // write and wait on it, and opens a pidfd for each peer in this pid namespace.
 bool DeviceEngine::Impl::setUpFlags(const std::vector<DirectInfo>& all) {
   if (rank != 0) {
-    const int fd = shm_open(all[0].flagsName, O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) return false;
-    void* page = mmap(nullptr, kFlagsBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (page == MAP_FAILED) return false;
-    flags = static_cast<uint32_t*>(page);
+    try {
+      flagsPage = SharedSegment::open(all[0].flagsName, kFlagsBytes);
+    } catch (const Error& e) {
+      logAt(LogLevel::kInfo, "rank {}: no direct device path: {}", rank, e.what());
+      return false;
+    }
+    flags = reinterpret_cast<uint32_t*>(flagsPage.base());
   }
   if (cudaHostRegister(flags, kFlagsBytes, cudaHostRegisterPortable | cudaHostRegisterMapped) != cudaSuccess) {
     cudaGetLastError();
@@ -669,7 +667,7 @@ void DeviceEngine::Impl::closeDirect() {
   peerPid.clear();
   if (flagsRegistered) cudaHostUnregister(flags);
   flagsRegistered = false;
-  if (flags != nullptr) munmap(flags, kFlagsBytes);
+  flagsPage = SharedSegment();
   flags = nullptr;
   if (directBuffer != nullptr) cudaFree(directBuffer);
   directBuffer = nullptr;

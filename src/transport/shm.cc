@@ -171,96 +171,6 @@ void ring(Doorbell* bell) {
   }
 }
 
-// A mapped shared-memory segment.
-class Segment {
- public:
-  Segment() = default;
-  Segment(const Segment&) = delete;
-  Segment& operator=(const Segment&) = delete;
-  Segment(Segment&& other) noexcept { *this = std::move(other); }
-  Segment& operator=(Segment&& other) noexcept {
-    std::swap(base_, other.base_);
-    std::swap(bytes_, other.bytes_);
-    std::swap(name_, other.name_);
-    std::swap(owner_, other.owner_);
-    return *this;
-  }
-  ~Segment() {
-    unlink();
-    if (base_ != nullptr) munmap(base_, bytes_);
-  }
-
-  static Segment create(const std::string& name, size_t bytes) {
-    Segment segment;
-    shm_unlink(name.c_str());  // a leftover of a crashed run with the same id: start clean
-    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) failErrno("shm transport: shm_open(" + name + ", create)");
-    // Reserve the pages now: a full /dev/shm then fails here with a message, not with SIGBUS at
-    // the first write.
-    const int error =
-        ftruncate(fd, static_cast<off_t>(bytes)) != 0 ? errno : posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-    if (error != 0) {
-      ::close(fd);
-      shm_unlink(name.c_str());
-      fail(chorusSystemError, "shm transport: cannot reserve {} bytes for {}: {} (is /dev/shm large enough?)", bytes,
-           name, std::strerror(error));
-    }
-    segment.map(fd, bytes, name);
-    segment.name_ = name;
-    segment.owner_ = true;
-    return segment;
-  }
-
-  static Segment open(const std::string& name, size_t bytes) {
-    Segment segment;
-    const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) failErrno("shm transport: shm_open(" + name + ")");
-    segment.map(fd, bytes, name);
-    return segment;
-  }
-
-  // The segment of that name if it exists with at least `bytes` (its creator may not have sized it
-  // yet), else an unmapped one.
-  static Segment tryOpen(const std::string& name, size_t bytes) {
-    Segment segment;
-    const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) {
-      if (errno == ENOENT) return segment;
-      failErrno("shm transport: shm_open(" + name + ")");
-    }
-    struct stat status {};
-    if (fstat(fd, &status) != 0 || static_cast<size_t>(status.st_size) < bytes) {
-      ::close(fd);
-      return segment;
-    }
-    segment.map(fd, bytes, name);
-    return segment;
-  }
-  bool mapped() const { return base_ != nullptr; }
-  // Leaves the name for another process to remove.
-  void keepName() { owner_ = false; }
-
-  void unlink() {
-    if (owner_) shm_unlink(name_.c_str());
-    owner_ = false;
-  }
-  char* base() const { return static_cast<char*>(base_); }
-
- private:
-  void map(int fd, size_t bytes, const std::string& name) {
-    void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (base == MAP_FAILED) failErrno("shm transport: mmap(" + name + ")");
-    base_ = base;
-    bytes_ = bytes;
-  }
-
-  void* base_ = nullptr;
-  size_t bytes_ = 0;
-  std::string name_;
-  bool owner_ = false;
-};
-
 struct PendingOp {
   uint64_t tag;
   char* data;
@@ -280,7 +190,7 @@ struct Peer {
   int rank = -1;
   pid_t pid = 0;
   Link link = Link::kNone;
-  Segment segment;            // the pair's FIFOs
+  SharedSegment segment;      // the pair's FIFOs
   bool probedByPeer = false;  // the lower rank of the pair: the higher has opened the segment
   bool probesKnown = false;   // the peer has answered this rank's probes (peerReads, peerMaps)
   FifoControl* out = nullptr;
@@ -326,11 +236,11 @@ class ShmTransport final : public Transport {
     const std::string bells = fmt::format("{}-bells-{}", prefix_, host.front());
     const size_t bellBytes = host.size() * sizeof(Doorbell);
     if (!peers.empty() && host.front() == rank_) {
-      bellsSegment_ = Segment::create(bells, bellBytes);
+      bellsSegment_ = SharedSegment::create(bells, bellBytes);
       for (size_t i = 0; i < host.size(); ++i) new (bellsSegment_.base() + i * sizeof(Doorbell)) Doorbell{};
     }
     context.exchange->barrier(context.deadline);
-    if (!peers.empty() && host.front() != rank_) bellsSegment_ = Segment::open(bells, bellBytes);
+    if (!peers.empty() && host.front() != rank_) bellsSegment_ = SharedSegment::open(bells, bellBytes);
     context.exchange->barrier(context.deadline);
     bellsSegment_.unlink();
     if (peers.empty()) return;
@@ -544,7 +454,7 @@ class ShmTransport final : public Transport {
 
   // The lower rank of the pair: makes its segment; this rank may send at once.
   void createPair(Peer& p) {
-    p.segment = Segment::create(pairName(rank_, p.rank), pairBytes());
+    p.segment = SharedSegment::create(pairName(rank_, p.rank), pairBytes());
     auto* header = new (p.segment.base()) PairHeader{};
     new (p.segment.base() + sizeof(PairHeader)) FifoControl{};
     new (p.segment.base() + sizeof(PairHeader) + fifoBytes_) FifoControl{};
@@ -558,7 +468,7 @@ class ShmTransport final : public Transport {
   // and says so. Returns true once done.
   bool openPair(Peer& p) {
     if (!p.segment.mapped()) {
-      p.segment = Segment::tryOpen(pairName(p.rank, rank_), pairBytes());
+      p.segment = SharedSegment::tryOpen(pairName(p.rank, rank_), pairBytes());
       if (!p.segment.mapped()) return false;
     }
     auto* header = reinterpret_cast<PairHeader*>(p.segment.base());
@@ -889,8 +799,8 @@ class ShmTransport final : public Transport {
   std::string prefix_;            // of this communicator's segment names
   std::vector<char> readBuffer_;  // pieces read for a sink
   PeerTable<Peer> peers_;
-  Segment bellsSegment_;      // the host's doorbells
-  Doorbell* bell_ = nullptr;  // this rank's
+  SharedSegment bellsSegment_;  // the host's doorbells
+  Doorbell* bell_ = nullptr;    // this rank's
   int probeFd_ = -1;
   int connections_ = 0;
   int linking_ = 0;  // links with set-up work left here (the higher rank's ends once it opens the pair)
