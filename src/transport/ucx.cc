@@ -238,13 +238,14 @@ class UcxTransport final : public Transport {
       if (context_ != nullptr) ucp_cleanup(context_);
       return;
     }
-    if (stuckOnAnExitedPeer()) {
-      // A transfer with a peer on this host that has exited (kill -9 mid-message) can stay queued
-      // on UCX's shared-memory endpoint, and UCX asserts (aborts the process) when it destroys an
-      // endpoint with work queued. The worker and its endpoints are left to the process's exit.
+    if (stuckWithAFailedPeer()) {
+      // A transfer with a peer on this host that has exited (kill -9 mid-message), or after an
+      // abort with a peer that has dropped its side, can stay queued on UCX's shared-memory
+      // endpoint, and UCX asserts (aborts the process) when it destroys an endpoint with work
+      // queued. The worker and its endpoints are left to the process's exit.
       logAt(LogLevel::kInfo,
-            "ucx: rank {}: a transfer with a peer that has exited is still queued; this communicator's UCX worker "
-            "is left as it is until the process exits",
+            "ucx: rank {}: a transfer with a peer that has exited or failed is still queued; this communicator's UCX "
+            "worker is left as it is until the process exits",
             rank_);
     } else {
       closeWorker();
@@ -278,12 +279,14 @@ class UcxTransport final : public Transport {
     ucp_cleanup(context_);
   }
 
-  // Whether a transfer with an exited peer on this host is still UCX's after a short while of
-  // progress (what UCX can still finish or fail, it does meanwhile).
-  bool stuckOnAnExitedPeer() {
+  // Whether a transfer UCX may never finish is still its after a short while of progress (what
+  // UCX can still finish or fail, it does meanwhile): one with a peer on this host that has
+  // exited, or, once the transfers were cancelled (an abort, or a failure), one with any peer: a
+  // live peer may have destroyed its worker with the other side of a rendezvous queued.
+  bool stuckWithAFailedPeer() {
     std::set<int> exited;
     for (const Peer& p : peers_.all()) {
-      if (p.sameHost && p.pid > 0 && processExited(p.pidfd, p.pid)) exited.insert(p.rank);
+      if (cancelled_ || (p.sameHost && p.pid > 0 && processExited(p.pidfd, p.pid))) exited.insert(p.rank);
     }
     if (exited.empty()) return false;
     auto stuck = [&] {
