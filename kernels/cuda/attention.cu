@@ -371,21 +371,26 @@ int launchTc(Kernel kernel, dim3 grid, size_t bytes, void* stream, Args... args)
 template <typename T>
 int forwardTc(const Pair<uint16_t>& p, int batch, int NH, float* out, int outStride, float* rowMax, float* rowSum,
               void* stream) {
-  const size_t bytes = TcForwardMemory::carve(nullptr, p.hs).bytes;
-  return launchTc(forwardTcKernel<T>, dim3((p.Tq + kTcRows - 1) / kTcRows, NH, batch), bytes, stream, p, out, outStride,
-                  rowMax, rowSum);
+  const dim3 grid((p.Tq + kTcRows - 1) / kTcRows, NH, batch);
+  return withHeadSize(p.hs, [&](auto size) {
+    return launchTc(forwardTcKernel<T, size()>, grid, TcForwardMemory::carve(nullptr, size()).bytes, stream, p, out,
+                    outStride, rowMax, rowSum);
+  });
 }
 
 template <typename T>
 int backwardTc(const Pair<uint16_t>& p, int batch, int NH, const float* dout, int doutStride, const float* lse,
                const float* delta, float* dq, int dqStride, float* dk, float* dv, int dkvStride, void* stream) {
-  if (const int error =
-          launchTc(backwardQueryTcKernel<T>, dim3((p.Tq + kTcRows - 1) / kTcRows, NH, batch),
-                   TcQueryMemory::carve(nullptr, p.hs).bytes, stream, p, dout, doutStride, lse, delta, dq, dqStride)) {
-    return error;
-  }
-  return launchTc(backwardKeyTcKernel<T>, dim3((p.Tk + kTcRows - 1) / kTcRows, NH, batch),
-                  TcKeyMemory::carve(nullptr, p.hs).bytes, stream, p, dout, doutStride, lse, delta, dk, dv, dkvStride);
+  return withHeadSize(p.hs, [&](auto size) {
+    if (const int error = launchTc(backwardQueryTcKernel<T, size()>, dim3((p.Tq + kTcRows - 1) / kTcRows, NH, batch),
+                                   TcQueryMemory::carve(nullptr, size()).bytes, stream, p, dout, doutStride, lse, delta,
+                                   dq, dqStride)) {
+      return error;
+    }
+    return launchTc(backwardKeyTcKernel<T, size()>, dim3((p.Tk + kTcRows - 1) / kTcRows, NH, batch),
+                    TcKeyMemory::carve(nullptr, size()).bytes, stream, p, dout, doutStride, lse, delta, dk, dv,
+                    dkvStride);
+  });
 }
 
 // Lanes of the head's columns each lane holds (head size up to 32 lanes), 0 above the largest.

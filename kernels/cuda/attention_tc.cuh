@@ -1,7 +1,7 @@
 // attention_tc.cuh: what attention.cu's kernels share (where a row starts, a block pair's
 // geometry) and its tensor-core kernels, for 16-bit q, k and v whose head size is a multiple of 16.
 // attention.cu launches them. Written against a small part of CUDA (threads, warps and their
-// shuffles, WMMA fragments, dynamic shared memory) so that a host emulation of that part
+// shuffles, the warp's tensor-core product of mma.cuh, dynamic shared memory) so that a host emulation of that part
 // (tests/support/cuda_emulation.h, defining CHORUS_CUDA_EMULATION) compiles the same kernels and
 // tests them on a machine without a GPU.
 #pragma once
@@ -9,14 +9,16 @@
 #ifndef CHORUS_CUDA_EMULATION
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <mma.h>
 #endif
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "kernels/cuda/block.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/nn.h"
 
 namespace chorus::kernels::cuda::attention {
@@ -45,20 +47,51 @@ struct Pair {
 };
 
 // The same blocks and the same work split by owner as attention.cu's scalar kernels, with the
-// products on the tensor cores (WMMA 16 x 16 x 16, fp32 accumulation) and the rounding of the CPU's 16-bit attention
-// (kernels/cpu/nn.h): the probabilities are rounded to the format for P V, and backward rounds dO
-// and dS for its products. Each warp owns 16 rows (queries; keys in the dk/dv kernel) of a block
-// of kTcRows; the other side goes by kTcOther rows at a time through shared memory. Scores,
-// probabilities and the fp32 sums a warp owns live in shared memory (a fragment's layout is the
-// hardware's), so the online softmax rescales them by row.
+// products on the tensor cores (mma.cuh: the warp's 16 x 8 x 16 product on registers, fp32
+// accumulation) and the rounding of the CPU's 16-bit attention (kernels/cpu/nn.h): the
+// probabilities are rounded to the format for P V, and backward rounds dO and dS for its products.
+// Each warp owns 16 rows (queries; keys in the dk/dv kernel) of a block of kTcRows; the other side
+// goes by a tile of rows at a time through shared memory. A warp's scores, probabilities and sums
+// stay in its registers: a lane holds rows g and g+8 (g = lane / 4) of each 16 x 8 piece, so the
+// online softmax reduces a row over the 4 lanes of its group, and the probabilities' accumulators
+// are already the next product's a operand. Tiles a product reads along its other index (V in
+// P V, K in dS K, Q and dO in the dk/dv kernel's) are stored transposed as well.
 
 constexpr int kTcWarps = 4;
 constexpr int kTcRows = 16 * kTcWarps;
-constexpr int kTcOther = 32;
-static_assert(kTcOther % 2 == 0, "the forward's online softmax gives each of a row's two lanes half the tile");
 
 // True when the tensor-core kernels take a head of hs columns.
 inline bool tensorCoresTake(int hs) { return hs % 16 == 0 && hs <= kMaxAttentionHeadSize; }
+
+// Rows of the other side per tile: keys in the forward, keys or queries in backward (fewer for
+// wide heads, whose accumulators take more registers).
+__host__ __device__ constexpr int forwardTile(int) { return 64; }
+__host__ __device__ constexpr int backwardTile(int hs) { return hs <= 64 ? 64 : 16; }
+
+// Calls f(std::integral_constant<int, HS>{}) for the head size hs (tensorCoresTake(hs)) and
+// returns what it returns: the kernels are compiled for each such size.
+template <typename F>
+auto withHeadSize(int hs, F f) {
+  static_assert(kMaxAttentionHeadSize == 128, "one case per multiple of 16");
+  switch (hs) {
+    case 16:
+      return f(std::integral_constant<int, 16>{});
+    case 32:
+      return f(std::integral_constant<int, 32>{});
+    case 48:
+      return f(std::integral_constant<int, 48>{});
+    case 64:
+      return f(std::integral_constant<int, 64>{});
+    case 80:
+      return f(std::integral_constant<int, 80>{});
+    case 96:
+      return f(std::integral_constant<int, 96>{});
+    case 112:
+      return f(std::integral_constant<int, 112>{});
+    default:
+      return f(std::integral_constant<int, 128>{});
+  }
+}
 
 template <typename T>
 __device__ T roundTo(float x);
@@ -70,8 +103,16 @@ template <>
 inline __device__ __half roundTo<__half>(float x) {
   return __float2half_rn(x);
 }
+template <typename T>
+__device__ T toElement(T x) {
+  return x;
+}
+template <typename T>
+__device__ T toElement(float x) {
+  return roundTo<T>(x);
+}
 
-// Carves one block's dynamic shared memory: each piece 128-byte aligned (WMMA needs 32).
+// Carves one block's dynamic shared memory: each piece 128-byte aligned.
 struct Carve {
   size_t used = 0;
   template <typename U>
@@ -82,354 +123,362 @@ struct Carve {
   }
 };
 
-// Leading dimensions: 16-bit rows padded by 8 elements, fp32 rows by 4 (multiples WMMA allows,
-// and the padding spreads the rows over the banks).
-__host__ __device__ inline int halfPitch(int cols) { return cols + 8; }
-__host__ __device__ inline int floatPitch(int cols) { return cols + 4; }
+// A tile's pitch: 16-bit rows padded by 8 elements (16 bytes, so rows stay 16-byte aligned for
+// the loads; the lanes' 4-byte reads of a product's operands then fall in 32 different banks).
+__host__ __device__ constexpr int halfPitch(int cols) { return cols + 8; }
 
-// rows x hs 16-bit elements of one head into tile (pitch halfPitch(hs)), zeros past `rows`: 16
-// bytes (8 elements) per load where the rows start 16-byte aligned (hs is a multiple of 16, so a
-// tile's rows do), else an element at a time.
-template <typename T>
-__device__ void loadTcTile(T* tile, const T* base, int b, size_t batchRows, int first, int count, int rows, int stride,
-                           int hs) {
-  const int pitch = halfPitch(hs);
-  if (reinterpret_cast<uintptr_t>(base) % 16 == 0 && stride % 8 == 0) {
-    const int chunks = hs / 8;
+// Rows [first, first + count) x hs columns of one head (sequence b) into tile, rounded to T where
+// Source is float (dO), zeros past `rows`: tile[r * pitch + c], or transposed tile[c * pitch + r].
+// 16 bytes per load where the rows start 16-byte aligned, else an element at a time.
+template <bool kTransposed, typename T, typename Source>
+__device__ void loadTile(T* tile, int pitch, const Source* base, int b, size_t batchRows, int first, int count,
+                         int rows, int stride, int hs) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(Source));  // elements per 16-byte load
+  if (reinterpret_cast<uintptr_t>(base) % 16 == 0 && stride % kPer == 0) {
+    const int chunks = hs / kPer;
     for (int at = threadIdx.x; at < count * chunks; at += blockDim.x) {
-      const int r = at / chunks, c = (at - r * chunks) * 8;
-      uint4 x{};  // +0 in both 16-bit formats
+      // Transposed, consecutive threads take consecutive rows: their 2-byte stores share no bank.
+      const int r = kTransposed ? at % count : at / chunks, c = (kTransposed ? at / count : at % chunks) * kPer;
+      uint4 x{0, 0, 0, 0};  // +0 in every format
       if (first + r < rows) x = *reinterpret_cast<const uint4*>(base + rowAt(b, batchRows, first + r, stride) + c);
-      *reinterpret_cast<uint4*>(tile + r * pitch + c) = x;
+      if constexpr (!kTransposed && std::is_same_v<Source, T>) {
+        *reinterpret_cast<uint4*>(tile + r * pitch + c) = x;
+      } else {
+        Source e[kPer];
+        memcpy(e, &x, sizeof x);
+        for (int j = 0; j < kPer; ++j) tile[kTransposed ? (c + j) * pitch + r : r * pitch + c + j] = toElement<T>(e[j]);
+      }
     }
     return;
   }
   for (int at = threadIdx.x; at < count * hs; at += blockDim.x) {
-    const int r = at / hs, c = at % hs;
-    tile[r * pitch + c] = first + r < rows ? base[rowAt(b, batchRows, first + r, stride) + c] : roundTo<T>(0.0f);
-  }
-}
-// The same from fp32 rows (dO), rounded to T: 4 floats per load where aligned.
-template <typename T>
-__device__ void loadTcTileRounded(T* tile, const float* base, int b, size_t batchRows, int first, int count, int rows,
-                                  int stride, int hs) {
-  const int pitch = halfPitch(hs);
-  if (reinterpret_cast<uintptr_t>(base) % 16 == 0 && stride % 4 == 0) {
-    const int chunks = hs / 4;
-    for (int at = threadIdx.x; at < count * chunks; at += blockDim.x) {
-      const int r = at / chunks, c = (at - r * chunks) * 4;
-      float4 x{0.0f, 0.0f, 0.0f, 0.0f};
-      if (first + r < rows) x = *reinterpret_cast<const float4*>(base + rowAt(b, batchRows, first + r, stride) + c);
-      T* to = tile + r * pitch + c;
-      to[0] = roundTo<T>(x.x);
-      to[1] = roundTo<T>(x.y);
-      to[2] = roundTo<T>(x.z);
-      to[3] = roundTo<T>(x.w);
-    }
-    return;
-  }
-  for (int at = threadIdx.x; at < count * hs; at += blockDim.x) {
-    const int r = at / hs, c = at % hs;
-    tile[r * pitch + c] = roundTo<T>(first + r < rows ? base[rowAt(b, batchRows, first + r, stride) + c] : 0.0f);
+    const int r = kTransposed ? at % count : at / hs, c = kTransposed ? at / count : at % hs;
+    tile[kTransposed ? c * pitch + r : r * pitch + c] =
+        first + r < rows ? toElement<T>(base[rowAt(b, batchRows, first + r, stride) + c]) : roundTo<T>(0.0f);
   }
 }
 
-namespace wm = nvcuda::wmma;
-using Accumulator = wm::fragment<wm::accumulator, 16, 16, 16, float>;
-
-// out (16 x 16 * nTiles, fp32, pitch ldOut) = a (16 x depth, row-major) times b^T, b given as
-// 16 * nTiles rows of depth (row-major): the scores of a warp's rows against a tile's.
-template <typename T>
-__device__ void productWithTransposed(float* out, int ldOut, const T* a, int lda, const T* b, int ldb, int nTiles,
-                                      int depth) {
-  for (int n = 0; n < nTiles; ++n) {
-    Accumulator acc;
-    wm::fill_fragment(acc, 0.0f);
-    for (int k = 0; k < depth; k += 16) {
-      wm::fragment<wm::matrix_a, 16, 16, 16, T, wm::row_major> fa;
-      wm::fragment<wm::matrix_b, 16, 16, 16, T, wm::col_major> fb;
-      wm::load_matrix_sync(fa, a + k, lda);
-      wm::load_matrix_sync(fb, b + n * 16 * ldb + k, ldb);
-      wm::mma_sync(acc, fa, fb, acc);
-    }
-    wm::store_matrix_sync(out + n * 16, acc, ldOut, wm::mem_row_major);
-  }
+// The 4 lanes of a group (g = lane / 4) hold a row's columns: the maximum and the sum over them.
+__device__ inline float groupMax(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ inline float groupSum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// sum (16 x width, fp32, pitch ldSum) += a (16 x depth, row-major) times b (depth x width,
-// row-major): a warp's weighted sums of a tile's rows.
-template <typename T>
-__device__ void addProduct(float* sum, int ldSum, const T* a, int lda, const T* b, int ldb, int width, int depth) {
-  for (int n = 0; n < width; n += 16) {
-    Accumulator acc;
-    wm::load_matrix_sync(acc, sum + n, ldSum, wm::mem_row_major);
-    for (int k = 0; k < depth; k += 16) {
-      wm::fragment<wm::matrix_a, 16, 16, 16, T, wm::row_major> fa;
-      wm::fragment<wm::matrix_b, 16, 16, 16, T, wm::row_major> fb;
-      wm::load_matrix_sync(fa, a + k, lda);
-      wm::load_matrix_sync(fb, b + k * ldb + n, ldb);
-      wm::mma_sync(acc, fa, fb, acc);
+// acc (16 x HS: kHeadPieces pieces of 8 columns) += s t: s the warp's 16 rows against the other
+// side's tile (kPieces pieces of 8), rounded to T as the product's a operand, pieces
+// [firstPiece, endPiece) of it taken (the rest are zeros: masked), and t that tile's rows stored
+// transposed (tileT: a row per head column, pitch ldt).
+template <typename T, int kHeadPieces, int kPieces>
+__device__ void addProduct(float (&acc)[kHeadPieces][4], const float (&s)[kPieces][4], int firstPiece, int endPiece,
+                           const T* tileT, int ldt) {
+  for (int kk = 0; kk < kPieces / 2; ++kk) {  // 16 rows of the tile a step; from 0 so that s stays in registers
+    if (2 * kk + 1 < firstPiece || 2 * kk >= endPiece) continue;
+    uint32_t a[4];
+    mma::accumulatorsAsA<T>(a, s[2 * kk], s[2 * kk + 1]);
+    for (int n = 0; n < kHeadPieces; ++n) {
+      uint32_t b[2];
+      mma::loadB(b, tileT, ldt, n * 8, kk * 16);
+      mma::product<T>(acc[n], a, b);
     }
-    wm::store_matrix_sync(sum + n, acc, ldSum, wm::mem_row_major);
   }
 }
 
 // Shared memory of each kernel, by head size (the host sizes the launch with the same carve).
+// The 16-bit pointers are of any 16-bit T: the kernels cast them.
 struct TcForwardMemory {
-  __nv_bfloat16 *q, *k, *v, *p;  // any 16-bit T: the pointers are cast
-  float *s, *o, *rowMax, *rowSum;
+  __nv_bfloat16 *q, *k, *vt;  // vt: v transposed
   size_t bytes;
   __host__ __device__ static TcForwardMemory carve(unsigned char* base, int hs) {
+    const int keys = forwardTile(hs);
     TcForwardMemory m{};
     Carve c;
     m.q = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(hs));
-    m.k = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcOther) * halfPitch(hs));
-    m.v = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcOther) * halfPitch(hs));
-    m.p = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(kTcOther));
-    m.s = c.take<float>(base, static_cast<size_t>(kTcRows) * floatPitch(kTcOther));
-    m.o = c.take<float>(base, static_cast<size_t>(kTcRows) * floatPitch(hs));
-    m.rowMax = c.take<float>(base, kTcRows);
-    m.rowSum = c.take<float>(base, kTcRows);
+    m.k = c.take<__nv_bfloat16>(base, static_cast<size_t>(keys) * halfPitch(hs));
+    m.vt = c.take<__nv_bfloat16>(base, static_cast<size_t>(hs) * halfPitch(keys));
     m.bytes = c.used;
     return m;
   }
 };
 
-template <typename T>
+template <typename T, int HS>
 __global__ void __launch_bounds__(kTcWarps* kWarp)
     forwardTcKernel(Pair<uint16_t> p, float* out, int outStride, float* rowMax, float* rowSum) {
+  constexpr int kKeys = forwardTile(HS), kHeadPieces = HS / 8, kKeyPieces = kKeys / 8;
+  constexpr int ldh = halfPitch(HS), ldt = halfPitch(kKeys);
   CHORUS_DYNAMIC_SHARED(shared);
-  const TcForwardMemory m = TcForwardMemory::carve(shared, p.hs);
-  T *qs = reinterpret_cast<T*>(m.q), *ks = reinterpret_cast<T*>(m.k), *vs = reinterpret_cast<T*>(m.v);
-  T* ps = reinterpret_cast<T*>(m.p);
+  const TcForwardMemory m = TcForwardMemory::carve(shared, HS);
+  T *qs = reinterpret_cast<T*>(m.q), *ks = reinterpret_cast<T*>(m.k), *vt = reinterpret_cast<T*>(m.vt);
   const int h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int hs = p.hs, ldh = halfPitch(hs), lds = floatPitch(kTcOther), ldp = halfPitch(kTcOther), ldo = floatPitch(hs);
-  const int firstRow = blockIdx.x * kTcRows;
-  const T* q = reinterpret_cast<const T*>(p.q) + h * hs;
-  const T* k = reinterpret_cast<const T*>(p.k) + h * hs;
-  const T* v = reinterpret_cast<const T*>(p.v) + h * hs;
-  // The block's queries, and the running state of their rows: output, maximum, sum.
-  loadTcTile(qs, q, b, p.qRows, firstRow, kTcRows, p.Tq, p.qStride, hs);
-  for (int at = threadIdx.x; at < kTcRows * hs; at += blockDim.x) {
-    const int r = at / hs, c = at % hs, i = firstRow + r;
-    m.o[r * ldo + c] = i < p.Tq ? out[rowAt(b, p.qRows, i, outStride) + h * hs + c] : 0.0f;
-  }
-  for (int r = threadIdx.x; r < kTcRows; r += blockDim.x) {
-    const int i = firstRow + r;
-    const size_t stat = b * p.batchStat + static_cast<size_t>(h) * p.statStride + i;
-    m.rowMax[r] = i < p.Tq ? rowMax[stat] : -INFINITY;
-    m.rowSum[r] = i < p.Tq ? rowSum[stat] : 0.0f;
-  }
-  const int mine = warp * 16;  // this warp's first row in the block
-  float* s = m.s + mine * lds;
-  T* pw = ps + mine * ldp;
-  float* o = m.o + mine * ldo;
-  const int keyEnd = p.keyEnd(firstRow, kTcRows);
-  for (int first = 0; first < keyEnd; first += kTcOther) {
-    __syncthreads();  // the last tile read by every warp (and, the first time, the state loaded)
-    loadTcTile(ks, k, b, p.kvRows, first, kTcOther, p.Tk, p.kvStride, hs);
-    loadTcTile(vs, v, b, p.kvRows, first, kTcOther, p.Tk, p.kvStride, hs);
-    __syncthreads();
-    productWithTransposed(s, lds, qs + mine * ldh, ldh, ks, ldh, kTcOther / 16, hs);
-    __syncwarp();
-    // The online softmax: a pair of lanes per row (r = lane / 2), each lane every other key of the
-    // tile (half, half + 2, ...), so a row's maximum and sum are a loop and one shuffle.
-    {
-      const int r = lane >> 1, half = lane & 1, row = mine + r, i = firstRow + row;
-      float score[kTcOther / 2];
-      float tileMax = -INFINITY;
-      for (int j = 0; j < kTcOther / 2; ++j) {
-        const int c = 2 * j + half;
-        score[j] = i >= p.Tq || p.masked(i, first + c) ? -INFINITY : s[r * lds + c] * p.scale;
-        tileMax = fmaxf(tileMax, score[j]);
+  const int g = lane >> 2, t = lane & 3;
+  const int firstRow = blockIdx.x * kTcRows, mine = warp * 16;  // this warp's first row in the block
+  const int warpLast = firstRow + mine + 15;
+  const T* k = reinterpret_cast<const T*>(p.k) + h * HS;
+  const T* v = reinterpret_cast<const T*>(p.v) + h * HS;
+  loadTile<false>(qs, ldh, reinterpret_cast<const T*>(p.q) + h * HS, b, p.qRows, firstRow, kTcRows, p.Tq, p.qStride,
+                  HS);
+  // The running state of this lane's rows (g and g+8 of the warp's): output, maximum, sum.
+  int row[2];
+  float runMax[2], runSum[2], o[kHeadPieces][4];
+  for (int s = 0; s < 2; ++s) {
+    row[s] = firstRow + mine + g + 8 * s;
+    const bool live = row[s] < p.Tq;
+    const size_t stat = b * p.batchStat + static_cast<size_t>(h) * p.statStride + row[s];
+    runMax[s] = live ? rowMax[stat] : -INFINITY;
+    runSum[s] = live ? rowSum[stat] : 0.0f;
+    for (int n = 0; n < kHeadPieces; ++n) {
+      for (int e = 0; e < 2; ++e) {
+        o[n][2 * s + e] = live ? out[rowAt(b, p.qRows, row[s], outStride) + h * HS + n * 8 + 2 * t + e] : 0.0f;
       }
-      tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 1));
-      const float before = m.rowMax[row];
-      const float newMax = fmaxf(before, tileMax);
-      const float carry = newMax == -INFINITY ? 1.0f : before == -INFINITY ? 0.0f : expf(before - newMax);
-      float total = 0.0f;
-      for (int j = 0; j < kTcOther / 2; ++j) {
-        const float weight = newMax == -INFINITY || score[j] == -INFINITY ? 0.0f : expf(score[j] - newMax);
-        pw[r * ldp + 2 * j + half] = roundTo<T>(weight);
-        total += weight;
-      }
-      total += __shfl_xor_sync(0xffffffffu, total, 1);  // both lanes of the row have read rowMax by now
-      if (half == 0) {
-        m.rowMax[row] = newMax;
-        m.rowSum[row] = m.rowSum[row] * carry + total;
-      }
-      // The row's output so far, rescaled to the new maximum (the pair's columns interleaved).
-      for (int col = half; col < hs; col += 2) o[r * ldo + col] *= carry;
     }
-    __syncwarp();
-    addProduct(o, ldo, pw, ldp, vs, ldh, hs, kTcOther);
   }
-  __syncthreads();
-  for (int at = threadIdx.x; at < kTcRows * hs; at += blockDim.x) {
-    const int r = at / hs, c = at % hs, i = firstRow + r;
-    if (i < p.Tq) out[rowAt(b, p.qRows, i, outStride) + h * hs + c] = m.o[r * ldo + c];
+  const int keyEnd = p.keyEnd(firstRow, kTcRows);
+  for (int first = 0; first < keyEnd; first += kKeys) {
+    __syncthreads();  // every warp done with the last tile (and, the first time, q loaded)
+    loadTile<false>(ks, ldh, k, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
+    loadTile<true>(vt, ldt, v, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
+    __syncthreads();
+    // On the diagonal, keys past the warp's last row are masked for all its rows: not multiplied.
+    const int pieces = !p.diagonal ? kKeyPieces : warpLast < first ? 0 : min(kKeyPieces, (warpLast - first) / 8 + 1);
+    float s[kKeyPieces][4] = {};
+    for (int d = 0; d < HS; d += 16) {
+      uint32_t a[4];
+      mma::loadA(a, qs, ldh, mine, d);
+      for (int n = 0; n < pieces; ++n) {
+        uint32_t bk[2];
+        mma::loadB(bk, ks, ldh, n * 8, d);
+        mma::product<T>(s[n], a, bk);
+      }
+    }
+    // The online softmax of this tile, rows g and g+8 (the group's 4 lanes hold a row's keys).
+    float tileMax[2] = {-INFINITY, -INFINITY};
+    for (int n = 0; n < kKeyPieces; ++n) {
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2, j = first + n * 8 + 2 * t + e % 2;
+        s[n][e] = row[r] >= p.Tq || p.masked(row[r], j) ? -INFINITY : s[n][e] * p.scale;
+        tileMax[r] = fmaxf(tileMax[r], s[n][e]);
+      }
+    }
+    float newMax[2], carry[2], total[2] = {0.0f, 0.0f};
+    for (int r = 0; r < 2; ++r) {
+      newMax[r] = fmaxf(runMax[r], groupMax(tileMax[r]));
+      carry[r] = newMax[r] == -INFINITY ? 1.0f : runMax[r] == -INFINITY ? 0.0f : expf(runMax[r] - newMax[r]);
+    }
+    for (int n = 0; n < kKeyPieces; ++n) {
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2;
+        s[n][e] = newMax[r] == -INFINITY || s[n][e] == -INFINITY ? 0.0f : expf(s[n][e] - newMax[r]);
+        total[r] += s[n][e];
+      }
+    }
+    for (int r = 0; r < 2; ++r) {
+      runMax[r] = newMax[r];
+      runSum[r] = runSum[r] * carry[r] + groupSum(total[r]);
+    }
+    for (int n = 0; n < kHeadPieces; ++n) {
+      for (int e = 0; e < 4; ++e) o[n][e] *= carry[e / 2];
+    }
+    addProduct(o, s, 0, pieces, vt, ldt);  // o += P V
   }
-  for (int r = threadIdx.x; r < kTcRows; r += blockDim.x) {
-    const int i = firstRow + r;
-    if (i >= p.Tq) continue;
-    const size_t stat = b * p.batchStat + static_cast<size_t>(h) * p.statStride + i;
-    rowMax[stat] = m.rowMax[r];
-    rowSum[stat] = m.rowSum[r];
+  for (int r = 0; r < 2; ++r) {
+    if (row[r] >= p.Tq) continue;
+    float* to = out + rowAt(b, p.qRows, row[r], outStride) + h * HS;
+    for (int n = 0; n < kHeadPieces; ++n) {
+      for (int e = 0; e < 2; ++e) to[n * 8 + 2 * t + e] = o[n][2 * r + e];
+    }
+    if (t == 0) {
+      const size_t stat = b * p.batchStat + static_cast<size_t>(h) * p.statStride + row[r];
+      rowMax[stat] = runMax[r];
+      rowSum[stat] = runSum[r];
+    }
   }
 }
 
 // Backward, dq: per block of queries, the keys a tile at a time.
 struct TcQueryMemory {
-  __nv_bfloat16 *q, *dout, *k, *v, *ds;
-  float *s, *dp, *dq, *lse, *delta;
+  __nv_bfloat16 *q, *dout, *k, *kt, *v;  // kt: k transposed
   size_t bytes;
   __host__ __device__ static TcQueryMemory carve(unsigned char* base, int hs) {
+    const int keys = backwardTile(hs);
     TcQueryMemory m{};
     Carve c;
     m.q = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(hs));
     m.dout = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(hs));
-    m.k = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcOther) * halfPitch(hs));
-    m.v = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcOther) * halfPitch(hs));
-    m.ds = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(kTcOther));
-    m.s = c.take<float>(base, static_cast<size_t>(kTcRows) * floatPitch(kTcOther));
-    m.dp = c.take<float>(base, static_cast<size_t>(kTcRows) * floatPitch(kTcOther));
-    m.dq = c.take<float>(base, static_cast<size_t>(kTcRows) * floatPitch(hs));
-    m.lse = c.take<float>(base, kTcRows);
-    m.delta = c.take<float>(base, kTcRows);
+    m.k = c.take<__nv_bfloat16>(base, static_cast<size_t>(keys) * halfPitch(hs));
+    m.kt = c.take<__nv_bfloat16>(base, static_cast<size_t>(hs) * halfPitch(keys));
+    m.v = c.take<__nv_bfloat16>(base, static_cast<size_t>(keys) * halfPitch(hs));
     m.bytes = c.used;
     return m;
   }
 };
 
-template <typename T>
+template <typename T, int HS>
 __global__ void __launch_bounds__(kTcWarps* kWarp)
     backwardQueryTcKernel(Pair<uint16_t> p, const float* dout, int doutStride, const float* lse, const float* delta,
                           float* dq, int dqStride) {
+  constexpr int kKeys = backwardTile(HS), kHeadPieces = HS / 8, kKeyPieces = kKeys / 8;
+  constexpr int ldh = halfPitch(HS), ldt = halfPitch(kKeys);
   CHORUS_DYNAMIC_SHARED(shared);
-  const TcQueryMemory m = TcQueryMemory::carve(shared, p.hs);
+  const TcQueryMemory m = TcQueryMemory::carve(shared, HS);
   T *qs = reinterpret_cast<T*>(m.q), *gs = reinterpret_cast<T*>(m.dout), *ks = reinterpret_cast<T*>(m.k),
-    *vs = reinterpret_cast<T*>(m.v), *dss = reinterpret_cast<T*>(m.ds);
+    *kt = reinterpret_cast<T*>(m.kt), *vs = reinterpret_cast<T*>(m.v);
   const int h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int hs = p.hs, ldh = halfPitch(hs), lds = floatPitch(kTcOther), ldp = halfPitch(kTcOther), ldo = floatPitch(hs);
-  const int firstRow = blockIdx.x * kTcRows;
-  const T* k = reinterpret_cast<const T*>(p.k) + h * hs;
-  const T* v = reinterpret_cast<const T*>(p.v) + h * hs;
-  loadTcTile(qs, reinterpret_cast<const T*>(p.q) + h * hs, b, p.qRows, firstRow, kTcRows, p.Tq, p.qStride, hs);
-  loadTcTileRounded(gs, dout + h * hs, b, p.qRows, firstRow, kTcRows, p.Tq, doutStride, hs);
-  for (int at = threadIdx.x; at < kTcRows * hs; at += blockDim.x) m.dq[(at / hs) * ldo + at % hs] = 0.0f;
-  for (int r = threadIdx.x; r < kTcRows; r += blockDim.x) {
-    const int i = firstRow + r;
-    const size_t stat = b * p.batchStat + static_cast<size_t>(h) * p.statStride + i;
-    m.lse[r] = i < p.Tq ? lse[stat] : 0.0f;
-    m.delta[r] = i < p.Tq ? delta[stat] : 0.0f;
+  const int g = lane >> 2, t = lane & 3;
+  const int firstRow = blockIdx.x * kTcRows, mine = warp * 16, warpLast = firstRow + mine + 15;
+  const T* k = reinterpret_cast<const T*>(p.k) + h * HS;
+  const T* v = reinterpret_cast<const T*>(p.v) + h * HS;
+  loadTile<false>(qs, ldh, reinterpret_cast<const T*>(p.q) + h * HS, b, p.qRows, firstRow, kTcRows, p.Tq, p.qStride,
+                  HS);
+  loadTile<false>(gs, ldh, dout + h * HS, b, p.qRows, firstRow, kTcRows, p.Tq, doutStride, HS);
+  int row[2];
+  float rowLse[2], rowDelta[2], acc[kHeadPieces][4] = {};
+  for (int r = 0; r < 2; ++r) {
+    row[r] = firstRow + mine + g + 8 * r;
+    const size_t stat = b * p.batchStat + static_cast<size_t>(h) * p.statStride + row[r];
+    rowLse[r] = row[r] < p.Tq ? lse[stat] : 0.0f;
+    rowDelta[r] = row[r] < p.Tq ? delta[stat] : 0.0f;
   }
-  const int mine = warp * 16;
-  float *s = m.s + mine * lds, *dp = m.dp + mine * lds, *dqw = m.dq + mine * ldo;
-  T* ds = dss + mine * ldp;
   const int keyEnd = p.keyEnd(firstRow, kTcRows);
-  for (int first = 0; first < keyEnd; first += kTcOther) {
+  for (int first = 0; first < keyEnd; first += kKeys) {
     __syncthreads();
-    loadTcTile(ks, k, b, p.kvRows, first, kTcOther, p.Tk, p.kvStride, hs);
-    loadTcTile(vs, v, b, p.kvRows, first, kTcOther, p.Tk, p.kvStride, hs);
+    loadTile<false>(ks, ldh, k, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
+    loadTile<true>(kt, ldt, k, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
+    loadTile<false>(vs, ldh, v, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
     __syncthreads();
-    productWithTransposed(s, lds, qs + mine * ldh, ldh, ks, ldh, kTcOther / 16, hs);
-    productWithTransposed(dp, lds, gs + mine * ldh, ldh, vs, ldh, kTcOther / 16, hs);
-    __syncwarp();
-    for (int at = lane; at < 16 * kTcOther; at += kWarp) {
-      const int r = at / kTcOther, j = at % kTcOther, row = mine + r, i = firstRow + row;
-      const bool off = i >= p.Tq || p.masked(i, first + j);
-      const float prob = off ? 0.0f : expf(s[r * lds + j] * p.scale - m.lse[row]);
-      ds[r * ldp + j] = roundTo<T>(off ? 0.0f : prob * (dp[r * lds + j] - m.delta[row]) * p.scale);
+    const int pieces = !p.diagonal ? kKeyPieces : warpLast < first ? 0 : min(kKeyPieces, (warpLast - first) / 8 + 1);
+    float s[kKeyPieces][4] = {}, dp[kKeyPieces][4] = {};
+    for (int d = 0; d < HS; d += 16) {
+      uint32_t aq[4], ag[4];
+      mma::loadA(aq, qs, ldh, mine, d);
+      mma::loadA(ag, gs, ldh, mine, d);
+      for (int n = 0; n < pieces; ++n) {
+        uint32_t bk[2], bv[2];
+        mma::loadB(bk, ks, ldh, n * 8, d);
+        mma::product<T>(s[n], aq, bk);  // S = Q K^T
+        mma::loadB(bv, vs, ldh, n * 8, d);
+        mma::product<T>(dp[n], ag, bv);  // dP = dO V^T
+      }
     }
-    __syncwarp();
-    addProduct(dqw, ldo, ds, ldp, ks, ldh, hs, kTcOther);
+    // dS = P (dP - delta) scale, in s.
+    for (int n = 0; n < kKeyPieces; ++n) {
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2, j = first + n * 8 + 2 * t + e % 2;
+        const bool off = row[r] >= p.Tq || p.masked(row[r], j);
+        const float prob = off ? 0.0f : expf(s[n][e] * p.scale - rowLse[r]);
+        s[n][e] = off ? 0.0f : prob * (dp[n][e] - rowDelta[r]) * p.scale;
+      }
+    }
+    addProduct(acc, s, 0, pieces, kt, ldt);  // dq += dS K
   }
-  __syncthreads();
-  for (int at = threadIdx.x; at < kTcRows * hs; at += blockDim.x) {
-    const int r = at / hs, c = at % hs, i = firstRow + r;
-    if (i < p.Tq) dq[rowAt(b, p.qRows, i, dqStride) + h * hs + c] += m.dq[r * ldo + c];
+  for (int r = 0; r < 2; ++r) {
+    if (row[r] >= p.Tq) continue;
+    float* to = dq + rowAt(b, p.qRows, row[r], dqStride) + h * HS;
+    for (int n = 0; n < kHeadPieces; ++n) {
+      for (int e = 0; e < 2; ++e) to[n * 8 + 2 * t + e] += acc[n][2 * r + e];
+    }
   }
 }
 
 // Backward, dk and dv: per block of keys, the queries a tile at a time (transposed: a warp's key
 // rows against the tile's queries).
 struct TcKeyMemory {
-  __nv_bfloat16 *k, *v, *q, *dout, *p, *ds;
-  float *s, *dp, *dk, *dv, *lse, *delta;
+  __nv_bfloat16 *k, *v, *q, *qt, *dout, *doutT;
+  float *lse, *delta;
   size_t bytes;
   __host__ __device__ static TcKeyMemory carve(unsigned char* base, int hs) {
+    const int queries = backwardTile(hs);
     TcKeyMemory m{};
     Carve c;
     m.k = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(hs));
     m.v = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(hs));
-    m.q = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcOther) * halfPitch(hs));
-    m.dout = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcOther) * halfPitch(hs));
-    m.p = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(kTcOther));
-    m.ds = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(kTcOther));
-    m.s = c.take<float>(base, static_cast<size_t>(kTcRows) * floatPitch(kTcOther));
-    m.dp = c.take<float>(base, static_cast<size_t>(kTcRows) * floatPitch(kTcOther));
-    m.dk = c.take<float>(base, static_cast<size_t>(kTcRows) * floatPitch(hs));
-    m.dv = c.take<float>(base, static_cast<size_t>(kTcRows) * floatPitch(hs));
-    m.lse = c.take<float>(base, kTcOther);
-    m.delta = c.take<float>(base, kTcOther);
+    m.q = c.take<__nv_bfloat16>(base, static_cast<size_t>(queries) * halfPitch(hs));
+    m.qt = c.take<__nv_bfloat16>(base, static_cast<size_t>(hs) * halfPitch(queries));
+    m.dout = c.take<__nv_bfloat16>(base, static_cast<size_t>(queries) * halfPitch(hs));
+    m.doutT = c.take<__nv_bfloat16>(base, static_cast<size_t>(hs) * halfPitch(queries));
+    m.lse = c.take<float>(base, queries);
+    m.delta = c.take<float>(base, queries);
     m.bytes = c.used;
     return m;
   }
 };
 
-template <typename T>
+template <typename T, int HS>
 __global__ void __launch_bounds__(kTcWarps* kWarp)
     backwardKeyTcKernel(Pair<uint16_t> p, const float* dout, int doutStride, const float* lse, const float* delta,
                         float* dk, float* dv, int dkvStride) {
+  constexpr int kQueries = backwardTile(HS), kHeadPieces = HS / 8, kQueryPieces = kQueries / 8;
+  constexpr int ldh = halfPitch(HS), ldt = halfPitch(kQueries);
   CHORUS_DYNAMIC_SHARED(shared);
-  const TcKeyMemory m = TcKeyMemory::carve(shared, p.hs);
+  const TcKeyMemory m = TcKeyMemory::carve(shared, HS);
   T *ks = reinterpret_cast<T*>(m.k), *vs = reinterpret_cast<T*>(m.v), *qs = reinterpret_cast<T*>(m.q),
-    *gs = reinterpret_cast<T*>(m.dout), *pss = reinterpret_cast<T*>(m.p), *dss = reinterpret_cast<T*>(m.ds);
+    *qt = reinterpret_cast<T*>(m.qt), *gs = reinterpret_cast<T*>(m.dout), *gt = reinterpret_cast<T*>(m.doutT);
   const int h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int hs = p.hs, ldh = halfPitch(hs), lds = floatPitch(kTcOther), ldp = halfPitch(kTcOther), ldo = floatPitch(hs);
-  const int firstKey = blockIdx.x * kTcRows;
-  const T* q = reinterpret_cast<const T*>(p.q) + h * hs;
-  loadTcTile(ks, reinterpret_cast<const T*>(p.k) + h * hs, b, p.kvRows, firstKey, kTcRows, p.Tk, p.kvStride, hs);
-  loadTcTile(vs, reinterpret_cast<const T*>(p.v) + h * hs, b, p.kvRows, firstKey, kTcRows, p.Tk, p.kvStride, hs);
-  for (int at = threadIdx.x; at < kTcRows * hs; at += blockDim.x) {
-    m.dk[(at / hs) * ldo + at % hs] = 0.0f;
-    m.dv[(at / hs) * ldo + at % hs] = 0.0f;
-  }
-  const int mine = warp * 16;
-  float *s = m.s + mine * lds, *dp = m.dp + mine * lds, *dkw = m.dk + mine * ldo, *dvw = m.dv + mine * ldo;
-  T *pw = pss + mine * ldp, *ds = dss + mine * ldp;
+  const int g = lane >> 2, t = lane & 3;
+  const int firstKey = blockIdx.x * kTcRows, mine = warp * 16, warpFirst = firstKey + mine;
+  const T* q = reinterpret_cast<const T*>(p.q) + h * HS;
+  loadTile<false>(ks, ldh, reinterpret_cast<const T*>(p.k) + h * HS, b, p.kvRows, firstKey, kTcRows, p.Tk, p.kvStride,
+                  HS);
+  loadTile<false>(vs, ldh, reinterpret_cast<const T*>(p.v) + h * HS, b, p.kvRows, firstKey, kTcRows, p.Tk, p.kvStride,
+                  HS);
+  const int key[2] = {warpFirst + g, warpFirst + g + 8};
+  float accK[kHeadPieces][4] = {}, accV[kHeadPieces][4] = {};
   // On the diagonal, queries before the block's first key attend none of its keys.
-  const int queryBegin = p.diagonal ? (firstKey / kTcOther) * kTcOther : 0;
+  const int queryBegin = p.diagonal ? (firstKey / kQueries) * kQueries : 0;
   const size_t statBase = b * p.batchStat + static_cast<size_t>(h) * p.statStride;
-  for (int first = queryBegin; first < p.Tq; first += kTcOther) {
+  for (int first = queryBegin; first < p.Tq; first += kQueries) {
     __syncthreads();
-    loadTcTile(qs, q, b, p.qRows, first, kTcOther, p.Tq, p.qStride, hs);
-    loadTcTileRounded(gs, dout + h * hs, b, p.qRows, first, kTcOther, p.Tq, doutStride, hs);
-    for (int j = threadIdx.x; j < kTcOther; j += blockDim.x) {
+    loadTile<false>(qs, ldh, q, b, p.qRows, first, kQueries, p.Tq, p.qStride, HS);
+    loadTile<true>(qt, ldt, q, b, p.qRows, first, kQueries, p.Tq, p.qStride, HS);
+    loadTile<false>(gs, ldh, dout + h * HS, b, p.qRows, first, kQueries, p.Tq, doutStride, HS);
+    loadTile<true>(gt, ldt, dout + h * HS, b, p.qRows, first, kQueries, p.Tq, doutStride, HS);
+    for (int j = threadIdx.x; j < kQueries; j += blockDim.x) {
       m.lse[j] = first + j < p.Tq ? lse[statBase + first + j] : 0.0f;
       m.delta[j] = first + j < p.Tq ? delta[statBase + first + j] : 0.0f;
     }
     __syncthreads();
-    productWithTransposed(s, lds, ks + mine * ldh, ldh, qs, ldh, kTcOther / 16, hs);   // S^T
-    productWithTransposed(dp, lds, vs + mine * ldh, ldh, gs, ldh, kTcOther / 16, hs);  // dP^T
-    __syncwarp();
-    for (int at = lane; at < 16 * kTcOther; at += kWarp) {
-      const int r = at / kTcOther, c = at % kTcOther, key = firstKey + mine + r, i = first + c;
-      const bool off = i >= p.Tq || key >= p.Tk || p.masked(i, key);
-      const float prob = off ? 0.0f : expf(s[r * lds + c] * p.scale - m.lse[c]);
-      pw[r * ldp + c] = roundTo<T>(prob);
-      ds[r * ldp + c] = roundTo<T>(off ? 0.0f : prob * (dp[r * lds + c] - m.delta[c]) * p.scale);
+    // On the diagonal, queries before the warp's first key attend none of its keys: pieces of
+    // them are skipped (their probabilities stay 0).
+    const int skipped = p.diagonal && warpFirst > first ? min(kQueryPieces, (warpFirst - first) / 8) : 0;
+    float s[kQueryPieces][4] = {}, dp[kQueryPieces][4] = {};
+    for (int d = 0; d < HS; d += 16) {
+      uint32_t ak[4], av[4];
+      mma::loadA(ak, ks, ldh, mine, d);
+      mma::loadA(av, vs, ldh, mine, d);
+      for (int n = 0; n < kQueryPieces; ++n) {  // from 0, so that s and dp stay in registers
+        if (n < skipped) continue;
+        uint32_t bq[2], bg[2];
+        mma::loadB(bq, qs, ldh, n * 8, d);
+        mma::product<T>(s[n], ak, bq);  // S^T = K Q^T
+        mma::loadB(bg, gs, ldh, n * 8, d);
+        mma::product<T>(dp[n], av, bg);  // dP^T = V dO^T
+      }
     }
-    __syncwarp();
-    addProduct(dvw, ldo, pw, ldp, gs, ldh, hs, kTcOther);  // dV += P^T dO
-    addProduct(dkw, ldo, ds, ldp, qs, ldh, hs, kTcOther);  // dK += dS^T Q
+    // P^T in s, dS^T in dp.
+    for (int n = 0; n < kQueryPieces; ++n) {
+      for (int e = 0; e < 4; ++e) {
+        const int c = n * 8 + 2 * t + e % 2, i = first + c, j = key[e / 2];
+        const bool off = i >= p.Tq || j >= p.Tk || p.masked(i, j);
+        const float prob = off ? 0.0f : expf(s[n][e] * p.scale - m.lse[c]);
+        s[n][e] = prob;
+        dp[n][e] = off ? 0.0f : prob * (dp[n][e] - m.delta[c]) * p.scale;
+      }
+    }
+    addProduct(accV, s, skipped, kQueryPieces, gt, ldt);   // dV += P^T dO
+    addProduct(accK, dp, skipped, kQueryPieces, qt, ldt);  // dK += dS^T Q
   }
-  __syncthreads();
-  for (int at = threadIdx.x; at < kTcRows * hs; at += blockDim.x) {
-    const int r = at / hs, c = at % hs, j = firstKey + r;
-    if (j >= p.Tk) continue;
-    dk[rowAt(b, p.kvRows, j, dkvStride) + h * hs + c] += m.dk[r * ldo + c];
-    dv[rowAt(b, p.kvRows, j, dkvStride) + h * hs + c] += m.dv[r * ldo + c];
+  for (int r = 0; r < 2; ++r) {
+    if (key[r] >= p.Tk) continue;
+    float* toK = dk + rowAt(b, p.kvRows, key[r], dkvStride) + h * HS;
+    float* toV = dv + rowAt(b, p.kvRows, key[r], dkvStride) + h * HS;
+    for (int n = 0; n < kHeadPieces; ++n) {
+      for (int e = 0; e < 2; ++e) {
+        toK[n * 8 + 2 * t + e] += accK[n][2 * r + e];
+        toV[n * 8 + 2 * t + e] += accV[n][2 * r + e];
+      }
+    }
   }
 }
 

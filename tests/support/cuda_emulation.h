@@ -7,9 +7,9 @@
 // its own; switching costs no system call on x86-64), run until it waits at __syncthreads or
 // __syncwarp, the scheduler taking the fibers in turn; a warp's shuffles and ballots go through an
 // exchange behind a warp barrier; static shared memory is one copy for the whole launch (the
-// blocks run one after another, and the process's kernels one at a time); a WMMA fragment holds
-// its whole 16 x 16 tile in every lane (loads and products computed by each lane, stores written
-// by lane 0 between warp barriers, as the hardware's warp-wide operations order them). A barrier
+// blocks run one after another, and the process's kernels one at a time); the warp's tensor-core
+// product (mma.sync m16n8k16, kernels/cuda/mma.cuh) reads every lane's registers through that
+// exchange by PTX's layout of them, and each lane computes its own part of the result. A barrier
 // some thread never reaches (divergent code) aborts, saying so. The runtime (memory, streams as
 // host threads, events, CUDA IPC between processes, graphs) is cuda_emulation_runtime.h's, which
 // says what it models. What neither models: the hardware's order of the sums inside one product,
@@ -415,6 +415,56 @@ T fromLane(T x, unsigned lane) {
   std::memcpy(&other, current->exchange[threadIdx.x - threadIdx.x % 32 + lane % 32][slot].data(), sizeof(T));
   return other;
 }
+// Every lane's x, by lane: one exchange, as fromLane's.
+template <typename T>
+std::array<T, 32> fromEveryLane(T x) {
+  static_assert(sizeof(T) <= 16 && std::is_trivially_copyable_v<T>);
+  const int slot = current->turn[threadIdx.x];
+  current->turn[threadIdx.x] ^= 1;
+  std::memcpy(current->exchange[threadIdx.x][slot].data(), &x, sizeof(T));
+  __syncwarp();
+  std::array<T, 32> all;
+  const unsigned first = threadIdx.x - threadIdx.x % 32;
+  for (unsigned lane = 0; lane < 32; ++lane) std::memcpy(&all[lane], current->exchange[first + lane][slot].data(), sizeof(T));
+  return all;
+}
+// The word (two 16-bit elements) at p, which must be 4-byte aligned, as a GPU's 4-byte load needs.
+inline uint32_t wordAt(const void* p) {
+  if (reinterpret_cast<uintptr_t>(p) % 4 != 0) {
+    std::fprintf(stderr, "cuda emulation: a 4-byte load from %p, not 4-byte aligned (cudaErrorMisalignedAddress)\n", p);
+    std::abort();
+  }
+  uint32_t word;
+  std::memcpy(&word, p, sizeof word);
+  return word;
+}
+// The warp's mma.sync m16n8k16 (d += a b; 16-bit a and b, bf16 or fp16, fp32 d): each lane's
+// registers read by PTX's layout (kernels/cuda/mma.cuh), the sums in fp32 in k's order.
+inline void warpProduct(float d[4], const uint32_t a[4], const uint32_t b[2], bool bf16) {
+  struct A {
+    uint32_t word[4];
+  };
+  struct B {
+    uint32_t word[2];
+  };
+  const std::array<A, 32> as = fromEveryLane(A{{a[0], a[1], a[2], a[3]}});
+  const std::array<B, 32> bs = fromEveryLane(B{{b[0], b[1]}});
+  const auto element = [bf16](uint32_t word, int high) {
+    const auto bits = static_cast<uint16_t>(high ? word >> 16 : word & 0xffffu);
+    return bf16 ? chorus::kernels::bfloat16ToFloat(bits) : chorus::kernels::halfToFloat(bits);
+  };
+  // a's row r, column k: lane 4 (r % 8) + (k % 8) / 2, word (r / 8) + 2 (k / 8), half k % 2.
+  const auto aAt = [&](int r, int k) { return element(as[(r % 8) * 4 + (k % 8) / 2].word[r / 8 + 2 * (k / 8)], k % 2); };
+  // b's row k, column n: lane 4 n + (k % 8) / 2, word k / 8, half k % 2.
+  const auto bAt = [&](int k, int n) { return element(bs[n * 4 + (k % 8) / 2].word[k / 8], k % 2); };
+  const int lane = static_cast<int>(threadIdx.x % 32), g = lane / 4, t = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int r = g + 8 * (i / 2), n = 2 * t + i % 2;
+    float sum = d[i];
+    for (int k = 0; k < 16; ++k) sum += aAt(r, k) * bAt(k, n);
+    d[i] = sum;
+  }
+}
 }  // namespace chorus::testing::emulation
 
 template <typename T>
@@ -458,65 +508,3 @@ inline uint16_t __bfloat16_as_ushort(__nv_bfloat16 x) { return x.bits; }
 inline uint16_t __half_as_ushort(__half x) { return x.bits; }
 inline float __bfloat162float(__nv_bfloat16 x) { return chorus::kernels::bfloat16ToFloat(x.bits); }
 inline float __half2float(__half x) { return chorus::kernels::halfToFloat(x.bits); }
-
-namespace nvcuda::wmma {
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-struct row_major {};
-struct col_major {};
-enum layout_t { mem_row_major, mem_col_major };
-
-inline float widen(__nv_bfloat16 x) { return chorus::kernels::bfloat16ToFloat(x.bits); }
-inline float widen(__half x) { return chorus::kernels::halfToFloat(x.bits); }
-
-template <typename Use, int M, int N, int K, typename T, typename Layout = void>
-struct fragment {
-  static_assert(M == 16 && N == 16 && K == 16, "only the 16 x 16 x 16 shape is emulated");
-  float x[16][16];
-};
-using Accumulator = fragment<accumulator, 16, 16, 16, float>;
-
-template <typename F>
-void fill_fragment(F& f, float value) {
-  for (auto& row : f.x) std::fill(std::begin(row), std::end(row), value);
-}
-template <typename Use, typename T>
-void load_matrix_sync(fragment<Use, 16, 16, 16, T, row_major>& f, const T* p, unsigned ld) {
-  for (int i = 0; i < 16; ++i) {
-    for (int j = 0; j < 16; ++j) f.x[i][j] = widen(p[i * ld + j]);
-  }
-}
-template <typename Use, typename T>
-void load_matrix_sync(fragment<Use, 16, 16, 16, T, col_major>& f, const T* p, unsigned ld) {
-  for (int i = 0; i < 16; ++i) {
-    for (int j = 0; j < 16; ++j) f.x[i][j] = widen(p[j * ld + i]);
-  }
-}
-inline void load_matrix_sync(Accumulator& f, const float* p, unsigned ld, layout_t) {
-  for (int i = 0; i < 16; ++i) {
-    for (int j = 0; j < 16; ++j) f.x[i][j] = p[i * ld + j];
-  }
-}
-inline void store_matrix_sync(float* p, const Accumulator& f, unsigned ld, layout_t) {
-  __syncwarp();  // every lane has read what this overwrites
-  if (threadIdx.x % 32 == 0) {
-    for (int i = 0; i < 16; ++i) {
-      for (int j = 0; j < 16; ++j) p[i * ld + j] = f.x[i][j];
-    }
-  }
-  __syncwarp();
-}
-template <typename A, typename B>
-void mma_sync(Accumulator& d, const A& a, const B& b, const Accumulator& c) {
-  Accumulator r;
-  for (int i = 0; i < 16; ++i) {
-    for (int j = 0; j < 16; ++j) {
-      float sum = c.x[i][j];
-      for (int k = 0; k < 16; ++k) sum += a.x[i][k] * b.x[k][j];
-      r.x[i][j] = sum;
-    }
-  }
-  d = r;
-}
-}  // namespace nvcuda::wmma

@@ -41,33 +41,43 @@ EmulatedDim gridOf(int rows, int NH, int batch) {
           static_cast<unsigned>(batch)};
 }
 
+// The kernels of T and the pair's head size, launched as attention.cu launches them.
+template <typename T>
+void forwardOf(const att::Pair<uint16_t>& p, int batch, int NH, float* out, int outStride, float* rowMax,
+               float* rowSum) {
+  att::withHeadSize(p.hs, [&](auto size) {
+    emu::launch(att::forwardTcKernel<T, size()>, gridOf(p.Tq, NH, batch), att::kTcWarps * 32,
+                att::TcForwardMemory::carve(nullptr, size()).bytes, p, out, outStride, rowMax, rowSum);
+    return 0;
+  });
+}
 void forward(Float16 format, const att::Pair<uint16_t>& p, int batch, int NH, float* out, int outStride, float* rowMax,
              float* rowSum) {
-  const size_t bytes = att::TcForwardMemory::carve(nullptr, p.hs).bytes;
   if (format == Float16::kBf16) {
-    emu::launch(att::forwardTcKernel<__nv_bfloat16>, gridOf(p.Tq, NH, batch), att::kTcWarps * 32, bytes, p, out,
-                outStride, rowMax, rowSum);
+    forwardOf<__nv_bfloat16>(p, batch, NH, out, outStride, rowMax, rowSum);
   } else {
-    emu::launch(att::forwardTcKernel<__half>, gridOf(p.Tq, NH, batch), att::kTcWarps * 32, bytes, p, out, outStride,
-                rowMax, rowSum);
+    forwardOf<__half>(p, batch, NH, out, outStride, rowMax, rowSum);
   }
 }
 
+template <typename T>
+void backwardOf(const att::Pair<uint16_t>& p, int batch, int NH, const float* dout, int doutStride, const float* lse,
+                const float* delta, float* dq, int dqStride, float* dk, float* dv, int dkvStride) {
+  att::withHeadSize(p.hs, [&](auto size) {
+    const int threads = att::kTcWarps * 32;
+    emu::launch(att::backwardQueryTcKernel<T, size()>, gridOf(p.Tq, NH, batch), threads,
+                att::TcQueryMemory::carve(nullptr, size()).bytes, p, dout, doutStride, lse, delta, dq, dqStride);
+    emu::launch(att::backwardKeyTcKernel<T, size()>, gridOf(p.Tk, NH, batch), threads,
+                att::TcKeyMemory::carve(nullptr, size()).bytes, p, dout, doutStride, lse, delta, dk, dv, dkvStride);
+    return 0;
+  });
+}
 void backward(Float16 format, const att::Pair<uint16_t>& p, int batch, int NH, const float* dout, int doutStride,
               const float* lse, const float* delta, float* dq, int dqStride, float* dk, float* dv, int dkvStride) {
-  const size_t queryBytes = att::TcQueryMemory::carve(nullptr, p.hs).bytes;
-  const size_t keyBytes = att::TcKeyMemory::carve(nullptr, p.hs).bytes;
-  const int threads = att::kTcWarps * 32;
   if (format == Float16::kBf16) {
-    emu::launch(att::backwardQueryTcKernel<__nv_bfloat16>, gridOf(p.Tq, NH, batch), threads, queryBytes, p, dout,
-                doutStride, lse, delta, dq, dqStride);
-    emu::launch(att::backwardKeyTcKernel<__nv_bfloat16>, gridOf(p.Tk, NH, batch), threads, keyBytes, p, dout,
-                doutStride, lse, delta, dk, dv, dkvStride);
+    backwardOf<__nv_bfloat16>(p, batch, NH, dout, doutStride, lse, delta, dq, dqStride, dk, dv, dkvStride);
   } else {
-    emu::launch(att::backwardQueryTcKernel<__half>, gridOf(p.Tq, NH, batch), threads, queryBytes, p, dout, doutStride,
-                lse, delta, dq, dqStride);
-    emu::launch(att::backwardKeyTcKernel<__half>, gridOf(p.Tk, NH, batch), threads, keyBytes, p, dout, doutStride, lse,
-                delta, dk, dv, dkvStride);
+    backwardOf<__half>(p, batch, NH, dout, doutStride, lse, delta, dq, dqStride, dk, dv, dkvStride);
   }
 }
 
