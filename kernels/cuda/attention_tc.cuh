@@ -112,12 +112,14 @@ __device__ T toElement(float x) {
   return roundTo<T>(x);
 }
 
-// Carves one block's dynamic shared memory: each piece 128-byte aligned.
+// Carves one block's dynamic shared memory: each piece 128-byte aligned. base: null to size only.
+// The pieces are offsets from base (no integer round trip), so the compiler sees they are shared
+// memory and loads them as such.
 struct Carve {
   size_t used = 0;
   template <typename U>
   __host__ __device__ U* take(unsigned char* base, size_t count) {
-    U* at = reinterpret_cast<U*>(reinterpret_cast<uintptr_t>(base) + used);  // base: null to size only
+    U* at = base != nullptr ? reinterpret_cast<U*>(base + used) : nullptr;
     used += (count * sizeof(U) + 127) / 128 * 128;
     return at;
   }
@@ -157,6 +159,11 @@ __device__ void loadTile(T* tile, int pitch, const Source* base, int b, size_t b
         first + r < rows ? toElement<T>(base[rowAt(b, batchRows, first + r, stride) + c]) : roundTo<T>(0.0f);
   }
 }
+
+// The kernels' exponentials are base 2 (exp2f, one instruction of the special-function unit; expf
+// takes several): scores are scaled by log2(e) with the softmax scale, and the maxima and
+// log-sum-exps the callers keep in base e are converted on the way in and out.
+constexpr float kLog2e = 1.44269504088896341f, kLn2 = 0.693147180559945309f;
 
 // The 4 lanes of a group (g = lane / 4) hold a row's columns: the maximum and the sum over them.
 __device__ inline float groupMax(float x) {
@@ -216,18 +223,19 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
   const int g = lane >> 2, t = lane & 3;
   const int firstRow = blockIdx.x * kTcRows, mine = warp * 16;  // this warp's first row in the block
   const int warpLast = firstRow + mine + 15;
+  const float scale2 = p.scale * kLog2e;  // scores in base 2
   const T* k = reinterpret_cast<const T*>(p.k) + h * HS;
   const T* v = reinterpret_cast<const T*>(p.v) + h * HS;
   loadTile<false>(qs, ldh, reinterpret_cast<const T*>(p.q) + h * HS, b, p.qRows, firstRow, kTcRows, p.Tq, p.qStride,
                   HS);
-  // The running state of this lane's rows (g and g+8 of the warp's): output, maximum, sum.
+  // The running state of this lane's rows (g and g+8 of the warp's): output, maximum (base 2), sum.
   int row[2];
   float runMax[2], runSum[2], o[kHeadPieces][4];
   for (int s = 0; s < 2; ++s) {
     row[s] = firstRow + mine + g + 8 * s;
     const bool live = row[s] < p.Tq;
     const size_t stat = b * p.batchStat + static_cast<size_t>(h) * p.statStride + row[s];
-    runMax[s] = live ? rowMax[stat] : -INFINITY;
+    runMax[s] = live ? rowMax[stat] * kLog2e : -INFINITY;
     runSum[s] = live ? rowSum[stat] : 0.0f;
     for (int n = 0; n < kHeadPieces; ++n) {
       for (int e = 0; e < 2; ++e) {
@@ -258,19 +266,19 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
     for (int n = 0; n < kKeyPieces; ++n) {
       for (int e = 0; e < 4; ++e) {
         const int r = e / 2, j = first + n * 8 + 2 * t + e % 2;
-        s[n][e] = row[r] >= p.Tq || p.masked(row[r], j) ? -INFINITY : s[n][e] * p.scale;
+        s[n][e] = row[r] >= p.Tq || p.masked(row[r], j) ? -INFINITY : s[n][e] * scale2;
         tileMax[r] = fmaxf(tileMax[r], s[n][e]);
       }
     }
     float newMax[2], carry[2], total[2] = {0.0f, 0.0f};
     for (int r = 0; r < 2; ++r) {
       newMax[r] = fmaxf(runMax[r], groupMax(tileMax[r]));
-      carry[r] = newMax[r] == -INFINITY ? 1.0f : runMax[r] == -INFINITY ? 0.0f : expf(runMax[r] - newMax[r]);
+      carry[r] = newMax[r] == -INFINITY ? 1.0f : runMax[r] == -INFINITY ? 0.0f : exp2f(runMax[r] - newMax[r]);
     }
     for (int n = 0; n < kKeyPieces; ++n) {
       for (int e = 0; e < 4; ++e) {
         const int r = e / 2;
-        s[n][e] = newMax[r] == -INFINITY || s[n][e] == -INFINITY ? 0.0f : expf(s[n][e] - newMax[r]);
+        s[n][e] = newMax[r] == -INFINITY || s[n][e] == -INFINITY ? 0.0f : exp2f(s[n][e] - newMax[r]);
         total[r] += s[n][e];
       }
     }
@@ -291,7 +299,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
     }
     if (t == 0) {
       const size_t stat = b * p.batchStat + static_cast<size_t>(h) * p.statStride + row[r];
-      rowMax[stat] = runMax[r];
+      rowMax[stat] = runMax[r] * kLn2;
       rowSum[stat] = runSum[r];
     }
   }
@@ -328,6 +336,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
   const int h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int g = lane >> 2, t = lane & 3;
   const int firstRow = blockIdx.x * kTcRows, mine = warp * 16, warpLast = firstRow + mine + 15;
+  const float scale2 = p.scale * kLog2e;
   const T* k = reinterpret_cast<const T*>(p.k) + h * HS;
   const T* v = reinterpret_cast<const T*>(p.v) + h * HS;
   loadTile<false>(qs, ldh, reinterpret_cast<const T*>(p.q) + h * HS, b, p.qRows, firstRow, kTcRows, p.Tq, p.qStride,
@@ -338,7 +347,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
   for (int r = 0; r < 2; ++r) {
     row[r] = firstRow + mine + g + 8 * r;
     const size_t stat = b * p.batchStat + static_cast<size_t>(h) * p.statStride + row[r];
-    rowLse[r] = row[r] < p.Tq ? lse[stat] : 0.0f;
+    rowLse[r] = row[r] < p.Tq ? lse[stat] * kLog2e : 0.0f;  // base 2
     rowDelta[r] = row[r] < p.Tq ? delta[stat] : 0.0f;
   }
   const int keyEnd = p.keyEnd(firstRow, kTcRows);
@@ -367,7 +376,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
       for (int e = 0; e < 4; ++e) {
         const int r = e / 2, j = first + n * 8 + 2 * t + e % 2;
         const bool off = row[r] >= p.Tq || p.masked(row[r], j);
-        const float prob = off ? 0.0f : expf(s[n][e] * p.scale - rowLse[r]);
+        const float prob = off ? 0.0f : exp2f(s[n][e] * scale2 - rowLse[r]);
         s[n][e] = off ? 0.0f : prob * (dp[n][e] - rowDelta[r]) * p.scale;
       }
     }
@@ -418,6 +427,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
   const int h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int g = lane >> 2, t = lane & 3;
   const int firstKey = blockIdx.x * kTcRows, mine = warp * 16, warpFirst = firstKey + mine;
+  const float scale2 = p.scale * kLog2e;
   const T* q = reinterpret_cast<const T*>(p.q) + h * HS;
   loadTile<false>(ks, ldh, reinterpret_cast<const T*>(p.k) + h * HS, b, p.kvRows, firstKey, kTcRows, p.Tk, p.kvStride,
                   HS);
@@ -435,7 +445,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
     loadTile<false>(gs, ldh, dout + h * HS, b, p.qRows, first, kQueries, p.Tq, doutStride, HS);
     loadTile<true>(gt, ldt, dout + h * HS, b, p.qRows, first, kQueries, p.Tq, doutStride, HS);
     for (int j = threadIdx.x; j < kQueries; j += blockDim.x) {
-      m.lse[j] = first + j < p.Tq ? lse[statBase + first + j] : 0.0f;
+      m.lse[j] = first + j < p.Tq ? lse[statBase + first + j] * kLog2e : 0.0f;  // base 2
       m.delta[j] = first + j < p.Tq ? delta[statBase + first + j] : 0.0f;
     }
     __syncthreads();
@@ -461,7 +471,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
       for (int e = 0; e < 4; ++e) {
         const int c = n * 8 + 2 * t + e % 2, i = first + c, j = key[e / 2];
         const bool off = i >= p.Tq || j >= p.Tk || p.masked(i, j);
-        const float prob = off ? 0.0f : expf(s[n][e] * p.scale - m.lse[c]);
+        const float prob = off ? 0.0f : exp2f(s[n][e] * scale2 - m.lse[c]);
         s[n][e] = prob;
         dp[n][e] = off ? 0.0f : prob * (dp[n][e] - m.delta[c]) * p.scale;
       }
