@@ -261,25 +261,33 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
         mma::product<T>(s[n], a, bk);
       }
     }
-    // The online softmax of this tile, rows g and g+8 (the group's 4 lanes hold a row's keys).
-    float tileMax[2] = {-INFINITY, -INFINITY};
+    // The online softmax of this tile, rows g and g+8 (the group's 4 lanes hold a row's keys):
+    // scores in base 2, masked ones -inf (looked for only where the tile may hold some).
     for (int n = 0; n < kKeyPieces; ++n) {
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2, j = first + n * 8 + 2 * t + e % 2;
-        s[n][e] = row[r] >= p.Tq || p.masked(row[r], j) ? -INFINITY : s[n][e] * scale2;
-        tileMax[r] = fmaxf(tileMax[r], s[n][e]);
+      for (int e = 0; e < 4; ++e) s[n][e] *= scale2;
+    }
+    if (warpLast >= p.Tq || first + kKeys > p.Tk || (p.diagonal && first + kKeys - 1 > firstRow + mine)) {
+      for (int n = 0; n < kKeyPieces; ++n) {
+        for (int e = 0; e < 4; ++e) {
+          const int r = e / 2, j = first + n * 8 + 2 * t + e % 2;
+          if (row[r] >= p.Tq || p.masked(row[r], j)) s[n][e] = -INFINITY;
+        }
       }
     }
-    float newMax[2], carry[2], total[2] = {0.0f, 0.0f};
+    float tileMax[2] = {-INFINITY, -INFINITY};
+    for (int n = 0; n < kKeyPieces; ++n) {
+      for (int e = 0; e < 4; ++e) tileMax[e / 2] = fmaxf(tileMax[e / 2], s[n][e]);
+    }
+    float newMax[2], shift[2], carry[2], total[2] = {0.0f, 0.0f};
     for (int r = 0; r < 2; ++r) {
       newMax[r] = fmaxf(runMax[r], groupMax(tileMax[r]));
+      shift[r] = newMax[r] == -INFINITY ? 0.0f : newMax[r];  // a row masked so far: weights exp2(-inf) = 0
       carry[r] = newMax[r] == -INFINITY ? 1.0f : runMax[r] == -INFINITY ? 0.0f : exp2f(runMax[r] - newMax[r]);
     }
     for (int n = 0; n < kKeyPieces; ++n) {
       for (int e = 0; e < 4; ++e) {
-        const int r = e / 2;
-        s[n][e] = newMax[r] == -INFINITY || s[n][e] == -INFINITY ? 0.0f : exp2f(s[n][e] - newMax[r]);
-        total[r] += s[n][e];
+        s[n][e] = exp2f(s[n][e] - shift[e / 2]);
+        total[e / 2] += s[n][e];
       }
     }
     for (int r = 0; r < 2; ++r) {
@@ -374,10 +382,16 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
     // dS = P (dP - delta) scale, in s.
     for (int n = 0; n < kKeyPieces; ++n) {
       for (int e = 0; e < 4; ++e) {
-        const int r = e / 2, j = first + n * 8 + 2 * t + e % 2;
-        const bool off = row[r] >= p.Tq || p.masked(row[r], j);
-        const float prob = off ? 0.0f : exp2f(s[n][e] * scale2 - rowLse[r]);
-        s[n][e] = off ? 0.0f : prob * (dp[n][e] - rowDelta[r]) * p.scale;
+        const int r = e / 2;
+        s[n][e] = exp2f(s[n][e] * scale2 - rowLse[r]) * (dp[n][e] - rowDelta[r]) * p.scale;
+      }
+    }
+    if (warpLast >= p.Tq || first + kKeys > p.Tk || (p.diagonal && first + kKeys - 1 > firstRow + mine)) {
+      for (int n = 0; n < kKeyPieces; ++n) {  // masked: 0 (what was computed there may be inf or NaN)
+        for (int e = 0; e < 4; ++e) {
+          const int r = e / 2, j = first + n * 8 + 2 * t + e % 2;
+          if (row[r] >= p.Tq || p.masked(row[r], j)) s[n][e] = 0.0f;
+        }
       }
     }
     addProduct(acc, s, 0, pieces, kt, ldt);  // dq += dS K
@@ -469,11 +483,17 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
     // P^T in s, dS^T in dp.
     for (int n = 0; n < kQueryPieces; ++n) {
       for (int e = 0; e < 4; ++e) {
-        const int c = n * 8 + 2 * t + e % 2, i = first + c, j = key[e / 2];
-        const bool off = i >= p.Tq || j >= p.Tk || p.masked(i, j);
-        const float prob = off ? 0.0f : exp2f(s[n][e] * scale2 - m.lse[c]);
-        s[n][e] = prob;
-        dp[n][e] = off ? 0.0f : prob * (dp[n][e] - m.delta[c]) * p.scale;
+        const int c = n * 8 + 2 * t + e % 2;
+        s[n][e] = exp2f(s[n][e] * scale2 - m.lse[c]);
+        dp[n][e] = s[n][e] * (dp[n][e] - m.delta[c]) * p.scale;
+      }
+    }
+    if (first + kQueries > p.Tq || warpFirst + 15 >= p.Tk || (p.diagonal && first < warpFirst + 15)) {
+      for (int n = 0; n < kQueryPieces; ++n) {  // masked: 0 (what was computed there may be inf or NaN)
+        for (int e = 0; e < 4; ++e) {
+          const int i = first + n * 8 + 2 * t + e % 2, j = key[e / 2];
+          if (i >= p.Tq || j >= p.Tk || p.masked(i, j)) s[n][e] = dp[n][e] = 0.0f;
+        }
       }
     }
     addProduct(accV, s, skipped, kQueryPieces, gt, ldt);   // dV += P^T dO

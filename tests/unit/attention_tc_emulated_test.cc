@@ -206,6 +206,13 @@ TEST(TensorCoreAttentionEmulated, WholeAttentionFollowsTheCpu) {
 // against the first chunk's keys (no mask) and then their own (the diagonal).
 TEST(TensorCoreAttentionEmulated, RingBlocksFollowTheCpu) { check(2, 42, 21, 64, 2, {0, 21}); }
 
+// Blocks long enough that some tiles hold no masked pair (the kernels then look for none): the
+// diagonal past its first block of rows, and a block of earlier keys whose first tile is whole.
+TEST(TensorCoreAttentionEmulated, TilesWithNothingMaskedFollowTheCpu) {
+  check(1, 160, 160, 32, 2, {0});
+  check(1, 200, 100, 32, 2, {0, 100});
+}
+
 // Rows that do not start 16-byte aligned: the tiles loaded an element at a time.
 TEST(TensorCoreAttentionEmulated, UnalignedRowsFollowTheCpu) { check(1, 45, 45, 64, 2, {0}, 1); }
 
