@@ -316,11 +316,15 @@ struct DeviceEngine::Impl {
   std::thread watcher;
   std::mutex watchMutex;
   std::condition_variable watchWake;
-  std::deque<FlagWait> flagWaits;  // under watchMutex, as the four below
+  std::deque<FlagWait> flagWaits;  // under watchMutex, as the six below
   bool watchStopping = false;
   bool watchFailed = false;
   int64_t watchProgressNs = 0;     // when a wait was last answered
   std::vector<FlagWait> released;  // after a failure: what is written until the stream is past it
+  // awaitPeers' registrations so far, and how many of them lastDone's last record covers: a call
+  // registers its waits before it records lastDone, and until it has, lastDone's completion says
+  // nothing of them.
+  uint64_t waitBatches = 0, waitBatchesRecorded = 0;
 
   // In place: direct all-reduces of directInPlaceBytes or more (0: none) read and write the peers'
   // buffers where they lie instead of a published copy, mapped by CUDA IPC (the transport's).
@@ -844,6 +848,7 @@ void DeviceEngine::Impl::awaitPeers(DirectFlag flag, int q, uint32_t value, cuda
     std::lock_guard<std::mutex> lock(watchMutex);
     idle = flagWaits.empty();
     flagWaits.insert(flagWaits.end(), added.begin(), added.end());
+    ++waitBatches;
   }
   if (idle) watchWake.notify_one();
 }
@@ -936,8 +941,11 @@ void DeviceEngine::Impl::lookAtWaits(bool answeredOnly) {
         std::atomic_ref<uint32_t>(at).store(w.value, std::memory_order_release);
       }
     }
-    // Past its last call (no call is enqueued after a failure), the stream waits for nothing.
-    if (!released.empty() && cudaEventQuery(lastDone) == cudaSuccess) released.clear();
+    // Past its last call (no call is enqueued after a failure), the stream waits for nothing; a
+    // call that registered waits but has not recorded lastDone yet is not past.
+    if (!released.empty() && waitBatchesRecorded == waitBatches && cudaEventQuery(lastDone) == cudaSuccess) {
+      released.clear();
+    }
     cudaGetLastError();
   }
 }
@@ -1091,6 +1099,8 @@ void DeviceEngine::Impl::finish(cudaStream_t stream) {
   check(cudaEventRecord(lastDone, stream), rank, "cudaEventRecord");
   lastStream = stream;
   anyCall = true;
+  std::lock_guard<std::mutex> lock(watchMutex);
+  waitBatchesRecorded = waitBatches;
 }
 
 // The ring serves where every rank mapped its neighbours' inboxes (the table says which collectives
@@ -1519,6 +1529,12 @@ void DeviceEngine::enqueue(const DeviceCall& call, chorusStream_t stream, const 
       if (a != forced && ranOn(m, a, call, s)) ran = a;
     }
   } catch (const Error& e) {
+    // What was enqueued before the failure (waits on peers' flags among it) is covered by lastDone
+    // too, so the watcher knows when the stream is past it.
+    try {
+      m.finish(s);
+    } catch (const Error&) {  // the enqueue's own failure is the one to report
+    }
     // The direct path meets its peers on the host while it enqueues: say which call that was.
     fail(e.code(), "rank {}: {} of {} {} on device buffers: {}", m.rank, name, call.count, chorusTypeName(call.type),
          e.what());
