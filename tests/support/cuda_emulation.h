@@ -425,7 +425,9 @@ std::array<T, 32> fromEveryLane(T x) {
   __syncwarp();
   std::array<T, 32> all;
   const unsigned first = threadIdx.x - threadIdx.x % 32;
-  for (unsigned lane = 0; lane < 32; ++lane) std::memcpy(&all[lane], current->exchange[first + lane][slot].data(), sizeof(T));
+  for (unsigned lane = 0; lane < 32; ++lane) {
+    std::memcpy(&all[lane], current->exchange[first + lane][slot].data(), sizeof(T));
+  }
   return all;
 }
 // The word (two 16-bit elements) at p, which must be 4-byte aligned, as a GPU's 4-byte load needs.
@@ -454,7 +456,9 @@ inline void warpProduct(float d[4], const uint32_t a[4], const uint32_t b[2], bo
     return bf16 ? chorus::kernels::bfloat16ToFloat(bits) : chorus::kernels::halfToFloat(bits);
   };
   // a's row r, column k: lane 4 (r % 8) + (k % 8) / 2, word (r / 8) + 2 (k / 8), half k % 2.
-  const auto aAt = [&](int r, int k) { return element(as[(r % 8) * 4 + (k % 8) / 2].word[r / 8 + 2 * (k / 8)], k % 2); };
+  const auto aAt = [&](int r, int k) {
+    return element(as[(r % 8) * 4 + (k % 8) / 2].word[r / 8 + 2 * (k / 8)], k % 2);
+  };
   // b's row k, column n: lane 4 n + (k % 8) / 2, word k / 8, half k % 2.
   const auto bAt = [&](int k, int n) { return element(bs[n * 4 + (k % 8) / 2].word[k / 8], k % 2); };
   const int lane = static_cast<int>(threadIdx.x % 32), g = lane / 4, t = lane % 4;
