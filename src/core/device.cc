@@ -29,6 +29,7 @@
 #include "src/base/error.h"
 #include "src/base/log.h"
 #include "src/base/memory.h"
+#include "src/base/process.h"
 #include "src/collectives/algorithm.h"
 #include "src/collectives/traits.h"
 #include "src/core/communicator.h"
@@ -38,7 +39,6 @@
 #include "src/core/placement.h"
 #include "src/topology/search.h"
 #include "src/transport/cuda_ipc.h"
-#include "src/transport/transport.h"
 
 namespace chorus {
 

@@ -3,13 +3,7 @@
 // collectives. Every transport object is used by one thread at a time (its communicator's).
 #pragma once
 
-#include <poll.h>
-#include <signal.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <atomic>
-#include <cerrno>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -18,6 +12,7 @@
 #include <vector>
 
 #include "src/base/error.h"
+#include "src/base/process.h"  // the transports watch their same-host peers' processes
 #include "src/base/socket.h"
 #include "src/base/wire.h"
 
@@ -160,15 +155,6 @@ class Transport {
  private:
   std::atomic<uint64_t> sentBytes_{0}, sentMessages_{0};
 };
-
-// A peer process on this host: a pidfd for it (-1 where the kernel has none), readable once the
-// process has exited, zombie or not.
-inline int pidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
-inline bool processExited(int pidfd, pid_t pid) {
-  if (pidfd < 0) return kill(pid, 0) != 0 && errno == ESRCH;
-  pollfd exited{pidfd, POLLIN, 0};
-  return ::poll(&exited, 1, 0) > 0;
-}
 
 // A transport's per-peer state, looked up by rank. Peer has `sends` and `recvs` queues.
 template <typename Peer>
