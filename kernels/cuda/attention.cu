@@ -289,7 +289,7 @@ __global__ void backwardKeyKernel(Pair<Element> p, const float* dout, int doutSt
         s += qi[c] * kj[c];
         dp += gi[c] * vj[c];
       }
-      const bool off = i >= p.Tq || p.masked(i, j);
+      const bool off = p.off(i, j);
       const float prob = off ? 0.0f : expf(s * p.scale - tileLse[lane]);
       const float ds = off ? 0.0f : prob * (dp - tileDelta[lane]) * p.scale;
       addWeightedRows(dvAcc[r], prob, grads, pitch, hs, lane);

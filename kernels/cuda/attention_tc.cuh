@@ -41,6 +41,23 @@ struct Pair {
   float scale;
   // Whether key j is masked for query i.
   __device__ bool masked(int i, int j) const { return j >= Tk || (diagonal && j > i); }
+  // Whether query i and key j take no part together: a row past the queries, or masked.
+  __device__ bool off(int i, int j) const { return i >= Tq || masked(i, j); }
+  // Whether some pair of queries [i0, i0 + rows) and keys [j0, j0 + keys) is off (a tile with none
+  // needs no checks).
+  __device__ bool anyOff(int i0, int rows, int j0, int keys) const {
+    return i0 + rows > Tq || j0 + keys > Tk || (diagonal && j0 + keys - 1 > i0);
+  }
+  // Of `pieces` pieces of 8 keys from j0, how many some query up to iLast may attend (on the
+  // diagonal, those past it are masked for all).
+  __device__ int keyPiecesSeen(int iLast, int j0, int pieces) const {
+    return !diagonal ? pieces : iLast < j0 ? 0 : min(pieces, (iLast - j0) / 8 + 1);
+  }
+  // Of `pieces` pieces of 8 queries from i0, how many attend no key from j0 on (on the diagonal,
+  // those before it).
+  __device__ int queryPiecesBlind(int i0, int j0, int pieces) const {
+    return diagonal && j0 > i0 ? min(pieces, (j0 - i0) / 8) : 0;
+  }
   // The keys queries [firstRow, firstRow + rows) may attend: [0, keyEnd); on the diagonal, keys
   // past the last of them are masked for all.
   __device__ int keyEnd(int firstRow, int rows) const { return diagonal ? min(Tk, min(Tq, firstRow + rows)) : Tk; }
@@ -250,7 +267,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
     loadTile<true>(vt, ldt, v, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
     __syncthreads();
     // On the diagonal, keys past the warp's last row are masked for all its rows: not multiplied.
-    const int pieces = !p.diagonal ? kKeyPieces : warpLast < first ? 0 : min(kKeyPieces, (warpLast - first) / 8 + 1);
+    const int pieces = p.keyPiecesSeen(warpLast, first, kKeyPieces);
     float s[kKeyPieces][4] = {};
     for (int d = 0; d < HS; d += 16) {
       uint32_t a[4];
@@ -266,11 +283,11 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
     for (int n = 0; n < kKeyPieces; ++n) {
       for (int e = 0; e < 4; ++e) s[n][e] *= scale2;
     }
-    if (warpLast >= p.Tq || first + kKeys > p.Tk || (p.diagonal && first + kKeys - 1 > firstRow + mine)) {
+    if (p.anyOff(firstRow + mine, 16, first, kKeys)) {
       for (int n = 0; n < kKeyPieces; ++n) {
         for (int e = 0; e < 4; ++e) {
           const int r = e / 2, j = first + n * 8 + 2 * t + e % 2;
-          if (row[r] >= p.Tq || p.masked(row[r], j)) s[n][e] = -INFINITY;
+          if (p.off(row[r], j)) s[n][e] = -INFINITY;
         }
       }
     }
@@ -365,7 +382,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
     loadTile<true>(kt, ldt, k, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
     loadTile<false>(vs, ldh, v, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
     __syncthreads();
-    const int pieces = !p.diagonal ? kKeyPieces : warpLast < first ? 0 : min(kKeyPieces, (warpLast - first) / 8 + 1);
+    const int pieces = p.keyPiecesSeen(warpLast, first, kKeyPieces);
     float s[kKeyPieces][4] = {}, dp[kKeyPieces][4] = {};
     for (int d = 0; d < HS; d += 16) {
       uint32_t aq[4], ag[4];
@@ -386,11 +403,11 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
         s[n][e] = exp2f(s[n][e] * scale2 - rowLse[r]) * (dp[n][e] - rowDelta[r]) * p.scale;
       }
     }
-    if (warpLast >= p.Tq || first + kKeys > p.Tk || (p.diagonal && first + kKeys - 1 > firstRow + mine)) {
+    if (p.anyOff(firstRow + mine, 16, first, kKeys)) {
       for (int n = 0; n < kKeyPieces; ++n) {  // masked: 0 (what was computed there may be inf or NaN)
         for (int e = 0; e < 4; ++e) {
           const int r = e / 2, j = first + n * 8 + 2 * t + e % 2;
-          if (row[r] >= p.Tq || p.masked(row[r], j)) s[n][e] = 0.0f;
+          if (p.off(row[r], j)) s[n][e] = 0.0f;
         }
       }
     }
@@ -465,7 +482,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
     __syncthreads();
     // On the diagonal, queries before the warp's first key attend none of its keys: pieces of
     // them are skipped (their probabilities stay 0).
-    const int skipped = p.diagonal && warpFirst > first ? min(kQueryPieces, (warpFirst - first) / 8) : 0;
+    const int skipped = p.queryPiecesBlind(first, warpFirst, kQueryPieces);
     float s[kQueryPieces][4] = {}, dp[kQueryPieces][4] = {};
     for (int d = 0; d < HS; d += 16) {
       uint32_t ak[4], av[4];
@@ -488,11 +505,11 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
         dp[n][e] = s[n][e] * (dp[n][e] - m.delta[c]) * p.scale;
       }
     }
-    if (first + kQueries > p.Tq || warpFirst + 15 >= p.Tk || (p.diagonal && first < warpFirst + 15)) {
+    if (p.anyOff(first, kQueries, warpFirst, 16)) {
       for (int n = 0; n < kQueryPieces; ++n) {  // masked: 0 (what was computed there may be inf or NaN)
         for (int e = 0; e < 4; ++e) {
           const int i = first + n * 8 + 2 * t + e % 2, j = key[e / 2];
-          if (i >= p.Tq || j >= p.Tk || p.masked(i, j)) s[n][e] = dp[n][e] = 0.0f;
+          if (p.off(i, j)) s[n][e] = dp[n][e] = 0.0f;
         }
       }
     }
