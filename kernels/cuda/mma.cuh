@@ -7,8 +7,9 @@
 //                at columns 2t+8, 2t+9
 //   b (16 x 8):  b[0] rows 2t, 2t+1 of column g; b[1] rows 2t+8, 2t+9
 //   c (16 x 8, fp32): c[0], c[1] row g, columns 2t, 2t+1; c[2], c[3] row g+8
-// Under tests/support/cuda_emulation.h (CHORUS_CUDA_EMULATION) the product is the emulation's,
-// which reads every lane's registers by that same layout.
+// Under tests/support/cuda_emulation.h (CHORUS_CUDA_EMULATION) the product and the word load are
+// the emulation's (CHORUS_WARP_MMA_M16N8K16, CHORUS_SHARED_WORD, as CHORUS_LAUNCH is): it reads
+// every lane's registers by that same layout.
 #pragma once
 
 #ifndef CHORUS_CUDA_EMULATION
@@ -26,7 +27,7 @@ template <typename T>
 __device__ inline void product(float d[4], const uint32_t a[4], const uint32_t b[2]) {
   static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
 #ifdef CHORUS_CUDA_EMULATION
-  ::chorus::testing::emulation::warpProduct(d, a, b, std::is_same_v<T, __nv_bfloat16>);
+  CHORUS_WARP_MMA_M16N8K16(d, a, b, (std::is_same_v<T, __nv_bfloat16>));
 #else
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     asm volatile(
@@ -48,7 +49,7 @@ __device__ inline void product(float d[4], const uint32_t a[4], const uint32_t b
 template <typename T>
 __device__ inline uint32_t wordAt(const T* p) {
 #ifdef CHORUS_CUDA_EMULATION
-  return ::chorus::testing::emulation::wordAt(p);
+  return CHORUS_SHARED_WORD(p);
 #else
   return *reinterpret_cast<const uint32_t*>(p);
 #endif

@@ -471,6 +471,10 @@ inline void warpProduct(float d[4], const uint32_t a[4], const uint32_t b[2], bo
 }
 }  // namespace chorus::testing::emulation
 
+// kernels/cuda/mma.cuh's product and word load, run here.
+#define CHORUS_WARP_MMA_M16N8K16(d, a, b, bf16) ::chorus::testing::emulation::warpProduct(d, a, b, bf16)
+#define CHORUS_SHARED_WORD(p) ::chorus::testing::emulation::wordAt(p)
+
 template <typename T>
 T __shfl_xor_sync(unsigned, T x, int laneMask) {
   return chorus::testing::emulation::fromLane(x, (threadIdx.x % 32) ^ static_cast<unsigned>(laneMask));
