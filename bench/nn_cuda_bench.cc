@@ -125,7 +125,9 @@ void embeddingForward(benchmark::State& state) {
 
 void embeddingBackward(benchmark::State& state) {
   Arrays& a = arrays();
-  run(state, [&] { return cuda::embeddingBackward(a.wte, a.wpe, a.x, a.tokens, B, T, C, 0, V, nullptr, nullptr); });
+  static void* scratch = deviceArray<char>(cuda::embeddingBackwardScratchBytes(kRows, V), "embedding scratch");
+  run(state,
+      [&] { return cuda::embeddingBackward(a.wte, a.wpe, a.x, a.tokens, B, T, C, 0, V, nullptr, scratch, nullptr); });
   bandwidth(state, 3 * rowsC * kF + 2.0 * T * C * kF);  // dout, a token row updated; dwpe updated
 }
 

@@ -52,20 +52,148 @@ __global__ void embeddingForwardKernel(float* out, const int* tokens, const floa
   }
 }
 
-// One block per row; only the block of a token's first row goes on (the rows of a token are one
-// sum, not one atomic addition each): it adds every row of its token into that token's gradient
-// row in row order, as the CPU's loop does, so the sum repeats bit for bit. The rows are found a
-// tile of blockDim.x tokens at a time (blockDim.x a multiple of 32, at most kThreads).
-__global__ void embeddingTokenBackwardKernel(float* dwte, const float* dout, const int* tokens, int rows, int C, int v0,
-                                             int vcount) {
-  __shared__ int matched[kThreads];  // this tile's rows of the token, in order
-  __shared__ int warpMatches[kThreads / 32];
-  const int token = tokens[blockIdx.x];
-  if (token - v0 < 0 || token - v0 >= vcount) return;
-  float* te = dwte + static_cast<size_t>(token - v0) * C;
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  const int warps = static_cast<int>(blockDim.x) >> 5;
-  bool first = true;  // no tile with a row of the token seen yet
+// The token embedding's gradient: the rows of a token are one sum, added by one block in row order
+// as the CPU's loop adds them (atomic additions would add them in another order each run), so the
+// sum repeats bit for bit. The rows are grouped by token first, in time linear in the rows: counted
+// (integer atomics: a count does not depend on the order), the counts scanned over the vocabulary
+// (which also lists the tokens present, in token order), each row placed in its token's range (in
+// no fixed order), and each range sorted by the block that sums it. A token with more rows than a
+// block sorts in shared memory (kSortedRows) is summed by a scan of every row instead, a tile at a
+// time; there are at most rows / kSortedRows such tokens.
+constexpr int kSortedRows = 1024;
+constexpr int kScanThreads = 1024;
+
+// embeddingBackward's scratch, carved from one allocation.
+struct TokenRows {
+  int* count;    // vcount: rows of each token (zeroed, counted, then counted down as rows are placed)
+  int* start;    // vcount + 1: where each token's rows begin in `rows` (the counts' exclusive scan)
+  int* present;  // 1 + min(rows, vcount): how many tokens have rows, then those tokens in order
+  int* rows;     // rows: the rows, grouped by token
+  static size_t ints(int rows, int vcount) {
+    return static_cast<size_t>(vcount) + (vcount + 1) + (1 + std::min(rows, vcount)) + rows;
+  }
+  static TokenRows carve(void* scratch, int rows, int vcount) {
+    int* p = static_cast<int*>(scratch);
+    TokenRows t{};
+    t.count = p;
+    t.start = t.count + vcount;
+    t.present = t.start + vcount + 1;
+    t.rows = t.present + 1 + std::min(rows, vcount);
+    return t;
+  }
+};
+
+__global__ void countTokenRowsKernel(int* count, const int* tokens, int rows, int v0, int vcount) {
+  for (size_t r = threadIndex(); r < static_cast<size_t>(rows); r += gridThreads()) {
+    const int v = tokens[r] - v0;
+    if (v >= 0 && v < vcount) atomicAdd(&count[v], 1);
+  }
+}
+
+// The exclusive prefix sum of x over the block (blockDim.x a multiple of 32), and the block's total.
+__device__ int blockExclusiveSum(int x, int* total) {
+  __shared__ int warpTotals[kWarp];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  int inclusive = x;
+  for (int offset = 1; offset < kWarp; offset <<= 1) {
+    const int below = __shfl_sync(0xffffffffu, inclusive, lane >= offset ? lane - offset : lane);
+    if (lane >= offset) inclusive += below;
+  }
+  __syncthreads();  // warpTotals may still be read by an earlier call
+  if (lane == kWarp - 1) warpTotals[warp] = inclusive;
+  __syncthreads();
+  int before = 0, all = 0;
+  for (int w = 0; w < warps; ++w) {
+    before += w < warp ? warpTotals[w] : 0;
+    all += warpTotals[w];
+  }
+  *total = all;
+  return before + inclusive - x;
+}
+
+// One block: start = the exclusive scan of count, and the tokens that have rows, in order (each
+// thread a run of consecutive tokens).
+__global__ void scanTokenRowsKernel(TokenRows t, int vcount) {
+  const int per = (vcount + static_cast<int>(blockDim.x) - 1) / static_cast<int>(blockDim.x);
+  const int lo = min(static_cast<int>(threadIdx.x) * per, vcount), hi = min(lo + per, vcount);
+  int rows = 0, tokens = 0;
+  for (int v = lo; v < hi; ++v) {
+    rows += t.count[v];
+    tokens += t.count[v] > 0 ? 1 : 0;
+  }
+  int allRows = 0, allTokens = 0;
+  int at = blockExclusiveSum(rows, &allRows), listed = blockExclusiveSum(tokens, &allTokens);
+  for (int v = lo; v < hi; ++v) {
+    t.start[v] = at;
+    at += t.count[v];
+    if (t.count[v] > 0) t.present[1 + listed++] = v;
+  }
+  if (threadIdx.x == 0) {
+    t.start[vcount] = allRows;
+    t.present[0] = allTokens;
+  }
+}
+
+__global__ void placeTokenRowsKernel(TokenRows t, const int* tokens, int rows, int v0, int vcount) {
+  for (size_t r = threadIndex(); r < static_cast<size_t>(rows); r += gridThreads()) {
+    const int v = tokens[r] - v0;
+    if (v >= 0 && v < vcount) t.rows[t.start[v] + atomicSub(&t.count[v], 1) - 1] = static_cast<int>(r);
+  }
+}
+
+// te += the rows `rows[0 .. k)` of dout, in that order (every thread of the block calls it).
+__device__ void addRowsInOrder(float* te, const float* dout, int C, const int* rows, int k, bool byQuads) {
+  const int quads = byQuads ? C / 4 : 0;
+  for (int q = threadIdx.x; q < quads; q += blockDim.x) {
+    float4 acc = quadAt(te, q);
+    for (int j = 0; j < k; ++j) acc = lanes(Add{}, acc, quadAt(dout + static_cast<size_t>(rows[j]) * C, q));
+    storeQuad(te, q, acc);
+  }
+  for (int i = quads * 4 + threadIdx.x; i < C; i += blockDim.x) {
+    float acc = te[i];
+    for (int j = 0; j < k; ++j) acc += dout[static_cast<size_t>(rows[j]) * C + i];
+    te[i] = acc;
+  }
+}
+
+// One block per token present (the grid may hold more blocks than tokens: they return).
+__global__ void embeddingTokenBackwardKernel(float* dwte, const float* dout, const int* tokens, TokenRows t, int rows,
+                                             int C, bool byQuads) {
+  __shared__ int sorted[kSortedRows];
+  if (static_cast<int>(blockIdx.x) >= t.present[0]) return;
+  const int v = t.present[1 + blockIdx.x];
+  const int first = t.start[v], k = t.start[v + 1] - first;
+  float* te = dwte + static_cast<size_t>(v) * C;
+  if (k <= kSortedRows) {
+    // Bitonic sort of the token's rows, padded to a power of two with rows past the end.
+    int n = 1;
+    while (n < k) n <<= 1;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) sorted[i] = i < k ? t.rows[first + i] : rows;
+    __syncthreads();
+    for (int size = 2; size <= n; size <<= 1) {
+      for (int stride = size >> 1; stride > 0; stride >>= 1) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+          const int j = i ^ stride;
+          if (j <= i) continue;
+          const int a = sorted[i], b = sorted[j];
+          if ((a > b) == ((i & size) == 0)) {
+            sorted[i] = b;
+            sorted[j] = a;
+          }
+        }
+        __syncthreads();
+      }
+    }
+    addRowsInOrder(te, dout, C, sorted, k, byQuads);
+    return;
+  }
+  // Too many rows to sort here: every row looked at, a tile of blockDim.x at a time (a multiple of
+  // 32, at most kThreads), this token's rows of the tile listed in order and added.
+  __shared__ int matched[kThreads];
+  __shared__ int warpMatches[kThreads / kWarp];
+  const int token = tokens[t.rows[first]];
+  const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int warps = static_cast<int>(blockDim.x) / kWarp;
   for (int base = 0; base < rows; base += static_cast<int>(blockDim.x)) {
     const int r = base + static_cast<int>(threadIdx.x);
     const bool match = r < rows && tokens[r] == token;
@@ -79,15 +207,7 @@ __global__ void embeddingTokenBackwardKernel(float* dwte, const float* dout, con
     }
     if (match) matched[before + __popc(mask & ((1u << lane) - 1u))] = r;
     __syncthreads();
-    if (count > 0 && first) {
-      if (matched[0] != static_cast<int>(blockIdx.x)) return;  // an earlier row's block sums the token
-      first = false;
-    }
-    for (int i = static_cast<int>(threadIdx.x); i < C; i += static_cast<int>(blockDim.x)) {
-      float acc = te[i];
-      for (int k = 0; k < count; ++k) acc += dout[static_cast<size_t>(matched[k]) * C + i];
-      te[i] = acc;
-    }
+    addRowsInOrder(te, dout, C, matched, count, byQuads);
     __syncthreads();  // the tile's rows read before the next tile's overwrite them
   }
 }
@@ -693,12 +813,30 @@ int embeddingForward(float* out, const int* tokens, const float* wte, const floa
   return launched();
 }
 
+size_t embeddingBackwardScratchBytes(int rows, int vcount) {
+  return TokenRows::ints(rows, std::max(vcount, 0)) * sizeof(int);
+}
+
 int embeddingBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v0,
-                      int vcount, const int* positions, void* stream) {
-  if (B * T == 0) return 0;
-  CHORUS_LAUNCH(embeddingTokenBackwardKernel, B * T, kThreads, 0, asStream(stream), dwte, dout, tokens, B * T, C, v0,
-                vcount);
-  if (const int error = launched()) return error;
+                      int vcount, const int* positions, void* scratch, void* stream) {
+  const int rows = B * T;
+  if (rows == 0) return 0;
+  if (vcount > 0) {
+    const TokenRows t = TokenRows::carve(scratch, rows, vcount);
+    if (const cudaError_t error = cudaMemsetAsync(t.count, 0, vcount * sizeof(int), asStream(stream))) {
+      return static_cast<int>(error);
+    }
+    CHORUS_LAUNCH(countTokenRowsKernel, blocksFor(rows), kThreads, 0, asStream(stream), t.count, tokens, rows, v0,
+                  vcount);
+    if (const int error = launched()) return error;
+    CHORUS_LAUNCH(scanTokenRowsKernel, 1, kScanThreads, 0, asStream(stream), t, vcount);
+    if (const int error = launched()) return error;
+    CHORUS_LAUNCH(placeTokenRowsKernel, blocksFor(rows), kThreads, 0, asStream(stream), t, tokens, rows, v0, vcount);
+    if (const int error = launched()) return error;
+    CHORUS_LAUNCH(embeddingTokenBackwardKernel, std::min(rows, vcount), kThreads, 0, asStream(stream), dwte, dout,
+                  tokens, t, rows, C, rowsByQuads(C, {dwte, dout}));
+    if (const int error = launched()) return error;
+  }
   CHORUS_LAUNCH(embeddingPositionBackwardKernel, T, kThreads, 0, asStream(stream), dwpe, dout, B, T, C, positions);
   return launched();
 }

@@ -19,11 +19,13 @@ namespace chorus::kernels::cuda {
 
 // As kernels::embeddingForward / embeddingBackward. tokens and positions are device arrays.
 // embeddingBackward adds the rows of a token that repeats in row order (one block per token, no
-// atomic additions), dwpe's in batch order: both as the CPU adds them, to the bit.
+// atomic additions), dwpe's in batch order: both as the CPU adds them, to the bit. Its scratch
+// (embeddingBackwardScratchBytes(B * T, vcount) bytes, 4-byte aligned) groups the rows by token.
 int embeddingForward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C, int v0,
                      int vcount, const int* positions, void* stream);
+size_t embeddingBackwardScratchBytes(int rows, int vcount);
 int embeddingBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v0,
-                      int vcount, const int* positions, void* stream);
+                      int vcount, const int* positions, void* scratch, void* stream);
 
 // As kernels::layernormForward / layernormBackward. Backward's weight and bias gradients are summed
 // over blocks of rows into scratch first (layernormBackwardScratchFloats(n, c) floats), then in

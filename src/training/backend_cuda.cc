@@ -185,7 +185,9 @@ class CudaBackend final : public Backend {
   }
   void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v0,
                          int vcount, const int* positions) override {
-    done(kc::embeddingBackward(dwte, dwpe, dout, tokens, B, T, C, v0, vcount, positions, nullptr), "embeddingBackward");
+    void* rows = scratch<char>(0, kc::embeddingBackwardScratchBytes(B * T, vcount));
+    done(kc::embeddingBackward(dwte, dwpe, dout, tokens, B, T, C, v0, vcount, positions, rows, nullptr),
+         "embeddingBackward");
   }
   void layernormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                         int n, int c) override {

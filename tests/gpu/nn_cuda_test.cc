@@ -14,6 +14,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -75,10 +76,15 @@ void sync() { ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess); }
 TEST(CudaNnTest, EmbeddingsForwardAndBackward) {
   CHORUS_REQUIRE_CUDA_DEVICE();
   const int V = 53, v0 = 11, vcount = 30;
-  // 51 rows: one tile of the token gradient's kernel; 600 rows of 53 tokens: each token's rows in
-  // three tiles.
-  for (const auto& [B, T] : std::vector<std::pair<int, int>>{{3, 17}, {2, 300}}) {
-    const std::vector<int> tokens = randomTokens(static_cast<size_t>(B) * T, V, 1);
+  // 51 rows, and 600 rows of 53 tokens (about 11 rows each): each token's rows sorted by the block
+  // that sums them; 1400 rows of which 1200 are one token: more rows than a block sorts, so that
+  // token's block scans every row, a tile at a time.
+  for (const auto& [B, T, frequent] :
+       std::vector<std::tuple<int, int, bool>>{{3, 17, false}, {2, 300, false}, {2, 700, true}}) {
+    std::vector<int> tokens = randomTokens(static_cast<size_t>(B) * T, V, 1);
+    if (frequent) {
+      for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = i % 7 == 3 ? tokens[i] : v0 + 5;
+    }
     std::vector<int> positions(T);
     for (int t = 0; t < T; ++t) positions[t] = 3 * t + 1;  // context parallelism's kind of positions
     const int context = 3 * T + 1;
@@ -94,13 +100,15 @@ TEST(CudaNnTest, EmbeddingsForwardAndBackward) {
         std::vector<float> out(dout.size()), dwte = randomVector(wte.size(), 5), dwpe = randomVector(wpe.size(), 6);
         DeviceBuffer<int> dTokens(tokens), dPositions(positions);
         DeviceBuffer<float> dWte(wte), dWpe(wpe), dOut(out.size()), dDout(dout), dDwte(dwte), dDwpe(dwpe);
+        DeviceBuffer<char> scratch(cuda::embeddingBackwardScratchBytes(B * T, vcount));
+        ASSERT_EQ(cudaMemset(scratch.data, 0xff, scratch.count), cudaSuccess);  // what a last call left
         embeddingForward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, v0, vcount, pos);
         embeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C, v0, vcount, pos);
         const int* dPos = withPositions ? dPositions.data : nullptr;
         CUDA_OK(
             cuda::embeddingForward(dOut.data, dTokens.data, dWte.data, dWpe.data, B, T, C, v0, vcount, dPos, nullptr));
         CUDA_OK(cuda::embeddingBackward(dDwte.data, dDwpe.data, dDout.data, dTokens.data, B, T, C, v0, vcount, dPos,
-                                        nullptr));
+                                        scratch.data, nullptr));
         sync();
         EXPECT_EQ(dOut.read(), out) << "forward is one addition per element, as on the CPU";
         EXPECT_EQ(dDwpe.read(), dwpe) << "the positions' gradient is added in batch order, as on the CPU";

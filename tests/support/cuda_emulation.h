@@ -87,6 +87,8 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 
 inline float atomicAdd(float* p, float value) { return std::atomic_ref<float>(*p).fetch_add(value); }
+inline int atomicAdd(int* p, int value) { return std::atomic_ref<int>(*p).fetch_add(value); }
+inline int atomicSub(int* p, int value) { return std::atomic_ref<int>(*p).fetch_sub(value); }
 
 namespace chorus::testing::emulation {
 
