@@ -71,8 +71,9 @@ struct Pair {
 // goes by a tile of rows at a time through shared memory. A warp's scores, probabilities and sums
 // stay in its registers: a lane holds rows g and g+8 (g = lane / 4) of each 16 x 8 piece, so the
 // online softmax reduces a row over the 4 lanes of its group, and the probabilities' accumulators
-// are already the next product's a operand. Tiles a product reads along its other index (V in
-// P V, K in dS K, Q and dO in the dk/dv kernel's) are stored transposed as well.
+// are already the next product's a operand. Every tile is stored once, row by row: a product that
+// reads one along its other index (V in P V, K in dS K, Q and dO in the dk/dv kernel's) loads it
+// transposed (ldmatrix .trans).
 
 constexpr int kTcWarps = 4;
 constexpr int kTcRows = 16 * kTcWarps;
@@ -143,36 +144,35 @@ struct Carve {
 };
 
 // A tile's pitch: 16-bit rows padded by 8 elements (16 bytes, so rows stay 16-byte aligned for
-// the loads; the lanes' 4-byte reads of a product's operands then fall in 32 different banks).
+// ldmatrix; the 8 rows of 16 bytes one of its matrices reads then fall in 32 different banks).
 __host__ __device__ constexpr int halfPitch(int cols) { return cols + 8; }
 
-// Rows [first, first + count) x hs columns of one head (sequence b) into tile, rounded to T where
-// Source is float (dO), zeros past `rows`: tile[r * pitch + c], or transposed tile[c * pitch + r].
-// 16 bytes per load where the rows start 16-byte aligned, else an element at a time.
-template <bool kTransposed, typename T, typename Source>
+// Rows [first, first + count) x hs columns of one head (sequence b) into tile (tile[r * pitch + c]),
+// rounded to T where Source is float (dO), zeros past `rows`. 16 bytes per load where the rows
+// start 16-byte aligned, else an element at a time.
+template <typename T, typename Source>
 __device__ void loadTile(T* tile, int pitch, const Source* base, int b, size_t batchRows, int first, int count,
                          int rows, int stride, int hs) {
   constexpr int kPer = 16 / static_cast<int>(sizeof(Source));  // elements per 16-byte load
   if (reinterpret_cast<uintptr_t>(base) % 16 == 0 && stride % kPer == 0) {
     const int chunks = hs / kPer;
     for (int at = threadIdx.x; at < count * chunks; at += blockDim.x) {
-      // Transposed, consecutive threads take consecutive rows: their 2-byte stores share no bank.
-      const int r = kTransposed ? at % count : at / chunks, c = (kTransposed ? at / count : at % chunks) * kPer;
+      const int r = at / chunks, c = (at % chunks) * kPer;
       uint4 x{0, 0, 0, 0};  // +0 in every format
       if (first + r < rows) x = *reinterpret_cast<const uint4*>(base + rowAt(b, batchRows, first + r, stride) + c);
-      if constexpr (!kTransposed && std::is_same_v<Source, T>) {
+      if constexpr (std::is_same_v<Source, T>) {
         *reinterpret_cast<uint4*>(tile + r * pitch + c) = x;
       } else {
         Source e[kPer];
         memcpy(e, &x, sizeof x);
-        for (int j = 0; j < kPer; ++j) tile[kTransposed ? (c + j) * pitch + r : r * pitch + c + j] = toElement<T>(e[j]);
+        for (int j = 0; j < kPer; ++j) tile[r * pitch + c + j] = toElement<T>(e[j]);
       }
     }
     return;
   }
   for (int at = threadIdx.x; at < count * hs; at += blockDim.x) {
-    const int r = kTransposed ? at % count : at / hs, c = kTransposed ? at / count : at % hs;
-    tile[kTransposed ? c * pitch + r : r * pitch + c] =
+    const int r = at / hs, c = at % hs;
+    tile[r * pitch + c] =
         first + r < rows ? toElement<T>(base[rowAt(b, batchRows, first + r, stride) + c]) : roundTo<T>(0.0f);
   }
 }
@@ -192,21 +192,48 @@ __device__ inline float groupSum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// s[n] += a b_n for the pieces n in [firstPiece, endPiece) of kPieces, b_n the transpose of the
+// tile's rows 8n .. 8n+7, columns k0 .. k0+15 (K for Q K^T): two pieces a load where both are taken.
+template <typename T, int kPieces>
+__device__ void addRowProducts(float (&s)[kPieces][4], const uint32_t a[4], const T* tile, int pitch, int k0,
+                               int firstPiece, int endPiece) {
+  static_assert(kPieces % 2 == 0);
+  for (int n = 0; n < kPieces; n += 2) {  // from 0 and by constant indices, so that s stays in registers
+    if (n + 1 < firstPiece || n >= endPiece) continue;
+    if (n >= firstPiece && n + 1 < endPiece) {
+      uint32_t b0[2], b1[2];
+      mma::loadBPair(b0, b1, tile, pitch, n * 8, k0);
+      mma::product<T>(s[n], a, b0);
+      mma::product<T>(s[n + 1], a, b1);
+    } else if (n >= firstPiece) {
+      uint32_t b[2];
+      mma::loadB(b, tile, pitch, n * 8, k0);
+      mma::product<T>(s[n], a, b);
+    } else {
+      uint32_t b[2];
+      mma::loadB(b, tile, pitch, n * 8 + 8, k0);
+      mma::product<T>(s[n + 1], a, b);
+    }
+  }
+}
+
 // acc (16 x HS: kHeadPieces pieces of 8 columns) += s t: s the warp's 16 rows against the other
 // side's tile (kPieces pieces of 8), rounded to T as the product's a operand, pieces
-// [firstPiece, endPiece) of it taken (the rest are zeros: masked), and t that tile's rows stored
-// transposed (tileT: a row per head column, pitch ldt).
+// [firstPiece, endPiece) of it taken (the rest are zeros: masked), and t that tile (its rows the
+// product's k, its columns the head's; read transposed).
 template <typename T, int kHeadPieces, int kPieces>
 __device__ void addProduct(float (&acc)[kHeadPieces][4], const float (&s)[kPieces][4], int firstPiece, int endPiece,
-                           const T* tileT, int ldt) {
+                           const T* tile, int pitch) {
+  static_assert(kHeadPieces % 2 == 0, "head sizes are multiples of 16");
   for (int kk = 0; kk < kPieces / 2; ++kk) {  // 16 rows of the tile a step; from 0 so that s stays in registers
     if (2 * kk + 1 < firstPiece || 2 * kk >= endPiece) continue;
     uint32_t a[4];
     mma::accumulatorsAsA<T>(a, s[2 * kk], s[2 * kk + 1]);
-    for (int n = 0; n < kHeadPieces; ++n) {
-      uint32_t b[2];
-      mma::loadB(b, tileT, ldt, n * 8, kk * 16);
-      mma::product<T>(acc[n], a, b);
+    for (int n = 0; n < kHeadPieces; n += 2) {
+      uint32_t b0[2], b1[2];
+      mma::loadBPairTransposed(b0, b1, tile, pitch, kk * 16, n * 8);
+      mma::product<T>(acc[n], a, b0);
+      mma::product<T>(acc[n + 1], a, b1);
     }
   }
 }
@@ -214,7 +241,7 @@ __device__ void addProduct(float (&acc)[kHeadPieces][4], const float (&s)[kPiece
 // Shared memory of each kernel, by head size (the host sizes the launch with the same carve).
 // The 16-bit pointers are of any 16-bit T: the kernels cast them.
 struct TcForwardMemory {
-  __nv_bfloat16 *q, *k, *vt;  // vt: v transposed
+  __nv_bfloat16 *q, *k, *v;
   size_t bytes;
   __host__ __device__ static TcForwardMemory carve(unsigned char* base, int hs) {
     const int keys = forwardTile(hs);
@@ -222,7 +249,7 @@ struct TcForwardMemory {
     Carve c;
     m.q = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(hs));
     m.k = c.take<__nv_bfloat16>(base, static_cast<size_t>(keys) * halfPitch(hs));
-    m.vt = c.take<__nv_bfloat16>(base, static_cast<size_t>(hs) * halfPitch(keys));
+    m.v = c.take<__nv_bfloat16>(base, static_cast<size_t>(keys) * halfPitch(hs));
     m.bytes = c.used;
     return m;
   }
@@ -232,10 +259,10 @@ template <typename T, int HS>
 __global__ void __launch_bounds__(kTcWarps* kWarp)
     forwardTcKernel(Pair<uint16_t> p, float* out, int outStride, float* rowMax, float* rowSum) {
   constexpr int kKeys = forwardTile(HS), kHeadPieces = HS / 8, kKeyPieces = kKeys / 8;
-  constexpr int ldh = halfPitch(HS), ldt = halfPitch(kKeys);
+  constexpr int ldh = halfPitch(HS);
   CHORUS_DYNAMIC_SHARED(shared);
   const TcForwardMemory m = TcForwardMemory::carve(shared, HS);
-  T *qs = reinterpret_cast<T*>(m.q), *ks = reinterpret_cast<T*>(m.k), *vt = reinterpret_cast<T*>(m.vt);
+  T *qs = reinterpret_cast<T*>(m.q), *ks = reinterpret_cast<T*>(m.k), *vs = reinterpret_cast<T*>(m.v);
   const int h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int g = lane >> 2, t = lane & 3;
   const int firstRow = blockIdx.x * kTcRows, mine = warp * 16;  // this warp's first row in the block
@@ -243,8 +270,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
   const float scale2 = p.scale * kLog2e;  // scores in base 2
   const T* k = reinterpret_cast<const T*>(p.k) + h * HS;
   const T* v = reinterpret_cast<const T*>(p.v) + h * HS;
-  loadTile<false>(qs, ldh, reinterpret_cast<const T*>(p.q) + h * HS, b, p.qRows, firstRow, kTcRows, p.Tq, p.qStride,
-                  HS);
+  loadTile(qs, ldh, reinterpret_cast<const T*>(p.q) + h * HS, b, p.qRows, firstRow, kTcRows, p.Tq, p.qStride, HS);
   // The running state of this lane's rows (g and g+8 of the warp's): output, maximum (base 2), sum.
   int row[2];
   float runMax[2], runSum[2], o[kHeadPieces][4];
@@ -260,24 +286,20 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
       }
     }
   }
+  // The warp's rows of q, as the a operand of every tile's Q K^T, loaded once.
+  __syncthreads();
+  uint32_t aq[HS / 16][4];
+  for (int d = 0; d < HS; d += 16) mma::loadA(aq[d / 16], qs, ldh, mine, d);
   const int keyEnd = p.keyEnd(firstRow, kTcRows);
   for (int first = 0; first < keyEnd; first += kKeys) {
-    __syncthreads();  // every warp done with the last tile (and, the first time, q loaded)
-    loadTile<false>(ks, ldh, k, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
-    loadTile<true>(vt, ldt, v, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
+    __syncthreads();  // every warp done with the last tile
+    loadTile(ks, ldh, k, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
+    loadTile(vs, ldh, v, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
     __syncthreads();
     // On the diagonal, keys past the warp's last row are masked for all its rows: not multiplied.
     const int pieces = p.keyPiecesSeen(warpLast, first, kKeyPieces);
     float s[kKeyPieces][4] = {};
-    for (int d = 0; d < HS; d += 16) {
-      uint32_t a[4];
-      mma::loadA(a, qs, ldh, mine, d);
-      for (int n = 0; n < pieces; ++n) {
-        uint32_t bk[2];
-        mma::loadB(bk, ks, ldh, n * 8, d);
-        mma::product<T>(s[n], a, bk);
-      }
-    }
+    for (int d = 0; d < HS; d += 16) addRowProducts<T>(s, aq[d / 16], ks, ldh, d, 0, pieces);
     // The online softmax of this tile, rows g and g+8 (the group's 4 lanes hold a row's keys):
     // scores in base 2, masked ones -inf (looked for only where the tile may hold some).
     for (int n = 0; n < kKeyPieces; ++n) {
@@ -314,7 +336,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
     for (int n = 0; n < kHeadPieces; ++n) {
       for (int e = 0; e < 4; ++e) o[n][e] *= carry[e / 2];
     }
-    addProduct(o, s, 0, pieces, vt, ldt);  // o += P V
+    addProduct(o, s, 0, pieces, vs, ldh);  // o += P V
   }
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= p.Tq) continue;
@@ -332,7 +354,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
 
 // Backward, dq: per block of queries, the keys a tile at a time.
 struct TcQueryMemory {
-  __nv_bfloat16 *q, *dout, *k, *kt, *v;  // kt: k transposed
+  __nv_bfloat16 *q, *dout, *k, *v;
   size_t bytes;
   __host__ __device__ static TcQueryMemory carve(unsigned char* base, int hs) {
     const int keys = backwardTile(hs);
@@ -341,7 +363,6 @@ struct TcQueryMemory {
     m.q = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(hs));
     m.dout = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(hs));
     m.k = c.take<__nv_bfloat16>(base, static_cast<size_t>(keys) * halfPitch(hs));
-    m.kt = c.take<__nv_bfloat16>(base, static_cast<size_t>(hs) * halfPitch(keys));
     m.v = c.take<__nv_bfloat16>(base, static_cast<size_t>(keys) * halfPitch(hs));
     m.bytes = c.used;
     return m;
@@ -353,20 +374,19 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
     backwardQueryTcKernel(Pair<uint16_t> p, const float* dout, int doutStride, const float* lse, const float* delta,
                           float* dq, int dqStride) {
   constexpr int kKeys = backwardTile(HS), kHeadPieces = HS / 8, kKeyPieces = kKeys / 8;
-  constexpr int ldh = halfPitch(HS), ldt = halfPitch(kKeys);
+  constexpr int ldh = halfPitch(HS);
   CHORUS_DYNAMIC_SHARED(shared);
   const TcQueryMemory m = TcQueryMemory::carve(shared, HS);
   T *qs = reinterpret_cast<T*>(m.q), *gs = reinterpret_cast<T*>(m.dout), *ks = reinterpret_cast<T*>(m.k),
-    *kt = reinterpret_cast<T*>(m.kt), *vs = reinterpret_cast<T*>(m.v);
+    *vs = reinterpret_cast<T*>(m.v);
   const int h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int g = lane >> 2, t = lane & 3;
   const int firstRow = blockIdx.x * kTcRows, mine = warp * 16, warpLast = firstRow + mine + 15;
   const float scale2 = p.scale * kLog2e;
   const T* k = reinterpret_cast<const T*>(p.k) + h * HS;
   const T* v = reinterpret_cast<const T*>(p.v) + h * HS;
-  loadTile<false>(qs, ldh, reinterpret_cast<const T*>(p.q) + h * HS, b, p.qRows, firstRow, kTcRows, p.Tq, p.qStride,
-                  HS);
-  loadTile<false>(gs, ldh, dout + h * HS, b, p.qRows, firstRow, kTcRows, p.Tq, doutStride, HS);
+  loadTile(qs, ldh, reinterpret_cast<const T*>(p.q) + h * HS, b, p.qRows, firstRow, kTcRows, p.Tq, p.qStride, HS);
+  loadTile(gs, ldh, dout + h * HS, b, p.qRows, firstRow, kTcRows, p.Tq, doutStride, HS);
   int row[2];
   float rowLse[2], rowDelta[2], acc[kHeadPieces][4] = {};
   for (int r = 0; r < 2; ++r) {
@@ -378,9 +398,8 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
   const int keyEnd = p.keyEnd(firstRow, kTcRows);
   for (int first = 0; first < keyEnd; first += kKeys) {
     __syncthreads();
-    loadTile<false>(ks, ldh, k, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
-    loadTile<true>(kt, ldt, k, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
-    loadTile<false>(vs, ldh, v, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
+    loadTile(ks, ldh, k, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
+    loadTile(vs, ldh, v, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
     __syncthreads();
     const int pieces = p.keyPiecesSeen(warpLast, first, kKeyPieces);
     float s[kKeyPieces][4] = {}, dp[kKeyPieces][4] = {};
@@ -388,13 +407,8 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
       uint32_t aq[4], ag[4];
       mma::loadA(aq, qs, ldh, mine, d);
       mma::loadA(ag, gs, ldh, mine, d);
-      for (int n = 0; n < pieces; ++n) {
-        uint32_t bk[2], bv[2];
-        mma::loadB(bk, ks, ldh, n * 8, d);
-        mma::product<T>(s[n], aq, bk);  // S = Q K^T
-        mma::loadB(bv, vs, ldh, n * 8, d);
-        mma::product<T>(dp[n], ag, bv);  // dP = dO V^T
-      }
+      addRowProducts<T>(s, aq, ks, ldh, d, 0, pieces);   // S = Q K^T
+      addRowProducts<T>(dp, ag, vs, ldh, d, 0, pieces);  // dP = dO V^T
     }
     // dS = P (dP - delta) scale, in s.
     for (int n = 0; n < kKeyPieces; ++n) {
@@ -411,7 +425,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
         }
       }
     }
-    addProduct(acc, s, 0, pieces, kt, ldt);  // dq += dS K
+    addProduct(acc, s, 0, pieces, ks, ldh);  // dq += dS K
   }
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= p.Tq) continue;
@@ -425,7 +439,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
 // Backward, dk and dv: per block of keys, the queries a tile at a time (transposed: a warp's key
 // rows against the tile's queries).
 struct TcKeyMemory {
-  __nv_bfloat16 *k, *v, *q, *qt, *dout, *doutT;
+  __nv_bfloat16 *k, *v, *q, *dout;
   float *lse, *delta;
   size_t bytes;
   __host__ __device__ static TcKeyMemory carve(unsigned char* base, int hs) {
@@ -435,9 +449,7 @@ struct TcKeyMemory {
     m.k = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(hs));
     m.v = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(hs));
     m.q = c.take<__nv_bfloat16>(base, static_cast<size_t>(queries) * halfPitch(hs));
-    m.qt = c.take<__nv_bfloat16>(base, static_cast<size_t>(hs) * halfPitch(queries));
     m.dout = c.take<__nv_bfloat16>(base, static_cast<size_t>(queries) * halfPitch(hs));
-    m.doutT = c.take<__nv_bfloat16>(base, static_cast<size_t>(hs) * halfPitch(queries));
     m.lse = c.take<float>(base, queries);
     m.delta = c.take<float>(base, queries);
     m.bytes = c.used;
@@ -450,20 +462,18 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
     backwardKeyTcKernel(Pair<uint16_t> p, const float* dout, int doutStride, const float* lse, const float* delta,
                         float* dk, float* dv, int dkvStride) {
   constexpr int kQueries = backwardTile(HS), kHeadPieces = HS / 8, kQueryPieces = kQueries / 8;
-  constexpr int ldh = halfPitch(HS), ldt = halfPitch(kQueries);
+  constexpr int ldh = halfPitch(HS);
   CHORUS_DYNAMIC_SHARED(shared);
   const TcKeyMemory m = TcKeyMemory::carve(shared, HS);
   T *ks = reinterpret_cast<T*>(m.k), *vs = reinterpret_cast<T*>(m.v), *qs = reinterpret_cast<T*>(m.q),
-    *qt = reinterpret_cast<T*>(m.qt), *gs = reinterpret_cast<T*>(m.dout), *gt = reinterpret_cast<T*>(m.doutT);
+    *gs = reinterpret_cast<T*>(m.dout);
   const int h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int g = lane >> 2, t = lane & 3;
   const int firstKey = blockIdx.x * kTcRows, mine = warp * 16, warpFirst = firstKey + mine;
   const float scale2 = p.scale * kLog2e;
   const T* q = reinterpret_cast<const T*>(p.q) + h * HS;
-  loadTile<false>(ks, ldh, reinterpret_cast<const T*>(p.k) + h * HS, b, p.kvRows, firstKey, kTcRows, p.Tk, p.kvStride,
-                  HS);
-  loadTile<false>(vs, ldh, reinterpret_cast<const T*>(p.v) + h * HS, b, p.kvRows, firstKey, kTcRows, p.Tk, p.kvStride,
-                  HS);
+  loadTile(ks, ldh, reinterpret_cast<const T*>(p.k) + h * HS, b, p.kvRows, firstKey, kTcRows, p.Tk, p.kvStride, HS);
+  loadTile(vs, ldh, reinterpret_cast<const T*>(p.v) + h * HS, b, p.kvRows, firstKey, kTcRows, p.Tk, p.kvStride, HS);
   const int key[2] = {warpFirst + g, warpFirst + g + 8};
   float accK[kHeadPieces][4] = {}, accV[kHeadPieces][4] = {};
   // On the diagonal, queries before the block's first key attend none of its keys.
@@ -471,10 +481,8 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
   const size_t statBase = b * p.batchStat + static_cast<size_t>(h) * p.statStride;
   for (int first = queryBegin; first < p.Tq; first += kQueries) {
     __syncthreads();
-    loadTile<false>(qs, ldh, q, b, p.qRows, first, kQueries, p.Tq, p.qStride, HS);
-    loadTile<true>(qt, ldt, q, b, p.qRows, first, kQueries, p.Tq, p.qStride, HS);
-    loadTile<false>(gs, ldh, dout + h * HS, b, p.qRows, first, kQueries, p.Tq, doutStride, HS);
-    loadTile<true>(gt, ldt, dout + h * HS, b, p.qRows, first, kQueries, p.Tq, doutStride, HS);
+    loadTile(qs, ldh, q, b, p.qRows, first, kQueries, p.Tq, p.qStride, HS);
+    loadTile(gs, ldh, dout + h * HS, b, p.qRows, first, kQueries, p.Tq, doutStride, HS);
     for (int j = threadIdx.x; j < kQueries; j += blockDim.x) {
       m.lse[j] = first + j < p.Tq ? lse[statBase + first + j] * kLog2e : 0.0f;  // base 2
       m.delta[j] = first + j < p.Tq ? delta[statBase + first + j] : 0.0f;
@@ -488,14 +496,8 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
       uint32_t ak[4], av[4];
       mma::loadA(ak, ks, ldh, mine, d);
       mma::loadA(av, vs, ldh, mine, d);
-      for (int n = 0; n < kQueryPieces; ++n) {  // from 0, so that s and dp stay in registers
-        if (n < skipped) continue;
-        uint32_t bq[2], bg[2];
-        mma::loadB(bq, qs, ldh, n * 8, d);
-        mma::product<T>(s[n], ak, bq);  // S^T = K Q^T
-        mma::loadB(bg, gs, ldh, n * 8, d);
-        mma::product<T>(dp[n], av, bg);  // dP^T = V dO^T
-      }
+      addRowProducts<T>(s, ak, qs, ldh, d, skipped, kQueryPieces);   // S^T = K Q^T
+      addRowProducts<T>(dp, av, gs, ldh, d, skipped, kQueryPieces);  // dP^T = V dO^T
     }
     // P^T in s, dS^T in dp.
     for (int n = 0; n < kQueryPieces; ++n) {
@@ -513,8 +515,8 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
         }
       }
     }
-    addProduct(accV, s, skipped, kQueryPieces, gt, ldt);   // dV += P^T dO
-    addProduct(accK, dp, skipped, kQueryPieces, qt, ldt);  // dK += dS^T Q
+    addProduct(accV, s, skipped, kQueryPieces, gs, ldh);   // dV += P^T dO
+    addProduct(accK, dp, skipped, kQueryPieces, qs, ldh);  // dK += dS^T Q
   }
   for (int r = 0; r < 2; ++r) {
     if (key[r] >= p.Tk) continue;

@@ -9,7 +9,8 @@
 // exchange behind a warp barrier; static shared memory is one copy for the whole launch (the
 // blocks run one after another, and the process's kernels one at a time); the warp's tensor-core
 // product (mma.sync m16n8k16, kernels/cuda/mma.cuh) reads every lane's registers through that
-// exchange by PTX's layout of them, and each lane computes its own part of the result. A barrier
+// exchange by PTX's layout of them, and each lane computes its own part of the result; its matrix
+// load (ldmatrix) exchanges the lanes' row addresses and gives each lane its elements. A barrier
 // some thread never reaches (divergent code) aborts, saying so. The runtime (memory, streams as
 // host threads, events, CUDA IPC between processes, graphs) is cuda_emulation_runtime.h's, which
 // says what it models. What neither models: the hardware's order of the sums inside one product,
@@ -432,15 +433,27 @@ std::array<T, 32> fromEveryLane(T x) {
   }
   return all;
 }
-// The word (two 16-bit elements) at p, which must be 4-byte aligned, as a GPU's 4-byte load needs.
-inline uint32_t wordAt(const void* p) {
-  if (reinterpret_cast<uintptr_t>(p) % 4 != 0) {
-    std::fprintf(stderr, "cuda emulation: a 4-byte load from %p, not 4-byte aligned (cudaErrorMisalignedAddress)\n", p);
+// The warp's ldmatrix (m8n8, 16-bit, kCount matrices; kernels/cuda/mma.cuh): lane 8 m + r gives the
+// address of row r of matrix m, which must be 16-byte aligned as a GPU's needs; register m of lane
+// 4 r + w gets elements 2w, 2w+1 of matrix m's row r, or with trans of its column r (the elements
+// of rows 2w and 2w+1). Every lane's address is exchanged first, then each reads its elements.
+template <int kCount>
+void warpLoadMatrices(uint32_t (&out)[kCount], const void* row, bool trans) {
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0) {
+    std::fprintf(stderr, "cuda emulation: an ldmatrix row at %p, not 16-byte aligned (cudaErrorMisalignedAddress)\n",
+                 row);
     std::abort();
   }
-  uint32_t word;
-  std::memcpy(&word, p, sizeof word);
-  return word;
+  const std::array<const void*, 32> rows = fromEveryLane(row);
+  const int lane = static_cast<int>(threadIdx.x % 32), r = lane / 4, w = lane % 4;
+  for (int m = 0; m < kCount; ++m) {
+    const auto at = [&](int i, int j) {  // matrix m's row i, element j
+      uint16_t bits;
+      std::memcpy(&bits, static_cast<const unsigned char*>(rows[8 * m + i]) + 2 * j, sizeof bits);
+      return static_cast<uint32_t>(bits);
+    };
+    out[m] = trans ? at(2 * w, r) | at(2 * w + 1, r) << 16 : at(r, 2 * w) | at(r, 2 * w + 1) << 16;
+  }
 }
 // The warp's mma.sync m16n8k16 (d += a b; 16-bit a and b, bf16 or fp16, fp32 d): each lane's
 // registers read by PTX's layout (kernels/cuda/mma.cuh), the sums in fp32 in k's order.
@@ -473,9 +486,9 @@ inline void warpProduct(float d[4], const uint32_t a[4], const uint32_t b[2], bo
 }
 }  // namespace chorus::testing::emulation
 
-// kernels/cuda/mma.cuh's product and word load, run here.
+// kernels/cuda/mma.cuh's product and matrix load, run here.
 #define CHORUS_WARP_MMA_M16N8K16(d, a, b, bf16) ::chorus::testing::emulation::warpProduct(d, a, b, bf16)
-#define CHORUS_SHARED_WORD(p) ::chorus::testing::emulation::wordAt(p)
+#define CHORUS_LOAD_MATRICES(out, row, trans) ::chorus::testing::emulation::warpLoadMatrices(out, row, trans)
 
 template <typename T>
 T __shfl_xor_sync(unsigned, T x, int laneMask) {
