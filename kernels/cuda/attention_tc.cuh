@@ -202,7 +202,7 @@ __device__ void addRowProducts(float (&s)[kPieces][4], const uint32_t a[4], cons
     if (n + 1 < firstPiece || n >= endPiece) continue;
     if (n >= firstPiece && n + 1 < endPiece) {
       uint32_t b0[2], b1[2];
-      mma::loadBPair(b0, b1, tile, pitch, n * 8, k0);
+      mma::loadBPair<false>(b0, b1, tile, pitch, n * 8, k0);
       mma::product<T>(s[n], a, b0);
       mma::product<T>(s[n + 1], a, b1);
     } else if (n >= firstPiece) {
@@ -231,7 +231,7 @@ __device__ void addProduct(float (&acc)[kHeadPieces][4], const float (&s)[kPiece
     mma::accumulatorsAsA<T>(a, s[2 * kk], s[2 * kk + 1]);
     for (int n = 0; n < kHeadPieces; n += 2) {
       uint32_t b0[2], b1[2];
-      mma::loadBPairTransposed(b0, b1, tile, pitch, kk * 16, n * 8);
+      mma::loadBPair<true>(b0, b1, tile, pitch, n * 8, kk * 16);
       mma::product<T>(acc[n], a, b0);
       mma::product<T>(acc[n + 1], a, b1);
     }

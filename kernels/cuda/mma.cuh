@@ -113,25 +113,16 @@ __device__ inline void loadB(uint32_t b[2], const T* tile, int pitch, int n0, in
   b[1] = r[1];
 }
 
-// The b of two pieces side by side: as loadB at n0 (b0) and at n0+8 (b1).
-template <typename T>
+// The b of two pieces side by side, columns n0 .. n0+7 (b0) and n0+8 .. n0+15 (b1), rows k0 ..
+// k0+15: as loadB at n0 and n0+8 (a tile whose row n is b's column n: K for Q K^T), or, kTrans, of
+// a tile that is b itself (row k is b's row k: V for P V), read transposed.
+template <bool kTrans, typename T>
 __device__ inline void loadBPair(uint32_t b0[2], uint32_t b1[2], const T* tile, int pitch, int n0, int k0) {
   const int lane = threadIdx.x % 32;
+  // Lane 8m + i: row i of matrix m, the matrices at (n0, k0), (n0, k0+8), (n0+8, k0), (n0+8, k0+8).
+  const int n = n0 + (lane >> 4) * 8, k = k0 + ((lane >> 3) & 1) * 8, i = lane & 7;
   uint32_t r[4];
-  loadMatrices<4, false>(r, tile + (n0 + (lane & 7) + (lane >> 4) * 8) * pitch + k0 + ((lane >> 3) & 1) * 8);
-  b0[0] = r[0];
-  b0[1] = r[1];
-  b1[0] = r[2];
-  b1[1] = r[3];
-}
-
-// The b of two pieces side by side, columns n0 .. n0+7 (b0) and n0+8 .. n0+15 (b1) of rows
-// k0 .. k0+15 of a tile that is b itself (V for P V), read transposed.
-template <typename T>
-__device__ inline void loadBPairTransposed(uint32_t b0[2], uint32_t b1[2], const T* tile, int pitch, int k0, int n0) {
-  const int lane = threadIdx.x % 32;
-  uint32_t r[4];
-  loadMatrices<4, true>(r, tile + (k0 + (lane & 15)) * pitch + n0 + (lane >> 4) * 8);
+  loadMatrices<4, kTrans>(r, kTrans ? tile + (k + i) * pitch + n : tile + (n + i) * pitch + k);
   b0[0] = r[0];
   b0[1] = r[1];
   b1[0] = r[2];
