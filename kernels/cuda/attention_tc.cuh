@@ -265,7 +265,9 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
   T *qs = reinterpret_cast<T*>(m.q), *ks = reinterpret_cast<T*>(m.k), *vs = reinterpret_cast<T*>(m.v);
   const int h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int g = lane >> 2, t = lane & 3;
-  const int firstRow = blockIdx.x * kTcRows, mine = warp * 16;  // this warp's first row in the block
+  // Query blocks last to first: on the diagonal the last take the most key tiles, and a GPU starts
+  // blocks about in blockIdx order, so the longest start first rather than last.
+  const int firstRow = (gridDim.x - 1 - blockIdx.x) * kTcRows, mine = warp * 16;  // the warp's first row
   const int warpLast = firstRow + mine + 15;
   const float scale2 = p.scale * kLog2e;  // scores in base 2
   const T* k = reinterpret_cast<const T*>(p.k) + h * HS;
@@ -381,7 +383,8 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
     *vs = reinterpret_cast<T*>(m.v);
   const int h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int g = lane >> 2, t = lane & 3;
-  const int firstRow = blockIdx.x * kTcRows, mine = warp * 16, warpLast = firstRow + mine + 15;
+  const int firstRow = (gridDim.x - 1 - blockIdx.x) * kTcRows;  // last to first, as the forward's
+  const int mine = warp * 16, warpLast = firstRow + mine + 15;
   const float scale2 = p.scale * kLog2e;
   const T* k = reinterpret_cast<const T*>(p.k) + h * HS;
   const T* v = reinterpret_cast<const T*>(p.v) + h * HS;
