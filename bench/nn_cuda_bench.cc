@@ -12,8 +12,10 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,6 +68,8 @@ struct Arrays {
   uint16_t* x16 = deviceArray<uint16_t>(size_t{kRows} * 4 * C, "x16");
   float* scratch = deviceArray<float>(size_t{kRows} * 4 * C, "scratch");
   int* tokens = deviceArray<int>(kRows, "tokens");
+  int* textTokens = deviceArray<int>(kRows, "text-like tokens");
+  int textDistinct = 0;  // tokens in textTokens
   int* rows = deviceArray<int>(size_t{kRows} * kChoices, "rows");
   float* gates = deviceArray<float>(size_t{kRows} * kChoices, "gates");
   float* experts = deviceArray<float>(size_t{kRows} * kChoices * C, "experts");
@@ -84,6 +88,16 @@ Arrays& arrays() {
     std::vector<int> tokens(kRows);
     for (int i = 0; i < kRows; ++i) tokens[i] = static_cast<int>((i * 7919L) % V);
     cudaMemcpy(made.tokens, tokens.data(), tokens.size() * sizeof(int), cudaMemcpyHostToDevice);
+    // Tokens that repeat as text's do: the r-th most frequent drawn with weight 1 / (r + 1) (Zipf's
+    // law), so the most frequent takes about 9% of the rows and most of the vocabulary none.
+    std::vector<double> weights(V);
+    for (int r = 0; r < V; ++r) weights[r] = 1.0 / (r + 1);
+    std::mt19937 gen(7);
+    std::discrete_distribution<int> rank(weights.begin(), weights.end());
+    for (int& t : tokens) t = static_cast<int>((rank(gen) * 7919L) % V);
+    cudaMemcpy(made.textTokens, tokens.data(), tokens.size() * sizeof(int), cudaMemcpyHostToDevice);
+    std::sort(tokens.begin(), tokens.end());
+    made.textDistinct = static_cast<int>(std::unique(tokens.begin(), tokens.end()) - tokens.begin());
     // Every choice kept, the experts' rows in choice order.
     std::vector<int> rows(size_t{kRows} * kChoices);
     for (size_t c = 0; c < rows.size(); ++c) rows[c] = static_cast<int>(c);
@@ -123,12 +137,16 @@ void embeddingForward(benchmark::State& state) {
   bandwidth(state, 3 * rowsC * kF);  // a token row and a position row read, one row written
 }
 
-void embeddingBackward(benchmark::State& state) {
+// textLike: tokens that repeat (textTokens), else every row a token of its own.
+void embeddingBackward(benchmark::State& state, bool textLike) {
   Arrays& a = arrays();
   static void* scratch = deviceArray<char>(cuda::embeddingBackwardScratchBytes(kRows, V), "embedding scratch");
+  const int* tokens = textLike ? a.textTokens : a.tokens;
   run(state,
-      [&] { return cuda::embeddingBackward(a.wte, a.wpe, a.x, a.tokens, B, T, C, 0, V, nullptr, scratch, nullptr); });
-  bandwidth(state, 3 * rowsC * kF + 2.0 * T * C * kF);  // dout, a token row updated; dwpe updated
+      [&] { return cuda::embeddingBackward(a.wte, a.wpe, a.x, tokens, B, T, C, 0, V, nullptr, scratch, nullptr); });
+  // dout read; each token's gradient row (rows of them) read and written once; dwpe read and written.
+  const double rows = textLike ? a.textDistinct : kRows;
+  bandwidth(state, (rowsC + 2.0 * rows * C) * kF + 2.0 * T * C * kF);
 }
 
 void layernormForward(benchmark::State& state) {
@@ -271,7 +289,6 @@ int main(int argc, char** argv) {
   if (const int skip = chorus::bench::probeDevice("nn_cuda_bench", &peakBytesPerSecond)) return skip;
   for (const auto& [name, f] : std::vector<std::pair<const char*, void (*)(benchmark::State&)>>{
            {"embedding/forward", embeddingForward},
-           {"embedding/backward", embeddingBackward},
            {"layernorm/forward", layernormForward},
            {"layernorm/backward", layernormBackward},
            {"gelu/forward", geluForward},
@@ -288,6 +305,8 @@ int main(int argc, char** argv) {
            {"swiglu/forward", swigluForward}}) {
     benchmark::RegisterBenchmark(name, f)->UseManualTime();
   }
+  benchmark::RegisterBenchmark("embedding/backward", embeddingBackward, false)->UseManualTime();
+  benchmark::RegisterBenchmark("embedding/backward/text", embeddingBackward, true)->UseManualTime();
   benchmark::RegisterBenchmark("attention/forward/fp32", attentionForward, false)->UseManualTime();
   benchmark::RegisterBenchmark("attention/forward/bf16", attentionForward, true)->UseManualTime();
   benchmark::RegisterBenchmark("attention/backward/fp32", attentionBackward, false)->UseManualTime();

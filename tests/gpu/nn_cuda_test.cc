@@ -77,10 +77,11 @@ TEST(CudaNnTest, EmbeddingsForwardAndBackward) {
   CHORUS_REQUIRE_CUDA_DEVICE();
   const int V = 53, v0 = 11, vcount = 30;
   // 51 rows, and 600 rows of 53 tokens (about 11 rows each): each token's rows sorted by the block
-  // that sums them; 1400 rows of which 1200 are one token: more rows than a block sorts, so that
-  // token's block scans every row, a tile at a time.
+  // that sums them; 700 rows of which 600 are one token: sorted too, more rows than the block's
+  // threads; 1400 rows of which 1200 are one token: more rows than a block sorts, so that token's
+  // block scans every row, a tile at a time.
   for (const auto& [B, T, frequent] :
-       std::vector<std::tuple<int, int, bool>>{{3, 17, false}, {2, 300, false}, {2, 700, true}}) {
+       std::vector<std::tuple<int, int, bool>>{{3, 17, false}, {2, 300, false}, {2, 350, true}, {2, 700, true}}) {
     std::vector<int> tokens = randomTokens(static_cast<size_t>(B) * T, V, 1);
     if (frequent) {
       for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = i % 7 == 3 ? tokens[i] : v0 + 5;
