@@ -131,6 +131,19 @@ size_t matmulBackward16ScratchBytes(int n, int oc) {
   return halfBytes(n, oc) + matmulBackwardScratchBytes(n, oc);
 }
 
+int matmulBackward16Rounded(Float16 format, float* dinp, float* dweight, const uint16_t* dout16, const uint16_t* inp,
+                            const uint16_t* weight, int n, int c, int oc, void* stream) {
+  if (dinp) {
+    if (const int error = gemm16(format, false, false, n, c, oc, 1.0f, dout16, oc, weight, c, 1.0f, dinp, c, stream)) {
+      return error;
+    }
+  }
+  if (dweight) {
+    return gemm16(format, true, false, oc, c, n, 1.0f, dout16, oc, inp, c, 1.0f, dweight, c, stream);
+  }
+  return 0;
+}
+
 int matmulBackward16(Float16 format, float* dinp, float* dweight, float* dbias, const float* dout, const uint16_t* inp,
                      const uint16_t* weight, int n, int c, int oc, void* scratch, void* stream) {
   auto* dout16 = static_cast<uint16_t*>(scratch);
@@ -138,15 +151,8 @@ int matmulBackward16(Float16 format, float* dinp, float* dweight, float* dbias, 
     const chorusDataType_t type = format == Float16::kBf16 ? chorusBfloat16 : chorusFloat16;
     if (const int error = cast(dout16, type, dout, chorusFloat32, static_cast<size_t>(n) * oc, stream)) return error;
   }
-  if (dinp) {
-    if (const int error = gemm16(format, false, false, n, c, oc, 1.0f, dout16, oc, weight, c, 1.0f, dinp, c, stream)) {
-      return error;
-    }
-  }
-  if (dweight) {
-    if (const int error = gemm16(format, true, false, oc, c, n, 1.0f, dout16, oc, inp, c, 1.0f, dweight, c, stream)) {
-      return error;
-    }
+  if (const int error = matmulBackward16Rounded(format, dinp, dweight, dout16, inp, weight, n, c, oc, stream)) {
+    return error;
   }
   if (dbias)
     return columnSums(dbias, dout, n, oc, reinterpret_cast<float*>(static_cast<char*>(scratch) + halfBytes(n, oc)),

@@ -45,5 +45,8 @@ int matmulForward16(Float16 format, float* out, const uint16_t* inp, const uint1
 size_t matmulBackward16ScratchBytes(int n, int oc);
 int matmulBackward16(Float16 format, float* dinp, float* dweight, float* dbias, const float* dout, const uint16_t* inp,
                      const uint16_t* weight, int n, int c, int oc, void* scratch, void* stream);
+// matmulBackward16's products from dout already rounded to the format (dout16), with no bias.
+int matmulBackward16Rounded(Float16 format, float* dinp, float* dweight, const uint16_t* dout16, const uint16_t* inp,
+                            const uint16_t* weight, int n, int c, int oc, void* stream);
 
 }  // namespace chorus::kernels::cuda

@@ -694,22 +694,58 @@ __global__ void crossEntropyForwardKernel(float* probs, float* losses, const flo
   if (threadIdx.x == 0) losses[row] = logf(stats.y) + stats.x - x[targets[row]];
 }
 
+// dlogits = (probs - one-hot(target)) scale, the target's column at targets[row] - v0 (none in
+// this vocabulary shard where that is outside [0, v)).
+struct LossGradient {
+  int column;
+  float scale;
+  __device__ float operator()(float pj, int j) const {
+    const float value = pj * scale;
+    return j == column ? value - scale : value;
+  }
+};
+
 __global__ void crossEntropyBackwardKernel(float* dlogits, const float* probs, const int* targets, int v, float scale,
                                            int v0) {
   const size_t row = blockIdx.x;
   const float* p = probs + row * v;
   float* d = dlogits + row * v;
-  const int column = targets[row] - v0;
-  auto gradient = [&](float pj, int j) {
-    const float value = pj * scale;
-    return j == column ? value - scale : value;
-  };
+  const LossGradient gradient{targets[row] - v0, scale};
   forRow(
       splitRow(p, d, v), v, [&](int j) { d[j] = gradient(p[j], j); },
       [&](int j) {
         const float4 q = quadAt(p + j, 0);
         storeQuad(d + j, 0,
                   make_float4(gradient(q.x, j), gradient(q.y, j + 1), gradient(q.z, j + 2), gradient(q.w, j + 3)));
+      });
+}
+
+// The same gradient rounded to 16 bits (bf16, else fp16) as it is stored: the operand the head's
+// products take, without the fp32 gradient between. A group of four goes out as 8 bytes where
+// the row allows.
+__global__ void crossEntropyBackward16Kernel(uint16_t* dlogits, const float* probs, const int* targets, int v,
+                                             float scale, int v0, bool bf16) {
+  const size_t row = blockIdx.x;
+  const float* p = probs + row * v;
+  uint16_t* d = dlogits + row * v;
+  const LossGradient gradient{targets[row] - v0, scale};
+  auto rounded = [bf16](float x) -> uint32_t { return bf16 ? floatToBfloat16(x) : floatToHalf(x); };
+  const RowSplit split = splitRow(p, p, v);
+  const bool wide = reinterpret_cast<uintptr_t>(d + split.head) % sizeof(uint2) == 0;
+  forRow(
+      split, v, [&](int j) { d[j] = static_cast<uint16_t>(rounded(gradient(p[j], j))); },
+      [&](int j) {
+        const float4 q = quadAt(p + j, 0);
+        const uint32_t e0 = rounded(gradient(q.x, j)), e1 = rounded(gradient(q.y, j + 1));
+        const uint32_t e2 = rounded(gradient(q.z, j + 2)), e3 = rounded(gradient(q.w, j + 3));
+        if (wide) {
+          *reinterpret_cast<uint2*>(d + j) = make_uint2(e0 | e1 << 16, e2 | e3 << 16);
+        } else {
+          d[j] = static_cast<uint16_t>(e0);
+          d[j + 1] = static_cast<uint16_t>(e1);
+          d[j + 2] = static_cast<uint16_t>(e2);
+          d[j + 3] = static_cast<uint16_t>(e3);
+        }
       });
 }
 
@@ -968,6 +1004,14 @@ int crossEntropyBackward(float* dlogits, const float* probs, const int* targets,
                          void* stream) {
   if (n == 0) return 0;
   CHORUS_LAUNCH(crossEntropyBackwardKernel, n, kRowThreads, 0, asStream(stream), dlogits, probs, targets, v, scale, v0);
+  return launched();
+}
+
+int crossEntropyBackward16(Float16 format, uint16_t* dlogits, const float* probs, const int* targets, int n, int v,
+                           float scale, int v0, void* stream) {
+  if (n == 0) return 0;
+  CHORUS_LAUNCH(crossEntropyBackward16Kernel, n, kRowThreads, 0, asStream(stream), dlogits, probs, targets, v, scale,
+                v0, format == Float16::kBf16);
   return launched();
 }
 

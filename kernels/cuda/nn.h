@@ -119,6 +119,11 @@ int crossEntropyShardLoss(float* probs, float* losses, const float* sums, const 
                           const float* targetLogits, int n, int v, void* stream);
 int crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale, int v0,
                          void* stream);
+// The same gradient rounded to `format` as it is stored (as floatToBfloat16 / floatToHalf round
+// it): the 16-bit operand of the head's products (matmulBackward16Rounded), with no fp32 gradient
+// written and read back between.
+int crossEntropyBackward16(Float16 format, uint16_t* dlogits, const float* probs, const int* targets, int n, int v,
+                           float scale, int v0, void* stream);
 
 // As kernels::adamwStep / sgdStep.
 int adamwStep(float* param, const float* grad, float* m, float* v, size_t n, long step, const OptimizerSettings& s,

@@ -276,6 +276,13 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
+void Backend::crossEntropyHeadBackward16(kernels::Float16 format, float* dinp, float* dweight, float* probs,
+                                         const int* targets, const uint16_t* inp, const uint16_t* weight, int n, int c,
+                                         int v, float scale, int v0) {
+  crossEntropyBackward(probs, probs, targets, n, v, scale, v0);
+  matmulBackward16(format, dinp, dweight, nullptr, probs, inp, weight, n, c, v);
+}
+
 void Backend::profile(bool on) {
   if (on) {
     throw Error(chorusInvalidUsage,

@@ -125,6 +125,13 @@ class Backend {
                                       const float* targetLogits, int n, int v) = 0;
   virtual void crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale,
                                     int v0) = 0;
+  // The loss's gradient and the (bias-free) 16-bit head's backward from it: crossEntropyBackward of
+  // probs into probs (n x v), then matmulBackward16 with that as dout (dinp n x c, dweight v x c).
+  // A backend may skip the fp32 gradient (the CUDA one rounds it to 16 bits as it computes it, the
+  // operand matmulBackward16 would round it to): probs is then left as it was.
+  virtual void crossEntropyHeadBackward16(kernels::Float16 format, float* dinp, float* dweight, float* probs,
+                                          const int* targets, const uint16_t* inp, const uint16_t* weight, int n, int c,
+                                          int v, float scale, int v0);
 
   // ---- an MoE layer's rows (kernels/cpu/moe.h's; row and gate in this backend's memory) ----
   virtual void moeDispatch(float* buffer, const float* x, const int* row, int n, int k, int C) = 0;

@@ -316,6 +316,17 @@ class CudaBackend final : public Backend {
                             int v0) override {
     done(kc::crossEntropyBackward(dlogits, probs, targets, n, v, scale, v0, nullptr), "crossEntropyBackward");
   }
+  void crossEntropyHeadBackward16(kn::Float16 format, float* dinp, float* dweight, float* probs, const int* targets,
+                                  const uint16_t* inp, const uint16_t* weight, int n, int c, int v, float scale,
+                                  int v0) override {
+    // The gradient rounded to 16 bits as it is made, in the products' own scratch (what
+    // matmulBackward16 rounds dout into): no fp32 gradient written, read and rounded after.
+    auto* dlogits = scratch<uint16_t>(0, kc::matmulBackward16ScratchBytes(n, v) / sizeof(uint16_t));
+    done(kc::crossEntropyBackward16(format, dlogits, probs, targets, n, v, scale, v0, nullptr),
+         "crossEntropyBackward16");
+    done(kc::matmulBackward16Rounded(format, dinp, dweight, dlogits, inp, weight, n, c, v, nullptr),
+         "matmulBackward16Rounded");
+  }
 
   void moeDispatch(float* buffer, const float* x, const int* row, int n, int k, int C) override {
     done(kc::moeDispatch(buffer, x, row, n, k, C, nullptr), "moeDispatch");

@@ -919,15 +919,20 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
   if (last) {
     // The loss and the head: probs becomes dlogits in place, then dlnf (into dln_) and dwte. With
     // tp, each rank's vocabulary columns give a part of dlnf: summed over the ranks.
-    backend_->crossEntropyBackward(a.probs.data(), a.probs.data(), a.targets.data(), N, Vt,
-                                   lossScale / static_cast<float>(N), v0);
-    a.haveTargets = false;  // probs now holds the gradient: a second backward needs a new forward
+    const float scale = lossScale / static_cast<float>(N);
     const int head = layout_.headUnit();
     const float* wte = access.acquire(head, Pass::kBackward);
     zero(dln_);
     const Operand lnfRows = sequenceParallel_ ? keptOperand(a.lnfWhole, a.lnfWholeh) : keptOperand(a.lnf, a.lnfh);
-    const uint16_t* wteh = sixteen() ? castWeights(wte, static_cast<size_t>(Vt) * C) : nullptr;
-    linearBackward(dln_.data(), access.gradients(head), nullptr, a.probs.data(), lnfRows, wte, wteh, N, C, Vt);
+    if (sixteen()) {
+      backend_->crossEntropyHeadBackward16(format_, dln_.data(), access.gradients(head), a.probs.data(),
+                                           a.targets.data(), lnfRows.h, castWeights(wte, static_cast<size_t>(Vt) * C),
+                                           N, C, Vt, scale, v0);
+    } else {
+      backend_->crossEntropyBackward(a.probs.data(), a.probs.data(), a.targets.data(), N, Vt, scale, v0);
+      linearBackward(dln_.data(), access.gradients(head), nullptr, a.probs.data(), lnfRows, wte, nullptr, N, C, Vt);
+    }
+    a.haveTargets = false;  // probs may hold the gradient now: a second backward needs a new forward
     access.release(head, Pass::kBackward);
     if (head != layout_.embeddingUnit()) access.gradientsDone(head);
     sumRows(dln_.data(), dlnRows);

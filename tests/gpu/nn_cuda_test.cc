@@ -312,6 +312,57 @@ TEST(CudaNnTest, CrossEntropyWholeAndVocabParallel) {
   EXPECT_NEAR(mean.read()[0], total / n, 1e-5 * std::fabs(total / n));
 }
 
+// The loss's gradient rounded to 16 bits as it is made is the fp32 gradient rounded after (bit for
+// bit), and the head's products from it are matmulBackward16's: rows at every alignment (an odd
+// width), the 16-bit rows also a half out of step (2 bytes at a time), a vocabulary shard.
+TEST(CudaNnTest, LossGradientIn16BitsIsTheRoundedOneAndFeedsTheHeadAsMatmulBackward16) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  const int n = 37, V = 1001, c = 24;
+  const auto logits = randomVector(static_cast<size_t>(n) * V, 31, 4.0f);
+  const auto targets = randomTokens(n, V, 32);
+  DeviceBuffer<float> dLogits(logits), dProbs(logits.size()), dLosses(n), dD(logits.size());
+  DeviceBuffer<int> dTargets(targets);
+  CUDA_OK(cuda::crossEntropyForward(dProbs.data, dLosses.data, dLogits.data, dTargets.data, n, V, nullptr));
+  for (const Float16 format : {Float16::kBf16, Float16::kFp16}) {
+    for (const int v0 : {0, 400}) {  // 400: the shard of columns [400, 1401), some targets outside it
+      SCOPED_TRACE(::testing::Message() << float16Name(format) << ", first column " << v0);
+      const float scale = 3.0f / n;
+      CUDA_OK(cuda::crossEntropyBackward(dD.data, dProbs.data, dTargets.data, n, V, scale, v0, nullptr));
+      DeviceBuffer<uint16_t> d16(logits.size() + 1);
+      CUDA_OK(cuda::crossEntropyBackward16(format, d16.data, dProbs.data, dTargets.data, n, V, scale, v0, nullptr));
+      sync();
+      const auto gradient = dD.read();
+      std::vector<uint16_t> rounded(gradient.size());
+      toFloat16(format, gradient.data(), rounded.data(), gradient.size());
+      EXPECT_EQ(d16.read(gradient.size()), rounded) << "the gradient rounded as it is made";
+      DeviceBuffer<uint16_t> d16Shifted(logits.size() + 1);
+      CUDA_OK(cuda::crossEntropyBackward16(format, d16Shifted.data + 1, dProbs.data, dTargets.data, n, V, scale, v0,
+                                           nullptr));
+      sync();
+      const auto shifted = d16Shifted.read();
+      EXPECT_EQ(std::vector<uint16_t>(shifted.begin() + 1, shifted.end()), rounded) << "a half out of step";
+
+      // The head's backward: from the fp32 gradient (matmulBackward16 rounds it) and from the
+      // rounded one, the same products to the bit.
+      std::vector<uint16_t> inp16(static_cast<size_t>(n) * c), weight16(static_cast<size_t>(V) * c);
+      const auto inp = randomVector(inp16.size(), 33), weight = randomVector(weight16.size(), 34);
+      toFloat16(format, inp.data(), inp16.data(), inp.size());
+      toFloat16(format, weight.data(), weight16.data(), weight.size());
+      DeviceBuffer<uint16_t> dInp16(inp16), dWeight16(weight16);
+      const auto dinp0 = randomVector(inp.size(), 35), dweight0 = randomVector(weight.size(), 36);
+      DeviceBuffer<float> dinpA(dinp0), dweightA(dweight0), dinpB(dinp0), dweightB(dweight0);
+      DeviceBuffer<char> scratch(cuda::matmulBackward16ScratchBytes(n, V));
+      CUDA_OK(cuda::matmulBackward16(format, dinpA.data, dweightA.data, nullptr, dD.data, dInp16.data, dWeight16.data,
+                                     n, c, V, scratch.data, nullptr));
+      CUDA_OK(cuda::matmulBackward16Rounded(format, dinpB.data, dweightB.data, d16.data, dInp16.data, dWeight16.data, n,
+                                            c, V, nullptr));
+      sync();
+      EXPECT_EQ(dinpB.read(), dinpA.read()) << "dinp";
+      EXPECT_EQ(dweightB.read(), dweightA.read()) << "dweight";
+    }
+  }
+}
+
 TEST(CudaNnTest, OptimizersAndGradientNorm) {
   CHORUS_REQUIRE_CUDA_DEVICE();
   const size_t n = 50001;
