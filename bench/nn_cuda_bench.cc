@@ -205,6 +205,17 @@ void crossEntropyBackward(benchmark::State& state) {
   bandwidth(state, 2.0 * kRows * V * kF);
 }
 
+// The gradient rounded to bf16 as it is made (the 16-bit head's operand): fp32 read, 16 bits written.
+void crossEntropyBackward16(benchmark::State& state) {
+  Arrays& a = arrays();
+  auto* out = reinterpret_cast<uint16_t*>(a.logits);
+  run(state, [&] {
+    return cuda::crossEntropyBackward16(chorus::kernels::Float16::kBf16, out, a.probs, a.tokens, kRows, V, 1.0f / kRows,
+                                        0, nullptr);
+  });
+  bandwidth(state, (kF + 2.0) * kRows * V);
+}
+
 void adamw(benchmark::State& state) {
   Arrays& a = arrays();
   chorus::kernels::OptimizerSettings s;
@@ -297,6 +308,7 @@ int main(int argc, char** argv) {
            {"residual/backward", residualBackward},
            {"cross_entropy/forward", crossEntropyForward},
            {"cross_entropy/backward", crossEntropyBackward},
+           {"cross_entropy/backward/bf16", crossEntropyBackward16},
            {"adamw", adamw},
            {"sum_of_squares", sumOfSquares},
            {"moe/router_softmax", routerSoftmax},
