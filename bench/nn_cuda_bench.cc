@@ -70,6 +70,7 @@ struct Arrays {
   int* tokens = deviceArray<int>(kRows, "tokens");
   int* textTokens = deviceArray<int>(kRows, "text-like tokens");
   int textDistinct = 0;  // tokens in textTokens
+  void* embeddingScratch = deviceArray<char>(cuda::embeddingBackwardScratchBytes(kRows, V), "embedding scratch");
   int* rows = deviceArray<int>(size_t{kRows} * kChoices, "rows");
   float* gates = deviceArray<float>(size_t{kRows} * kChoices, "gates");
   float* experts = deviceArray<float>(size_t{kRows} * kChoices * C, "experts");
@@ -140,10 +141,10 @@ void embeddingForward(benchmark::State& state) {
 // textLike: tokens that repeat (textTokens), else every row a token of its own.
 void embeddingBackward(benchmark::State& state, bool textLike) {
   Arrays& a = arrays();
-  static void* scratch = deviceArray<char>(cuda::embeddingBackwardScratchBytes(kRows, V), "embedding scratch");
   const int* tokens = textLike ? a.textTokens : a.tokens;
-  run(state,
-      [&] { return cuda::embeddingBackward(a.wte, a.wpe, a.x, tokens, B, T, C, 0, V, nullptr, scratch, nullptr); });
+  run(state, [&] {
+    return cuda::embeddingBackward(a.wte, a.wpe, a.x, tokens, B, T, C, 0, V, nullptr, a.embeddingScratch, nullptr);
+  });
   // dout read; each token's gradient row (rows of them) read and written once; dwpe read and written.
   const double rows = textLike ? a.textDistinct : kRows;
   bandwidth(state, (rowsC + 2.0 * rows * C) * kF + 2.0 * T * C * kF);

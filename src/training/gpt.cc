@@ -917,8 +917,9 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
   };
 
   if (last) {
-    // The loss and the head: probs becomes dlogits in place, then dlnf (into dln_) and dwte. With
-    // tp, each rank's vocabulary columns give a part of dlnf: summed over the ranks.
+    // The loss and the head: dlogits from probs (in place, or in 16-bit compute straight into the
+    // head's 16-bit operand where the backend can), then dlnf (into dln_) and dwte. With tp, each
+    // rank's vocabulary columns give a part of dlnf: summed over the ranks.
     const float scale = lossScale / static_cast<float>(N);
     const int head = layout_.headUnit();
     const float* wte = access.acquire(head, Pass::kBackward);
