@@ -249,11 +249,36 @@ void moeCombine(benchmark::State& state) {
   bandwidth(state, (1.0 + kChoices) * rowsC * kF);
 }
 
+// A warp per token: dx read and written, its choices' rows of dbuffer read.
+void moeDispatchBackward(benchmark::State& state) {
+  Arrays& a = arrays();
+  run(state, [&] { return cuda::moeDispatchBackward(a.y, a.experts, a.rows, kRows, kChoices, C, nullptr); });
+  bandwidth(state, (2.0 + kChoices) * rowsC * kF);
+}
+
+// A warp per choice: its token's row of dout read (once, cached for the token's other choices),
+// the choice's row of y read and of dy written.
+void moeCombineBackward(benchmark::State& state) {
+  Arrays& a = arrays();
+  run(state, [&] {
+    return cuda::moeCombineBackward(a.z, a.stats, a.y, a.experts, a.rows, a.gates, kRows, kChoices, C, nullptr);
+  });
+  bandwidth(state, (1.0 + 2.0 * kChoices) * rowsC * kF);
+}
+
 void swigluForward(benchmark::State& state) {
   Arrays& a = arrays();
   const int h = 2 * C;
   run(state, [&] { return cuda::swigluForward(a.y, a.x, kRows, h, nullptr); });
   bandwidth(state, 3.0 * kRows * h * kF);
+}
+
+// a and b and dout read; da and db read and written (the gradients are added).
+void swigluBackward(benchmark::State& state) {
+  Arrays& a = arrays();
+  const int h = 2 * C;
+  run(state, [&] { return cuda::swigluBackward(a.z, a.x, a.y, kRows, h, nullptr); });
+  bandwidth(state, 7.0 * kRows * h * kF);
 }
 
 // Causal attention: q k^T and P v over the half of the scores at or below the diagonal, forward
@@ -315,7 +340,10 @@ int main(int argc, char** argv) {
            {"moe/router_softmax", routerSoftmax},
            {"moe/dispatch", moeDispatch},
            {"moe/combine", moeCombine},
-           {"swiglu/forward", swigluForward}}) {
+           {"moe/dispatch/backward", moeDispatchBackward},
+           {"moe/combine/backward", moeCombineBackward},
+           {"swiglu/forward", swigluForward},
+           {"swiglu/backward", swigluBackward}}) {
     benchmark::RegisterBenchmark(name, f)->UseManualTime();
   }
   benchmark::RegisterBenchmark("embedding/backward", embeddingBackward, false)->UseManualTime();

@@ -2,7 +2,7 @@
 // in three passes: each token's k best experts (a thread per token), then one block per expert
 // numbering its choices in GShard's priority order (every token's first choice before any second
 // one) by a block-wide prefix count, dropping those past the capacity, then the experts' offsets
-// added to the rows. Dispatch and combine go a block per choice or per token, a token's choices in
+// added to the rows. Dispatch and combine go a warp per choice or per token, a token's choices in
 // order; products that the reference rounds separately are rounded separately here too.
 #ifndef CHORUS_CUDA_EMULATION
 #include <cuda_runtime.h>
@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 #include "kernels/cuda/block.cuh"
 #include "kernels/cuda/moe.h"
@@ -164,99 +165,174 @@ __global__ void routerBackwardKernel(float* dlogits, const float* dgate, const f
 }
 
 // ---- dispatch and combine ----
-// Rows go 16 bytes at a time where they allow (byQuads: C a multiple of 4 and every buffer
-// aligned), then a float at a time; each element's sums keep the reference's order.
+// A warp per row, kRowWarps rows a block (a block per row, as first written, moved a 3 KB row a
+// block and ran at 48% (dispatch) and 58% (combine) of an H200's memory peak: the blocks' starts
+// cost more than their bytes). A lane takes its units of a row (quads where the rows allow:
+// byQuads, C a multiple of 4 and every buffer aligned; else floats) kBatch at a time, every load
+// of a batch issued before its stores: GPT-2's 768 columns are 192 quads, 6 a lane in two batches.
+// Each element's sums keep the reference's order.
+
+constexpr int kRowWarps = kThreads / kWarp;
+constexpr int kBatch = 4;
+
+unsigned rowBlocks(int rows) { return static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps); }
+__device__ __forceinline__ int warpRow() { return blockIdx.x * kRowWarps + threadIdx.x / kWarp; }
+
+// launch(U{}, width): U float4 and width C / 4 where rows of C floats in these buffers go 16 bytes at
+// a time (rowsByQuads), else float and C. Returns 0 or the launch's error.
+template <typename Launch>
+int withRowUnits(int C, std::initializer_list<const void*> buffers, Launch launch) {
+  if (rowsByQuads(C, buffers)) {
+    launch(float4{}, C / 4);
+  } else {
+    launch(0.0f, C);
+  }
+  return launched();
+}
+
+// f over the units of one float or one quad.
+template <typename F, typename... S>
+__device__ __forceinline__ float each(const F& f, float a, S... s) {
+  return f(a, s...);
+}
+template <typename F, typename... Q>
+__device__ __forceinline__ float4 each(const F& f, float4 a, Q... q) {
+  return lanes(f, a, q...);
+}
+__device__ __forceinline__ double dotOf(float a, float b) { return static_cast<double>(a) * b; }
+__device__ __forceinline__ double dotOf(float4 a, float4 b) {
+  return dotOf(a.x, b.x) + dotOf(a.y, b.y) + dotOf(a.z, b.z) + dotOf(a.w, b.w);
+}
+
+// Row r of units U (float or float4), `width` of them a row.
+template <typename U>
+__device__ __forceinline__ const U* rowOf(const float* base, size_t r, int width) {
+  return reinterpret_cast<const U*>(base) + r * width;
+}
+template <typename U>
+__device__ __forceinline__ U* rowOf(float* base, size_t r, int width) {
+  return reinterpret_cast<U*>(base) + r * width;
+}
 
 // acc + gate * y, the product rounded before the sum, as the reference rounds it.
 struct GatedAdd {
   float gate;
   __device__ float operator()(float acc, float y) const { return __fadd_rn(acc, __fmul_rn(gate, y)); }
 };
+struct Scaled {
+  float scale;
+  __device__ float operator()(float g) const { return scale * g; }
+};
 
-__global__ void dispatchKernel(float* buffer, const float* x, const int* row, int k, int C, bool byQuads) {
-  const int c = blockIdx.x;
-  if (row[c] < 0) return;
-  const float* src = x + static_cast<size_t>(c / k) * C;
-  float* dst = buffer + static_cast<size_t>(row[c]) * C;
-  const int quads = byQuads ? C / 4 : 0;
-  for (int q = threadIdx.x; q < quads; q += blockDim.x) storeQuad(dst, q, quadAt(src, q));
-  for (int ch = quads * 4 + threadIdx.x; ch < C; ch += blockDim.x) dst[ch] = src[ch];
-}
-
-// A block per token: its choices' rows added in choice order.
-__global__ void dispatchBackwardKernel(float* dx, const float* dbuffer, const int* row, int k, int C, bool byQuads) {
-  const int i = blockIdx.x;
-  float* dst = dx + static_cast<size_t>(i) * C;
-  const int quads = byQuads ? C / 4 : 0;
-  for (int q = threadIdx.x; q < quads; q += blockDim.x) {
-    float4 acc = quadAt(dst, q);
-    for (int j = 0; j < k; ++j) {
-      const int r = row[i * k + j];
-      if (r >= 0) acc = lanes(Add{}, acc, quadAt(dbuffer + static_cast<size_t>(r) * C, q));
+// A warp per choice: x's row copied to the choice's row of the buffer (none for a dropped choice).
+template <typename U>
+__global__ void dispatchKernel(float* buffer, const float* x, const int* row, int total, int k, int width) {
+  const int c = warpRow();
+  if (c >= total || row[c] < 0) return;
+  const U* src = rowOf<U>(x, c / k, width);
+  U* dst = rowOf<U>(buffer, row[c], width);
+  for (int base = threadIdx.x % kWarp; base < width; base += kBatch * kWarp) {
+    U v[kBatch]{};
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (base + b * kWarp < width) v[b] = src[base + b * kWarp];
     }
-    storeQuad(dst, q, acc);
-  }
-  for (int ch = quads * 4 + threadIdx.x; ch < C; ch += blockDim.x) {
-    float acc = dst[ch];
-    for (int j = 0; j < k; ++j) {
-      const int r = row[i * k + j];
-      if (r >= 0) acc += dbuffer[static_cast<size_t>(r) * C + ch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (base + b * kWarp < width) dst[base + b * kWarp] = v[b];
     }
-    dst[ch] = acc;
   }
 }
 
-// A block per token: out = the gated rows in choice order, each product rounded before its sum.
-__global__ void combineKernel(float* out, const float* y, const int* row, const float* gate, int k, int C,
-                              bool byQuads) {
-  const int i = blockIdx.x;
-  float* dst = out + static_cast<size_t>(i) * C;
-  const int quads = byQuads ? C / 4 : 0;
-  for (int q = threadIdx.x; q < quads; q += blockDim.x) {
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+// A warp per token: dx's row, then its kept choices' rows of dbuffer added in choice order.
+template <typename U>
+__global__ void dispatchBackwardKernel(float* dx, const float* dbuffer, const int* row, int n, int k, int width) {
+  const int i = warpRow();
+  if (i >= n) return;
+  U* dst = rowOf<U>(dx, i, width);
+  for (int base = threadIdx.x % kWarp; base < width; base += kBatch * kWarp) {
+    U acc[kBatch]{};
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (base + b * kWarp < width) acc[b] = dst[base + b * kWarp];
+    }
     for (int j = 0; j < k; ++j) {
       const int r = row[i * k + j];
-      if (r >= 0) acc = lanes(GatedAdd{gate[i * k + j]}, acc, quadAt(y + static_cast<size_t>(r) * C, q));
+      if (r < 0) continue;
+      const U* src = rowOf<U>(dbuffer, r, width);
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        if (base + b * kWarp < width) acc[b] = each(Add{}, acc[b], src[base + b * kWarp]);
+      }
     }
-    storeQuad(dst, q, acc);
-  }
-  for (int ch = quads * 4 + threadIdx.x; ch < C; ch += blockDim.x) {
-    float acc = 0.0f;
-    for (int j = 0; j < k; ++j) {
-      const int r = row[i * k + j];
-      if (r >= 0) acc = GatedAdd{gate[i * k + j]}(acc, y[static_cast<size_t>(r) * C + ch]);
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (base + b * kWarp < width) dst[base + b * kWarp] = acc[b];
     }
-    dst[ch] = acc;
   }
 }
 
-// A block per choice: dy's row, and the gate's gradient (a dot product in double).
+// A warp per token: out's row = its kept choices' rows of y, gated, added in choice order.
+template <typename U>
+__global__ void combineKernel(float* out, const float* y, const int* row, const float* gate, int n, int k, int width) {
+  const int i = warpRow();
+  if (i >= n) return;
+  U* dst = rowOf<U>(out, i, width);
+  for (int base = threadIdx.x % kWarp; base < width; base += kBatch * kWarp) {
+    U acc[kBatch]{};
+    for (int j = 0; j < k; ++j) {
+      const int r = row[i * k + j];
+      if (r < 0) continue;
+      const U* src = rowOf<U>(y, r, width);
+      const GatedAdd add{gate[i * k + j]};
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        if (base + b * kWarp < width) acc[b] = each(add, acc[b], src[base + b * kWarp]);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (base + b * kWarp < width) dst[base + b * kWarp] = acc[b];
+    }
+  }
+}
+
+// A warp per choice: dy's row (dout's, gated), and the gate's gradient (a dot product in double,
+// the lanes' sums added over the warp in a fixed order).
+template <typename U>
 __global__ void combineBackwardKernel(float* dy, float* dgate, const float* dout, const float* y, const int* row,
-                                      const float* gate, int k, int C, bool byQuads) {
-  const int c = blockIdx.x;
+                                      const float* gate, int total, int k, int width) {
+  const int c = warpRow();
+  if (c >= total) return;
   const int r = row[c];
   if (r < 0) {
-    if (threadIdx.x == 0) dgate[c] = 0.0f;
+    if (threadIdx.x % kWarp == 0) dgate[c] = 0.0f;
     return;
   }
-  const float* g = dout + static_cast<size_t>(c / k) * C;
-  const float* src = y + static_cast<size_t>(r) * C;
-  float* dst = dy + static_cast<size_t>(r) * C;
-  const float scale = gate[c];
-  auto product = [](float a, float b) { return static_cast<double>(a) * b; };
+  const U* g = rowOf<U>(dout, c / k, width);
+  const U* src = rowOf<U>(y, r, width);
+  U* dst = rowOf<U>(dy, r, width);
+  const Scaled scaled{gate[c]};
   double dot = 0.0;
-  const int quads = byQuads ? C / 4 : 0;
-  for (int q = threadIdx.x; q < quads; q += blockDim.x) {
-    const float4 gq = quadAt(g, q), sq = quadAt(src, q);
-    storeQuad(dst, q, make_float4(scale * gq.x, scale * gq.y, scale * gq.z, scale * gq.w));
-    dot += product(gq.x, sq.x) + product(gq.y, sq.y) + product(gq.z, sq.z) + product(gq.w, sq.w);
+  for (int base = threadIdx.x % kWarp; base < width; base += kBatch * kWarp) {
+    U gv[kBatch]{}, sv[kBatch]{};
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (base + b * kWarp < width) {
+        gv[b] = g[base + b * kWarp];
+        sv[b] = src[base + b * kWarp];
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (base + b * kWarp < width) {
+        dst[base + b * kWarp] = each(scaled, gv[b]);
+        dot += dotOf(gv[b], sv[b]);
+      }
+    }
   }
-  for (int ch = quads * 4 + threadIdx.x; ch < C; ch += blockDim.x) {
-    dst[ch] = scale * g[ch];
-    dot += product(g[ch], src[ch]);
-  }
-  dot = blockReduce(dot, Add{});
-  if (threadIdx.x == 0) dgate[c] = static_cast<float>(dot);
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+  if (threadIdx.x % kWarp == 0) dgate[c] = static_cast<float>(dot);
 }
 
 // ---- SwiGLU ----
@@ -368,30 +444,35 @@ int routerBackward(float* dlogits, const float* dgate, const float* probs, const
 
 int moeDispatch(float* buffer, const float* x, const int* row, int n, int k, int C, void* stream) {
   if (n * k == 0) return 0;
-  CHORUS_LAUNCH(dispatchKernel, n * k, kThreads, 0, asStream(stream), buffer, x, row, k, C,
-                rowsByQuads(C, {buffer, x}));
-  return launched();
+  return withRowUnits(C, {buffer, x}, [&](auto unit, int width) {
+    CHORUS_LAUNCH(dispatchKernel<decltype(unit)>, rowBlocks(n * k), kThreads, 0, asStream(stream), buffer, x, row,
+                  n * k, k, width);
+  });
 }
 
 int moeDispatchBackward(float* dx, const float* dbuffer, const int* row, int n, int k, int C, void* stream) {
   if (n == 0) return 0;
-  CHORUS_LAUNCH(dispatchBackwardKernel, n, kThreads, 0, asStream(stream), dx, dbuffer, row, k, C,
-                rowsByQuads(C, {dx, dbuffer}));
-  return launched();
+  return withRowUnits(C, {dx, dbuffer}, [&](auto unit, int width) {
+    CHORUS_LAUNCH(dispatchBackwardKernel<decltype(unit)>, rowBlocks(n), kThreads, 0, asStream(stream), dx, dbuffer, row,
+                  n, k, width);
+  });
 }
 
 int moeCombine(float* out, const float* y, const int* row, const float* gate, int n, int k, int C, void* stream) {
   if (n == 0) return 0;
-  CHORUS_LAUNCH(combineKernel, n, kThreads, 0, asStream(stream), out, y, row, gate, k, C, rowsByQuads(C, {out, y}));
-  return launched();
+  return withRowUnits(C, {out, y}, [&](auto unit, int width) {
+    CHORUS_LAUNCH(combineKernel<decltype(unit)>, rowBlocks(n), kThreads, 0, asStream(stream), out, y, row, gate, n, k,
+                  width);
+  });
 }
 
 int moeCombineBackward(float* dy, float* dgate, const float* dout, const float* y, const int* row, const float* gate,
                        int n, int k, int C, void* stream) {
   if (n * k == 0) return 0;
-  CHORUS_LAUNCH(combineBackwardKernel, n * k, kThreads, 0, asStream(stream), dy, dgate, dout, y, row, gate, k, C,
-                rowsByQuads(C, {dy, dout, y}));
-  return launched();
+  return withRowUnits(C, {dy, dout, y}, [&](auto unit, int width) {
+    CHORUS_LAUNCH(combineBackwardKernel<decltype(unit)>, rowBlocks(n * k), kThreads, 0, asStream(stream), dy, dgate,
+                  dout, y, row, gate, n * k, k, width);
+  });
 }
 
 int swigluForward(float* out, const float* inp, int n, int h, void* stream) {

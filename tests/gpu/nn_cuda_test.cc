@@ -673,7 +673,7 @@ TEST(CudaNnTest, RouterChoosesAsTheReference) {
 
 TEST(CudaNnTest, DispatchCombineAndSwiglu) {
   CHORUS_REQUIRE_CUDA_DEVICE();
-  const int n = 200, E = 4, k = 2;
+  const int n = 203, E = 4, k = 2;  // not a multiple of a block's 8 rows
   const auto probs0 = randomVector(static_cast<size_t>(n) * E, 62);
   std::vector<float> probs(probs0.size()), lse(n);
   routerSoftmax(probs.data(), lse.data(), probs0.data(), n, E);
@@ -683,8 +683,9 @@ TEST(CudaNnTest, DispatchCombineAndSwiglu) {
             expertCapacity(0.8, n, E, k));
   int rows = 0;
   for (const int c : counts) rows += c;
-  // Rows of 96 go 16 bytes at a time on the GPU, rows of 98 a float at a time.
-  for (const int C : {96, 98}) {
+  // Rows of 96 and 772 go 16 bytes at a time on the GPU, rows of 98 and 770 a float at a time; a
+  // lane takes 4 units of a row at a time, so 772 (193 quads) ends in a partial batch after a whole one.
+  for (const int C : {96, 98, 772, 770}) {
     const auto x = randomVector(static_cast<size_t>(n) * C, 63), y = randomVector(static_cast<size_t>(rows) * C, 64);
     const auto dout = randomVector(static_cast<size_t>(n) * C, 65), dbuffer = randomVector(y.size(), 66);
     const auto dx0 = randomVector(x.size(), 67);
