@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/block.cuh"
+#include "kernels/cuda/copy_async.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/nn.h"
 
@@ -177,6 +178,36 @@ __device__ void loadTile(T* tile, int pitch, const Source* base, int b, size_t b
   }
 }
 
+// As loadTile from a 16-bit source, by asynchronous copies (copy_async.cuh) where the rows start
+// 16-byte aligned: they land by this thread's next waitCopies, and the block sees them after a
+// barrier past it. Rows past `rows` are zeroed by plain stores, and unaligned rows go as loadTile
+// takes them (both seen after that barrier too).
+template <typename T>
+__device__ void copyTile(T* tile, int pitch, const T* base, int b, size_t batchRows, int first, int count, int rows,
+                         int stride, int hs) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(T));
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || stride % kPer != 0) {
+    loadTile(tile, pitch, base, b, batchRows, first, count, rows, stride, hs);
+    return;
+  }
+  const int chunks = hs / kPer;
+  for (int at = threadIdx.x; at < count * chunks; at += blockDim.x) {
+    const int r = at / chunks, c = (at % chunks) * kPer;
+    if (first + r < rows) {
+      copyAsync16(tile + r * pitch + c, base + rowAt(b, batchRows, first + r, stride) + c);
+    } else {
+      *reinterpret_cast<uint4*>(tile + r * pitch + c) = uint4{0, 0, 0, 0};
+    }
+  }
+}
+
+// Buffer `tile % 2` of a double-buffered pair, chosen without indexing the pair by a variable
+// (which would put it in local memory).
+template <typename P>
+__device__ __forceinline__ P both(P const (&pair)[2], int tile) {
+  return tile % 2 == 0 ? pair[0] : pair[1];
+}
+
 // The kernels' exponentials are base 2 (exp2f, one instruction of the special-function unit; expf
 // takes several): scores are scaled by log2(e) with the softmax scale, and the maxima and
 // log-sum-exps the callers keep in base e are converted on the way in and out.
@@ -238,31 +269,42 @@ __device__ void addProduct(float (&acc)[kHeadPieces][4], const float (&s)[kPiece
   }
 }
 
+// The blocks an SM must hold at once, for __launch_bounds__: four (at most 128 registers a thread)
+// for the forward and dq kernels up to head size 64 (GPT-2's), where their registers come to about
+// that many anyway and a fourth block keeps more warps to hide the next tile's loads under; none
+// for wider heads, whose accumulators would spill.
+__host__ __device__ constexpr int fourBlocksUpTo64(int hs) { return hs <= 64 ? 4 : 1; }
+
 // Shared memory of each kernel, by head size (the host sizes the launch with the same carve).
 // The 16-bit pointers are of any 16-bit T: the kernels cast them.
+// The other side's tiles are double-buffered (k[2], v[2]): tile i + 1's copies are issued as
+// tile i's products start, past the barrier that shows tile i and ends every warp's use of tile
+// i - 1 (whose buffers they take), so each tile's loads run under the last one's products.
 struct TcForwardMemory {
-  __nv_bfloat16 *q, *k, *v;
+  __nv_bfloat16 *q, *k[2], *v[2];
   size_t bytes;
   __host__ __device__ static TcForwardMemory carve(unsigned char* base, int hs) {
     const int keys = forwardTile(hs);
     TcForwardMemory m{};
     Carve c;
     m.q = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(hs));
-    m.k = c.take<__nv_bfloat16>(base, static_cast<size_t>(keys) * halfPitch(hs));
-    m.v = c.take<__nv_bfloat16>(base, static_cast<size_t>(keys) * halfPitch(hs));
+    for (int i = 0; i < 2; ++i) {
+      m.k[i] = c.take<__nv_bfloat16>(base, static_cast<size_t>(keys) * halfPitch(hs));
+      m.v[i] = c.take<__nv_bfloat16>(base, static_cast<size_t>(keys) * halfPitch(hs));
+    }
     m.bytes = c.used;
     return m;
   }
 };
 
 template <typename T, int HS>
-__global__ void __launch_bounds__(kTcWarps* kWarp)
+__global__ void __launch_bounds__(kTcWarps* kWarp, fourBlocksUpTo64(HS))
     forwardTcKernel(Pair<uint16_t> p, float* out, int outStride, float* rowMax, float* rowSum) {
   constexpr int kKeys = forwardTile(HS), kHeadPieces = HS / 8, kKeyPieces = kKeys / 8;
   constexpr int ldh = halfPitch(HS);
   CHORUS_DYNAMIC_SHARED(shared);
   const TcForwardMemory m = TcForwardMemory::carve(shared, HS);
-  T *qs = reinterpret_cast<T*>(m.q), *ks = reinterpret_cast<T*>(m.k), *vs = reinterpret_cast<T*>(m.v);
+  T* qs = reinterpret_cast<T*>(m.q);
   const int h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int g = lane >> 2, t = lane & 3;
   // Query blocks last to first: on the diagonal the last take the most key tiles, and a GPU starts
@@ -272,6 +314,14 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
   const float scale2 = p.scale * kLog2e;  // scores in base 2
   const T* k = reinterpret_cast<const T*>(p.k) + h * HS;
   const T* v = reinterpret_cast<const T*>(p.v) + h * HS;
+  const int keyEnd = p.keyEnd(firstRow, kTcRows);
+  // Tile `tile` of keys (from key `first`) into its buffers, asynchronously.
+  auto copyKeys = [&](int tile, int first) {
+    copyTile(reinterpret_cast<T*>(both(m.k, tile)), ldh, k, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
+    copyTile(reinterpret_cast<T*>(both(m.v, tile)), ldh, v, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
+    commitCopies();
+  };
+  if (keyEnd > 0) copyKeys(0, 0);
   loadTile(qs, ldh, reinterpret_cast<const T*>(p.q) + h * HS, b, p.qRows, firstRow, kTcRows, p.Tq, p.qStride, HS);
   // The running state of this lane's rows (g and g+8 of the warp's): output, maximum (base 2), sum.
   int row[2];
@@ -292,12 +342,11 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
   __syncthreads();
   uint32_t aq[HS / 16][4];
   for (int d = 0; d < HS; d += 16) mma::loadA(aq[d / 16], qs, ldh, mine, d);
-  const int keyEnd = p.keyEnd(firstRow, kTcRows);
-  for (int first = 0; first < keyEnd; first += kKeys) {
-    __syncthreads();  // every warp done with the last tile
-    loadTile(ks, ldh, k, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
-    loadTile(vs, ldh, v, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
-    __syncthreads();
+  for (int tile = 0, first = 0; first < keyEnd; ++tile, first += kKeys) {
+    waitCopies<0>();
+    __syncthreads();  // this tile seen by every warp, and every warp done with the last one
+    if (first + kKeys < keyEnd) copyKeys(tile + 1, first + kKeys);
+    const T *ks = reinterpret_cast<const T*>(both(m.k, tile)), *vs = reinterpret_cast<const T*>(both(m.v, tile));
     // On the diagonal, keys past the warp's last row are masked for all its rows: not multiplied.
     const int pieces = p.keyPiecesSeen(warpLast, first, kKeyPieces);
     float s[kKeyPieces][4] = {};
@@ -354,9 +403,9 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
   }
 }
 
-// Backward, dq: per block of queries, the keys a tile at a time.
+// Backward, dq: per block of queries, the keys a tile at a time, double-buffered as the forward's.
 struct TcQueryMemory {
-  __nv_bfloat16 *q, *dout, *k, *v;
+  __nv_bfloat16 *q, *dout, *k[2], *v[2];
   size_t bytes;
   __host__ __device__ static TcQueryMemory carve(unsigned char* base, int hs) {
     const int keys = backwardTile(hs);
@@ -364,23 +413,24 @@ struct TcQueryMemory {
     Carve c;
     m.q = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(hs));
     m.dout = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(hs));
-    m.k = c.take<__nv_bfloat16>(base, static_cast<size_t>(keys) * halfPitch(hs));
-    m.v = c.take<__nv_bfloat16>(base, static_cast<size_t>(keys) * halfPitch(hs));
+    for (int i = 0; i < 2; ++i) {
+      m.k[i] = c.take<__nv_bfloat16>(base, static_cast<size_t>(keys) * halfPitch(hs));
+      m.v[i] = c.take<__nv_bfloat16>(base, static_cast<size_t>(keys) * halfPitch(hs));
+    }
     m.bytes = c.used;
     return m;
   }
 };
 
 template <typename T, int HS>
-__global__ void __launch_bounds__(kTcWarps* kWarp)
+__global__ void __launch_bounds__(kTcWarps* kWarp, fourBlocksUpTo64(HS))
     backwardQueryTcKernel(Pair<uint16_t> p, const float* dout, int doutStride, const float* lse, const float* delta,
                           float* dq, int dqStride) {
   constexpr int kKeys = backwardTile(HS), kHeadPieces = HS / 8, kKeyPieces = kKeys / 8;
   constexpr int ldh = halfPitch(HS);
   CHORUS_DYNAMIC_SHARED(shared);
   const TcQueryMemory m = TcQueryMemory::carve(shared, HS);
-  T *qs = reinterpret_cast<T*>(m.q), *gs = reinterpret_cast<T*>(m.dout), *ks = reinterpret_cast<T*>(m.k),
-    *vs = reinterpret_cast<T*>(m.v);
+  T *qs = reinterpret_cast<T*>(m.q), *gs = reinterpret_cast<T*>(m.dout);
   const int h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int g = lane >> 2, t = lane & 3;
   const int firstRow = (gridDim.x - 1 - blockIdx.x) * kTcRows;  // last to first, as the forward's
@@ -388,6 +438,13 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
   const float scale2 = p.scale * kLog2e;
   const T* k = reinterpret_cast<const T*>(p.k) + h * HS;
   const T* v = reinterpret_cast<const T*>(p.v) + h * HS;
+  const int keyEnd = p.keyEnd(firstRow, kTcRows);
+  auto copyKeys = [&](int tile, int first) {  // as the forward's
+    copyTile(reinterpret_cast<T*>(both(m.k, tile)), ldh, k, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
+    copyTile(reinterpret_cast<T*>(both(m.v, tile)), ldh, v, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
+    commitCopies();
+  };
+  if (keyEnd > 0) copyKeys(0, 0);
   loadTile(qs, ldh, reinterpret_cast<const T*>(p.q) + h * HS, b, p.qRows, firstRow, kTcRows, p.Tq, p.qStride, HS);
   loadTile(gs, ldh, dout + h * HS, b, p.qRows, firstRow, kTcRows, p.Tq, doutStride, HS);
   int row[2];
@@ -398,12 +455,11 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
     rowLse[r] = row[r] < p.Tq ? lse[stat] * kLog2e : 0.0f;  // base 2
     rowDelta[r] = row[r] < p.Tq ? delta[stat] : 0.0f;
   }
-  const int keyEnd = p.keyEnd(firstRow, kTcRows);
-  for (int first = 0; first < keyEnd; first += kKeys) {
-    __syncthreads();
-    loadTile(ks, ldh, k, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
-    loadTile(vs, ldh, v, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
-    __syncthreads();
+  for (int tile = 0, first = 0; first < keyEnd; ++tile, first += kKeys) {
+    waitCopies<0>();
+    __syncthreads();  // this tile (and q and dO) seen by every warp, and every warp done with the last
+    if (first + kKeys < keyEnd) copyKeys(tile + 1, first + kKeys);
+    const T *ks = reinterpret_cast<const T*>(both(m.k, tile)), *vs = reinterpret_cast<const T*>(both(m.v, tile));
     const int pieces = p.keyPiecesSeen(warpLast, first, kKeyPieces);
     float s[kKeyPieces][4] = {}, dp[kKeyPieces][4] = {};
     for (int d = 0; d < HS; d += 16) {
@@ -440,10 +496,13 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
 }
 
 // Backward, dk and dv: per block of keys, the queries a tile at a time (transposed: a warp's key
-// rows against the tile's queries).
+// rows against the tile's queries). Every per-tile buffer is doubled: q's tile i + 1 is copied
+// asynchronously as tile i's products start (as the forward's keys), and dO's (rounded from fp32
+// on the way, so through registers), lse's and delta's tile i are stored before the barrier that
+// shows tile i, into the buffers tile i - 2 used.
 struct TcKeyMemory {
-  __nv_bfloat16 *k, *v, *q, *dout;
-  float *lse, *delta;
+  __nv_bfloat16 *k, *v, *q[2], *dout[2];
+  float *lse[2], *delta[2];
   size_t bytes;
   __host__ __device__ static TcKeyMemory carve(unsigned char* base, int hs) {
     const int queries = backwardTile(hs);
@@ -451,10 +510,12 @@ struct TcKeyMemory {
     Carve c;
     m.k = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(hs));
     m.v = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(hs));
-    m.q = c.take<__nv_bfloat16>(base, static_cast<size_t>(queries) * halfPitch(hs));
-    m.dout = c.take<__nv_bfloat16>(base, static_cast<size_t>(queries) * halfPitch(hs));
-    m.lse = c.take<float>(base, queries);
-    m.delta = c.take<float>(base, queries);
+    for (int i = 0; i < 2; ++i) {
+      m.q[i] = c.take<__nv_bfloat16>(base, static_cast<size_t>(queries) * halfPitch(hs));
+      m.dout[i] = c.take<__nv_bfloat16>(base, static_cast<size_t>(queries) * halfPitch(hs));
+      m.lse[i] = c.take<float>(base, queries);
+      m.delta[i] = c.take<float>(base, queries);
+    }
     m.bytes = c.used;
     return m;
   }
@@ -468,8 +529,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
   constexpr int ldh = halfPitch(HS);
   CHORUS_DYNAMIC_SHARED(shared);
   const TcKeyMemory m = TcKeyMemory::carve(shared, HS);
-  T *ks = reinterpret_cast<T*>(m.k), *vs = reinterpret_cast<T*>(m.v), *qs = reinterpret_cast<T*>(m.q),
-    *gs = reinterpret_cast<T*>(m.dout);
+  T *ks = reinterpret_cast<T*>(m.k), *vs = reinterpret_cast<T*>(m.v);
   const int h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int g = lane >> 2, t = lane & 3;
   const int firstKey = blockIdx.x * kTcRows, mine = warp * 16, warpFirst = firstKey + mine;
@@ -482,15 +542,23 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
   // On the diagonal, queries before the block's first key attend none of its keys.
   const int queryBegin = p.diagonal ? (firstKey / kQueries) * kQueries : 0;
   const size_t statBase = b * p.batchStat + static_cast<size_t>(h) * p.statStride;
-  for (int first = queryBegin; first < p.Tq; first += kQueries) {
-    __syncthreads();
-    loadTile(qs, ldh, q, b, p.qRows, first, kQueries, p.Tq, p.qStride, HS);
+  auto copyQueries = [&](int tile, int first) {
+    copyTile(reinterpret_cast<T*>(both(m.q, tile)), ldh, q, b, p.qRows, first, kQueries, p.Tq, p.qStride, HS);
+    commitCopies();
+  };
+  if (queryBegin < p.Tq) copyQueries(0, queryBegin);
+  for (int tile = 0, first = queryBegin; first < p.Tq; ++tile, first += kQueries) {
+    const T* qs = reinterpret_cast<const T*>(both(m.q, tile));
+    T* gs = reinterpret_cast<T*>(both(m.dout, tile));
+    float *tileLse = both(m.lse, tile), *tileDelta = both(m.delta, tile);
     loadTile(gs, ldh, dout + h * HS, b, p.qRows, first, kQueries, p.Tq, doutStride, HS);
     for (int j = threadIdx.x; j < kQueries; j += blockDim.x) {
-      m.lse[j] = first + j < p.Tq ? lse[statBase + first + j] * kLog2e : 0.0f;  // base 2
-      m.delta[j] = first + j < p.Tq ? delta[statBase + first + j] : 0.0f;
+      tileLse[j] = first + j < p.Tq ? lse[statBase + first + j] * kLog2e : 0.0f;  // base 2
+      tileDelta[j] = first + j < p.Tq ? delta[statBase + first + j] : 0.0f;
     }
-    __syncthreads();
+    waitCopies<0>();
+    __syncthreads();  // this tile seen by every warp, and every warp done with the last
+    if (first + kQueries < p.Tq) copyQueries(tile + 1, first + kQueries);
     // On the diagonal, queries before the warp's first key attend none of its keys: pieces of
     // them are skipped (their probabilities stay 0).
     const int skipped = p.queryPiecesBlind(first, warpFirst, kQueryPieces);
@@ -506,8 +574,8 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
     for (int n = 0; n < kQueryPieces; ++n) {
       for (int e = 0; e < 4; ++e) {
         const int c = n * 8 + 2 * t + e % 2;
-        s[n][e] = exp2f(s[n][e] * scale2 - m.lse[c]);
-        dp[n][e] = s[n][e] * (dp[n][e] - m.delta[c]) * p.scale;
+        s[n][e] = exp2f(s[n][e] * scale2 - tileLse[c]);
+        dp[n][e] = s[n][e] * (dp[n][e] - tileDelta[c]) * p.scale;
       }
     }
     if (p.anyOff(first, kQueries, warpFirst, 16)) {

@@ -6,18 +6,17 @@
 // is no GPU. Every CUDA thread of a block is a fiber of the thread that runs the launch (a stack of
 // its own; switching costs no system call on x86-64), run until it waits at __syncthreads or
 // __syncwarp, the scheduler taking the fibers in turn; a warp's shuffles and ballots go through an
-// exchange behind a warp barrier; static shared memory is one copy for the whole launch (the
-// blocks run one after another, and the process's kernels one at a time); the warp's tensor-core
-// product (mma.sync m16n8k16, kernels/cuda/mma.cuh) reads every lane's registers through that
-// exchange by PTX's layout of them, and each lane computes its own part of the result; its matrix
-// load (ldmatrix) exchanges the lanes' row addresses and gives each lane its elements. A barrier
-// some thread never reaches (divergent code) aborts, saying so. The runtime (memory, streams as
-// host threads, events, CUDA IPC between processes, graphs) is cuda_emulation_runtime.h's, which
-// says what it models. What neither models: the hardware's order of the sums inside one product,
-// memory ordering beyond the barriers, blocks running at once, and a kernel's own launch limits
-// (registers, __launch_bounds__, static shared memory; refusedLaunch says which limits it keeps).
-// Include it before the kernels' source, or put emulated_cuda/ (which stands in
-// for CUDA's headers and cuBLAS's) first on the include path.
+// exchange behind a warp barrier; asynchronous copies to shared memory (cp.async) land only when
+// their thread waits for them, their destinations NaN until then; static shared memory is one copy for the whole launch
+// (the blocks run one after another, and the process's kernels one at a time); the warp's tensor-core product (mma.sync
+// m16n8k16, kernels/cuda/mma.cuh) reads every lane's registers through that exchange by PTX's layout of them, and each
+// lane computes its own part of the result; its matrix load (ldmatrix) exchanges the lanes' row addresses and gives
+// each lane its elements. A barrier some thread never reaches (divergent code) aborts, saying so. The runtime (memory,
+// streams as host threads, events, CUDA IPC between processes, graphs) is cuda_emulation_runtime.h's, which says what
+// it models. What neither models: the hardware's order of the sums inside one product, memory ordering beyond the
+// barriers, blocks running at once, and a kernel's own launch limits (registers, __launch_bounds__, static shared
+// memory; refusedLaunch says which limits it keeps). Include it before the kernels' source, or put emulated_cuda/
+// (which stands in for CUDA's headers and cuBLAS's) first on the include path.
 #pragma once
 
 #define CHORUS_CUDA_EMULATION 1
@@ -53,7 +52,7 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __launch_bounds__(threads)
+#define __launch_bounds__(...)
 #define __align__(bytes) alignas(bytes)
 #define __shared__ static  // one copy for the launch: its blocks run one after another
 
@@ -151,19 +150,42 @@ struct FiberBarrier {
 };
 // A CUDA thread: its context and stack, its indices, and whether it waits at a barrier or has
 // finished.
+// An asynchronous copy (kernels/cuda/copy_async.cuh) not yet landed: where it goes, what it writes.
+struct PendingCopy {
+  void* to;
+  std::array<unsigned char, 16> bytes;
+};
 struct Fiber {
   Context context;
   char* stack = nullptr;
   EmulatedDim thread, block;
   bool waiting = false, done = false;
+  std::vector<PendingCopy> openCopies;              // issued since the last commit
+  std::deque<std::vector<PendingCopy>> copyGroups;  // committed, oldest first
 };
 
 // One launch's threads (those ready to run, in the order they became ready), their block barrier
 // and warp barriers, the shuffles' exchange, the dynamic shared memory (reused block after block),
 // and the kernel with its arguments.
+// What the emulation knows of each 16 bytes of dynamic shared memory that asynchronous copies
+// (cp.async) write and ldmatrix reads, to catch the races a GPU would run into: copies in flight
+// to them, the block barrier epoch (barriers passed) and warp of the last copy landed, and the
+// epoch of the last reads and the warps (a bit each) that read them in it.
+struct SharedChunk {
+  int inFlight = 0;
+  int landedEpoch = -1, lander = -1;
+  int readEpoch = -1;
+  uint32_t readers = 0;
+};
+
 struct Launch {
   Launch(int threads, size_t sharedBytes, EmulatedDim grid)
-      : fibers(threads), exchange(threads), turn(threads), shared(sharedBytes + 128, 0xcd), grid(grid) {
+      : fibers(threads),
+        exchange(threads),
+        turn(threads),
+        shared(sharedBytes + 128, 0xcd),
+        chunks(shared.size() / 16 + 1),
+        grid(grid) {
     block.expected = threads;
     for (int w = 0; w * 32 < threads; ++w) warps.push_back(FiberBarrier{std::min(32, threads - w * 32), 0, {}});
   }
@@ -175,6 +197,8 @@ struct Launch {
   std::vector<std::array<std::array<unsigned char, 16>, 2>> exchange;
   std::vector<unsigned char> turn;
   std::vector<unsigned char> shared;
+  std::vector<SharedChunk> chunks;  // by 16 bytes of `shared`
+  int epoch = 0;                    // block barriers passed
   EmulatedDim grid;
   void (*body)(void*) = nullptr;  // runs the kernel on this thread's indices
   void* bodyArgument = nullptr;
@@ -189,6 +213,14 @@ inline unsigned char* sharedBytes() {
   // 128-byte aligned, as the kernels declare it.
   const auto at = reinterpret_cast<uintptr_t>(current->shared.data());
   return current->shared.data() + ((128 - at % 128) % 128);
+}
+
+// The chunk of dynamic shared memory that holds p, or null where p is not in it.
+inline SharedChunk* chunkAt(const void* p) {
+  const auto* byte = static_cast<const unsigned char*>(p);
+  const unsigned char* base = current->shared.data();
+  if (byte < base || byte >= base + current->shared.size()) return nullptr;
+  return &current->chunks[static_cast<size_t>(byte - base) / 16];
 }
 
 // A switch of contexts, told to AddressSanitizer (which otherwise takes the other stack for an
@@ -244,6 +276,7 @@ inline void arrive(FiberBarrier& b) {
   b.waiting.push_back(l.running);
   if (++b.arrived == b.expected) {
     b.arrived = 0;
+    if (&b == &l.block) ++l.epoch;
     // The fibers arrive in the order the last barrier made them ready, so mostly already sorted.
     if (reversed()) {
       if (!std::is_sorted(b.waiting.begin(), b.waiting.end(), std::greater<int>())) {
@@ -279,6 +312,12 @@ inline void fiberMain() {
       for (unsigned x = 0; x < l.grid.x; ++x) {
         l.fibers[me].block = blockIdx = {x, y, z};
         l.body(l.bodyArgument);
+        if (!l.fibers[me].openCopies.empty() || !l.fibers[me].copyGroups.empty()) {
+          std::fprintf(stderr,
+                       "cuda emulation: thread %d of block (%u, %u, %u) ended with cp.async copies not waited for\n",
+                       me, x, y, z);
+          std::abort();
+        }
         arrive(l.block);
       }
     }
@@ -437,6 +476,28 @@ std::array<T, 32> fromEveryLane(T x) {
   }
   return all;
 }
+// A warp's read of 16 bytes of shared memory by ldmatrix: aborts, saying so, where a cp.async to
+// them is still in flight, or landed by another warp's wait since the last __syncthreads (the
+// barrier that makes it visible to this warp); then notes the read, for the copies that follow.
+inline void readSharedRow(const void* row) {
+  SharedChunk* c = chunkAt(row);
+  if (c == nullptr) return;
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  if (c->inFlight > 0 || (c->landedEpoch == current->epoch && c->lander != warp)) {
+    std::fprintf(stderr,
+                 "cuda emulation: warp %d's ldmatrix reads shared memory at %p %s (a race: wait for the copies, "
+                 "then __syncthreads)\n",
+                 warp, row,
+                 c->inFlight > 0 ? "while a cp.async to it is in flight"
+                                 : "that another warp's cp.async landed in without a __syncthreads since");
+    std::abort();
+  }
+  if (c->readEpoch != current->epoch) {
+    c->readEpoch = current->epoch;
+    c->readers = 0;
+  }
+  c->readers |= 1u << warp;
+}
 // The warp's ldmatrix (m8n8, 16-bit, kCount matrices; kernels/cuda/mma.cuh): lane 8 m + r gives the
 // address of row r of matrix m, which must be 16-byte aligned as a GPU's needs; register m of lane
 // 4 r + w gets elements 2w, 2w+1 of matrix m's row r, or with trans of its column r (the elements
@@ -450,6 +511,9 @@ void warpLoadMatrices(uint32_t (&out)[kCount], const void* row, bool trans) {
   }
   const std::array<const void*, 32> rows = fromEveryLane(row);
   const int lane = static_cast<int>(threadIdx.x % 32), r = lane / 4, w = lane % 4;
+  if (lane == 0) {
+    for (int i = 0; i < 8 * kCount; ++i) readSharedRow(rows[i]);
+  }
   for (int m = 0; m < kCount; ++m) {
     const auto at = [&](int i, int j) {  // matrix m's row i, element j
       uint16_t bits;
@@ -457,6 +521,52 @@ void warpLoadMatrices(uint32_t (&out)[kCount], const void* row, bool trans) {
       return static_cast<uint32_t>(bits);
     };
     out[m] = trans ? at(2 * w, r) | at(2 * w + 1, r) << 16 : at(r, 2 * w) | at(r, 2 * w + 1) << 16;
+  }
+}
+// kernels/cuda/copy_async.cuh's copies (cp.async): 16 bytes from `from` to `to` (both 16-byte
+// aligned, as a GPU needs), issued now and landed only when this thread waits for their group;
+// until then the destination holds NaNs (all ones: NaN in fp32, bf16 and fp16), so that a read
+// before the wait and the block's barrier, or a tile overwritten while another warp reads it,
+// shows in the results.
+inline void copyAsync16(void* to, const void* from) {
+  if (reinterpret_cast<uintptr_t>(to) % 16 != 0 || reinterpret_cast<uintptr_t>(from) % 16 != 0) {
+    std::fprintf(stderr, "cuda emulation: a cp.async from %p to %p, not 16-byte aligned (cudaErrorMisalignedAddress)\n",
+                 from, to);
+    std::abort();
+  }
+  if (SharedChunk* c = chunkAt(to)) {
+    const uint32_t others = c->readers & ~(1u << threadIdx.x / 32);
+    if (c->readEpoch == current->epoch && others != 0) {
+      std::fprintf(stderr,
+                   "cuda emulation: a cp.async by thread %u to shared memory at %p that warp %d read since the last "
+                   "__syncthreads (a race: the copy may land before that read)\n",
+                   threadIdx.x, to, std::countr_zero(others));
+      std::abort();
+    }
+    ++c->inFlight;
+  }
+  PendingCopy copy{to, {}};
+  std::memcpy(copy.bytes.data(), from, 16);
+  std::memset(to, 0xff, 16);
+  current->fibers[current->running].openCopies.push_back(copy);
+}
+inline void commitCopies() {
+  Fiber& me = current->fibers[current->running];
+  me.copyGroups.push_back(std::move(me.openCopies));
+  me.openCopies.clear();
+}
+inline void waitCopies(int pending) {
+  Fiber& me = current->fibers[current->running];
+  while (static_cast<int>(me.copyGroups.size()) > pending) {
+    for (const PendingCopy& copy : me.copyGroups.front()) {
+      std::memcpy(copy.to, copy.bytes.data(), 16);
+      if (SharedChunk* c = chunkAt(copy.to)) {
+        --c->inFlight;
+        c->landedEpoch = current->epoch;
+        c->lander = static_cast<int>(threadIdx.x / 32);
+      }
+    }
+    me.copyGroups.pop_front();
   }
 }
 // The warp's mma.sync m16n8k16 (d += a b; 16-bit a and b, bf16 or fp16, fp32 d): each lane's
@@ -493,6 +603,10 @@ inline void warpProduct(float d[4], const uint32_t a[4], const uint32_t b[2], bo
 // kernels/cuda/mma.cuh's product and matrix load, run here.
 #define CHORUS_WARP_MMA_M16N8K16(d, a, b, bf16) ::chorus::testing::emulation::warpProduct(d, a, b, bf16)
 #define CHORUS_LOAD_MATRICES(out, row, trans) ::chorus::testing::emulation::warpLoadMatrices(out, row, trans)
+// kernels/cuda/copy_async.cuh's cp.async, commit and wait.
+#define CHORUS_COPY_ASYNC_16(to, from) ::chorus::testing::emulation::copyAsync16(to, from)
+#define CHORUS_COMMIT_COPIES() ::chorus::testing::emulation::commitCopies()
+#define CHORUS_WAIT_COPIES(pending) ::chorus::testing::emulation::waitCopies(pending)
 
 template <typename T>
 T __shfl_xor_sync(unsigned, T x, int laneMask) {

@@ -9,16 +9,24 @@
 // emulated kernels are built with UndefinedBehaviorSanitizer's alignment check (tests/CMakeLists.txt).
 // And cudaEventElapsedTime refuses what CUDA's refuses, and cudaFree and cudaFreeHost wait for
 // the whole device, as a GPU's do (a free made while a stream waits on the freeing thread hangs).
+// And asynchronous copies to shared memory (cp.async) land when their thread waits for them, NaNs
+// until then, and the races a GPU would run into with them end the process, saying which: an
+// ldmatrix of a copy in flight, or one landed by another warp with no barrier since, and a copy
+// into what another warp read since the last barrier; so does a block that ends with copies in flight.
 #include "tests/support/cuda_emulation.h"
 // The emulation first: the kernels' headers are written against it.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <thread>
+#include <vector>
 
+#include "kernels/cuda/copy_async.cuh"
 #include "kernels/cuda/grid.cuh"
+#include "kernels/cuda/mma.cuh"
 
 namespace {
 
@@ -190,6 +198,92 @@ TEST(CudaEmulationTest, AMisalignedVectorLoadEndsTheProcess) {
       "misaligned address");
   cudaFree(out);
   cudaFree(p);
+}
+
+namespace cuda = chorus::kernels::cuda;
+
+// Each thread copies its 16 bytes of src (8 halves) into shared memory asynchronously; waitFirst:
+// waits and meets the block at a barrier, then writes its right neighbour's 16 bytes to out; else
+// writes its own before waiting (what is there while the copy is in flight), then waits.
+__global__ void copyThenRead(uint16_t* out, const uint16_t* src, bool waitFirst) {
+  CHORUS_DYNAMIC_SHARED(shared);
+  auto* rows = reinterpret_cast<uint16_t*>(shared);
+  const int t = static_cast<int>(threadIdx.x), n = static_cast<int>(blockDim.x);
+  cuda::copyAsync16(rows + 8 * t, src + 8 * t);
+  cuda::commitCopies();
+  if (waitFirst) {
+    cuda::waitCopies<0>();
+    __syncthreads();
+    std::memcpy(out + 8 * t, rows + 8 * ((t + 1) % n), 16);
+  } else {
+    std::memcpy(out + 8 * t, rows + 8 * t, 16);
+    cuda::waitCopies<0>();
+  }
+}
+
+TEST(CudaEmulationTest, AsynchronousCopiesLandWhenWaitedForAndAreNaNsUntilThen) {
+  constexpr int kThreads = 64;
+  std::vector<uint16_t> host(8 * kThreads);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint16_t>(i * 37 + 5);
+  uint16_t *src = nullptr, *out = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&src), host.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&out), host.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(src, host.data(), host.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  std::vector<uint16_t> got(host.size());
+  CHORUS_LAUNCH(copyThenRead, 1, kThreads, 16 * kThreads, nullptr, out, src, true);
+  ASSERT_EQ(cudaMemcpy(got.data(), out, got.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int t = 0; t < kThreads; ++t) {
+    for (int e = 0; e < 8; ++e) ASSERT_EQ(got[8 * t + e], host[8 * ((t + 1) % kThreads) + e]) << t << " " << e;
+  }
+  CHORUS_LAUNCH(copyThenRead, 1, kThreads, 16 * kThreads, nullptr, out, src, false);
+  ASSERT_EQ(cudaMemcpy(got.data(), out, got.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (const uint16_t bits : got) ASSERT_EQ(bits, 0xffffu);  // NaN in bf16 and fp16
+  cudaFree(out);
+  cudaFree(src);
+}
+
+// The races, one per `race`, in a block of two warps, each copying 32 rows of 16 bytes (four 8 x 8
+// matrices of halves) into its own region of shared memory and reading them by ldmatrix:
+// 0: reads its copies before waiting for them; 1: waits, then reads the other warp's region with
+// no barrier between; 2: reads its own region, then warp 1 copies into warp 0's with no barrier
+// between; 3: ends with its copies in flight.
+__global__ void copyRace(const uint16_t* src, int race) {
+  CHORUS_DYNAMIC_SHARED(shared);
+  auto* rows = reinterpret_cast<uint16_t*>(shared);
+  const int t = static_cast<int>(threadIdx.x), warp = t / 32, lane = t % 32;
+  uint32_t r[4];
+  cuda::copyAsync16(rows + 8 * t, src + 8 * t);
+  cuda::commitCopies();
+  if (race == 3) return;
+  if (race != 0) cuda::waitCopies<0>();
+  const int region = race == 1 ? 1 - warp : warp;
+  cuda::mma::loadMatrices<4, false>(r, rows + 8 * (32 * region + lane));
+  if (race == 2 && warp == 1) {
+    cuda::copyAsync16(rows + 8 * lane, src);
+    cuda::commitCopies();
+  }
+  cuda::waitCopies<0>();
+}
+
+TEST(CudaEmulationTest, RacesWithAsynchronousCopiesEndTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the emulation's stream threads are running
+  uint16_t* src = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&src), 8 * 64 * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemset(src, 0, 8 * 64 * 2), cudaSuccess);
+  const char* says[] = {"ldmatrix reads shared memory at .* while a cp.async to it is in flight",
+                        "ldmatrix reads shared memory at .* that another warp's cp.async landed in",
+                        "a cp.async by thread .* that warp 0 read since the last __syncthreads",
+                        "ended with cp.async copies not waited for"};
+  for (int race = 0; race < 4; ++race) {
+    SCOPED_TRACE(race);
+    EXPECT_DEATH(
+        {
+          CHORUS_LAUNCH(copyRace, 1, 64, 16 * 64, nullptr, src, race);
+          cudaDeviceSynchronize();
+        },
+        says[race]);
+  }
+  cudaFree(src);
 }
 
 }  // namespace
