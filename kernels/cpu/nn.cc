@@ -60,6 +60,18 @@ inline float laneSum(const float* x, int n) {
   for (int k = 0; k < kLanes; ++k) sum += acc[k];
   return sum;
 }
+// laneSum of exp(x - shift), without storing the exponentials: the same sums in the same order.
+inline float laneExpSum(const float* x, float shift, int n) {
+  float acc[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) acc[k] += vexp(x[i + k] - shift);
+  }
+  float sum = 0.0f;
+  for (; i < n; ++i) sum += vexp(x[i] - shift);
+  for (int k = 0; k < kLanes; ++k) sum += acc[k];
+  return sum;
+}
 inline float laneMax(const float* x, int n) {
   float acc[kLanes];
   for (int k = 0; k < kLanes; ++k) acc[k] = x[0];
@@ -504,26 +516,19 @@ CHORUS_VECTOR_CLONES void crossEntropyShardMax(float* rowMax, const float* logit
   for (int row = 0; row < n; ++row) rowMax[row] = laneMax(logits + static_cast<size_t>(row) * v, v);
 }
 
-CHORUS_VECTOR_CLONES void crossEntropyShardExp(float* probs, float* sums, float* targetLogits, const float* logits,
+CHORUS_VECTOR_CLONES void crossEntropyShardExp(float* sums, float* targetLogits, const float* logits,
                                                const float* rowMax, const int* targets, int n, int v, int v0) {
   for (int row = 0; row < n; ++row) {
     const float* x = logits + static_cast<size_t>(row) * v;
-    float* p = probs + static_cast<size_t>(row) * v;
-    const float maxv = rowMax[row];
-    for (int j = 0; j < v; ++j) p[j] = vexp(x[j] - maxv);
-    sums[row] = laneSum(p, v);
+    sums[row] = laneExpSum(x, rowMax[row], v);
     const int column = targets[row] - v0;
     targetLogits[row] = column >= 0 && column < v ? x[column] : 0.0f;
   }
 }
 
-CHORUS_VECTOR_CLONES float crossEntropyShardLoss(float* probs, float* losses, const float* sums, const float* rowMax,
-                                                 const float* targetLogits, int n, int v) {
+float crossEntropyShardLoss(float* losses, const float* sums, const float* rowMax, const float* targetLogits, int n) {
   double total = 0.0;
   for (int row = 0; row < n; ++row) {
-    float* p = probs + static_cast<size_t>(row) * v;
-    const float inv = 1.0f / sums[row];
-    for (int j = 0; j < v; ++j) p[j] *= inv;
     // -log softmax[target] = log(sum) + max - logit[target]: exact where the probability underflows.
     losses[row] = std::log(sums[row]) + rowMax[row] - targetLogits[row];
     total += losses[row];
@@ -531,22 +536,22 @@ CHORUS_VECTOR_CLONES float crossEntropyShardLoss(float* probs, float* losses, co
   return n > 0 ? static_cast<float>(total / n) : 0.0f;
 }
 
-float crossEntropyForward(float* probs, float* losses, const float* logits, const int* targets, int n, int v) {
-  std::vector<float> stats(3 * static_cast<size_t>(n));
-  float* rowMax = stats.data();
-  float* sums = rowMax + n;
-  float* targetLogits = sums + n;
+float crossEntropyForward(float* rowMax, float* sums, float* losses, const float* logits, const int* targets, int n,
+                          int v) {
+  std::vector<float> targetLogits(n);
   crossEntropyShardMax(rowMax, logits, n, v);
-  crossEntropyShardExp(probs, sums, targetLogits, logits, rowMax, targets, n, v, 0);
-  return crossEntropyShardLoss(probs, losses, sums, rowMax, targetLogits, n, v);
+  crossEntropyShardExp(sums, targetLogits.data(), logits, rowMax, targets, n, v, 0);
+  return crossEntropyShardLoss(losses, sums, rowMax, targetLogits.data(), n);
 }
 
-CHORUS_VECTOR_CLONES void crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v,
-                                               float scale, int v0) {
+CHORUS_VECTOR_CLONES void crossEntropyBackward(float* dlogits, const float* logits, const float* rowMax,
+                                               const float* sums, const int* targets, int n, int v, float scale,
+                                               int v0) {
   for (int row = 0; row < n; ++row) {
-    const float* p = probs + static_cast<size_t>(row) * v;
+    const float* x = logits + static_cast<size_t>(row) * v;
     float* d = dlogits + static_cast<size_t>(row) * v;
-    for (int j = 0; j < v; ++j) d[j] = p[j] * scale;
+    const float maxv = rowMax[row], inv = 1.0f / sums[row];
+    for (int j = 0; j < v; ++j) d[j] = vexp(x[j] - maxv) * inv * scale;
     const int column = targets[row] - v0;
     if (column >= 0 && column < v) d[column] -= scale;
   }

@@ -110,26 +110,30 @@ void residualForward(float* out, const float* a, const float* b, size_t n);
 // da += dout, db += dout.
 void residualBackward(float* da, float* db, const float* dout, size_t n);
 
-// Softmax cross-entropy over logits(n, v): probs(n, v) = softmax by row, losses(n) = -log
-// probs[target], and returns the mean loss. Targets must be in [0, v).
-float crossEntropyForward(float* probs, float* losses, const float* logits, const int* targets, int n, int v);
-// dlogits(n, v) = (probs - onehot(target)) * scale, written (not accumulated); dlogits may be
-// probs itself. For the mean loss, scale = 1/n. Vocab-parallel: the columns are [v0, v0 + v) of the
-// whole vocabulary, and the one-hot term applies where the target is among them.
-void crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale,
-                          int v0 = 0);
+// Softmax cross-entropy over logits(n, v): rowMax(n) and sums(n) (each row's largest logit and
+// its sum of exp(logit - max), what crossEntropyBackward recomputes the probabilities from),
+// losses(n) = -log softmax[target], and returns the mean loss. Targets must be in [0, v). No
+// n x v array is written: the probabilities are not kept.
+float crossEntropyForward(float* rowMax, float* sums, float* losses, const float* logits, const int* targets, int n,
+                          int v);
+// dlogits(n, v) = (probs - onehot(target)) * scale, written (not accumulated), probs = exp(logits -
+// rowMax) / sums recomputed from the forward's statistics (rounded as the forward rounded them:
+// exp(x - max) times the reciprocal of the sum); dlogits may be logits itself. For the mean loss,
+// scale = 1/n. Vocab-parallel: the columns are [v0, v0 + v) of the whole vocabulary, the
+// statistics are the whole rows', and the one-hot term applies where the target is among them.
+void crossEntropyBackward(float* dlogits, const float* logits, const float* rowMax, const float* sums,
+                          const int* targets, int n, int v, float scale, int v0 = 0);
 // crossEntropyForward in three passes, for logits(n, v) that are columns [v0, v0 + v) of the whole
 // vocabulary (vocab-parallel): between the passes the ranks reduce the per-row values, the maxima
 // by max, the sums and target logits by sum. One rank with v0 = 0 is crossEntropyForward.
 // 1. rowMax(n) = the largest logit of each row.
 void crossEntropyShardMax(float* rowMax, const float* logits, int n, int v);
-// 2. probs = exp(logits - rowMax), sums(n) = their row sums, targetLogits(n) = the target's logit
-//    where it is among the columns, else 0.
-void crossEntropyShardExp(float* probs, float* sums, float* targetLogits, const float* logits, const float* rowMax,
+// 2. sums(n) = the row sums of exp(logits - rowMax), targetLogits(n) = the target's logit where it
+//    is among the columns, else 0.
+void crossEntropyShardExp(float* sums, float* targetLogits, const float* logits, const float* rowMax,
                           const int* targets, int n, int v, int v0);
-// 3. probs /= sums; losses(n) = log(sum) + max - targetLogit; returns the mean loss.
-float crossEntropyShardLoss(float* probs, float* losses, const float* sums, const float* rowMax,
-                            const float* targetLogits, int n, int v);
+// 3. losses(n) = log(sum) + max - targetLogit; returns the mean loss.
+float crossEntropyShardLoss(float* losses, const float* sums, const float* rowMax, const float* targetLogits, int n);
 
 // The optimizers, one step over n elements; step counts from 1. The caller passes weightDecay 0
 // for tensors not decayed (biases, layernorm) and the learning rate of this step in lr.

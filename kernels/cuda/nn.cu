@@ -564,7 +564,7 @@ constexpr int kRowThreads = 512;
 // A row of the vocabulary (50257 floats for GPT-2: an odd width, so rows start at every
 // alignment) goes 16 bytes at a time from its first aligned element: `head` floats one at a time,
 // then `quads` groups of four, then the rest one at a time. Rows of two buffers (logits and
-// probabilities) go so together where they share an alignment, else a float at a time. The scalar
+// their gradient) go so together where they share an alignment, else a float at a time. The scalar
 // forms ran GPT-2's cross-entropy at 34% (forward) and 52% (backward) of an H200's memory peak.
 struct RowSplit {
   int head, quads;
@@ -585,9 +585,8 @@ __device__ __forceinline__ void forRow(RowSplit split, int v, Scalar scalar, Qua
   for (int j = split.head + 4 * split.quads + threadIdx.x; j < v; j += blockDim.x) scalar(j);
 }
 
-// The three passes over one row x(v), each over the whole block; every kernel below is made of them
-// (the fused forward's statistics and probabilities, or one each for the vocab-parallel passes,
-// between which the ranks reduce the row's values).
+// The passes over one row x(v), each over the whole block, that the kernels below are made of
+// (the vocab-parallel passes, between which the ranks reduce the row's values).
 __device__ float rowMaxOf(const float* x, int v) {
   float m = -INFINITY;
   forRow(
@@ -598,32 +597,17 @@ __device__ float rowMaxOf(const float* x, int v) {
       });
   return blockReduce(m, Max{});
 }
-// p = exp(x - max); returns the row's sum of p.
-__device__ float rowExp(float* p, const float* x, float maxv, int v) {
+// The row's sum of exp(x - max).
+__device__ float rowExpSum(const float* x, float maxv, int v) {
   float sum = 0.0f;
   auto shifted = [maxv](float xj) { return expf(xj - maxv); };
   forRow(
-      splitRow(x, p, v), v,
-      [&](int j) {
-        p[j] = shifted(x[j]);
-        sum += p[j];
-      },
+      splitRow(x, x, v), v, [&](int j) { sum += shifted(x[j]); },
       [&](int j) {
         const float4 e = lanes(shifted, quadAt(x + j, 0));
-        storeQuad(p + j, 0, e);
         sum += e.x + e.y + e.z + e.w;
       });
   return blockReduce(sum, Add{});
-}
-// p /= sum; returns -log softmax[target] = log(sum) + max - logit[target] (exact where the
-// probability underflows).
-__device__ float rowLoss(float* p, float sum, float maxv, float targetLogit, int v) {
-  const float inv = 1.0f / sum;
-  auto scaled = [inv](float pj) { return pj * inv; };
-  forRow(
-      splitRow(p, p, v), v, [&](int j) { p[j] = scaled(p[j]); },
-      [&](int j) { storeQuad(p + j, 0, lanes(scaled, quadAt(p + j, 0))); });
-  return logf(sum) + maxv - targetLogit;
 }
 
 __global__ void crossEntropyMaxKernel(float* rowMax, const float* logits, int v) {
@@ -631,11 +615,11 @@ __global__ void crossEntropyMaxKernel(float* rowMax, const float* logits, int v)
   if (threadIdx.x == 0) rowMax[blockIdx.x] = m;
 }
 
-__global__ void crossEntropyExpKernel(float* probs, float* sums, float* targetLogits, const float* logits,
-                                      const float* rowMax, const int* targets, int v, int v0) {
+__global__ void crossEntropyExpKernel(float* sums, float* targetLogits, const float* logits, const float* rowMax,
+                                      const int* targets, int v, int v0) {
   const size_t row = blockIdx.x;
   const float* x = logits + row * v;
-  const float sum = rowExp(probs + row * v, x, rowMax[row], v);
+  const float sum = rowExpSum(x, rowMax[row], v);
   if (threadIdx.x == 0) {
     sums[row] = sum;
     const int column = targets[row] - v0;
@@ -643,11 +627,12 @@ __global__ void crossEntropyExpKernel(float* probs, float* sums, float* targetLo
   }
 }
 
-__global__ void crossEntropyLossKernel(float* probs, float* losses, const float* sums, const float* rowMax,
-                                       const float* targetLogits, int v) {
-  const size_t row = blockIdx.x;
-  const float loss = rowLoss(probs + row * v, sums[row], rowMax[row], targetLogits[row], v);
-  if (threadIdx.x == 0) losses[row] = loss;
+// A thread per row: -log softmax[target] = log(sum) + max - logit[target] (exact where the
+// probability underflows).
+__global__ void crossEntropyLossKernel(float* losses, const float* sums, const float* rowMax, const float* targetLogits,
+                                       int n) {
+  const int row = blockIdx.x * blockDim.x + threadIdx.x;
+  if (row < n) losses[row] = logf(sums[row]) + rowMax[row] - targetLogits[row];
 }
 
 // A thread's running maximum m of the values it has seen and their sum s of exp(x - m), rescaled
@@ -678,43 +663,47 @@ __device__ float2 rowMaxAndSum(const float* x, int v) {
   return make_float2(maxv, sum);
 }
 
-// The fused forward, one block per row: x read twice (the statistics, then the probabilities)
-// and the probabilities written once; each probability is exp(x - max) / sum, rounded as the
-// separate passes round it.
-__global__ void crossEntropyForwardKernel(float* probs, float* losses, const float* logits, const int* targets, int v) {
+// The forward, one block per row: x read once, the row's statistics and loss written (the
+// probabilities are not: backward recomputes them from x and the statistics).
+__global__ void crossEntropyForwardKernel(float* rowMax, float* sums, float* losses, const float* logits,
+                                          const int* targets, int v) {
   const size_t row = blockIdx.x;
   const float* x = logits + row * v;
-  float* p = probs + row * v;
   const float2 stats = rowMaxAndSum(x, v);
-  const float maxv = stats.x, inv = 1.0f / stats.y;
-  auto probability = [maxv, inv](float xj) { return expf(xj - maxv) * inv; };
-  forRow(
-      splitRow(x, p, v), v, [&](int j) { p[j] = probability(x[j]); },
-      [&](int j) { storeQuad(p + j, 0, lanes(probability, quadAt(x + j, 0))); });
-  if (threadIdx.x == 0) losses[row] = logf(stats.y) + stats.x - x[targets[row]];
+  if (threadIdx.x == 0) {
+    rowMax[row] = stats.x;
+    sums[row] = stats.y;
+    losses[row] = logf(stats.y) + stats.x - x[targets[row]];
+  }
 }
 
-// dlogits = (probs - one-hot(target)) scale, the target's column at targets[row] - v0 (none in
-// this vocabulary shard where that is outside [0, v)).
+// dlogits = (probs - one-hot(target)) scale, probs = exp(x - max) / sum rounded as the forward's
+// passes rounded it (the exponential, then times the reciprocal), the target's column at
+// targets[row] - v0 (none in this vocabulary shard where that is outside [0, v)).
 struct LossGradient {
+  float maxv, inv;
   int column;
   float scale;
-  __device__ float operator()(float pj, int j) const {
-    const float value = pj * scale;
+  __device__ float operator()(float xj, int j) const {
+    const float value = expf(xj - maxv) * inv * scale;
     return j == column ? value - scale : value;
   }
 };
+__device__ LossGradient lossGradient(const float* rowMax, const float* sums, const int* targets, size_t row, int v0,
+                                     float scale) {
+  return {rowMax[row], 1.0f / sums[row], targets[row] - v0, scale};
+}
 
-__global__ void crossEntropyBackwardKernel(float* dlogits, const float* probs, const int* targets, int v, float scale,
-                                           int v0) {
+__global__ void crossEntropyBackwardKernel(float* dlogits, const float* logits, const float* rowMax, const float* sums,
+                                           const int* targets, int v, float scale, int v0) {
   const size_t row = blockIdx.x;
-  const float* p = probs + row * v;
+  const float* x = logits + row * v;
   float* d = dlogits + row * v;
-  const LossGradient gradient{targets[row] - v0, scale};
+  const LossGradient gradient = lossGradient(rowMax, sums, targets, row, v0, scale);
   forRow(
-      splitRow(p, d, v), v, [&](int j) { d[j] = gradient(p[j], j); },
+      splitRow(x, d, v), v, [&](int j) { d[j] = gradient(x[j], j); },
       [&](int j) {
-        const float4 q = quadAt(p + j, 0);
+        const float4 q = quadAt(x + j, 0);
         storeQuad(d + j, 0,
                   make_float4(gradient(q.x, j), gradient(q.y, j + 1), gradient(q.z, j + 2), gradient(q.w, j + 3)));
       });
@@ -723,19 +712,20 @@ __global__ void crossEntropyBackwardKernel(float* dlogits, const float* probs, c
 // The same gradient rounded to 16 bits (bf16, else fp16) as it is stored: the operand the head's
 // products take, without the fp32 gradient between. A group of four goes out as 8 bytes where
 // the row allows.
-__global__ void crossEntropyBackward16Kernel(uint16_t* dlogits, const float* probs, const int* targets, int v,
-                                             float scale, int v0, bool bf16) {
+__global__ void crossEntropyBackward16Kernel(uint16_t* dlogits, const float* logits, const float* rowMax,
+                                             const float* sums, const int* targets, int v, float scale, int v0,
+                                             bool bf16) {
   const size_t row = blockIdx.x;
-  const float* p = probs + row * v;
+  const float* x = logits + row * v;
   uint16_t* d = dlogits + row * v;
-  const LossGradient gradient{targets[row] - v0, scale};
-  auto rounded = [bf16](float x) -> uint32_t { return bf16 ? floatToBfloat16(x) : floatToHalf(x); };
-  const RowSplit split = splitRow(p, p, v);
+  const LossGradient gradient = lossGradient(rowMax, sums, targets, row, v0, scale);
+  auto rounded = [bf16](float value) -> uint32_t { return bf16 ? floatToBfloat16(value) : floatToHalf(value); };
+  const RowSplit split = splitRow(x, x, v);
   const bool wide = reinterpret_cast<uintptr_t>(d + split.head) % sizeof(uint2) == 0;
   forRow(
-      split, v, [&](int j) { d[j] = static_cast<uint16_t>(rounded(gradient(p[j], j))); },
+      split, v, [&](int j) { d[j] = static_cast<uint16_t>(rounded(gradient(x[j], j))); },
       [&](int j) {
-        const float4 q = quadAt(p + j, 0);
+        const float4 q = quadAt(x + j, 0);
         const uint32_t e0 = rounded(gradient(q.x, j)), e1 = rounded(gradient(q.y, j + 1));
         const uint32_t e2 = rounded(gradient(q.z, j + 2)), e3 = rounded(gradient(q.w, j + 3));
         if (wide) {
@@ -971,10 +961,11 @@ int addIndexedRows(float* out, const float* table, const int* index, size_t widt
   return launched();
 }
 
-int crossEntropyForward(float* probs, float* losses, const float* logits, const int* targets, int n, int v,
-                        void* stream) {
+int crossEntropyForward(float* rowMax, float* sums, float* losses, const float* logits, const int* targets, int n,
+                        int v, void* stream) {
   if (n == 0) return 0;
-  CHORUS_LAUNCH(crossEntropyForwardKernel, n, kRowThreads, 0, asStream(stream), probs, losses, logits, targets, v);
+  CHORUS_LAUNCH(crossEntropyForwardKernel, n, kRowThreads, 0, asStream(stream), rowMax, sums, losses, logits, targets,
+                v);
   return launched();
 }
 
@@ -984,34 +975,35 @@ int crossEntropyShardMax(float* rowMax, const float* logits, int n, int v, void*
   return launched();
 }
 
-int crossEntropyShardExp(float* probs, float* sums, float* targetLogits, const float* logits, const float* rowMax,
-                         const int* targets, int n, int v, int v0, void* stream) {
+int crossEntropyShardExp(float* sums, float* targetLogits, const float* logits, const float* rowMax, const int* targets,
+                         int n, int v, int v0, void* stream) {
   if (n == 0) return 0;
-  CHORUS_LAUNCH(crossEntropyExpKernel, n, kRowThreads, 0, asStream(stream), probs, sums, targetLogits, logits, rowMax,
-                targets, v, v0);
+  CHORUS_LAUNCH(crossEntropyExpKernel, n, kRowThreads, 0, asStream(stream), sums, targetLogits, logits, rowMax, targets,
+                v, v0);
   return launched();
 }
 
-int crossEntropyShardLoss(float* probs, float* losses, const float* sums, const float* rowMax,
-                          const float* targetLogits, int n, int v, void* stream) {
+int crossEntropyShardLoss(float* losses, const float* sums, const float* rowMax, const float* targetLogits, int n,
+                          void* stream) {
   if (n == 0) return 0;
-  CHORUS_LAUNCH(crossEntropyLossKernel, n, kRowThreads, 0, asStream(stream), probs, losses, sums, rowMax, targetLogits,
-                v);
+  CHORUS_LAUNCH(crossEntropyLossKernel, blocksFor(n), kThreads, 0, asStream(stream), losses, sums, rowMax, targetLogits,
+                n);
   return launched();
 }
 
-int crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale, int v0,
-                         void* stream) {
+int crossEntropyBackward(float* dlogits, const float* logits, const float* rowMax, const float* sums,
+                         const int* targets, int n, int v, float scale, int v0, void* stream) {
   if (n == 0) return 0;
-  CHORUS_LAUNCH(crossEntropyBackwardKernel, n, kRowThreads, 0, asStream(stream), dlogits, probs, targets, v, scale, v0);
+  CHORUS_LAUNCH(crossEntropyBackwardKernel, n, kRowThreads, 0, asStream(stream), dlogits, logits, rowMax, sums, targets,
+                v, scale, v0);
   return launched();
 }
 
-int crossEntropyBackward16(Float16 format, uint16_t* dlogits, const float* probs, const int* targets, int n, int v,
-                           float scale, int v0, void* stream) {
+int crossEntropyBackward16(Float16 format, uint16_t* dlogits, const float* logits, const float* rowMax,
+                           const float* sums, const int* targets, int n, int v, float scale, int v0, void* stream) {
   if (n == 0) return 0;
-  CHORUS_LAUNCH(crossEntropyBackward16Kernel, n, kRowThreads, 0, asStream(stream), dlogits, probs, targets, v, scale,
-                v0, format == Float16::kBf16);
+  CHORUS_LAUNCH(crossEntropyBackward16Kernel, n, kRowThreads, 0, asStream(stream), dlogits, logits, rowMax, sums,
+                targets, v, scale, v0, format == Float16::kBf16);
   return launched();
 }
 

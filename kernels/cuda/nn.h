@@ -108,22 +108,22 @@ int addIndexedRows(float* out, const float* table, const int* index, size_t widt
 
 // As kernels::crossEntropyForward, except that the mean loss is not returned (it would wait for
 // the stream): losses(n) holds each row's; meanOf gives their mean.
-int crossEntropyForward(float* probs, float* losses, const float* logits, const int* targets, int n, int v,
-                        void* stream);
+int crossEntropyForward(float* rowMax, float* sums, float* losses, const float* logits, const int* targets, int n,
+                        int v, void* stream);
 // The three vocab-parallel passes, as kernels::crossEntropyShardMax / Exp / Loss (Loss without
 // the mean).
 int crossEntropyShardMax(float* rowMax, const float* logits, int n, int v, void* stream);
-int crossEntropyShardExp(float* probs, float* sums, float* targetLogits, const float* logits, const float* rowMax,
-                         const int* targets, int n, int v, int v0, void* stream);
-int crossEntropyShardLoss(float* probs, float* losses, const float* sums, const float* rowMax,
-                          const float* targetLogits, int n, int v, void* stream);
-int crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale, int v0,
-                         void* stream);
+int crossEntropyShardExp(float* sums, float* targetLogits, const float* logits, const float* rowMax, const int* targets,
+                         int n, int v, int v0, void* stream);
+int crossEntropyShardLoss(float* losses, const float* sums, const float* rowMax, const float* targetLogits, int n,
+                          void* stream);
+int crossEntropyBackward(float* dlogits, const float* logits, const float* rowMax, const float* sums,
+                         const int* targets, int n, int v, float scale, int v0, void* stream);
 // The same gradient rounded to `format` as it is stored (as floatToBfloat16 / floatToHalf round
 // it): the 16-bit operand of the head's products (matmulBackward16Rounded), with no fp32 gradient
 // written and read back between.
-int crossEntropyBackward16(Float16 format, uint16_t* dlogits, const float* probs, const int* targets, int n, int v,
-                           float scale, int v0, void* stream);
+int crossEntropyBackward16(Float16 format, uint16_t* dlogits, const float* logits, const float* rowMax,
+                           const float* sums, const int* targets, int n, int v, float scale, int v0, void* stream);
 
 // As kernels::adamwStep / sgdStep.
 int adamwStep(float* param, const float* grad, float* m, float* v, size_t n, long step, const OptimizerSettings& s,

@@ -187,24 +187,24 @@ class CpuBackend final : public Backend {
                   scratch(kn::attentionBlock16ScratchFloats(blk.Tq, blk.Tk, blk.C)));
   }
 
-  float crossEntropyForward(float* probs, float* losses, const float* logits, const int* targets, int n,
+  float crossEntropyForward(float* rowMax, float* sums, float* losses, const float* logits, const int* targets, int n,
                             int v) override {
-    return kn::crossEntropyForward(probs, losses, logits, targets, n, v);
+    return kn::crossEntropyForward(rowMax, sums, losses, logits, targets, n, v);
   }
   void crossEntropyShardMax(float* rowMax, const float* logits, int n, int v) override {
     kn::crossEntropyShardMax(rowMax, logits, n, v);
   }
-  void crossEntropyShardExp(float* probs, float* sums, float* targetLogits, const float* logits, const float* rowMax,
+  void crossEntropyShardExp(float* sums, float* targetLogits, const float* logits, const float* rowMax,
                             const int* targets, int n, int v, int v0) override {
-    kn::crossEntropyShardExp(probs, sums, targetLogits, logits, rowMax, targets, n, v, v0);
+    kn::crossEntropyShardExp(sums, targetLogits, logits, rowMax, targets, n, v, v0);
   }
-  float crossEntropyShardLoss(float* probs, float* losses, const float* sums, const float* rowMax,
-                              const float* targetLogits, int n, int v) override {
-    return kn::crossEntropyShardLoss(probs, losses, sums, rowMax, targetLogits, n, v);
+  float crossEntropyShardLoss(float* losses, const float* sums, const float* rowMax, const float* targetLogits,
+                              int n) override {
+    return kn::crossEntropyShardLoss(losses, sums, rowMax, targetLogits, n);
   }
-  void crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale,
-                            int v0) override {
-    kn::crossEntropyBackward(dlogits, probs, targets, n, v, scale, v0);
+  void crossEntropyBackward(float* dlogits, const float* logits, const float* rowMax, const float* sums,
+                            const int* targets, int n, int v, float scale, int v0) override {
+    kn::crossEntropyBackward(dlogits, logits, rowMax, sums, targets, n, v, scale, v0);
   }
 
   void moeDispatch(float* buffer, const float* x, const int* row, int n, int k, int C) override {
@@ -276,11 +276,12 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-void Backend::crossEntropyHeadBackward16(kernels::Float16 format, float* dinp, float* dweight, float* probs,
-                                         const int* targets, const uint16_t* inp, const uint16_t* weight, int n, int c,
-                                         int v, float scale, int v0) {
-  crossEntropyBackward(probs, probs, targets, n, v, scale, v0);
-  matmulBackward16(format, dinp, dweight, nullptr, probs, inp, weight, n, c, v);
+void Backend::crossEntropyHeadBackward16(kernels::Float16 format, float* dinp, float* dweight, float* logits,
+                                         const float* rowMax, const float* sums, const int* targets,
+                                         const uint16_t* inp, const uint16_t* weight, int n, int c, int v, float scale,
+                                         int v0) {
+  crossEntropyBackward(logits, logits, rowMax, sums, targets, n, v, scale, v0);
+  matmulBackward16(format, dinp, dweight, nullptr, logits, inp, weight, n, c, v);
 }
 
 void Backend::profile(bool on) {

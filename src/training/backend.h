@@ -114,24 +114,26 @@ class Backend {
                                       int doutStride, const float* lse, const float* delta, int statStride, float* dq,
                                       int dqStride, float* dk, float* dv, int dkvStride) = 0;
 
-  // Softmax cross-entropy (targets in this backend's memory); the functions that end the loss
-  // return its mean (on a device: waiting for it).
-  virtual float crossEntropyForward(float* probs, float* losses, const float* logits, const int* targets, int n,
-                                    int v) = 0;
+  // Softmax cross-entropy (targets in this backend's memory; kernels/cpu/nn.h's: the forward keeps
+  // each row's maximum and exponential sum, backward recomputes the probabilities from the
+  // logits); the functions that end the loss return its mean (on a device: waiting for it).
+  virtual float crossEntropyForward(float* rowMax, float* sums, float* losses, const float* logits, const int* targets,
+                                    int n, int v) = 0;
   virtual void crossEntropyShardMax(float* rowMax, const float* logits, int n, int v) = 0;
-  virtual void crossEntropyShardExp(float* probs, float* sums, float* targetLogits, const float* logits,
-                                    const float* rowMax, const int* targets, int n, int v, int v0) = 0;
-  virtual float crossEntropyShardLoss(float* probs, float* losses, const float* sums, const float* rowMax,
-                                      const float* targetLogits, int n, int v) = 0;
-  virtual void crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale,
-                                    int v0) = 0;
+  virtual void crossEntropyShardExp(float* sums, float* targetLogits, const float* logits, const float* rowMax,
+                                    const int* targets, int n, int v, int v0) = 0;
+  virtual float crossEntropyShardLoss(float* losses, const float* sums, const float* rowMax, const float* targetLogits,
+                                      int n) = 0;
+  virtual void crossEntropyBackward(float* dlogits, const float* logits, const float* rowMax, const float* sums,
+                                    const int* targets, int n, int v, float scale, int v0) = 0;
   // The loss's gradient and the (bias-free) 16-bit head's backward from it: crossEntropyBackward of
-  // probs into probs (n x v), then matmulBackward16 with that as dout (dinp n x c, dweight v x c).
+  // logits into logits (n x v), then matmulBackward16 with that as dout (dinp n x c, dweight v x c).
   // A backend may skip the fp32 gradient (the CUDA one rounds it to 16 bits as it computes it, the
-  // operand matmulBackward16 would round it to): probs is then left as it was.
-  virtual void crossEntropyHeadBackward16(kernels::Float16 format, float* dinp, float* dweight, float* probs,
-                                          const int* targets, const uint16_t* inp, const uint16_t* weight, int n, int c,
-                                          int v, float scale, int v0);
+  // operand matmulBackward16 would round it to): logits are then left as they were.
+  virtual void crossEntropyHeadBackward16(kernels::Float16 format, float* dinp, float* dweight, float* logits,
+                                          const float* rowMax, const float* sums, const int* targets,
+                                          const uint16_t* inp, const uint16_t* weight, int n, int c, int v, float scale,
+                                          int v0);
 
   // ---- an MoE layer's rows (kernels/cpu/moe.h's; row and gate in this backend's memory) ----
   virtual void moeDispatch(float* buffer, const float* x, const int* row, int n, int k, int C) = 0;

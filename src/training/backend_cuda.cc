@@ -294,35 +294,36 @@ class CudaBackend final : public Backend {
     blockBackward(blk, bat, dout, doutStride, lse, delta, statStride, dq, dqStride, dk, dv, dkvStride);
   }
 
-  float crossEntropyForward(float* probs, float* losses, const float* logits, const int* targets, int n,
+  float crossEntropyForward(float* rowMax, float* sums, float* losses, const float* logits, const int* targets, int n,
                             int v) override {
-    done(kc::crossEntropyForward(probs, losses, logits, targets, n, v, nullptr), "crossEntropyForward");
+    done(kc::crossEntropyForward(rowMax, sums, losses, logits, targets, n, v, nullptr), "crossEntropyForward");
     return meanOf(losses, n);
   }
   void crossEntropyShardMax(float* rowMax, const float* logits, int n, int v) override {
     done(kc::crossEntropyShardMax(rowMax, logits, n, v, nullptr), "crossEntropyShardMax");
   }
-  void crossEntropyShardExp(float* probs, float* sums, float* targetLogits, const float* logits, const float* rowMax,
+  void crossEntropyShardExp(float* sums, float* targetLogits, const float* logits, const float* rowMax,
                             const int* targets, int n, int v, int v0) override {
-    done(kc::crossEntropyShardExp(probs, sums, targetLogits, logits, rowMax, targets, n, v, v0, nullptr),
+    done(kc::crossEntropyShardExp(sums, targetLogits, logits, rowMax, targets, n, v, v0, nullptr),
          "crossEntropyShardExp");
   }
-  float crossEntropyShardLoss(float* probs, float* losses, const float* sums, const float* rowMax,
-                              const float* targetLogits, int n, int v) override {
-    done(kc::crossEntropyShardLoss(probs, losses, sums, rowMax, targetLogits, n, v, nullptr), "crossEntropyShardLoss");
+  float crossEntropyShardLoss(float* losses, const float* sums, const float* rowMax, const float* targetLogits,
+                              int n) override {
+    done(kc::crossEntropyShardLoss(losses, sums, rowMax, targetLogits, n, nullptr), "crossEntropyShardLoss");
     return meanOf(losses, n);
   }
-  void crossEntropyBackward(float* dlogits, const float* probs, const int* targets, int n, int v, float scale,
-                            int v0) override {
-    done(kc::crossEntropyBackward(dlogits, probs, targets, n, v, scale, v0, nullptr), "crossEntropyBackward");
+  void crossEntropyBackward(float* dlogits, const float* logits, const float* rowMax, const float* sums,
+                            const int* targets, int n, int v, float scale, int v0) override {
+    done(kc::crossEntropyBackward(dlogits, logits, rowMax, sums, targets, n, v, scale, v0, nullptr),
+         "crossEntropyBackward");
   }
-  void crossEntropyHeadBackward16(kn::Float16 format, float* dinp, float* dweight, float* probs, const int* targets,
-                                  const uint16_t* inp, const uint16_t* weight, int n, int c, int v, float scale,
-                                  int v0) override {
+  void crossEntropyHeadBackward16(kn::Float16 format, float* dinp, float* dweight, float* logits, const float* rowMax,
+                                  const float* sums, const int* targets, const uint16_t* inp, const uint16_t* weight,
+                                  int n, int c, int v, float scale, int v0) override {
     // The gradient rounded to 16 bits as it is made, in the products' own scratch (what
     // matmulBackward16 rounds dout into): no fp32 gradient written, read and rounded after.
     auto* dlogits = scratch<uint16_t>(0, kc::matmulBackward16ScratchBytes(n, v) / sizeof(uint16_t));
-    done(kc::crossEntropyBackward16(format, dlogits, probs, targets, n, v, scale, v0, nullptr),
+    done(kc::crossEntropyBackward16(format, dlogits, logits, rowMax, sums, targets, n, v, scale, v0, nullptr),
          "crossEntropyBackward16");
     done(kc::matmulBackward16Rounded(format, dinp, dweight, dlogits, inp, weight, n, c, v, nullptr),
          "matmulBackward16Rounded");

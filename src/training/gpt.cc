@@ -414,7 +414,6 @@ Gpt::Gpt(const GptConfig& config, int batch, int seq, TensorParallel tp, std::ve
     backend_->fromHost(rowPositions_.data(), rowPositions.data(), Nl * sizeof(int));
   }
   for (const auto& span : layout_.spans()) chunks_.push_back(Chunk{span, {}});
-  if (tp_.size() > 1 && lastChunk(chunks() - 1)) make(ceStats_, 3 * N);
   make(dres_, Nl * C);
   make(dln_, N * C);
   make(datty_, N * Ct);
@@ -485,7 +484,8 @@ Gpt::Activations& Gpt::slotOf(int c, int slot) {
     make(a->lnfRstd, Nl);
     if (sequenceParallel_) (sixteen() ? make(a->lnfWholeh, N * C) : make(a->lnfWhole, N * C));
     make(a->logits, N * V);
-    make(a->probs, N * V);
+    make(a->rowMax, N);
+    make(a->expSums, (tp_.size() > 1 ? 2 : 1) * N);  // vocab-parallel: the target logits after
     make(a->losses, N);
   }
   chunk.slots.push_back(std::move(a));
@@ -524,7 +524,8 @@ size_t Gpt::Layer::bytes() const {
 size_t Gpt::Activations::bytes() const {
   size_t n = 0;
   for (const auto& r : residual) n += r.size();
-  n += lnf.size() + lnfMean.size() + lnfRstd.size() + lnfWhole.size() + logits.size() + probs.size() + losses.size();
+  n += lnf.size() + lnfMean.size() + lnfRstd.size() + lnfWhole.size() + logits.size() + rowMax.size() + expSums.size() +
+       losses.size();
   n += tokens.size() + targets.size();  // ints are as wide as floats
   size_t bytes = n * sizeof(float) + (lnfh.size() + lnfWholeh.size()) * sizeof(uint16_t);
   for (const auto& L : layers) bytes += L.bytes();
@@ -537,8 +538,7 @@ size_t Gpt::activationBytes() const {
     for (const auto& a : chunk.slots) bytes += a->bytes();
   }
   size_t floats = 0;
-  floats +=
-      ceStats_.size() + dres_.size() + dln_.size() + datty_.size() + dqkv_.size() + dfch_.size() + dfchGelu_.size();
+  floats += dres_.size() + dln_.size() + datty_.size() + dqkv_.size() + dfch_.size() + dfchGelu_.size();
   floats += wholeRows_.size() + dlnRows_.size() + lnGrad_.size();
   floats += recomputeOut_.size() + work_.size() + outWork_.size();
   bytes += recomputed_.bytes() + attScratch_.size() + backend_->scratchBytes() +
@@ -737,18 +737,19 @@ float Gpt::forwardChunk(int c, int slot, const int* tokens, const float* input, 
   a.haveTargets = targets != nullptr;
   if (!a.haveTargets) return 0.0f;
   backend_->fromHost(a.targets.data(), targets, a.targets.size() * sizeof(int));
-  if (!split)
-    return backend_->crossEntropyForward(a.probs.data(), a.losses.data(), a.logits.data(), a.targets.data(), N, Vt);
+  if (!split) {
+    return backend_->crossEntropyForward(a.rowMax.data(), a.expSums.data(), a.losses.data(), a.logits.data(),
+                                         a.targets.data(), N, Vt);
+  }
   // Vocab-parallel cross-entropy: the row maxima, then the exponential sums and target logits,
   // reduced over the ranks between the passes.
-  std::span<float> rowMax(ceStats_.data(), N), sumsAndTargets(ceStats_.data() + N, 2 * static_cast<size_t>(N));
-  backend_->crossEntropyShardMax(rowMax.data(), a.logits.data(), N, Vt);
-  tpSum(rowMax, ReduceOp::kMax);
-  backend_->crossEntropyShardExp(a.probs.data(), sumsAndTargets.data(), sumsAndTargets.data() + N, a.logits.data(),
-                                 rowMax.data(), a.targets.data(), N, Vt, v0);
-  tpSum(sumsAndTargets);
-  return backend_->crossEntropyShardLoss(a.probs.data(), a.losses.data(), sumsAndTargets.data(), rowMax.data(),
-                                         sumsAndTargets.data() + N, N, Vt);
+  backend_->crossEntropyShardMax(a.rowMax.data(), a.logits.data(), N, Vt);
+  tpSum(a.rowMax, ReduceOp::kMax);
+  float* targetLogits = a.expSums.data() + N;
+  backend_->crossEntropyShardExp(a.expSums.data(), targetLogits, a.logits.data(), a.rowMax.data(), a.targets.data(), N,
+                                 Vt, v0);
+  tpSum(a.expSums);
+  return backend_->crossEntropyShardLoss(a.losses.data(), a.expSums.data(), a.rowMax.data(), targetLogits, N);
 }
 
 void Gpt::MoeSummary::add(const MoeActivations& block, double weightedLoss) {
@@ -917,8 +918,9 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
   };
 
   if (last) {
-    // The loss and the head: dlogits from probs (in place, or in 16-bit compute straight into the
-    // head's 16-bit operand where the backend can), then dlnf (into dln_) and dwte. With tp, each
+    // The loss and the head: dlogits from the logits and the forward's row statistics (in place,
+    // or in 16-bit compute straight into the head's 16-bit operand where the backend can), then
+    // dlnf (into dln_) and dwte. With tp, each
     // rank's vocabulary columns give a part of dlnf: summed over the ranks.
     const float scale = lossScale / static_cast<float>(N);
     const int head = layout_.headUnit();
@@ -926,14 +928,15 @@ void Gpt::backwardChunk(int c, int slot, const float* doutput, UnitAccess& acces
     zero(dln_);
     const Operand lnfRows = sequenceParallel_ ? keptOperand(a.lnfWhole, a.lnfWholeh) : keptOperand(a.lnf, a.lnfh);
     if (sixteen()) {
-      backend_->crossEntropyHeadBackward16(format_, dln_.data(), access.gradients(head), a.probs.data(),
-                                           a.targets.data(), lnfRows.h, castWeights(wte, static_cast<size_t>(Vt) * C),
-                                           N, C, Vt, scale, v0);
+      backend_->crossEntropyHeadBackward16(format_, dln_.data(), access.gradients(head), a.logits.data(),
+                                           a.rowMax.data(), a.expSums.data(), a.targets.data(), lnfRows.h,
+                                           castWeights(wte, static_cast<size_t>(Vt) * C), N, C, Vt, scale, v0);
     } else {
-      backend_->crossEntropyBackward(a.probs.data(), a.probs.data(), a.targets.data(), N, Vt, scale, v0);
-      linearBackward(dln_.data(), access.gradients(head), nullptr, a.probs.data(), lnfRows, wte, nullptr, N, C, Vt);
+      backend_->crossEntropyBackward(a.logits.data(), a.logits.data(), a.rowMax.data(), a.expSums.data(),
+                                     a.targets.data(), N, Vt, scale, v0);
+      linearBackward(dln_.data(), access.gradients(head), nullptr, a.logits.data(), lnfRows, wte, nullptr, N, C, Vt);
     }
-    a.haveTargets = false;  // probs may hold the gradient now: a second backward needs a new forward
+    a.haveTargets = false;  // logits may hold the gradient now: a second backward needs a new forward
     access.release(head, Pass::kBackward);
     if (head != layout_.embeddingUnit()) access.gradientsDone(head);
     sumRows(dln_.data(), dlnRows);

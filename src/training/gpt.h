@@ -358,9 +358,12 @@ class Gpt {
     std::vector<Buffer<float>> residual;  // blocks + 1 of (rows, C): each block's input and the last output
     std::vector<Layer> layers;
     // Last chunk: the final layernorm (and with sequence parallelism its gathered rows, kept for
-    // backward's weight gradient), logits, probabilities (then their gradient) and losses.
+    // backward's weight gradient), logits (in fp32 compute then their gradient), each row's
+    // largest logit and exponential sum (backward recomputes the probabilities from them; with a
+    // vocab-parallel head expSums also holds each row's target logit after the sums, the two
+    // summed over the ranks at once) and losses.
     // In 16-bit compute the head's input is kept as lnfh and lnfWholeh instead of lnf and lnfWhole.
-    Buffer<float> lnf, lnfMean, lnfRstd, lnfWhole, logits, probs, losses;
+    Buffer<float> lnf, lnfMean, lnfRstd, lnfWhole, logits, rowMax, expSums, losses;
     Buffer<uint16_t> lnfh, lnfWholeh;
     bool haveTargets = false;
     MoeSummary moe;
@@ -479,7 +482,6 @@ class Gpt {
   // the next is made); this rank's rows of an input gradient; and a layernorm's partial weight and
   // bias gradients.
   Buffer<float> wholeRows_, dlnRows_, lnGrad_;
-  Buffer<float> ceStats_;  // vocab-parallel cross-entropy: per row max, then exp sum and target logit
   // Backward scratch, reused by every block.
   Buffer<float> dres_, dln_, datty_, dqkv_, dfch_, dfchGelu_;
 };

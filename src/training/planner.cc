@@ -488,9 +488,9 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
     }
 
     // Activations: each chunk's blocks for each micro-batch in flight, its output, the first chunk's
-    // tokens, the last chunk's head (the final norm, the gathered rows with sp, logits and
-    // probabilities in fp32, the losses); once per rank, backward's buffers for one block and
-    // attention's scratch (and full recompute's block).
+    // tokens, the last chunk's head (the final norm, the gathered rows with sp, the logits in fp32,
+    // each row's maximum and exponential sum (and target logit with tp), the losses); once per
+    // rank, backward's buffers for one block and attention's scratch (and full recompute's block).
     double activations = 0;
     for (size_t c = 0; c < stage.chunks.size(); ++c) {
       const LayerSpan span = stage.chunks[c];
@@ -498,8 +498,8 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
       double slot = (span.layers() - moeInSpan) * layer.total() + moeInSpan * moeLayer.total() + rowsBytes * rowsShare;
       if (span.begin == 0) slot += 4.0 * N;
       if (span.end == model.layers) {
-        slot += 4.0 * N + linearRows * rowsShare + 8.0 * N * rowsShare + (sp ? linearRows : 0.0) + 2.0 * 4.0 * N * Vt +
-                4.0 * N;
+        slot += 4.0 * N + linearRows * rowsShare + 8.0 * N * rowsShare + (sp ? linearRows : 0.0) + 4.0 * N * Vt +
+                4.0 * N * (t > 1 ? 3 : 2) + 4.0 * N;
       }
       activations += stage.inFlight[c] * slot;
     }
@@ -520,7 +520,6 @@ Plan makePlan(const ModelShape& model, const PlanLayout& layout, const Machine& 
       workspace += (2.0 * precision.linear + 2.0 * 4.0) * N * 2.0 * kvd + 4.0 * (2.0 * b * heads * s + blockScratch);
     }
     if (sp) workspace += e * (N * h + N * h / t) + 4.0 * 2.0 * h;
-    if (l.tp > 1 && last) workspace += 4.0 * 3.0 * N;
     if (l.recompute == Recompute::kFull) workspace += (whole.total() - e * N * h * rowsShare) + rowsBytes * rowsShare;
     if (precision.compute != "fp32") {
       // 16-bit compute's buffers: fp32 scratch for the layernorms', attention's and GELU's outputs

@@ -237,71 +237,76 @@ TEST(CudaNnTest, CrossEntropyWholeAndVocabParallel) {
   std::fill_n(logits.begin() + V, 8, -std::numeric_limits<float>::infinity());
   auto targets = randomTokens(n, V, 23);
   targets[1] = V / 2;  // a target not masked
-  std::vector<float> probs(logits.size()), losses(n), dlogits(logits.size());
-  crossEntropyForward(probs.data(), losses.data(), logits.data(), targets.data(), n, V);
-  crossEntropyBackward(dlogits.data(), probs.data(), targets.data(), n, V, 1.0f / n);
-  DeviceBuffer<float> dLogits(logits), dProbs(logits.size()), dLosses(n), dD(logits.size());
+  std::vector<float> rowMax(n), sums(n), losses(n), dlogits(logits.size());
+  crossEntropyForward(rowMax.data(), sums.data(), losses.data(), logits.data(), targets.data(), n, V);
+  crossEntropyBackward(dlogits.data(), logits.data(), rowMax.data(), sums.data(), targets.data(), n, V, 1.0f / n);
+  DeviceBuffer<float> dLogits(logits), dRowMax(n), dSums(n), dLosses(n), dD(logits.size());
   DeviceBuffer<int> dTargets(targets);
-  CUDA_OK(cuda::crossEntropyForward(dProbs.data, dLosses.data, dLogits.data, dTargets.data, n, V, nullptr));
-  CUDA_OK(cuda::crossEntropyBackward(dD.data, dProbs.data, dTargets.data, n, V, 1.0f / n, 0, nullptr));
-  sync();
-  expectNear(dProbs.read(), probs, 1e-5, "probabilities");
-  expectNear(dLosses.read(), losses, 1e-5, "losses");
-  expectNear(dD.read(), dlogits, 1e-5, "dlogits");
-  // Probabilities and gradients a float out of step with the logits' alignment (a float at a time).
-  DeviceBuffer<float> dProbsShifted(logits.size() + 1), dDShifted(logits.size() + 1);
-  CUDA_OK(cuda::crossEntropyForward(dProbsShifted.data + 1, dLosses.data, dLogits.data, dTargets.data, n, V, nullptr));
-  CUDA_OK(cuda::crossEntropyBackward(dDShifted.data + 1, dProbsShifted.data + 1, dTargets.data, n, V, 1.0f / n, 0,
+  CUDA_OK(
+      cuda::crossEntropyForward(dRowMax.data, dSums.data, dLosses.data, dLogits.data, dTargets.data, n, V, nullptr));
+  CUDA_OK(cuda::crossEntropyBackward(dD.data, dLogits.data, dRowMax.data, dSums.data, dTargets.data, n, V, 1.0f / n, 0,
                                      nullptr));
   sync();
-  auto shiftedProbs = dProbsShifted.read(), shiftedD = dDShifted.read();
-  expectNear({shiftedProbs.begin() + 1, shiftedProbs.end()}, probs, 1e-5, "probabilities out of step");
-  expectNear(dLosses.read(), losses, 1e-5, "losses, probabilities out of step");
-  expectNear({shiftedD.begin() + 1, shiftedD.end()}, dlogits, 1e-5, "dlogits out of step");
+  EXPECT_EQ(dRowMax.read(), rowMax) << "row maxima";
+  expectNear(dSums.read(), sums, 1e-5, "exponential sums");
+  expectNear(dLosses.read(), losses, 1e-5, "losses");
+  expectNear(dD.read(), dlogits, 1e-5, "dlogits");
+  // Gradients a float out of step with the logits' alignment (a float at a time), and in place of
+  // the logits (as fp32 training takes them): the same values.
+  DeviceBuffer<float> dDShifted(logits.size() + 1);
+  CUDA_OK(cuda::crossEntropyBackward(dDShifted.data + 1, dLogits.data, dRowMax.data, dSums.data, dTargets.data, n, V,
+                                     1.0f / n, 0, nullptr));
+  CUDA_OK(cuda::crossEntropyBackward(dLogits.data, dLogits.data, dRowMax.data, dSums.data, dTargets.data, n, V,
+                                     1.0f / n, 0, nullptr));
+  sync();
+  const auto wanted = dD.read(), shiftedD = dDShifted.read();
+  EXPECT_EQ(std::vector<float>(shiftedD.begin() + 1, shiftedD.end()), wanted) << "dlogits out of step";
+  EXPECT_EQ(dLogits.read(), wanted) << "dlogits in place of the logits";
 
   // Two vocabulary shards [0, split) and [split, V): the per-row values combined on the host as the
-  // ranks' all-reduces would, then each shard's loss pass; the losses are the whole ones.
+  // ranks' all-reduces would, then the loss pass and each shard's gradient: the whole ones.
   const int widths[2] = {split, V - split};
-  std::vector<std::vector<float>> shardLogits(2), shardProbs(2);
+  std::vector<std::vector<float>> shardLogits(2);
   for (int s = 0; s < 2; ++s) {
     for (int r = 0; r < n; ++r) {
       const float* row = logits.data() + static_cast<size_t>(r) * V + (s == 0 ? 0 : split);
       shardLogits[s].insert(shardLogits[s].end(), row, row + widths[s]);
     }
   }
-  std::vector<float> rowMax(n, -std::numeric_limits<float>::infinity()), sums(n, 0.0f), targetLogits(n, 0.0f);
-  DeviceBuffer<float> dShard0(shardLogits[0]), dShard1(shardLogits[1]), dP0(shardLogits[0].size()),
-      dP1(shardLogits[1].size()), dPart(n), dTargetPart(n);
+  std::vector<float> shardMax(n, -std::numeric_limits<float>::infinity()), shardSums(n, 0.0f), targetLogits(n, 0.0f);
+  DeviceBuffer<float> dShard0(shardLogits[0]), dShard1(shardLogits[1]), dPart(n), dTargetPart(n);
   DeviceBuffer<float>* dShards[2] = {&dShard0, &dShard1};
-  DeviceBuffer<float>* dPs[2] = {&dP0, &dP1};
   for (int s = 0; s < 2; ++s) {
     CUDA_OK(cuda::crossEntropyShardMax(dPart.data, dShards[s]->data, n, widths[s], nullptr));
     sync();
     const auto maxes = dPart.read();
-    for (int r = 0; r < n; ++r) rowMax[r] = std::max(rowMax[r], maxes[r]);
+    for (int r = 0; r < n; ++r) shardMax[r] = std::max(shardMax[r], maxes[r]);
   }
-  DeviceBuffer<float> dRowMax(rowMax);
+  DeviceBuffer<float> dShardMax(shardMax);
   for (int s = 0; s < 2; ++s) {
-    CUDA_OK(cuda::crossEntropyShardExp(dPs[s]->data, dPart.data, dTargetPart.data, dShards[s]->data, dRowMax.data,
-                                       dTargets.data, n, widths[s], s == 0 ? 0 : split, nullptr));
+    CUDA_OK(cuda::crossEntropyShardExp(dPart.data, dTargetPart.data, dShards[s]->data, dShardMax.data, dTargets.data, n,
+                                       widths[s], s == 0 ? 0 : split, nullptr));
     sync();
     const auto part = dPart.read(), target = dTargetPart.read();
     for (int r = 0; r < n; ++r) {
-      sums[r] += part[r];
+      shardSums[r] += part[r];
       targetLogits[r] += target[r];
     }
   }
-  DeviceBuffer<float> dSums(sums), dTarget(targetLogits), dShardLosses(n);
-  CUDA_OK(cuda::crossEntropyShardLoss(dP1.data, dShardLosses.data, dSums.data, dRowMax.data, dTarget.data, n, widths[1],
-                                      nullptr));
+  DeviceBuffer<float> dShardSums(shardSums), dTarget(targetLogits), dShardLosses(n);
+  CUDA_OK(cuda::crossEntropyShardLoss(dShardLosses.data, dShardSums.data, dShardMax.data, dTarget.data, n, nullptr));
   sync();
   expectNear(dShardLosses.read(), losses, 1e-5, "vocab-parallel losses");
+  DeviceBuffer<float> dShardD(shardLogits[1].size());
+  CUDA_OK(cuda::crossEntropyBackward(dShardD.data, dShard1.data, dShardMax.data, dShardSums.data, dTargets.data, n,
+                                     widths[1], 1.0f / n, split, nullptr));
+  sync();
   std::vector<float> tail;
   for (int r = 0; r < n; ++r) {
-    const float* row = probs.data() + static_cast<size_t>(r) * V + split;
+    const float* row = dlogits.data() + static_cast<size_t>(r) * V + split;
     tail.insert(tail.end(), row, row + widths[1]);
   }
-  expectNear(dP1.read(), tail, 1e-5, "vocab-parallel probabilities of the second shard");
+  expectNear(dShardD.read(), tail, 1e-5, "vocab-parallel gradient of the second shard");
 
   DeviceBuffer<double> sumScratch(cuda::sumScratchDoubles());
   DeviceBuffer<float> mean(1);
@@ -320,24 +325,27 @@ TEST(CudaNnTest, LossGradientIn16BitsIsTheRoundedOneAndFeedsTheHeadAsMatmulBackw
   const int n = 37, V = 1001, c = 24;
   const auto logits = randomVector(static_cast<size_t>(n) * V, 31, 4.0f);
   const auto targets = randomTokens(n, V, 32);
-  DeviceBuffer<float> dLogits(logits), dProbs(logits.size()), dLosses(n), dD(logits.size());
+  DeviceBuffer<float> dLogits(logits), dRowMax(n), dSums(n), dLosses(n), dD(logits.size());
   DeviceBuffer<int> dTargets(targets);
-  CUDA_OK(cuda::crossEntropyForward(dProbs.data, dLosses.data, dLogits.data, dTargets.data, n, V, nullptr));
+  CUDA_OK(
+      cuda::crossEntropyForward(dRowMax.data, dSums.data, dLosses.data, dLogits.data, dTargets.data, n, V, nullptr));
   for (const Float16 format : {Float16::kBf16, Float16::kFp16}) {
     for (const int v0 : {0, 400}) {  // 400: the shard of columns [400, 1401), some targets outside it
       SCOPED_TRACE(::testing::Message() << float16Name(format) << ", first column " << v0);
       const float scale = 3.0f / n;
-      CUDA_OK(cuda::crossEntropyBackward(dD.data, dProbs.data, dTargets.data, n, V, scale, v0, nullptr));
+      CUDA_OK(cuda::crossEntropyBackward(dD.data, dLogits.data, dRowMax.data, dSums.data, dTargets.data, n, V, scale,
+                                         v0, nullptr));
       DeviceBuffer<uint16_t> d16(logits.size() + 1);
-      CUDA_OK(cuda::crossEntropyBackward16(format, d16.data, dProbs.data, dTargets.data, n, V, scale, v0, nullptr));
+      CUDA_OK(cuda::crossEntropyBackward16(format, d16.data, dLogits.data, dRowMax.data, dSums.data, dTargets.data, n,
+                                           V, scale, v0, nullptr));
       sync();
       const auto gradient = dD.read();
       std::vector<uint16_t> rounded(gradient.size());
       toFloat16(format, gradient.data(), rounded.data(), gradient.size());
       EXPECT_EQ(d16.read(gradient.size()), rounded) << "the gradient rounded as it is made";
       DeviceBuffer<uint16_t> d16Shifted(logits.size() + 1);
-      CUDA_OK(cuda::crossEntropyBackward16(format, d16Shifted.data + 1, dProbs.data, dTargets.data, n, V, scale, v0,
-                                           nullptr));
+      CUDA_OK(cuda::crossEntropyBackward16(format, d16Shifted.data + 1, dLogits.data, dRowMax.data, dSums.data,
+                                           dTargets.data, n, V, scale, v0, nullptr));
       sync();
       const auto shifted = d16Shifted.read();
       EXPECT_EQ(std::vector<uint16_t>(shifted.begin() + 1, shifted.end()), rounded) << "a half out of step";

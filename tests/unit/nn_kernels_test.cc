@@ -558,16 +558,24 @@ TEST(NnKernelsTest, CrossEntropyForwardAndBackward) {
   auto logits = randomFloats(n * v, 15, 3.0f);
   logits[2 * v + 4] = 80.0f;  // one row where every other probability underflows
   const std::vector<int> targets = {3, 10, 0};
-  std::vector<float> probs(n * v), losses(n);
-  const float mean = crossEntropyForward(probs.data(), losses.data(), logits.data(), targets.data(), n, v);
+  std::vector<float> rowMax(n), sums(n), losses(n);
+  const float mean =
+      crossEntropyForward(rowMax.data(), sums.data(), losses.data(), logits.data(), targets.data(), n, v);
   const Vec L = asDoubles(logits);
   const Vec expect = crossEntropyRef(L, targets, n, v);
   EXPECT_LT(relativeError(losses, expect), 1e-6);
   EXPECT_NEAR(mean, (expect[0] + expect[1] + expect[2]) / 3, 1e-5);
   EXPECT_GT(losses[2], 70.0f) << "the loss of an underflowed target stays finite and large";
+  for (int row = 0; row < n; ++row) {  // the statistics backward recomputes the probabilities from
+    double most = L[row * v], sum = 0.0;
+    for (int j = 0; j < v; ++j) most = std::max(most, L[row * v + j]);
+    for (int j = 0; j < v; ++j) sum += std::exp(L[row * v + j] - most);
+    EXPECT_EQ(rowMax[row], static_cast<float>(most)) << row;
+    EXPECT_NEAR(sums[row], sum, 1e-6 * sum) << row;
+  }
 
-  std::vector<float> dlogits = probs;  // in place, as the model does
-  crossEntropyBackward(dlogits.data(), dlogits.data(), targets.data(), n, v, 1.0f / n);
+  std::vector<float> dlogits = logits;  // in place, as the model does
+  crossEntropyBackward(dlogits.data(), dlogits.data(), rowMax.data(), sums.data(), targets.data(), n, v, 1.0f / n);
   const Vec w(n, 1.0 / n);
   EXPECT_LT(
       relativeError(dlogits, numericGradient(L, w, [&](const Vec& x) { return crossEntropyRef(x, targets, n, v); })),
@@ -607,17 +615,19 @@ TEST(NnKernelsTest, VocabParallelCrossEntropyFromColumnShardsEqualsTheWhole) {
   const int n = 3, v = 11, cut = 5;
   auto logits = randomFloats(n * v, 17, 3.0f);
   const std::vector<int> targets = {3, 10, 5};
-  std::vector<float> probs(n * v), losses(n);
-  const float mean = crossEntropyForward(probs.data(), losses.data(), logits.data(), targets.data(), n, v);
-  crossEntropyBackward(probs.data(), probs.data(), targets.data(), n, v, 1.0f / n);
+  std::vector<float> wholeMax(n), wholeSums(n), losses(n), dlogits(n * v);
+  const float mean =
+      crossEntropyForward(wholeMax.data(), wholeSums.data(), losses.data(), logits.data(), targets.data(), n, v);
+  crossEntropyBackward(dlogits.data(), logits.data(), wholeMax.data(), wholeSums.data(), targets.data(), n, v,
+                       1.0f / n);
   const int begins[2] = {0, cut}, widths[2] = {cut, v - cut};
-  std::vector<float> shard[2], shardProbs[2], maxes[2], sums[2], targetLogits[2];
+  std::vector<float> shard[2], shardGrads[2], maxes[2], sums[2], targetLogits[2];
   for (int s = 0; s < 2; ++s) {
     for (int row = 0; row < n; ++row) {
       shard[s].insert(shard[s].end(), logits.begin() + row * v + begins[s],
                       logits.begin() + row * v + begins[s] + widths[s]);
     }
-    shardProbs[s].resize(shard[s].size());
+    shardGrads[s].resize(shard[s].size());
     maxes[s].resize(n);
     sums[s].resize(n);
     targetLogits[s].resize(n);
@@ -626,8 +636,8 @@ TEST(NnKernelsTest, VocabParallelCrossEntropyFromColumnShardsEqualsTheWhole) {
   std::vector<float> rowMax(n), rowSum(n, 0.0f), rowTarget(n, 0.0f);
   for (int row = 0; row < n; ++row) rowMax[row] = std::max(maxes[0][row], maxes[1][row]);
   for (int s = 0; s < 2; ++s) {
-    crossEntropyShardExp(shardProbs[s].data(), sums[s].data(), targetLogits[s].data(), shard[s].data(), rowMax.data(),
-                         targets.data(), n, widths[s], begins[s]);
+    crossEntropyShardExp(sums[s].data(), targetLogits[s].data(), shard[s].data(), rowMax.data(), targets.data(), n,
+                         widths[s], begins[s]);
   }
   for (int row = 0; row < n; ++row) {
     rowSum[row] = sums[0][row] + sums[1][row];
@@ -636,14 +646,15 @@ TEST(NnKernelsTest, VocabParallelCrossEntropyFromColumnShardsEqualsTheWhole) {
   }
   for (int s = 0; s < 2; ++s) {
     std::vector<float> shardLosses(n);
-    const float shardMean = crossEntropyShardLoss(shardProbs[s].data(), shardLosses.data(), rowSum.data(),
-                                                  rowMax.data(), rowTarget.data(), n, widths[s]);
+    const float shardMean =
+        crossEntropyShardLoss(shardLosses.data(), rowSum.data(), rowMax.data(), rowTarget.data(), n);
     EXPECT_NEAR(shardMean, mean, 1e-6f);
     for (int row = 0; row < n; ++row) EXPECT_NEAR(shardLosses[row], losses[row], 1e-5f);
-    crossEntropyBackward(shardProbs[s].data(), shardProbs[s].data(), targets.data(), n, widths[s], 1.0f / n, begins[s]);
+    crossEntropyBackward(shardGrads[s].data(), shard[s].data(), rowMax.data(), rowSum.data(), targets.data(), n,
+                         widths[s], 1.0f / n, begins[s]);
     for (int row = 0; row < n; ++row) {
       for (int j = 0; j < widths[s]; ++j) {
-        EXPECT_NEAR(shardProbs[s][row * widths[s] + j], probs[row * v + begins[s] + j], 1e-6f)
+        EXPECT_NEAR(shardGrads[s][row * widths[s] + j], dlogits[row * v + begins[s] + j], 1e-6f)
             << "row " << row << " column " << begins[s] + j;
       }
     }
