@@ -122,6 +122,10 @@ template <>
 inline __device__ __half roundTo<__half>(float x) {
   return __float2half_rn(x);
 }
+template <>
+inline __device__ float roundTo<float>(float x) {
+  return x;
+}
 template <typename T>
 __device__ T toElement(T x) {
   return x;
@@ -178,10 +182,10 @@ __device__ void loadTile(T* tile, int pitch, const Source* base, int b, size_t b
   }
 }
 
-// As loadTile from a 16-bit source, by asynchronous copies (copy_async.cuh) where the rows start
-// 16-byte aligned: they land by this thread's next waitCopies, and the block sees them after a
-// barrier past it. Rows past `rows` are zeroed by plain stores, and unaligned rows go as loadTile
-// takes them (both seen after that barrier too).
+// As loadTile from a source of the tile's own type (16-bit, or fp32 to stage), by asynchronous
+// copies (copy_async.cuh) where the rows start 16-byte aligned: they land by this thread's next
+// waitCopies, and the block sees them after a barrier past it. Rows past `rows` are zeroed by
+// plain stores, and unaligned rows go as loadTile takes them (both seen after that barrier too).
 template <typename T>
 __device__ void copyTile(T* tile, int pitch, const T* base, int b, size_t batchRows, int first, int count, int rows,
                          int stride, int hs) {
@@ -198,6 +202,22 @@ __device__ void copyTile(T* tile, int pitch, const T* base, int b, size_t batchR
     } else {
       *reinterpret_cast<uint4*>(tile + r * pitch + c) = uint4{0, 0, 0, 0};
     }
+  }
+}
+
+// count rows of hs fp32 values (staged, rows `stagedPitch` apart) rounded to T into tile, four a
+// thread at a time.
+template <typename T>
+__device__ void roundTile(T* tile, int pitch, const float* staged, int stagedPitch, int count, int hs) {
+  const int quads = hs / 4;
+  for (int at = threadIdx.x; at < count * quads; at += blockDim.x) {
+    const int r = at / quads, c = (at % quads) * 4;
+    const float4 x = *reinterpret_cast<const float4*>(staged + r * stagedPitch + c);
+    T* to = tile + r * pitch + c;
+    to[0] = roundTo<T>(x.x);
+    to[1] = roundTo<T>(x.y);
+    to[2] = roundTo<T>(x.z);
+    to[3] = roundTo<T>(x.w);
   }
 }
 
@@ -274,6 +294,8 @@ __device__ void addProduct(float (&acc)[kHeadPieces][4], const float (&s)[kPiece
 // that many anyway and a fourth block keeps more warps to hide the next tile's loads under; none
 // for wider heads, whose accumulators would spill.
 __host__ __device__ constexpr int fourBlocksUpTo64(int hs) { return hs <= 64 ? 4 : 1; }
+// The dk/dv kernel's (its two accumulators take more registers): three blocks, at most 168 registers.
+__host__ __device__ constexpr int threeBlocksUpTo64(int hs) { return hs <= 64 ? 3 : 1; }
 
 // Shared memory of each kernel, by head size (the host sizes the launch with the same carve).
 // The 16-bit pointers are of any 16-bit T: the kernels cast them.
@@ -496,13 +518,14 @@ __global__ void __launch_bounds__(kTcWarps* kWarp, fourBlocksUpTo64(HS))
 }
 
 // Backward, dk and dv: per block of keys, the queries a tile at a time (transposed: a warp's key
-// rows against the tile's queries). Every per-tile buffer is doubled: q's tile i + 1 is copied
-// asynchronously as tile i's products start (as the forward's keys), and dO's (rounded from fp32
-// on the way, so through registers), lse's and delta's tile i are stored before the barrier that
-// shows tile i, into the buffers tile i - 2 used.
+// rows against the tile's queries). Tile i + 1's q (double-buffered) and fp32 dO (staged as it
+// is, hs floats a row) are copied asynchronously as tile i's products start; at the top of tile
+// i + 1, past the barrier that shows its copies and ends every warp's products of tile i, the
+// block rounds the staged dO into its 16-bit tile and stores lse and delta, and a second barrier
+// shows those before the products (and frees the staging for the next copies).
 struct TcKeyMemory {
-  __nv_bfloat16 *k, *v, *q[2], *dout[2];
-  float *lse[2], *delta[2];
+  __nv_bfloat16 *k, *v, *q[2], *dout;
+  float *staged, *lse, *delta;
   size_t bytes;
   __host__ __device__ static TcKeyMemory carve(unsigned char* base, int hs) {
     const int queries = backwardTile(hs);
@@ -510,26 +533,25 @@ struct TcKeyMemory {
     Carve c;
     m.k = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(hs));
     m.v = c.take<__nv_bfloat16>(base, static_cast<size_t>(kTcRows) * halfPitch(hs));
-    for (int i = 0; i < 2; ++i) {
-      m.q[i] = c.take<__nv_bfloat16>(base, static_cast<size_t>(queries) * halfPitch(hs));
-      m.dout[i] = c.take<__nv_bfloat16>(base, static_cast<size_t>(queries) * halfPitch(hs));
-      m.lse[i] = c.take<float>(base, queries);
-      m.delta[i] = c.take<float>(base, queries);
-    }
+    for (int i = 0; i < 2; ++i) m.q[i] = c.take<__nv_bfloat16>(base, static_cast<size_t>(queries) * halfPitch(hs));
+    m.dout = c.take<__nv_bfloat16>(base, static_cast<size_t>(queries) * halfPitch(hs));
+    m.staged = c.take<float>(base, static_cast<size_t>(queries) * hs);
+    m.lse = c.take<float>(base, queries);
+    m.delta = c.take<float>(base, queries);
     m.bytes = c.used;
     return m;
   }
 };
 
 template <typename T, int HS>
-__global__ void __launch_bounds__(kTcWarps* kWarp)
+__global__ void __launch_bounds__(kTcWarps* kWarp, threeBlocksUpTo64(HS))
     backwardKeyTcKernel(Pair<uint16_t> p, const float* dout, int doutStride, const float* lse, const float* delta,
                         float* dk, float* dv, int dkvStride) {
   constexpr int kQueries = backwardTile(HS), kHeadPieces = HS / 8, kQueryPieces = kQueries / 8;
   constexpr int ldh = halfPitch(HS);
   CHORUS_DYNAMIC_SHARED(shared);
   const TcKeyMemory m = TcKeyMemory::carve(shared, HS);
-  T *ks = reinterpret_cast<T*>(m.k), *vs = reinterpret_cast<T*>(m.v);
+  T *ks = reinterpret_cast<T*>(m.k), *vs = reinterpret_cast<T*>(m.v), *gs = reinterpret_cast<T*>(m.dout);
   const int h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int g = lane >> 2, t = lane & 3;
   const int firstKey = blockIdx.x * kTcRows, mine = warp * 16, warpFirst = firstKey + mine;
@@ -544,20 +566,20 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
   const size_t statBase = b * p.batchStat + static_cast<size_t>(h) * p.statStride;
   auto copyQueries = [&](int tile, int first) {
     copyTile(reinterpret_cast<T*>(both(m.q, tile)), ldh, q, b, p.qRows, first, kQueries, p.Tq, p.qStride, HS);
+    copyTile(m.staged, HS, dout + h * HS, b, p.qRows, first, kQueries, p.Tq, doutStride, HS);
     commitCopies();
   };
   if (queryBegin < p.Tq) copyQueries(0, queryBegin);
   for (int tile = 0, first = queryBegin; first < p.Tq; ++tile, first += kQueries) {
     const T* qs = reinterpret_cast<const T*>(both(m.q, tile));
-    T* gs = reinterpret_cast<T*>(both(m.dout, tile));
-    float *tileLse = both(m.lse, tile), *tileDelta = both(m.delta, tile);
-    loadTile(gs, ldh, dout + h * HS, b, p.qRows, first, kQueries, p.Tq, doutStride, HS);
-    for (int j = threadIdx.x; j < kQueries; j += blockDim.x) {
-      tileLse[j] = first + j < p.Tq ? lse[statBase + first + j] * kLog2e : 0.0f;  // base 2
-      tileDelta[j] = first + j < p.Tq ? delta[statBase + first + j] : 0.0f;
-    }
     waitCopies<0>();
-    __syncthreads();  // this tile seen by every warp, and every warp done with the last
+    __syncthreads();  // this tile's copies seen by every warp, and every warp done with the last tile
+    roundTile(gs, ldh, m.staged, HS, kQueries, HS);
+    for (int j = threadIdx.x; j < kQueries; j += blockDim.x) {
+      m.lse[j] = first + j < p.Tq ? lse[statBase + first + j] * kLog2e : 0.0f;  // base 2
+      m.delta[j] = first + j < p.Tq ? delta[statBase + first + j] : 0.0f;
+    }
+    __syncthreads();  // dO, lse and delta seen; the staging free
     if (first + kQueries < p.Tq) copyQueries(tile + 1, first + kQueries);
     // On the diagonal, queries before the warp's first key attend none of its keys: pieces of
     // them are skipped (their probabilities stay 0).
@@ -574,8 +596,8 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
     for (int n = 0; n < kQueryPieces; ++n) {
       for (int e = 0; e < 4; ++e) {
         const int c = n * 8 + 2 * t + e % 2;
-        s[n][e] = exp2f(s[n][e] * scale2 - tileLse[c]);
-        dp[n][e] = s[n][e] * (dp[n][e] - tileDelta[c]) * p.scale;
+        s[n][e] = exp2f(s[n][e] * scale2 - m.lse[c]);
+        dp[n][e] = s[n][e] * (dp[n][e] - m.delta[c]) * p.scale;
       }
     }
     if (p.anyOff(first, kQueries, warpFirst, 16)) {

@@ -258,14 +258,21 @@ inline void switchToNext(Launch& l, Context* from, bool leaving) {
 // The order in which the threads of a block or warp run from one barrier to the next: first to
 // last, or last to first where CHORUS_EMULATION_ORDER=reverse. Code that reads what another thread
 // writes without a barrier between (a race on a GPU) reads it in one of the two orders only, so a
-// test that passes both ways does not depend on such a read.
-inline bool reversed() {
-  static const bool reverse = [] {
-    const char* order = std::getenv("CHORUS_EMULATION_ORDER");
-    return order != nullptr && std::strcmp(order, "reverse") == 0;
+// test that passes both ways does not depend on such a read. Either way the warps go about in step
+// (a warp that passes a warp barrier, as every shuffle and tensor-core product is, waits for the
+// others' turns); with CHORUS_EMULATION_ORDER=ahead a warp released from a warp barrier runs on at
+// once, so each warp runs to the block's next barrier before the next warp starts: a warp that
+// reads shared memory another warp writes after the same barrier (a missing __syncthreads) reads
+// it before it is written.
+inline const char* emulationOrder() {
+  static const char* order = [] {
+    const char* o = std::getenv("CHORUS_EMULATION_ORDER");
+    return o != nullptr ? o : "";
   }();
-  return reverse;
+  return order;
 }
+inline bool reversed() { return std::strcmp(emulationOrder(), "reverse") == 0; }
+inline bool warpsAhead() { return std::strcmp(emulationOrder(), "ahead") == 0; }
 
 // The running fiber waits at b until every fiber it expects has arrived. The last to arrive makes
 // them all ready, itself included, in thread order (the emulation's order), and yields.
@@ -285,9 +292,11 @@ inline void arrive(FiberBarrier& b) {
     } else if (!std::is_sorted(b.waiting.begin(), b.waiting.end())) {
       std::sort(b.waiting.begin(), b.waiting.end());
     }
-    for (const int f : b.waiting) {
-      l.fibers[f].waiting = false;
-      l.ready.push_back(f);
+    for (const int f : b.waiting) l.fibers[f].waiting = false;
+    if (warpsAhead() && &b != &l.block) {
+      l.ready.insert(l.ready.begin(), b.waiting.begin(), b.waiting.end());
+    } else {
+      l.ready.insert(l.ready.end(), b.waiting.begin(), b.waiting.end());
     }
     b.waiting.clear();
   }
