@@ -119,11 +119,7 @@ size_t encodedBytes(const CodecParams& params, size_t count) {
 void encode(const CodecParams& params, const float* x, size_t count, uint64_t seed, uint8_t* out) {
   if (params.codec == Codec::kFp16 || params.codec == Codec::kBf16) {
     std::vector<uint16_t> halves(count);
-    if (params.codec == Codec::kFp16) {
-      floatToHalf(x, halves.data(), count);
-    } else {
-      floatToBfloat16(x, halves.data(), count);
-    }
+    toFloat16(float16Of(params.codec), x, halves.data(), count);
     std::memcpy(out, halves.data(), count * sizeof(uint16_t));
     return;
   }
@@ -157,11 +153,11 @@ void encode(const CodecParams& params, const float* x, size_t count, uint64_t se
 
 void decodeAdd(const CodecParams& params, const uint8_t* in, size_t count, float factor, float* out) {
   if (params.codec == Codec::kFp16 || params.codec == Codec::kBf16) {
-    const bool half = params.codec == Codec::kFp16;
+    const Float16 format = float16Of(params.codec);
     for (size_t i = 0; i < count; ++i) {
       uint16_t h;
       std::memcpy(&h, in + i * sizeof(uint16_t), sizeof(h));
-      out[i] += factor * (half ? halfToFloat(h) : bfloat16ToFloat(h));
+      out[i] += factor * fromFloat16(format, h);
     }
     return;
   }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/half.h"
 #include "kernels/hd.h"
 
 namespace chorus::kernels {
@@ -65,6 +66,9 @@ struct CodecParams {
   // QSGD's bits per element (sign + level), rounded up to 2, 4 or 8 so codes pack whole in bytes.
   int qsgdBits() const;
 };
+
+// The 16-bit format the fp16 and bf16 codecs send.
+CHORUS_HD inline Float16 float16Of(Codec codec) { return codec == Codec::kFp16 ? Float16::kFp16 : Float16::kBf16; }
 
 // Bits per element of a codec's codes (16 for fp16 and bf16, 1 for sign).
 int codecBits(const CodecParams& params);

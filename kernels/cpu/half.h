@@ -64,6 +64,13 @@ void floatToBfloat16(const float* in, uint16_t* out, size_t count);
 // The two 16-bit formats mixed-precision compute uses, and the bulk conversions by format.
 enum class Float16 { kBf16, kFp16 };
 const char* float16Name(Float16 format);  // "bf16", "fp16"
+// One element to and from `format`: floatToBfloat16 / floatToHalf and their inverses.
+CHORUS_HD inline uint16_t toFloat16(Float16 format, float f) {
+  return format == Float16::kBf16 ? floatToBfloat16(f) : floatToHalf(f);
+}
+CHORUS_HD inline float fromFloat16(Float16 format, uint16_t h) {
+  return format == Float16::kBf16 ? bfloat16ToFloat(h) : halfToFloat(h);
+}
 void toFloat16(Float16 format, const float* in, uint16_t* out, size_t count);
 void fromFloat16(Float16 format, const uint16_t* in, float* out, size_t count);
 

@@ -289,13 +289,11 @@ __device__ void addProduct(float (&acc)[kHeadPieces][4], const float (&s)[kPiece
   }
 }
 
-// The blocks an SM must hold at once, for __launch_bounds__: four (at most 128 registers a thread)
-// for the forward and dq kernels up to head size 64 (GPT-2's), where their registers come to about
-// that many anyway and a fourth block keeps more warps to hide the next tile's loads under; none
-// for wider heads, whose accumulators would spill.
-__host__ __device__ constexpr int fourBlocksUpTo64(int hs) { return hs <= 64 ? 4 : 1; }
-// The dk/dv kernel's (its two accumulators take more registers): three blocks, at most 168 registers.
-__host__ __device__ constexpr int threeBlocksUpTo64(int hs) { return hs <= 64 ? 3 : 1; }
+// The blocks an SM must hold at once, for __launch_bounds__: `blocks` up to head size 64 (GPT-2's),
+// where the kernels' registers come to about what that leaves them anyway (forward and dq 4
+// blocks: 128 registers; dk/dv, with two accumulators, 3: 168) and the extra block keeps more
+// warps to hide the next tile's loads under; none for wider heads, whose accumulators would spill.
+__host__ __device__ constexpr int blocksUpTo64(int hs, int blocks) { return hs <= 64 ? blocks : 1; }
 
 // Shared memory of each kernel, by head size (the host sizes the launch with the same carve).
 // The 16-bit pointers are of any 16-bit T: the kernels cast them.
@@ -319,8 +317,18 @@ struct TcForwardMemory {
   }
 };
 
+// The keys and values [first, first + keys) of one head (k and v: its first column) into buffers
+// `tile % 2` of m.k and m.v, as one group of asynchronous copies: the forward's and dq's next tile.
+template <typename T, int HS, typename Memory>
+__device__ void copyKeyTiles(const Memory& m, int tile, const Pair<uint16_t>& p, const T* k, const T* v, int b,
+                             int first, int keys) {
+  copyTile(reinterpret_cast<T*>(both(m.k, tile)), halfPitch(HS), k, b, p.kvRows, first, keys, p.Tk, p.kvStride, HS);
+  copyTile(reinterpret_cast<T*>(both(m.v, tile)), halfPitch(HS), v, b, p.kvRows, first, keys, p.Tk, p.kvStride, HS);
+  commitCopies();
+}
+
 template <typename T, int HS>
-__global__ void __launch_bounds__(kTcWarps* kWarp, fourBlocksUpTo64(HS))
+__global__ void __launch_bounds__(kTcWarps* kWarp, blocksUpTo64(HS, 4))
     forwardTcKernel(Pair<uint16_t> p, float* out, int outStride, float* rowMax, float* rowSum) {
   constexpr int kKeys = forwardTile(HS), kHeadPieces = HS / 8, kKeyPieces = kKeys / 8;
   constexpr int ldh = halfPitch(HS);
@@ -337,13 +345,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp, fourBlocksUpTo64(HS))
   const T* k = reinterpret_cast<const T*>(p.k) + h * HS;
   const T* v = reinterpret_cast<const T*>(p.v) + h * HS;
   const int keyEnd = p.keyEnd(firstRow, kTcRows);
-  // Tile `tile` of keys (from key `first`) into its buffers, asynchronously.
-  auto copyKeys = [&](int tile, int first) {
-    copyTile(reinterpret_cast<T*>(both(m.k, tile)), ldh, k, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
-    copyTile(reinterpret_cast<T*>(both(m.v, tile)), ldh, v, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
-    commitCopies();
-  };
-  if (keyEnd > 0) copyKeys(0, 0);
+  if (keyEnd > 0) copyKeyTiles<T, HS>(m, 0, p, k, v, b, 0, kKeys);
   loadTile(qs, ldh, reinterpret_cast<const T*>(p.q) + h * HS, b, p.qRows, firstRow, kTcRows, p.Tq, p.qStride, HS);
   // The running state of this lane's rows (g and g+8 of the warp's): output, maximum (base 2), sum.
   int row[2];
@@ -367,7 +369,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp, fourBlocksUpTo64(HS))
   for (int tile = 0, first = 0; first < keyEnd; ++tile, first += kKeys) {
     waitCopies<0>();
     __syncthreads();  // this tile seen by every warp, and every warp done with the last one
-    if (first + kKeys < keyEnd) copyKeys(tile + 1, first + kKeys);
+    if (first + kKeys < keyEnd) copyKeyTiles<T, HS>(m, tile + 1, p, k, v, b, first + kKeys, kKeys);
     const T *ks = reinterpret_cast<const T*>(both(m.k, tile)), *vs = reinterpret_cast<const T*>(both(m.v, tile));
     // On the diagonal, keys past the warp's last row are masked for all its rows: not multiplied.
     const int pieces = p.keyPiecesSeen(warpLast, first, kKeyPieces);
@@ -445,7 +447,7 @@ struct TcQueryMemory {
 };
 
 template <typename T, int HS>
-__global__ void __launch_bounds__(kTcWarps* kWarp, fourBlocksUpTo64(HS))
+__global__ void __launch_bounds__(kTcWarps* kWarp, blocksUpTo64(HS, 4))
     backwardQueryTcKernel(Pair<uint16_t> p, const float* dout, int doutStride, const float* lse, const float* delta,
                           float* dq, int dqStride) {
   constexpr int kKeys = backwardTile(HS), kHeadPieces = HS / 8, kKeyPieces = kKeys / 8;
@@ -461,12 +463,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp, fourBlocksUpTo64(HS))
   const T* k = reinterpret_cast<const T*>(p.k) + h * HS;
   const T* v = reinterpret_cast<const T*>(p.v) + h * HS;
   const int keyEnd = p.keyEnd(firstRow, kTcRows);
-  auto copyKeys = [&](int tile, int first) {  // as the forward's
-    copyTile(reinterpret_cast<T*>(both(m.k, tile)), ldh, k, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
-    copyTile(reinterpret_cast<T*>(both(m.v, tile)), ldh, v, b, p.kvRows, first, kKeys, p.Tk, p.kvStride, HS);
-    commitCopies();
-  };
-  if (keyEnd > 0) copyKeys(0, 0);
+  if (keyEnd > 0) copyKeyTiles<T, HS>(m, 0, p, k, v, b, 0, kKeys);
   loadTile(qs, ldh, reinterpret_cast<const T*>(p.q) + h * HS, b, p.qRows, firstRow, kTcRows, p.Tq, p.qStride, HS);
   loadTile(gs, ldh, dout + h * HS, b, p.qRows, firstRow, kTcRows, p.Tq, doutStride, HS);
   int row[2];
@@ -480,7 +477,7 @@ __global__ void __launch_bounds__(kTcWarps* kWarp, fourBlocksUpTo64(HS))
   for (int tile = 0, first = 0; first < keyEnd; ++tile, first += kKeys) {
     waitCopies<0>();
     __syncthreads();  // this tile (and q and dO) seen by every warp, and every warp done with the last
-    if (first + kKeys < keyEnd) copyKeys(tile + 1, first + kKeys);
+    if (first + kKeys < keyEnd) copyKeyTiles<T, HS>(m, tile + 1, p, k, v, b, first + kKeys, kKeys);
     const T *ks = reinterpret_cast<const T*>(both(m.k, tile)), *vs = reinterpret_cast<const T*>(both(m.v, tile));
     const int pieces = p.keyPiecesSeen(warpLast, first, kKeyPieces);
     float s[kKeyPieces][4] = {}, dp[kKeyPieces][4] = {};
@@ -544,7 +541,7 @@ struct TcKeyMemory {
 };
 
 template <typename T, int HS>
-__global__ void __launch_bounds__(kTcWarps* kWarp, threeBlocksUpTo64(HS))
+__global__ void __launch_bounds__(kTcWarps* kWarp, blocksUpTo64(HS, 3))
     backwardKeyTcKernel(Pair<uint16_t> p, const float* dout, int doutStride, const float* lse, const float* delta,
                         float* dk, float* dv, int dkvStride) {
   constexpr int kQueries = backwardTile(HS), kHeadPieces = HS / 8, kQueryPieces = kQueries / 8;

@@ -40,9 +40,9 @@ __device__ float loadF32(const uint8_t* p) {
   return f;
 }
 
-__global__ void encodeHalves(bool fp16, const float* x, size_t count, uint8_t* out) {
+__global__ void encodeHalves(Float16 format, const float* x, size_t count, uint8_t* out) {
   for (size_t i = threadIndex(); i < count; i += gridThreads()) {
-    storeU16(out + 2 * i, fp16 ? floatToHalf(x[i]) : floatToBfloat16(x[i]));
+    storeU16(out + 2 * i, toFloat16(format, x[i]));
   }
 }
 
@@ -93,10 +93,10 @@ __global__ void encodeScaled(Codec codec, unsigned levels, int bits, const float
   }
 }
 
-__global__ void decodeHalves(bool fp16, const uint8_t* in, size_t count, float factor, float* out) {
+__global__ void decodeHalves(Float16 format, const uint8_t* in, size_t count, float factor, float* out) {
   for (size_t i = threadIndex(); i < count; i += gridThreads()) {
     const uint16_t h = loadU16(in + 2 * i);
-    out[i] += factor * (fp16 ? halfToFloat(h) : bfloat16ToFloat(h));
+    out[i] += factor * fromFloat16(format, h);
   }
 }
 
@@ -295,7 +295,7 @@ int encode(const CodecParams& params, const float* x, size_t count, uint64_t see
   if (count == 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
   if (!codecScaled(params)) {
-    encodeHalves<<<gridFor(count), kThreads, 0, s>>>(params.codec == Codec::kFp16, x, count, out);
+    encodeHalves<<<gridFor(count), kThreads, 0, s>>>(float16Of(params.codec), x, count, out);
   } else {
     const size_t buckets = (count + kCodecBucket - 1) / kCodecBucket;
     encodeScaled<<<static_cast<unsigned>(buckets), kThreads, 0, s>>>(params.codec, static_cast<unsigned>(params.levels),
@@ -308,7 +308,7 @@ int decodeAdd(const CodecParams& params, const uint8_t* in, size_t count, float 
   if (count == 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
   if (!codecScaled(params)) {
-    decodeHalves<<<gridFor(count), kThreads, 0, s>>>(params.codec == Codec::kFp16, in, count, factor, out);
+    decodeHalves<<<gridFor(count), kThreads, 0, s>>>(float16Of(params.codec), in, count, factor, out);
   } else {
     decodeScaled<<<gridFor(count), kThreads, 0, s>>>(params.codec, static_cast<unsigned>(params.levels),
                                                      codecBits(params), in, count, factor, out);

@@ -166,11 +166,11 @@ __global__ void routerBackwardKernel(float* dlogits, const float* dgate, const f
 
 // ---- dispatch and combine ----
 // A warp per row, kRowWarps rows a block (a block per row, as first written, moved a 3 KB row a
-// block and ran at 48% (dispatch) and 58% (combine) of an H200's memory peak: the blocks' starts
-// cost more than their bytes). A lane takes its units of a row (quads where the rows allow:
-// byQuads, C a multiple of 4 and every buffer aligned; else floats) kBatch at a time, every load
-// of a batch issued before its stores: GPT-2's 768 columns are 192 quads, 6 a lane in two batches.
-// Each element's sums keep the reference's order.
+// block, a quarter of its threads idle, and ran at 48% (dispatch) and 58% (combine) of an H200's
+// memory peak; the blocks' starts are the likely cost, not measured apart). A lane takes its units
+// of a row (quads where the rows allow: byQuads, C a multiple of 4 and every buffer aligned; else
+// floats) kBatch at a time, every load of a batch issued before its stores: GPT-2's 768 columns
+// are 192 quads, 6 a lane in two batches. Each element's sums keep the reference's order.
 
 constexpr int kRowWarps = kThreads / kWarp;
 constexpr int kBatch = 4;

@@ -714,12 +714,12 @@ __global__ void crossEntropyBackwardKernel(float* dlogits, const float* logits, 
 // the row allows.
 __global__ void crossEntropyBackward16Kernel(uint16_t* dlogits, const float* logits, const float* rowMax,
                                              const float* sums, const int* targets, int v, float scale, int v0,
-                                             bool bf16) {
+                                             Float16 format) {
   const size_t row = blockIdx.x;
   const float* x = logits + row * v;
   uint16_t* d = dlogits + row * v;
   const LossGradient gradient = lossGradient(rowMax, sums, targets, row, v0, scale);
-  auto rounded = [bf16](float value) -> uint32_t { return bf16 ? floatToBfloat16(value) : floatToHalf(value); };
+  auto rounded = [format](float value) -> uint32_t { return toFloat16(format, value); };
   const RowSplit split = splitRow(x, x, v);
   const bool wide = reinterpret_cast<uintptr_t>(d + split.head) % sizeof(uint2) == 0;
   forRow(
@@ -1003,7 +1003,7 @@ int crossEntropyBackward16(Float16 format, uint16_t* dlogits, const float* logit
                            const float* sums, const int* targets, int n, int v, float scale, int v0, void* stream) {
   if (n == 0) return 0;
   CHORUS_LAUNCH(crossEntropyBackward16Kernel, n, kRowThreads, 0, asStream(stream), dlogits, logits, rowMax, sums,
-                targets, v, scale, v0, format == Float16::kBf16);
+                targets, v, scale, v0, format);
   return launched();
 }
 

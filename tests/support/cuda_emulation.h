@@ -7,16 +7,18 @@
 // its own; switching costs no system call on x86-64), run until it waits at __syncthreads or
 // __syncwarp, the scheduler taking the fibers in turn; a warp's shuffles and ballots go through an
 // exchange behind a warp barrier; asynchronous copies to shared memory (cp.async) land only when
-// their thread waits for them, their destinations NaN until then; static shared memory is one copy for the whole launch
-// (the blocks run one after another, and the process's kernels one at a time); the warp's tensor-core product (mma.sync
-// m16n8k16, kernels/cuda/mma.cuh) reads every lane's registers through that exchange by PTX's layout of them, and each
-// lane computes its own part of the result; its matrix load (ldmatrix) exchanges the lanes' row addresses and gives
-// each lane its elements. A barrier some thread never reaches (divergent code) aborts, saying so. The runtime (memory,
-// streams as host threads, events, CUDA IPC between processes, graphs) is cuda_emulation_runtime.h's, which says what
-// it models. What neither models: the hardware's order of the sums inside one product, memory ordering beyond the
-// barriers, blocks running at once, and a kernel's own launch limits (registers, __launch_bounds__, static shared
-// memory; refusedLaunch says which limits it keeps). Include it before the kernels' source, or put emulated_cuda/
-// (which stands in for CUDA's headers and cuBLAS's) first on the include path.
+// their thread waits for them, their destinations NaN until then; static shared memory is one
+// copy for the whole launch (the blocks run one after another, and the process's kernels one at a
+// time); the warp's tensor-core product (mma.sync m16n8k16, kernels/cuda/mma.cuh) reads every
+// lane's registers through that exchange by PTX's layout of them, and each lane computes its own
+// part of the result; its matrix load (ldmatrix) exchanges the lanes' row addresses and gives each
+// lane its elements. A barrier some thread never reaches (divergent code) aborts, saying so. The
+// runtime (memory, streams as host threads, events, CUDA IPC between processes, graphs) is
+// cuda_emulation_runtime.h's, which says what it models. What neither models: the hardware's order
+// of the sums inside one product, memory ordering beyond the barriers, blocks running at once, and
+// a kernel's own launch limits (registers, __launch_bounds__, static shared memory; refusedLaunch
+// says which limits it keeps). Include it before the kernels' source, or put emulated_cuda/ (which
+// stands in for CUDA's headers and cuBLAS's) first on the include path.
 #pragma once
 
 #define CHORUS_CUDA_EMULATION 1
@@ -148,13 +150,13 @@ struct FiberBarrier {
   int expected = 0, arrived = 0;
   std::vector<int> waiting;
 };
-// A CUDA thread: its context and stack, its indices, and whether it waits at a barrier or has
-// finished.
 // An asynchronous copy (kernels/cuda/copy_async.cuh) not yet landed: where it goes, what it writes.
 struct PendingCopy {
   void* to;
   std::array<unsigned char, 16> bytes;
 };
+// A CUDA thread: its context and stack, its indices, whether it waits at a barrier or has
+// finished, and its asynchronous copies not yet waited for.
 struct Fiber {
   Context context;
   char* stack = nullptr;
@@ -164,9 +166,6 @@ struct Fiber {
   std::deque<std::vector<PendingCopy>> copyGroups;  // committed, oldest first
 };
 
-// One launch's threads (those ready to run, in the order they became ready), their block barrier
-// and warp barriers, the shuffles' exchange, the dynamic shared memory (reused block after block),
-// and the kernel with its arguments.
 // What the emulation knows of each 16 bytes of dynamic shared memory that asynchronous copies
 // (cp.async) write and ldmatrix reads, to catch the races a GPU would run into: copies in flight
 // to them, the block barrier epoch (barriers passed) and warp of the last copy landed, and the
@@ -178,6 +177,9 @@ struct SharedChunk {
   uint32_t readers = 0;
 };
 
+// One launch's threads (those ready to run, in the order they became ready), their block barrier
+// and warp barriers, the shuffles' exchange, the dynamic shared memory (reused block after block)
+// with what the race checks know of it, and the kernel with its arguments.
 struct Launch {
   Launch(int threads, size_t sharedBytes, EmulatedDim grid)
       : fibers(threads),
